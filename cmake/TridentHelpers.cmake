@@ -1,0 +1,49 @@
+# Helpers shared by every CMakeLists in the tree.
+
+# Warning flags for our own code (third-party headers come in as SYSTEM includes).
+set(TRIDENT_WARNINGS -Wall -Wextra -Wshadow -Wno-unknown-pragmas)
+if(TRIDENT_WERROR)
+  list(APPEND TRIDENT_WARNINGS -Werror)
+endif()
+
+function(trident_target_defaults target)
+  target_compile_options(${target} PRIVATE ${TRIDENT_WARNINGS})
+  if(TRIDENT_NATIVE)
+    target_compile_options(${target} PRIVATE -march=native)
+  endif()
+  # Open MPI's deprecated C++ bindings warn under -Wextra; we only use the C API.
+  target_compile_definitions(${target} PRIVATE OMPI_SKIP_MPICXX=1)
+endfunction()
+
+# trident_add_module(NAME SOURCES ... DEPS ...): one static library per module of src/trident.
+# A module may depend only on modules to its left in
+# core -> kernels -> comm -> parallel -> model -> optim -> data -> ckpt -> train.
+function(trident_add_module name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
+  add_library(trident_${name} STATIC ${ARG_SOURCES})
+  target_include_directories(trident_${name} PUBLIC ${PROJECT_SOURCE_DIR}/src)
+  target_link_libraries(trident_${name} PUBLIC ${ARG_DEPS})
+  trident_target_defaults(trident_${name})
+endfunction()
+
+# trident_add_test(NAME SOURCES ... DEPS ... LABELS ...): a GoogleTest binary registered with CTest.
+function(trident_add_test name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS;LABELS" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gtest_main)
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+  trident_target_defaults(${name})
+  gtest_discover_tests(${name} PROPERTIES LABELS "${ARG_LABELS}"
+                       WORKING_DIRECTORY ${PROJECT_SOURCE_DIR} DISCOVERY_TIMEOUT 60)
+endfunction()
+
+# trident_add_mpi_test(TARGET NPROCS [ARGS...]): run an MPI GoogleTest binary under mpirun.
+function(trident_add_mpi_test target nprocs)
+  add_test(NAME ${target}_np${nprocs}
+           COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${nprocs}
+                   --allow-run-as-root --oversubscribe ${MPIEXEC_PREFLAGS}
+                   $<TARGET_FILE:${target}> ${MPIEXEC_POSTFLAGS} ${ARGN})
+  set_tests_properties(${target}_np${nprocs} PROPERTIES LABELS "dist-mpi" TIMEOUT 600
+                       ENVIRONMENT "OMPI_MCA_mpi_yield_when_idle=1;OMP_NUM_THREADS=1"
+                       WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+endfunction()

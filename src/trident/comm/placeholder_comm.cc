@@ -1,0 +1,1 @@
+// placeholder so the module links before its code lands

@@ -1,0 +1,37 @@
+// Causal multi-head self-attention core (after the QKV projection, before the output projection).
+//
+// Legend: B = batch, T = seq_len, NH = heads (local to this rank), HS = head_dim, C = NH * HS.
+// QKV layout is Megatron's per-head interleaving: qkv(B, T, NH, 3, HS), i.e. for each head its q,
+// k and v vectors sit next to each other, so a tensor-parallel rank's heads are one contiguous
+// column block of the QKV projection. The output is out(B, T, NH, HS) = (B, T, C).
+//
+//   scores = q k^T / sqrt(HS), masked causally (key > query never attends),
+//   probs  = softmax(scores), out = probs v.
+#pragma once
+
+#include <cstdint>
+
+#include "trident/core/exec_context.h"
+
+namespace trident::kernels {
+
+struct AttentionForwardArgs {
+  float* out = nullptr;        // (B, T, C)          written (=)
+  float* probs = nullptr;      // (B, NH, T, T)      written (=), saved for backward; entries
+                               //                    above the diagonal are written as 0
+  const float* qkv = nullptr;  // (B, T, NH, 3, HS)
+  std::int64_t batch = 0, seq_len = 0, num_heads = 0, head_dim = 0;
+};
+void attention_forward(const core::ExecContext& ctx, const AttentionForwardArgs& args);
+
+struct AttentionBackwardArgs {
+  float* d_qkv = nullptr;        // (B, T, NH, 3, HS)  written (=)
+  float* d_probs = nullptr;      // (B, NH, T, T)      scratch, contents undefined after
+  const float* d_out = nullptr;  // (B, T, C)
+  const float* qkv = nullptr;    // (B, T, NH, 3, HS)
+  const float* probs = nullptr;  // (B, NH, T, T)      from attention_forward
+  std::int64_t batch = 0, seq_len = 0, num_heads = 0, head_dim = 0;
+};
+void attention_backward(const core::ExecContext& ctx, const AttentionBackwardArgs& args);
+
+}  // namespace trident::kernels

@@ -1,0 +1,34 @@
+// Token + learned absolute position embedding: out[b,t] = wte[tokens[b,t]] + wpe[t].
+// For a vocab-parallel word embedding (tensor parallelism), a rank holds rows
+// [vocab_start, vocab_start + vocab_local) of wte; tokens outside contribute 0 and the caller
+// all-reduces. wpe may be null (ALiBi models have no position embedding).
+#pragma once
+
+#include <cstdint>
+
+#include "trident/core/exec_context.h"
+
+namespace trident::kernels {
+
+struct EmbeddingForwardArgs {
+  float* out = nullptr;              // (B*T, C)         written (=)
+  const std::int32_t* tokens = nullptr;  // (B*T)
+  const float* wte = nullptr;        // (vocab_local, C)
+  const float* wpe = nullptr;        // (max_positions, C) or null
+  std::int64_t batch = 0, seq_len = 0, hidden = 0;
+  std::int64_t vocab_start = 0, vocab_local = 0;
+  std::int64_t position_offset = 0;  // first position id (generation with a KV cache)
+};
+void embedding_forward(const core::ExecContext& ctx, const EmbeddingForwardArgs& args);
+
+struct EmbeddingBackwardArgs {
+  float* d_wte = nullptr;                // (vocab_local, C)    accumulated (+=)
+  float* d_wpe = nullptr;                // (max_positions, C)  accumulated (+=), may be null
+  const float* d_out = nullptr;          // (B*T, C)
+  const std::int32_t* tokens = nullptr;  // (B*T)
+  std::int64_t batch = 0, seq_len = 0, hidden = 0;
+  std::int64_t vocab_start = 0, vocab_local = 0;
+};
+void embedding_backward(const core::ExecContext& ctx, const EmbeddingBackwardArgs& args);
+
+}  // namespace trident::kernels

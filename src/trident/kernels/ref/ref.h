@@ -1,0 +1,29 @@
+// Reference implementations: the specification of every kernel. Plain loops, double
+// accumulation, single thread. Tests compare the fast kernels against these.
+#pragma once
+
+#include "trident/kernels/adamw.h"
+#include "trident/kernels/attention.h"
+#include "trident/kernels/cross_entropy.h"
+#include "trident/kernels/elementwise.h"
+#include "trident/kernels/embedding.h"
+#include "trident/kernels/layernorm.h"
+#include "trident/kernels/matmul.h"
+
+namespace trident::kernels::ref {
+
+void gemm(const GemmArgs& args);
+void linear_forward(const LinearForwardArgs& args);
+void linear_backward(const LinearBackwardArgs& args);
+void layernorm_forward(const LayerNormForwardArgs& args);
+void layernorm_backward(const LayerNormBackwardArgs& args);
+void gelu_forward(float* out, const float* in, std::int64_t n);
+void gelu_backward(float* d_in, const float* d_out, const float* in, std::int64_t n);
+void attention_forward(const AttentionForwardArgs& args);
+void attention_backward(const AttentionBackwardArgs& args);
+void embedding_forward(const EmbeddingForwardArgs& args);
+void embedding_backward(const EmbeddingBackwardArgs& args);
+void cross_entropy_forward_backward(const CrossEntropyArgs& args);
+void adamw_update(const AdamWHyper& hp, const AdamWArgs& args);
+
+}  // namespace trident::kernels::ref
