@@ -29,6 +29,9 @@ endfunction()
 # trident_add_test(NAME SOURCES ... DEPS ... LABELS ...): a GoogleTest binary registered with CTest.
 function(trident_add_test name)
   cmake_parse_arguments(ARG "" "" "SOURCES;DEPS;LABELS" ${ARGN})
+  if(NOT ARG_SOURCES)
+    return()  # the folder has no tests yet
+  endif()
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gtest_main)
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests)

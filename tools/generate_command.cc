@@ -1,6 +1,128 @@
-// placeholder: `trident generate` lands with its module.
+// `trident generate`: sample text from a checkpoint with a KV cache (greedy at temperature 0).
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
 #include "commands.h"
+#include "trident/ckpt/checkpoint.h"
+#include "trident/core/arena.h"
+#include "trident/core/error.h"
+#include "trident/data/tokenizer.h"
+#include "trident/model/generate.h"
+#include "trident/model/param_table.h"
 
 namespace trident::tools {
-void register_generate(CLI::App& app) { app.add_subcommand("generate", "generate (not built yet)"); }
+
+namespace {
+
+struct GenerateOptions {
+  std::string load, prompt, vocab_file, merge_file, tokenizer_type;
+  std::int64_t max_new_tokens = 64;
+  std::int64_t iteration = -1;
+  model::SamplingConfig sampling;
+};
+
+model::ModelConfig model_config_from(const nlohmann::json& c) {
+  model::ModelConfig m;
+  m.num_layers = c.at("num_layers");
+  m.hidden_size = c.at("hidden_size");
+  m.num_attention_heads = c.at("num_attention_heads");
+  m.ffn_hidden_size = c.at("ffn_hidden_size");
+  m.seq_length = c.at("seq_length");
+  m.max_position_embeddings = c.at("max_position_embeddings");
+  m.vocab_size = c.at("vocab_size");
+  m.make_vocab_size_divisible_by = c.at("make_vocab_size_divisible_by");
+  m.layernorm_epsilon = c.at("layernorm_epsilon");
+  return m;
+}
+
+void run_generate(const GenerateOptions& o) {
+  const std::int64_t it = o.iteration >= 0 ? o.iteration : ckpt::latest_iteration(o.load);
+  if (it < 0) {
+    throw core::DataError(core::str("--load ", o.load, ": no checkpoint found (missing "
+                                    "latest_checkpointed_iteration.txt)"));
+  }
+  // Read the manifest first to learn the architecture.
+  const std::string manifest_path = o.load + "/" + ckpt::iteration_dir_name(it) + "/manifest.json";
+  nlohmann::json manifest;
+  {
+    std::FILE* f = std::fopen(manifest_path.c_str(), "rb");
+    if (!f) throw core::DataError(core::str(manifest_path, ": cannot open"));
+    std::string text;
+    char buf[65536];
+    std::size_t got;
+    while ((got = std::fread(buf, 1, sizeof(buf), f)) > 0) text.append(buf, got);
+    std::fclose(f);
+    try {
+      manifest = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::exception& e) {
+      throw core::DataError(core::str(manifest_path, ": corrupt manifest (", e.what(), ")"));
+    }
+  }
+  const nlohmann::json& config = manifest.at("config");
+  const model::ModelConfig mc = model_config_from(config);
+  auto tokenizer = data::make_tokenizer(
+      {.type = o.tokenizer_type.empty() ? config.at("tokenizer_type").get<std::string>() : o.tokenizer_type,
+       .vocab_file = o.vocab_file.empty() ? config.at("vocab_file").get<std::string>() : o.vocab_file,
+       .merge_file = o.merge_file.empty() ? config.at("merge_file").get<std::string>() : o.merge_file,
+       .model_file = config.value("tokenizer_model", std::string()),
+       .vocab_size = config.value("null_tokenizer_vocab_size", std::int64_t{0})});
+  TRIDENT_CHECK(tokenizer->vocab_size() == mc.vocab_size, "the tokenizer has ",
+                tokenizer->vocab_size(), " tokens but the checkpoint's model has ", mc.vocab_size,
+                ": pass the --vocab-file/--merge-file it was trained with");
+
+  const model::ParamTable table = model::build_gpt_param_table(mc);
+  core::Arena arena(table.total_numel * static_cast<std::int64_t>(sizeof(float)));
+  float* flat = arena.alloc(core::DType::kF32, {table.total_numel}).as<float>();
+  ckpt::CheckpointState state;
+  state.config = config;
+  state.table = &table;
+  state.params = flat;
+  ckpt::load_checkpoint(o.load, it, state);
+
+  const model::GptParams params = model::gpt_param_views(mc, table, flat);
+  model::Generator gen(mc, params);
+  const core::ExecContext ctx;
+  std::vector<std::int32_t> ids = tokenizer->encode(o.prompt);
+  if (ids.empty()) ids.push_back(tokenizer->eod());
+  TRIDENT_CHECK(static_cast<std::int64_t>(ids.size()) + o.max_new_tokens <= mc.max_positions(),
+                "prompt (", ids.size(), " tokens) + --max-new-tokens (", o.max_new_tokens,
+                ") exceeds the model's ", mc.max_positions(), " positions");
+  const float* logits = nullptr;
+  for (std::int32_t id : ids) logits = gen.step(ctx, id);
+  std::printf("%s", o.prompt.c_str());
+  std::fflush(stdout);
+  for (std::int64_t i = 0; i < o.max_new_tokens; ++i) {
+    const std::int32_t next =
+        model::sample_token(logits, mc.vocab_size, o.sampling, static_cast<std::uint64_t>(i));
+    if (next == tokenizer->eod()) break;
+    std::printf("%s", tokenizer->decode({next}).c_str());
+    std::fflush(stdout);
+    logits = gen.step(ctx, next);
+  }
+  std::printf("\n");
+}
+
+}  // namespace
+
+void register_generate(CLI::App& app) {
+  auto o = std::make_shared<GenerateOptions>();
+  CLI::App* sub = app.add_subcommand("generate", "Sample text from a checkpoint");
+  sub->add_option("--load", o->load, "Checkpoint directory")->required();
+  sub->add_option("--prompt", o->prompt, "Text to continue")->required();
+  sub->add_option("--max-new-tokens", o->max_new_tokens, "Tokens to generate")->capture_default_str();
+  sub->add_option("--temperature", o->sampling.temperature, "0 = greedy")->capture_default_str();
+  sub->add_option("--top-k", o->sampling.top_k, "Keep the k most likely tokens (0 = all)")
+      ->capture_default_str();
+  sub->add_option("--top-p", o->sampling.top_p, "Nucleus sampling mass")->capture_default_str();
+  sub->add_option("--seed", o->sampling.seed, "Sampling seed")->capture_default_str();
+  sub->add_option("--iteration", o->iteration, "Checkpoint iteration (default: latest)");
+  sub->add_option("--tokenizer-type", o->tokenizer_type, "Override the checkpoint's tokenizer");
+  sub->add_option("--vocab-file", o->vocab_file, "Override the checkpoint's vocabulary file");
+  sub->add_option("--merge-file", o->merge_file, "Override the checkpoint's merges file");
+  sub->callback([o] { run_generate(*o); });
+}
+
 }  // namespace trident::tools

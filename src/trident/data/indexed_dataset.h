@@ -31,6 +31,7 @@ class IndexedDataset {
   const std::string& prefix() const { return prefix_; }
   TokenDType dtype() const { return dtype_; }
   std::int64_t num_sequences() const { return num_sequences_; }
+  std::int64_t num_documents() const { return num_documents_; }
   std::int64_t num_tokens() const { return num_tokens_; }
   std::int32_t sequence_length(std::int64_t i) const;
   std::int64_t sequence_pointer(std::int64_t i) const;  // byte offset in .bin
@@ -41,6 +42,7 @@ class IndexedDataset {
   std::vector<std::int32_t> sequence(std::int64_t i) const;
 
  private:
+  friend class IndexedDatasetBuilder;  // add_dataset copies the mapped .bin
   std::string prefix_;
   TokenDType dtype_ = TokenDType::kU16;
   std::int64_t num_sequences_ = 0, num_documents_ = 0, num_tokens_ = 0;
@@ -51,14 +53,17 @@ class IndexedDataset {
 };
 
 // Streams sequences to prefix.bin and writes prefix.idx on finalize(). Files are written under
-// temporary names and renamed on finalize, so a crash never leaves a half-written pair that
-// looks complete.
+// temporary names (prefix.bin.tmp.<pid>, prefix.idx.tmp.<pid>), fsynced and renamed on finalize,
+// so a crash never leaves a half-written pair that looks complete; a builder destroyed without
+// finalize() removes its temporary files. Output is byte-identical to Megatron's
+// IndexedDatasetBuilder for the same calls. add_sequence throws InvalidArgument for a token that
+// does not fit the dtype (e.g. >= 65536 in uint16) or a non-integer dtype.
 class IndexedDatasetBuilder {
  public:
   IndexedDatasetBuilder(const std::string& prefix, TokenDType dtype);
   ~IndexedDatasetBuilder();
-  void add_sequence(std::span<const std::int32_t> tokens);
-  void end_document();
+  void add_sequence(std::span<const std::int32_t> tokens);  // Megatron's add_item
+  void end_document();  // closes the document made of the sequences added since the last one
   // Appends every sequence and document of another dataset (same dtype), as Megatron's add_index.
   void add_dataset(const IndexedDataset& other);
   void finalize();

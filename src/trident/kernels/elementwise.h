@@ -19,7 +19,7 @@ void add_forward(const core::ExecContext& ctx, float* out, const float* a, const
                  std::int64_t n);
 // x *= s.
 void scale_inplace(const core::ExecContext& ctx, float* x, float s, std::int64_t n);
-// Sum of squares, accumulated in double.
+// Sum of squares, accumulated in double. Bitwise reproducible for a given ctx.num_threads.
 double sum_squares(const core::ExecContext& ctx, const float* x, std::int64_t n);
 // True when every element is finite.
 bool all_finite(const core::ExecContext& ctx, const float* x, std::int64_t n);

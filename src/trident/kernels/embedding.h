@@ -21,6 +21,9 @@ struct EmbeddingForwardArgs {
 };
 void embedding_forward(const core::ExecContext& ctx, const EmbeddingForwardArgs& args);
 
+// Positions are 0..T-1 (training uses no position offset). Token rows are scatter-added in a fixed
+// order: the result does not depend on the thread count. Negative token ids are rejected
+// (InvalidArgument) by both passes.
 struct EmbeddingBackwardArgs {
   float* d_wte = nullptr;                // (vocab_local, C)    accumulated (+=)
   float* d_wpe = nullptr;                // (max_positions, C)  accumulated (+=), may be null

@@ -1,5 +1,6 @@
 // Matrix products through oneDNN (dnnl_sgemm: AVX-512 JIT sgemm, the fastest FP32 GEMM measured on
-// our machines, see docs/benchmarks.md). Row-major throughout.
+// our machines, see docs/benchmarks-matmul.md). Row-major throughout. ctx.num_threads (0 = OpenMP's
+// default) sets the threads oneDNN uses for the call.
 //
 // Dimension legend: rows = tokens in the batch (B*T), in = in_features, out = out_features.
 #pragma once
@@ -13,7 +14,9 @@ namespace trident::kernels {
 enum class Trans : std::uint8_t { kNo, kYes };
 
 // C(M,N) = alpha * op(A) @ op(B) + beta * C, row-major, op(X) = X or X^T.
-// A is (M,K) (or (K,M) when trans_a), B is (K,N) (or (N,K) when trans_b).
+// A is (M,K) (or (K,M) when trans_a), B is (K,N) (or (N,K) when trans_b). lda/ldb/ldc are the row
+// strides as stored (>= the row length). beta == 0 overwrites C without reading it (BLAS rule), so
+// C may hold garbage then; K == 0 gives C = beta * C.
 struct GemmArgs {
   Trans trans_a = Trans::kNo;
   Trans trans_b = Trans::kNo;
@@ -43,7 +46,8 @@ void linear_forward(const core::ExecContext& ctx, const LinearForwardArgs& args)
 // Backward of linear_forward.
 //   d_in      (=)  d_out @ weight          (skipped when null)
 //   d_weight  (+=) d_out^T @ in            (accumulates across micro-batches)
-//   d_bias    (+=) column sums of d_out    (skipped when null)
+//   d_bias    (+=) column sums of d_out    (skipped when null; summed in double, independent of
+//                                           the thread count)
 struct LinearBackwardArgs {
   float* d_in = nullptr;          // (rows, in_features)  written (=), may be null
   float* d_weight = nullptr;      // (out_features, in_features)  accumulated (+=)

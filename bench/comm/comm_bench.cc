@@ -1,0 +1,113 @@
+// Bus bandwidth of all-reduce, reduce-scatter and all-gather per message size, through trident's
+// MpiCommunicator (non-blocking MPI + the timed polling wait) and through plain blocking MPI, so
+// the cost of the timeout machinery is visible. Run: mpirun -np 2 trident_comm_bench [max_mib].
+//
+// busbw (nccl-tests convention): all_reduce 2(n-1)/n x bytes / t; reduce_scatter and all_gather
+// (n-1)/n x bytes / t, where bytes is the full (n-block) buffer. t is the slowest rank's mean.
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "trident/comm/mpi_communicator.h"
+#include "trident/comm/runtime.h"
+
+namespace {
+
+using namespace trident::comm;
+using Clock = std::chrono::steady_clock;
+
+constexpr double kTargetSeconds = 0.3;  // per (operation, size)
+
+// Mean seconds per call on the slowest rank. The iteration count comes from a timed first call
+// and is agreed by all ranks (max), so every rank runs the same number of collectives.
+double time_op(MPI_Comm comm, const std::function<void()>& op) {
+  op();  // warm-up
+  op();
+  MPI_Barrier(comm);
+  Clock::time_point t0 = Clock::now();
+  op();
+  double one = std::chrono::duration<double>(Clock::now() - t0).count();
+  MPI_Allreduce(MPI_IN_PLACE, &one, 1, MPI_DOUBLE, MPI_MAX, comm);
+  const int iters = std::clamp(static_cast<int>(kTargetSeconds / std::max(one, 1e-7)), 3, 20000);
+  MPI_Barrier(comm);
+  t0 = Clock::now();
+  for (int i = 0; i < iters; ++i) op();
+  double t = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
+  MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, comm);
+  return t;
+}
+
+std::string human(std::int64_t bytes) {
+  if (bytes >= (1 << 20)) return std::to_string(bytes >> 20) + " MiB";
+  return std::to_string(bytes >> 10) + " KiB";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MpiRuntime runtime(argc, argv);
+  const std::int64_t max_mib = argc > 1 ? std::atoll(argv[1]) : 64;
+  std::unique_ptr<MpiCommunicator> world = MpiCommunicator::world(runtime);
+  // The same group with a wait that never sleeps (polls with sched_yield only): isolates what the
+  // sleeping backoff costs.
+  std::unique_ptr<Communicator> spin = world->split(0, world->rank(), "world-spin");
+  spin->set_wait_policy(WaitPolicy{.timeout_s = 300, .spin_s = 1e9, .max_sleep_s = 1e-3});
+  const MPI_Comm comm = world->mpi_comm();
+  const int n = world->size();
+  const double ar_factor = 2.0 * (n - 1) / n, rs_factor = static_cast<double>(n - 1) / n;
+
+  if (world->rank() == 0) {
+    std::printf("trident_comm_bench: %d ranks, f32, busbw in GB/s (time per call in us)\n", n);
+    std::printf("| bytes | all_reduce MPI | all_reduce trident | all_reduce trident (spin) |"
+                " reduce_scatter MPI | reduce_scatter trident | all_gather trident |\n");
+    std::printf("|---|---|---|---|---|---|---|\n");
+  }
+  for (std::int64_t bytes = 1024; bytes <= (max_mib << 20); bytes *= 4) {
+    const std::int64_t count = bytes / 4;                    // whole buffer, f32
+    const std::int64_t block = std::max<std::int64_t>(count / n, 1);  // one rank's block
+    std::vector<float> buf(static_cast<std::size_t>(count), 0.0f);
+    std::vector<float> full(static_cast<std::size_t>(block * n), 0.0f);
+    std::vector<float> part(static_cast<std::size_t>(block), 0.0f);
+    const double full_bytes = static_cast<double>(block * n * 4);
+
+    const double t_ar_mpi = time_op(comm, [&] {
+      MPI_Allreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM, comm);
+    });
+    const double t_ar = time_op(comm, [&] {
+      world->all_reduce(buf.data(), count, Datatype::kF32, ReduceOp::kSum);
+    });
+    const double t_ar_spin = time_op(comm, [&] {
+      spin->all_reduce(buf.data(), count, Datatype::kF32, ReduceOp::kSum);
+    });
+    const double t_rs_mpi = time_op(comm, [&] {
+      MPI_Reduce_scatter_block(full.data(), part.data(), static_cast<int>(block), MPI_FLOAT,
+                               MPI_SUM, comm);
+    });
+    const double t_rs = time_op(comm, [&] {
+      world->reduce_scatter(full.data(), part.data(), block, Datatype::kF32, ReduceOp::kSum);
+    });
+    const double t_ag = time_op(comm, [&] {
+      world->all_gather(part.data(), full.data(), block, Datatype::kF32);
+    });
+    auto cell = [](double factor, double b, double t) {
+      char s[64];
+      std::snprintf(s, sizeof(s), "%.2f (%.0f)", factor * b / t / 1e9, t * 1e6);
+      return std::string(s);
+    };
+    if (world->rank() == 0) {
+      const double b = static_cast<double>(count * 4);
+      std::printf("| %s | %s | %s | %s | %s | %s | %s |\n", human(bytes).c_str(),
+                  cell(ar_factor, b, t_ar_mpi).c_str(), cell(ar_factor, b, t_ar).c_str(),
+                  cell(ar_factor, b, t_ar_spin).c_str(), cell(rs_factor, full_bytes, t_rs_mpi).c_str(),
+                  cell(rs_factor, full_bytes, t_rs).c_str(), cell(rs_factor, full_bytes, t_ag).c_str());
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,75 @@
+// Internal helpers shared by the CPU kernels (not part of the public API): thread counts, the
+// oneDNN sgemm call, argument checks and a vectorizable exp. Included only by kernels/*.cc.
+#pragma once
+
+#include <omp.h>
+
+#include <bit>
+#include <cstdint>
+
+#include "trident/core/exec_context.h"
+#include "trident/kernels/matmul.h"
+
+namespace trident::kernels::detail {
+
+// Threads a kernel uses: ctx.num_threads, or OpenMP's default when it is 0.
+inline int num_threads(const core::ExecContext& ctx) {
+  return ctx.num_threads > 0 ? ctx.num_threads : omp_get_max_threads();
+}
+
+// oneDNN's sgemm takes its thread count from omp_get_max_threads() of the calling thread. This
+// sets that per-thread value for one call and restores it afterwards, so ctx.num_threads is
+// honoured without changing the process-wide default.
+class OmpThreadsScope {
+ public:
+  explicit OmpThreadsScope(int n) : saved_(omp_get_max_threads()) {
+    if (n > 0 && n != saved_) {
+      omp_set_num_threads(n);
+      changed_ = true;
+    }
+  }
+  ~OmpThreadsScope() {
+    if (changed_) omp_set_num_threads(saved_);
+  }
+  OmpThreadsScope(const OmpThreadsScope&) = delete;
+  OmpThreadsScope& operator=(const OmpThreadsScope&) = delete;
+
+ private:
+  int saved_;
+  bool changed_ = false;
+};
+
+// gemm (matmul.h) through dnnl_sgemm without argument checks (callers have checked). Inside an
+// OpenMP parallel region oneDNN runs it on the calling thread only. beta == 0 overwrites C without
+// reading it. Throws InternalError if oneDNN reports a failure.
+void sgemm(const GemmArgs& g);
+
+// exp(x) in float, written so that GCC vectorizes loops calling it under `#pragma omp simd`
+// (glibc's expf is not vectorized without -ffast-math). x = n ln2 + r with |r| <= ln2/2, exp(r)
+// by its degree-7 Taylor polynomial (truncation error < 1e-8 relative), 2^n from exponent bits.
+// Relative error below 1e-7 (7.4e-8 measured, about 1 ulp). Returns exactly 0 below -87.3 (where
+// expf goes subnormal) and exp(88) for x >= 88; NaN gives NaN.
+inline float exp_approx(float x) {
+  constexpr float kLog2e = 1.44269504088896341f;
+  constexpr float kLn2Hi = 0.693359375f;  // ln 2 split so n * kLn2Hi is exact
+  constexpr float kLn2Lo = -2.12194440e-4f;
+  constexpr float kRoundMagic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const float xc = x < -87.3f ? -87.3f : (x > 88.0f ? 88.0f : x);
+  const float n = (xc * kLog2e + kRoundMagic) - kRoundMagic;
+  float r = xc - n * kLn2Hi;
+  r = r - n * kLn2Lo;
+  float p = 1.0f / 5040.0f;
+  p = p * r + 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const std::int32_t e = static_cast<std::int32_t>(n) + 127;
+  const float scale = std::bit_cast<float>(static_cast<std::uint32_t>(e) << 23);
+  const float y = p * scale;
+  return x < -87.3f ? 0.0f : (x != x ? x : y);
+}
+
+}  // namespace trident::kernels::detail

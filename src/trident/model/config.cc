@@ -1,0 +1,46 @@
+#include "trident/model/config.h"
+
+#include "trident/core/error.h"
+
+namespace trident::model {
+
+std::int64_t ModelConfig::padded_vocab_size(std::int64_t tp_size) const {
+  const std::int64_t multiple = make_vocab_size_divisible_by * tp_size;
+  return (vocab_size + multiple - 1) / multiple * multiple;
+}
+
+void ModelConfig::validate() const {
+  TRIDENT_CHECK(num_layers > 0, "--num-layers must be positive, got ", num_layers);
+  TRIDENT_CHECK(hidden_size > 0, "--hidden-size must be positive, got ", hidden_size);
+  TRIDENT_CHECK(num_attention_heads > 0, "--num-attention-heads must be positive, got ",
+                num_attention_heads);
+  TRIDENT_CHECK(hidden_size % num_attention_heads == 0, "--hidden-size (", hidden_size,
+                ") must be divisible by --num-attention-heads (", num_attention_heads, ")");
+  TRIDENT_CHECK(ffn() > 0, "--ffn-hidden-size must be positive, got ", ffn_hidden_size);
+  TRIDENT_CHECK(seq_length > 0, "--seq-length must be positive, got ", seq_length);
+  TRIDENT_CHECK(position_embedding == PositionEmbedding::kAlibi || max_positions() >= seq_length,
+                "--max-position-embeddings (", max_positions(), ") must be >= --seq-length (",
+                seq_length, ")");
+  TRIDENT_CHECK(vocab_size > 0, "vocabulary size must be positive (check the tokenizer files)");
+  TRIDENT_CHECK(make_vocab_size_divisible_by > 0, "--make-vocab-size-divisible-by must be positive");
+  TRIDENT_CHECK(init_method_std > 0, "--init-method-std must be positive, got ", init_method_std);
+}
+
+double ModelConfig::flops_per_iteration(std::int64_t tokens) const {
+  // Per token and layer, forward: QKV 6h^2, attention output 2h^2, MLP 4hf, scores + values 4sh;
+  // logits 2hV. Training = 3x forward (backward is twice the forward).
+  const double h = static_cast<double>(hidden_size), f = static_cast<double>(ffn());
+  const double s = static_cast<double>(seq_length), L = static_cast<double>(num_layers);
+  const double V = static_cast<double>(padded_vocab_size());
+  const double per_token = L * (8.0 * h * h + 4.0 * h * f + 4.0 * s * h) + 2.0 * h * V;
+  return 3.0 * per_token * static_cast<double>(tokens);
+}
+
+std::int64_t ModelConfig::num_parameters() const {
+  const std::int64_t h = hidden_size, f = ffn();
+  const std::int64_t per_layer = 4 * h + (3 * h * h + 3 * h) + (h * h + h) + (f * h + f) + (h * f + h);
+  const std::int64_t pos = position_embedding == PositionEmbedding::kLearnedAbsolute ? max_positions() * h : 0;
+  return padded_vocab_size() * h + pos + num_layers * per_layer + 2 * h;
+}
+
+}  // namespace trident::model

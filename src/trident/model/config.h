@@ -1,0 +1,43 @@
+// ModelConfig: the architecture of a GPT-2 / BLOOM style decoder, with Megatron's flag names.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace trident::model {
+
+enum class PositionEmbedding : std::uint8_t { kLearnedAbsolute, kAlibi };
+
+struct ModelConfig {
+  std::int64_t num_layers = 2;
+  std::int64_t hidden_size = 64;
+  std::int64_t num_attention_heads = 4;
+  std::int64_t ffn_hidden_size = 0;  // 0 -> 4 * hidden_size
+  std::int64_t seq_length = 64;
+  std::int64_t max_position_embeddings = 0;  // 0 -> seq_length
+  std::int64_t vocab_size = 0;               // real tokens of the tokenizer
+  std::int64_t make_vocab_size_divisible_by = 128;
+  float init_method_std = 0.02f;
+  float layernorm_epsilon = 1e-5f;
+  PositionEmbedding position_embedding = PositionEmbedding::kLearnedAbsolute;
+
+  std::int64_t ffn() const { return ffn_hidden_size > 0 ? ffn_hidden_size : 4 * hidden_size; }
+  std::int64_t max_positions() const {
+    return max_position_embeddings > 0 ? max_position_embeddings : seq_length;
+  }
+  std::int64_t head_dim() const { return hidden_size / num_attention_heads; }
+  // Megatron's rule: vocab padded up to a multiple of make_vocab_size_divisible_by * tp_size.
+  std::int64_t padded_vocab_size(std::int64_t tp_size = 1) const;
+  // Throws InvalidArgument naming the flag for inconsistent sizes.
+  void validate() const;
+  // Model FLOPs of one training iteration over `tokens` tokens (forward + backward, no
+  // recomputation), Megatron's formula (training.py, mid-2024 form for MHA):
+  //   72 * tokens * L * h^2 * (1 + s/(6h) + V/(12 L h))  [with f = 4h; the general f is used]
+  double flops_per_iteration(std::int64_t tokens) const;
+  // Parameter count (padded vocab, tied output layer counted once).
+  std::int64_t num_parameters() const;
+
+  friend bool operator==(const ModelConfig&, const ModelConfig&) = default;
+};
+
+}  // namespace trident::model

@@ -1,0 +1,43 @@
+// Autoregressive generation with a KV cache: each new token costs one row through every layer,
+// attending to the cached keys and values of all earlier positions.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "trident/core/exec_context.h"
+#include "trident/model/gpt.h"
+
+namespace trident::model {
+
+class Generator {
+ public:
+  // params must outlive the generator. Caches hold up to cfg.max_positions() tokens.
+  Generator(const ModelConfig& cfg, const GptParams& params);
+
+  // Feeds `token` at the next position; returns the logits (padded vocabulary, padding columns
+  // included) predicting the token after it. Throws InvalidArgument past max_positions.
+  const float* step(const core::ExecContext& ctx, std::int32_t token);
+  std::int64_t position() const { return pos_; }
+  void reset() { pos_ = 0; }
+
+ private:
+  ModelConfig cfg_;
+  GptParams params_;
+  std::int64_t pos_ = 0;
+  std::vector<float> k_cache_, v_cache_;  // (L, max_positions, NH, HS)
+  std::vector<float> x_, ln_, qkv_, attn_, tmp_, fc_, logits_, mean_, rstd_, scores_;
+};
+
+struct SamplingConfig {
+  float temperature = 1.0f;  // 0 -> greedy (argmax)
+  std::int64_t top_k = 0;    // 0 -> off
+  float top_p = 1.0f;        // 1 -> off
+  std::uint64_t seed = 1234;
+};
+// Draws the next token from logits over the real vocabulary [0, vocab); `draw` numbers the call
+// so that a (seed, draw) pair always gives the same token.
+std::int32_t sample_token(const float* logits, std::int64_t vocab, const SamplingConfig& cfg,
+                          std::uint64_t draw);
+
+}  // namespace trident::model

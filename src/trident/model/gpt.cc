@@ -1,0 +1,368 @@
+#include "trident/model/gpt.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "trident/core/error.h"
+#include "trident/kernels/attention.h"
+#include "trident/kernels/cross_entropy.h"
+#include "trident/kernels/elementwise.h"
+#include "trident/kernels/embedding.h"
+#include "trident/kernels/layernorm.h"
+#include "trident/kernels/matmul.h"
+
+namespace trident::model {
+
+namespace k = trident::kernels;
+
+namespace {
+
+template <class P, class Flat>
+GptTensors<P> views(const ModelConfig& cfg, const ParamTable& table, Flat flat) {
+  auto at = [&](const std::string& name) -> P { return flat + table.find(name).offset; };
+  auto has = [&](const std::string& name) {
+    for (const ParamSpec& p : table.params)
+      if (p.name == name) return true;
+    return false;
+  };
+  GptTensors<P> t;
+  if (has("embedding.word_embeddings.weight")) t.wte = at("embedding.word_embeddings.weight");
+  if (has("embedding.position_embeddings.weight")) {
+    t.wpe = at("embedding.position_embeddings.weight");
+  }
+  std::int64_t first = -1, last = -1;
+  for (const ParamSpec& p : table.params) {
+    if (p.layer < 0) continue;
+    if (first < 0) first = p.layer;
+    last = p.layer;
+  }
+  for (std::int64_t l = first; first >= 0 && l <= last; ++l) {
+    const std::string p = core::str("layers.", l, ".");
+    LayerTensors<P> lt;
+    lt.ln1_w = at(p + "input_layernorm.weight");
+    lt.ln1_b = at(p + "input_layernorm.bias");
+    lt.qkv_w = at(p + "self_attention.query_key_value.weight");
+    lt.qkv_b = at(p + "self_attention.query_key_value.bias");
+    lt.proj_w = at(p + "self_attention.dense.weight");
+    lt.proj_b = at(p + "self_attention.dense.bias");
+    lt.ln2_w = at(p + "post_attention_layernorm.weight");
+    lt.ln2_b = at(p + "post_attention_layernorm.bias");
+    lt.fc_w = at(p + "mlp.dense_h_to_4h.weight");
+    lt.fc_b = at(p + "mlp.dense_h_to_4h.bias");
+    lt.fc2_w = at(p + "mlp.dense_4h_to_h.weight");
+    lt.fc2_b = at(p + "mlp.dense_4h_to_h.bias");
+    t.layers.push_back(lt);
+  }
+  if (has("final_layernorm.weight")) {
+    t.lnf_w = at("final_layernorm.weight");
+    t.lnf_b = at("final_layernorm.bias");
+  }
+  (void)cfg;
+  return t;
+}
+
+int tp_size_of(const ModelRuntime& rt) { return rt.tp ? rt.tp->size() : 1; }
+int tp_rank_of(const ModelRuntime& rt) { return rt.tp ? rt.tp->rank() : 0; }
+
+// Sum over the tensor-parallel group, in place (Megatron's g forward / f backward).
+void tp_all_reduce(const ModelRuntime& rt, float* buf, std::int64_t n) {
+  if (rt.tp && rt.tp->size() > 1) rt.tp->all_reduce(buf, n, comm::Datatype::kF32, comm::ReduceOp::kSum);
+}
+
+void call(const std::function<void(std::int64_t)>& hook, std::int64_t layer) {
+  if (hook) hook(layer);
+}
+
+// The activation layout, shared by the size computation and the allocation so they never drift.
+template <class Alloc>
+void layout_activations(const ModelConfig& cfg, const ModelShard& shard, std::int64_t B,
+                        std::int64_t T, Alloc&& alloc, GptActivations* acts) {
+  const std::int64_t tp = shard.tp_size;
+  const std::int64_t BT = B * T, C = cfg.hidden_size, F = cfg.ffn() / tp;
+  const std::int64_t NH = cfg.num_attention_heads / tp, Cl = C / tp;
+  const std::int64_t Vl = cfg.padded_vocab_size(tp) / tp;
+  auto take = [&](std::int64_t n) { return alloc(n); };
+  float* encoded = take(BT * C);
+  if (acts) acts->encoded = encoded;
+  for (std::int64_t l = 0; l < shard.layers(cfg); ++l) {
+    LayerActivations la;
+    la.ln1 = take(BT * C);
+    la.ln1_mean = take(BT);
+    la.ln1_rstd = take(BT);
+    la.qkv = take(BT * 3 * Cl);
+    la.probs = take(B * NH * T * T);
+    la.attn = take(BT * Cl);
+    la.resid2 = take(BT * C);
+    la.ln2 = take(BT * C);
+    la.ln2_mean = take(BT);
+    la.ln2_rstd = take(BT);
+    la.fc = take(BT * F);
+    la.gelu = take(BT * F);
+    la.out = take(BT * C);
+    if (acts) acts->layers.push_back(la);
+  }
+  const bool head = shard.has_head;
+  float* lnf = head ? take(BT * C) : nullptr;
+  float* lnf_mean = head ? take(BT) : nullptr;
+  float* lnf_rstd = head ? take(BT) : nullptr;
+  float* logits = head ? take(BT * Vl) : nullptr;
+  float* losses = head ? take(BT) : nullptr;
+  float* row_stats = head ? take(3 * BT) : nullptr;
+  float* d_x = take(BT * C);
+  float* d_ln = take(BT * C);
+  float* d_attn = take(BT * Cl);
+  float* d_qkv = take(BT * 3 * Cl);
+  float* d_fc = take(BT * F);
+  float* d_probs = take(B * NH * T * T);
+  if (acts) {
+    acts->lnf = lnf;
+    acts->lnf_mean = lnf_mean;
+    acts->lnf_rstd = lnf_rstd;
+    acts->logits = logits;
+    acts->losses = losses;
+    acts->row_stats = row_stats;
+    acts->d_x = d_x;
+    acts->d_ln = d_ln;
+    acts->d_attn = d_attn;
+    acts->d_qkv = d_qkv;
+    acts->d_fc = d_fc;
+    acts->d_probs = d_probs;
+  }
+}
+
+// Vocab-parallel softmax cross-entropy: this rank holds logit columns [start, start + Vl) of the
+// padded vocabulary; columns >= vocab are padding. Three reductions over tp (max, sum of exp,
+// target logit) give every rank the loss without gathering the logits.
+void vocab_parallel_cross_entropy(const ModelRuntime& rt, std::int64_t rows, std::int64_t vocab,
+                                  std::int64_t Vl, const std::int32_t* targets, float d_scale,
+                                  LossGrad grad, GptActivations& a) {
+  const std::int64_t start = static_cast<std::int64_t>(tp_rank_of(rt)) * Vl;
+  const std::int64_t real = std::clamp<std::int64_t>(vocab - start, 0, Vl);  // real local columns
+  float* row_max = a.row_stats;
+  float* sum_target = a.row_stats + rows;  // (2, rows): sum of exp, then target logit
+#pragma omp parallel for schedule(static)
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* l = a.logits + r * Vl;
+    float m = -INFINITY;
+    for (std::int64_t j = 0; j < real; ++j) m = std::max(m, l[j]);
+    row_max[r] = m;
+  }
+  rt.tp->all_reduce(row_max, rows, comm::Datatype::kF32, comm::ReduceOp::kMax);
+#pragma omp parallel for schedule(static)
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* l = a.logits + r * Vl;
+    double s = 0;
+    for (std::int64_t j = 0; j < real; ++j) s += std::exp(static_cast<double>(l[j] - row_max[r]));
+    sum_target[r] = static_cast<float>(s);
+    const std::int64_t t = targets[r] - start;
+    sum_target[rows + r] = (targets[r] >= 0 && t >= 0 && t < real) ? l[t] : 0.0f;
+  }
+  rt.tp->all_reduce(sum_target, 2 * rows, comm::Datatype::kF32, comm::ReduceOp::kSum);
+#pragma omp parallel for schedule(static)
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const bool ignored = targets[r] < 0;
+    TRIDENT_ASSERT(targets[r] < vocab, "target ", targets[r], " is outside the vocabulary");
+    const float lse = std::log(sum_target[r]) + row_max[r];
+    a.losses[r] = ignored ? 0.0f : lse - sum_target[rows + r];
+    if (grad == LossGrad::kNone) continue;
+    float* d = a.logits + r * Vl;
+    const float inv_sum = 1.0f / sum_target[r];
+    for (std::int64_t j = 0; j < Vl; ++j) {
+      if (ignored || j >= real) {
+        d[j] = 0.0f;
+        continue;
+      }
+      const float p = std::exp(d[j] - row_max[r]) * inv_sum;
+      d[j] = d_scale * (p - (start + j == targets[r] ? 1.0f : 0.0f));
+    }
+  }
+}
+
+}  // namespace
+
+GptParams gpt_param_views(const ModelConfig& cfg, const ParamTable& table, const float* flat) {
+  return views<const float*>(cfg, table, flat);
+}
+GptGrads gpt_grad_views(const ModelConfig& cfg, const ParamTable& table, float* flat) {
+  return views<float*>(cfg, table, flat);
+}
+
+std::int64_t activation_bytes(const ModelConfig& cfg, const ModelShard& shard, std::int64_t batch,
+                              std::int64_t seq_len) {
+  std::int64_t bytes = 0;
+  layout_activations(cfg, shard, batch, seq_len, [&](std::int64_t n) -> float* {
+    bytes += core::Arena::footprint(core::DType::kF32, {n});
+    return nullptr;
+  }, nullptr);
+  return bytes;
+}
+
+void make_activations(const ModelConfig& cfg, const ModelShard& shard, std::int64_t batch,
+                      std::int64_t seq_len, GptActivations& acts) {
+  acts = GptActivations{};
+  acts.batch = batch;
+  acts.seq_len = seq_len;
+  acts.arena = core::Arena(activation_bytes(cfg, shard, batch, seq_len));
+  layout_activations(cfg, shard, batch, seq_len, [&](std::int64_t n) {
+    return acts.arena.alloc(core::DType::kF32, {n}).as<float>();
+  }, &acts);
+}
+
+void gpt_forward(const core::ExecContext& ctx, const ModelConfig& cfg, const ModelRuntime& rt,
+                 const GptParams& p, const std::int32_t* tokens, GptActivations& a) {
+  const int tp = tp_size_of(rt), tp_rank = tp_rank_of(rt);
+  TRIDENT_ASSERT(tp == rt.shard.tp_size, "tp group of ", tp, " ranks for a shard of ",
+                 rt.shard.tp_size);
+  const std::int64_t B = a.batch, T = a.seq_len, BT = B * T;
+  const std::int64_t C = cfg.hidden_size, F = cfg.ffn() / tp, NH = cfg.num_attention_heads / tp;
+  const std::int64_t Cl = C / tp, HS = cfg.head_dim();
+  const std::int64_t Vl = cfg.padded_vocab_size(tp) / tp;
+  const float eps = cfg.layernorm_epsilon;
+  // Row-parallel biases (and the position embedding) are added by tp rank 0 only, before the
+  // reduction, so that the sum holds them once.
+  auto once = [&](const float* bias) { return tp_rank == 0 ? bias : nullptr; };
+
+  if (rt.shard.has_embedding) {
+    call(rt.before_forward, -1);
+    k::embedding_forward(ctx, {.out = a.encoded, .tokens = tokens, .wte = p.wte,
+                               .wpe = once(p.wpe), .batch = B, .seq_len = T, .hidden = C,
+                               .vocab_start = tp_rank * Vl, .vocab_local = Vl});
+    tp_all_reduce(rt, a.encoded, BT * C);  // g: each token's row lives on one tp rank
+  }
+  const float* x = a.encoded;
+  for (std::size_t l = 0; l < a.layers.size(); ++l) {
+    call(rt.before_forward, static_cast<std::int64_t>(l));
+    const LayerTensors<const float*>& w = p.layers[l];
+    LayerActivations& s = a.layers[l];
+    k::layernorm_forward(ctx, {.out = s.ln1, .mean = s.ln1_mean, .rstd = s.ln1_rstd, .in = x,
+                               .weight = w.ln1_w, .bias = w.ln1_b, .rows = BT, .cols = C, .eps = eps});
+    // f: identity forward (its conjugate is the all-reduce of d_ln in backward).
+    k::linear_forward(ctx, {.out = s.qkv, .in = s.ln1, .weight = w.qkv_w, .bias = w.qkv_b,
+                            .rows = BT, .in_features = C, .out_features = 3 * Cl});
+    k::attention_forward(ctx, {.out = s.attn, .probs = s.probs, .qkv = s.qkv, .batch = B,
+                               .seq_len = T, .num_heads = NH, .head_dim = HS});
+    k::linear_forward(ctx, {.out = s.resid2, .in = s.attn, .weight = w.proj_w,
+                            .bias = once(w.proj_b), .rows = BT, .in_features = Cl,
+                            .out_features = C});
+    tp_all_reduce(rt, s.resid2, BT * C);  // g: complete the row-parallel partial sums
+    k::add_forward(ctx, s.resid2, s.resid2, x, BT * C);
+    k::layernorm_forward(ctx, {.out = s.ln2, .mean = s.ln2_mean, .rstd = s.ln2_rstd,
+                               .in = s.resid2, .weight = w.ln2_w, .bias = w.ln2_b, .rows = BT,
+                               .cols = C, .eps = eps});
+    // f: identity forward.
+    k::linear_forward(ctx, {.out = s.fc, .in = s.ln2, .weight = w.fc_w, .bias = w.fc_b,
+                            .rows = BT, .in_features = C, .out_features = F});
+    k::gelu_forward(ctx, s.gelu, s.fc, BT * F);
+    k::linear_forward(ctx, {.out = s.out, .in = s.gelu, .weight = w.fc2_w, .bias = once(w.fc2_b),
+                            .rows = BT, .in_features = F, .out_features = C});
+    tp_all_reduce(rt, s.out, BT * C);  // g
+    k::add_forward(ctx, s.out, s.out, s.resid2, BT * C);
+    x = s.out;
+  }
+  if (rt.shard.has_head) {
+    call(rt.before_forward, static_cast<std::int64_t>(a.layers.size()));
+    k::layernorm_forward(ctx, {.out = a.lnf, .mean = a.lnf_mean, .rstd = a.lnf_rstd, .in = x,
+                               .weight = p.lnf_w, .bias = p.lnf_b, .rows = BT, .cols = C,
+                               .eps = eps});
+    // f: identity forward. Output layer tied to the word embedding: logits = lnf @ wte^T, each
+    // tp rank computing its slice of the vocabulary.
+    k::linear_forward(ctx, {.out = a.logits, .in = a.lnf, .weight = p.wte, .bias = nullptr,
+                            .rows = BT, .in_features = C, .out_features = Vl});
+  }
+}
+
+LossSum gpt_loss(const core::ExecContext& ctx, const ModelConfig& cfg, const ModelRuntime& rt,
+                 const std::int32_t* targets, float d_scale, LossGrad grad, GptActivations& a) {
+  TRIDENT_ASSERT(rt.shard.has_head, "gpt_loss on a pipeline stage without the output layer");
+  const std::int64_t BT = a.batch * a.seq_len;
+  const int tp = tp_size_of(rt);
+  if (tp == 1) {
+    k::cross_entropy_forward_backward(
+        ctx, {.losses = a.losses, .d_logits = grad == LossGrad::kCompute ? a.logits : nullptr,
+              .logits = a.logits, .targets = targets, .d_scale = d_scale, .rows = BT,
+              .vocab = cfg.vocab_size, .vocab_padded = cfg.padded_vocab_size()});
+  } else {
+    vocab_parallel_cross_entropy(rt, BT, cfg.vocab_size, cfg.padded_vocab_size(tp) / tp, targets,
+                                 d_scale, grad, a);
+  }
+  LossSum out;
+  for (std::int64_t i = 0; i < BT; ++i) {
+    if (targets[i] < 0) continue;
+    out.sum += a.losses[i];
+    ++out.count;
+  }
+  return out;
+}
+
+void gpt_backward(const core::ExecContext& ctx, const ModelConfig& cfg, const ModelRuntime& rt,
+                  const GptParams& p, const GptGrads& g, const std::int32_t* tokens,
+                  GptActivations& a) {
+  const int tp = tp_size_of(rt), tp_rank = tp_rank_of(rt);
+  const std::int64_t B = a.batch, T = a.seq_len, BT = B * T;
+  const std::int64_t C = cfg.hidden_size, F = cfg.ffn() / tp, NH = cfg.num_attention_heads / tp;
+  const std::int64_t Cl = C / tp, HS = cfg.head_dim();
+  const std::int64_t Vl = cfg.padded_vocab_size(tp) / tp;
+  const std::int64_t L = static_cast<std::int64_t>(a.layers.size());
+
+  if (rt.shard.has_head) {
+    call(rt.before_backward, L);
+    // Tied output layer: d_lnf = d_logits @ wte, d_wte += d_logits^T @ lnf.
+    k::linear_backward(ctx, {.d_in = a.d_ln, .d_weight = g.wte, .d_bias = nullptr,
+                             .d_out = a.logits, .in = a.lnf, .weight = p.wte, .rows = BT,
+                             .in_features = C, .out_features = Vl});
+    tp_all_reduce(rt, a.d_ln, BT * C);  // f backward: each rank holds a partial d_lnf
+    std::memset(a.d_x, 0, static_cast<std::size_t>(BT * C) * sizeof(float));
+    k::layernorm_backward(ctx, {.d_in = a.d_x, .d_weight = g.lnf_w, .d_bias = g.lnf_b,
+                                .d_out = a.d_ln, .in = a.output(), .weight = p.lnf_w,
+                                .mean = a.lnf_mean, .rstd = a.lnf_rstd, .rows = BT, .cols = C});
+    call(rt.after_backward, L);
+  }
+  // d_x now holds the gradient of the residual stream at the top; walk the layers down.
+  for (std::int64_t l = L - 1; l >= 0; --l) {
+    call(rt.before_backward, l);
+    const LayerTensors<const float*>& w = p.layers[static_cast<std::size_t>(l)];
+    const LayerTensors<float*>& gw = g.layers[static_cast<std::size_t>(l)];
+    const LayerActivations& s = a.layers[static_cast<std::size_t>(l)];
+    const float* x = l > 0 ? a.layers[static_cast<std::size_t>(l - 1)].out : a.encoded;
+    // MLP: out = resid2 + g(fc2(gelu(fc(f(ln2(resid2)))))); the residual passes d_x through and
+    // g's backward is the identity, so every tp rank holds the full d_x.
+    k::linear_backward(ctx, {.d_in = a.d_fc, .d_weight = gw.fc2_w, .d_bias = gw.fc2_b,
+                             .d_out = a.d_x, .in = s.gelu, .weight = w.fc2_w, .rows = BT,
+                             .in_features = F, .out_features = C});
+    k::gelu_backward(ctx, a.d_fc, a.d_fc, s.fc, BT * F);
+    k::linear_backward(ctx, {.d_in = a.d_ln, .d_weight = gw.fc_w, .d_bias = gw.fc_b,
+                             .d_out = a.d_fc, .in = s.ln2, .weight = w.fc_w, .rows = BT,
+                             .in_features = C, .out_features = F});
+    tp_all_reduce(rt, a.d_ln, BT * C);  // f backward
+    k::layernorm_backward(ctx, {.d_in = a.d_x, .d_weight = gw.ln2_w, .d_bias = gw.ln2_b,
+                                .d_out = a.d_ln, .in = s.resid2, .weight = w.ln2_w,
+                                .mean = s.ln2_mean, .rstd = s.ln2_rstd, .rows = BT, .cols = C});
+    // Attention: resid2 = x + g(proj(attn(qkv(f(ln1(x)))))).
+    k::linear_backward(ctx, {.d_in = a.d_attn, .d_weight = gw.proj_w, .d_bias = gw.proj_b,
+                             .d_out = a.d_x, .in = s.attn, .weight = w.proj_w, .rows = BT,
+                             .in_features = Cl, .out_features = C});
+    k::attention_backward(ctx, {.d_qkv = a.d_qkv, .d_probs = a.d_probs, .d_out = a.d_attn,
+                                .qkv = s.qkv, .probs = s.probs, .batch = B, .seq_len = T,
+                                .num_heads = NH, .head_dim = HS});
+    k::linear_backward(ctx, {.d_in = a.d_ln, .d_weight = gw.qkv_w, .d_bias = gw.qkv_b,
+                             .d_out = a.d_qkv, .in = s.ln1, .weight = w.qkv_w, .rows = BT,
+                             .in_features = C, .out_features = 3 * Cl});
+    tp_all_reduce(rt, a.d_ln, BT * C);  // f backward
+    k::layernorm_backward(ctx, {.d_in = a.d_x, .d_weight = gw.ln1_w, .d_bias = gw.ln1_b,
+                                .d_out = a.d_ln, .in = x, .weight = w.ln1_w, .mean = s.ln1_mean,
+                                .rstd = s.ln1_rstd, .rows = BT, .cols = C});
+    call(rt.after_backward, l);
+  }
+  if (rt.shard.has_embedding) {
+    call(rt.before_backward, -1);
+    // The forward all-reduce (g) has an identity backward: every rank scatters the full d_x
+    // into its own vocabulary rows; the position embedding's gradient is the same on every rank.
+    k::embedding_backward(ctx, {.d_wte = g.wte, .d_wpe = g.wpe, .d_out = a.d_x, .tokens = tokens,
+                                .batch = B, .seq_len = T, .hidden = C,
+                                .vocab_start = tp_rank * Vl, .vocab_local = Vl});
+    call(rt.after_backward, -1);
+  }
+}
+
+}  // namespace trident::model

@@ -1,0 +1,138 @@
+// GPT-2: pre-LayerNorm decoder blocks, learned absolute positions, tanh-GeLU MLP, output layer
+// tied to the word embedding. Explicit forward and backward over views into the flat parameter
+// and gradient buffers; activations of one micro-batch live in a GptActivations arena.
+//
+// A rank runs its ModelShard: a pipeline stage's layers (with the embedding on the first stage
+// and the final LayerNorm, output layer and loss on the last), each weight matrix split across
+// the tensor-parallel group as Megatron does (column-parallel QKV and MLP up-projection,
+// row-parallel attention output and MLP down-projection, vocab-parallel embedding and
+// cross-entropy). Megatron's conjugate pairs are visible calls in gpt.cc:
+//   f: identity forward, all-reduce of the input gradient backward (before column-parallel);
+//   g: all-reduce forward, identity backward (after row-parallel).
+//
+// Legend: B = micro-batch size, T = seq_len, C = hidden, NH = heads, HS = C / NH, F = ffn hidden,
+// Vp = padded vocabulary, L = layers, tp = tensor-parallel size (local sizes: NH/tp, F/tp, Vp/tp).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "trident/comm/communicator.h"
+#include "trident/core/arena.h"
+#include "trident/core/exec_context.h"
+#include "trident/model/config.h"
+#include "trident/model/param_table.h"
+
+namespace trident::model {
+
+// Pointers into a flat buffer laid out by the ParamTable. P = const float* for parameters,
+// float* for gradients (same shapes; every gradient ACCUMULATES (+=) across micro-batches).
+// Shapes are the local (tensor-parallel) ones.
+template <class P>
+struct LayerTensors {
+  P ln1_w, ln1_b;    // (C)
+  P qkv_w, qkv_b;    // (3C/tp, C), (3C/tp): rows interleaved per head (NH/tp, 3, HS)
+  P proj_w, proj_b;  // (C, C/tp), (C)
+  P ln2_w, ln2_b;    // (C)
+  P fc_w, fc_b;      // (F/tp, C), (F/tp)
+  P fc2_w, fc2_b;    // (C, F/tp), (C)
+};
+template <class P>
+struct GptTensors {
+  P wte = nullptr;  // (Vp/tp, C); on the last stage, the tied copy when it lacks the embedding
+  P wpe = nullptr;  // (max_positions, C), first stage only
+  std::vector<LayerTensors<P>> layers;  // the shard's layers, in order
+  P lnf_w = nullptr, lnf_b = nullptr;   // (C), last stage only
+};
+using GptParams = GptTensors<const float*>;
+using GptGrads = GptTensors<float*>;
+
+GptParams gpt_param_views(const ModelConfig& cfg, const ParamTable& table, const float* flat);
+GptGrads gpt_grad_views(const ModelConfig& cfg, const ParamTable& table, float* flat);
+
+// How the model talks to its tensor-parallel group, and optional per-layer callbacks (ZeRO-3
+// parameter gathers, gradient-bucket launches). Layer ids: -1 = embedding, 0..L-1 = the shard's
+// layers (local index), L = the head (final LayerNorm and output layer).
+struct ModelRuntime {
+  ModelShard shard;
+  comm::Communicator* tp = nullptr;  // null or size 1: no tensor parallelism
+  std::function<void(std::int64_t layer)> before_forward;   // parameters of `layer` are needed
+  std::function<void(std::int64_t layer)> before_backward;  // parameters of `layer` are needed
+  std::function<void(std::int64_t layer)> after_backward;   // gradients of `layer` are final
+};
+
+// Saved activations of one layer for one micro-batch; row = one token (B*T rows).
+struct LayerActivations {
+  float* ln1;       // (B*T, C)
+  float* ln1_mean;  // (B*T)
+  float* ln1_rstd;  // (B*T)
+  float* qkv;       // (B*T, 3C/tp)
+  float* probs;     // (B, NH/tp, T, T)
+  float* attn;      // (B*T, C/tp)  attention output before the projection
+  float* resid2;    // (B*T, C)  residual stream after attention
+  float* ln2;       // (B*T, C)
+  float* ln2_mean;  // (B*T)
+  float* ln2_rstd;  // (B*T)
+  float* fc;        // (B*T, F/tp)  pre-GeLU
+  float* gelu;      // (B*T, F/tp)
+  float* out;       // (B*T, C)  residual stream after the MLP (the layer output)
+};
+
+// Everything one micro-batch needs, forward and backward, carved from one arena.
+struct GptActivations {
+  std::int64_t batch = 0, seq_len = 0;
+  core::Arena arena;
+  float* encoded = nullptr;  // (B*T, C): the embedding output, or the stage's received input
+  std::vector<LayerActivations> layers;
+  float* lnf = nullptr;       // (B*T, C)
+  float* lnf_mean = nullptr;  // (B*T)
+  float* lnf_rstd = nullptr;  // (B*T)
+  float* logits = nullptr;    // (B*T, Vp/tp); holds d_logits after gpt_loss with gradients
+  float* losses = nullptr;    // (B*T)
+  float* row_stats = nullptr; // (3, B*T) vocab-parallel cross-entropy: max, sum-exp, target logit
+  // Backward scratch.
+  float* d_x = nullptr;     // (B*T, C) gradient of the residual stream; on a stage without the
+                            // embedding, the gradient of its input after gpt_backward
+  float* d_ln = nullptr;    // (B*T, C)
+  float* d_attn = nullptr;  // (B*T, C/tp)
+  float* d_qkv = nullptr;   // (B*T, 3C/tp)
+  float* d_fc = nullptr;    // (B*T, F/tp)
+  float* d_probs = nullptr; // (B, NH/tp, T, T)
+
+  // The stage's output (the last layer's residual stream, or `encoded` without layers).
+  const float* output() const { return layers.empty() ? encoded : layers.back().out; }
+};
+
+// Bytes of GptActivations for (batch, seq_len); computed before anything is allocated.
+std::int64_t activation_bytes(const ModelConfig& cfg, const ModelShard& shard, std::int64_t batch,
+                              std::int64_t seq_len);
+void make_activations(const ModelConfig& cfg, const ModelShard& shard, std::int64_t batch,
+                      std::int64_t seq_len, GptActivations& acts);
+
+// Forward of the shard. First stage: embeds tokens (B*T); otherwise reads acts.encoded (the
+// previous stage's output, written there by the caller). Last stage: computes acts.logits.
+void gpt_forward(const core::ExecContext& ctx, const ModelConfig& cfg, const ModelRuntime& rt,
+                 const GptParams& params, const std::int32_t* tokens, GptActivations& acts);
+
+struct LossSum {
+  double sum = 0;         // sum of per-token losses over counted tokens
+  std::int64_t count = 0; // tokens with a non-negative target
+};
+enum class LossGrad : std::uint8_t { kNone, kCompute };
+// Last stage: softmax cross-entropy of acts.logits against targets (B*T; negative = ignored),
+// vocab-parallel across the tp group (max, sum-exp and target-logit reductions; the full logits
+// are never gathered). With LossGrad::kCompute the logits buffer is overwritten with
+// d_scale * dloss/dlogits.
+LossSum gpt_loss(const core::ExecContext& ctx, const ModelConfig& cfg, const ModelRuntime& rt,
+                 const std::int32_t* targets, float d_scale, LossGrad grad, GptActivations& acts);
+
+// Backward of the shard. Last stage: starts from acts.logits (holding d_logits); otherwise from
+// acts.d_x (the next stage's input gradient, written there by the caller). Every parameter
+// gradient accumulates (+=). First stage: ends in the embedding gradients; otherwise leaves the
+// gradient of the stage's input in acts.d_x.
+void gpt_backward(const core::ExecContext& ctx, const ModelConfig& cfg, const ModelRuntime& rt,
+                  const GptParams& params, const GptGrads& grads, const std::int32_t* tokens,
+                  GptActivations& acts);
+
+}  // namespace trident::model

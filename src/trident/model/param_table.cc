@@ -1,0 +1,146 @@
+#include "trident/model/param_table.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "trident/core/error.h"
+#include "trident/core/rng.h"
+
+namespace trident::model {
+
+const ParamSpec& ParamTable::find(const std::string& name) const {
+  for (const ParamSpec& p : params)
+    if (p.name == name) return p;
+  throw core::InvalidArgument(core::str("no parameter named '", name, "'"));
+}
+
+std::int64_t ParamTable::num_parameters() const {
+  std::int64_t n = 0;
+  for (const ParamSpec& p : params) n += p.numel;
+  return n;
+}
+
+std::int64_t ParamSpec::global_index(std::int64_t i, int tp_rank) const {
+  if (tp_split_dim < 0) return i;
+  if (tp_split_dim == 0) return static_cast<std::int64_t>(tp_rank) * numel + i;
+  // Split along dim 1 of a matrix: row r, local column c.
+  const std::int64_t local_cols = shape[1], global_cols = global_shape[1];
+  const std::int64_t r = i / local_cols, c = i % local_cols;
+  return r * global_cols + static_cast<std::int64_t>(tp_rank) * local_cols + c;
+}
+
+namespace {
+void add(ParamTable& t, const ModelShard& shard, std::string name,
+         std::vector<std::int64_t> global_shape, int split_dim, InitRule init, bool weight_decay,
+         int layer) {
+  ParamSpec p;
+  p.name = std::move(name);
+  p.global_shape = global_shape;
+  p.shape = std::move(global_shape);
+  p.tp_split_dim = shard.tp_size > 1 ? split_dim : -1;
+  if (p.tp_split_dim >= 0) {
+    std::int64_t& d = p.shape[static_cast<std::size_t>(p.tp_split_dim)];
+    TRIDENT_ASSERT(d % shard.tp_size == 0, p.name, " dim ", p.tp_split_dim, " (", d,
+                   ") not divisible by tp ", shard.tp_size);
+    d /= shard.tp_size;
+  }
+  p.init = init;
+  p.weight_decay = weight_decay;
+  p.layer = layer;
+  p.numel = 1;
+  for (std::int64_t d : p.shape) p.numel *= d;
+  p.offset = t.total_numel;
+  t.total_numel += (p.numel + ParamTable::kAlign - 1) / ParamTable::kAlign * ParamTable::kAlign;
+  t.params.push_back(std::move(p));
+}
+}  // namespace
+
+ParamTable build_gpt_param_table(const ModelConfig& cfg, const ModelShard& shard) {
+  cfg.validate();
+  const int tp = shard.tp_size;
+  TRIDENT_CHECK(tp >= 1 && shard.tp_rank >= 0 && shard.tp_rank < tp, "bad tensor-parallel rank ",
+                shard.tp_rank, " of ", tp);
+  TRIDENT_CHECK(cfg.num_attention_heads % tp == 0, "--num-attention-heads (",
+                cfg.num_attention_heads, ") must be divisible by --tensor-model-parallel-size (",
+                tp, ")");
+  TRIDENT_CHECK(cfg.ffn() % tp == 0, "--ffn-hidden-size (", cfg.ffn(),
+                ") must be divisible by --tensor-model-parallel-size (", tp, ")");
+  const std::int64_t L = shard.layers(cfg);
+  TRIDENT_CHECK(shard.first_layer >= 0 && L >= 0 && shard.first_layer + L <= cfg.num_layers,
+                "layers [", shard.first_layer, ", ", shard.first_layer + L,
+                ") do not fit a model of ", cfg.num_layers, " layers");
+  const std::int64_t C = cfg.hidden_size, F = cfg.ffn(), Vp = cfg.padded_vocab_size(tp);
+  ParamTable t;
+  auto add_p = [&](std::string name, std::vector<std::int64_t> shape, int split, InitRule init,
+                   bool wd, int layer) {
+    add(t, shard, std::move(name), std::move(shape), split, init, wd, layer);
+  };
+  if (shard.has_embedding) {
+    add_p("embedding.word_embeddings.weight", {Vp, C}, 0, InitRule::kNormal, true, -1);
+    if (cfg.position_embedding == PositionEmbedding::kLearnedAbsolute) {
+      add_p("embedding.position_embeddings.weight", {cfg.max_positions(), C}, -1,
+            InitRule::kNormal, true, -1);
+    }
+  }
+  for (std::int64_t li = shard.first_layer; li < shard.first_layer + L; ++li) {
+    const int l = static_cast<int>(li);
+    const std::string p = core::str("layers.", l, ".");
+    add_p(p + "input_layernorm.weight", {C}, -1, InitRule::kOnes, false, l);
+    add_p(p + "input_layernorm.bias", {C}, -1, InitRule::kZeros, false, l);
+    // Column-parallel (split along the output rows): whole heads per rank, since the rows are
+    // interleaved per head (NH, 3, HS).
+    add_p(p + "self_attention.query_key_value.weight", {3 * C, C}, 0, InitRule::kNormal, true, l);
+    add_p(p + "self_attention.query_key_value.bias", {3 * C}, 0, InitRule::kZeros, false, l);
+    // Row-parallel (split along the input columns); its bias is added once, after the reduction.
+    add_p(p + "self_attention.dense.weight", {C, C}, 1, InitRule::kScaledNormal, true, l);
+    add_p(p + "self_attention.dense.bias", {C}, -1, InitRule::kZeros, false, l);
+    add_p(p + "post_attention_layernorm.weight", {C}, -1, InitRule::kOnes, false, l);
+    add_p(p + "post_attention_layernorm.bias", {C}, -1, InitRule::kZeros, false, l);
+    add_p(p + "mlp.dense_h_to_4h.weight", {F, C}, 0, InitRule::kNormal, true, l);
+    add_p(p + "mlp.dense_h_to_4h.bias", {F}, 0, InitRule::kZeros, false, l);
+    add_p(p + "mlp.dense_4h_to_h.weight", {C, F}, 1, InitRule::kScaledNormal, true, l);
+    add_p(p + "mlp.dense_4h_to_h.bias", {C}, -1, InitRule::kZeros, false, l);
+  }
+  if (shard.has_head) {
+    add_p("final_layernorm.weight", {C}, -1, InitRule::kOnes, false, -1);
+    add_p("final_layernorm.bias", {C}, -1, InitRule::kZeros, false, -1);
+    if (!shard.has_embedding) {
+      // The output layer is tied to the word embedding; a last stage without the embedding holds
+      // a copy, initialized identically (same RNG keys), whose gradient is summed with the
+      // first stage's every step.
+      add_p("embedding.word_embeddings.weight", {Vp, C}, 0, InitRule::kNormal, true, -1);
+      t.params.back().shared = true;
+    }
+  }
+  return t;
+}
+
+void init_params(const ModelConfig& cfg, const ParamTable& table, std::uint64_t seed, float* flat,
+                 int tp_rank) {
+  std::memset(flat, 0, static_cast<std::size_t>(table.total_numel) * sizeof(float));
+  const double std_normal = cfg.init_method_std;
+  const double std_scaled = cfg.init_method_std / std::sqrt(2.0 * static_cast<double>(cfg.num_layers));
+  for (const ParamSpec& p : table.params) {
+    float* dst = flat + p.offset;
+    switch (p.init) {
+      case InitRule::kZeros:
+        break;
+      case InitRule::kOnes:
+        for (std::int64_t i = 0; i < p.numel; ++i) dst[i] = 1.0f;
+        break;
+      case InitRule::kNormal:
+      case InitRule::kScaledNormal: {
+        const double std = p.init == InitRule::kNormal ? std_normal : std_scaled;
+        const std::uint64_t stream = core::fnv1a64(p.name.c_str());
+#pragma omp parallel for schedule(static)
+        for (std::int64_t i = 0; i < p.numel; ++i) {
+          const std::int64_t g = p.global_index(i, tp_rank);
+          dst[i] = static_cast<float>(std * core::philox_normal(seed, stream, static_cast<std::uint64_t>(g)));
+        }
+        break;
+      }
+    }
+  }
+}
+
+}  // namespace trident::model

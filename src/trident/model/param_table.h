@@ -1,0 +1,82 @@
+// ParamTable: one row per parameter tensor. The single source for allocation (offsets into the
+// flat parameter and gradient buffers), initialization, weight-decay groups, gradient clipping,
+// ZeRO shard plans and checkpoint names.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "trident/model/config.h"
+
+namespace trident::model {
+
+enum class InitRule : std::uint8_t {
+  kNormal,        // N(0, init_method_std)
+  kScaledNormal,  // N(0, init_method_std / sqrt(2 * num_layers)): output projections of a block
+  kOnes,          // LayerNorm weights
+  kZeros,         // biases
+};
+
+// What part of the model one rank holds: a tensor-parallel slice of a pipeline stage's layers.
+struct ModelShard {
+  int tp_size = 1;
+  int tp_rank = 0;
+  std::int64_t first_layer = 0;
+  std::int64_t num_layers = -1;  // -1: every layer from first_layer on
+  bool has_embedding = true;     // first pipeline stage: word (and position) embedding
+  bool has_head = true;          // last stage: final LayerNorm, output layer (tied), loss
+  bool sequence_parallel = false;
+
+  std::int64_t layers(const ModelConfig& cfg) const {
+    return num_layers >= 0 ? num_layers : cfg.num_layers - first_layer;
+  }
+  friend bool operator==(const ModelShard&, const ModelShard&) = default;
+};
+
+struct ParamSpec {
+  std::string name;                 // Megatron's legacy names, e.g. layers.3.mlp.dense_h_to_4h.weight
+  std::vector<std::int64_t> shape;  // shape held by this rank (after the tensor-parallel split)
+  std::vector<std::int64_t> global_shape;  // shape of the whole parameter
+  int tp_split_dim = -1;            // dim split across tensor-parallel ranks; -1: replicated
+  bool shared = false;              // a second copy of a parameter held elsewhere (the tied word
+                                    // embedding on the last pipeline stage): not counted twice in
+                                    // the gradient norm
+  InitRule init = InitRule::kNormal;
+  bool weight_decay = true;         // false for biases and LayerNorm parameters
+  int layer = -1;                   // transformer layer index, -1 for embeddings / final norm
+  std::int64_t offset = 0;          // element offset in the flat buffer
+  std::int64_t numel = 0;
+
+  // Replicated across tensor-parallel ranks (LayerNorms, row-parallel biases, position
+  // embeddings): counted once (on tp rank 0) in the gradient norm.
+  bool tp_duplicated() const { return tp_split_dim < 0; }
+  // The global (unsplit) flat index of local element i on tensor-parallel rank tp_rank.
+  std::int64_t global_index(std::int64_t i, int tp_rank) const;
+};
+
+struct ParamTable {
+  // Offsets are aligned to this many elements (64 bytes of fp32), so every parameter starts on
+  // a cache line and ZeRO shard boundaries can be aligned the same way.
+  static constexpr std::int64_t kAlign = 16;
+
+  std::vector<ParamSpec> params;
+  std::int64_t total_numel = 0;  // flat buffer size, alignment padding included
+
+  const ParamSpec& find(const std::string& name) const;  // throws InvalidArgument when absent
+  std::int64_t num_parameters() const;                   // without padding
+};
+
+// The GPT-2 table of `shard` in forward order: embeddings, layers, final LayerNorm (and, on a last
+// pipeline stage without the embedding, the tied copy of the word embedding, marked shared).
+// Throws InvalidArgument when the shard does not fit the model (heads, FFN size or padded
+// vocabulary not divisible by tp_size, layers out of range).
+ParamTable build_gpt_param_table(const ModelConfig& cfg, const ModelShard& shard = {});
+
+// Fills `flat` (table.total_numel elements) with the initial weights: N(0, std) draws keyed by
+// (seed, parameter name, global element index) so that every parallel layout starts from the
+// same weights. Padding between parameters is zeroed. tp_rank selects the slice of split tensors.
+void init_params(const ModelConfig& cfg, const ParamTable& table, std::uint64_t seed, float* flat,
+                 int tp_rank = 0);
+
+}  // namespace trident::model

@@ -1,0 +1,44 @@
+#include "trident/optim/adamw_optimizer.h"
+
+#include <algorithm>
+
+#include "trident/kernels/elementwise.h"
+
+namespace trident::optim {
+
+void adamw_step(const core::ExecContext& ctx, const model::ParamTable& table,
+                const AdamWConfig& cfg, double lr, std::int64_t step, float grad_scale,
+                const AdamWShard& shard) {
+  for (const model::ParamSpec& p : table.params) {
+    const std::int64_t lo = std::max(p.offset, shard.range.begin);
+    const std::int64_t hi = std::min(p.offset + p.numel, shard.range.end);
+    if (lo >= hi) continue;
+    const std::int64_t at = lo - shard.range.begin;
+    kernels::adamw_update(ctx,
+                          {.lr = static_cast<float>(lr), .beta1 = cfg.beta1, .beta2 = cfg.beta2,
+                           .eps = cfg.eps, .weight_decay = p.weight_decay ? cfg.weight_decay : 0.0f,
+                           .step = step, .grad_scale = grad_scale},
+                          {.param = shard.params + at, .m = shard.m + at, .v = shard.v + at,
+                           .grad = shard.grads + at, .n = hi - lo});
+  }
+}
+
+double grad_norm_squared_share(const core::ExecContext& ctx, const model::ParamTable& table,
+                               FlatRange range, const float* grads, int tp_rank) {
+  double sum = 0;
+  for (const model::ParamSpec& p : table.params) {
+    if (p.shared || (p.tp_duplicated() && tp_rank != 0)) continue;
+    const std::int64_t lo = std::max(p.offset, range.begin);
+    const std::int64_t hi = std::min(p.offset + p.numel, range.end);
+    if (lo < hi) sum += kernels::sum_squares(ctx, grads + (lo - range.begin), hi - lo);
+  }
+  return sum;
+}
+
+float clip_coefficient(double grad_norm, float clip_grad) {
+  if (clip_grad <= 0.0f) return 1.0f;
+  const double coeff = static_cast<double>(clip_grad) / (grad_norm + 1e-6);
+  return coeff < 1.0 ? static_cast<float>(coeff) : 1.0f;
+}
+
+}  // namespace trident::optim

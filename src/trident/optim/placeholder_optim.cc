@@ -1,1 +1,0 @@
-// placeholder so the module links before its code lands

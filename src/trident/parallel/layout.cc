@@ -1,0 +1,107 @@
+// ParallelLayout: group enumeration and validation (the rank formula itself is inline).
+#include "trident/parallel/layout.h"
+
+#include "trident/core/error.h"
+
+namespace trident::parallel {
+
+const char* axis_name(Axis axis) {
+  switch (axis) {
+    case Axis::kTp: return "tp";
+    case Axis::kDp: return "dp";
+    case Axis::kPp: return "pp";
+  }
+  return "?";
+}
+
+std::ostream& operator<<(std::ostream& os, const Coord& c) {
+  return os << "tp" << c.tp << " dp" << c.dp << " pp" << c.pp;
+}
+
+std::ostream& operator<<(std::ostream& os, const ParallelLayout& l) {
+  return os << "tp=" << l.tp_size << " dp=" << l.dp_size << " pp=" << l.pp_size;
+}
+
+ParallelLayout ParallelLayout::from_world_size(int world_size, int tp_size, int pp_size) {
+  TRIDENT_CHECK(world_size >= 1, "world size must be >= 1, got ", world_size);
+  TRIDENT_CHECK(tp_size >= 1, "tensor-model-parallel size must be >= 1, got ", tp_size);
+  TRIDENT_CHECK(pp_size >= 1, "pipeline-model-parallel size must be >= 1, got ", pp_size);
+  TRIDENT_CHECK(world_size % (tp_size * pp_size) == 0, "world size ", world_size,
+                " is not divisible by tp ", tp_size, " x pp ", pp_size,
+                ": choose --tensor-model-parallel-size and --pipeline-model-parallel-size whose "
+                "product divides the number of ranks");
+  return {.tp_size = tp_size, .dp_size = world_size / (tp_size * pp_size), .pp_size = pp_size};
+}
+
+void ParallelLayout::validate() const {
+  TRIDENT_CHECK(tp_size >= 1 && dp_size >= 1 && pp_size >= 1,
+                "parallel sizes must be >= 1, got ", *this);
+}
+
+int ParallelLayout::size_of(Axis axis) const {
+  switch (axis) {
+    case Axis::kTp: return tp_size;
+    case Axis::kDp: return dp_size;
+    case Axis::kPp: return pp_size;
+  }
+  return 0;
+}
+
+int ParallelLayout::coord_along(const Coord& c, Axis axis) const {
+  switch (axis) {
+    case Axis::kTp: return c.tp;
+    case Axis::kDp: return c.dp;
+    case Axis::kPp: return c.pp;
+  }
+  return 0;
+}
+
+std::vector<int> ParallelLayout::group_of(int rank, Axis axis) const {
+  TRIDENT_CHECK(rank >= 0 && rank < world_size(), "rank ", rank, " outside the world of ",
+                world_size(), " (", *this, ")");
+  Coord c = coord_of(rank);
+  std::vector<int> ranks;
+  const int n = size_of(axis);
+  ranks.reserve(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    switch (axis) {
+      case Axis::kTp: c.tp = i; break;
+      case Axis::kDp: c.dp = i; break;
+      case Axis::kPp: c.pp = i; break;
+    }
+    ranks.push_back(rank_of(c));
+  }
+  return ranks;
+}
+
+int ParallelLayout::group_index(int rank, Axis axis) const {
+  const Coord c = coord_of(rank);
+  switch (axis) {
+    case Axis::kTp: return c.dp + dp_size * c.pp;
+    case Axis::kDp: return c.tp + tp_size * c.pp;
+    case Axis::kPp: return c.tp + tp_size * c.dp;
+  }
+  return 0;
+}
+
+std::vector<std::vector<int>> ParallelLayout::groups(Axis axis) const {
+  std::vector<std::vector<int>> out(static_cast<std::size_t>(world_size() / size_of(axis)));
+  for (int r = 0; r < world_size(); ++r) {
+    std::vector<int>& g = out[static_cast<std::size_t>(group_index(r, axis))];
+    if (g.empty()) g = group_of(r, axis);
+  }
+  return out;
+}
+
+std::vector<int> ParallelLayout::embedding_group_of(int rank) const {
+  TRIDENT_CHECK(rank >= 0 && rank < world_size(), "rank ", rank, " outside the world of ",
+                world_size(), " (", *this, ")");
+  const Coord c = coord_of(rank);
+  if (c.pp != 0 && c.pp != pp_size - 1) return {};
+  const int first = rank_of({.tp = c.tp, .dp = c.dp, .pp = 0});
+  const int last = rank_of({.tp = c.tp, .dp = c.dp, .pp = pp_size - 1});
+  if (first == last) return {first};
+  return {first, last};
+}
+
+}  // namespace trident::parallel

@@ -1,0 +1,70 @@
+// ParallelLayout: where each rank sits in the (tp, dp, pp) grid. Pure arithmetic, no
+// communicator, so it can be tested alone and used by planners and checkpoint resharding.
+//
+//   rank = tp_rank + tp_size * (dp_rank + dp_size * pp_rank)        (Megatron order "tp-dp-pp")
+//
+// tp varies fastest, so a tp group is a block of consecutive ranks (one node). Example, 8 ranks,
+// tp=2, dp=2, pp=2:  tp groups [0,1] [2,3] [4,5] [6,7]; dp groups [0,2] [1,3] [4,6] [5,7];
+// pp groups [0,4] [1,5] [2,6] [3,7]; embedding groups (first and last stage) [0,4] [1,5] [2,6] [3,7].
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace trident::parallel {
+
+enum class Axis : std::uint8_t { kTp, kDp, kPp };
+const char* axis_name(Axis axis);  // "tp", "dp", "pp"
+
+struct Coord {
+  int tp = 0;
+  int dp = 0;
+  int pp = 0;
+  friend bool operator==(const Coord&, const Coord&) = default;
+};
+std::ostream& operator<<(std::ostream& os, const Coord& c);  // "tp1 dp0 pp2"
+
+struct ParallelLayout {
+  int tp_size = 1;
+  int dp_size = 1;
+  int pp_size = 1;
+
+  // The layout of `world_size` ranks with the given tp and pp; dp = world_size / (tp * pp).
+  // Throws InvalidArgument when the sizes are not positive or tp * pp does not divide world_size
+  // ("world size 6 is not divisible by tp 4 x pp 1").
+  static ParallelLayout from_world_size(int world_size, int tp_size, int pp_size);
+
+  int world_size() const { return tp_size * dp_size * pp_size; }
+  int size_of(Axis axis) const;
+  // Throws InvalidArgument unless every size is >= 1.
+  void validate() const;
+
+  int rank_of(const Coord& c) const { return c.tp + tp_size * (c.dp + dp_size * c.pp); }
+  Coord coord_of(int rank) const {
+    return {.tp = rank % tp_size, .dp = (rank / tp_size) % dp_size,
+            .pp = rank / (tp_size * dp_size)};
+  }
+  int coord_along(const Coord& c, Axis axis) const;
+
+  // The ranks that differ from `rank` only along `axis`, in increasing order; the position of a
+  // rank in this list is its coordinate along `axis` (and its rank in the group's communicator).
+  std::vector<int> group_of(int rank, Axis axis) const;
+  // Every group along `axis`, ordered by their first rank; together they partition the world.
+  std::vector<std::vector<int>> groups(Axis axis) const;
+  // Index of the group along `axis` that `rank` belongs to (0 .. world_size / size_of(axis) - 1),
+  // numbered like groups(axis). Used as the split color.
+  int group_index(int rank, Axis axis) const;
+
+  // The embedding group of `rank`: the first and last pipeline stage with its tp and dp
+  // coordinates ({first} alone when pp_size == 1). Empty when `rank` is in a middle stage.
+  // The stages holding the input embedding and the (tied) output layer sum their embedding
+  // gradients over this group.
+  std::vector<int> embedding_group_of(int rank) const;
+
+  friend bool operator==(const ParallelLayout&, const ParallelLayout&) = default;
+};
+std::ostream& operator<<(std::ostream& os, const ParallelLayout& l);  // "tp=2 dp=2 pp=1"
+
+}  // namespace trident::parallel

@@ -1,0 +1,85 @@
+// ParallelContext: four splits of the world communicator, in a fixed order on every rank.
+#include "trident/parallel/parallel_context.h"
+
+#include "trident/core/error.h"
+
+namespace trident::parallel {
+
+namespace {
+
+// The split puts ranks of a group in world-rank order (key = world rank), so the communicator's
+// rank is the coordinate along the axis; check that against the layout.
+void check_group(const comm::Communicator& c, const std::vector<int>& expected, int my_index) {
+  TRIDENT_ASSERT(c.group().global_ranks == expected && c.rank() == my_index, "group '", c.name(),
+                 "' does not match the layout (rank ", c.rank(), ", expected ", my_index, ")");
+}
+
+}  // namespace
+
+ParallelContext::ParallelContext(comm::Communicator& world, const ParallelLayout& layout)
+    : world_(&world), layout_(layout) {
+  layout_.validate();
+  TRIDENT_CHECK(world.size() == layout_.world_size(), "layout ", layout_, " needs ",
+                layout_.world_size(), " ranks but the world has ", world.size());
+  const int r = world.rank();
+  coord_ = layout_.coord_of(r);
+  tp_ = world.split(layout_.group_index(r, Axis::kTp), r, "tp");
+  dp_ = world.split(layout_.group_index(r, Axis::kDp), r, "dp");
+  pp_ = world.split(layout_.group_index(r, Axis::kPp), r, "pp");
+  const bool in_embedding = !layout_.embedding_group_of(r).empty();
+  embedding_ = world.split(in_embedding ? layout_.group_index(r, Axis::kPp)
+                                        : comm::Communicator::kNoColor,
+                           r, "embedding");
+
+  // Group ranks are world-communicator ranks mapped through the world's global ranks.
+  auto to_global = [&](const std::vector<int>& ranks) {
+    std::vector<int> g;
+    for (int x : ranks) g.push_back(world.group().global_ranks[static_cast<std::size_t>(x)]);
+    return g;
+  };
+  check_group(*tp_, to_global(layout_.group_of(r, Axis::kTp)), coord_.tp);
+  check_group(*dp_, to_global(layout_.group_of(r, Axis::kDp)), coord_.dp);
+  check_group(*pp_, to_global(layout_.group_of(r, Axis::kPp)), coord_.pp);
+  if (embedding_) {
+    check_group(*embedding_, to_global(layout_.embedding_group_of(r)), coord_.pp == 0 ? 0 : 1);
+  }
+}
+
+comm::Communicator& ParallelContext::group(Axis axis) const {
+  switch (axis) {
+    case Axis::kTp: return tp();
+    case Axis::kDp: return dp();
+    case Axis::kPp: return pp();
+  }
+  TRIDENT_ASSERT(false, "unhandled axis ", static_cast<int>(axis));
+  return tp();
+}
+
+comm::Communicator& ParallelContext::embedding() const {
+  TRIDENT_CHECK(embedding_ != nullptr, "rank ", rank(), " (", coord_,
+                ") is a middle pipeline stage and has no embedding group; only the first and "
+                "last stage do (check in_embedding_group())");
+  return *embedding_;
+}
+
+void ParallelContext::set_step(std::int64_t step) {
+  world_->set_step(step);
+  tp_->set_step(step);
+  dp_->set_step(step);
+  pp_->set_step(step);
+  if (embedding_) embedding_->set_step(step);
+}
+
+void ParallelContext::set_timeout(double seconds) {
+  world_->set_timeout(seconds);
+  tp_->set_timeout(seconds);
+  dp_->set_timeout(seconds);
+  pp_->set_timeout(seconds);
+  if (embedding_) embedding_->set_timeout(seconds);
+}
+
+std::string ParallelContext::coords_string() const {
+  return core::str("r", rank(), " tp", coord_.tp, " dp", coord_.dp, " pp", coord_.pp);
+}
+
+}  // namespace trident::parallel

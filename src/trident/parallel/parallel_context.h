@@ -1,0 +1,59 @@
+// ParallelContext: the communicators of one rank for a ParallelLayout (world, tp, dp, pp and the
+// embedding group), built once by train/ and passed down by const reference. No globals: every
+// call site names its group, par.tp().all_reduce(...), par.dp().reduce_scatter(...).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "trident/comm/communicator.h"
+#include "trident/parallel/layout.h"
+
+namespace trident::parallel {
+
+class ParallelContext {
+ public:
+  // Collective over `world`: every rank calls it with the same layout. Splits `world` into this
+  // rank's tp, dp, pp and embedding groups (named "tp", "dp", "pp", "embedding"); the rank of
+  // this process in each group equals its coordinate along that axis. `world` must have
+  // layout.world_size() ranks (else InvalidArgument) and must outlive the context.
+  ParallelContext(comm::Communicator& world, const ParallelLayout& layout);
+
+  const ParallelLayout& layout() const { return layout_; }
+  const Coord& coord() const { return coord_; }
+  int rank() const { return world_->rank(); }
+
+  // Communicators are handed out non-const from a const context: communicating changes a
+  // group's sequence state, not the layout.
+  comm::Communicator& world() const { return *world_; }
+  comm::Communicator& tp() const { return *tp_; }
+  comm::Communicator& dp() const { return *dp_; }
+  comm::Communicator& pp() const { return *pp_; }
+  comm::Communicator& group(Axis axis) const;
+
+  // The first and last pipeline stage of each (tp, dp) pair form an embedding group (just the
+  // first when pp_size == 1): the tied input and output embeddings sum their gradients over it.
+  // Middle stages have none; embedding() throws InvalidArgument there.
+  bool in_embedding_group() const { return embedding_ != nullptr; }
+  comm::Communicator& embedding() const;
+
+  bool is_first_stage() const { return coord_.pp == 0; }
+  bool is_last_stage() const { return coord_.pp == layout_.pp_size - 1; }
+
+  // Sets the step named in CommErrors on every group; call at the top of each iteration.
+  void set_step(std::int64_t step);
+  // Sets --comm-timeout on every group.
+  void set_timeout(double seconds);
+
+  // "r5 tp1 dp0 pp1": the log prefix of this rank (log::Settings::coords).
+  std::string coords_string() const;
+
+ private:
+  comm::Communicator* world_;
+  ParallelLayout layout_;
+  Coord coord_;
+  std::unique_ptr<comm::Communicator> tp_, dp_, pp_, embedding_;
+};
+
+}  // namespace trident::parallel

@@ -1,0 +1,171 @@
+#include "trident/train/train_config.h"
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "trident/core/error.h"
+
+namespace trident::train {
+
+void add_train_options(CLI::App& app, TrainConfig& c) {
+  model::ModelConfig& m = c.model;
+  app.set_config("--config", "", "TOML file holding the same keys as the flags (flags override)");
+  app.allow_config_extras(false);
+  // As with argparse, a flag given twice keeps its last value (config file, then command line).
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+
+  app.add_option("--num-layers", m.num_layers, "Transformer layers")->capture_default_str();
+  app.add_option("--hidden-size", m.hidden_size, "Hidden size")->capture_default_str();
+  app.add_option("--num-attention-heads", m.num_attention_heads, "Attention heads")
+      ->capture_default_str();
+  app.add_option("--ffn-hidden-size", m.ffn_hidden_size, "MLP hidden size (default 4 x hidden)");
+  app.add_option("--seq-length", m.seq_length, "Sequence length")->capture_default_str();
+  app.add_option("--max-position-embeddings", m.max_position_embeddings,
+                 "Learned positions (default seq-length)");
+  app.add_option("--make-vocab-size-divisible-by", m.make_vocab_size_divisible_by,
+                 "Pad the vocabulary to a multiple of this")->capture_default_str();
+  app.add_option("--init-method-std", m.init_method_std, "Std of the normal init")
+      ->capture_default_str();
+  app.add_option("--layernorm-epsilon", m.layernorm_epsilon, "LayerNorm epsilon")
+      ->capture_default_str();
+
+  app.add_option("--micro-batch-size", c.micro_batch_size, "Sequences per micro-batch")
+      ->capture_default_str();
+  app.add_option("--global-batch-size", c.global_batch_size,
+                 "Sequences per iteration (micro x accumulation x data-parallel)");
+
+  app.add_option("--train-iters", c.train_iters, "Training iterations")->capture_default_str();
+  app.add_option("--lr", c.lr.lr, "Peak learning rate")->capture_default_str();
+  app.add_option("--min-lr", c.lr.min_lr, "Final learning rate")->capture_default_str();
+  app.add_option("--lr-decay-style", c.lr_decay_style, "constant, linear or cosine")
+      ->capture_default_str();
+  app.add_option("--lr-warmup-iters", c.lr.warmup_iters, "Linear warm-up iterations")
+      ->capture_default_str();
+  app.add_option("--lr-decay-iters", c.lr.decay_iters, "Decay iterations (default train-iters)");
+  app.add_option("--weight-decay", c.adamw.weight_decay, "AdamW weight decay")
+      ->capture_default_str();
+  app.add_option("--clip-grad", c.adamw.clip_grad, "Global gradient-norm clip (0: off)")
+      ->capture_default_str();
+  app.add_option("--adam-beta1", c.adamw.beta1, "AdamW beta1")->capture_default_str();
+  app.add_option("--adam-beta2", c.adamw.beta2, "AdamW beta2")->capture_default_str();
+  app.add_option("--adam-eps", c.adamw.eps, "AdamW epsilon")->capture_default_str();
+  app.add_option("--seed", c.seed, "Random seed (init, data order)")->capture_default_str();
+
+  app.add_option("--data-path", c.data_path,
+                 "Dataset prefixes (without .bin/.idx), optionally weighted: 0.3 A 0.7 B")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  app.add_option("--split", c.split, "Train/valid/test split weights")->capture_default_str();
+  app.add_option("--tokenizer-type", c.tokenizer_type, "GPT2BPETokenizer, ...")
+      ->capture_default_str();
+  app.add_option("--vocab-file", c.vocab_file, "Tokenizer vocabulary (vocab.json)");
+  app.add_option("--merge-file", c.merge_file, "Tokenizer merges (merges.txt)");
+  app.add_option("--tokenizer-model", c.tokenizer_model, "Tokenizer model file");
+  app.add_option("--vocab-size", c.null_tokenizer_vocab_size, "Vocabulary size (NullTokenizer)");
+  app.add_option("--dataloader-type", c.dataloader_type, "sequential (file order)")
+      ->capture_default_str();
+
+  app.add_option("--eval-interval", c.eval_interval, "Iterations between evaluations")
+      ->capture_default_str();
+  app.add_option("--eval-iters", c.eval_iters, "Batches per evaluation")->capture_default_str();
+  app.add_option("--log-interval", c.log_interval, "Iterations between log lines")
+      ->capture_default_str();
+  app.add_option("--metrics-jsonl", c.metrics_jsonl, "Write metrics as JSON lines here");
+  app.add_option("--peak-tflops", c.peak_tflops, "Machine peak for MFU (default: measured)");
+
+  app.add_option("--save", c.save, "Checkpoint directory to write");
+  app.add_option("--load", c.load, "Checkpoint directory to resume from");
+  app.add_option("--save-interval", c.save_interval, "Iterations between checkpoints");
+  app.add_option("--exit-interval", c.exit_interval, "Save (if --save) and exit at this iteration");
+
+  app.add_option("--tensor-model-parallel-size", c.tensor_model_parallel_size, "TP size")
+      ->capture_default_str();
+  app.add_option("--pipeline-model-parallel-size", c.pipeline_model_parallel_size, "PP size")
+      ->capture_default_str();
+}
+
+int TrainConfig::data_parallel_size(int world_size) const {
+  return world_size / (tensor_model_parallel_size * pipeline_model_parallel_size);
+}
+
+std::int64_t TrainConfig::num_micro_batches(int world_size) const {
+  return global_batch_size / (micro_batch_size * data_parallel_size(world_size));
+}
+
+void TrainConfig::finalize(int world_size) {
+  lr.decay_style = optim::parse_lr_decay_style(lr_decay_style);
+  TRIDENT_CHECK(tensor_model_parallel_size >= 1 && pipeline_model_parallel_size >= 1,
+                "parallel sizes must be >= 1");
+  TRIDENT_CHECK(world_size % (tensor_model_parallel_size * pipeline_model_parallel_size) == 0,
+                "world size ", world_size, " is not divisible by --tensor-model-parallel-size ",
+                tensor_model_parallel_size, " x --pipeline-model-parallel-size ",
+                pipeline_model_parallel_size);
+  TRIDENT_CHECK(tensor_model_parallel_size == 1 && pipeline_model_parallel_size == 1,
+                "tensor and pipeline parallelism are not available yet; use "
+                "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1");
+  const int dp = data_parallel_size(world_size);
+  TRIDENT_CHECK(micro_batch_size > 0, "--micro-batch-size must be positive, got ",
+                micro_batch_size);
+  if (global_batch_size == 0) global_batch_size = micro_batch_size * dp;
+  TRIDENT_CHECK(global_batch_size % (micro_batch_size * dp) == 0, "--global-batch-size (",
+                global_batch_size, ") must be a multiple of --micro-batch-size (", micro_batch_size,
+                ") x data-parallel size (", dp, ")");
+  TRIDENT_CHECK(train_iters > 0, "--train-iters must be positive, got ", train_iters);
+  TRIDENT_CHECK(lr.lr >= 0 && lr.min_lr >= 0 && lr.min_lr <= lr.lr, "--min-lr (", lr.min_lr,
+                ") must be between 0 and --lr (", lr.lr, ")");
+  TRIDENT_CHECK(lr.warmup_iters >= 0, "--lr-warmup-iters must be >= 0");
+  if (lr.decay_iters == 0) lr.decay_iters = train_iters;
+  TRIDENT_CHECK(lr.decay_iters >= lr.warmup_iters, "--lr-decay-iters (", lr.decay_iters,
+                ") must be >= --lr-warmup-iters (", lr.warmup_iters, ")");
+  TRIDENT_CHECK(adamw.beta1 >= 0 && adamw.beta1 < 1, "--adam-beta1 must be in [0, 1)");
+  TRIDENT_CHECK(adamw.beta2 >= 0 && adamw.beta2 < 1, "--adam-beta2 must be in [0, 1)");
+  TRIDENT_CHECK(adamw.eps > 0, "--adam-eps must be positive");
+  TRIDENT_CHECK(adamw.clip_grad >= 0, "--clip-grad must be >= 0");
+  TRIDENT_CHECK(!data_path.empty(), "--data-path is required (a prefix made by trident preprocess)");
+  TRIDENT_CHECK(eval_interval > 0, "--eval-interval must be positive");
+  TRIDENT_CHECK(eval_iters >= 0, "--eval-iters must be >= 0");
+  TRIDENT_CHECK(log_interval > 0, "--log-interval must be positive");
+  TRIDENT_CHECK(save_interval >= 0 && exit_interval >= 0, "intervals must be >= 0");
+  TRIDENT_CHECK(save_interval == 0 || !save.empty(), "--save-interval needs --save DIR");
+  TRIDENT_CHECK(dataloader_type == "sequential", "--dataloader-type: unknown type '",
+                dataloader_type, "' (use sequential)");
+}
+
+nlohmann::json TrainConfig::to_json() const {
+  nlohmann::json j;
+  j["num_layers"] = model.num_layers;
+  j["hidden_size"] = model.hidden_size;
+  j["num_attention_heads"] = model.num_attention_heads;
+  j["ffn_hidden_size"] = model.ffn();
+  j["seq_length"] = model.seq_length;
+  j["max_position_embeddings"] = model.max_positions();
+  j["vocab_size"] = model.vocab_size;
+  j["make_vocab_size_divisible_by"] = model.make_vocab_size_divisible_by;
+  j["init_method_std"] = model.init_method_std;
+  j["layernorm_epsilon"] = model.layernorm_epsilon;
+  j["micro_batch_size"] = micro_batch_size;
+  j["global_batch_size"] = global_batch_size;
+  j["train_iters"] = train_iters;
+  j["lr"] = lr.lr;
+  j["min_lr"] = lr.min_lr;
+  j["lr_decay_style"] = lr_decay_style;
+  j["lr_warmup_iters"] = lr.warmup_iters;
+  j["lr_decay_iters"] = lr.decay_iters;
+  j["weight_decay"] = adamw.weight_decay;
+  j["clip_grad"] = adamw.clip_grad;
+  j["adam_beta1"] = adamw.beta1;
+  j["adam_beta2"] = adamw.beta2;
+  j["adam_eps"] = adamw.eps;
+  j["seed"] = seed;
+  j["data_path"] = data_path;
+  j["split"] = split;
+  j["tokenizer_type"] = tokenizer_type;
+  j["vocab_file"] = vocab_file;
+  j["merge_file"] = merge_file;
+  j["tokenizer_model"] = tokenizer_model;
+  j["null_tokenizer_vocab_size"] = null_tokenizer_vocab_size;
+  j["tensor_model_parallel_size"] = tensor_model_parallel_size;
+  j["pipeline_model_parallel_size"] = pipeline_model_parallel_size;
+  return j;
+}
+
+}  // namespace trident::train

@@ -1,0 +1,72 @@
+// TrainConfig: every `trident train` setting, with Megatron-LM's flag names. Parsed once (flags,
+// or a TOML file given with --config holding the same keys; flags override it), validated on
+// every rank before anything is allocated, and stored in checkpoints.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "trident/model/config.h"
+#include "trident/optim/adamw_optimizer.h"
+#include "trident/optim/lr_schedule.h"
+
+namespace CLI {
+class App;
+}
+
+namespace trident::train {
+
+struct TrainConfig {
+  model::ModelConfig model;
+
+  // Batches.
+  std::int64_t micro_batch_size = 4;
+  std::int64_t global_batch_size = 0;  // 0 -> micro_batch_size * data-parallel size
+
+  // Schedule and optimizer.
+  std::int64_t train_iters = 100;
+  optim::LrSchedule lr;
+  std::string lr_decay_style = "linear";
+  optim::AdamWConfig adamw;
+  std::uint64_t seed = 1234;
+
+  // Data.
+  std::vector<std::string> data_path;
+  std::string split = "969, 30, 1";
+  std::string tokenizer_type = "GPT2BPETokenizer";
+  std::string vocab_file, merge_file, tokenizer_model;
+  std::int64_t null_tokenizer_vocab_size = 0;  // --vocab-size, for NullTokenizer
+  std::string dataloader_type = "sequential";  // samples in file order (see docs/training.md)
+
+  // Evaluation and logging.
+  std::int64_t eval_interval = 1000;
+  std::int64_t eval_iters = 10;
+  std::int64_t log_interval = 100;
+  std::string metrics_jsonl;
+  double peak_tflops = 0;  // 0 -> measured at start-up (FP32 GEMM)
+
+  // Checkpoints.
+  std::string save, load;
+  std::int64_t save_interval = 0;
+  std::int64_t exit_interval = 0;
+
+  // Parallelism (1 process for now).
+  int tensor_model_parallel_size = 1;
+  int pipeline_model_parallel_size = 1;
+
+  // Fill derived defaults and throw InvalidArgument naming the flag for inconsistent settings.
+  // world_size = number of processes.
+  void finalize(int world_size);
+  int data_parallel_size(int world_size) const;
+  std::int64_t num_micro_batches(int world_size) const;
+
+  nlohmann::json to_json() const;
+};
+
+// Registers every flag on `app` (the `train` subcommand), writing into cfg, and --config FILE.
+void add_train_options(CLI::App& app, TrainConfig& cfg);
+
+}  // namespace trident::train

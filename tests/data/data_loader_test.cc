@@ -1,0 +1,251 @@
+// The data loader: which samples each data-parallel rank reads per step (Megatron's
+// MegatronPretrainingSampler order, closed-form expectations), exact resume from
+// consumed_samples, and the --rampup-batch-size schedule against megatron-core's own
+// num-microbatches calculator (tests/data/reference/megatron_batch_schedule.py, run here).
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "trident/core/error.h"
+#include "trident/data/data_loader.h"
+
+namespace trident::data {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Sample i is (i, i+1, ..., i+L): every token says which sample it came from.
+class CountingDataset : public SampleDataset {
+ public:
+  CountingDataset(std::int64_t n, std::int64_t seq) : n_(n), seq_(seq) {}
+  std::int64_t num_samples() const override { return n_; }
+  std::int64_t seq_length() const override { return seq_; }
+  void sample(std::int64_t i, std::span<std::int32_t> out) const override {
+    for (std::size_t t = 0; t < out.size(); ++t) out[t] = static_cast<std::int32_t>(i + t);
+  }
+  std::string describe() const override { return "CountingDataset"; }
+
+ private:
+  std::int64_t n_, seq_;
+};
+
+BatchScheduleConfig schedule(std::int64_t gbs, std::int64_t mbs, std::int64_t dp) {
+  return BatchScheduleConfig{.global_batch_size = gbs, .micro_batch_size = mbs,
+                             .data_parallel_size = dp, .rampup = std::nullopt};
+}
+
+TEST(DataLoader, RanksSliceEachGlobalBatchAsMegatron) {
+  const auto ds = std::make_shared<CountingDataset>(1000, 4);
+  const std::int64_t gbs = 24, mbs = 3, dp = 4;  // 2 micro-batches per rank per step
+  std::vector<DataLoader> ranks;
+  for (std::int64_t r = 0; r < dp; ++r) {
+    ranks.emplace_back(ds, DataLoaderConfig{.schedule = schedule(gbs, mbs, dp), .dp_rank = r}, 0);
+  }
+  for (int step = 0; step < 5; ++step) {
+    std::set<std::int64_t> seen;
+    for (std::int64_t r = 0; r < dp; ++r) {
+      DataLoader& l = ranks[static_cast<std::size_t>(r)];
+      ASSERT_EQ(l.current_step().num_micro_batches, 2);
+      for (std::int64_t j = 0; j < 2; ++j) {
+        const auto ids = l.micro_batch_sample_ids(j);
+        ASSERT_EQ(ids.size(), 3u);
+        for (std::int64_t k = 0; k < mbs; ++k) {
+          // consumed + j * mbs * dp + r * mbs + k
+          EXPECT_EQ(ids[static_cast<std::size_t>(k)], step * gbs + j * mbs * dp + r * mbs + k);
+          seen.insert(ids[static_cast<std::size_t>(k)]);
+        }
+        std::vector<std::int32_t> tokens(static_cast<std::size_t>(mbs * 5));
+        l.read_micro_batch(j, tokens);
+        for (std::int64_t k = 0; k < mbs; ++k) {
+          EXPECT_EQ(tokens[static_cast<std::size_t>(k * 5)], ids[static_cast<std::size_t>(k)]);
+        }
+      }
+    }
+    // The ranks together read exactly the global batch [step * gbs, (step + 1) * gbs).
+    ASSERT_EQ(seen.size(), static_cast<std::size_t>(gbs));
+    EXPECT_EQ(*seen.begin(), step * gbs);
+    EXPECT_EQ(*seen.rbegin(), (step + 1) * gbs - 1);
+    for (auto& l : ranks) l.advance();
+  }
+  EXPECT_EQ(ranks[0].consumed_samples(), 5 * gbs);
+  EXPECT_EQ(micro_batch_first_sample(100, 2, 1, 4, 8), 100 + 2 * 4 * 8 + 1 * 4);
+}
+
+TEST(DataLoader, ResumeFromConsumedSamplesContinuesExactly) {
+  const auto ds = std::make_shared<CountingDataset>(100000, 8);
+  BatchScheduleConfig sched = schedule(64, 2, 2);
+  sched.rampup = RampupBatchSize{.start = 16, .increment = 16, .samples = 500};
+  const DataLoaderConfig cfg{.schedule = sched, .dp_rank = 1};
+  auto read_step = [](const DataLoader& l) {
+    std::vector<std::int32_t> all;
+    const std::int64_t mbs = l.current_step().num_micro_batches;
+    for (std::int64_t j = 0; j < mbs; ++j) {
+      std::vector<std::int32_t> t(2 * 9);
+      l.read_micro_batch(j, t);
+      all.insert(all.end(), t.begin(), t.end());
+    }
+    return all;
+  };
+  DataLoader uninterrupted(ds, cfg, 0);
+  std::vector<std::vector<std::int32_t>> reference;
+  for (int step = 0; step < 40; ++step) {
+    reference.push_back(read_step(uninterrupted));
+    uninterrupted.advance();
+  }
+  for (int stop : {1, 7, 13, 30}) {
+    DataLoader first(ds, cfg, 0);
+    for (int s = 0; s < stop; ++s) first.advance();
+    DataLoader resumed(ds, cfg, first.consumed_samples());  // what a checkpoint stores
+    for (int s = stop; s < 40; ++s) {
+      ASSERT_EQ(read_step(resumed), reference[static_cast<std::size_t>(s)]) << "stop " << stop
+                                                                            << " step " << s;
+      resumed.advance();
+    }
+  }
+}
+
+TEST(DataLoader, StopsBeforeAPartialGlobalBatch) {
+  const auto ds = std::make_shared<CountingDataset>(50, 4);
+  DataLoader l(ds, DataLoaderConfig{.schedule = schedule(16, 4, 2), .dp_rank = 0}, 0);
+  int steps = 0;
+  while (l.has_next_step()) {
+    l.advance();
+    ++steps;
+  }
+  EXPECT_EQ(steps, 3);  // 48 of 50 samples; the last 2 are dropped, as Megatron's sampler does
+}
+
+TEST(BatchSchedule, RampupClosedForm) {
+  // 16 -> 64 in steps of 16: 3 increments over 300 samples, one per 100 samples.
+  BatchScheduleConfig cfg = schedule(64, 2, 2);
+  cfg.rampup = RampupBatchSize{.start = 16, .increment = 16, .samples = 300};
+  const BatchSchedule s(cfg);
+  EXPECT_EQ(s.at(0).global_batch_size, 16);
+  EXPECT_EQ(s.at(0).num_micro_batches, 4);
+  EXPECT_EQ(s.at(99).global_batch_size, 16);
+  EXPECT_EQ(s.at(100).global_batch_size, 32);
+  EXPECT_EQ(s.at(250).global_batch_size, 48);
+  EXPECT_EQ(s.at(300).global_batch_size, 64);  // int(300 / 100) = 3 increments
+  EXPECT_EQ(s.at(301).global_batch_size, 64);
+  EXPECT_EQ(s.at(301).num_micro_batches, 16);
+}
+
+TEST(BatchSchedule, MatchesMegatronCoreCalculator) {
+  const std::string python = [] {
+    const char* env = std::getenv("TRIDENT_DATA_PYTHON");
+    return std::string(env != nullptr ? env : "/opt/trident-data-venv/bin/python3");
+  }();
+  ASSERT_TRUE(fs::exists(python)) << python << " not found: run scripts/install-python-deps-data "
+                                  << "(or set TRIDENT_DATA_PYTHON)";
+  std::string pattern = (fs::temp_directory_path() / "trident-schedule-XXXXXX").string();
+  ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
+  const fs::path dir(pattern);
+
+  std::vector<BatchScheduleConfig> configs;
+  configs.push_back(schedule(512, 4, 8));  // constant
+  BatchScheduleConfig c = schedule(1536, 2, 16);
+  c.rampup = RampupBatchSize{.start = 32, .increment = 32, .samples = 300000};  // GPT-3 style
+  configs.push_back(c);
+  c = schedule(100, 1, 4);
+  c.rampup = RampupBatchSize{.start = 4, .increment = 12, .samples = 997};  // uneven stage length
+  configs.push_back(c);
+  c = schedule(96, 4, 3);
+  c.rampup = RampupBatchSize{.start = 16, .increment = 16, .samples = 1000};
+  c.decrease_batch_size_if_needed = true;  // 16, 32, 64, 80 are not multiples of 12
+  configs.push_back(c);
+
+  nlohmann::json spec;
+  spec["cases"] = nlohmann::json::array();
+  std::vector<std::int64_t> consumed;
+  for (std::int64_t v = 0; v < 320000; v += 997) consumed.push_back(v);
+  for (std::int64_t v : {1, 2, 99, 100, 101, 332, 333, 334, 996, 997, 998, 1000, 1001, 299999,
+                         300000, 300001}) {
+    consumed.push_back(v);
+  }
+  for (const auto& cfg : configs) {
+    nlohmann::json j;
+    j["global_batch_size"] = cfg.global_batch_size;
+    j["micro_batch_size"] = cfg.micro_batch_size;
+    j["data_parallel_size"] = cfg.data_parallel_size;
+    j["rampup"] = cfg.rampup ? nlohmann::json::array({cfg.rampup->start, cfg.rampup->increment,
+                                                      cfg.rampup->samples})
+                             : nlohmann::json();
+    j["decrease_batch_size_if_needed"] = cfg.decrease_batch_size_if_needed;
+    j["consumed"] = consumed;
+    j["train_steps"] = 400;
+    spec["cases"].push_back(j);
+  }
+  std::ofstream(dir / "spec.json") << spec.dump();
+  const fs::path script =
+      fs::path(__FILE__).parent_path() / "reference" / "megatron_batch_schedule.py";
+  const std::string cmd = "timeout 600 '" + python + "' '" + script.string() + "' '" +
+                          (dir / "spec.json").string() + "' '" + (dir / "out.json").string() + "'";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  std::ifstream in(dir / "out.json");
+  const nlohmann::json out = nlohmann::json::parse(in);
+  ASSERT_EQ(out.size(), configs.size());
+  for (std::size_t k = 0; k < configs.size(); ++k) {
+    SCOPED_TRACE("config " + std::to_string(k));
+    const BatchSchedule s(configs[k]);
+    const auto& at = out[k].at("at");
+    ASSERT_EQ(at.size(), consumed.size());
+    for (std::size_t i = 0; i < consumed.size(); ++i) {
+      const StepBatch b = s.at(consumed[i]);
+      ASSERT_EQ(b.global_batch_size, at[i][0].get<std::int64_t>()) << "consumed " << consumed[i];
+      ASSERT_EQ(b.running_global_batch_size, at[i][1].get<std::int64_t>()) << consumed[i];
+      ASSERT_EQ(b.num_micro_batches, at[i][2].get<std::int64_t>()) << consumed[i];
+    }
+    // The training loop's consumed-samples sequence, step by step, as a DataLoader advances.
+    const auto ds = std::make_shared<CountingDataset>(std::int64_t{1} << 40, 4);
+    DataLoader loader(ds, DataLoaderConfig{.schedule = configs[k], .dp_rank = 0}, 0);
+    for (const auto& row : out[k].at("loop")) {
+      ASSERT_EQ(loader.consumed_samples(), row[0].get<std::int64_t>());
+      ASSERT_EQ(loader.current_step().running_global_batch_size, row[2].get<std::int64_t>());
+      ASSERT_EQ(loader.current_step().num_micro_batches, row[3].get<std::int64_t>());
+      loader.advance();
+    }
+  }
+  fs::remove_all(dir);
+}
+
+template <class F>
+void expect_invalid(F f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one mentioning \"" << needle << "\"";
+  } catch (const core::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST(BatchSchedule, BadInputsGiveClearErrors) {
+  expect_invalid([] { BatchSchedule s(schedule(10, 4, 2)); }, "--global-batch-size");
+  expect_invalid([] { BatchSchedule s(schedule(0, 4, 2)); }, "--global-batch-size");
+  expect_invalid([] { BatchSchedule s(schedule(8, 0, 2)); }, "--micro-batch-size");
+  auto ramp = [](std::int64_t start, std::int64_t inc, std::int64_t samples) {
+    BatchScheduleConfig c = schedule(64, 2, 2);
+    c.rampup = RampupBatchSize{.start = start, .increment = inc, .samples = samples};
+    return c;
+  };
+  expect_invalid([&] { BatchSchedule s(ramp(16, 20, 100)); }, "multiple of the increment");
+  expect_invalid([&] { BatchSchedule s(ramp(64, 16, 100)); }, "must be below");
+  expect_invalid([&] { BatchSchedule s(ramp(16, 16, 0)); }, "must all be positive");
+  expect_invalid([&] { BatchSchedule s(ramp(6, 2, 100)); }, "a stage of --rampup-batch-size");
+  const auto ds = std::make_shared<CountingDataset>(100, 4);
+  expect_invalid([&] { DataLoader l(ds, {.schedule = schedule(8, 2, 2), .dp_rank = 2}, 0); },
+                 "data-parallel rank");
+  expect_invalid([&] { DataLoader l(ds, {.schedule = schedule(8, 2, 2), .dp_rank = 0}, 100); },
+                 "no samples left");
+}
+
+}  // namespace
+}  // namespace trident::data

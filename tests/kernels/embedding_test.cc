@@ -1,0 +1,187 @@
+// Token + position embedding forward/backward against the reference, including vocab-parallel
+// shards (tokens owned by another rank contribute 0), repeated tokens (scatter-add), no position
+// table, a position offset, and thread-count independence.
+//
+// Tolerances: forward is one FP32 add per element, so |x - ref| <= 1e-7 + 1e-7 |ref|. Backward sums
+// up to B*T = 256 gradients per wte row in FP32 (the reference in double): 1e-6 + 1e-5 |ref|.
+#include "trident/kernels/embedding.h"
+
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <random>
+#include <string>
+
+#include "kernel_test_util.h"
+#include "trident/kernels/ref/ref.h"
+
+namespace trident::kernels {
+namespace {
+
+using testing::all_close;
+using testing::randn;
+using testing::Tol;
+
+constexpr Tol kForwardTol{1e-7, 1e-7};
+constexpr Tol kBackwardTol{1e-6, 1e-5};
+const float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+core::ExecContext cpu_ctx(int threads = 0) {
+  core::ExecContext ctx = core::ExecContext::cpu();
+  ctx.num_threads = threads;
+  return ctx;
+}
+
+struct Case {
+  std::int64_t B, T, C, vocab_start, vocab_local, vocab_total, position_offset;
+  bool has_wpe;
+  std::string name(const char* tensor) const {
+    return std::string(tensor) + " B=" + std::to_string(B) + " T=" + std::to_string(T) +
+           " C=" + std::to_string(C) + " shard=[" + std::to_string(vocab_start) + "," +
+           std::to_string(vocab_start + vocab_local) + ")" + (has_wpe ? "" : " no wpe");
+  }
+};
+const Case kCases[] = {
+    {1, 1, 1, 0, 1, 1, 0, true},
+    {2, 3, 5, 0, 7, 7, 0, true},
+    {3, 17, 33, 0, 50, 50, 2, true},           // position offset (generation)
+    {2, 8, 64, 10, 20, 45, 0, true},           // vocab-parallel middle shard
+    {2, 5, 16, 0, 30, 60, 0, false},           // first shard, no position table
+    {4, 64, 768, 6288, 3144, 50304, 0, true},  // GPT-2 small, one shard of 16-way TP
+};
+
+// Tokens drawn from a small range of the full vocabulary so that rows repeat.
+std::vector<std::int32_t> make_tokens(const Case& c, std::uint64_t seed) {
+  std::mt19937 gen(static_cast<std::uint32_t>(seed));
+  const std::uint32_t range = static_cast<std::uint32_t>(std::min<std::int64_t>(c.vocab_total, 97));
+  std::vector<std::int32_t> tokens(c.B * c.T);
+  for (auto& t : tokens) {
+    t = static_cast<std::int32_t>(gen() % range);
+    if (c.vocab_total > 97 && gen() % 2) t = static_cast<std::int32_t>(gen() % c.vocab_total);
+  }
+  return tokens;
+}
+
+TEST(Embedding, ForwardMatchesReference) {
+  std::uint64_t seed = 1;
+  for (const Case& c : kCases) {
+    const auto tokens = make_tokens(c, seed++);
+    const auto wte = randn(c.vocab_local * c.C, seed++);
+    const auto wpe = randn((c.position_offset + c.T) * c.C, seed++);
+    std::vector<float> out(c.B * c.T * c.C, kNaN), out_ref(c.B * c.T * c.C, kNaN);
+    EmbeddingForwardArgs args{.out = out.data(),
+                              .tokens = tokens.data(),
+                              .wte = wte.data(),
+                              .wpe = c.has_wpe ? wpe.data() : nullptr,
+                              .batch = c.B,
+                              .seq_len = c.T,
+                              .hidden = c.C,
+                              .vocab_start = c.vocab_start,
+                              .vocab_local = c.vocab_local,
+                              .position_offset = c.position_offset};
+    embedding_forward(cpu_ctx(), args);
+    args.out = out_ref.data();
+    ref::embedding_forward(args);
+    EXPECT_TRUE(all_close(c.name("embedding out").c_str(), out, out_ref, kForwardTol));
+  }
+}
+
+TEST(Embedding, BackwardMatchesReferenceAndAccumulates) {
+  std::uint64_t seed = 100;
+  for (const Case& c : kCases) {
+    const auto tokens = make_tokens(c, seed++);
+    const auto d_out = randn(c.B * c.T * c.C, seed++);
+    auto d_wte = randn(c.vocab_local * c.C, seed++);  // prefilled: += semantics
+    auto d_wpe = randn(c.T * c.C, seed++);
+    auto d_wte_ref = d_wte, d_wpe_ref = d_wpe;
+    EmbeddingBackwardArgs args{.d_wte = d_wte.data(),
+                               .d_wpe = c.has_wpe ? d_wpe.data() : nullptr,
+                               .d_out = d_out.data(),
+                               .tokens = tokens.data(),
+                               .batch = c.B,
+                               .seq_len = c.T,
+                               .hidden = c.C,
+                               .vocab_start = c.vocab_start,
+                               .vocab_local = c.vocab_local};
+    embedding_backward(cpu_ctx(), args);
+    args.d_wte = d_wte_ref.data();
+    args.d_wpe = c.has_wpe ? d_wpe_ref.data() : nullptr;
+    ref::embedding_backward(args);
+    EXPECT_TRUE(all_close(c.name("embedding d_wte").c_str(), d_wte, d_wte_ref, kBackwardTol));
+    EXPECT_TRUE(all_close(c.name("embedding d_wpe").c_str(), d_wpe, d_wpe_ref, kBackwardTol));
+  }
+}
+
+// Closed form for a vocab-parallel shard: a token of another rank gives exactly the position row.
+TEST(Embedding, TokensOfOtherShardsContributeZero) {
+  const std::int64_t C = 4;
+  const std::vector<std::int32_t> tokens = {3, 12, 15, 20};  // shard [10, 20): only 12, 15
+  std::vector<float> wte(10 * C), wpe(4 * C), out(4 * C);
+  for (std::size_t i = 0; i < wte.size(); ++i) wte[i] = 100.0f + static_cast<float>(i);
+  for (std::size_t i = 0; i < wpe.size(); ++i) wpe[i] = static_cast<float>(i);
+  embedding_forward(cpu_ctx(), {.out = out.data(),
+                                .tokens = tokens.data(),
+                                .wte = wte.data(),
+                                .wpe = wpe.data(),
+                                .batch = 1,
+                                .seq_len = 4,
+                                .hidden = C,
+                                .vocab_start = 10,
+                                .vocab_local = 10});
+  for (std::int64_t c = 0; c < C; ++c) {
+    EXPECT_EQ(out[0 * C + c], wpe[0 * C + c]);
+    EXPECT_EQ(out[1 * C + c], wte[2 * C + c] + wpe[1 * C + c]);
+    EXPECT_EQ(out[2 * C + c], wte[5 * C + c] + wpe[2 * C + c]);
+    EXPECT_EQ(out[3 * C + c], wpe[3 * C + c]);
+  }
+}
+
+TEST(Embedding, BackwardIsIndependentOfThreadCount) {
+  const Case c{3, 50, 200, 0, 100, 100, 0, true};
+  const auto tokens = make_tokens(c, 5);
+  const auto d_out = randn(c.B * c.T * c.C, 6);
+  std::vector<float> d_wte[2], d_wpe[2];
+  for (int t = 0; t < 2; ++t) {
+    d_wte[t].assign(c.vocab_local * c.C, 0.5f);
+    d_wpe[t].assign(c.T * c.C, -0.5f);
+    embedding_backward(cpu_ctx(t + 1), {.d_wte = d_wte[t].data(),
+                                        .d_wpe = d_wpe[t].data(),
+                                        .d_out = d_out.data(),
+                                        .tokens = tokens.data(),
+                                        .batch = c.B,
+                                        .seq_len = c.T,
+                                        .hidden = c.C,
+                                        .vocab_start = 0,
+                                        .vocab_local = c.vocab_local});
+  }
+  EXPECT_TRUE(testing::all_equal("d_wte 1 vs 2 threads", d_wte[0], d_wte[1]));
+  EXPECT_TRUE(testing::all_equal("d_wpe 1 vs 2 threads", d_wpe[0], d_wpe[1]));
+}
+
+TEST(Embedding, RejectsNegativeTokens) {
+  const std::vector<std::int32_t> tokens = {1, -3};
+  std::vector<float> wte(8), out(8);
+  try {
+    embedding_forward(cpu_ctx(), {.out = out.data(),
+                                  .tokens = tokens.data(),
+                                  .wte = wte.data(),
+                                  .batch = 1,
+                                  .seq_len = 2,
+                                  .hidden = 4,
+                                  .vocab_local = 2});
+    ADD_FAILURE() << "negative token accepted";
+  } catch (const core::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("tokens[1] = -3"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(embedding_backward(cpu_ctx(), {.d_wte = wte.data(),
+                                              .d_out = out.data(),
+                                              .tokens = tokens.data(),
+                                              .batch = 1,
+                                              .seq_len = 2,
+                                              .hidden = 4,
+                                              .vocab_local = 2}),
+               core::InvalidArgument);
+}
+
+}  // namespace
+}  // namespace trident::kernels

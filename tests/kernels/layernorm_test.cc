@@ -1,0 +1,220 @@
+// layernorm_forward / layernorm_backward against the double-precision reference, += semantics,
+// thread-count independence, and finite-difference checks of the reference backward.
+//
+// Tolerance: |x - ref| <= 1e-5 + 1e-5 |ref|. The fast kernel accumulates each row (up to 1027
+// columns) in FP32 SIMD lanes and the column sums of d_weight/d_bias in double; the outputs are
+// O(1-10), so FP32 rounding (6e-8 relative per operation) stays well inside.
+#include "trident/kernels/layernorm.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "kernel_test_util.h"
+#include "trident/kernels/ref/generic.h"
+#include "trident/kernels/ref/ref.h"
+
+namespace trident::kernels {
+namespace {
+
+using testing::all_close;
+using testing::randn;
+using testing::Tol;
+
+constexpr Tol kTol{1e-5, 1e-5};
+const float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+core::ExecContext cpu_ctx(int threads = 0) {
+  core::ExecContext ctx = core::ExecContext::cpu();
+  ctx.num_threads = threads;
+  return ctx;
+}
+
+struct Case {
+  std::int64_t rows, cols;
+};
+// 1, odd sizes, sizes that are not multiples of 16, and GPT-2 small (rows=256, C=768).
+const Case kCases[] = {{1, 1}, {1, 7}, {3, 17}, {5, 33}, {17, 100}, {4, 1027}, {256, 768}};
+
+std::string shape_name(const char* tensor, const Case& c) {
+  return std::string(tensor) + " rows=" + std::to_string(c.rows) +
+         " cols=" + std::to_string(c.cols);
+}
+
+struct Inputs {
+  std::vector<float> in, weight, bias, d_out;
+};
+Inputs make_inputs(const Case& c, std::uint64_t seed) {
+  // A non-zero mean and a spread > 1 exercise the centring and the variance.
+  return {randn(c.rows * c.cols, seed, 2.0, 0.5), randn(c.cols, seed + 1, 0.1, 1.0),
+          randn(c.cols, seed + 2, 0.1), randn(c.rows * c.cols, seed + 3)};
+}
+
+TEST(LayerNorm, ForwardMatchesReference) {
+  std::uint64_t seed = 10;
+  for (const Case& c : kCases) {
+    const Inputs x = make_inputs(c, seed += 4);
+    std::vector<float> out(c.rows * c.cols, kNaN), mean(c.rows, kNaN), rstd(c.rows, kNaN);
+    auto out_ref = out, mean_ref = mean, rstd_ref = rstd;
+    LayerNormForwardArgs args{.out = out.data(),
+                              .mean = mean.data(),
+                              .rstd = rstd.data(),
+                              .in = x.in.data(),
+                              .weight = x.weight.data(),
+                              .bias = x.bias.data(),
+                              .rows = c.rows,
+                              .cols = c.cols};
+    layernorm_forward(cpu_ctx(), args);
+    args.out = out_ref.data();
+    args.mean = mean_ref.data();
+    args.rstd = rstd_ref.data();
+    ref::layernorm_forward(args);
+    EXPECT_TRUE(all_close(shape_name("layernorm out", c).c_str(), out, out_ref, kTol));
+    EXPECT_TRUE(all_close(shape_name("layernorm mean", c).c_str(), mean, mean_ref, kTol));
+    EXPECT_TRUE(all_close(shape_name("layernorm rstd", c).c_str(), rstd, rstd_ref, kTol));
+  }
+}
+
+TEST(LayerNorm, BackwardMatchesReferenceAndAccumulates) {
+  std::uint64_t seed = 1000;
+  for (const Case& c : kCases) {
+    const Inputs x = make_inputs(c, seed += 4);
+    // Saved statistics from the reference forward, shared by both backward passes.
+    std::vector<float> out(c.rows * c.cols), mean(c.rows), rstd(c.rows);
+    ref::layernorm_forward({.out = out.data(),
+                            .mean = mean.data(),
+                            .rstd = rstd.data(),
+                            .in = x.in.data(),
+                            .weight = x.weight.data(),
+                            .bias = x.bias.data(),
+                            .rows = c.rows,
+                            .cols = c.cols});
+    // Every output accumulates: prefill with known values.
+    auto d_in = randn(c.rows * c.cols, seed + 100);
+    auto d_w = randn(c.cols, seed + 101);
+    auto d_b = randn(c.cols, seed + 102);
+    auto d_in_ref = d_in, d_w_ref = d_w, d_b_ref = d_b;
+    LayerNormBackwardArgs args{.d_in = d_in.data(),
+                               .d_weight = d_w.data(),
+                               .d_bias = d_b.data(),
+                               .d_out = x.d_out.data(),
+                               .in = x.in.data(),
+                               .weight = x.weight.data(),
+                               .mean = mean.data(),
+                               .rstd = rstd.data(),
+                               .rows = c.rows,
+                               .cols = c.cols};
+    layernorm_backward(cpu_ctx(), args);
+    args.d_in = d_in_ref.data();
+    args.d_weight = d_w_ref.data();
+    args.d_bias = d_b_ref.data();
+    ref::layernorm_backward(args);
+    EXPECT_TRUE(all_close(shape_name("layernorm d_in", c).c_str(), d_in, d_in_ref, kTol));
+    EXPECT_TRUE(all_close(shape_name("layernorm d_weight", c).c_str(), d_w, d_w_ref, kTol));
+    EXPECT_TRUE(all_close(shape_name("layernorm d_bias", c).c_str(), d_b, d_b_ref, kTol));
+  }
+}
+
+// Rows go to threads and columns of the weight gradients to column blocks walked in row order,
+// so 1 and 2 threads must give bitwise-identical results.
+TEST(LayerNorm, BackwardIsIndependentOfThreadCount) {
+  const Case c{67, 200};
+  const Inputs x = make_inputs(c, 77);
+  std::vector<float> out(c.rows * c.cols), mean(c.rows), rstd(c.rows);
+  layernorm_forward(cpu_ctx(), {.out = out.data(),
+                                .mean = mean.data(),
+                                .rstd = rstd.data(),
+                                .in = x.in.data(),
+                                .weight = x.weight.data(),
+                                .bias = x.bias.data(),
+                                .rows = c.rows,
+                                .cols = c.cols});
+  std::vector<float> d_in[2], d_w[2], d_b[2];
+  for (int t = 0; t < 2; ++t) {
+    d_in[t].assign(c.rows * c.cols, 0.5f);
+    d_w[t].assign(c.cols, 0.25f);
+    d_b[t].assign(c.cols, -0.25f);
+    layernorm_backward(cpu_ctx(t + 1), {.d_in = d_in[t].data(),
+                                        .d_weight = d_w[t].data(),
+                                        .d_bias = d_b[t].data(),
+                                        .d_out = x.d_out.data(),
+                                        .in = x.in.data(),
+                                        .weight = x.weight.data(),
+                                        .mean = mean.data(),
+                                        .rstd = rstd.data(),
+                                        .rows = c.rows,
+                                        .cols = c.cols});
+  }
+  EXPECT_TRUE(testing::all_equal("d_in 1 vs 2 threads", d_in[0], d_in[1]));
+  EXPECT_TRUE(testing::all_equal("d_weight 1 vs 2 threads", d_w[0], d_w[1]));
+  EXPECT_TRUE(testing::all_equal("d_bias 1 vs 2 threads", d_b[0], d_b[1]));
+}
+
+TEST(LayerNorm, RejectsBadArguments) {
+  std::vector<float> buf(16, 1.0f);
+  LayerNormForwardArgs args{.out = buf.data(),
+                            .mean = buf.data(),
+                            .rstd = buf.data(),
+                            .in = buf.data(),
+                            .weight = buf.data(),
+                            .bias = nullptr,
+                            .rows = 2,
+                            .cols = 2};
+  EXPECT_THROW(layernorm_forward(cpu_ctx(), args), core::InvalidArgument);
+  args.bias = buf.data();
+  args.cols = 0;
+  EXPECT_THROW(layernorm_forward(cpu_ctx(), args), core::InvalidArgument);
+  core::ExecContext cuda = cpu_ctx();
+  cuda.device.kind = core::DeviceKind::kCuda;
+  args.cols = 2;
+  EXPECT_THROW(layernorm_forward(cuda, args), core::Unavailable);
+}
+
+// The reference backward in double against central differences of the reference forward, with
+// loss = sum(w_up * out): d_out = w_up. mean and rstd are recomputed by every forward, so the
+// differences see the paths through the statistics (terms 2 and 3).
+TEST(LayerNormReference, BackwardMatchesFiniteDifferences) {
+  const std::int64_t rows = 3, cols = 5;
+  auto in = randn<double>(rows * cols, 5, 1.5, 0.3);
+  auto w = randn<double>(cols, 6, 0.3, 1.0);
+  auto b = randn<double>(cols, 7);
+  const auto d_out = randn<double>(rows * cols, 8);
+  std::vector<double> out(rows * cols), mean(rows), rstd(rows);
+  auto forward = [&] {
+    ref::generic::layernorm_forward<double>({.out = out.data(),
+                                             .mean = mean.data(),
+                                             .rstd = rstd.data(),
+                                             .in = in.data(),
+                                             .weight = w.data(),
+                                             .bias = b.data(),
+                                             .rows = rows,
+                                             .cols = cols});
+  };
+  auto loss = [&] {
+    forward();
+    return testing::dot(d_out, out);
+  };
+  forward();
+  std::vector<double> d_in(rows * cols, 0.0), d_w(cols, 0.0), d_b(cols, 0.0);
+  ref::generic::layernorm_backward<double>({.d_in = d_in.data(),
+                                            .d_weight = d_w.data(),
+                                            .d_bias = d_b.data(),
+                                            .d_out = d_out.data(),
+                                            .in = in.data(),
+                                            .weight = w.data(),
+                                            .mean = mean.data(),
+                                            .rstd = rstd.data(),
+                                            .rows = rows,
+                                            .cols = cols});
+  EXPECT_TRUE(all_close("layernorm d_in vs finite differences", d_in,
+                        testing::numeric_grad(in, loss), testing::kFiniteDiffTol));
+  EXPECT_TRUE(all_close("layernorm d_weight vs finite differences", d_w,
+                        testing::numeric_grad(w, loss), testing::kFiniteDiffTol));
+  EXPECT_TRUE(all_close("layernorm d_bias vs finite differences", d_b,
+                        testing::numeric_grad(b, loss), testing::kFiniteDiffTol));
+}
+
+}  // namespace
+}  // namespace trident::kernels
