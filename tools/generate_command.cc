@@ -39,28 +39,7 @@ model::ModelConfig model_config_from(const nlohmann::json& c) {
 }
 
 void run_generate(const GenerateOptions& o) {
-  const std::int64_t it = o.iteration >= 0 ? o.iteration : ckpt::latest_iteration(o.load);
-  if (it < 0) {
-    throw core::DataError(core::str("--load ", o.load, ": no checkpoint found (missing "
-                                    "latest_checkpointed_iteration.txt)"));
-  }
-  // Read the manifest first to learn the architecture.
-  const std::string manifest_path = o.load + "/" + ckpt::iteration_dir_name(it) + "/manifest.json";
-  nlohmann::json manifest;
-  {
-    std::FILE* f = std::fopen(manifest_path.c_str(), "rb");
-    if (!f) throw core::DataError(core::str(manifest_path, ": cannot open"));
-    std::string text;
-    char buf[65536];
-    std::size_t got;
-    while ((got = std::fread(buf, 1, sizeof(buf), f)) > 0) text.append(buf, got);
-    std::fclose(f);
-    try {
-      manifest = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::exception& e) {
-      throw core::DataError(core::str(manifest_path, ": corrupt manifest (", e.what(), ")"));
-    }
-  }
+  const nlohmann::json manifest = ckpt::read_manifest(o.load, o.iteration);
   const nlohmann::json& config = manifest.at("config");
   const model::ModelConfig mc = model_config_from(config);
   auto tokenizer = data::make_tokenizer(
@@ -76,11 +55,8 @@ void run_generate(const GenerateOptions& o) {
   const model::ParamTable table = model::build_gpt_param_table(mc);
   core::Arena arena(table.total_numel * static_cast<std::int64_t>(sizeof(float)));
   float* flat = arena.alloc(core::DType::kF32, {table.total_numel}).as<float>();
-  ckpt::CheckpointState state;
-  state.config = config;
-  state.table = &table;
-  state.params = flat;
-  ckpt::load_checkpoint(o.load, it, state);
+  // Any training layout: tensor-parallel slices and pipeline stages are reassembled.
+  ckpt::load_full_params(o.load, manifest.at("iteration").get<std::int64_t>(), table, flat);
 
   const model::GptParams params = model::gpt_param_views(mc, table, flat);
   model::Generator gen(mc, params);

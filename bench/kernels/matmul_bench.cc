@@ -1,15 +1,21 @@
 // FP32 GEMM benchmark: oneDNN dnnl_sgemm (through trident::kernels::gemm) against OpenBLAS
 // cblas_sgemm at the GPT-2 124M training shapes: for each linear layer the forward product and the
 // two backward products (data gradient, weight gradient), for 256 and 1024 rows, on 2 and 1
-// threads. The libraries alternate call by call; each result is the median GFLOP/s. Every product
-// is first checked against a double-precision reference on sampled entries.
+// threads. Every product is first checked against a double-precision reference on sampled
+// entries.
 //
-// The machine is shared: each product is timed under a foreign-load meter and repeated (after
-// waiting for idle) when other processes used more than --max-foreign cores meanwhile; the whole
-// run waits at most --max-wait-s in total, and the tables print the foreign load seen.
+// Timing: the libraries alternate in blocks of --calls back-to-back calls, --rounds blocks each,
+// the order swapped every round; each result is the median over all timed calls. Between blocks
+// the program sleeps long enough for the previous library's idle worker threads to stop spinning
+// (libgomp spins ~10 ms after a parallel region, OpenBLAS's pthreads ~0.1 s): on 2 cores a
+// spinning pool of the other library would otherwise halve the measured speed. The machine is
+// shared, so each product is timed under a foreign-load meter and repeated (after waiting for
+// idle) when other processes used more than --max-foreign cores meanwhile; the whole run waits at
+// most --max-wait-s in total, and the tables print the foreign load seen.
 //
-// Usage: trident_matmul_bench [--reps N] [--threads 2,1] [--rows 256,1024] [--settle-ms MS]
-//                             [--max-foreign CORES] [--max-wait-s S]
+// Usage: trident_matmul_bench [--rounds N] [--calls N] [--threads 2,1] [--rows 256,1024]
+//            [--settle-dnnl-ms MS] [--settle-openblas-ms MS] [--max-foreign CORES]
+//            [--max-wait-s S]
 #include <cblas.h>
 #include <dlfcn.h>
 #include <omp.h>
@@ -31,11 +37,13 @@ namespace trident::bench {
 namespace {
 
 struct Options {
-  int reps = 5;
+  int rounds = 3;  // blocks per library
+  int calls = 2;   // timed calls per block
   std::vector<int> threads = {2, 1};
   std::vector<std::int64_t> rows = {256, 1024};
-  int settle_ms = 0;  // pause when switching library (lets the other library's threads go idle)
-  double max_foreign = 0.2;  // cores; a measurement taken under more foreign load is repeated
+  int settle_dnnl_ms = 30;       // pause after a dnnl block (libgomp threads stop spinning)
+  int settle_openblas_ms = 200;  // pause after an OpenBLAS block (its pthreads stop spinning)
+  double max_foreign = 0.2;      // cores; a measurement taken under more foreign load is repeated
   int max_retries = 3;
   double max_wait_s = 120.0;  // total time the whole run may spend waiting for an idle machine
 };
@@ -55,15 +63,19 @@ Options parse_options(int argc, char** argv) {
   Options o;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
-    if (flag == "--reps") {
-      o.reps = std::atoi(argv[i + 1]);
+    if (flag == "--rounds") {
+      o.rounds = std::atoi(argv[i + 1]);
+    } else if (flag == "--calls") {
+      o.calls = std::atoi(argv[i + 1]);
     } else if (flag == "--threads") {
       o.threads.clear();
       for (std::int64_t t : parse_list(argv[i + 1])) o.threads.push_back(static_cast<int>(t));
     } else if (flag == "--rows") {
       o.rows = parse_list(argv[i + 1]);
-    } else if (flag == "--settle-ms") {
-      o.settle_ms = std::atoi(argv[i + 1]);
+    } else if (flag == "--settle-dnnl-ms") {
+      o.settle_dnnl_ms = std::atoi(argv[i + 1]);
+    } else if (flag == "--settle-openblas-ms") {
+      o.settle_openblas_ms = std::atoi(argv[i + 1]);
     } else if (flag == "--max-foreign") {
       o.max_foreign = std::atof(argv[i + 1]);
     } else if (flag == "--max-wait-s") {
@@ -156,13 +168,11 @@ Result measure(const core::ExecContext& ctx, const Options& o, double& wait_left
   // Check both libraries against the double reference (plain product), which also warms up.
   run_dnnl(ctx, p, 0.0f);
   res.dnnl_err = sampled_error(p);
-  settle(o.settle_ms);
+  settle(o.settle_dnnl_ms);
   run_openblas(p, 0.0f);
   res.openblas_err = sampled_error(p);
-  settle(o.settle_ms);
+  settle(o.settle_openblas_ms);
   std::vector<double> t_dnnl, t_blas;
-  // The machine is shared: time under a foreign-load meter and start over (after waiting for an
-  // idle machine) when other processes took more than o.max_foreign cores meanwhile.
   for (int attempt = 0; attempt <= o.max_retries; ++attempt) {
     t_dnnl.clear();
     t_blas.clear();
@@ -173,20 +183,20 @@ Result measure(const core::ExecContext& ctx, const Options& o, double& wait_left
     }
     ForeignLoad load;
     load.start();
-    // At least o.reps pairs and at least 0.3 s, so that the load meter (10 ms ticks) is meaningful.
-    const core::Timer window;
-    for (int rep = 0; rep < o.reps || (window.elapsed_s() < 0.3 && rep < 1000); ++rep) {
-      for (int turn = 0; turn < 2; ++turn) {  // order alternates: dnnl first on even reps
-        const bool dnnl_turn = (rep % 2 == 0) == (turn == 0);
-        core::Timer timer;
-        if (dnnl_turn) {
-          run_dnnl(ctx, p, p.beta);
-          t_dnnl.push_back(timer.elapsed_s());
-        } else {
-          run_openblas(p, p.beta);
-          t_blas.push_back(timer.elapsed_s());
+    for (int round = 0; round < o.rounds; ++round) {
+      for (int turn = 0; turn < 2; ++turn) {  // dnnl first on even rounds, OpenBLAS on odd ones
+        const bool dnnl_turn = (round % 2 == 0) == (turn == 0);
+        for (int call = 0; call < o.calls; ++call) {
+          core::Timer timer;
+          if (dnnl_turn) {
+            run_dnnl(ctx, p, p.beta);
+            t_dnnl.push_back(timer.elapsed_s());
+          } else {
+            run_openblas(p, p.beta);
+            t_blas.push_back(timer.elapsed_s());
+          }
         }
-        settle(o.settle_ms);
+        settle(dnnl_turn ? o.settle_dnnl_ms : o.settle_openblas_ms);
       }
     }
     res.foreign = load.stop();
@@ -210,9 +220,9 @@ int run(const Options& o) {
   std::printf("OpenBLAS: %s (cblas_sgemm from %s)\n", openblas_get_config(),
               library_of(reinterpret_cast<const void*>(&cblas_sgemm)));
   std::printf(
-      "median of >= %d calls per library (and >= 0.3 s), libraries alternate call by "
-      "call, settle %d ms\n\n",
-      o.reps, o.settle_ms);
+      "median of %d calls per library and product: %d rounds of %d back-to-back calls, "
+      "libraries alternating by block; pause %d ms after dnnl, %d ms after OpenBLAS\n\n",
+      o.rounds * o.calls, o.rounds, o.calls, o.settle_dnnl_ms, o.settle_openblas_ms);
 
   // GPT-2 124M linear layers (in -> out): QKV, attention projection, MLP up, MLP down, LM head.
   const std::int64_t layers[][2] = {

@@ -1,8 +1,9 @@
 // Blending rules in closed form (the greedy largest-deficit order, exhaustive blends), split and
 // blend-list parsing, BlendedDataset caching and its errors. Parity of whole blends with
 // megatron-core is in gpt_dataset_test.cc (MegatronParity.BlendedDatasetIndicesMatchMegatronCore).
-#include <gtest/gtest.h>
+#include "trident/data/blended_dataset.h"
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -15,7 +16,6 @@
 #include <vector>
 
 #include "trident/core/error.h"
-#include "trident/data/blended_dataset.h"
 #include "trident/data/dataset_builder.h"
 #include "trident/data/dataset_split.h"
 #include "trident/data/indexed_dataset.h"

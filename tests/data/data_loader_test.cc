@@ -2,21 +2,19 @@
 // MegatronPretrainingSampler order, closed-form expectations), exact resume from
 // consumed_samples, and the --rampup-batch-size schedule against megatron-core's own
 // num-microbatches calculator (tests/data/reference/megatron_batch_schedule.py, run here).
+#include "trident/data/data_loader.h"
+#include "reference/reference_util.h"
+
 #include <gtest/gtest.h>
-
-#include <unistd.h>
-
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "trident/core/error.h"
-#include "trident/data/data_loader.h"
 
 namespace trident::data {
 namespace {
@@ -39,8 +37,10 @@ class CountingDataset : public SampleDataset {
 };
 
 BatchScheduleConfig schedule(std::int64_t gbs, std::int64_t mbs, std::int64_t dp) {
-  return BatchScheduleConfig{.global_batch_size = gbs, .micro_batch_size = mbs,
-                             .data_parallel_size = dp, .rampup = std::nullopt};
+  return BatchScheduleConfig{.global_batch_size = gbs,
+                             .micro_batch_size = mbs,
+                             .data_parallel_size = dp,
+                             .rampup = std::nullopt};
 }
 
 TEST(DataLoader, RanksSliceEachGlobalBatchAsMegatron) {
@@ -106,8 +106,8 @@ TEST(DataLoader, ResumeFromConsumedSamplesContinuesExactly) {
     for (int s = 0; s < stop; ++s) first.advance();
     DataLoader resumed(ds, cfg, first.consumed_samples());  // what a checkpoint stores
     for (int s = stop; s < 40; ++s) {
-      ASSERT_EQ(read_step(resumed), reference[static_cast<std::size_t>(s)]) << "stop " << stop
-                                                                            << " step " << s;
+      ASSERT_EQ(read_step(resumed), reference[static_cast<std::size_t>(s)])
+          << "stop " << stop << " step " << s;
       resumed.advance();
     }
   }
@@ -140,15 +140,8 @@ TEST(BatchSchedule, RampupClosedForm) {
 }
 
 TEST(BatchSchedule, MatchesMegatronCoreCalculator) {
-  const std::string python = [] {
-    const char* env = std::getenv("TRIDENT_DATA_PYTHON");
-    return std::string(env != nullptr ? env : "/opt/trident-data-venv/bin/python3");
-  }();
-  ASSERT_TRUE(fs::exists(python)) << python << " not found: run scripts/install-python-deps-data "
-                                  << "(or set TRIDENT_DATA_PYTHON)";
-  std::string pattern = (fs::temp_directory_path() / "trident-schedule-XXXXXX").string();
-  ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
-  const fs::path dir(pattern);
+  const testing::TempDir tmp;
+  const fs::path dir(tmp.path());
 
   std::vector<BatchScheduleConfig> configs;
   configs.push_back(schedule(512, 4, 8));  // constant
@@ -167,8 +160,8 @@ TEST(BatchSchedule, MatchesMegatronCoreCalculator) {
   spec["cases"] = nlohmann::json::array();
   std::vector<std::int64_t> consumed;
   for (std::int64_t v = 0; v < 320000; v += 997) consumed.push_back(v);
-  for (std::int64_t v : {1, 2, 99, 100, 101, 332, 333, 334, 996, 997, 998, 1000, 1001, 299999,
-                         300000, 300001}) {
+  for (std::int64_t v :
+       {1, 2, 99, 100, 101, 332, 333, 334, 996, 997, 998, 1000, 1001, 299999, 300000, 300001}) {
     consumed.push_back(v);
   }
   for (const auto& cfg : configs) {
@@ -176,20 +169,18 @@ TEST(BatchSchedule, MatchesMegatronCoreCalculator) {
     j["global_batch_size"] = cfg.global_batch_size;
     j["micro_batch_size"] = cfg.micro_batch_size;
     j["data_parallel_size"] = cfg.data_parallel_size;
-    j["rampup"] = cfg.rampup ? nlohmann::json::array({cfg.rampup->start, cfg.rampup->increment,
-                                                      cfg.rampup->samples})
-                             : nlohmann::json();
+    j["rampup"] =
+        cfg.rampup
+            ? nlohmann::json::array({cfg.rampup->start, cfg.rampup->increment, cfg.rampup->samples})
+            : nlohmann::json();
     j["decrease_batch_size_if_needed"] = cfg.decrease_batch_size_if_needed;
     j["consumed"] = consumed;
     j["train_steps"] = 400;
     spec["cases"].push_back(j);
   }
   std::ofstream(dir / "spec.json") << spec.dump();
-  const fs::path script =
-      fs::path(__FILE__).parent_path() / "reference" / "megatron_batch_schedule.py";
-  const std::string cmd = "timeout 600 '" + python + "' '" + script.string() + "' '" +
-                          (dir / "spec.json").string() + "' '" + (dir / "out.json").string() + "'";
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  ASSERT_TRUE(testing::run_reference("megatron_batch_schedule.py",
+                                     {(dir / "spec.json").string(), (dir / "out.json").string()}));
   std::ifstream in(dir / "out.json");
   const nlohmann::json out = nlohmann::json::parse(in);
   ASSERT_EQ(out.size(), configs.size());
@@ -214,7 +205,6 @@ TEST(BatchSchedule, MatchesMegatronCoreCalculator) {
       loader.advance();
     }
   }
-  fs::remove_all(dir);
 }
 
 template <class F>

@@ -4,29 +4,29 @@
 // (MD5 of the same description), byte-identical .npy index files and the same sample tokens.
 // Plus: index building rules on worked examples, cache hit / stale-cache rebuild, bad inputs, and
 // a by-hand scale measurement (DISABLED_ScaleBillionTokens).
-#include <fcntl.h>
-#include <unistd.h>
+#include "trident/data/gpt_dataset.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <set>
 #include <sstream>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "trident/core/error.h"
 #include "trident/core/timer.h"
 #include "trident/data/blended_dataset.h"
 #include "trident/data/dataset_builder.h"
-#include "trident/data/gpt_dataset.h"
 #include "trident/data/indexed_dataset.h"
+#include "reference/reference_util.h"
 
 namespace trident::data {
 namespace {
@@ -36,28 +36,9 @@ using json = nlohmann::ordered_json;
 
 // ---- helpers -------------------------------------------------------------------------------
 
-std::string reference_python() {
-  const char* env = std::getenv("TRIDENT_DATA_PYTHON");
-  return env != nullptr ? env : "/opt/trident-data-venv/bin/python3";
-}
-
-fs::path source_root() { return fs::path(__FILE__).parent_path().parent_path().parent_path(); }
-
-// The shared Megatron corpus: $TRIDENT_SHARED_DIR, else shared/ beside the checkout, else
-// /work/shared.
+// The shared Megatron corpus (1000 OpenWebText documents, uint16, EOD 4999).
 std::string corpus_prefix() {
-  std::vector<fs::path> roots;
-  if (const char* env = std::getenv("TRIDENT_SHARED_DIR")) roots.emplace_back(env);
-  roots.push_back(source_root().parent_path() / "shared");
-  roots.push_back(source_root() / "shared");
-  roots.emplace_back("/work/shared");
-  for (const auto& r : roots) {
-    const fs::path p = r / "data" / "megatron" / "meg-gpt2-openwebtext_text_document";
-    if (fs::exists(p.string() + ".idx")) return p.string();
-  }
-  ADD_FAILURE() << "shared corpus meg-gpt2-openwebtext_text_document not found; set "
-                   "TRIDENT_SHARED_DIR to the shared/ directory";
-  return "";
+  return testing::shared_data() + "/megatron/meg-gpt2-openwebtext_text_document";
 }
 
 fs::path make_temp_dir(const std::string& tag) {
@@ -71,14 +52,15 @@ void remove_temp_dir(const fs::path& dir) {
   if (std::getenv("TRIDENT_KEEP_TEST_DIRS") == nullptr) fs::remove_all(dir);
 }
 
-void run_reference(const std::string& script, const std::string& args) {
-  const std::string python = reference_python();
-  ASSERT_TRUE(fs::exists(python)) << python << " not found: run scripts/install-python-deps-data "
-                                  << "(or set TRIDENT_DATA_PYTHON)";
-  const fs::path path = fs::path(__FILE__).parent_path() / "reference" / script;
-  // A time limit, so that a reference that hangs fails the test instead of stalling CI.
-  const std::string cmd = "timeout 600 '" + python + "' '" + path.string() + "' " + args;
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << "reference script failed: " << cmd;
+// Runs a megatron-core reference script under a time limit, so that a reference that hangs
+// (megatron-core loops forever on an empty split) fails the test instead of stalling CI.
+void run_megatron_reference(const std::string& script, const std::vector<std::string>& args) {
+  std::string cmd = "timeout 600 " + testing::shell_quote(testing::ref_python()) + " " +
+                    testing::shell_quote(testing::reference_script(script));
+  for (const auto& a : args) cmd += " " + testing::shell_quote(a);
+  std::string out;
+  const int rc = testing::run_command(cmd, &out);
+  ASSERT_EQ(rc, 0) << "reference command failed: " << cmd << "\n" << out;
 }
 
 std::string file_bytes(const fs::path& p) {
@@ -114,7 +96,7 @@ std::string derive_dataset(const fs::path& dir, const std::string& name, std::in
 // One comparison: the same settings given to megatron-core and to trident.
 struct ParityCase {
   std::string name{};
-  std::vector<std::string> data_path{};                        // --data-path entries
+  std::vector<std::string> data_path{};                          // --data-path entries
   std::array<std::vector<std::string>, kNumSplits> per_split{};  // --train/valid/test-data-path
   std::string split = kDefaultSplit;
   std::int64_t seq_length = 0;
@@ -163,7 +145,7 @@ std::vector<TrainValidTestDatasets> check_parity(const std::vector<ParityCase>& 
   const fs::path spec_path = dir / "spec.json";
   std::ofstream(spec_path) << spec.dump(1);
   std::vector<TrainValidTestDatasets> built(cases.size());
-  run_reference("megatron_indices.py", "'" + spec_path.string() + "'");
+  run_megatron_reference("megatron_indices.py", {spec_path.string()});
   if (::testing::Test::HasFatalFailure()) return built;
   for (std::size_t k = 0; k < cases.size(); ++k) {
     SCOPED_TRACE("case " + cases[k].name);
@@ -256,18 +238,34 @@ TEST(MegatronParity, GPTDatasetIndicesMatchMegatronCore) {
   ASSERT_FALSE(corpus.empty());
   std::vector<ParityCase> cases;
   // Megatron-LM's default split string; valid needs 11 epochs and shuffles its last separately.
-  cases.push_back({.name = "default_split", .data_path = {corpus}, .seq_length = 512,
-                   .seed = 1234, .sizes = {10000, 640, 40}, .tokenizer = gpt2_tokenizer_identity()});
+  cases.push_back({.name = "default_split",
+                   .data_path = {corpus},
+                   .seq_length = 512,
+                   .seed = 1234,
+                   .sizes = {10000, 640, 40},
+                   .tokenizer = gpt2_tokenizer_identity()});
   // Train: 2 epochs, the second separated; empty test split (no dataset).
-  cases.push_back({.name = "sep_last_epoch", .data_path = {corpus}, .split = "98,2,0",
-                   .seq_length = 128, .seed = 42, .sizes = {12000, 200, 0}});
+  cases.push_back({.name = "sep_last_epoch",
+                   .data_path = {corpus},
+                   .split = "98,2,0",
+                   .seq_length = 128,
+                   .seed = 42,
+                   .sizes = {12000, 200, 0}});
   // One epoch each (no sizes); the valid split keeps its padded partial last sample.
-  cases.push_back({.name = "one_epoch_padded", .data_path = {corpus}, .split = "1/1/1",
-                   .seq_length = 64, .seed = 7, .sizes = {std::nullopt, std::nullopt, std::nullopt},
+  cases.push_back({.name = "one_epoch_padded",
+                   .data_path = {corpus},
+                   .split = "1/1/1",
+                   .seq_length = 64,
+                   .seed = 7,
+                   .sizes = {std::nullopt, std::nullopt, std::nullopt},
                    .drop_last_partial_validation_sequence = false});
   // Largest seed; long sequences; test split of one sequence shorter than a sample.
-  cases.push_back({.name = "long_seq", .data_path = {corpus}, .split = "5, 3, 2",
-                   .seq_length = 2048, .seed = 4294967295LL, .sizes = {100, 50, 500}});
+  cases.push_back({.name = "long_seq",
+                   .data_path = {corpus},
+                   .split = "5, 3, 2",
+                   .seq_length = 2048,
+                   .seed = 4294967295LL,
+                   .sizes = {100, 50, 500}});
   const auto built = check_parity(cases, dir);
 
   // The cases must exercise both sides of the separate-last-epoch rule (plans recomputed from
@@ -301,25 +299,48 @@ TEST(MegatronParity, BlendedDatasetIndicesMatchMegatronCore) {
   // Weighted blend of two, with the 0.5% surplus per dataset.
   // (With "969, 30, 1" the test split of first400 would be empty, and megatron-core would loop
   // forever on it; trident refuses such a split with an error instead.)
-  cases.push_back({.name = "weighted2", .data_path = {"0.3", a, "0.7", b}, .split = "95,4,1",
-                   .seq_length = 256, .seed = 1234, .sizes = {5000, 300, 30}, .tokenizer = gpt2_tokenizer_identity()});
+  cases.push_back({.name = "weighted2",
+                   .data_path = {"0.3", a, "0.7", b},
+                   .split = "95,4,1",
+                   .seq_length = 256,
+                   .seed = 1234,
+                   .sizes = {5000, 300, 30},
+                   .tokenizer = gpt2_tokenizer_identity()});
   // Unnormalized weights over three datasets.
-  cases.push_back({.name = "weighted3", .data_path = {"2", a, "1", b, "5", c}, .split = "90,8,2",
-                   .seq_length = 128, .seed = 99, .sizes = {20000, 700, 90}});
+  cases.push_back({.name = "weighted3",
+                   .data_path = {"2", a, "1", b, "5", c},
+                   .split = "90,8,2",
+                   .seq_length = 128,
+                   .seed = 99,
+                   .sizes = {20000, 700, 90}});
   // Prefixes without weights: weighted by dataset length, sized by the request.
-  cases.push_back({.name = "unweighted3", .data_path = {a, b, c}, .split = "80,20,0",
-                   .seq_length = 128, .seed = 5, .sizes = {4000, 100000, 0}});
+  cases.push_back({.name = "unweighted3",
+                   .data_path = {a, b, c},
+                   .split = "80,20,0",
+                   .seq_length = 128,
+                   .seed = 5,
+                   .sizes = {4000, 100000, 0}});
   // Without sizes: the exhaustive blend (integer weights).
-  cases.push_back({.name = "exhaustive", .data_path = {a, c}, .split = "1,1,0", .seq_length = 256,
-                   .seed = 3, .sizes = {std::nullopt, std::nullopt, std::nullopt}});
+  cases.push_back({.name = "exhaustive",
+                   .data_path = {a, c},
+                   .split = "1,1,0",
+                   .seq_length = 256,
+                   .seed = 3,
+                   .sizes = {std::nullopt, std::nullopt, std::nullopt}});
   // A single weighted prefix is still a (one-dataset) blend in Megatron.
-  cases.push_back({.name = "single_weighted", .data_path = {"1.0", b}, .split = "1,1,1",
-                   .seq_length = 128, .seed = 11, .sizes = {900, 90, 9}});
+  cases.push_back({.name = "single_weighted",
+                   .data_path = {"1.0", b},
+                   .split = "1,1,1",
+                   .seq_length = 128,
+                   .seed = 11,
+                   .sizes = {900, 90, 9}});
   // Separate distributions per split.
   cases.push_back({.name = "per_split",
                    .per_split = {std::vector<std::string>{"0.5", a, "0.5", c},
                                  std::vector<std::string>{b}, std::vector<std::string>{}},
-                   .seq_length = 256, .seed = 21, .sizes = {3000, 200, 10},
+                   .seq_length = 256,
+                   .seed = 21,
+                   .sizes = {3000, 200, 10},
                    .tokenizer = gpt2_tokenizer_identity()});
   check_parity(cases, dir);
   remove_temp_dir(dir);
@@ -634,10 +655,11 @@ TEST(GPTDatasetScale, DISABLED_ScaleBillionTokens) {
       std::vector<std::int32_t> tokens(static_cast<std::size_t>(seq + 1));
       for (std::int64_t i = 0; i < 100000; ++i) g.sample((i * 7919) % g.num_samples(), tokens);
       const double read_s = t.elapsed_s();
-      std::printf("seq %lld, %.0f epoch(s): %lld train samples (%lld epochs); build+save %.2f s "
-                  "(3 splits), mmap load %.3f s, 100k random samples read %.2f s\n",
-                  static_cast<long long>(seq), epochs, static_cast<long long>(g.num_samples()),
-                  static_cast<long long>(g.num_epochs()), build_s, load_s, read_s);
+      std::printf(
+          "seq %lld, %.0f epoch(s): %lld train samples (%lld epochs); build+save %.2f s "
+          "(3 splits), mmap load %.3f s, 100k random samples read %.2f s\n",
+          static_cast<long long>(seq), epochs, static_cast<long long>(g.num_samples()),
+          static_cast<long long>(g.num_epochs()), build_s, load_s, read_s);
     }
   }
   DatasetBuildConfig blend;
@@ -651,8 +673,10 @@ TEST(GPTDatasetScale, DISABLED_ScaleBillionTokens) {
   t.reset();
   blend.cache_mode = CacheMode::kLoadOnly;
   build_train_valid_test_datasets(blend);
-  std::printf("blend 0.3/0.7 of two such datasets, 1M train samples: build+save %.2f s, "
-              "mmap load %.3f s\n", blend_build_s, t.elapsed_s());
+  std::printf(
+      "blend 0.3/0.7 of two such datasets, 1M train samples: build+save %.2f s, "
+      "mmap load %.3f s\n",
+      blend_build_s, t.elapsed_s());
   std::uintmax_t cache_bytes = 0;
   for (const auto& e : fs::directory_iterator(dir / "cache")) cache_bytes += e.file_size();
   std::printf("cache directory: %.1f MB\n", static_cast<double>(cache_bytes) / 1e6);

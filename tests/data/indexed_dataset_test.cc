@@ -1,5 +1,7 @@
-// IndexedDataset / IndexedDatasetBuilder against Megatron's own files and megatron-core's reader and
-// writer (tests/data/reference/megatron_indexed.py), plus every kind of bad file.
+// IndexedDataset / IndexedDatasetBuilder against Megatron's own files and megatron-core's reader
+// and writer (tests/data/reference/megatron_indexed.py), plus every kind of bad file.
+#include "trident/data/indexed_dataset.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -7,7 +9,6 @@
 
 #include "reference/reference_util.h"
 #include "trident/core/error.h"
-#include "trident/data/indexed_dataset.h"
 
 namespace trident::data {
 namespace {
@@ -78,7 +79,8 @@ TEST(IndexedDataset, ReadsMegatronsOwnFile) {
   std::int32_t part[3];
   ds.read(7, 2, 3, part);
   const auto whole = ds.sequence(7);
-  EXPECT_EQ(std::vector<std::int32_t>(part, part + 3), std::vector<std::int32_t>(whole.begin() + 2, whole.begin() + 5));
+  EXPECT_EQ(std::vector<std::int32_t>(part, part + 3),
+            std::vector<std::int32_t>(whole.begin() + 2, whole.begin() + 5));
   TempDir tmp;
   expect_same_as_megatron(ds, megatron_read(megatron_prefix(), tmp));
   EXPECT_THROW(ds.sequence(1000), core::InvalidArgument);
@@ -107,7 +109,7 @@ TEST(IndexedDataset, WorkedByteExampleOfTheFormatNote) {
 TEST(IndexedDataset, RoundTripsWithMegatronCoreInEveryDtype) {
   const Docs docs = {{{1, 2, 3}, {4}}, {}, {{5, 6}}, {{}, {7, 8, 9, 10}}, {{0}}, {}};
   const std::vector<std::pair<TokenDType, const char*>> dtypes = {
-      {TokenDType::kU8, "uint8"}, {TokenDType::kI8, "int8"}, {TokenDType::kI16, "int16"},
+      {TokenDType::kU8, "uint8"},  {TokenDType::kI8, "int8"},   {TokenDType::kI16, "int16"},
       {TokenDType::kI32, "int32"}, {TokenDType::kI64, "int64"}, {TokenDType::kU16, "uint16"}};
   TempDir tmp;
   std::vector<std::string> args = {"write"};
@@ -167,10 +169,10 @@ TEST(IndexedDatasetBuilder, TemporaryNamesAndRangeChecks) {
     b.end_document();
     EXPECT_FALSE(std::filesystem::exists(tmp / "p.bin"));  // not before finalize
     EXPECT_FALSE(std::filesystem::exists(tmp / "p.idx"));
-    expect_error<core::InvalidArgument>(
-        [&] { b.add_sequence(std::vector<std::int32_t>{65536}); }, {"65536", "int32"});
-    expect_error<core::InvalidArgument>(
-        [&] { b.add_sequence(std::vector<std::int32_t>{-1}); }, {"-1"});
+    expect_error<core::InvalidArgument>([&] { b.add_sequence(std::vector<std::int32_t>{65536}); },
+                                        {"65536", "int32"});
+    expect_error<core::InvalidArgument>([&] { b.add_sequence(std::vector<std::int32_t>{-1}); },
+                                        {"-1"});
   }  // abandoned: its temporary files are gone too
   EXPECT_TRUE(std::filesystem::is_empty(tmp.path()));
   IndexedDatasetBuilder b(tmp / "q", TokenDType::kI32);
@@ -222,7 +224,8 @@ TEST_F(BadIndexedDataset, TruncatedForeignAndWrongHeaderFields) {
   expect_bad(patched<std::uint64_t>(9, 2), bin_, {"byte offset 9", "version", "expected 1"});
   expect_bad(patched<std::uint8_t>(17, 9), bin_, {"byte offset 17", "unknown dtype", "found 9"});
   expect_bad(patched<std::uint8_t>(17, 7), bin_, {"byte offset 17", "floating-point"});
-  expect_bad(patched<std::uint64_t>(18, std::uint64_t{1} << 62), bin_, {"byte offset 18", "too large"});
+  expect_bad(patched<std::uint64_t>(18, std::uint64_t{1} << 62), bin_,
+             {"byte offset 18", "too large"});
   expect_bad(patched<std::uint64_t>(26, 0), bin_, {"byte offset 26"});
   expect_bad(idx_ + "junk!!!!!", bin_, {"unexpected bytes after the arrays"});
 }

@@ -1,55 +1,31 @@
 // Mt19937 against numpy.random.RandomState: numpy writes its outputs in this test run
 // (tests/data/reference/numpy_mt19937.py), and every shuffle, raw draw and bounded draw must match
 // bit for bit. Also the .npy writer, MD5 and Python-JSON helpers of index_cache.h.
+#include "trident/data/mt19937.h"
+#include "reference/reference_util.h"
+
 #include <gtest/gtest.h>
-
-#include <unistd.h>
-
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "trident/core/error.h"
 #include "trident/data/index_cache.h"
-#include "trident/data/mt19937.h"
 
 namespace trident::data {
 namespace {
 
 namespace fs = std::filesystem;
-
-// The Python with numpy (and megatron-core) that scripts/install-python-deps-data installs.
-std::string reference_python() {
-  const char* env = std::getenv("TRIDENT_DATA_PYTHON");
-  return env != nullptr ? env : "/opt/trident-data-venv/bin/python3";
-}
-
-fs::path reference_dir() { return fs::path(__FILE__).parent_path() / "reference"; }
-
-fs::path make_temp_dir(const std::string& tag) {
-  std::string pattern = (fs::temp_directory_path() / ("trident-" + tag + "-XXXXXX")).string();
-  const char* made = ::mkdtemp(pattern.data());
-  EXPECT_NE(made, nullptr);
-  return fs::path(pattern);
-}
-
-// Runs a reference script; fails the test (never skips) when the Python is missing.
-void run_reference(const std::string& script, const std::string& args) {
-  const std::string python = reference_python();
-  ASSERT_TRUE(fs::exists(python)) << python << " not found: run scripts/install-python-deps-data "
-                                  << "(or set TRIDENT_DATA_PYTHON)";
-  const std::string cmd = "'" + python + "' '" + (reference_dir() / script).string() + "' " + args;
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << "reference script failed: " << cmd;
-}
+using testing::TempDir;
 
 TEST(Mt19937, MatchesNumpyRandomState) {
-  const fs::path dir = make_temp_dir("mt19937");
-  run_reference("numpy_mt19937.py", "'" + dir.string() + "'");
+  const TempDir tmp;
+  const fs::path dir(tmp.path());
+  ASSERT_TRUE(testing::run_reference("numpy_mt19937.py", {dir.string()}));
   std::ifstream in(dir / "manifest.json");
   ASSERT_TRUE(in.good());
   const nlohmann::json manifest = nlohmann::json::parse(in);
@@ -93,7 +69,6 @@ TEST(Mt19937, MatchesNumpyRandomState) {
     ++checked;
   }
   EXPECT_EQ(checked, static_cast<std::int64_t>(cases.size()));
-  fs::remove_all(dir);
 }
 
 TEST(Mt19937, FirstOutputsOfTheReferenceGenerator) {
@@ -111,16 +86,17 @@ TEST(IndexCache, Md5KnownVectors) {
   EXPECT_EQ(md5_hex(""), "d41d8cd98f00b204e9800998ecf8427e");
   EXPECT_EQ(md5_hex("abc"), "900150983cd24fb0d6963f7d28e17f72");
   EXPECT_EQ(md5_hex("message digest"), "f96b697d7cb7938d525a2f31aaf161d0");
-  EXPECT_EQ(md5_hex("12345678901234567890123456789012345678901234567890123456789012345678901234567890"),
-            "57edf4a22be3c955ac49da2e2107b67a");
+  EXPECT_EQ(
+      md5_hex("12345678901234567890123456789012345678901234567890123456789012345678901234567890"),
+      "57edf4a22be3c955ac49da2e2107b67a");
 }
 
 TEST(IndexCache, PythonJsonDumps) {
   nlohmann::ordered_json v;
   v["class"] = "GPTDataset";
   v["n"] = nullptr;
-  v["m"] = nlohmann::ordered_json::array({nlohmann::ordered_json::array({0, 0.969}), nullptr,
-                                          1.0, 1e-05, 1e16, 123456789012345.0, 0.1 + 0.2});
+  v["m"] = nlohmann::ordered_json::array({nlohmann::ordered_json::array({0, 0.969}), nullptr, 1.0,
+                                          1e-05, 1e16, 123456789012345.0, 0.1 + 0.2});
   v["empty"] = nlohmann::ordered_json::array();
   v["s"] = "a\"b\\c\n\x7f\xc3\xa9\xf0\x9f\x98\x80\xff";
   EXPECT_EQ(python_json_dumps(v),
@@ -145,8 +121,8 @@ TEST(IndexCache, PythonJsonDumps) {
 }
 
 TEST(IndexCache, NpyRoundTripAndCorruption) {
-  const fs::path dir = make_temp_dir("npy");
-  const std::string path = (dir / "a.npy").string();
+  const TempDir tmp;
+  const std::string path = tmp / "a.npy";
   write_npy(path, IndexArray::from_vector(std::vector<std::int32_t>{1, -2, 3, 4, 5, 6}, {3, 2}));
   const IndexArray a = IndexArray::map_npy(path);
   EXPECT_EQ(a.dtype(), IndexDType::kI32);
@@ -157,7 +133,6 @@ TEST(IndexCache, NpyRoundTripAndCorruption) {
   EXPECT_THROW(IndexArray::map_npy(path), core::DataError);
   std::ofstream(path) << "not numpy";
   EXPECT_THROW(IndexArray::map_npy(path), core::DataError);
-  fs::remove_all(dir);
 }
 
 }  // namespace

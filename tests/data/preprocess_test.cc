@@ -1,6 +1,8 @@
 // preprocess(): byte parity with Megatron's preprocess_data.py output (shared/data/megatron), the
 // same documents through megatron-core's reader, identical output for any worker count, the .txt
 // document rules, JSON edge cases, merging, and the errors a user can hit.
+#include "trident/data/preprocess.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -10,7 +12,6 @@
 #include "reference/reference_util.h"
 #include "trident/core/error.h"
 #include "trident/data/indexed_dataset.h"
-#include "trident/data/preprocess.h"
 
 namespace trident::data {
 namespace {
@@ -71,8 +72,8 @@ TEST(Preprocess, ByteIdenticalToMegatronAndReadableByMegatronCore) {
 
   // megatron-core's IndexedDataset reads trident's files as the same documents, and each
   // document is the JSON text, tokenized, plus EOD.
-  ASSERT_TRUE(run_reference("megatron_indexed.py",
-                            {"dump", tmp / "owt_text_document", tmp / "dump.bin"}));
+  ASSERT_TRUE(
+      run_reference("megatron_indexed.py", {"dump", tmp / "owt_text_document", tmp / "dump.bin"}));
   const std::string dump = read_bytes(tmp / "dump.bin");
   std::int64_t head[3];
   std::memcpy(head, dump.data(), 24);
@@ -92,8 +93,8 @@ TEST(Preprocess, ByteIdenticalToMegatronAndReadableByMegatronCore) {
       theirs[k] = static_cast<std::int32_t>(v);
     }
     ASSERT_EQ(mine, theirs) << "document " << i << " as read by megatron-core";
-    std::vector<std::int32_t> expected = tok->encode(
-        nlohmann::json::parse(texts[i])["text"].get<std::string>());
+    std::vector<std::int32_t> expected =
+        tok->encode(nlohmann::json::parse(texts[i])["text"].get<std::string>());
     expected.push_back(4999);
     ASSERT_EQ(mine, expected) << "document " << i;
   }
@@ -165,7 +166,7 @@ TEST(Preprocess, TextDocumentRules) {
         "  indented last"}}};
   int n = 0;
   for (const auto& [rule, docs] : cases) {
-    PreprocessConfig c = config({tmp / "in.txt"}, tmp / ("r" + std::to_string(n++)), full_gpt2());
+    PreprocessConfig c = config({tmp / "in.txt"}, tmp / core::str("r", n++), full_gpt2());
     c.text_documents = rule;
     const PreprocessStats s = preprocess(c);
     EXPECT_EQ(s.documents, static_cast<std::int64_t>(docs.size()));
@@ -218,8 +219,9 @@ TEST(Preprocess, ErrorsNameTheFileAndLineAndLeaveNothingBehind) {
   expect_error<core::DataError>(
       [&] { run("bad.jsonl", "{\"text\": \"a\"}\n{\"text\": \"b\"}\n{\"text\": \"c\"\n"); },
       {"bad.jsonl:3:", "not a valid JSON line"});
-  expect_error<core::DataError>([&] { run("nokey.jsonl", "{\"text\": \"a\"}\n{\"body\": \"b\"}\n"); },
-                                {"nokey.jsonl:2:", "\"text\" not found", "\"body\"", "--json-keys"});
+  expect_error<core::DataError>(
+      [&] { run("nokey.jsonl", "{\"text\": \"a\"}\n{\"body\": \"b\"}\n"); },
+      {"nokey.jsonl:2:", "\"text\" not found", "\"body\"", "--json-keys"});
   expect_error<core::DataError>([&] { run("num.jsonl", "{\"text\": 5}\n"); },
                                 {"num.jsonl:1:", "number"});
   expect_error<core::DataError>([&] { run("arr.jsonl", "[1, 2]\n"); }, {"arr.jsonl:1:", "array"});

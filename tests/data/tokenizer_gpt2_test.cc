@@ -4,9 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <thread>
-
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "reference/reference_util.h"
 #include "trident/core/error.h"
@@ -37,18 +36,38 @@ std::string whitespace_text() {
 }
 
 std::string emoji_text() {
-  return "Hello 👋🏽 world 👨‍👩‍👧‍👦 family 🇫🇷🇯🇵 flags ❤️ ✔︎ e\u0301 ﬁ "
-         "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 😀😃😄 🧑🏿‍🚀 zwj\u200D \U0001F9D1 日本語のテキスト 한국어 العربية "
+  return "Hello 👋🏽 world 👨‍👩‍👧‍👦 family 🇫🇷🇯🇵 flags ❤️ ✔︎ e\u0301 "
+         "ﬁ "
+         "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 😀😃😄 🧑🏿‍🚀 zwj\u200D \U0001F9D1 日本語のテキスト 한국어 "
+         "العربية "
          "I'm don't we'll they've she'd it's 'S 'LL O'Neil rock'n'roll ''' 's's\n"
          "numbers ١٢٣ ⅷ ½ ²³ 12,345.67 0x1F 3rd\n";
 }
 
 std::string invalid_utf8_text() {
-  const char* cases[] = {"\x80", "\xBF", "\xC0\xAF", "\xC1\xBF", "\xC2", "\xC2" "A",
-                         "\xE0\x80\x80", "\xE0\xA0", "\xED\xA0\x80", "\xED\xBF\xBF",
-                         "\xF0\x80\x80\x80", "\xF0\x90\x80", "\xF4\x90\x80\x80", "\xF5\x80",
-                         "\xFF\xFE", "\xE2\x82" "x", "\xF0\x9F\x98" "!", "caf\xE9 na\xEFve",
-                         "\xF8\x88\x80\x80\x80", "\xFC\x84\x80\x80\x80\x80"};
+  const char* cases[] = {"\x80",
+                         "\xBF",
+                         "\xC0\xAF",
+                         "\xC1\xBF",
+                         "\xC2",
+                         "\xC2"
+                         "A",
+                         "\xE0\x80\x80",
+                         "\xE0\xA0",
+                         "\xED\xA0\x80",
+                         "\xED\xBF\xBF",
+                         "\xF0\x80\x80\x80",
+                         "\xF0\x90\x80",
+                         "\xF4\x90\x80\x80",
+                         "\xF5\x80",
+                         "\xFF\xFE",
+                         "\xE2\x82"
+                         "x",
+                         "\xF0\x9F\x98"
+                         "!",
+                         "caf\xE9 na\xEFve",
+                         "\xF8\x88\x80\x80\x80",
+                         "\xFC\x84\x80\x80\x80\x80"};
   std::string s;
   for (const char* c : cases) s += std::string("[") + c + "] ";
   s += "end\xE2\x82";  // truncated sequence at the very end
@@ -75,8 +94,8 @@ class Gpt2VsHuggingFace : public ::testing::Test {
   // With `pieces`, the pre-tokenizer pieces are compared too (slow in Python: small files only).
   void compare(const std::vector<std::string>& files, bool pieces_too = false) {
     TempDir out;
-    std::vector<std::string> args = {"--vocab", gpt2_vocab(), "--merges", gpt2_merges(),
-                                     "--out-dir", out.path(), "--write-text"};
+    std::vector<std::string> args = {"--vocab",   gpt2_vocab(), "--merges",    gpt2_merges(),
+                                     "--out-dir", out.path(),   "--write-text"};
     if (pieces_too) args.push_back("--pieces");
     args.insert(args.end(), files.begin(), files.end());
     ASSERT_TRUE(run_reference("hf_tokenize.py", args));
@@ -110,8 +129,8 @@ class Gpt2VsHuggingFace : public ::testing::Test {
         pos += 4 + len;
         if (k >= pieces.size() || pieces[k] != want_piece) {
           ADD_FAILURE() << files[i] << ": pre-tokenizer piece " << k << " is '"
-                        << (k < pieces.size() ? std::string(pieces[k]) : "<none>")
-                        << "', HF has '" << want_piece << "'";
+                        << (k < pieces.size() ? std::string(pieces[k]) : "<none>") << "', HF has '"
+                        << want_piece << "'";
           break;
         }
       }
@@ -144,8 +163,8 @@ TEST_F(Gpt2VsHuggingFace, EnglishAndSourceCode) {
 
 TEST_F(Gpt2VsHuggingFace, EveryTatoebaLanguage) {
   std::vector<std::string> files;
-  for (const auto& e : std::filesystem::directory_iterator(shared_data() +
-                                                           "/multilingual/tatoeba")) {
+  for (const auto& e :
+       std::filesystem::directory_iterator(shared_data() + "/multilingual/tatoeba")) {
     files.push_back(e.path());
   }
   std::sort(files.begin(), files.end());
@@ -223,18 +242,21 @@ TEST(Gpt2Bpe, FileErrorsNameFileAndLine) {
   TempDir dir;
   write_tiny_tokenizer(dir, "#version: 0.2\na b\n");
   const std::string v = dir / "vocab.json", m = dir / "merges.txt";
-  expect_error<core::DataError>([&] { GPT2BPETokenizer(dir / "missing.json", m); }, {"missing.json"});
+  expect_error<core::DataError>([&] { GPT2BPETokenizer(dir / "missing.json", m); },
+                                {"missing.json"});
   expect_error<core::DataError>([&] { GPT2BPETokenizer(v, dir / "missing.txt"); }, {"missing.txt"});
   write_bytes(dir / "broken.json", "{\"a\": 0,\n \"b\": }\n");
-  expect_error<core::DataError>([&] { GPT2BPETokenizer(dir / "broken.json", m); }, {"broken.json", ":2:"});
+  expect_error<core::DataError>([&] { GPT2BPETokenizer(dir / "broken.json", m); },
+                                {"broken.json", ":2:"});
   write_bytes(dir / "array.json", "[1, 2]");
-  expect_error<core::DataError>([&] { GPT2BPETokenizer(dir / "array.json", m); }, {"array.json", "object"});
+  expect_error<core::DataError>([&] { GPT2BPETokenizer(dir / "array.json", m); },
+                                {"array.json", "object"});
   write_bytes(dir / "bad_merges.txt", "#version: 0.2\na b\nabc\n");
   expect_error<core::DataError>([&] { GPT2BPETokenizer(v, dir / "bad_merges.txt"); },
-                    {"bad_merges.txt:3:", "abc"});
+                                {"bad_merges.txt:3:", "abc"});
   write_bytes(dir / "unknown_merge.txt", "a b\nab zz\n");
   expect_error<core::DataError>([&] { GPT2BPETokenizer(v, dir / "unknown_merge.txt"); },
-                    {"unknown_merge.txt:2:", "zz"});
+                                {"unknown_merge.txt:2:", "zz"});
   write_bytes(dir / "no_eod.json", R"({"a": 0})");
   expect_error<core::DataError>([&] { GPT2BPETokenizer(dir / "no_eod.json", m); }, {"no_eod.json"});
 }

@@ -30,10 +30,12 @@ void compare_with_hf(const std::string& tokenizer_file, const TempDir& tmp) {
   write_bytes(tmp / "special.txt", special_text());
   write_bytes(tmp / "shakespeare.txt",
               read_bytes(d + "/english/tinyshakespeare/input.txt").substr(0, 100000));
-  const std::vector<std::string> files = {
-      tmp / "special.txt", tmp / "shakespeare.txt",
-      d + "/multilingual/tatoeba/tatoeba.jpn-eng.jpn", d + "/multilingual/tatoeba/tatoeba.hin-eng.hin",
-      d + "/multilingual/tatoeba/tatoeba.urd-eng.urd", d + "/multilingual/tatoeba/tatoeba.cmn-eng.cmn"};
+  const std::vector<std::string> files = {tmp / "special.txt",
+                                          tmp / "shakespeare.txt",
+                                          d + "/multilingual/tatoeba/tatoeba.jpn-eng.jpn",
+                                          d + "/multilingual/tatoeba/tatoeba.hin-eng.hin",
+                                          d + "/multilingual/tatoeba/tatoeba.urd-eng.urd",
+                                          d + "/multilingual/tatoeba/tatoeba.cmn-eng.cmn"};
   TempDir out;
   std::vector<std::string> args = {"--tokenizer-json", tokenizer_file, "--out-dir", out.path()};
   args.insert(args.end(), files.begin(), files.end());
@@ -61,8 +63,13 @@ json add_tokens(json t) {
   auto& added = t["added_tokens"];
   auto token = [](int id, const char* content, bool special, bool lstrip, bool rstrip,
                   bool single_word, bool normalized) {
-    return json{{"id", id}, {"content", content}, {"special", special}, {"lstrip", lstrip},
-                {"rstrip", rstrip}, {"single_word", single_word}, {"normalized", normalized}};
+    return json{{"id", id},
+                {"content", content},
+                {"special", special},
+                {"lstrip", lstrip},
+                {"rstrip", rstrip},
+                {"single_word", single_word},
+                {"normalized", normalized}};
   };
   added.push_back(token(50257, "<pad>", true, false, false, false, false));
   added.push_back(token(50258, "[MASK]", true, true, true, false, false));
@@ -74,25 +81,29 @@ json add_tokens(json t) {
 TEST(HuggingFaceTokenizer, BloomStyleSplitAddedTokensAndTemplateMatchHf) {
   json t = add_tokens(json::parse(read_bytes(gpt2_json())));
   // BLOOM's pre-tokenizer: its Oniguruma regex (with a nested class), then ByteLevel without regex.
-  t["pre_tokenizer"] = {
-      {"type", "Sequence"},
-      {"pretokenizers",
-       {{{"type", "Split"},
-         {"pattern", {{"Regex", " ?[^(\\s|[.,!?…。，、।۔،])]+"}}},
-         {"behavior", "Isolated"},
-         {"invert", false}},
-        {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true},
-         {"use_regex", false}}}}};
+  t["pre_tokenizer"] = {{"type", "Sequence"},
+                        {"pretokenizers",
+                         {{{"type", "Split"},
+                           {"pattern", {{"Regex", " ?[^(\\s|[.,!?…。，、।۔،])]+"}}},
+                           {"behavior", "Isolated"},
+                           {"invert", false}},
+                          {{"type", "ByteLevel"},
+                           {"add_prefix_space", false},
+                           {"trim_offsets", true},
+                           {"use_regex", false}}}}};
   t["post_processor"] = {
       {"type", "TemplateProcessing"},
-      {"single", {{{"SpecialToken", {{"id", "<pad>"}, {"type_id", 0}}}},
-                  {{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
-                  {{"SpecialToken", {{"id", "<|endoftext|>"}, {"type_id", 0}}}}}},
-      {"pair", {{{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
-                {{"Sequence", {{"id", "B"}, {"type_id", 1}}}}}},
+      {"single",
+       {{{"SpecialToken", {{"id", "<pad>"}, {"type_id", 0}}}},
+        {{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
+        {{"SpecialToken", {{"id", "<|endoftext|>"}, {"type_id", 0}}}}}},
+      {"pair",
+       {{{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
+        {{"Sequence", {{"id", "B"}, {"type_id", 1}}}}}},
       {"special_tokens",
        {{"<pad>", {{"id", "<pad>"}, {"ids", {50257}}, {"tokens", {"<pad>"}}}},
-        {"<|endoftext|>", {{"id", "<|endoftext|>"}, {"ids", {50256}}, {"tokens", {"<|endoftext|>"}}}}}}};
+        {"<|endoftext|>",
+         {{"id", "<|endoftext|>"}, {"ids", {50256}}, {"tokens", {"<|endoftext|>"}}}}}}};
   TempDir tmp;
   write_bytes(tmp / "bloom_style.json", t.dump());
   compare_with_hf(tmp / "bloom_style.json", tmp);
@@ -101,13 +112,16 @@ TEST(HuggingFaceTokenizer, BloomStyleSplitAddedTokensAndTemplateMatchHf) {
 TEST(HuggingFaceTokenizer, PrefixSpaceRemovedSplitIgnoreMergesMatchHf) {
   json t = add_tokens(json::parse(read_bytes(gpt2_json())));
   t["model"]["ignore_merges"] = true;
-  t["pre_tokenizer"] = {
-      {"type", "Sequence"},
-      {"pretokenizers",
-       {{{"type", "Split"}, {"pattern", {{"String", "\n"}}}, {"behavior", "Removed"},
-         {"invert", false}},
-        {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true},
-         {"use_regex", true}}}}};
+  t["pre_tokenizer"] = {{"type", "Sequence"},
+                        {"pretokenizers",
+                         {{{"type", "Split"},
+                           {"pattern", {{"String", "\n"}}},
+                           {"behavior", "Removed"},
+                           {"invert", false}},
+                          {{"type", "ByteLevel"},
+                           {"add_prefix_space", true},
+                           {"trim_offsets", true},
+                           {"use_regex", true}}}}};
   TempDir tmp;
   write_bytes(tmp / "variant.json", t.dump());
   compare_with_hf(tmp / "variant.json", tmp);

@@ -67,8 +67,8 @@ TEST(SentencePieceTokenizer, MatchesSpmEncodeAndDecode) {
     std::istringstream in(id_lines[i]);
     for (std::int32_t id; in >> id;) want.push_back(id);
     const auto got = tok.encode(text_lines[i]);
-    EXPECT_EQ(got, want) << "line " << i << " '" << text_lines[i] << "': "
-                         << first_difference(got, want);
+    EXPECT_EQ(got, want) << "line " << i << " '" << text_lines[i]
+                         << "': " << first_difference(got, want);
     ids_text += id_lines[i] + "\n";
   }
   write_bytes(tmp / "ids.txt", ids_text);
@@ -87,7 +87,8 @@ TEST(SentencePieceTokenizer, MatchesSpmEncodeAndDecode) {
 
 TEST(NullTokenizer, ParsesIdsLikeMegatron) {
   const NullTokenizer tok(1000);
-  EXPECT_EQ(tok.encode(" 1 2  3\n4\t999 1000 "), (std::vector<std::int32_t>{1, 2, 3, 4, 999, 1000}));
+  EXPECT_EQ(tok.encode(" 1 2  3\n4\t999 1000 "),
+            (std::vector<std::int32_t>{1, 2, 3, 4, 999, 1000}));
   EXPECT_EQ(tok.vocab_size(), 1001);  // Megatron: vocab_size + 1, eod = vocab_size
   EXPECT_EQ(tok.eod(), 1000);
   EXPECT_EQ(tok.decode({5, 6, 7}), "5 6 7");

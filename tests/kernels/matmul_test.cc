@@ -226,6 +226,25 @@ TEST(Linear, BackwardMatchesReferenceWithAccumulation) {
   }
 }
 
+// d_bias is a column-parallel reduction walked in row order: bitwise equal for 1 and 2 threads.
+TEST(Linear, BiasGradientIsIndependentOfThreadCount) {
+  const std::int64_t rows = 301, in = 40, out = 1030;
+  const auto x = randn(rows * in, 1), w = randn(out * in, 2, 0.02), d_out = randn(rows * out, 3);
+  std::vector<float> d_b[2], d_w(out * in);
+  for (int t = 0; t < 2; ++t) {
+    d_b[t].assign(out, 0.125f);
+    linear_backward(cpu_ctx(t + 1), {.d_weight = d_w.data(),
+                                     .d_bias = d_b[t].data(),
+                                     .d_out = d_out.data(),
+                                     .in = x.data(),
+                                     .weight = w.data(),
+                                     .rows = rows,
+                                     .in_features = in,
+                                     .out_features = out});
+  }
+  EXPECT_TRUE(testing::all_equal("d_bias 1 vs 2 threads", d_b[0], d_b[1]));
+}
+
 TEST(Linear, ZeroRowsIsANoOp) {
   std::vector<float> w(6, 1.0f), d_w(6, 2.0f);
   linear_forward(cpu_ctx(), {.out = nullptr,

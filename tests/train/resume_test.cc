@@ -12,6 +12,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "trident/comm/self_communicator.h"
 #include "trident/core/error.h"
 #include "trident/data/indexed_dataset.h"
 #include "trident/train/trainer.h"
@@ -89,17 +90,22 @@ class TrainTest : public ::testing::Test {
     return std::string(std::istreambuf_iterator<char>(in), {});
   }
 
+  int run(const TrainConfig& cfg) {
+    comm::SelfCommunicator world;
+    return run_training(cfg, world);
+  }
+
   fs::path dir_;
 };
 
 TEST_F(TrainTest, ResumeIsBitwiseIdentical) {
   const std::string full = (dir_ / "full.jsonl").string();
-  ASSERT_EQ(run_training(parse({"--train-iters", "8", "--metrics-jsonl", full, "--save",
+  ASSERT_EQ(run(parse({"--train-iters", "8", "--metrics-jsonl", full, "--save",
                                 (dir_ / "ckpt_full").string()})), 0);
   const std::string part = (dir_ / "part.jsonl").string();
-  ASSERT_EQ(run_training(parse({"--train-iters", "8", "--metrics-jsonl", part, "--save",
+  ASSERT_EQ(run(parse({"--train-iters", "8", "--metrics-jsonl", part, "--save",
                                 (dir_ / "ckpt_part").string(), "--exit-interval", "4"})), 0);
-  ASSERT_EQ(run_training(parse({"--train-iters", "8", "--metrics-jsonl", part, "--save",
+  ASSERT_EQ(run(parse({"--train-iters", "8", "--metrics-jsonl", part, "--save",
                                 (dir_ / "ckpt_part").string(), "--load",
                                 (dir_ / "ckpt_part").string()})), 0);
 
@@ -114,8 +120,8 @@ TEST_F(TrainTest, ResumeIsBitwiseIdentical) {
   }
   EXPECT_LT(loss_a.back(), loss_a.front());
   // The final weights and Adam moments are bitwise identical too.
-  EXPECT_EQ(read_bytes(dir_ / "ckpt_full/iter_0000008/model_optim_rank0000.bin"),
-            read_bytes(dir_ / "ckpt_part/iter_0000008/model_optim_rank0000.bin"));
+  EXPECT_EQ(read_bytes(dir_ / "ckpt_full/iter_0000008/rank_00000.bin"),
+            read_bytes(dir_ / "ckpt_part/iter_0000008/rank_00000.bin"));
   // Validation records exist with the Megatron-like keys.
   bool saw_valid = false;
   for (auto& r : a) {
@@ -133,7 +139,7 @@ TEST_F(TrainTest, ResumeIsBitwiseIdentical) {
 
 TEST_F(TrainTest, InconsistentBatchIsRejected) {
   try {
-    run_training(parse({"--global-batch-size", "5"}));
+    run(parse({"--global-batch-size", "5"}));
     FAIL() << "no error";
   } catch (const core::InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("--global-batch-size (5) must be a multiple"),
@@ -143,7 +149,7 @@ TEST_F(TrainTest, InconsistentBatchIsRejected) {
 
 TEST_F(TrainTest, HeadsMustDivideHidden) {
   try {
-    run_training(parse({"--num-attention-heads", "5"}));
+    run(parse({"--num-attention-heads", "5"}));
     FAIL() << "no error";
   } catch (const core::InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("--hidden-size (32) must be divisible by "
@@ -158,23 +164,23 @@ TEST_F(TrainTest, UnknownFlagIsRejected) {
 
 TEST_F(TrainTest, CorruptCheckpointIsRejected) {
   const std::string ckpt = (dir_ / "ckpt").string();
-  ASSERT_EQ(run_training(parse({"--train-iters", "2", "--save", ckpt})), 0);
+  ASSERT_EQ(run(parse({"--train-iters", "2", "--save", ckpt})), 0);
   // Flip a byte inside the shard: the checksum catches it.
-  const fs::path shard = dir_ / "ckpt/iter_0000002/model_optim_rank0000.bin";
+  const fs::path shard = dir_ / "ckpt/iter_0000002/rank_00000.bin";
   {
     std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(100);
     f.put('\x7f');
   }
   try {
-    run_training(parse({"--train-iters", "4", "--load", ckpt}));
+    run(parse({"--train-iters", "4", "--load", ckpt}));
     FAIL() << "no error";
   } catch (const core::DataError& e) {
     EXPECT_NE(std::string(e.what()).find("checksum mismatch"), std::string::npos) << e.what();
   }
   // A checkpoint of another architecture is refused with the differing key named.
   try {
-    run_training(parse({"--train-iters", "4", "--load", ckpt, "--hidden-size", "64"}));
+    run(parse({"--train-iters", "4", "--load", ckpt, "--hidden-size", "64"}));
     FAIL() << "no error";
   } catch (const core::DataError& e) {
     EXPECT_NE(std::string(e.what()).find("hidden_size"), std::string::npos) << e.what();
@@ -183,9 +189,9 @@ TEST_F(TrainTest, CorruptCheckpointIsRejected) {
 
 TEST_F(TrainTest, MissingDataIsReported) {
   try {
-    run_training(parse({"--data-path", (dir_ / "nothing").string()}));
+    run(parse({"--data-path", (dir_ / "nothing").string()}));
     FAIL() << "no error";
-  } catch (const core::DataError& e) {
+  } catch (const core::Error& e) {
     EXPECT_NE(std::string(e.what()).find("nothing"), std::string::npos) << e.what();
   }
 }

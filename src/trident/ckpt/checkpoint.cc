@@ -85,13 +85,89 @@ std::string read_text(const std::string& path) {
   return os.str();
 }
 
-nlohmann::json table_json(const model::ParamTable& t) {
+nlohmann::json table_json(const model::ParamTable& t, std::int64_t base) {
   nlohmann::json params = nlohmann::json::array();
   for (const model::ParamSpec& p : t.params) {
-    params.push_back({{"name", p.name}, {"shape", p.shape}, {"offset", p.offset},
-                      {"numel", p.numel}});
+    params.push_back({{"name", p.name}, {"shape", p.shape}, {"global_shape", p.global_shape},
+                      {"tp_split_dim", p.tp_split_dim}, {"shared", p.shared},
+                      {"offset", base + p.offset}, {"numel", p.numel}});
   }
-  return {{"total_numel", t.total_numel}, {"params", params}};
+  return {{"total_numel", t.total_numel}, {"base", base}, {"params", params}};
+}
+
+nlohmann::json tables_json(const std::vector<TableRef>& tables) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const TableRef& t : tables) j.push_back(table_json(*t.table, t.base));
+  return j;
+}
+
+std::string rank_name(int rank, const char* ext) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "rank_%05d.%s", rank, ext);
+  return buf;
+}
+
+nlohmann::json parse_json_file(const std::string& path) {
+  try {
+    return nlohmann::json::parse(read_text(path));
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError(str(path, ": corrupt JSON (", e.what(), ")"));
+  }
+}
+
+// Every rank learns whether every rank succeeded; the failures' messages are not shared, so each
+// failing rank reports its own and the others name the failing ranks' count.
+void agree_or_throw(comm::Communicator& world, const std::string& my_error, const char* what) {
+  std::int64_t failed = my_error.empty() ? 0 : 1;
+  if (world.size() > 1) world.all_reduce(&failed, 1, comm::Datatype::kI64, comm::ReduceOp::kSum);
+  if (!my_error.empty()) throw Error(my_error);
+  if (failed > 0) {
+    throw Error(str("checkpoint: ", what, " failed on ", failed, " other rank(s); see their errors"));
+  }
+}
+
+// Reads this rank's shard (json + bin) into the given buffers; checks sizes and checksums.
+void read_shard(const fs::path& it_dir, int rank, std::int64_t numel, float* const buffers[3]) {
+  const std::string json_path = (it_dir / rank_name(rank, "json")).string();
+  const std::string path = (it_dir / rank_name(rank, "bin")).string();
+  const nlohmann::json shard = parse_json_file(json_path);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw DataError(str(path, ": missing shard file"));
+  char magic[8];
+  in.read(magic, 8);
+  if (!in || std::memcmp(magic, kShardMagic, 8) != 0) {
+    throw DataError(str(path, ": bad magic at byte 0 (expected TRCKPT01)"));
+  }
+  try {
+    for (const nlohmann::json& t : shard.at("tensors")) {
+      const std::string tensor = t.at("tensor");
+      int which = -1;
+      for (int k = 0; k < 3; ++k)
+        if (tensor == kTensors[k]) which = k;
+      if (which < 0) throw DataError(str(path, ": unknown tensor '", tensor, "'"));
+      if (buffers[which] == nullptr) continue;  // not wanted (e.g. generation skips Adam state)
+      const std::int64_t begin = t.at("begin"), end = t.at("end");
+      const std::int64_t bytes = t.at("bytes"), offset = t.at("file_offset");
+      if (begin < 0 || end > numel || begin > end || bytes != (end - begin) * 4) {
+        throw DataError(str(path, ": tensor ", tensor, " range [", begin, ", ", end,
+                            ") does not fit the ", numel, " elements of this rank's model"));
+      }
+      in.seekg(offset);
+      in.read(reinterpret_cast<char*>(buffers[which] + begin), bytes);
+      if (!in) {
+        throw DataError(str(path, ": truncated: tensor ", tensor, " needs ", bytes,
+                            " bytes at offset ", offset));
+      }
+      const std::string sum =
+          str(std::hex, fnv1a(buffers[which] + begin, static_cast<std::size_t>(bytes)));
+      if (sum != t.at("fnv1a64").get<std::string>()) {
+        throw DataError(str(path, ": checksum mismatch in tensor ", tensor,
+                            " (the file is corrupt; load an earlier iteration)"));
+      }
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError(str(json_path, ": malformed shard description (", e.what(), ")"));
+  }
 }
 
 }  // namespace
@@ -116,22 +192,32 @@ bool architecture_matches(const nlohmann::json& a, const nlohmann::json& b, std:
   return diff.str().empty();
 }
 
-void save_checkpoint(const std::string& dir, const CheckpointState& s) {
-  TRIDENT_ASSERT(s.table && s.params && s.exp_avg && s.exp_avg_sq, "incomplete checkpoint state");
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) throw Error(str("checkpoint: cannot create --save directory ", dir, ": ", ec.message()));
+void save_checkpoint(const std::string& dir, const CheckpointState& s, comm::Communicator& world) {
+  TRIDENT_ASSERT(s.params && s.exp_avg && s.exp_avg_sq, "incomplete checkpoint state");
   const std::string name = iteration_dir_name(s.iteration);
   const std::string final_dir = (fs::path(dir) / name).string();
-  const std::string tmp_dir = final_dir + ".tmp." + std::to_string(::getpid());
-  fs::remove_all(tmp_dir, ec);
-  fs::create_directories(tmp_dir, ec);
-  if (ec) throw Error(str("checkpoint: cannot create ", tmp_dir, ": ", ec.message()));
+  // One temporary name for the whole job: rank 0's pid, broadcast.
+  std::int64_t token = ::getpid();
+  if (world.size() > 1) world.broadcast(&token, 1, comm::Datatype::kI64, 0);
+  const std::string tmp_dir = final_dir + ".tmp." + std::to_string(token);
+  std::error_code ec;
 
+  std::string error;
+  if (world.rank() == 0) {
+    try {
+      fs::create_directories(dir);
+      fs::remove_all(tmp_dir);
+      fs::create_directories(tmp_dir);
+    } catch (const fs::filesystem_error& e) {
+      error = str("checkpoint: cannot create ", tmp_dir, " (--save ", dir, "): ", e.what());
+    }
+  }
+  agree_or_throw(world, error, "creating the checkpoint directory");
+
+  // Every rank writes its shard.
   try {
-    const std::int64_t n = s.table->total_numel;
-    const std::string shard_name = "model_optim_rank0000.bin";
-    const std::string shard_path = (fs::path(tmp_dir) / shard_name).string();
+    const std::int64_t n = s.numel;
+    const std::string shard_path = (fs::path(tmp_dir) / rank_name(world.rank(), "bin")).string();
     const int fd = ::open(shard_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0) throw Error(str("checkpoint: cannot create ", shard_path, ": ", errno_text()));
     nlohmann::json tensors = nlohmann::json::array();
@@ -147,44 +233,55 @@ void save_checkpoint(const std::string& dir, const CheckpointState& s) {
                            {"fnv1a64", str(std::hex, fnv1a(buffers[t], bytes))}});
         offset += static_cast<std::int64_t>(bytes);
       }
-      if (::fsync(fd) != 0) throw Error(str("checkpoint: fsync of ", shard_path, " failed: ", errno_text()));
+      if (::fsync(fd) != 0) {
+        throw Error(str("checkpoint: fsync of ", shard_path, " failed: ", errno_text()));
+      }
     } catch (...) {
       ::close(fd);
       throw;
     }
-    if (::close(fd) != 0) throw Error(str("checkpoint: closing ", shard_path, " failed: ", errno_text()));
-
-    nlohmann::json manifest;
-    manifest["format"] = "trident-checkpoint";
-    manifest["format_version"] = kFormatVersion;
-    manifest["iteration"] = s.iteration;
-    manifest["consumed_train_samples"] = s.consumed_train_samples;
-    manifest["consumed_valid_samples"] = s.consumed_valid_samples;
-    manifest["config"] = s.config;
-    manifest["param_table"] = table_json(*s.table);
-    manifest["shards"] = {{{"file", shard_name}, {"rank", 0}, {"tensors", tensors}}};
-    write_file((fs::path(tmp_dir) / "manifest.json").string(), manifest.dump(1));
-    fsync_path(tmp_dir, true);
-
-    // Replace an existing checkpoint of the same iteration only once the new one is complete.
-    const std::string old_dir = final_dir + ".old." + std::to_string(::getpid());
-    const bool had_old = fs::exists(final_dir);
-    if (had_old) fs::rename(final_dir, old_dir);
-    fs::rename(tmp_dir, final_dir);
-    fsync_path(dir, true);
-    if (had_old) fs::remove_all(old_dir, ec);
-
-    const std::string tracker = (fs::path(dir) / "latest_checkpointed_iteration.txt").string();
-    write_file(tracker + ".tmp", std::to_string(s.iteration) + "\n");
-    fs::rename(tracker + ".tmp", tracker);
-    fsync_path(dir, true);
-  } catch (const fs::filesystem_error& e) {
-    fs::remove_all(tmp_dir, ec);
-    throw Error(str("checkpoint: saving to ", dir, " failed: ", e.what()));
-  } catch (...) {
-    fs::remove_all(tmp_dir, ec);
-    throw;
+    if (::close(fd) != 0) {
+      throw Error(str("checkpoint: closing ", shard_path, " failed: ", errno_text()));
+    }
+    nlohmann::json shard = {{"rank", world.rank()}, {"coords", s.coords}, {"tp_rank", s.tp_rank},
+                            {"numel", s.numel}, {"tables", tables_json(s.tables)},
+                            {"file", rank_name(world.rank(), "bin")}, {"tensors", tensors}};
+    write_file((fs::path(tmp_dir) / rank_name(world.rank(), "json")).string(), shard.dump(1));
+  } catch (const std::exception& e) {
+    error = e.what();
   }
+  agree_or_throw(world, error, "writing a shard");
+
+  if (world.rank() == 0) {
+    try {
+      nlohmann::json manifest;
+      manifest["format"] = "trident-checkpoint";
+      manifest["format_version"] = kFormatVersion;
+      manifest["iteration"] = s.iteration;
+      manifest["consumed_train_samples"] = s.consumed_train_samples;
+      manifest["consumed_valid_samples"] = s.consumed_valid_samples;
+      manifest["config"] = s.config;
+      manifest["layout"] = s.layout;
+      manifest["world_size"] = world.size();
+      write_file((fs::path(tmp_dir) / "manifest.json").string(), manifest.dump(1));
+      fsync_path(tmp_dir, true);
+      // Replace an existing checkpoint of the same iteration only once the new one is complete.
+      const std::string old_dir = final_dir + ".old." + std::to_string(token);
+      const bool had_old = fs::exists(final_dir);
+      if (had_old) fs::rename(final_dir, old_dir);
+      fs::rename(tmp_dir, final_dir);
+      fsync_path(dir, true);
+      if (had_old) fs::remove_all(old_dir, ec);
+      const std::string tracker = (fs::path(dir) / "latest_checkpointed_iteration.txt").string();
+      write_file(tracker + ".tmp", std::to_string(s.iteration) + "\n");
+      fs::rename(tracker + ".tmp", tracker);
+      fsync_path(dir, true);
+    } catch (const std::exception& e) {
+      error = str("checkpoint: finishing ", final_dir, " failed: ", e.what());
+      fs::remove_all(tmp_dir, ec);
+    }
+  }
+  agree_or_throw(world, error, "finishing the checkpoint");
 }
 
 std::int64_t latest_iteration(const std::string& dir) {
@@ -206,83 +303,114 @@ std::int64_t latest_iteration(const std::string& dir) {
   return it;
 }
 
-nlohmann::json load_checkpoint(const std::string& dir, std::int64_t iteration,
-                               CheckpointState& s) {
-  TRIDENT_ASSERT(s.table && s.params, "incomplete checkpoint state");
-  if (!fs::is_directory(dir)) {
-    throw DataError(str("--load ", dir, ": no such directory"));
-  }
+nlohmann::json read_manifest(const std::string& dir, std::int64_t iteration) {
+  if (!fs::is_directory(dir)) throw DataError(str("--load ", dir, ": no such directory"));
   if (iteration < 0) iteration = latest_iteration(dir);
   if (iteration < 0) {
     throw DataError(str("--load ", dir, ": no latest_checkpointed_iteration.txt (not a checkpoint "
                         "directory, or no checkpoint finished)"));
   }
-  const fs::path it_dir = fs::path(dir) / iteration_dir_name(iteration);
-  const std::string manifest_path = (it_dir / "manifest.json").string();
+  const std::string path = (fs::path(dir) / iteration_dir_name(iteration) / "manifest.json").string();
+  nlohmann::json m = parse_json_file(path);
+  if (m.value("format", "") != "trident-checkpoint" ||
+      m.value("format_version", -1) != kFormatVersion) {
+    throw DataError(str(path, ": not a trident checkpoint of format version ", kFormatVersion));
+  }
+  return m;
+}
+
+nlohmann::json load_checkpoint(const std::string& dir, std::int64_t iteration, CheckpointState& s,
+                               comm::Communicator& world) {
+  TRIDENT_ASSERT(s.params, "incomplete checkpoint state");
+  std::string error;
   nlohmann::json m;
   try {
-    m = nlohmann::json::parse(read_text(manifest_path));
-  } catch (const nlohmann::json::exception& e) {
-    throw DataError(str(manifest_path, ": corrupt manifest (", e.what(), ")"));
-  }
-  try {
-    if (m.value("format", "") != "trident-checkpoint" ||
-        m.value("format_version", -1) != kFormatVersion) {
-      throw DataError(str(manifest_path, ": not a trident checkpoint of format version ",
-                          kFormatVersion));
-    }
+    m = read_manifest(dir, iteration);
+    const std::int64_t it = m.at("iteration");
+    const fs::path it_dir = fs::path(dir) / iteration_dir_name(it);
+    const std::string manifest_path = (it_dir / "manifest.json").string();
     std::string why;
     if (!architecture_matches(m.at("config"), s.config, &why)) {
       throw DataError(str(manifest_path, ": the checkpoint's model differs from this run's:", why,
                           " (use the checkpoint's settings)"));
     }
-    if (m.at("param_table") != table_json(*s.table)) {
-      throw DataError(str(manifest_path, ": parameter table differs from this run's model"));
+    if (m.at("layout") != s.layout || m.at("world_size").get<int>() != world.size()) {
+      throw DataError(str(manifest_path, ": saved with layout ", m.at("layout").dump(), " on ",
+                          m.at("world_size").get<int>(), " ranks; this run has ", s.layout.dump(),
+                          " on ", world.size(), " (resume with the same layout)"));
     }
-    const std::int64_t n = s.table->total_numel;
+    const nlohmann::json shard = parse_json_file((it_dir / rank_name(world.rank(), "json")).string());
+    if (shard.at("tables") != tables_json(s.tables) || shard.at("numel") != s.numel) {
+      throw DataError(str(it_dir.string(), "/", rank_name(world.rank(), "json"),
+                          ": this rank's parameter tables differ from the run's model"));
+    }
     float* buffers[] = {s.params, s.exp_avg, s.exp_avg_sq};
-    for (const nlohmann::json& shard : m.at("shards")) {
-      const std::string path = (it_dir / shard.at("file").get<std::string>()).string();
-      std::ifstream in(path, std::ios::binary);
-      if (!in) throw DataError(str(path, ": missing shard file"));
-      char magic[8];
-      in.read(magic, 8);
-      if (!in || std::memcmp(magic, kShardMagic, 8) != 0) {
-        throw DataError(str(path, ": bad magic at byte 0 (expected TRCKPT01)"));
-      }
-      for (const nlohmann::json& t : shard.at("tensors")) {
-        const std::string tensor = t.at("tensor");
-        int which = -1;
-        for (int k = 0; k < 3; ++k)
-          if (tensor == kTensors[k]) which = k;
-        if (which < 0) throw DataError(str(path, ": unknown tensor '", tensor, "'"));
-        if (buffers[which] == nullptr) continue;  // not wanted (e.g. generation skips Adam state)
-        const std::int64_t begin = t.at("begin"), end = t.at("end");
-        const std::int64_t bytes = t.at("bytes"), offset = t.at("file_offset");
-        if (begin < 0 || end > n || begin > end || bytes != (end - begin) * 4) {
-          throw DataError(str(path, ": tensor ", tensor, " range [", begin, ", ", end,
-                              ") does not fit the model's ", n, " elements"));
-        }
-        in.seekg(offset);
-        in.read(reinterpret_cast<char*>(buffers[which] + begin), bytes);
-        if (!in) {
-          throw DataError(str(path, ": truncated: tensor ", tensor, " needs ", bytes,
-                              " bytes at offset ", offset));
-        }
-        const std::string sum = str(std::hex, fnv1a(buffers[which] + begin, static_cast<std::size_t>(bytes)));
-        if (sum != t.at("fnv1a64").get<std::string>()) {
-          throw DataError(str(path, ": checksum mismatch in tensor ", tensor,
-                              " (the file is corrupt; load an earlier iteration)"));
-        }
-      }
-    }
-    s.iteration = m.at("iteration");
+    read_shard(it_dir, world.rank(), s.numel, buffers);
+    s.iteration = it;
     s.consumed_train_samples = m.at("consumed_train_samples");
     s.consumed_valid_samples = m.value("consumed_valid_samples", 0);
   } catch (const nlohmann::json::exception& e) {
-    throw DataError(str(manifest_path, ": malformed manifest (", e.what(), ")"));
+    error = str("--load ", dir, ": malformed manifest (", e.what(), ")");
+  } catch (const std::exception& e) {
+    error = e.what();
   }
-  log::info("ckpt: loaded ", it_dir.string(), " (iteration ", s.iteration, ")");
+  try {
+    agree_or_throw(world, error, "loading");
+  } catch (const Error& e) {
+    throw DataError(e.what());
+  }
+  log::info("ckpt: loaded ", dir, "/", iteration_dir_name(s.iteration), " (iteration ",
+            s.iteration, ")");
+  return m;
+}
+
+nlohmann::json load_full_params(const std::string& dir, std::int64_t iteration,
+                                const model::ParamTable& full, float* flat) {
+  const nlohmann::json m = read_manifest(dir, iteration);
+  const fs::path it_dir = fs::path(dir) / iteration_dir_name(m.at("iteration").get<std::int64_t>());
+  std::vector<char> filled(static_cast<std::size_t>(full.total_numel), 0);
+  try {
+    const int world = m.at("world_size");
+    for (int r = 0; r < world; ++r) {
+      const nlohmann::json shard = parse_json_file((it_dir / rank_name(r, "json")).string());
+      const std::int64_t n = shard.at("numel");
+      std::vector<float> local(static_cast<std::size_t>(n));
+      float* buffers[] = {local.data(), nullptr, nullptr};
+      read_shard(it_dir, r, n, buffers);
+      const int tp_rank = shard.at("tp_rank");
+      for (const nlohmann::json& table : shard.at("tables")) {
+        for (const nlohmann::json& p : table.at("params")) {
+          const std::string name = p.at("name");
+          const model::ParamSpec& dst = full.find(name);
+          model::ParamSpec src;
+          src.shape = p.at("shape").get<std::vector<std::int64_t>>();
+          src.global_shape = p.at("global_shape").get<std::vector<std::int64_t>>();
+          src.tp_split_dim = p.at("tp_split_dim");
+          src.numel = p.at("numel");
+          if (src.global_shape != dst.shape) {
+            throw DataError(str(it_dir.string(), ": parameter ", name, " has global shape ",
+                                p.at("global_shape").dump(), ", the model expects ",
+                                nlohmann::json(dst.shape).dump()));
+          }
+          const std::int64_t offset = p.at("offset");
+          for (std::int64_t i = 0; i < src.numel; ++i) {
+            const std::int64_t g = src.global_index(i, tp_rank);
+            flat[dst.offset + g] = local[static_cast<std::size_t>(offset + i)];
+            filled[static_cast<std::size_t>(dst.offset + g)] = 1;
+          }
+        }
+      }
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError(str(it_dir.string(), ": malformed shard description (", e.what(), ")"));
+  }
+  for (const model::ParamSpec& p : full.params) {
+    for (std::int64_t i = 0; i < p.numel; ++i) {
+      if (!filled[static_cast<std::size_t>(p.offset + i)]) {
+        throw DataError(str(it_dir.string(), ": no shard holds element ", i, " of ", p.name));
+      }
+    }
+  }
   return m;
 }
 

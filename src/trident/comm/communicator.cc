@@ -190,12 +190,17 @@ void Request::wait() {
       impl_.reset();
       throw core::CommError(msg);
     }
-    double pause = 0.0;  // yield
-    if (elapsed >= policy_.spin_s) pause = std::clamp(elapsed / 16, 10e-6, policy_.max_sleep_s);
-    pause = std::min(pause, policy_.timeout_s - elapsed);
     bool complete = false;
     try {
-      complete = impl_->block_for(pause);
+      if (elapsed < policy_.spin_s) {
+        complete = impl_->test();
+      } else {
+        double pause = 0.0;  // yield
+        if (elapsed >= policy_.yield_s) {
+          pause = std::clamp(elapsed / 16, 10e-6, policy_.max_sleep_s);
+        }
+        complete = impl_->block_for(std::min(pause, policy_.timeout_s - elapsed));
+      }
     } catch (const core::CommError& e) {
       throw_with_context(e);
     }
@@ -222,8 +227,8 @@ Communicator::Communicator(GroupInfo group, int rank, const WaitPolicy& policy)
 
 void Communicator::set_wait_policy(const WaitPolicy& policy) {
   TRIDENT_CHECK(policy.timeout_s > 0, "comm timeout must be > 0 s, got ", policy.timeout_s);
-  TRIDENT_CHECK(policy.spin_s >= 0 && policy.max_sleep_s > 0,
-                "wait policy: spin_s must be >= 0 and max_sleep_s > 0");
+  TRIDENT_CHECK(policy.spin_s >= 0 && policy.yield_s >= 0 && policy.max_sleep_s > 0,
+                "wait policy: spin_s and yield_s must be >= 0 and max_sleep_s > 0");
   policy_ = policy;
 }
 

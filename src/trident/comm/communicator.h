@@ -17,13 +17,14 @@
 
 namespace trident::comm {
 
-// How a rank waits for an operation to finish. A wait polls the operation: first with
-// sched_yield between polls for `spin_s`, then sleeping between polls (elapsed / 16, at least
-// 10 us, at most `max_sleep_s`), so a rank that waits for a slow peer leaves the core to others.
-// After `timeout_s` the wait throws CommError.
+// How a rank waits for an operation to finish. A wait polls the operation (MPI_Test): back to
+// back for `spin_s`, then with sched_yield between polls until `yield_s`, then sleeping between
+// polls (elapsed / 16, at least 10 us, at most `max_sleep_s`), so a rank that waits for a slow
+// peer leaves the core to others. After `timeout_s` the wait throws CommError.
 struct WaitPolicy {
-  double timeout_s = 300.0;   // --comm-timeout
-  double spin_s = 200e-6;
+  double timeout_s = 300.0;  // --comm-timeout
+  double spin_s = 20e-6;
+  double yield_s = 200e-6;
   double max_sleep_s = 1e-3;
   friend bool operator==(const WaitPolicy&, const WaitPolicy&) = default;
 };

@@ -56,6 +56,8 @@ const void* byte_offset(const void* p, std::int64_t bytes) {
 }
 
 // The MPI requests of one operation, plus everything MPI reads or writes until they complete.
+// Most operations are one MPI request and need nothing else: keep that path to two allocations
+// (this object and its request vector).
 class MpiRequest final : public detail::RequestImpl {
  public:
   struct Buffers {
@@ -63,25 +65,35 @@ class MpiRequest final : public detail::RequestImpl {
     std::vector<std::byte> temp;      // result of an in-place reduce_scatter
   };
 
-  MpiRequest() : buffers_(std::make_unique<Buffers>()) {}
-
   // Appends a request; `expected_recv` >= 0 makes completion check the received element count.
   void add(MPI_Request r, int expected_recv = -1) {
     reqs_.push_back(r);
-    expected_.push_back(expected_recv);
+    if (expected_recv >= 0 || !expected_.empty()) {
+      expected_.resize(reqs_.size() - 1, -1);
+      expected_.push_back(expected_recv);
+    }
   }
-  Buffers& buffers() { return *buffers_; }
+  Buffers& buffers() {
+    if (!buffers_) buffers_ = std::make_unique<Buffers>();
+    return *buffers_;
+  }
   void copy_temp_on_completion(void* dst) { copy_to_ = dst; }
   void set_datatype(MPI_Datatype t) { dtype_ = t; }
 
   bool test() override {
-    statuses_.resize(reqs_.size());
     int flag = 0;
-    const int rc = MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &flag,
-                               statuses_.data());
-    if (rc != MPI_SUCCESS) throw core::CommError(status_error(rc));
+    if (reqs_.size() == 1 && expected_.empty()) {
+      MPI_Status status;
+      const int rc = MPI_Test(reqs_.data(), &flag, &status);
+      if (rc != MPI_SUCCESS) throw core::CommError(core::str("MPI_Test: ", mpi_error_string(rc)));
+    } else {
+      statuses_.resize(reqs_.size());
+      const int rc = MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &flag,
+                                 statuses_.data());
+      if (rc != MPI_SUCCESS) throw core::CommError(status_error(rc));
+    }
     if (!flag) return false;
-    for (std::size_t i = 0; i < reqs_.size(); ++i) {
+    for (std::size_t i = 0; i < expected_.size(); ++i) {
       if (expected_[i] < 0) continue;
       int got = 0;
       MPI_Get_count(&statuses_[i], dtype_, &got);
@@ -90,7 +102,7 @@ class MpiRequest final : public detail::RequestImpl {
                                         " (the sender's count differs)"));
       }
     }
-    if (copy_to_ && !buffers_->temp.empty()) {
+    if (copy_to_ && buffers_ && !buffers_->temp.empty()) {
       std::memcpy(copy_to_, buffers_->temp.data(), buffers_->temp.size());
     }
     return true;
@@ -115,7 +127,7 @@ class MpiRequest final : public detail::RequestImpl {
   }
 
   std::vector<MPI_Request> reqs_;
-  std::vector<int> expected_;
+  std::vector<int> expected_;  // empty unless a receive checks its count
   std::vector<MPI_Status> statuses_;
   std::unique_ptr<Buffers> buffers_;
   void* copy_to_ = nullptr;

@@ -119,8 +119,10 @@ BlendedDataset::BlendedDataset(std::vector<std::shared_ptr<const GPTDataset>> da
   } else {
     size_ = 0;
     for (double w : weights_) {
-      TRIDENT_CHECK(w == std::floor(w), "an exhaustive blend (no size) needs integer sample "
-                    "counts as weights, got ", w);
+      TRIDENT_CHECK(w == std::floor(w),
+                    "an exhaustive blend (no size) needs integer sample "
+                    "counts as weights, got ",
+                    w);
       size_ += static_cast<std::int64_t>(w);
     }
   }
@@ -147,8 +149,8 @@ BlendedDataset::BlendedDataset(std::vector<std::shared_ptr<const GPTDataset>> da
     source_ = IndexSource::kLoadedFromCache;
     check_not_oversampled();
     log::info("data: BlendedDataset ", split_name(cfg_.split), ": loaded cached indices ",
-              cache_file_stem(), "* (", size_, " samples from ", datasets_.size(),
-              " datasets) in ", timer.elapsed_s(), " s");
+              cache_file_stem(), "* (", size_, " samples from ", datasets_.size(), " datasets) in ",
+              timer.elapsed_s(), " s");
     return;
   }
   if (cfg_.cache_mode == CacheMode::kLoadOnly && !cfg_.cache_dir.empty()) {
@@ -261,8 +263,8 @@ std::string BlendedDataset::describe() const {
   for (std::size_t d = 0; d < datasets_.size(); ++d) {
     parts += str(d == 0 ? "" : ", ", weights_[d], " ", datasets_[d]->config().dataset_path);
   }
-  return str("BlendedDataset(", split_name(cfg_.split), ", ", size_, " samples: ", parts,
-             ", hash ", hash_, ")");
+  return str("BlendedDataset(", split_name(cfg_.split), ", ", size_, " samples: ", parts, ", hash ",
+             hash_, ")");
 }
 
 }  // namespace trident::data

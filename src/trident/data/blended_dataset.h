@@ -6,12 +6,11 @@
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "trident/data/gpt_dataset.h"
 
@@ -20,8 +19,8 @@ namespace trident::data {
 // The two blending arrays: which dataset sample k comes from (int16, as megatron-core) and which
 // sample of that dataset it is.
 struct BlendingIndices {
-  std::vector<std::int16_t> dataset_index;          // (size,)
-  std::vector<std::int64_t> dataset_sample_index;   // (size,)
+  std::vector<std::int16_t> dataset_index;         // (size,)
+  std::vector<std::int64_t> dataset_sample_index;  // (size,)
 };
 
 // helpers.cpp build_blending_indices: for k = 0..size-1 pick the dataset d maximising

@@ -18,8 +18,8 @@ BatchSchedule::BatchSchedule(const BatchScheduleConfig& cfg) : cfg_(cfg) {
   if (cfg_.rampup) {
     const RampupBatchSize& r = *cfg_.rampup;
     TRIDENT_CHECK(r.start > 0 && r.increment > 0 && r.samples > 0,
-                  "--rampup-batch-size START INCREMENT SAMPLES must all be positive, got ",
-                  r.start, " ", r.increment, " ", r.samples);
+                  "--rampup-batch-size START INCREMENT SAMPLES must all be positive, got ", r.start,
+                  " ", r.increment, " ", r.samples);
     const std::int64_t diff = cfg_.global_batch_size - r.start;
     TRIDENT_CHECK(diff > 0, "--rampup-batch-size start (", r.start,
                   ") must be below --global-batch-size (", cfg_.global_batch_size,
@@ -52,7 +52,8 @@ StepBatch BatchSchedule::make(std::int64_t global_batch_size) const {
   StepBatch b;
   b.global_batch_size = global_batch_size;
   b.running_global_batch_size = global_batch_size;
-  if (cfg_.decrease_batch_size_if_needed) b.running_global_batch_size = global_batch_size / unit * unit;
+  if (cfg_.decrease_batch_size_if_needed)
+    b.running_global_batch_size = global_batch_size / unit * unit;
   b.num_micro_batches = b.running_global_batch_size / unit;
   return b;
 }
@@ -75,7 +76,9 @@ std::int64_t micro_batch_first_sample(std::int64_t consumed_samples, std::int64_
 
 DataLoader::DataLoader(std::shared_ptr<const SampleDataset> dataset, DataLoaderConfig cfg,
                        std::int64_t consumed_samples)
-    : dataset_(std::move(dataset)), cfg_(cfg), schedule_(cfg.schedule),
+    : dataset_(std::move(dataset)),
+      cfg_(cfg),
+      schedule_(cfg.schedule),
       consumed_(consumed_samples) {
   TRIDENT_CHECK(dataset_ != nullptr, "the data loader needs a dataset");
   TRIDENT_CHECK(0 <= cfg_.dp_rank && cfg_.dp_rank < cfg_.schedule.data_parallel_size,
@@ -95,8 +98,8 @@ std::vector<std::int64_t> DataLoader::micro_batch_sample_ids(std::int64_t j) con
   TRIDENT_CHECK(0 <= j && j < step.num_micro_batches, "micro-batch ", j, " is outside [0, ",
                 step.num_micro_batches, ")");
   const std::int64_t mbs = cfg_.schedule.micro_batch_size;
-  const std::int64_t first = micro_batch_first_sample(consumed_, j, cfg_.dp_rank, mbs,
-                                                      cfg_.schedule.data_parallel_size);
+  const std::int64_t first =
+      micro_batch_first_sample(consumed_, j, cfg_.dp_rank, mbs, cfg_.schedule.data_parallel_size);
   std::vector<std::int64_t> ids(static_cast<std::size_t>(mbs));
   for (std::int64_t k = 0; k < mbs; ++k) ids[static_cast<std::size_t>(k)] = first + k;
   return ids;
@@ -112,8 +115,8 @@ void DataLoader::read_micro_batch(std::int64_t j, std::span<std::int32_t> out) c
     const std::int64_t id = ids[static_cast<std::size_t>(k)];
     TRIDENT_CHECK(id < dataset_->num_samples(), "sample ", id, " is past the end of ",
                   dataset_->describe(), "; check has_next_step() before reading");
-    dataset_->sample(id, out.subspan(static_cast<std::size_t>(k * row),
-                                     static_cast<std::size_t>(row)));
+    dataset_->sample(id,
+                     out.subspan(static_cast<std::size_t>(k * row), static_cast<std::size_t>(row)));
   }
 }
 

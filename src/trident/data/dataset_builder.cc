@@ -16,9 +16,12 @@ namespace {
 
 const char* split_flag(Split s) {
   switch (s) {
-    case Split::kTrain: return "--train-data-path";
-    case Split::kValid: return "--valid-data-path";
-    case Split::kTest: return "--test-data-path";
+    case Split::kTrain:
+      return "--train-data-path";
+    case Split::kValid:
+      return "--valid-data-path";
+    case Split::kTest:
+      return "--test-data-path";
   }
   return "?";
 }
@@ -40,12 +43,10 @@ class Builder {
     TRIDENT_CHECK(cfg_.seed >= 0 && cfg_.seed <= 0xffffffffll,
                   "--seed must be in [0, 2^32) for the dataset shuffles, got ", cfg_.seed);
     TRIDENT_CHECK(cfg_.mid_level_dataset_surplus >= 0,
-                  "--mid-level-dataset-surplus must be >= 0, got ",
-                  cfg_.mid_level_dataset_surplus);
+                  "--mid-level-dataset-surplus must be >= 0, got ", cfg_.mid_level_dataset_surplus);
     for (Split s : kAllSplits) {
       const auto& n = cfg_.num_samples[static_cast<std::size_t>(s)];
-      TRIDENT_CHECK(!n || *n >= 0, "number of ", split_name(s), " samples must be >= 0, got ",
-                    *n);
+      TRIDENT_CHECK(!n || *n >= 0, "number of ", split_name(s), " samples must be >= 0, got ", *n);
     }
     return per_split ? build_per_split() : build_shared();
   }
@@ -64,12 +65,13 @@ class Builder {
       std::string hint;
       for (const char* bad : {".bin", ".idx"}) {
         const std::string b(bad);
-        if (prefix.size() > b.size() && prefix.compare(prefix.size() - b.size(), b.size(), b) == 0) {
+        if (prefix.size() > b.size() &&
+            prefix.compare(prefix.size() - b.size(), b.size(), b) == 0) {
           hint = str(" (give the prefix without \"", b, "\")");
         }
       }
-      TRIDENT_CHECK(std::filesystem::is_regular_file(path, ec), flag, ": dataset prefix \"",
-                    prefix, "\" has no ", path, hint,
+      TRIDENT_CHECK(std::filesystem::is_regular_file(path, ec), flag, ": dataset prefix \"", prefix,
+                    "\" has no ", path, hint,
                     "; a prefix P names the pair P.bin/P.idx written by `trident preprocess`");
     }
     auto ds = std::make_shared<const IndexedDataset>(prefix);
@@ -132,8 +134,7 @@ class Builder {
       for (std::size_t d = 0; d < b.prefixes.size(); ++d) {
         blended_size += blend_samples_for_dataset(*target, w[d], 0.0);
         mids.push_back(gpt(b.prefixes[d], flag, s,
-                           blend_samples_for_dataset(*target, w[d],
-                                                     cfg_.mid_level_dataset_surplus),
+                           blend_samples_for_dataset(*target, w[d], cfg_.mid_level_dataset_surplus),
                            per_split));
       }
       return std::make_shared<const BlendedDataset>(mids, w, blended_size, blend_config(s));

@@ -7,11 +7,10 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "trident/data/dataset_split.h"
 #include "trident/data/gpt_dataset.h"

@@ -13,15 +13,20 @@ namespace trident::data {
 
 const char* split_name(Split s) {
   switch (s) {
-    case Split::kTrain: return "train";
-    case Split::kValid: return "valid";
-    case Split::kTest: return "test";
+    case Split::kTrain:
+      return "train";
+    case Split::kValid:
+      return "valid";
+    case Split::kTest:
+      return "test";
   }
   return "?";
 }
 
 namespace {
-bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+bool is_space(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+}
 }  // namespace
 
 std::optional<double> parse_python_float(std::string_view s) {
@@ -29,8 +34,8 @@ std::optional<double> parse_python_float(std::string_view s) {
   while (!s.empty() && is_space(s.back())) s.remove_suffix(1);
   if (s.empty()) return std::nullopt;
   for (char c : s) {
-    const bool allowed = (c >= '0' && c <= '9') || c == '.' || c == 'e' || c == 'E' || c == '+' ||
-                         c == '-';
+    const bool allowed =
+        (c >= '0' && c <= '9') || c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-';
     if (!allowed) return std::nullopt;  // no hex floats, inf/nan or underscores
   }
   const std::string buf(s);
@@ -45,7 +50,9 @@ std::array<double, kNumSplits> parse_split(const std::string& split) {
   std::vector<double> values;
   std::size_t i = 0;
   while (i < split.size()) {
-    auto in_run = [&](std::size_t k) { return (split[k] >= '0' && split[k] <= '9') || split[k] == '.'; };
+    auto in_run = [&](std::size_t k) {
+      return (split[k] >= '0' && split[k] <= '9') || split[k] == '.';
+    };
     if (!in_run(i)) {
       ++i;
       continue;
@@ -111,7 +118,8 @@ std::pair<std::int64_t, std::int64_t> split_range(const SplitBookends& b,
 }
 
 Blend parse_blend(const std::vector<std::string>& entries, std::string_view flag) {
-  TRIDENT_CHECK(!entries.empty(), flag, " is empty; give one or more dataset prefixes, "
+  TRIDENT_CHECK(!entries.empty(), flag,
+                " is empty; give one or more dataset prefixes, "
                 "optionally each preceded by a weight (e.g. \"0.3 dataA 0.7 dataB\")");
   auto strip = [](std::string s) {
     std::size_t a = 0, b = s.size();

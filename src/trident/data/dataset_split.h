@@ -5,20 +5,19 @@
 
 #include <array>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 namespace trident::data {
 
 enum class Split : std::uint8_t { kTrain = 0, kValid = 1, kTest = 2 };
 inline constexpr int kNumSplits = 3;
 inline constexpr std::array<Split, kNumSplits> kAllSplits{Split::kTrain, Split::kValid,
-                                                           Split::kTest};
+                                                          Split::kTest};
 const char* split_name(Split s);  // "train", "valid", "test" (Megatron's Split enum names)
 
 // Megatron-LM's default --split when --data-path is given without one.

@@ -49,8 +49,8 @@ std::string byte_token(std::uint8_t byte) {
 std::array<std::int16_t, 512> make_code_point_to_byte() {
   std::array<std::int16_t, 512> m;
   m.fill(-1);
-  for (int b = 0; b < 256; ++b) m[byte_to_code_point(static_cast<std::uint8_t>(b))] =
-      static_cast<std::int16_t>(b);
+  for (int b = 0; b < 256; ++b)
+    m[byte_to_code_point(static_cast<std::uint8_t>(b))] = static_cast<std::int16_t>(b);
   return m;
 }
 
@@ -70,8 +70,10 @@ std::string token_bytes(const std::string& token) {
   return out;
 }
 
+// Unicode White_Space (what Oniguruma and Rust mean by \s), as members of a character class.
 constexpr std::string_view kWhiteSpaceClass =
-    R"(\t\n\x{0B}\f\r \x{85}\x{A0}\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F}\x{205F}\x{3000})";
+    R"(\t\n\x{0B}\f\r \x{85}\x{A0}\x{1680}\x{2000}-\x{200A})"
+    R"(\x{2028}\x{2029}\x{202F}\x{205F}\x{3000})";
 
 }  // namespace
 
@@ -106,8 +108,10 @@ std::string onig_to_pcre2(std::string_view pattern) {
       if (depth > 0) {
         // Oniguruma: a class inside a class is a union; flatten it into the outer class.
         if (i + 1 < pattern.size() && pattern[i + 1] == '^') {
-          throw InvalidArgument(str("regex '", pattern, "': a negated class nested in a class "
-                                    "(at offset ", i, ") is not supported"));
+          throw InvalidArgument(str("regex '", pattern,
+                                    "': a negated class nested in a class "
+                                    "(at offset ",
+                                    i, ") is not supported"));
         }
         ++depth;
         continue;
@@ -134,15 +138,14 @@ RegexSplitter::RegexSplitter(std::string_view pattern, std::string_view what) {
   const std::string rewritten = onig_to_pcre2(pattern);
   int err = 0;
   PCRE2_SIZE err_offset = 0;
-  pcre2_code* code =
-      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(rewritten.data()), rewritten.size(),
-                    PCRE2_UTF | PCRE2_UCP, &err, &err_offset, nullptr);
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(rewritten.data()), rewritten.size(),
+                                   PCRE2_UTF | PCRE2_UCP, &err, &err_offset, nullptr);
   if (!code) {
     PCRE2_UCHAR msg[256];
     pcre2_get_error_message(err, msg, sizeof msg);
-    throw InvalidArgument(str(what, ": cannot compile regex '", pattern, "' (PCRE2 at offset ",
-                              err_offset, " of the rewritten pattern: ",
-                              reinterpret_cast<const char*>(msg), ")"));
+    throw InvalidArgument(
+        str(what, ": cannot compile regex '", pattern, "' (PCRE2 at offset ", err_offset,
+            " of the rewritten pattern: ", reinterpret_cast<const char*>(msg), ")"));
   }
   // JIT is an optimization: without it (e.g. an exotic CPU) pcre2_match interprets the pattern.
   pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);
@@ -330,8 +333,8 @@ ByteLevelBpe::ByteLevelBpe(std::unordered_map<std::string, std::int32_t> vocab,
     auto find = [&](const std::string& t, std::string_view role) {
       auto it = vocab_.find(t);
       if (it == vocab_.end()) {
-        throw DataError(str(merges_source, ":", m.line, ": ", role, " '", t, "' of merge '",
-                            m.left, " ", m.right, "' is not in ", vocab_source));
+        throw DataError(str(merges_source, ":", m.line, ": ", role, " '", t, "' of merge '", m.left,
+                            " ", m.right, "' is not in ", vocab_source));
       }
       return it->second;
     };
@@ -353,7 +356,8 @@ std::optional<std::int32_t> ByteLevelBpe::token_id(std::string_view token) const
 std::optional<std::int32_t> ByteLevelBpe::bytes_token_id(std::string_view bytes) const {
   std::string token;
   token.reserve(bytes.size() * 2);
-  for (char c : bytes) utf8::append_code_point(byte_to_code_point(static_cast<std::uint8_t>(c)), token);
+  for (char c : bytes)
+    utf8::append_code_point(byte_to_code_point(static_cast<std::uint8_t>(c)), token);
   return token_id(token);
 }
 
@@ -450,8 +454,7 @@ void ByteLevelBpe::encode_word(std::string_view bytes, std::vector<std::int32_t>
 
 void ByteLevelBpe::decode_token(std::int32_t id, std::string& out) const {
   if (id < 0 || id > max_id_ || !has_id_[id]) {
-    throw InvalidArgument(str("token id ", id, " is not in the vocabulary (ids 0..", max_id_,
-                              ")"));
+    throw InvalidArgument(str("token id ", id, " is not in the vocabulary (ids 0..", max_id_, ")"));
   }
   out += decoded_[id];
 }
@@ -495,8 +498,10 @@ std::vector<BpeMerge> read_bpe_merges_txt(const std::string& path) {
     const std::size_t sp = line.find(' ');
     if (sp == std::string_view::npos || sp == 0 || sp + 1 == line.size() ||
         line.find(' ', sp + 1) != std::string_view::npos) {
-      throw DataError(str("merges file ", path, ":", line_no, ": expected 'left right' (two tokens "
-                          "separated by one space), found '", line, "'"));
+      throw DataError(str("merges file ", path, ":", line_no,
+                          ": expected 'left right' (two tokens "
+                          "separated by one space), found '",
+                          line, "'"));
     }
     merges.push_back({std::string(line.substr(0, sp)), std::string(line.substr(sp + 1)), line_no});
   }
@@ -508,14 +513,14 @@ std::vector<BpeMerge> read_bpe_merges_txt(const std::string& path) {
 // GPT2BPETokenizer
 
 GPT2BPETokenizer::GPT2BPETokenizer(const std::string& vocab_file, const std::string& merge_file) {
-  bpe_ = std::make_unique<ByteLevelBpe>(read_bpe_vocab_json(vocab_file),
-                                        read_bpe_merges_txt(merge_file),
-                                        str("vocab file ", vocab_file),
-                                        str("merges file ", merge_file));
+  bpe_ = std::make_unique<ByteLevelBpe>(
+      read_bpe_vocab_json(vocab_file), read_bpe_merges_txt(merge_file),
+      str("vocab file ", vocab_file), str("merges file ", merge_file));
   splitter_ = std::make_unique<RegexSplitter>(kGpt2SplitPattern, "GPT-2 pre-tokenizer");
   const auto eod = bpe_->token_id("<|endoftext|>");
   if (!eod) {
-    throw DataError(str("vocab file ", vocab_file, ": no '<|endoftext|>' token, which "
+    throw DataError(str("vocab file ", vocab_file,
+                        ": no '<|endoftext|>' token, which "
                         "GPT2BPETokenizer uses as the end-of-document id"));
   }
   eod_ = *eod;

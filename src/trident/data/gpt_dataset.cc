@@ -27,7 +27,8 @@ EpochPlan plan_epochs(std::int64_t tokens_per_epoch, std::int64_t seq_length,
   EpochPlan plan;
   if (!num_samples) return plan;
   const std::int64_t requested = *num_samples * seq_length + kExtra;
-  plan.num_epochs = std::max<std::int64_t>(1, (requested + tokens_per_epoch - 1) / tokens_per_epoch);
+  plan.num_epochs =
+      std::max<std::int64_t>(1, (requested + tokens_per_epoch - 1) / tokens_per_epoch);
   if (plan.num_epochs == 1) return plan;
   const std::int64_t sans_final = ((plan.num_epochs - 1) * tokens_per_epoch - kExtra) / seq_length;
   const std::int64_t from_final = *num_samples - sans_final;
@@ -96,8 +97,8 @@ std::vector<T> walk_sample_index(std::span<const std::int32_t> sizes,
         // Out of documents: only the final, partial sample (drop_last_partial_sequence = false).
         TRIDENT_ASSERT(s == num_samples, "document index exhausted at sample ", s, " of ",
                        num_samples);
-        offset = sizes[static_cast<std::size_t>(document_index[static_cast<std::size_t>(pos)])] -
-                 kExtra;
+        offset =
+            sizes[static_cast<std::size_t>(document_index[static_cast<std::size_t>(pos)])] - kExtra;
         break;
       } else {
         ++pos;
@@ -113,13 +114,12 @@ std::vector<T> walk_sample_index(std::span<const std::int32_t> sizes,
 }  // namespace
 
 IndexArray build_sample_index(std::span<const std::int32_t> sizes,
-                              std::span<const std::int32_t> document_index,
-                              std::int64_t seq_length, std::int64_t num_epochs,
-                              std::int64_t tokens_per_epoch, bool drop_last_partial_sequence) {
+                              std::span<const std::int32_t> document_index, std::int64_t seq_length,
+                              std::int64_t num_epochs, std::int64_t tokens_per_epoch,
+                              bool drop_last_partial_sequence) {
   TRIDENT_ASSERT(!document_index.empty() && !sizes.empty(), "empty document index");
-  const std::int64_t num_samples = sample_index_num_samples(seq_length, num_epochs,
-                                                            tokens_per_epoch,
-                                                            drop_last_partial_sequence);
+  const std::int64_t num_samples = sample_index_num_samples(
+      seq_length, num_epochs, tokens_per_epoch, drop_last_partial_sequence);
   const std::int64_t max_size = *std::max_element(sizes.begin(), sizes.end());
   const std::int64_t max_value =
       std::max<std::int64_t>(static_cast<std::int64_t>(document_index.size()), max_size);
@@ -136,7 +136,8 @@ IndexArray build_shuffle_index(std::int64_t num_samples, std::int64_t total_size
   auto build = [&](auto zero) {
     using T = decltype(zero);
     std::vector<T> idx(static_cast<std::size_t>(total_size));
-    for (std::int64_t i = 0; i < total_size; ++i) idx[static_cast<std::size_t>(i)] = static_cast<T>(i);
+    for (std::int64_t i = 0; i < total_size; ++i)
+      idx[static_cast<std::size_t>(i)] = static_cast<T>(i);
     std::span<T> all(idx);
     rng.shuffle(all.first(static_cast<std::size_t>(num_samples)));
     if (total_size > num_samples) rng.shuffle(all.subspan(static_cast<std::size_t>(num_samples)));
@@ -171,7 +172,8 @@ GPTDataset::GPTDataset(std::shared_ptr<const IndexedDataset> dataset, std::int64
   identifiers_["index_split"] = split_name(cfg_.index_split);
   identifiers_["random_seed"] = cfg_.random_seed;
   identifiers_["sequence_length"] = cfg_.sequence_length;
-  identifiers_["split"] = cfg_.split ? nlohmann::ordered_json(*cfg_.split) : nlohmann::ordered_json();
+  identifiers_["split"] =
+      cfg_.split ? nlohmann::ordered_json(*cfg_.split) : nlohmann::ordered_json();
   identifiers_["split_matrix"] =
       cfg_.split_matrix ? split_matrix_json(*cfg_.split_matrix) : nlohmann::ordered_json();
   identifiers_["tokenizer"] = cfg_.tokenizer;
@@ -189,10 +191,10 @@ GPTDataset::GPTDataset(std::shared_ptr<const IndexedDataset> dataset, std::int64
   num_epochs_ = plan.num_epochs;
   separate_final_epoch_ = plan.separate_final_epoch;
   num_samples_sans_final_epoch_ = plan.num_samples_sans_final_epoch;
-  const bool drop_last = cfg_.index_split != Split::kValid ||
-                         cfg_.drop_last_partial_validation_sequence;
-  num_samples_ = sample_index_num_samples(cfg_.sequence_length, num_epochs_, tokens_per_epoch_,
-                                          drop_last);
+  const bool drop_last =
+      cfg_.index_split != Split::kValid || cfg_.drop_last_partial_validation_sequence;
+  num_samples_ =
+      sample_index_num_samples(cfg_.sequence_length, num_epochs_, tokens_per_epoch_, drop_last);
 
   core::Timer timer;
   if (!cfg_.cache_dir.empty() && try_load_cache()) {
@@ -203,9 +205,9 @@ GPTDataset::GPTDataset(std::shared_ptr<const IndexedDataset> dataset, std::int64
     return;
   }
   if (cfg_.cache_mode == CacheMode::kLoadOnly) {
-    throw DataError(str("no valid cached indices at ", cache_file_stem(),
-                        "* for the GPTDataset ", split_name(cfg_.index_split), " split of ",
-                        cfg_.dataset_path, "; rank 0 must build them first (same settings, "
+    throw DataError(str("no valid cached indices at ", cache_file_stem(), "* for the GPTDataset ",
+                        split_name(cfg_.index_split), " split of ", cfg_.dataset_path,
+                        "; rank 0 must build them first (same settings, "
                         "same --data-cache-path)"));
   }
   build_indices();
@@ -214,8 +216,8 @@ GPTDataset::GPTDataset(std::shared_ptr<const IndexedDataset> dataset, std::int64
   if (!cfg_.cache_dir.empty()) save_cache();
   log::info("data: GPTDataset ", split_name(cfg_.index_split), " ", cfg_.dataset_path,
             ": built indices (", num_samples_, " samples, ", num_epochs_, " epochs",
-            separate_final_epoch_ ? ", last epoch shuffled separately" : "", ") in ", build_s,
-            " s", cfg_.cache_dir.empty() ? "" : str("; saved to ", cache_file_stem(), "*"));
+            separate_final_epoch_ ? ", last epoch shuffled separately" : "", ") in ", build_s, " s",
+            cfg_.cache_dir.empty() ? "" : str("; saved to ", cache_file_stem(), "*"));
 }
 
 std::string GPTDataset::cache_file_stem() const {
@@ -273,8 +275,8 @@ void GPTDataset::build_indices() {
   std::vector<std::int32_t> doc =
       build_document_index(begin_, end_, num_epochs_, separate_final_epoch_, rng);
   const std::vector<std::int32_t> sizes = dataset_->sequence_lengths();
-  const bool drop_last = cfg_.index_split != Split::kValid ||
-                         cfg_.drop_last_partial_validation_sequence;
+  const bool drop_last =
+      cfg_.index_split != Split::kValid || cfg_.drop_last_partial_validation_sequence;
   sample_index_ = build_sample_index(sizes, doc, cfg_.sequence_length, num_epochs_,
                                      tokens_per_epoch_, drop_last);
   TRIDENT_ASSERT(sample_index_.shape()[0] == num_samples_ + 1, "sample index length mismatch");
@@ -303,8 +305,8 @@ void GPTDataset::sample(std::int64_t i, std::span<std::int32_t> out) const {
   TRIDENT_ASSERT(0 <= i && i < num_samples_, "sample ", i, " out of range [0, ", num_samples_,
                  ") of ", describe());
   const std::int64_t want = cfg_.sequence_length + kExtra;
-  TRIDENT_ASSERT(static_cast<std::int64_t>(out.size()) == want, "sample buffer holds ",
-                 out.size(), " tokens, expected ", want);
+  TRIDENT_ASSERT(static_cast<std::int64_t>(out.size()) == want, "sample buffer holds ", out.size(),
+                 " tokens, expected ", want);
   const std::int64_t row = shuffle_index_.at(i);
   const std::int64_t beg_pos = sample_index_.at(2 * row), beg_off = sample_index_.at(2 * row + 1);
   const std::int64_t end_pos = sample_index_.at(2 * row + 2);
@@ -315,8 +317,8 @@ void GPTDataset::sample(std::int64_t i, std::span<std::int32_t> out) const {
     const std::int64_t offset = p == beg_pos ? beg_off : 0;
     const std::int64_t count =
         p < end_pos ? dataset_->sequence_length(seq) - offset : end_off + kExtra - offset;
-    TRIDENT_ASSERT(count >= 0 && written + count <= want, "sample ", i, " overruns: ",
-                   written + count, " > ", want, " tokens");
+    TRIDENT_ASSERT(count >= 0 && written + count <= want, "sample ", i,
+                   " overruns: ", written + count, " > ", want, " tokens");
     if (count > 0) dataset_->read(seq, offset, count, out.data() + written);
     written += count;
   }
@@ -324,8 +326,8 @@ void GPTDataset::sample(std::int64_t i, std::span<std::int32_t> out) const {
 }
 
 std::string GPTDataset::describe() const {
-  return str("GPTDataset(", cfg_.dataset_path, ", ", split_name(cfg_.index_split),
-             ", sequences [", begin_, ", ", end_, "), ", num_samples_, " samples, ", num_epochs_,
+  return str("GPTDataset(", cfg_.dataset_path, ", ", split_name(cfg_.index_split), ", sequences [",
+             begin_, ", ", end_, "), ", num_samples_, " samples, ", num_epochs_,
              " epochs, seq_length ", cfg_.sequence_length, ", seed ", cfg_.random_seed, ", hash ",
              hash_, ")");
 }

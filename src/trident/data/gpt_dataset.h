@@ -7,12 +7,11 @@
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "trident/data/dataset_split.h"
 #include "trident/data/index_cache.h"
@@ -32,17 +31,17 @@ enum class CacheMode : std::uint8_t {
 enum class IndexSource : std::uint8_t { kBuilt, kLoadedFromCache };
 
 struct GPTDatasetConfig {
-  std::string dataset_path;                  // the prefix as given; part of the description
+  std::string dataset_path;  // the prefix as given; part of the description
   Split index_split = Split::kTrain;
-  std::optional<std::int64_t> num_samples;   // samples requested; nullopt = exactly one epoch
-  std::int64_t random_seed = 1234;           // --seed, 0 <= seed < 2^32
-  std::int64_t sequence_length = 0;          // --seq-length (each sample holds one token more)
-  std::optional<std::string> split;          // --split as typed; nullopt for per-split paths
-  std::optional<SplitMatrix> split_matrix;   // from `split`; nullopt for per-split paths
+  std::optional<std::int64_t> num_samples;     // samples requested; nullopt = exactly one epoch
+  std::int64_t random_seed = 1234;             // --seed, 0 <= seed < 2^32
+  std::int64_t sequence_length = 0;            // --seq-length (each sample holds one token more)
+  std::optional<std::string> split;            // --split as typed; nullopt for per-split paths
+  std::optional<SplitMatrix> split_matrix;     // from `split`; nullopt for per-split paths
   nlohmann::ordered_json tokenizer = nullptr;  // the tokenizer's unique identifiers (or null)
-  std::string cache_dir;                     // where the .npy files live; empty = do not cache
+  std::string cache_dir;                       // where the .npy files live; empty = do not cache
   CacheMode cache_mode = CacheMode::kBuildIfMissing;
-  std::int32_t pad_id = -1;                  // fills the tail of a short final sample
+  std::int32_t pad_id = -1;  // fills the tail of a short final sample
   // Megatron's drop_last_partial_validation_sequence (valid split only): when false the valid
   // split keeps a last, padded, partial sample. Not part of Megatron's description hash, so a
   // cache built with the other setting is recognised by its array lengths instead.
@@ -74,8 +73,8 @@ class GPTDataset : public SampleDataset {
   const std::string& unique_description_hash() const { return hash_; }
 
   const IndexArray& document_index() const { return document_index_; }  // (E * |range|,) int32
-  const IndexArray& sample_index() const { return sample_index_; }  // (num_samples + 1, 2)
-  const IndexArray& shuffle_index() const { return shuffle_index_; }  // (num_samples,)
+  const IndexArray& sample_index() const { return sample_index_; }      // (num_samples + 1, 2)
+  const IndexArray& shuffle_index() const { return shuffle_index_; }    // (num_samples,)
   std::int64_t num_epochs() const { return num_epochs_; }
   IndexSource index_source() const { return source_; }
   // "<cache_dir>/<hash>-GPTDataset-<split>-" (the cache file names append "description.txt", ...)
@@ -126,9 +125,9 @@ std::vector<std::int32_t> build_document_index(std::int64_t begin, std::int64_t 
 // samples share one token. int32 when max(len(document_index), max(sizes)) fits, else int64.
 // `sizes` are the lengths of all sequences of the dataset.
 IndexArray build_sample_index(std::span<const std::int32_t> sizes,
-                              std::span<const std::int32_t> document_index,
-                              std::int64_t seq_length, std::int64_t num_epochs,
-                              std::int64_t tokens_per_epoch, bool drop_last_partial_sequence);
+                              std::span<const std::int32_t> document_index, std::int64_t seq_length,
+                              std::int64_t num_epochs, std::int64_t tokens_per_epoch,
+                              bool drop_last_partial_sequence);
 
 // The number of samples build_sample_index produces (the same formula, without building).
 std::int64_t sample_index_num_samples(std::int64_t seq_length, std::int64_t num_epochs,

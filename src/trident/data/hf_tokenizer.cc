@@ -3,7 +3,6 @@
 #include "trident/data/hf_tokenizer.h"
 
 #include <algorithm>
-#include <deque>
 
 #include "trident/core/error.h"
 #include "trident/data/json_io.h"
@@ -49,8 +48,8 @@ namespace {
 InvalidArgument unsupported(const std::string& path, std::string_view field, const json& value,
                             std::string_view supported) {
   return InvalidArgument(str("tokenizer file ", path, ": ", field, " = ",
-                             value.dump().substr(0, 200), " is not supported (supported: ",
-                             supported, ")"));
+                             value.dump().substr(0, 200),
+                             " is not supported (supported: ", supported, ")"));
 }
 
 // The entries of a component that may be one object or a {"type": "Sequence", key: [...]}.
@@ -72,8 +71,8 @@ HuggingFaceTokenizer::HuggingFaceTokenizer(const std::string& tokenizer_json)
     : path_(tokenizer_json) {
   const json root = parse_json_file(tokenizer_json, "tokenizer file");
   if (!root.is_object() || !root.contains("model")) {
-    throw DataError(str("tokenizer file ", path_,
-                        ": expected a JSON object with a \"model\" field"));
+    throw DataError(
+        str("tokenizer file ", path_, ": expected a JSON object with a \"model\" field"));
   }
   try {
     load_model(root.at("model"));
@@ -90,8 +89,8 @@ HuggingFaceTokenizer::HuggingFaceTokenizer(const std::string& tokenizer_json)
   } catch (const json::exception& e) {
     throw DataError(str("tokenizer file ", path_, ": unexpected structure: ", e.what()));
   }
-  word_regex_ = std::make_unique<RegexSplitter>(
-      R"([\p{L}\p{Nl}\p{M}\p{Nd}\p{Pc}\x{200C}\x{200D}])", "single_word check");
+  word_regex_ = std::make_unique<RegexSplitter>(R"([\p{L}\p{Nl}\p{M}\p{Nd}\p{Pc}\x{200C}\x{200D}])",
+                                                "single_word check");
   for (const char* name : {"<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "[EOS]"}) {
     auto it = std::find_if(added_.begin(), added_.end(),
                            [&](const AddedToken& a) { return a.special && a.content == name; });
@@ -240,7 +239,8 @@ HuggingFaceTokenizer::~HuggingFaceTokenizer() = default;
 
 std::int32_t HuggingFaceTokenizer::eod() const {
   if (eod_ < 0) {
-    throw InvalidArgument(str("tokenizer file ", path_, " has no end-of-document token (a special "
+    throw InvalidArgument(str("tokenizer file ", path_,
+                              " has no end-of-document token (a special "
                               "added token <|endoftext|>, </s>, <|end_of_text|>, <eos> or [EOS])"));
   }
   return eod_;

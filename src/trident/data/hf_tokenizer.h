@@ -15,10 +15,9 @@
 
 #include <array>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 #include "trident/data/gpt2_bpe.h"
 #include "trident/data/tokenizer.h"
@@ -50,8 +49,8 @@ class HuggingFaceTokenizer : public Tokenizer {
   struct PreStep;
   // The added tokens matched in one pass (HF matches non-normalized tokens, then normalized ones).
   struct AddedPass {
-    std::vector<std::size_t> tokens;      // indices into added_
-    std::array<bool, 256> first_byte{};   // bytes that start one of them (a cheap prefilter)
+    std::vector<std::size_t> tokens;     // indices into added_
+    std::array<bool, 256> first_byte{};  // bytes that start one of them (a cheap prefilter)
   };
 
   void load_model(const nlohmann::json& model);
@@ -62,8 +61,7 @@ class HuggingFaceTokenizer : public Tokenizer {
   void encode_plain(std::string_view segment, std::vector<std::int32_t>& out) const;
   void encode_with_added(std::string_view text, bool normalized_pass,
                          std::vector<std::int32_t>& out) const;
-  void apply_steps(std::size_t step, std::string_view piece,
-                   std::vector<std::int32_t>& out) const;
+  void apply_steps(std::size_t step, std::string_view piece, std::vector<std::int32_t>& out) const;
   void encode_word(std::string_view piece, std::vector<std::int32_t>& out) const;
 
   std::string path_;
@@ -72,7 +70,7 @@ class HuggingFaceTokenizer : public Tokenizer {
   std::vector<AddedToken> added_;  // in file order
   AddedPass non_normalized_, normalized_;
   std::vector<std::unique_ptr<PreStep>> steps_;
-  std::unique_ptr<RegexSplitter> word_regex_;  // for single_word checks
+  std::unique_ptr<RegexSplitter> word_regex_;          // for single_word checks
   std::vector<std::int32_t> prefix_ids_, suffix_ids_;  // TemplateProcessing "single"
   std::int64_t vocab_size_ = 0;
   std::int32_t eod_ = -1;

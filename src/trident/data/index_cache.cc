@@ -32,20 +32,28 @@ static_assert(std::endian::native == std::endian::little,
 
 std::int64_t index_dtype_size(IndexDType t) {
   switch (t) {
-    case IndexDType::kI16: return 2;
-    case IndexDType::kI32: return 4;
-    case IndexDType::kU32: return 4;
-    case IndexDType::kI64: return 8;
+    case IndexDType::kI16:
+      return 2;
+    case IndexDType::kI32:
+      return 4;
+    case IndexDType::kU32:
+      return 4;
+    case IndexDType::kI64:
+      return 8;
   }
   return 0;
 }
 
 const char* index_dtype_descr(IndexDType t) {
   switch (t) {
-    case IndexDType::kI16: return "<i2";
-    case IndexDType::kI32: return "<i4";
-    case IndexDType::kU32: return "<u4";
-    case IndexDType::kI64: return "<i8";
+    case IndexDType::kI16:
+      return "<i2";
+    case IndexDType::kI32:
+      return "<i4";
+    case IndexDType::kU32:
+      return "<u4";
+    case IndexDType::kI64:
+      return "<i8";
   }
   return "?";
 }
@@ -64,10 +72,26 @@ void IndexArray::check_shape(std::int64_t numel_stored) const {
 std::int64_t IndexArray::at(std::int64_t i) const {
   const std::byte* p = data_.get() + i * index_dtype_size(dtype_);
   switch (dtype_) {
-    case IndexDType::kI16: { std::int16_t v; std::memcpy(&v, p, 2); return v; }
-    case IndexDType::kI32: { std::int32_t v; std::memcpy(&v, p, 4); return v; }
-    case IndexDType::kU32: { std::uint32_t v; std::memcpy(&v, p, 4); return v; }
-    case IndexDType::kI64: { std::int64_t v; std::memcpy(&v, p, 8); return v; }
+    case IndexDType::kI16: {
+      std::int16_t v;
+      std::memcpy(&v, p, 2);
+      return v;
+    }
+    case IndexDType::kI32: {
+      std::int32_t v;
+      std::memcpy(&v, p, 4);
+      return v;
+    }
+    case IndexDType::kU32: {
+      std::uint32_t v;
+      std::memcpy(&v, p, 4);
+      return v;
+    }
+    case IndexDType::kI64: {
+      std::int64_t v;
+      std::memcpy(&v, p, 8);
+      return v;
+    }
   }
   return 0;
 }
@@ -186,10 +210,9 @@ IndexArray IndexArray::map_npy(const std::string& path) {
   if (file_bytes == 0 || map == MAP_FAILED) {
     throw DataError(str("cannot map ", path, file_bytes == 0 ? ": empty file" : ": mmap failed"));
   }
-  std::shared_ptr<const std::byte> region(static_cast<const std::byte*>(map),
-                                          [file_bytes](const std::byte* p) {
-                                            ::munmap(const_cast<std::byte*>(p), file_bytes);
-                                          });
+  std::shared_ptr<const std::byte> region(
+      static_cast<const std::byte*>(map),
+      [file_bytes](const std::byte* p) { ::munmap(const_cast<std::byte*>(p), file_bytes); });
   const std::byte* b = region.get();
   if (file_bytes < kNpyMagicLen + 4 || std::memcmp(b, kNpyMagic, kNpyMagicLen) != 0) {
     throw DataError(str(path, ": not a .npy file (bad magic at byte 0)"));
@@ -215,7 +238,8 @@ IndexArray IndexArray::map_npy(const std::string& path) {
   const NpyHeader h = parse_npy_header(path, header);
   const auto dtype = dtype_from_descr(h.descr);
   if (!dtype) {
-    throw DataError(str(path, ": dtype '", h.descr, "' is not an index dtype (<i2, <i4, <i8, <u4)"));
+    throw DataError(
+        str(path, ": dtype '", h.descr, "' is not an index dtype (<i2, <i4, <i8, <u4)"));
   }
   if (h.fortran_order) throw DataError(str(path, ": Fortran-order arrays are not supported"));
   if (h.shape.size() != 1 && h.shape.size() != 2) {
@@ -281,8 +305,8 @@ std::optional<std::string> read_text_file(const std::string& path) {
 std::string md5_hex(std::string_view s) {
   // Per-round left-rotation amounts and the sine-derived constants of RFC 1321 §3.4.
   static const std::array<std::uint32_t, 64> kRotate = [] {
-    const std::uint32_t r[4][4] = {{7, 12, 17, 22}, {5, 9, 14, 20}, {4, 11, 16, 23},
-                                   {6, 10, 15, 21}};
+    const std::uint32_t r[4][4] = {
+        {7, 12, 17, 22}, {5, 9, 14, 20}, {4, 11, 16, 23}, {6, 10, 15, 21}};
     std::array<std::uint32_t, 64> out{};
     for (int i = 0; i < 64; ++i) out[static_cast<std::size_t>(i)] = r[i / 16][i % 4];
     return out;
@@ -408,13 +432,27 @@ std::string python_json_string(const std::string& s) {
     const auto c = static_cast<unsigned char>(s[i]);
     if (c < 0x80) {
       switch (c) {
-        case '"': out += "\\\""; break;
-        case '\\': out += "\\\\"; break;
-        case '\n': out += "\\n"; break;
-        case '\r': out += "\\r"; break;
-        case '\t': out += "\\t"; break;
-        case '\b': out += "\\b"; break;
-        case '\f': out += "\\f"; break;
+        case '"':
+          out += "\\\"";
+          break;
+        case '\\':
+          out += "\\\\";
+          break;
+        case '\n':
+          out += "\\n";
+          break;
+        case '\r':
+          out += "\\r";
+          break;
+        case '\t':
+          out += "\\t";
+          break;
+        case '\b':
+          out += "\\b";
+          break;
+        case '\f':
+          out += "\\f";
+          break;
         default:
           if (c < 0x20 || c == 0x7f) {
             append_u_escape(out, c);
@@ -465,8 +503,12 @@ void dump_value(const nlohmann::ordered_json& v, int depth, std::string& out) {
   const std::string inner(static_cast<std::size_t>(4 * (depth + 1)), ' ');
   const std::string outer(static_cast<std::size_t>(4 * depth), ' ');
   switch (v.type()) {
-    case nlohmann::ordered_json::value_t::null: out += "null"; break;
-    case nlohmann::ordered_json::value_t::boolean: out += v.get<bool>() ? "true" : "false"; break;
+    case nlohmann::ordered_json::value_t::null:
+      out += "null";
+      break;
+    case nlohmann::ordered_json::value_t::boolean:
+      out += v.get<bool>() ? "true" : "false";
+      break;
     case nlohmann::ordered_json::value_t::number_integer:
       out += std::to_string(v.get<std::int64_t>());
       break;

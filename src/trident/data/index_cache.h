@@ -6,12 +6,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace trident::data {
 
@@ -28,13 +27,21 @@ const char* index_dtype_descr(IndexDType t);  // "<i4", ...
 template <class T>
 constexpr IndexDType index_dtype_of();
 template <>
-constexpr IndexDType index_dtype_of<std::int16_t>() { return IndexDType::kI16; }
+constexpr IndexDType index_dtype_of<std::int16_t>() {
+  return IndexDType::kI16;
+}
 template <>
-constexpr IndexDType index_dtype_of<std::int32_t>() { return IndexDType::kI32; }
+constexpr IndexDType index_dtype_of<std::int32_t>() {
+  return IndexDType::kI32;
+}
 template <>
-constexpr IndexDType index_dtype_of<std::int64_t>() { return IndexDType::kI64; }
+constexpr IndexDType index_dtype_of<std::int64_t>() {
+  return IndexDType::kI64;
+}
 template <>
-constexpr IndexDType index_dtype_of<std::uint32_t>() { return IndexDType::kU32; }
+constexpr IndexDType index_dtype_of<std::uint32_t>() {
+  return IndexDType::kU32;
+}
 
 // A C-order integer array of rank 1 or 2, immutable once made. Storage is shared: copies are
 // cheap and alias the same memory (a std::vector moved in, or a read-only mmap of a .npy file).
@@ -49,8 +56,8 @@ class IndexArray {
     IndexArray a;
     a.dtype_ = index_dtype_of<T>();
     a.shape_ = std::move(shape);
-    a.data_ = std::shared_ptr<const std::byte>(
-        holder, reinterpret_cast<const std::byte*>(holder->data()));
+    a.data_ = std::shared_ptr<const std::byte>(holder,
+                                               reinterpret_cast<const std::byte*>(holder->data()));
     a.check_shape(static_cast<std::int64_t>(holder->size()));
     return a;
   }

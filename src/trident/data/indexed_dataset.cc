@@ -102,8 +102,8 @@ namespace {
 template <class E, class F>
 [[noreturn]] void fail(const std::string& path, std::int64_t offset, std::string_view what,
                        const E& expected, const F& found) {
-  throw DataError(str(path, ": byte offset ", offset, ": ", what, ": expected ", expected,
-                      ", found ", found));
+  throw DataError(
+      str(path, ": byte offset ", offset, ": ", what, ": expected ", expected, ", found ", found));
 }
 
 struct Header {
@@ -119,9 +119,10 @@ Header check_header(const unsigned char* idx, std::int64_t size, const std::stri
   }
   if (std::memcmp(idx, kMagic, sizeof kMagic) != 0) {
     const bool legacy = std::memcmp(idx, "TNTIDX\0\0", 8) == 0;
-    fail(path, 0, legacy ? "legacy 'lazy/cached' index (magic TNTIDX), not supported; re-run "
-                           "preprocessing to get the mmap format"
-                         : "not a Megatron mmap index (bad magic)",
+    fail(path, 0,
+         legacy ? "legacy 'lazy/cached' index (magic TNTIDX), not supported; re-run "
+                  "preprocessing to get the mmap format"
+                : "not a Megatron mmap index (bad magic)",
          "4D 4D 49 44 49 44 58 00 00 (\"MMIDIDX\\0\\0\")", hex_bytes(idx, 9));
   }
   const auto version = load<std::uint64_t>(idx + 9);
@@ -143,8 +144,8 @@ Header check_header(const unsigned char* idx, std::int64_t size, const std::stri
     fail(path, 18, "sequence count too large for the file size", str("at most ", size / 12), n);
   }
   if (d > static_cast<std::uint64_t>(size) / 8) {
-    fail(path, 26, "document index count too large for the file size",
-         str("at most ", size / 8), d);
+    fail(path, 26, "document index count too large for the file size", str("at most ", size / 8),
+         d);
   }
   if (d < 1) fail(path, 26, "document index count (documents + 1)", "at least 1", d);
   const Header h{static_cast<TokenDType>(code), static_cast<std::int64_t>(n),
@@ -193,7 +194,8 @@ std::int64_t check_arrays(const unsigned char* idx, const Header& h, std::int64_
     const std::int64_t off = kHeaderBytes + 12 * h.n + 8 * k;
     if (k == 0 && v != 0) fail(idx_path, off, "first document index", 0, v);
     if (v < prev || v > h.n) {
-      fail(idx_path, off, str("document index ", k, " (non-decreasing, at most the sequence count)"),
+      fail(idx_path, off,
+           str("document index ", k, " (non-decreasing, at most the sequence count)"),
            str(prev, "..", h.n), v);
     }
     prev = v;
@@ -216,8 +218,7 @@ IndexedDataset::IndexedDataset(const std::string& prefix) : prefix_(prefix) {
     dtype_ = h.dtype;
     num_sequences_ = h.n;
     num_documents_ = h.d - 1;
-    num_tokens_ =
-        check_arrays(idx_, h, static_cast<std::int64_t>(bin_bytes_), idx_path, bin_path);
+    num_tokens_ = check_arrays(idx_, h, static_cast<std::int64_t>(bin_bytes_), idx_path, bin_path);
   } catch (...) {
     if (idx_) ::munmap(const_cast<unsigned char*>(idx_), idx_bytes_);
     if (bin_) ::munmap(const_cast<unsigned char*>(bin_), bin_bytes_);
@@ -231,14 +232,14 @@ IndexedDataset::~IndexedDataset() {
 }
 
 std::int32_t IndexedDataset::sequence_length(std::int64_t i) const {
-  TRIDENT_CHECK(i >= 0 && i < num_sequences_, "sequence ", i, " out of range [0, ",
-                num_sequences_, ") in dataset ", prefix_);
+  TRIDENT_CHECK(i >= 0 && i < num_sequences_, "sequence ", i, " out of range [0, ", num_sequences_,
+                ") in dataset ", prefix_);
   return load<std::int32_t>(idx_ + kHeaderBytes + 4 * i);
 }
 
 std::int64_t IndexedDataset::sequence_pointer(std::int64_t i) const {
-  TRIDENT_CHECK(i >= 0 && i < num_sequences_, "sequence ", i, " out of range [0, ",
-                num_sequences_, ") in dataset ", prefix_);
+  TRIDENT_CHECK(i >= 0 && i < num_sequences_, "sequence ", i, " out of range [0, ", num_sequences_,
+                ") in dataset ", prefix_);
   return load<std::int64_t>(idx_ + kHeaderBytes + 4 * num_sequences_ + 8 * i);
 }
 
@@ -271,13 +272,26 @@ void IndexedDataset::read(std::int64_t i, std::int64_t offset, std::int64_t coun
                 " in dataset ", prefix_);
   const unsigned char* src = bin_ + sequence_pointer(i) + offset * token_dtype_size(dtype_);
   switch (dtype_) {
-    case TokenDType::kU8: convert<std::uint8_t>(src, count, out); break;
-    case TokenDType::kI8: convert<std::int8_t>(src, count, out); break;
-    case TokenDType::kI16: convert<std::int16_t>(src, count, out); break;
-    case TokenDType::kU16: convert<std::uint16_t>(src, count, out); break;
-    case TokenDType::kI32: convert<std::int32_t>(src, count, out); break;
-    case TokenDType::kI64: convert<std::int64_t>(src, count, out); break;
-    default: TRIDENT_ASSERT(false, "float dtype passed validation");
+    case TokenDType::kU8:
+      convert<std::uint8_t>(src, count, out);
+      break;
+    case TokenDType::kI8:
+      convert<std::int8_t>(src, count, out);
+      break;
+    case TokenDType::kI16:
+      convert<std::int16_t>(src, count, out);
+      break;
+    case TokenDType::kU16:
+      convert<std::uint16_t>(src, count, out);
+      break;
+    case TokenDType::kI32:
+      convert<std::int32_t>(src, count, out);
+      break;
+    case TokenDType::kI64:
+      convert<std::int64_t>(src, count, out);
+      break;
+    default:
+      TRIDENT_ASSERT(false, "float dtype passed validation");
   }
 }
 
@@ -311,8 +325,8 @@ IndexedDatasetBuilder::IndexedDatasetBuilder(const std::string& prefix, TokenDTy
     : impl_(new Impl) {
   impl_->prefix = prefix;
   impl_->dtype = dtype;
-  TRIDENT_CHECK(is_token_dtype(static_cast<std::uint8_t>(dtype)),
-                "token dtype code ", static_cast<int>(dtype), " is not an integer dtype");
+  TRIDENT_CHECK(is_token_dtype(static_cast<std::uint8_t>(dtype)), "token dtype code ",
+                static_cast<int>(dtype), " is not an integer dtype");
   impl_->item = token_dtype_size(dtype);
   const std::string tag = str(".tmp.", ::getpid());
   impl_->bin_tmp = prefix + ".bin" + tag;
@@ -321,8 +335,8 @@ IndexedDatasetBuilder::IndexedDatasetBuilder(const std::string& prefix, TokenDTy
   if (!impl_->bin) {
     const std::string err = std::strerror(errno);
     delete impl_;
-    throw DataError(str("cannot create ", prefix, ".bin (as temporary ", prefix, ".bin", tag,
-                        "): ", err));
+    throw DataError(
+        str("cannot create ", prefix, ".bin (as temporary ", prefix, ".bin", tag, "): ", err));
   }
 }
 
@@ -342,11 +356,20 @@ void IndexedDatasetBuilder::add_sequence(std::span<const std::int32_t> tokens) {
                 "a sequence of ", tokens.size(), " tokens does not fit the int32 length field");
   std::int64_t lo = 0, hi = 0;
   switch (m.dtype) {
-    case TokenDType::kU8: lo = 0, hi = 255; break;
-    case TokenDType::kI8: lo = -128, hi = 127; break;
-    case TokenDType::kI16: lo = -32768, hi = 32767; break;
-    case TokenDType::kU16: lo = 0, hi = 65535; break;
-    default: lo = std::numeric_limits<std::int32_t>::min(), hi = std::numeric_limits<std::int32_t>::max();
+    case TokenDType::kU8:
+      lo = 0, hi = 255;
+      break;
+    case TokenDType::kI8:
+      lo = -128, hi = 127;
+      break;
+    case TokenDType::kI16:
+      lo = -32768, hi = 32767;
+      break;
+    case TokenDType::kU16:
+      lo = 0, hi = 65535;
+      break;
+    default:
+      lo = std::numeric_limits<std::int32_t>::min(), hi = std::numeric_limits<std::int32_t>::max();
   }
   m.buf.resize(tokens.size() * static_cast<std::size_t>(m.item));
   unsigned char* dst = m.buf.data();
@@ -356,13 +379,19 @@ void IndexedDatasetBuilder::add_sequence(std::span<const std::int32_t> tokens) {
                   static_cast<int>(m.dtype), ", range ", lo, "..", hi, ") of ", m.prefix,
                   "; a vocabulary of 65500 or more needs int32 (code 4)");
     switch (m.dtype) {
-      case TokenDType::kU8: case TokenDType::kI8: dst[k] = static_cast<unsigned char>(t); break;
-      case TokenDType::kI16: case TokenDType::kU16: {
+      case TokenDType::kU8:
+      case TokenDType::kI8:
+        dst[k] = static_cast<unsigned char>(t);
+        break;
+      case TokenDType::kI16:
+      case TokenDType::kU16: {
         const auto v = static_cast<std::uint16_t>(t);
         std::memcpy(dst + 2 * k, &v, 2);
         break;
       }
-      case TokenDType::kI32: std::memcpy(dst + 4 * k, &t, 4); break;
+      case TokenDType::kI32:
+        std::memcpy(dst + 4 * k, &t, 4);
+        break;
       default: {
         const auto v = static_cast<std::int64_t>(t);
         std::memcpy(dst + 8 * k, &v, 8);
@@ -423,15 +452,15 @@ void IndexedDatasetBuilder::finalize() {
   std::memcpy(p + 34 + 12 * n, m.doc_indices.data(), 8 * d);
   std::FILE* f = std::fopen(m.idx_tmp.c_str(), "wb");
   if (!f) throw DataError(str("cannot create ", m.idx_tmp, ": ", std::strerror(errno)));
-  const bool ok = std::fwrite(idx.data(), 1, idx.size(), f) == idx.size() &&
-                  std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
+  const bool ok = std::fwrite(idx.data(), 1, idx.size(), f) == idx.size() && std::fflush(f) == 0 &&
+                  ::fsync(::fileno(f)) == 0;
   std::fclose(f);
   if (!ok) throw DataError(str("cannot write ", m.idx_tmp, ": ", std::strerror(errno)));
   const std::string bin_final = m.prefix + ".bin", idx_final = m.prefix + ".idx";
   if (std::rename(m.bin_tmp.c_str(), bin_final.c_str()) != 0 ||
       std::rename(m.idx_tmp.c_str(), idx_final.c_str()) != 0) {
-    throw DataError(str("cannot rename the temporary files to ", bin_final, " / ", idx_final,
-                        ": ", std::strerror(errno)));
+    throw DataError(str("cannot rename the temporary files to ", bin_final, " / ", idx_final, ": ",
+                        std::strerror(errno)));
   }
   m.finalized = true;
 }

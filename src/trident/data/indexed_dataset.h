@@ -13,7 +13,14 @@ namespace trident::data {
 
 // Megatron DType codes.
 enum class TokenDType : std::uint8_t {
-  kU8 = 1, kI8 = 2, kI16 = 3, kI32 = 4, kI64 = 5, kF64 = 6, kF32 = 7, kU16 = 8
+  kU8 = 1,
+  kI8 = 2,
+  kI16 = 3,
+  kI32 = 4,
+  kI64 = 5,
+  kF64 = 6,
+  kF32 = 7,
+  kU16 = 8
 };
 std::int64_t token_dtype_size(TokenDType t);
 // Megatron's DType.optimal_dtype: uint16 when vocab_size < 65500, else int32.

@@ -58,7 +58,8 @@ nlohmann::json parse_json_line(std::string_view line, const std::string& path,
     j = nlohmann::json::parse(line);
   } catch (const nlohmann::json::parse_error& e) {
     throw DataError(str(path, ":", line_no, ": not a valid JSON line (column ", e.byte,
-                        "): ", e.what(), "; each line of a .jsonl/.json input must hold one JSON "
+                        "): ", e.what(),
+                        "; each line of a .jsonl/.json input must hold one JSON "
                         "object"));
   }
   if (!j.is_object()) {

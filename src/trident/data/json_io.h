@@ -3,10 +3,9 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
-
-#include <nlohmann/json.hpp>
 
 namespace trident::data {
 
@@ -18,6 +17,7 @@ nlohmann::json parse_json_file(const std::string& path, std::string_view what);
 
 // Parses one line of a JSON-lines file. Throws DataError "<path>:<line>: ..." when the line is not
 // valid JSON or not a JSON object.
-nlohmann::json parse_json_line(std::string_view line, const std::string& path, std::int64_t line_no);
+nlohmann::json parse_json_line(std::string_view line, const std::string& path,
+                               std::int64_t line_no);
 
 }  // namespace trident::data

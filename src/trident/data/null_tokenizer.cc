@@ -29,8 +29,9 @@ void NullTokenizer::encode_append(std::string_view text, std::vector<std::int32_
     const auto [end, ec] = std::from_chars(word.data(), word.data() + word.size(), id);
     if (ec != std::errc() || end != word.data() + word.size() || id < 0 || id > vocab_size_) {
       throw DataError(str("NullTokenizer: '", word.substr(0, 40), "' at byte ", i,
-                          " is not a token id in [0, ", vocab_size_,
-                          "] (--vocab-size ", vocab_size_, "; the input must hold whitespace-"
+                          " is not a token id in [0, ", vocab_size_, "] (--vocab-size ",
+                          vocab_size_,
+                          "; the input must hold whitespace-"
                           "separated ids)"));
     }
     out.push_back(static_cast<std::int32_t>(id));

@@ -79,8 +79,8 @@ class LineReader {
   // The next line without its '\n' (a '\r' before it is kept), or false at end of file.
   bool next(std::string_view& line, std::int64_t& line_no) {
     while (true) {
-      const char* nl = static_cast<const char*>(
-          std::memchr(buf_.data() + pos_, '\n', buf_.size() - pos_));
+      const char* nl =
+          static_cast<const char*>(std::memchr(buf_.data() + pos_, '\n', buf_.size() - pos_));
       if (nl) {
         const std::size_t end = static_cast<std::size_t>(nl - buf_.data());
         line = std::string_view(buf_.data() + pos_, end - pos_);
@@ -195,7 +195,8 @@ BatchResult process_batch(const Batch& b, const Tokenizer& tok, const Preprocess
     if (b.kind == InputKind::kJsonLines) {
       if (rec.line == 1 && raw.find_first_not_of(" \t") != std::string_view::npos &&
           raw[raw.find_first_not_of(" \t")] == '[' && !nlohmann::json::accept(raw)) {
-        throw DataError(str(b.path, ":1: the file looks like one JSON array; trident (like "
+        throw DataError(str(b.path,
+                            ":1: the file looks like one JSON array; trident (like "
                             "Megatron) expects one JSON object per line (JSON Lines)"));
       }
       obj = parse_json_line(raw, b.path, rec.line);
@@ -211,15 +212,14 @@ BatchResult process_batch(const Batch& b, const Tokenizer& tok, const Preprocess
           for (auto p = obj.begin(); p != obj.end(); ++p) {
             present += str(present.empty() ? "" : ", ", "\"", p.key(), "\"");
           }
-          throw DataError(str(b.path, ":", rec.line, ": key \"", cfg.json_keys[k],
-                              "\" not found (the object has ",
-                              present.empty() ? "no keys" : present,
-                              "); choose the key with --json-keys"));
+          throw DataError(str(
+              b.path, ":", rec.line, ": key \"", cfg.json_keys[k], "\" not found (the object has ",
+              present.empty() ? "no keys" : present, "); choose the key with --json-keys"));
         }
         if (it->is_string()) {
           sentences.push_back(it->get_ref<const std::string&>());
-        } else if (it->is_array() &&
-                   std::all_of(it->begin(), it->end(), [](const auto& s) { return s.is_string(); })) {
+        } else if (it->is_array() && std::all_of(it->begin(), it->end(),
+                                                 [](const auto& s) { return s.is_string(); })) {
           for (const auto& s : *it) sentences.push_back(s.template get_ref<const std::string&>());
         } else {
           throw DataError(str(b.path, ":", rec.line, ": key \"", cfg.json_keys[k],
@@ -235,8 +235,8 @@ BatchResult process_batch(const Batch& b, const Tokenizer& tok, const Preprocess
         try {
           tok.encode_append(s, toks);
         } catch (const core::Error& e) {
-          throw DataError(str(b.path, ":", rec.line, ": key \"", cfg.json_keys[k], "\": ",
-                              e.what()));
+          throw DataError(
+              str(b.path, ":", rec.line, ": key \"", cfg.json_keys[k], "\": ", e.what()));
         }
         if (toks.size() > before) {
           r.seq_lengths[k].push_back(static_cast<std::int32_t>(toks.size() - before));
@@ -311,8 +311,8 @@ void check_config(const PreprocessConfig& cfg) {
   }
   for (const std::string& in : cfg.inputs) {
     if (input_kind(in) == InputKind::kText) {
-      TRIDENT_CHECK(cfg.json_keys.size() == 1 && cfg.json_keys[0] == "text",
-                    "--input ", in, " is a .txt file, whose documents go to the key \"text\"; "
+      TRIDENT_CHECK(cfg.json_keys.size() == 1 && cfg.json_keys[0] == "text", "--input ", in,
+                    " is a .txt file, whose documents go to the key \"text\"; "
                     "drop --json-keys (or give only 'text')");
     }
     if (!std::filesystem::is_regular_file(in)) {
@@ -363,10 +363,11 @@ PreprocessStats preprocess(const PreprocessConfig& cfg) {
     since_progress.reset();
     const double s = std::max(timer.elapsed_s(), 1e-9);
     char line[200];
-    std::snprintf(line, sizeof line, "preprocess: %lld documents, %lld tokens (%.0f docs/s, "
-                  "%.2f MB/s, %.0f tokens/s)", static_cast<long long>(stats.documents),
-                  static_cast<long long>(stats.tokens), stats.documents / s,
-                  stats.bytes / 1e6 / s, stats.tokens / s);
+    std::snprintf(line, sizeof line,
+                  "preprocess: %lld documents, %lld tokens (%.0f docs/s, "
+                  "%.2f MB/s, %.0f tokens/s)",
+                  static_cast<long long>(stats.documents), static_cast<long long>(stats.tokens),
+                  stats.documents / s, stats.bytes / 1e6 / s, stats.tokens / s);
     log::info(line);
   };
 

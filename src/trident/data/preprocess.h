@@ -23,9 +23,9 @@ struct PreprocessConfig {
   std::string output_prefix;
   std::vector<std::string> json_keys{"text"};
   bool append_eod = false;
-  int workers = 1;                  // tokenizing threads; the output is the same for any count
+  int workers = 1;  // tokenizing threads; the output is the same for any count
   TextDocuments text_documents = TextDocuments::kBlankLine;
-  double progress_interval_s = 5;   // seconds between progress lines (<= 0: none)
+  double progress_interval_s = 5;  // seconds between progress lines (<= 0: none)
   TokenizerConfig tokenizer;
 };
 

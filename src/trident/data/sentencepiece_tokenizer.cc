@@ -20,7 +20,8 @@ SentencePieceTokenizer::SentencePieceTokenizer(const std::string& model_file)
   }
   eod_ = sp_->eos_id();
   if (eod_ < 0) {
-    throw DataError(str("SentencePiece model ", model_file, " has no eos piece (trained with "
+    throw DataError(str("SentencePiece model ", model_file,
+                        " has no eos piece (trained with "
                         "--eos_id=-1); it is needed as the end-of-document id"));
   }
 }
@@ -31,7 +32,8 @@ std::vector<std::int32_t> SentencePieceTokenizer::encode(std::string_view text) 
   std::vector<int> ids;
   const auto status = sp_->Encode(text, &ids);
   if (!status.ok()) {
-    throw DataError(str("SentencePiece model ", path_, ": cannot encode text: ", status.ToString()));
+    throw DataError(
+        str("SentencePiece model ", path_, ": cannot encode text: ", status.ToString()));
   }
   return std::vector<std::int32_t>(ids.begin(), ids.end());
 }

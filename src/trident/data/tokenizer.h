@@ -1,8 +1,8 @@
 // Tokenizers behind one interface, chosen by --tokenizer-type (Megatron's names):
-//   GPT2BPETokenizer       GPT-2 byte-level BPE from vocab.json + merges.txt (gpt2_bpe.h)
-//   HuggingFaceTokenizer   a Hugging Face tokenizer.json with a byte-level BPE model (hf_tokenizer.h)
-//   SentencePieceTokenizer a SentencePiece .model through libsentencepiece (sentencepiece_tokenizer.h)
-//   NullTokenizer          text that already holds whitespace-separated ids (null_tokenizer.h)
+// GPT2BPETokenizer (GPT-2 byte-level BPE from vocab.json + merges.txt, gpt2_bpe.h),
+// HuggingFaceTokenizer (a tokenizer.json with a byte-level BPE model, hf_tokenizer.h),
+// SentencePieceTokenizer (a .model through libsentencepiece, sentencepiece_tokenizer.h) and
+// NullTokenizer (text that already holds whitespace-separated ids, null_tokenizer.h).
 // Behaviour (invalid UTF-8, special tokens, eod) is documented in docs/data.md.
 #pragma once
 
@@ -37,12 +37,14 @@ struct TokenizerConfig {
   // "GPT2BPETokenizer", "HuggingFaceTokenizer", "SentencePieceTokenizer" (alias
   // "GPTSentencePieceTokenizer") or "NullTokenizer".
   std::string type;
-  std::string vocab_file;   // --vocab-file (GPT2BPETokenizer)
-  std::string merge_file;   // --merge-file (GPT2BPETokenizer)
-  std::string model_file;   // --tokenizer-model: tokenizer.json (HF) or .model (SentencePiece)
-  std::int64_t vocab_size = 0;  // --vocab-size (NullTokenizer: ids 0..vocab_size-1, eod = vocab_size)
+  std::string vocab_file;  // --vocab-file (GPT2BPETokenizer)
+  std::string merge_file;  // --merge-file (GPT2BPETokenizer)
+  std::string model_file;  // --tokenizer-model: tokenizer.json (HF) or .model (SentencePiece)
+  std::int64_t vocab_size =
+      0;  // --vocab-size (NullTokenizer: ids 0..vocab_size-1, eod = vocab_size)
 };
-// Throws InvalidArgument for an unknown type or a missing flag, DataError for missing/corrupt files.
+// Throws InvalidArgument for an unknown type or a missing flag, DataError for missing/corrupt
+// files.
 std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerConfig& cfg);
 
 }  // namespace trident::data

@@ -17,6 +17,16 @@ inline int num_threads(const core::ExecContext& ctx) {
   return ctx.num_threads > 0 ? ctx.num_threads : omp_get_max_threads();
 }
 
+// Width of the column blocks that column-parallel reductions hand to threads: one block per
+// thread when that fits in max_width, rounded up to 16 floats. Wide blocks make each row's share
+// one long contiguous read; the per-column arithmetic is the same for any width, so results do not
+// depend on it (or on the thread count).
+inline std::int64_t column_block_width(std::int64_t cols, int threads, std::int64_t max_width) {
+  const std::int64_t per_thread = (cols + threads - 1) / threads;
+  const std::int64_t width = (per_thread + 15) / 16 * 16;
+  return width < 16 ? 16 : (width > max_width ? max_width : width);
+}
+
 // oneDNN's sgemm takes its thread count from omp_get_max_threads() of the calling thread. This
 // sets that per-thread value for one call and restores it afterwards, so ctx.num_threads is
 // honoured without changing the process-wide default.

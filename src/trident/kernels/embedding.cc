@@ -72,12 +72,13 @@ void embedding_backward(const core::ExecContext& ctx, const EmbeddingBackwardArg
   TRIDENT_CHECK(args.d_wte && args.d_out && args.tokens,
                 "embedding_backward: d_wte, d_out and tokens must be non-null");
   check_tokens("embedding_backward", args.tokens, rows);
-  constexpr std::int64_t kBlock = 64;
-  const std::int64_t num_blocks = (C + kBlock - 1) / kBlock;
-#pragma omp parallel for num_threads(detail::num_threads(ctx)) schedule(static)
+  const int threads = detail::num_threads(ctx);
+  const std::int64_t block = detail::column_block_width(C, threads, 1024);
+  const std::int64_t num_blocks = (C + block - 1) / block;
+#pragma omp parallel for num_threads(threads) schedule(static)
   for (std::int64_t blk = 0; blk < num_blocks; ++blk) {
-    const std::int64_t c0 = blk * kBlock;
-    const std::int64_t width = std::min(kBlock, C - c0);
+    const std::int64_t c0 = blk * block;
+    const std::int64_t width = std::min(block, C - c0);
     for (std::int64_t row = 0; row < rows; ++row) {
       const std::int64_t local = args.tokens[row] - args.vocab_start;
       if (local < 0 || local >= args.vocab_local) continue;

@@ -93,8 +93,7 @@ void layernorm_backward(const core::ExecContext& ctx, const LayerNormBackwardArg
   // the thread count and needs no per-thread scratch. Blocks are as wide as possible (one per
   // thread, at most kMaxBlock) so that every row contributes one long contiguous read.
   constexpr std::int64_t kMaxBlock = 512;
-  const std::int64_t per_thread = (cols + threads - 1) / threads;
-  const std::int64_t block = std::clamp<std::int64_t>((per_thread + 15) / 16 * 16, 16, kMaxBlock);
+  const std::int64_t block = detail::column_block_width(cols, threads, kMaxBlock);
   const std::int64_t num_blocks = (cols + block - 1) / block;
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (std::int64_t blk = 0; blk < num_blocks; ++blk) {

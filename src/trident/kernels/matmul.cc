@@ -138,15 +138,18 @@ void linear_backward(const core::ExecContext& ctx, const LinearBackwardArgs& arg
   if (args.d_bias == nullptr) return;
   // d_bias += column sums of d_out. Threads own blocks of columns and walk all rows in order, so
   // the result does not depend on the thread count; the sums are kept in double.
-  constexpr std::int64_t kBlock = 64;
-  const std::int64_t num_blocks = (out_f + kBlock - 1) / kBlock;
+  constexpr std::int64_t kMaxBlock = 512;
+  const int threads = detail::num_threads(ctx);
+  const std::int64_t block = detail::column_block_width(out_f, threads, kMaxBlock);
+  const std::int64_t num_blocks = (out_f + block - 1) / block;
   const float* d_out = args.d_out;
   float* d_bias = args.d_bias;
-#pragma omp parallel for num_threads(detail::num_threads(ctx)) schedule(static)
+#pragma omp parallel for num_threads(threads) schedule(static)
   for (std::int64_t blk = 0; blk < num_blocks; ++blk) {
-    const std::int64_t c0 = blk * kBlock;
-    const std::int64_t width = std::min(kBlock, out_f - c0);
-    double acc[kBlock] = {};
+    const std::int64_t c0 = blk * block;
+    const std::int64_t width = std::min(block, out_f - c0);
+    double acc[kMaxBlock];
+    std::fill(acc, acc + width, 0.0);
     for (std::int64_t r = 0; r < rows; ++r) {
       const float* row = d_out + r * out_f + c0;
 #pragma omp simd

@@ -54,6 +54,21 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
   app.add_option("--data-path", c.data_path,
                  "Dataset prefixes (without .bin/.idx), optionally weighted: 0.3 A 0.7 B")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  app.add_option("--train-data-path", c.train_data_path, "Training blend (instead of --split)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  app.add_option("--valid-data-path", c.valid_data_path, "Validation blend")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  app.add_option("--test-data-path", c.test_data_path, "Test blend")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  app.add_option("--data-cache-path", c.data_cache_path,
+                 "Where the dataset indices are cached (default: next to the data)");
+  app.add_option("--mid-level-dataset-surplus", c.mid_level_dataset_surplus,
+                 "Extra share of samples each blended dataset builds")->capture_default_str();
+  app.add_option("--rampup-batch-size", c.rampup_batch_size,
+                 "START INCREMENT SAMPLES: grow the global batch over SAMPLES consumed samples")
+      ->expected(3);
+  app.add_flag("--decrease-batch-size-if-needed", c.decrease_batch_size_if_needed,
+               "Round global batches down to a multiple of micro x data-parallel size");
   app.add_option("--split", c.split, "Train/valid/test split weights")->capture_default_str();
   app.add_option("--tokenizer-type", c.tokenizer_type, "GPT2BPETokenizer, ...")
       ->capture_default_str();
@@ -61,7 +76,7 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
   app.add_option("--merge-file", c.merge_file, "Tokenizer merges (merges.txt)");
   app.add_option("--tokenizer-model", c.tokenizer_model, "Tokenizer model file");
   app.add_option("--vocab-size", c.null_tokenizer_vocab_size, "Vocabulary size (NullTokenizer)");
-  app.add_option("--dataloader-type", c.dataloader_type, "sequential (file order)")
+  app.add_option("--dataloader-type", c.dataloader_type, "single (Megatron's sampler)")
       ->capture_default_str();
 
   app.add_option("--eval-interval", c.eval_interval, "Iterations between evaluations")
@@ -81,10 +96,28 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
       ->capture_default_str();
   app.add_option("--pipeline-model-parallel-size", c.pipeline_model_parallel_size, "PP size")
       ->capture_default_str();
+  app.add_option("--pipeline-schedule", c.pipeline_schedule, "gpipe, 1f1b or interleaved")
+      ->capture_default_str();
+  app.add_option("--num-layers-per-virtual-pipeline-stage",
+                 c.num_layers_per_virtual_pipeline_stage,
+                 "Layers per virtual chunk (interleaved schedule)");
+  app.add_option("--decoder-first-pipeline-num-layers", c.decoder_first_pipeline_num_layers,
+                 "Layers on the first pipeline stage (uneven split)");
+  app.add_option("--decoder-last-pipeline-num-layers", c.decoder_last_pipeline_num_layers,
+                 "Layers on the last pipeline stage (uneven split)");
+  app.add_option("--comm-timeout", c.comm_timeout,
+                 "Seconds a rank may wait in a collective before the job ends")
+      ->capture_default_str();
 }
 
 int TrainConfig::data_parallel_size(int world_size) const {
   return world_size / (tensor_model_parallel_size * pipeline_model_parallel_size);
+}
+
+int TrainConfig::virtual_pipeline_chunks() const {
+  if (num_layers_per_virtual_pipeline_stage <= 0) return 1;
+  return static_cast<int>(model.num_layers /
+                          (num_layers_per_virtual_pipeline_stage * pipeline_model_parallel_size));
 }
 
 std::int64_t TrainConfig::num_micro_batches(int world_size) const {
@@ -99,9 +132,21 @@ void TrainConfig::finalize(int world_size) {
                 "world size ", world_size, " is not divisible by --tensor-model-parallel-size ",
                 tensor_model_parallel_size, " x --pipeline-model-parallel-size ",
                 pipeline_model_parallel_size);
-  TRIDENT_CHECK(tensor_model_parallel_size == 1 && pipeline_model_parallel_size == 1,
-                "tensor and pipeline parallelism are not available yet; use "
-                "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1");
+  TRIDENT_CHECK(comm_timeout > 0, "--comm-timeout must be positive");
+  if (num_layers_per_virtual_pipeline_stage > 0) {
+    TRIDENT_CHECK(pipeline_schedule == "interleaved" || pipeline_schedule == "1f1b",
+                  "--num-layers-per-virtual-pipeline-stage needs the interleaved schedule");
+    pipeline_schedule = "interleaved";
+    TRIDENT_CHECK(pipeline_model_parallel_size > 1, "--num-layers-per-virtual-pipeline-stage "
+                  "needs --pipeline-model-parallel-size > 1");
+    TRIDENT_CHECK(model.num_layers % (num_layers_per_virtual_pipeline_stage *
+                                      pipeline_model_parallel_size) == 0,
+                  "--num-layers (", model.num_layers, ") must be divisible by "
+                  "--num-layers-per-virtual-pipeline-stage (", num_layers_per_virtual_pipeline_stage,
+                  ") x --pipeline-model-parallel-size (", pipeline_model_parallel_size, ")");
+  }
+  TRIDENT_CHECK(pipeline_schedule != "interleaved" || num_layers_per_virtual_pipeline_stage > 0,
+                "--pipeline-schedule interleaved needs --num-layers-per-virtual-pipeline-stage");
   const int dp = data_parallel_size(world_size);
   TRIDENT_CHECK(micro_batch_size > 0, "--micro-batch-size must be positive, got ",
                 micro_batch_size);
@@ -120,14 +165,18 @@ void TrainConfig::finalize(int world_size) {
   TRIDENT_CHECK(adamw.beta2 >= 0 && adamw.beta2 < 1, "--adam-beta2 must be in [0, 1)");
   TRIDENT_CHECK(adamw.eps > 0, "--adam-eps must be positive");
   TRIDENT_CHECK(adamw.clip_grad >= 0, "--clip-grad must be >= 0");
-  TRIDENT_CHECK(!data_path.empty(), "--data-path is required (a prefix made by trident preprocess)");
+  TRIDENT_CHECK(!data_path.empty() || !train_data_path.empty(),
+                "--data-path (or --train-data-path) is required: a prefix made by trident "
+                "preprocess, or a weighted list 0.3 A 0.7 B");
   TRIDENT_CHECK(eval_interval > 0, "--eval-interval must be positive");
   TRIDENT_CHECK(eval_iters >= 0, "--eval-iters must be >= 0");
   TRIDENT_CHECK(log_interval > 0, "--log-interval must be positive");
   TRIDENT_CHECK(save_interval >= 0 && exit_interval >= 0, "intervals must be >= 0");
   TRIDENT_CHECK(save_interval == 0 || !save.empty(), "--save-interval needs --save DIR");
-  TRIDENT_CHECK(dataloader_type == "sequential", "--dataloader-type: unknown type '",
-                dataloader_type, "' (use sequential)");
+  TRIDENT_CHECK(dataloader_type == "single", "--dataloader-type: unknown type '",
+                dataloader_type, "' (use single)");
+  TRIDENT_CHECK(rampup_batch_size.empty() || rampup_batch_size.size() == 3,
+                "--rampup-batch-size takes START INCREMENT SAMPLES");
 }
 
 nlohmann::json TrainConfig::to_json() const {
@@ -157,6 +206,10 @@ nlohmann::json TrainConfig::to_json() const {
   j["adam_eps"] = adamw.eps;
   j["seed"] = seed;
   j["data_path"] = data_path;
+  j["train_data_path"] = train_data_path;
+  j["valid_data_path"] = valid_data_path;
+  j["test_data_path"] = test_data_path;
+  j["rampup_batch_size"] = rampup_batch_size;
   j["split"] = split;
   j["tokenizer_type"] = tokenizer_type;
   j["vocab_file"] = vocab_file;
@@ -165,6 +218,10 @@ nlohmann::json TrainConfig::to_json() const {
   j["null_tokenizer_vocab_size"] = null_tokenizer_vocab_size;
   j["tensor_model_parallel_size"] = tensor_model_parallel_size;
   j["pipeline_model_parallel_size"] = pipeline_model_parallel_size;
+  j["pipeline_schedule"] = pipeline_schedule;
+  j["num_layers_per_virtual_pipeline_stage"] = num_layers_per_virtual_pipeline_stage;
+  j["decoder_first_pipeline_num_layers"] = decoder_first_pipeline_num_layers;
+  j["decoder_last_pipeline_num_layers"] = decoder_last_pipeline_num_layers;
   return j;
 }
 

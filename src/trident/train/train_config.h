@@ -34,12 +34,17 @@ struct TrainConfig {
   std::uint64_t seed = 1234;
 
   // Data.
-  std::vector<std::string> data_path;
+  std::vector<std::string> data_path;  // "prefix" or "w1 prefix1 w2 prefix2 ..." (a blend)
+  std::vector<std::string> train_data_path, valid_data_path, test_data_path;
   std::string split = "969, 30, 1";
+  std::string data_cache_path;
+  double mid_level_dataset_surplus = 0.005;
+  std::vector<std::int64_t> rampup_batch_size;  // START INCREMENT SAMPLES
+  bool decrease_batch_size_if_needed = false;
   std::string tokenizer_type = "GPT2BPETokenizer";
   std::string vocab_file, merge_file, tokenizer_model;
   std::int64_t null_tokenizer_vocab_size = 0;  // --vocab-size, for NullTokenizer
-  std::string dataloader_type = "sequential";  // samples in file order (see docs/training.md)
+  std::string dataloader_type = "single";  // Megatron's pretraining sampler
 
   // Evaluation and logging.
   std::int64_t eval_interval = 1000;
@@ -53,14 +58,20 @@ struct TrainConfig {
   std::int64_t save_interval = 0;
   std::int64_t exit_interval = 0;
 
-  // Parallelism (1 process for now).
+  // Parallelism: data-parallel size = world size / (tp x pp).
   int tensor_model_parallel_size = 1;
   int pipeline_model_parallel_size = 1;
+  std::string pipeline_schedule = "1f1b";  // gpipe, 1f1b, interleaved
+  std::int64_t num_layers_per_virtual_pipeline_stage = 0;
+  std::int64_t decoder_first_pipeline_num_layers = -1;
+  std::int64_t decoder_last_pipeline_num_layers = -1;
+  double comm_timeout = 300;  // seconds; a collective waiting longer ends the job
 
   // Fill derived defaults and throw InvalidArgument naming the flag for inconsistent settings.
   // world_size = number of processes.
   void finalize(int world_size);
   int data_parallel_size(int world_size) const;
+  int virtual_pipeline_chunks() const;
   std::int64_t num_micro_batches(int world_size) const;
 
   nlohmann::json to_json() const;

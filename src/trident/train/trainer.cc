@@ -6,7 +6,7 @@
 #include <cstring>
 #include <cstdio>
 #include <memory>
-#include <regex>
+#include <optional>
 #include <vector>
 
 #include "trident/ckpt/checkpoint.h"
@@ -15,13 +15,17 @@
 #include "trident/core/log.h"
 #include "trident/core/timer.h"
 #include "trident/data/indexed_dataset.h"
-#include "trident/data/sequential_dataset.h"
+#include "trident/data/data_loader.h"
+#include "trident/data/dataset_builder.h"
 #include "trident/data/tokenizer.h"
 #include "trident/kernels/elementwise.h"
 #include "trident/model/gpt.h"
-#include "trident/model/param_table.h"
-#include "trident/optim/adamw_optimizer.h"
+#include "trident/parallel/layout.h"
+#include "trident/parallel/parallel_context.h"
+#include "trident/train/distributed_optimizer.h"
 #include "trident/train/metrics.h"
+#include "trident/train/pipeline.h"
+#include "trident/train/rank_model.h"
 
 namespace trident::train {
 
@@ -29,52 +33,18 @@ namespace {
 
 using core::str;
 
-// Megatron's split string ("969, 30, 1"): every number is a weight, padded to 3, normalized;
-// split k covers sequences [round(lo * N), round(hi * N)) with round half to even.
-std::array<std::int64_t, 4> split_bounds(const std::string& split, std::int64_t n) {
-  std::vector<double> w;
-  const std::regex number("[.0-9]+");
-  for (auto it = std::sregex_iterator(split.begin(), split.end(), number);
-       it != std::sregex_iterator(); ++it) {
-    w.push_back(std::stod(it->str()));
+// Megatron's tokenizer.unique_identifiers, part of the dataset cache keys.
+nlohmann::ordered_json tokenizer_identity(const TrainConfig& cfg) {
+  nlohmann::ordered_json j;
+  if (cfg.tokenizer_type == "GPT2BPETokenizer") {
+    j["class"] = "_GPT2BPETokenizer";
+    j["tokenizer_path"] = {cfg.vocab_file, cfg.merge_file};
+  } else {
+    j["class"] = cfg.tokenizer_type;
+    j["tokenizer_path"] = {cfg.tokenizer_model.empty() ? cfg.vocab_file : cfg.tokenizer_model};
+    if (cfg.tokenizer_type == "NullTokenizer") j["vocab_size"] = cfg.null_tokenizer_vocab_size;
   }
-  TRIDENT_CHECK(!w.empty() && w.size() <= 3, "--split '", split,
-                "' must hold 1 to 3 weights, e.g. 969,30,1");
-  w.resize(3, 0.0);
-  const double total = w[0] + w[1] + w[2];
-  TRIDENT_CHECK(total > 0, "--split '", split, "' weights sum to zero");
-  std::array<std::int64_t, 4> b{};
-  double acc = 0;
-  for (int k = 0; k < 3; ++k) {
-    acc += w[static_cast<std::size_t>(k)] / total;
-    b[static_cast<std::size_t>(k + 1)] =
-        static_cast<std::int64_t>(std::nearbyint(acc * static_cast<double>(n)));
-  }
-  b[3] = n;
-  return b;
-}
-
-struct Buffers {
-  core::Arena params, grads, exp_avg, exp_avg_sq;
-  float* p = nullptr;
-  float* g = nullptr;
-  float* m = nullptr;
-  float* v = nullptr;
-};
-
-// One micro-batch of (B, T) inputs and labels from samples [first, first + B) (wrapping).
-void fill_batch(const data::SampleDataset& ds, std::int64_t first, std::int64_t B,
-                std::vector<std::int32_t>& tokens, std::vector<std::int32_t>& labels,
-                std::vector<std::int32_t>& scratch) {
-  const std::int64_t T = ds.seq_length();
-  scratch.resize(static_cast<std::size_t>(T + 1));
-  for (std::int64_t b = 0; b < B; ++b) {
-    ds.sample((first + b) % ds.num_samples(), scratch);
-    for (std::int64_t t = 0; t < T; ++t) {
-      tokens[static_cast<std::size_t>(b * T + t)] = scratch[static_cast<std::size_t>(t)];
-      labels[static_cast<std::size_t>(b * T + t)] = scratch[static_cast<std::size_t>(t + 1)];
-    }
-  }
+  return j;
 }
 
 std::string fmt_e(double x) {
@@ -83,12 +53,50 @@ std::string fmt_e(double x) {
   return buf;
 }
 
+// Megatron's micro-batch order: micro-batch j of the global batch starting at `first` goes to data
+// rank r as samples first + j * micro * dp + r * micro + [0, micro).
+void fill_micro_batch(const data::SampleDataset& ds, std::int64_t first, std::int64_t micro,
+                      int dp, int dp_rank, int j, std::int32_t* tokens, std::int32_t* labels,
+                      std::vector<std::int32_t>& scratch, std::int64_t vocab) {
+  const std::int64_t T = ds.seq_length();
+  scratch.resize(static_cast<std::size_t>(T + 1));
+  const std::int64_t start = data::micro_batch_first_sample(first, j, dp_rank, micro, dp);
+  for (std::int64_t b = 0; b < micro; ++b) {
+    const std::int64_t id = start + b;
+    if (id >= ds.num_samples()) {
+      throw core::DataError(core::str(ds.describe(), ": ran out of samples at sample ", id,
+                                      " (the dataset was built for fewer; check --train-iters, "
+                                      "--eval-iters and the batch sizes)"));
+    }
+    ds.sample(id, scratch);
+    for (std::int32_t t : scratch) {
+      TRIDENT_CHECK(t < vocab, ds.describe(), ": token id ", t, " in sample ", id,
+                    " is outside the tokenizer's vocabulary of ", vocab,
+                    " (was the data made with another tokenizer?)");
+    }
+    // A short final sample is padded with a negative id: its labels are ignored by the loss and
+    // its inputs read token 0, as Megatron does.
+    for (std::int64_t t = 0; t < T; ++t) {
+      tokens[b * T + t] = std::max(scratch[static_cast<std::size_t>(t)], 0);
+      labels[b * T + t] = scratch[static_cast<std::size_t>(t + 1)];
+    }
+  }
+}
+
 }  // namespace
 
-int run_training(TrainConfig cfg) {
-  const int world_size = 1;
-  cfg.finalize(world_size);
+int run_training(TrainConfig cfg, comm::Communicator& world) {
+  cfg.finalize(world.size());
   const core::ExecContext ctx;
+  const auto layout = parallel::ParallelLayout::from_world_size(
+      world.size(), cfg.tensor_model_parallel_size, cfg.pipeline_model_parallel_size);
+  world.set_timeout(cfg.comm_timeout);
+  parallel::ParallelContext par(world, layout);
+  par.set_timeout(cfg.comm_timeout);
+  log::Settings log_settings = log::settings();
+  log_settings.rank = world.rank();
+  log_settings.coords = par.coords_string();
+  log::configure(log_settings);
 
   // Tokenizer: sets the vocabulary size.
   auto tokenizer = data::make_tokenizer({.type = cfg.tokenizer_type,
@@ -100,99 +108,153 @@ int run_training(TrainConfig cfg) {
   model::ModelConfig& mc = cfg.model;
   mc.validate();
 
-  // Data.
-  TRIDENT_CHECK(cfg.data_path.size() == 1, "--data-path: blending several datasets needs the "
-                "GPTDataset loader; give one prefix");
-  auto indexed = std::make_shared<const data::IndexedDataset>(cfg.data_path[0]);
-  for (std::int64_t s = 0; s < std::min<std::int64_t>(indexed->num_sequences(), 4096); ++s) {
-    // Cheap sanity check of the first sequences: every token must fit the vocabulary.
-    std::vector<std::int32_t> toks = indexed->sequence(s);
-    for (std::int32_t t : toks) {
-      TRIDENT_CHECK(t >= 0 && t < mc.vocab_size, cfg.data_path[0], ": token id ", t,
-                    " in sequence ", s, " is outside the tokenizer's vocabulary of ",
-                    mc.vocab_size, " (was the data made with another tokenizer?)");
-    }
+  // Data: Megatron's GPTDataset / BlendedDataset indices, built (or loaded from the cache) on
+  // rank 0 first, then loaded by the other ranks.
+  const int dp = layout.dp_size, dp_rank = par.coord().dp;
+  data::DatasetBuildConfig dcfg;
+  dcfg.data_path = cfg.data_path;
+  dcfg.train_data_path = cfg.train_data_path;
+  dcfg.valid_data_path = cfg.valid_data_path;
+  dcfg.test_data_path = cfg.test_data_path;
+  dcfg.split = cfg.split;
+  dcfg.seq_length = mc.seq_length;
+  dcfg.seed = static_cast<std::int64_t>(cfg.seed);
+  dcfg.num_samples = {cfg.train_iters * cfg.global_batch_size,
+                      (cfg.train_iters / cfg.eval_interval + 1) * cfg.eval_iters *
+                          cfg.global_batch_size,
+                      cfg.eval_iters * cfg.global_batch_size};
+  dcfg.data_cache_path = cfg.data_cache_path;
+  dcfg.mid_level_dataset_surplus = cfg.mid_level_dataset_surplus;
+  dcfg.tokenizer = tokenizer_identity(cfg);
+  dcfg.eod_id = tokenizer->eod();
+  data::TrainValidTestDatasets datasets;
+  if (world.rank() == 0) datasets = data::build_train_valid_test_datasets(dcfg);
+  world.barrier();
+  if (world.rank() != 0) {
+    dcfg.cache_mode = data::CacheMode::kLoadOnly;
+    datasets = data::build_train_valid_test_datasets(dcfg);
   }
-  const auto bounds = split_bounds(cfg.split, indexed->num_sequences());
-  const data::SequentialDataset train_ds(indexed, bounds[0], bounds[1], mc.seq_length);
-  std::unique_ptr<data::SequentialDataset> valid_ds;
-  if (bounds[2] > bounds[1]) {
-    try {
-      valid_ds = std::make_unique<data::SequentialDataset>(indexed, bounds[1], bounds[2],
-                                                           mc.seq_length);
-    } catch (const core::DataError& e) {
-      log::warn("data: no validation set (", e.what(), ")");
-    }
+  TRIDENT_CHECK(datasets.train != nullptr, "no training data: the split '", cfg.split,
+                "' gives the training set no documents");
+  log::info("data: train ", datasets.train->describe());
+  if (datasets.valid) log::info("data: valid ", datasets.valid->describe());
+  std::optional<data::RampupBatchSize> rampup;
+  if (!cfg.rampup_batch_size.empty()) {
+    rampup = data::RampupBatchSize{cfg.rampup_batch_size[0], cfg.rampup_batch_size[1],
+                                   cfg.rampup_batch_size[2]};
   }
-  log::info("data: train ", train_ds.describe());
-  if (valid_ds) log::info("data: valid ", valid_ds->describe());
+  const data::BatchSchedule batches({.global_batch_size = cfg.global_batch_size,
+                                     .micro_batch_size = cfg.micro_batch_size,
+                                     .data_parallel_size = dp,
+                                     .rampup = rampup,
+                                     .decrease_batch_size_if_needed =
+                                         cfg.decrease_batch_size_if_needed});
 
-  // Parameters, gradients and optimizer state: flat buffers laid out by the ParamTable.
-  const model::ParamTable table = model::build_gpt_param_table(mc);
-  const std::int64_t n = table.total_numel;
+  // This rank's part of the model: its pipeline chunks, each a tensor-parallel slice.
+  const PipelineSplit split{.pp_size = layout.pp_size,
+                            .num_chunks = cfg.virtual_pipeline_chunks(),
+                            .first_stage_layers = cfg.decoder_first_pipeline_num_layers,
+                            .last_stage_layers = cfg.decoder_last_pipeline_num_layers};
+  const RankModel rank_model(mc, split, layout.tp_size, par.coord().tp, par.coord().pp);
+  const std::int64_t n = rank_model.total_numel();
   const std::int64_t bytes = n * static_cast<std::int64_t>(sizeof(float));
-  Buffers buf{core::Arena(bytes), core::Arena(bytes), core::Arena(bytes), core::Arena(bytes)};
-  buf.p = buf.params.alloc(core::DType::kF32, {n}).as<float>();
-  buf.g = buf.grads.alloc(core::DType::kF32, {n}).as<float>();
-  buf.m = buf.exp_avg.alloc(core::DType::kF32, {n}).as<float>();
-  buf.v = buf.exp_avg_sq.alloc(core::DType::kF32, {n}).as<float>();
+  core::Arena arenas[4] = {core::Arena(bytes), core::Arena(bytes), core::Arena(bytes),
+                           core::Arena(bytes)};
+  FlatBuffers buf{.params = arenas[0].alloc(core::DType::kF32, {n}).as<float>(),
+                  .grads = arenas[1].alloc(core::DType::kF32, {n}).as<float>(),
+                  .exp_avg = arenas[2].alloc(core::DType::kF32, {n}).as<float>(),
+                  .exp_avg_sq = arenas[3].alloc(core::DType::kF32, {n}).as<float>()};
 
   const std::int64_t B = cfg.micro_batch_size, T = mc.seq_length;
-  model::GptActivations acts;
-  const model::ModelRuntime rt;  // one process: the whole model, no tensor parallelism
-  model::make_activations(mc, rt.shard, B, T, acts);
+  std::int64_t micro_batches = cfg.num_micro_batches(world.size());
+  std::vector<model::ModelRuntime> runtimes;
+  for (const ModelChunk& ch : rank_model.chunks()) {
+    model::ModelRuntime rt;
+    rt.shard = ch.shard;
+    rt.tp = &par.tp();
+    runtimes.push_back(rt);
+  }
+  const auto schedule_kind = parallel::parse_pipeline_schedule(cfg.pipeline_schedule);
+  PipelineExecutor executor(rank_model, par, schedule_kind, static_cast<int>(micro_batches), B,
+                            runtimes);
+  DistributedOptimizer optimizer(rank_model, par, cfg.adamw, buf);
+
   log::info("model: GPT ", mc.num_layers, " layers, hidden ", mc.hidden_size, ", heads ",
             mc.num_attention_heads, ", ffn ", mc.ffn(), ", vocab ", mc.vocab_size, " (padded ",
-            mc.padded_vocab_size(), "), ", table.num_parameters(), " parameters");
-  log::info("memory per rank: parameters ", bytes, " B, gradients ", bytes,
-            " B, optimizer state ", 2 * bytes, " B, activations ", acts.arena.capacity(), " B");
+            mc.padded_vocab_size(layout.tp_size), "), ", mc.num_parameters(), " parameters");
+  log::info("layout: tp ", layout.tp_size, " x pp ", layout.pp_size, " x dp ", dp, " on ",
+            world.size(), " ranks; ", rank_model.chunks().size(), " chunk(s) per stage, ",
+            pipeline_schedule_name(schedule_kind), " schedule; this rank holds ",
+            rank_model.num_parameters(), " parameters");
+  log::info("memory per rank: parameters ", optimizer.param_bytes(), " B, gradients ",
+            optimizer.grad_bytes(), " B, optimizer state ", optimizer.optimizer_bytes(),
+            " B, activations ", executor.slots_per_chunk(), " slot(s) x ",
+            executor.activation_bytes_per_slot(0), " B");
 
   ckpt::CheckpointState state;
   state.config = cfg.to_json();
-  state.table = &table;
-  state.params = buf.p;
-  state.exp_avg = buf.m;
-  state.exp_avg_sq = buf.v;
-  std::int64_t iteration = 0, consumed = 0;
+  state.layout = {{"tp", layout.tp_size}, {"pp", layout.pp_size}, {"dp", dp},
+                  {"virtual_chunks", cfg.virtual_pipeline_chunks()},
+                  {"first_stage_layers", cfg.decoder_first_pipeline_num_layers},
+                  {"last_stage_layers", cfg.decoder_last_pipeline_num_layers}};
+  state.coords = {{"tp", par.coord().tp}, {"pp", par.coord().pp}, {"dp", dp_rank}};
+  state.tp_rank = par.coord().tp;
+  for (const ModelChunk& ch : rank_model.chunks()) state.tables.push_back({&ch.table, ch.base});
+  state.numel = n;
+  state.params = buf.params;
+  state.exp_avg = buf.exp_avg;
+  state.exp_avg_sq = buf.exp_avg_sq;
+  std::int64_t iteration = 0, consumed = 0, consumed_valid = 0;
   if (!cfg.load.empty() && ckpt::latest_iteration(cfg.load) >= 0) {
-    ckpt::load_checkpoint(cfg.load, -1, state);
+    ckpt::load_checkpoint(cfg.load, -1, state, world);
     iteration = state.iteration;
     consumed = state.consumed_train_samples;
+    consumed_valid = state.consumed_valid_samples;
   } else {
     if (!cfg.load.empty()) log::warn("ckpt: nothing to load in ", cfg.load, "; starting from scratch");
-    model::init_params(mc, table, cfg.seed, buf.p);
+    rank_model.init(cfg.seed, buf.params);
   }
-  const model::GptParams params = model::gpt_param_views(mc, table, buf.p);
-  const model::GptGrads grads = model::gpt_grad_views(mc, table, buf.g);
 
-  const int dp = cfg.data_parallel_size(world_size), dp_rank = 0;
-  const std::int64_t micro_batches = cfg.num_micro_batches(world_size);
-  const std::int64_t tokens_per_iter = cfg.global_batch_size * T;
-  const double flops_per_iter = mc.flops_per_iteration(tokens_per_iter);
-  const double peak = cfg.peak_tflops > 0 ? cfg.peak_tflops : measure_peak_tflops();
+
+  double peak = cfg.peak_tflops;
+  if (peak <= 0) {
+    peak = measure_peak_tflops();
+    world.all_reduce(&peak, 1, comm::Datatype::kF64, comm::ReduceOp::kMin);
+  }
   log::info("train: global batch ", cfg.global_batch_size, " = micro ", B, " x ", micro_batches,
-            " accumulation x ", dp, " data-parallel; ", omp_get_max_threads(),
-            " threads; MFU against ", peak, " TFLOP/s (",
+            " micro-batches x ", dp, " data-parallel; ", omp_get_max_threads(),
+            " threads per rank; MFU against ", peak, " TFLOP/s per rank (",
             cfg.peak_tflops > 0 ? "--peak-tflops" : "measured FP32 GEMM", ")");
 
-  MetricsWriter metrics(cfg.metrics_jsonl);
-  std::vector<std::int32_t> tokens(static_cast<std::size_t>(B * T)), labels(tokens.size()), scratch;
+  MetricsWriter metrics(world.rank() == 0 ? cfg.metrics_jsonl : std::string());
+  std::vector<std::int32_t> scratch;
+  const bool counts_loss = par.is_last_stage() && par.coord().tp == 0;
+  // The mean loss over the global batch: the last stage's tp rank 0 of every replica contributes.
+  auto global_loss = [&](const model::LossSum& mine) {
+    double v[2] = {counts_loss ? mine.sum : 0.0, counts_loss ? static_cast<double>(mine.count) : 0.0};
+    world.all_reduce(v, 2, comm::Datatype::kF64, comm::ReduceOp::kSum);
+    return v[0] / std::max(v[1], 1.0);
+  };
 
+  // Evaluation continues through the validation set (consumed_valid_samples), as Megatron's
+  // validation iterator does, at the full global batch size.
   auto evaluate = [&](std::int64_t it) {
-    if (!valid_ds || cfg.eval_iters == 0) return;
+    if (!datasets.valid || cfg.eval_iters == 0) return;
     model::LossSum total;
+    const std::int64_t eval_micro = cfg.global_batch_size / (B * dp);
     for (std::int64_t e = 0; e < cfg.eval_iters; ++e) {
-      for (std::int64_t mb = 0; mb < micro_batches; ++mb) {
-        const std::int64_t first = e * cfg.global_batch_size + mb * B * dp + dp_rank * B;
-        fill_batch(*valid_ds, first, B, tokens, labels, scratch);
-        model::gpt_forward(ctx, mc, rt, params, tokens.data(), acts);
-        const model::LossSum l = model::gpt_loss(ctx, mc, rt, labels.data(), 0.0f,
-                                                 model::LossGrad::kNone, acts);
-        total.sum += l.sum;
-        total.count += l.count;
-      }
+      const std::int64_t first = consumed_valid;
+      const model::LossSum l = executor.evaluate(
+          ctx, buf.params, static_cast<int>(eval_micro),
+          [&](int j, std::int32_t* tokens, std::int32_t* labels) {
+            fill_micro_batch(*datasets.valid, first, B, dp, dp_rank, j, tokens, labels, scratch,
+                             mc.vocab_size);
+          });
+      consumed_valid += cfg.global_batch_size;
+      total.sum += l.sum;
+      total.count += l.count;
     }
-    const double loss = total.sum / static_cast<double>(std::max<std::int64_t>(total.count, 1));
+    const double loss = global_loss(total);
     const double ppl = std::exp(std::min(loss, 20.0));
     log::info("validation loss at iteration ", it, " | lm loss value: ", fmt_e(loss),
               " | lm loss PPL: ", fmt_e(ppl));
@@ -203,54 +265,61 @@ int run_training(TrainConfig cfg) {
     core::Timer t;
     state.iteration = it;
     state.consumed_train_samples = consumed;
-    ckpt::save_checkpoint(cfg.save, state);
+    state.consumed_valid_samples = consumed_valid;
+    ckpt::save_checkpoint(cfg.save, state, world);
     log::info("ckpt: saved iteration ", it, " to ", cfg.save, " (", t.elapsed_s(), " s)");
   };
 
-  double interval_loss = 0, interval_ms = 0;
+  double interval_loss = 0, interval_ms = 0, interval_busy = 0, interval_pipe = 0;
+  double interval_flops = 0, interval_tokens = 0;
   std::int64_t interval_iters = 0, skipped_iters = 0, nan_iters = 0;
   while (iteration < cfg.train_iters) {
     core::Timer timer;
-    std::memset(buf.g, 0, static_cast<std::size_t>(n) * sizeof(float));
-    model::LossSum loss;
+    par.set_step(iteration + 1);
+    const data::StepBatch step_batch = batches.at(consumed);
+    if (step_batch.num_micro_batches != micro_batches) {
+      micro_batches = step_batch.num_micro_batches;  // --rampup-batch-size
+      executor.set_num_microbatches(static_cast<int>(micro_batches));
+    }
+    const std::int64_t tokens_per_iter = step_batch.running_global_batch_size * T;
+    optimizer.zero_grads();
     // Every token of the global batch weighs 1 / (tokens in the global batch).
     const float d_scale = 1.0f / static_cast<float>(tokens_per_iter);
-    for (std::int64_t mb = 0; mb < micro_batches; ++mb) {
-      const std::int64_t first = consumed + mb * B * dp + dp_rank * B;
-      fill_batch(train_ds, first, B, tokens, labels, scratch);
-      model::gpt_forward(ctx, mc, rt, params, tokens.data(), acts);
-      const model::LossSum l = model::gpt_loss(ctx, mc, rt, labels.data(), d_scale,
-                                               model::LossGrad::kCompute, acts);
-      loss.sum += l.sum;
-      loss.count += l.count;
-      model::gpt_backward(ctx, mc, rt, params, grads, tokens.data(), acts);
-    }
-    const double lm_loss = loss.sum / static_cast<double>(std::max<std::int64_t>(loss.count, 1));
-    const double grad_norm = std::sqrt(kernels::sum_squares(ctx, buf.g, n));
+    const PipelineStats ps = executor.train(
+        ctx, buf.params, buf.grads, d_scale, [&](int j, std::int32_t* tokens, std::int32_t* labels) {
+          fill_micro_batch(*datasets.train, consumed, B, dp, dp_rank, j, tokens, labels, scratch,
+                           mc.vocab_size);
+        });
     const double lr = cfg.lr.at(iteration);
+    const OptimizerStepResult step = optimizer.step(ctx, lr, iteration + 1);
+    const double lm_loss = global_loss(ps.loss);
     ++iteration;
-    consumed += cfg.global_batch_size;
-    if (!std::isfinite(grad_norm) || !std::isfinite(lm_loss)) {
+    consumed += step_batch.running_global_batch_size;
+    if (step.skipped || !std::isfinite(lm_loss)) {
       ++nan_iters;
       ++skipped_iters;
-      log::warn("train: iteration ", iteration, ": loss ", lm_loss, ", grad norm ", grad_norm,
-                " is not finite; update skipped");
-    } else {
-      const float coeff = optim::clip_coefficient(grad_norm, cfg.adamw.clip_grad);
-      optim::adamw_step(ctx, table, cfg.adamw, lr, iteration, coeff,
-                        {.range = {0, n}, .params = buf.p, .grads = buf.g, .m = buf.m, .v = buf.v});
+      log::warn("train: iteration ", iteration, ": loss ", lm_loss, ", grad norm ",
+                step.grad_norm, " is not finite; update skipped");
     }
     const double iter_ms = timer.elapsed_ms();
     interval_loss += lm_loss;
+    interval_flops += mc.flops_per_iteration(tokens_per_iter);
+    interval_tokens += tokens_per_iter;
     interval_ms += iter_ms;
+    interval_busy += ps.busy_ms;
+    interval_pipe += ps.total_ms;
     ++interval_iters;
 
     if (iteration % cfg.log_interval == 0 || iteration == cfg.train_iters) {
       const double avg_loss = interval_loss / static_cast<double>(interval_iters);
       const double avg_ms = interval_ms / static_cast<double>(interval_iters);
-      const double tokens_per_s = static_cast<double>(tokens_per_iter) / (avg_ms / 1e3);
-      const double tflops = flops_per_iter / (avg_ms / 1e3) / 1e12 / world_size;
-      char line[512];
+      const double tokens_per_s = interval_tokens / (interval_ms / 1e3);
+      const double tflops = interval_flops / (interval_ms / 1e3) / 1e12 / world.size();
+      // Pipeline bubble: the share of the schedule this stage spent waiting, per stage.
+      std::vector<double> idle(static_cast<std::size_t>(layout.pp_size), 0.0);
+      const double my_idle = interval_pipe > 0 ? 1.0 - interval_busy / interval_pipe : 0.0;
+      par.pp().all_gather(&my_idle, idle.data(), 1, comm::Datatype::kF64);
+      char line[768];
       std::snprintf(line, sizeof(line),
                     " iteration %8lld/%8lld | consumed samples: %12lld | elapsed time per "
                     "iteration (ms): %.1f | throughput per GPU (TFLOP/s/GPU): %.3f | learning "
@@ -258,16 +327,27 @@ int run_training(TrainConfig cfg) {
                     "of skipped iterations: %3lld | number of nan iterations: %3lld |",
                     static_cast<long long>(iteration), static_cast<long long>(cfg.train_iters),
                     static_cast<long long>(consumed), avg_ms, tflops, fmt_e(lr).c_str(),
-                    static_cast<long long>(cfg.global_batch_size), fmt_e(avg_loss).c_str(),
-                    grad_norm, static_cast<long long>(skipped_iters),
+                    static_cast<long long>(step_batch.running_global_batch_size),
+                    fmt_e(avg_loss).c_str(),
+                    step.grad_norm, static_cast<long long>(skipped_iters),
                     static_cast<long long>(nan_iters));
       log::info(line);
-      metrics.write({{"iteration", iteration}, {"consumed_samples", consumed},
-                     {"lm_loss", avg_loss}, {"lr", lr}, {"grad_norm", grad_norm},
-                     {"iter_ms", avg_ms}, {"tokens_per_s", tokens_per_s}, {"tflops", tflops},
-                     {"mfu", tflops / peak}, {"skipped_iterations", skipped_iters},
-                     {"nan_iterations", nan_iters}, {"global_batch_size", cfg.global_batch_size}});
-      interval_loss = interval_ms = 0;
+      nlohmann::json record = {
+          {"iteration", iteration}, {"consumed_samples", consumed}, {"lm_loss", avg_loss},
+          {"lr", lr}, {"grad_norm", step.grad_norm}, {"iter_ms", avg_ms},
+          {"tokens_per_s", tokens_per_s}, {"tflops", tflops}, {"mfu", tflops / peak},
+          {"skipped_iterations", skipped_iters}, {"nan_iterations", nan_iters},
+          {"global_batch_size", step_batch.running_global_batch_size}};
+      if (layout.pp_size > 1) {
+        record["pipeline_idle_fraction"] = idle;
+        std::string text;
+        for (double f : idle) text += core::str(text.empty() ? "" : " ", f);
+        log::info("pipeline: idle fraction per stage [", text, "] (", pipeline_schedule_name(schedule_kind),
+                  ", ", micro_batches, " micro-batches)");
+      }
+      metrics.write(record);
+      interval_loss = interval_ms = interval_busy = interval_pipe = interval_flops = 0;
+      interval_tokens = 0;
       interval_iters = 0;
     }
     if (iteration % cfg.eval_interval == 0) evaluate(iteration);

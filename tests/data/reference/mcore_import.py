@@ -17,6 +17,8 @@ import types
 
 
 def load_megatron_core():
+    if "megatron.core" in sys.modules:
+        return  # already loaded (by this function or by a real import)
     spec = importlib.util.find_spec("megatron")
     if spec is None or not spec.submodule_search_locations:
         sys.exit("megatron-core is not installed for " + sys.executable +

@@ -37,7 +37,8 @@ inline std::string source_dir() {
 // /work/shared/data.
 inline std::string shared_data() {
   if (const char* env = std::getenv("TRIDENT_SHARED_DATA")) return env;
-  for (const std::string& p : {source_dir() + "/../shared/data", std::string("/work/shared/data")}) {
+  for (const std::string& p :
+       {source_dir() + "/../shared/data", std::string("/work/shared/data")}) {
     if (std::filesystem::exists(p + "/README.md")) return std::filesystem::canonical(p);
   }
   ADD_FAILURE() << "shared data not found: set TRIDENT_SHARED_DATA to the shared/data folder";
@@ -82,7 +83,10 @@ inline int run_command(const std::string& cmd, std::string* output = nullptr) {
 // Runs `ref_python() script args...` and fails the test (returning false) on a non-zero exit.
 inline bool run_reference(const std::string& script, const std::vector<std::string>& args) {
   std::string cmd = shell_quote(ref_python()) + " " + shell_quote(reference_script(script));
-  for (const auto& a : args) cmd += " " + shell_quote(a);
+  for (const auto& a : args) {
+    cmd += ' ';
+    cmd += shell_quote(a);
+  }
   std::string out;
   const int rc = run_command(cmd, &out);
   EXPECT_EQ(rc, 0) << "reference command failed: " << cmd << "\n" << out;

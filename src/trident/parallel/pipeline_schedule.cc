@@ -1,0 +1,181 @@
+#include "trident/parallel/pipeline_schedule.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "trident/core/error.h"
+
+namespace trident::parallel {
+
+PipelineScheduleKind parse_pipeline_schedule(const std::string& name) {
+  if (name == "gpipe") return PipelineScheduleKind::kGPipe;
+  if (name == "1f1b") return PipelineScheduleKind::k1F1B;
+  if (name == "interleaved") return PipelineScheduleKind::kInterleaved1F1B;
+  throw core::InvalidArgument(core::str("--pipeline-schedule: unknown schedule '", name,
+                                        "' (use gpipe, 1f1b or interleaved)"));
+}
+
+const char* pipeline_schedule_name(PipelineScheduleKind kind) {
+  switch (kind) {
+    case PipelineScheduleKind::kGPipe: return "gpipe";
+    case PipelineScheduleKind::k1F1B: return "1f1b";
+    case PipelineScheduleKind::kInterleaved1F1B: return "interleaved";
+  }
+  return "?";
+}
+
+namespace {
+
+void check_shape(PipelineScheduleKind kind, const PipelineShape& s, int stage) {
+  TRIDENT_CHECK(s.num_stages >= 1 && s.num_microbatches >= 1 && s.num_chunks >= 1,
+                "pipeline needs stages, micro-batches and chunks >= 1, got ", s.num_stages, ", ",
+                s.num_microbatches, ", ", s.num_chunks);
+  TRIDENT_CHECK(stage >= 0 && stage < s.num_stages, "stage ", stage, " out of ", s.num_stages);
+  if (kind != PipelineScheduleKind::kInterleaved1F1B) {
+    TRIDENT_CHECK(s.num_chunks == 1, "only the interleaved schedule runs several model chunks "
+                  "per stage (--num-layers-per-virtual-pipeline-stage needs "
+                  "--pipeline-schedule interleaved)");
+  } else {
+    TRIDENT_CHECK(s.num_microbatches % s.num_stages == 0, "the interleaved schedule needs the "
+                  "number of micro-batches (", s.num_microbatches, ") to be a multiple of "
+                  "--pipeline-model-parallel-size (", s.num_stages, ")");
+  }
+}
+
+// Megatron's interleaved order: the k-th forward (or backward) of a stage works on
+// micro-batch (k / (P v)) P + k mod P of chunk (k mod (P v)) / P (backward: chunks reversed).
+PipeStep interleaved_step(PipeOp op, int k, const PipelineShape& s) {
+  const int P = s.num_stages, v = s.num_chunks;
+  const int group = k / (P * v), in_group = k % (P * v);
+  int chunk = in_group / P;
+  if (op == PipeOp::kBackward) chunk = v - 1 - chunk;
+  return {op, group * P + in_group % P, chunk};
+}
+
+}  // namespace
+
+std::vector<PipeStep> build_pipeline_schedule(PipelineScheduleKind kind, const PipelineShape& s,
+                                              int stage) {
+  check_shape(kind, s, stage);
+  const int P = s.num_stages, m = s.num_microbatches;
+  std::vector<PipeStep> steps;
+  switch (kind) {
+    case PipelineScheduleKind::kGPipe:
+      for (int i = 0; i < m; ++i) steps.push_back({PipeOp::kForward, i, 0});
+      for (int i = 0; i < m; ++i) steps.push_back({PipeOp::kBackward, i, 0});
+      break;
+    case PipelineScheduleKind::k1F1B: {
+      const int warmup = std::min(P - stage - 1, m);
+      for (int i = 0; i < warmup; ++i) steps.push_back({PipeOp::kForward, i, 0});
+      for (int i = 0; i < m - warmup; ++i) {
+        steps.push_back({PipeOp::kForward, i + warmup, 0});
+        steps.push_back({PipeOp::kBackward, i, 0});
+      }
+      for (int i = m - warmup; i < m; ++i) steps.push_back({PipeOp::kBackward, i, 0});
+      break;
+    }
+    case PipelineScheduleKind::kInterleaved1F1B: {
+      const int v = s.num_chunks, total = m * v;
+      const int warmup = std::min((P - stage - 1) * 2 + (v - 1) * P, total);
+      int f = 0, b = 0;
+      for (; f < warmup; ++f) steps.push_back(interleaved_step(PipeOp::kForward, f, s));
+      while (f < total) {
+        steps.push_back(interleaved_step(PipeOp::kForward, f++, s));
+        steps.push_back(interleaved_step(PipeOp::kBackward, b++, s));
+      }
+      while (b < total) steps.push_back(interleaved_step(PipeOp::kBackward, b++, s));
+      break;
+    }
+  }
+  return steps;
+}
+
+int max_in_flight(const std::vector<PipeStep>& steps) {
+  int live = 0, peak = 0;
+  for (const PipeStep& st : steps) {
+    live += st.op == PipeOp::kForward ? 1 : -1;
+    peak = std::max(peak, live);
+  }
+  return peak;
+}
+
+std::string simulate_pipeline(PipelineScheduleKind kind, const PipelineShape& s) {
+  const int P = s.num_stages, v = s.num_chunks, m = s.num_microbatches;
+  std::vector<std::vector<PipeStep>> sched(static_cast<std::size_t>(P));
+  for (int st = 0; st < P; ++st) sched[static_cast<std::size_t>(st)] = build_pipeline_schedule(kind, s, st);
+  std::ostringstream err;
+  // Per-stage invariants: one forward and one backward per (micro-batch, chunk), backward after.
+  for (int st = 0; st < P; ++st) {
+    std::map<std::pair<int, int>, int> fwd_at, bwd_at;
+    const auto& steps = sched[static_cast<std::size_t>(st)];
+    for (int i = 0; i < static_cast<int>(steps.size()); ++i) {
+      auto& where = steps[static_cast<std::size_t>(i)].op == PipeOp::kForward ? fwd_at : bwd_at;
+      const auto key = std::make_pair(steps[static_cast<std::size_t>(i)].microbatch,
+                                      steps[static_cast<std::size_t>(i)].chunk);
+      if (where.count(key)) {
+        err << "stage " << st << " runs micro-batch " << key.first << " chunk " << key.second
+            << " twice";
+        return err.str();
+      }
+      where[key] = i;
+    }
+    if (static_cast<int>(fwd_at.size()) != m * v || static_cast<int>(bwd_at.size()) != m * v) {
+      err << "stage " << st << " has " << fwd_at.size() << " forwards and " << bwd_at.size()
+          << " backwards, expected " << m * v;
+      return err.str();
+    }
+    for (auto& [key, at] : bwd_at) {
+      if (!fwd_at.count(key) || fwd_at[key] > at) {
+        err << "stage " << st << ": backward of micro-batch " << key.first << " before its forward";
+        return err.str();
+      }
+    }
+  }
+  // Dependencies: the forward of virtual stage u = c P + st needs the forward output of u - 1;
+  // its backward needs the backward of u + 1 (and, on the last virtual stage, its own forward).
+  const int V = P * v;
+  std::set<std::tuple<int, int, int>> done;  // (op, micro, virtual stage)
+  std::vector<std::size_t> pc(static_cast<std::size_t>(P), 0);
+  std::size_t remaining = 0;
+  for (auto& steps : sched) remaining += steps.size();
+  while (remaining > 0) {
+    bool progress = false;
+    for (int st = 0; st < P; ++st) {
+      auto& i = pc[static_cast<std::size_t>(st)];
+      const auto& steps = sched[static_cast<std::size_t>(st)];
+      while (i < steps.size()) {
+        const PipeStep& step = steps[i];
+        const int u = step.chunk * P + st;
+        bool ready;
+        if (step.op == PipeOp::kForward) {
+          ready = u == 0 || done.count({0, step.microbatch, u - 1});
+        } else {
+          ready = done.count({0, step.microbatch, u}) &&
+                  (u == V - 1 || done.count({1, step.microbatch, u + 1}));
+        }
+        if (!ready) break;  // a blocking receive: this stage waits here
+        done.insert({step.op == PipeOp::kForward ? 0 : 1, step.microbatch, u});
+        ++i;
+        --remaining;
+        progress = true;
+      }
+    }
+    if (!progress) {
+      err << "deadlock: ";
+      for (int st = 0; st < P; ++st) {
+        const auto& steps = sched[static_cast<std::size_t>(st)];
+        const auto i = pc[static_cast<std::size_t>(st)];
+        if (i < steps.size()) {
+          err << "stage " << st << " waits at " << (steps[i].op == PipeOp::kForward ? "F" : "B")
+              << steps[i].microbatch << "c" << steps[i].chunk << "; ";
+        }
+      }
+      return err.str();
+    }
+  }
+  return "";
+}
+
+}  // namespace trident::parallel

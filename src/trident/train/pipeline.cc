@@ -1,0 +1,182 @@
+#include "trident/train/pipeline.h"
+
+#include <algorithm>
+
+#include "trident/core/error.h"
+#include "trident/core/timer.h"
+
+namespace trident::train {
+
+PipelineExecutor::PipelineExecutor(const RankModel& model, const parallel::ParallelContext& par,
+                                   parallel::PipelineScheduleKind kind, int num_microbatches,
+                                   std::int64_t micro_batch_size,
+                                   std::vector<model::ModelRuntime> runtimes)
+    : model_(model), par_(par), runtimes_(std::move(runtimes)), kind_(kind),
+      pp_size_(par.layout().pp_size), pp_rank_(par.coord().pp),
+      num_chunks_(static_cast<int>(model.chunks().size())), num_microbatches_(num_microbatches),
+      micro_batch_size_(micro_batch_size) {
+  TRIDENT_ASSERT(static_cast<int>(runtimes_.size()) == num_chunks_, "one runtime per chunk");
+  slots_by_chunk_.resize(static_cast<std::size_t>(num_chunks_));
+  build(num_microbatches);
+}
+
+void PipelineExecutor::set_num_microbatches(int num_microbatches) {
+  if (num_microbatches != num_microbatches_) build(num_microbatches);
+}
+
+void PipelineExecutor::build(int num_microbatches) {
+  num_microbatches_ = num_microbatches;
+  schedule_ = parallel::build_pipeline_schedule(
+      kind_, {pp_size_, num_microbatches, num_chunks_}, pp_rank_);
+  // Activation slots: enough for the most (micro-batch, chunk) pairs alive at once on a chunk.
+  std::vector<int> live(static_cast<std::size_t>(num_chunks_), 0), peak(live.size(), 1);
+  for (const parallel::PipeStep& st : schedule_) {
+    int& l = live[static_cast<std::size_t>(st.chunk)];
+    l += st.op == parallel::PipeOp::kForward ? 1 : -1;
+    peak[static_cast<std::size_t>(st.chunk)] = std::max(peak[static_cast<std::size_t>(st.chunk)], l);
+  }
+  slots_ = std::max(slots_, *std::max_element(peak.begin(), peak.end()));
+  const model::ModelConfig& cfg = model_.config();
+  for (int c = 0; c < num_chunks_; ++c) {
+    auto& slots = slots_by_chunk_[static_cast<std::size_t>(c)];
+    const std::size_t had = slots.size();
+    if (static_cast<int>(had) >= peak[static_cast<std::size_t>(c)]) continue;
+    slots.resize(static_cast<std::size_t>(peak[static_cast<std::size_t>(c)]));
+    for (std::size_t i = had; i < slots.size(); ++i) {
+      Slot& s = slots[i];
+      model::make_activations(cfg, model_.chunks()[static_cast<std::size_t>(c)].shard,
+                              micro_batch_size_, cfg.seq_length, s.acts);
+      s.tokens.resize(static_cast<std::size_t>(micro_batch_size_ * cfg.seq_length));
+      s.labels.resize(s.tokens.size());
+    }
+  }
+}
+
+std::int64_t PipelineExecutor::activation_bytes_per_slot(int chunk) const {
+  return slots_by_chunk_[static_cast<std::size_t>(chunk)].front().acts.arena.capacity();
+}
+
+int PipelineExecutor::tag(int micro, int chunk, int direction) const {
+  return ((micro * num_chunks_ + chunk) * 2 + direction) % 32000;
+}
+
+PipelineExecutor::Slot& PipelineExecutor::acquire(int chunk, int micro) {
+  for (Slot& s : slots_by_chunk_[static_cast<std::size_t>(chunk)]) {
+    if (s.micro < 0) {
+      for (comm::Request& r : s.pending) r.wait();  // its buffers may still be on the wire
+      s.pending.clear();
+      s.micro = micro;
+      return s;
+    }
+  }
+  TRIDENT_ASSERT(false, "no free activation slot for chunk ", chunk, " micro-batch ", micro);
+  throw;  // unreachable
+}
+
+PipelineExecutor::Slot& PipelineExecutor::find(int chunk, int micro) {
+  for (Slot& s : slots_by_chunk_[static_cast<std::size_t>(chunk)])
+    if (s.micro == micro) return s;
+  TRIDENT_ASSERT(false, "micro-batch ", micro, " of chunk ", chunk, " has no activations");
+  throw;  // unreachable
+}
+
+void PipelineExecutor::forward_step(const core::ExecContext& ctx, const float* params, int chunk,
+                                    int micro, const MicroBatchFill& fill, model::LossGrad grad,
+                                    float d_scale, model::LossSum& loss, double& busy_ms) {
+  const model::ModelConfig& cfg = model_.config();
+  const std::int64_t rows = micro_batch_size_ * cfg.seq_length, C = cfg.hidden_size;
+  Slot& s = acquire(chunk, micro);
+  const model::ModelShard& shard = model_.chunks()[static_cast<std::size_t>(chunk)].shard;
+  if (shard.has_embedding || shard.has_head) fill(micro, s.tokens.data(), s.labels.data());
+  comm::Communicator& pp = par_.pp();
+  if (!is_first_virtual(chunk)) {
+    // The previous virtual stage: the previous rank, or the last rank's previous chunk.
+    pp.recv(s.acts.encoded, rows * C, comm::Datatype::kF32, (pp_rank_ + pp_size_ - 1) % pp_size_,
+            tag(micro, pp_rank_ == 0 ? chunk - 1 : chunk, 0));
+  }
+  core::Timer t;
+  const model::ModelRuntime& rt = runtimes_[static_cast<std::size_t>(chunk)];
+  model::gpt_forward(ctx, cfg, rt, model_.params(chunk, params), s.tokens.data(), s.acts);
+  if (shard.has_head) {
+    const model::LossSum l = model::gpt_loss(ctx, cfg, rt, s.labels.data(), d_scale, grad, s.acts);
+    loss.sum += l.sum;
+    loss.count += l.count;
+  }
+  busy_ms += t.elapsed_ms();
+  if (!is_last_virtual(chunk)) {
+    s.pending.push_back(pp.isend(s.acts.output(), rows * C, comm::Datatype::kF32,
+                                 (pp_rank_ + 1) % pp_size_, tag(micro, chunk, 0)));
+  }
+}
+
+void PipelineExecutor::backward_step(const core::ExecContext& ctx, const float* params,
+                                     float* grads, int chunk, int micro, double& busy_ms) {
+  const model::ModelConfig& cfg = model_.config();
+  const std::int64_t rows = micro_batch_size_ * cfg.seq_length, C = cfg.hidden_size;
+  Slot& s = find(chunk, micro);
+  comm::Communicator& pp = par_.pp();
+  if (!is_last_virtual(chunk)) {
+    // The next virtual stage: the next rank, or the first rank's next chunk.
+    pp.recv(s.acts.d_x, rows * C, comm::Datatype::kF32, (pp_rank_ + 1) % pp_size_,
+            tag(micro, pp_rank_ == pp_size_ - 1 ? chunk + 1 : chunk, 1));
+  }
+  core::Timer t;
+  model::gpt_backward(ctx, cfg, runtimes_[static_cast<std::size_t>(chunk)],
+                      model_.params(chunk, params), model_.grads(chunk, grads), s.tokens.data(),
+                      s.acts);
+  busy_ms += t.elapsed_ms();
+  if (!is_first_virtual(chunk)) {
+    s.pending.push_back(pp.isend(s.acts.d_x, rows * C, comm::Datatype::kF32,
+                                 (pp_rank_ + pp_size_ - 1) % pp_size_, tag(micro, chunk, 1)));
+  }
+  s.micro = -1;  // free once its sends complete (acquire waits for them)
+}
+
+void PipelineExecutor::drain() {
+  for (auto& slots : slots_by_chunk_) {
+    for (Slot& s : slots) {
+      for (comm::Request& r : s.pending) r.wait();
+      s.pending.clear();
+      s.micro = -1;
+    }
+  }
+}
+
+PipelineStats PipelineExecutor::train(const core::ExecContext& ctx, const float* params,
+                                      float* grads, float d_scale, const MicroBatchFill& fill) {
+  PipelineStats stats;
+  core::Timer total;
+  int live = 0;
+  for (const parallel::PipeStep& st : schedule_) {
+    if (st.op == parallel::PipeOp::kForward) {
+      forward_step(ctx, params, st.chunk, st.microbatch, fill, model::LossGrad::kCompute, d_scale,
+                   stats.loss, stats.busy_ms);
+      stats.max_live_activations = std::max(stats.max_live_activations, ++live);
+    } else {
+      backward_step(ctx, params, grads, st.chunk, st.microbatch, stats.busy_ms);
+      --live;
+    }
+  }
+  drain();
+  stats.total_ms = total.elapsed_ms();
+  stats.activation_bytes = static_cast<std::int64_t>(stats.max_live_activations) *
+                           activation_bytes_per_slot(0);
+  return stats;
+}
+
+model::LossSum PipelineExecutor::evaluate(const core::ExecContext& ctx, const float* params,
+                                          int num_microbatches, const MicroBatchFill& fill) {
+  model::LossSum loss;
+  double busy = 0;
+  for (int micro = 0; micro < num_microbatches; ++micro) {
+    for (int c = 0; c < num_chunks_; ++c) {
+      forward_step(ctx, params, c, micro, fill, model::LossGrad::kNone, 0.0f, loss, busy);
+      Slot& s = find(c, micro);
+      s.micro = -1;
+    }
+  }
+  drain();
+  return loss;
+}
+
+}  // namespace trident::train

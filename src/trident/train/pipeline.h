@@ -1,0 +1,85 @@
+// PipelineExecutor: runs a pipeline schedule (parallel/pipeline_schedule.h) on this rank:
+// forward and backward of each (micro-batch, chunk) step, receiving activations / gradients from
+// the neighbouring stages and sending its own with non-blocking point-to-point calls over the pp
+// group. With one stage it is the plain gradient-accumulation loop. It has no scheduling logic of
+// its own: the order is the schedule's.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "trident/comm/communicator.h"
+#include "trident/model/gpt.h"
+#include "trident/parallel/parallel_context.h"
+#include "trident/parallel/pipeline_schedule.h"
+#include "trident/train/rank_model.h"
+
+namespace trident::train {
+
+// Writes micro-batch `micro`'s inputs (B*T) and labels (B*T) of this data-parallel rank.
+using MicroBatchFill =
+    std::function<void(int micro, std::int32_t* tokens, std::int32_t* labels)>;
+
+struct PipelineStats {
+  model::LossSum loss;   // this rank's share (last stage only; zero elsewhere)
+  double busy_ms = 0;    // forward and backward compute
+  double total_ms = 0;   // the whole schedule, waits included
+  int max_live_activations = 0;
+  std::int64_t activation_bytes = 0;  // peak bytes of activation slots held at once
+};
+
+class PipelineExecutor {
+ public:
+  // runtimes[c]: the model runtime of chunk c (tp group, hooks).
+  PipelineExecutor(const RankModel& model, const parallel::ParallelContext& par,
+                   parallel::PipelineScheduleKind kind, int num_microbatches,
+                   std::int64_t micro_batch_size, std::vector<model::ModelRuntime> runtimes);
+
+  // Rebuilds the schedule for another micro-batch count (--rampup-batch-size), adding
+  // activation slots when the new schedule keeps more alive.
+  void set_num_microbatches(int num_microbatches);
+
+  // One training iteration: every step of the schedule; gradients accumulate (+=) into grads.
+  PipelineStats train(const core::ExecContext& ctx, const float* params, float* grads,
+                      float d_scale, const MicroBatchFill& fill);
+  // Forward only over `num_microbatches` micro-batches (evaluation); returns the loss share.
+  model::LossSum evaluate(const core::ExecContext& ctx, const float* params, int num_microbatches,
+                          const MicroBatchFill& fill);
+
+  std::int64_t activation_bytes_per_slot(int chunk) const;
+  int slots_per_chunk() const { return slots_; }
+  const std::vector<parallel::PipeStep>& schedule() const { return schedule_; }
+
+ private:
+  struct Slot {
+    model::GptActivations acts;
+    std::vector<std::int32_t> tokens, labels;
+    int micro = -1;                      // -1: free
+    std::vector<comm::Request> pending;  // sends reading this slot's buffers
+  };
+  int virtual_stage(int chunk) const { return chunk * pp_size_ + pp_rank_; }
+  bool is_first_virtual(int chunk) const { return virtual_stage(chunk) == 0; }
+  bool is_last_virtual(int chunk) const { return virtual_stage(chunk) == pp_size_ * num_chunks_ - 1; }
+  int tag(int micro, int chunk, int direction) const;
+  Slot& acquire(int chunk, int micro);
+  Slot& find(int chunk, int micro);
+  void forward_step(const core::ExecContext& ctx, const float* params, int chunk, int micro,
+                    const MicroBatchFill& fill, model::LossGrad grad, float d_scale,
+                    model::LossSum& loss, double& busy_ms);
+  void backward_step(const core::ExecContext& ctx, const float* params, float* grads, int chunk,
+                     int micro, double& busy_ms);
+  void drain();
+  void build(int num_microbatches);
+
+  const RankModel& model_;
+  const parallel::ParallelContext& par_;
+  std::vector<model::ModelRuntime> runtimes_;
+  std::vector<parallel::PipeStep> schedule_;
+  parallel::PipelineScheduleKind kind_;
+  int pp_size_ = 1, pp_rank_ = 0, num_chunks_ = 1, num_microbatches_ = 1, slots_ = 1;
+  std::int64_t micro_batch_size_ = 1;
+  std::vector<std::vector<Slot>> slots_by_chunk_;
+};
+
+}  // namespace trident::train

@@ -1,0 +1,59 @@
+// RankModel: the part of the model one rank holds, for any TP x PP x DP layout. A rank runs one
+// model chunk per virtual pipeline stage it owns (one, unless the schedule is interleaved); each
+// chunk is a ModelShard with its own ParamTable, and the chunks' tables are laid end to end in
+// the rank's flat FP32 buffers (parameters, gradients, Adam moments).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "trident/core/arena.h"
+#include "trident/model/config.h"
+#include "trident/model/gpt.h"
+#include "trident/model/param_table.h"
+
+namespace trident::train {
+
+struct PipelineSplit {
+  int pp_size = 1;
+  int num_chunks = 1;                   // virtual stages per rank (interleaved schedule)
+  std::int64_t first_stage_layers = -1; // --decoder-first-pipeline-num-layers (-1: even split)
+  std::int64_t last_stage_layers = -1;  // --decoder-last-pipeline-num-layers
+};
+
+// Layers [first, first + count) of virtual stage `u` (0 .. pp_size * num_chunks - 1). Throws
+// InvalidArgument for a split that does not fit (layers not divisible, an empty stage...).
+std::pair<std::int64_t, std::int64_t> virtual_stage_layers(std::int64_t num_layers,
+                                                           const PipelineSplit& split, int u);
+
+struct ModelChunk {
+  model::ModelShard shard;
+  model::ParamTable table;  // offsets relative to `base`
+  std::int64_t base = 0;    // element offset of this chunk in the rank's flat buffers
+};
+
+class RankModel {
+ public:
+  RankModel(const model::ModelConfig& cfg, const PipelineSplit& split, int tp_size, int tp_rank,
+            int pp_rank);
+
+  const model::ModelConfig& config() const { return cfg_; }
+  const std::vector<ModelChunk>& chunks() const { return chunks_; }
+  std::int64_t total_numel() const { return total_numel_; }
+  std::int64_t num_parameters() const;  // this rank's, without padding
+  int tp_rank() const { return tp_rank_; }
+
+  // Views of chunk c's parameters / gradients inside flat buffers of total_numel() elements.
+  model::GptParams params(int c, const float* flat) const;
+  model::GptGrads grads(int c, float* flat) const;
+  // Layout-independent initialization of every chunk into flat.
+  void init(std::uint64_t seed, float* flat) const;
+
+ private:
+  model::ModelConfig cfg_;
+  std::vector<ModelChunk> chunks_;
+  std::int64_t total_numel_ = 0;
+  int tp_rank_ = 0;
+};
+
+}  // namespace trident::train
