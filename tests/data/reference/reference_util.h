@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -156,15 +157,20 @@ inline std::string first_difference(const std::vector<std::int32_t>& got,
   while (i < got.size() && i < want.size() && got[i] == want[i]) ++i;
   if (i == got.size() && i == want.size()) return "identical";
   auto around = [&](const std::vector<std::int32_t>& v) {
-    std::string s;
+    std::ostringstream os;
     for (std::size_t k = i >= 3 ? i - 3 : 0; k < v.size() && k < i + 5; ++k) {
-      s += (k == i ? "[" : "") + std::to_string(v[k]) + (k == i ? "] " : " ");
+      if (k == i) {
+        os << '[' << v[k] << "] ";
+      } else {
+        os << v[k] << ' ';
+      }
     }
-    return s;
+    return os.str();
   };
-  return "first difference at index " + std::to_string(i) + " (lengths " +
-         std::to_string(got.size()) + " vs " + std::to_string(want.size()) + "): trident " +
-         around(got) + "| reference " + around(want);
+  std::ostringstream os;
+  os << "first difference at index " << i << " (lengths " << got.size() << " vs " << want.size()
+     << "): trident " << around(got) << "| reference " << around(want);
+  return os.str();
 }
 
 }  // namespace trident::data::testing

@@ -1,0 +1,201 @@
+// Distributed training is proven by equivalence: `trident train` under mpirun in a TP x PP x DP
+// layout runs 10 iterations of a tiny GPT (FP32) and must give the losses and the final weights
+// of the same run on one process.
+//
+// Tolerances (FP32, different summation orders): every iteration's loss within 1e-6 relative;
+// every parameter tensor within max |x - ref| / max |ref| <= 2e-5 after 10 AdamW steps
+// (measured: losses within 1e-8, parameters within 3e-6).
+// Note [Well-conditioned Adam for equivalence]: some gradients are zero in exact arithmetic (the
+// key bias: softmax ignores a constant added to a row of scores), so FP32 leaves rounding noise
+// there whose sign differs between layouts, and Adam turns any sign into a step of size lr. The
+// runs use --adam-eps 1e-5, which damps updates from noise-level gradients (1e-9) to 1e-4 lr
+// while real gradients (1e-4 and up) update normally.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "trident/ckpt/checkpoint.h"
+#include "trident/data/indexed_dataset.h"
+#include "trident/model/param_table.h"
+
+namespace trident {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Layout {
+  std::string name;
+  int np = 1;
+  std::vector<std::string> flags;
+  int tp = 1;
+};
+
+class Equivalence : public ::testing::Test {
+ protected:
+  static fs::path dir() { return fs::temp_directory_path() / "trident_equivalence"; }
+
+  static void SetUpTestSuite() {
+    fs::remove_all(dir());
+    fs::create_directories(dir());
+    data::IndexedDatasetBuilder builder((dir() / "corpus").string(), data::TokenDType::kU16);
+    std::mt19937 rng(3);
+    for (int doc = 0; doc < 200; ++doc) {
+      std::vector<std::int32_t> ids(30 + doc % 23);
+      // A learnable corpus: runs of increasing ids with noise.
+      std::int32_t t = static_cast<std::int32_t>(rng() % 300);
+      for (auto& x : ids) {
+        x = (rng() % 4 == 0) ? static_cast<std::int32_t>(rng() % 300) : t;
+        t = (t + 1) % 300;
+      }
+      builder.add_sequence(ids);
+      builder.end_document();
+    }
+    builder.finalize();
+    ASSERT_EQ(train({"reference", 1, {}, 1}), 0);
+  }
+
+  static std::string run_dir(const std::string& name) { return (dir() / name).string(); }
+
+  // Runs `trident train` (under mpirun when np > 1) and returns its exit code.
+  static int train(const Layout& l) {
+    const std::string out = run_dir(l.name);
+    fs::create_directories(out);
+    std::string cmd;
+    if (l.np > 1) {
+      cmd = std::string("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+                        "OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_mpi_yield_when_idle=1 "
+                        "OMP_NUM_THREADS=1 ") +
+            TRIDENT_MPIEXEC + " -np " + std::to_string(l.np) + " ";
+    } else {
+      cmd = "OMP_NUM_THREADS=1 ";
+    }
+    cmd += std::string(TRIDENT_CLI) +
+           " train --num-layers 4 --hidden-size 32 --num-attention-heads 4 --seq-length 16"
+           " --micro-batch-size 2 --global-batch-size 16 --train-iters 10 --lr 3e-3"
+           " --lr-warmup-iters 2 --lr-decay-style cosine --min-lr 3e-4 --weight-decay 0.1"
+           " --clip-grad 1.0 --adam-eps 1e-5 --init-method-std 0.05 --seed 9"
+           " --tokenizer-type NullTokenizer --vocab-size 300 --split 98,2,0"
+           " --data-path " + (dir() / "corpus").string() +
+           " --data-cache-path " + (dir() / "cache").string() +
+           " --log-interval 1 --eval-interval 100 --eval-iters 0 --peak-tflops 1"
+           " --make-vocab-size-divisible-by " + std::to_string(128 / l.tp) +
+           " --save " + out + "/ckpt --metrics-jsonl " + out + "/metrics.jsonl";
+    for (const std::string& f : l.flags) cmd += " " + f;
+    cmd += " > " + out + "/log.txt 2>&1";
+    const int rc = std::system(cmd.c_str());
+    if (rc != 0) {
+      std::ifstream log(out + "/log.txt");
+      std::cerr << "command failed: " << cmd << "\n" << log.rdbuf();
+    }
+    return rc;
+  }
+
+  static std::vector<double> losses(const std::string& name) {
+    std::vector<double> out;
+    std::ifstream in(run_dir(name) + "/metrics.jsonl");
+    std::string line;
+    while (std::getline(in, line)) {
+      const auto j = nlohmann::json::parse(line);
+      if (!j.contains("split")) out.push_back(j["lm_loss"]);
+    }
+    return out;
+  }
+
+  static std::vector<float> final_params(const std::string& name, model::ParamTable& table) {
+    model::ModelConfig c;
+    c.num_layers = 4;
+    c.hidden_size = 32;
+    c.num_attention_heads = 4;
+    c.seq_length = 16;
+    c.vocab_size = 301;  // NullTokenizer: ids 0..299 plus the end-of-document id
+    c.make_vocab_size_divisible_by = 128;
+    table = model::build_gpt_param_table(c);
+    std::vector<float> flat(static_cast<std::size_t>(table.total_numel));
+    ckpt::load_full_params(run_dir(name) + "/ckpt", -1, table, flat.data());
+    return flat;
+  }
+
+  void expect_equivalent(const Layout& l) {
+    ASSERT_EQ(train(l), 0) << l.name;
+    const std::vector<double> ref = losses("reference"), got = losses(l.name);
+    ASSERT_EQ(ref.size(), 10u);
+    ASSERT_EQ(got.size(), 10u) << l.name;
+    for (std::size_t i = 0; i < ref.size(); ++i) {
+      EXPECT_NEAR(got[i], ref[i], 1e-6 * ref[i]) << l.name << " iteration " << i + 1;
+    }
+    EXPECT_LT(ref.back(), ref.front());
+    model::ParamTable table;
+    const std::vector<float> a = final_params("reference", table);
+    const std::vector<float> b = final_params(l.name, table);
+    double worst = 0;
+    std::string worst_name;
+    for (const model::ParamSpec& p : table.params) {
+      double diff = 0, scale = 0;
+      for (std::int64_t i = 0; i < p.numel; ++i) {
+        const std::size_t k = static_cast<std::size_t>(p.offset + i);
+        diff = std::max(diff, std::abs(static_cast<double>(a[k]) - b[k]));
+        scale = std::max(scale, std::abs(static_cast<double>(a[k])));
+      }
+      const double rel = scale > 0 ? diff / scale : diff;
+      EXPECT_LE(rel, 2e-5) << l.name << ": " << p.name;
+      if (rel > worst) {
+        worst = rel;
+        worst_name = p.name;
+      }
+    }
+    std::printf("%s: max loss rel diff %.2e, worst parameter %s rel diff %.2e\n", l.name.c_str(),
+                [&] {
+                  double w = 0;
+                  for (std::size_t i = 0; i < ref.size(); ++i) w = std::max(w, std::abs(got[i] - ref[i]) / ref[i]);
+                  return w;
+                }(),
+                worst_name.c_str(), worst);
+  }
+};
+
+TEST_F(Equivalence, DataParallel2) { expect_equivalent({"dp2", 2, {}, 1}); }
+TEST_F(Equivalence, DataParallel4) { expect_equivalent({"dp4", 4, {}, 1}); }
+TEST_F(Equivalence, TensorParallel2) {
+  expect_equivalent({"tp2", 2, {"--tensor-model-parallel-size 2"}, 2});
+}
+TEST_F(Equivalence, TensorParallel4) {
+  expect_equivalent({"tp4", 4, {"--tensor-model-parallel-size 4"}, 4});
+}
+TEST_F(Equivalence, TensorParallel2DataParallel2) {
+  expect_equivalent({"tp2dp2", 4, {"--tensor-model-parallel-size 2"}, 2});
+}
+TEST_F(Equivalence, Pipeline2OneF1B) {
+  expect_equivalent({"pp2", 2, {"--pipeline-model-parallel-size 2"}, 1});
+}
+TEST_F(Equivalence, Pipeline4OneF1B) {
+  expect_equivalent({"pp4", 4, {"--pipeline-model-parallel-size 4"}, 1});
+}
+TEST_F(Equivalence, Pipeline2GPipe) {
+  expect_equivalent(
+      {"pp2gpipe", 2, {"--pipeline-model-parallel-size 2 --pipeline-schedule gpipe"}, 1});
+}
+TEST_F(Equivalence, Pipeline2Interleaved) {
+  expect_equivalent({"pp2v2", 2,
+                     {"--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1"},
+                     1});
+}
+TEST_F(Equivalence, Pipeline2UnevenSplit) {
+  expect_equivalent({"pp2uneven", 2,
+                     {"--pipeline-model-parallel-size 2 --decoder-first-pipeline-num-layers 1"},
+                     1});
+}
+TEST_F(Equivalence, ThreeD) {
+  expect_equivalent({"tp2pp2dp2", 8,
+                     {"--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2"}, 2});
+}
+
+}  // namespace
+}  // namespace trident
