@@ -172,6 +172,13 @@ TEST_F(Equivalence, TensorParallel4) {
 TEST_F(Equivalence, TensorParallel2DataParallel2) {
   expect_equivalent({"tp2dp2", 4, {"--tensor-model-parallel-size 2"}, 2});
 }
+TEST_F(Equivalence, TensorParallel2SequenceParallel) {
+  expect_equivalent({"tp2sp", 2, {"--tensor-model-parallel-size 2 --sequence-parallel"}, 2});
+}
+TEST_F(Equivalence, TensorParallel4SequenceParallelDataParallel2) {
+  expect_equivalent(
+      {"tp4spdp2", 8, {"--tensor-model-parallel-size 4 --sequence-parallel"}, 4});
+}
 TEST_F(Equivalence, Pipeline2OneF1B) {
   expect_equivalent({"pp2", 2, {"--pipeline-model-parallel-size 2"}, 1});
 }
@@ -195,6 +202,12 @@ TEST_F(Equivalence, Pipeline2UnevenSplit) {
 TEST_F(Equivalence, ThreeD) {
   expect_equivalent({"tp2pp2dp2", 8,
                      {"--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2"}, 2});
+}
+TEST_F(Equivalence, ThreeDSequenceParallelInterleaved) {
+  expect_equivalent({"tp2pp2dp2spv2", 8,
+                     {"--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
+                      "--sequence-parallel --num-layers-per-virtual-pipeline-stage 1"},
+                     2});
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
 // Tensor parallelism inside one process: ranks as threads (ThreadCommunicator). For TP = 2 and 4,
+// with and without sequence parallelism,
 // each rank's initial weights are exactly its slice of the TP = 1 weights, and the loss, every
 // gradient (gathered by global index) and the global gradient norm equal the single-rank ones.
 // Tolerance: FP32 with different summation orders, max |tp - ref| / max |ref| <= 2e-5.
@@ -69,6 +70,14 @@ Result run_shard(const ModelConfig& cfg, const ModelShard& shard, comm::Communic
     r.loss += 0.5 * l.sum / static_cast<double>(l.count);
     gpt_backward(ctx, cfg, rt, p, g, tokens.data(), acts);
   }
+  // Under sequence parallelism the LayerNorm gradients are per-rank partial sums (the trainer's
+  // DistributedOptimizer sums them over tp).
+  for (const ParamSpec& ps : table.params) {
+    if (ps.sequence_parallel) {
+      tp->all_reduce(r.grads.data() + ps.offset, ps.numel, comm::Datatype::kF32,
+                     comm::ReduceOp::kSum);
+    }
+  }
   r.norm_sq = optim::grad_norm_squared_share(ctx, table, {0, table.total_numel}, r.grads.data(),
                                              shard.tp_rank);
   if (tp && tp->size() > 1) tp->all_reduce(std::span<double>(&r.norm_sq, 1), comm::ReduceOp::kSum);
@@ -84,10 +93,11 @@ double rel_err(const std::vector<double>& a, const std::vector<double>& b) {
   return ref > 0 ? diff / ref : diff;
 }
 
-class TensorParallel : public ::testing::TestWithParam<int> {};
+class TensorParallel : public ::testing::TestWithParam<std::tuple<int, bool>> {};
 
 TEST_P(TensorParallel, MatchesOneRank) {
-  const int tp = GetParam();
+  const int tp = std::get<0>(GetParam());
+  const bool sp = std::get<1>(GetParam());
   const ModelConfig cfg = tiny(tp);
   const ModelConfig ref_cfg = tiny(1);  // same architecture and padded vocabulary, one rank
   ASSERT_EQ(cfg.padded_vocab_size(tp), ref_cfg.padded_vocab_size(1));
@@ -100,6 +110,7 @@ TEST_P(TensorParallel, MatchesOneRank) {
     ModelShard shard;
     shard.tp_size = tp;
     shard.tp_rank = world.rank();
+    shard.sequence_parallel = sp;
     Result r = run_shard(cfg, shard, &world);
     std::lock_guard<std::mutex> lock(mu);
     results[static_cast<std::size_t>(world.rank())] = std::move(r);
@@ -129,7 +140,8 @@ TEST_P(TensorParallel, MatchesOneRank) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Sizes, TensorParallel, ::testing::Values(2, 4));
+INSTANTIATE_TEST_SUITE_P(Sizes, TensorParallel,
+                         ::testing::Combine(::testing::Values(2, 4), ::testing::Bool()));
 
 TEST(TensorParallelLayout, HeadsAndFfnMustDivide) {
   ModelConfig cfg = tiny(4);

@@ -65,11 +65,6 @@ GptTensors<P> views(const ModelConfig& cfg, const ParamTable& table, Flat flat) 
 int tp_size_of(const ModelRuntime& rt) { return rt.tp ? rt.tp->size() : 1; }
 int tp_rank_of(const ModelRuntime& rt) { return rt.tp ? rt.tp->rank() : 0; }
 
-// Sum over the tensor-parallel group, in place (Megatron's g forward / f backward).
-void tp_all_reduce(const ModelRuntime& rt, float* buf, std::int64_t n) {
-  if (rt.tp && rt.tp->size() > 1) rt.tp->all_reduce(buf, n, comm::Datatype::kF32, comm::ReduceOp::kSum);
-}
-
 void call(const std::function<void(std::int64_t)>& hook, std::int64_t layer) {
   if (hook) hook(layer);
 }
@@ -82,33 +77,39 @@ void layout_activations(const ModelConfig& cfg, const ModelShard& shard, std::in
   const std::int64_t BT = B * T, C = cfg.hidden_size, F = cfg.ffn() / tp;
   const std::int64_t NH = cfg.num_attention_heads / tp, Cl = C / tp;
   const std::int64_t Vl = cfg.padded_vocab_size(tp) / tp;
+  const std::int64_t R = shard.sequence_parallel ? BT / tp : BT;  // residual-stream rows
   auto take = [&](std::int64_t n) { return alloc(n); };
-  float* encoded = take(BT * C);
-  if (acts) acts->encoded = encoded;
+  float* encoded = take(R * C);
+  if (acts) {
+    acts->encoded = encoded;
+    acts->stage_rows = R;
+  }
   for (std::int64_t l = 0; l < shard.layers(cfg); ++l) {
     LayerActivations la;
-    la.ln1 = take(BT * C);
-    la.ln1_mean = take(BT);
-    la.ln1_rstd = take(BT);
+    la.ln1 = take(R * C);
+    la.ln1_mean = take(R);
+    la.ln1_rstd = take(R);
     la.qkv = take(BT * 3 * Cl);
     la.probs = take(B * NH * T * T);
     la.attn = take(BT * Cl);
-    la.resid2 = take(BT * C);
-    la.ln2 = take(BT * C);
-    la.ln2_mean = take(BT);
-    la.ln2_rstd = take(BT);
+    la.resid2 = take(R * C);
+    la.ln2 = take(R * C);
+    la.ln2_mean = take(R);
+    la.ln2_rstd = take(R);
     la.fc = take(BT * F);
     la.gelu = take(BT * F);
-    la.out = take(BT * C);
+    la.out = take(R * C);
     if (acts) acts->layers.push_back(la);
   }
   const bool head = shard.has_head;
-  float* lnf = head ? take(BT * C) : nullptr;
-  float* lnf_mean = head ? take(BT) : nullptr;
-  float* lnf_rstd = head ? take(BT) : nullptr;
+  float* lnf = head ? take(R * C) : nullptr;
+  float* lnf_mean = head ? take(R) : nullptr;
+  float* lnf_rstd = head ? take(R) : nullptr;
   float* logits = head ? take(BT * Vl) : nullptr;
   float* losses = head ? take(BT) : nullptr;
   float* row_stats = head ? take(3 * BT) : nullptr;
+  float* gathered = take(BT * C);
+  float* d_full = take(BT * C);
   float* d_x = take(BT * C);
   float* d_ln = take(BT * C);
   float* d_attn = take(BT * Cl);
@@ -122,6 +123,8 @@ void layout_activations(const ModelConfig& cfg, const ModelShard& shard, std::in
     acts->logits = logits;
     acts->losses = losses;
     acts->row_stats = row_stats;
+    acts->gathered = gathered;
+    acts->d_full = d_full;
     acts->d_x = d_x;
     acts->d_ln = d_ln;
     acts->d_attn = d_attn;
@@ -209,6 +212,63 @@ void make_activations(const ModelConfig& cfg, const ModelShard& shard, std::int6
   }, &acts);
 }
 
+namespace {
+
+// Megatron's conjugate communication pairs around a tensor-parallel region. Without sequence
+// parallelism the residual stream is replicated on every tp rank; with it, each rank holds a
+// contiguous block of the B*T rows.
+class TpRegion {
+ public:
+  TpRegion(const ModelRuntime& rt, std::int64_t rows, std::int64_t cols)
+      : tp_(rt.tp && rt.tp->size() > 1 ? rt.tp : nullptr),
+        sp_(tp_ != nullptr && rt.shard.sequence_parallel), rows_(rows), cols_(cols) {}
+  bool sp() const { return sp_; }
+  std::int64_t local_rows() const { return sp_ ? rows_ / tp_->size() : rows_; }
+
+  // Entering (forward): without SP the identity (f); with SP an all-gather of the local rows
+  // into `full` (B*T rows). Returns the full-rows input of the column-parallel layer.
+  const float* enter(const float* local, float* full) const {
+    if (!sp_) return local;
+    tp_->all_gather(local, full, local_rows() * cols_, comm::Datatype::kF32);
+    return full;
+  }
+  // Leaving (forward): the row-parallel layer left a partial sum over B*T rows in `partial`;
+  // without SP all-reduce it in place (g, out == partial); with SP reduce-scatter this rank's rows
+  // into `out`.
+  void leave(float* partial, float* out) const {
+    if (!tp_) return;
+    if (!sp_) {
+      tp_->all_reduce(partial, rows_ * cols_, comm::Datatype::kF32, comm::ReduceOp::kSum);
+    } else {
+      tp_->reduce_scatter(partial, out, local_rows() * cols_, comm::Datatype::kF32,
+                          comm::ReduceOp::kSum);
+    }
+  }
+  // Backward of leave: the gradient of the full rows (SP: all-gather; else the identity).
+  const float* leave_backward(const float* d_local, float* d_full) const { return enter(d_local, d_full); }
+  // Backward of enter: the column-parallel layer left a partial input gradient over B*T rows;
+  // without SP all-reduce it in place; with SP reduce-scatter it. Returns the local rows'
+  // gradient (inside `partial` in both cases).
+  float* enter_backward(float* partial) const {
+    if (!tp_) return partial;
+    if (!sp_) {
+      tp_->all_reduce(partial, rows_ * cols_, comm::Datatype::kF32, comm::ReduceOp::kSum);
+      return partial;
+    }
+    float* mine = partial + static_cast<std::int64_t>(tp_->rank()) * local_rows() * cols_;
+    tp_->reduce_scatter(partial, mine, local_rows() * cols_, comm::Datatype::kF32,
+                        comm::ReduceOp::kSum);
+    return mine;
+  }
+
+ private:
+  comm::Communicator* tp_;
+  bool sp_;
+  std::int64_t rows_, cols_;
+};
+
+}  // namespace
+
 void gpt_forward(const core::ExecContext& ctx, const ModelConfig& cfg, const ModelRuntime& rt,
                  const GptParams& p, const std::int32_t* tokens, GptActivations& a) {
   const int tp = tp_size_of(rt), tp_rank = tp_rank_of(rt);
@@ -219,16 +279,22 @@ void gpt_forward(const core::ExecContext& ctx, const ModelConfig& cfg, const Mod
   const std::int64_t Cl = C / tp, HS = cfg.head_dim();
   const std::int64_t Vl = cfg.padded_vocab_size(tp) / tp;
   const float eps = cfg.layernorm_epsilon;
+  const TpRegion region(rt, BT, C);
+  const std::int64_t R = region.local_rows();
+  TRIDENT_ASSERT(R == a.stage_rows, "activations laid out for ", a.stage_rows, " rows, not ", R);
   // Row-parallel biases (and the position embedding) are added by tp rank 0 only, before the
   // reduction, so that the sum holds them once.
   auto once = [&](const float* bias) { return tp_rank == 0 ? bias : nullptr; };
+  // Where a row-parallel layer writes its partial sum: in place without SP, else the scratch.
+  auto partial_of = [&](float* out) { return region.sp() ? a.gathered : out; };
 
   if (rt.shard.has_embedding) {
     call(rt.before_forward, -1);
-    k::embedding_forward(ctx, {.out = a.encoded, .tokens = tokens, .wte = p.wte,
-                               .wpe = once(p.wpe), .batch = B, .seq_len = T, .hidden = C,
+    float* emb = partial_of(a.encoded);
+    k::embedding_forward(ctx, {.out = emb, .tokens = tokens, .wte = p.wte, .wpe = once(p.wpe),
+                               .batch = B, .seq_len = T, .hidden = C,
                                .vocab_start = tp_rank * Vl, .vocab_local = Vl});
-    tp_all_reduce(rt, a.encoded, BT * C);  // g: each token's row lives on one tp rank
+    region.leave(emb, a.encoded);  // each token's row lives on one tp rank
   }
   const float* x = a.encoded;
   for (std::size_t l = 0; l < a.layers.size(); ++l) {
@@ -236,38 +302,40 @@ void gpt_forward(const core::ExecContext& ctx, const ModelConfig& cfg, const Mod
     const LayerTensors<const float*>& w = p.layers[l];
     LayerActivations& s = a.layers[l];
     k::layernorm_forward(ctx, {.out = s.ln1, .mean = s.ln1_mean, .rstd = s.ln1_rstd, .in = x,
-                               .weight = w.ln1_w, .bias = w.ln1_b, .rows = BT, .cols = C, .eps = eps});
-    // f: identity forward (its conjugate is the all-reduce of d_ln in backward).
-    k::linear_forward(ctx, {.out = s.qkv, .in = s.ln1, .weight = w.qkv_w, .bias = w.qkv_b,
+                               .weight = w.ln1_w, .bias = w.ln1_b, .rows = R, .cols = C, .eps = eps});
+    const float* ln1 = region.enter(s.ln1, a.gathered);  // f (SP: all-gather)
+    k::linear_forward(ctx, {.out = s.qkv, .in = ln1, .weight = w.qkv_w, .bias = w.qkv_b,
                             .rows = BT, .in_features = C, .out_features = 3 * Cl});
     k::attention_forward(ctx, {.out = s.attn, .probs = s.probs, .qkv = s.qkv, .batch = B,
                                .seq_len = T, .num_heads = NH, .head_dim = HS});
-    k::linear_forward(ctx, {.out = s.resid2, .in = s.attn, .weight = w.proj_w,
-                            .bias = once(w.proj_b), .rows = BT, .in_features = Cl,
-                            .out_features = C});
-    tp_all_reduce(rt, s.resid2, BT * C);  // g: complete the row-parallel partial sums
-    k::add_forward(ctx, s.resid2, s.resid2, x, BT * C);
+    float* proj = partial_of(s.resid2);
+    k::linear_forward(ctx, {.out = proj, .in = s.attn, .weight = w.proj_w, .bias = once(w.proj_b),
+                            .rows = BT, .in_features = Cl, .out_features = C});
+    region.leave(proj, s.resid2);  // g (SP: reduce-scatter)
+    k::add_forward(ctx, s.resid2, s.resid2, x, R * C);
     k::layernorm_forward(ctx, {.out = s.ln2, .mean = s.ln2_mean, .rstd = s.ln2_rstd,
-                               .in = s.resid2, .weight = w.ln2_w, .bias = w.ln2_b, .rows = BT,
+                               .in = s.resid2, .weight = w.ln2_w, .bias = w.ln2_b, .rows = R,
                                .cols = C, .eps = eps});
-    // f: identity forward.
-    k::linear_forward(ctx, {.out = s.fc, .in = s.ln2, .weight = w.fc_w, .bias = w.fc_b,
+    const float* ln2 = region.enter(s.ln2, a.gathered);  // f
+    k::linear_forward(ctx, {.out = s.fc, .in = ln2, .weight = w.fc_w, .bias = w.fc_b,
                             .rows = BT, .in_features = C, .out_features = F});
     k::gelu_forward(ctx, s.gelu, s.fc, BT * F);
-    k::linear_forward(ctx, {.out = s.out, .in = s.gelu, .weight = w.fc2_w, .bias = once(w.fc2_b),
+    float* fc2 = partial_of(s.out);
+    k::linear_forward(ctx, {.out = fc2, .in = s.gelu, .weight = w.fc2_w, .bias = once(w.fc2_b),
                             .rows = BT, .in_features = F, .out_features = C});
-    tp_all_reduce(rt, s.out, BT * C);  // g
-    k::add_forward(ctx, s.out, s.out, s.resid2, BT * C);
+    region.leave(fc2, s.out);  // g
+    k::add_forward(ctx, s.out, s.out, s.resid2, R * C);
     x = s.out;
   }
   if (rt.shard.has_head) {
     call(rt.before_forward, static_cast<std::int64_t>(a.layers.size()));
     k::layernorm_forward(ctx, {.out = a.lnf, .mean = a.lnf_mean, .rstd = a.lnf_rstd, .in = x,
-                               .weight = p.lnf_w, .bias = p.lnf_b, .rows = BT, .cols = C,
+                               .weight = p.lnf_w, .bias = p.lnf_b, .rows = R, .cols = C,
                                .eps = eps});
-    // f: identity forward. Output layer tied to the word embedding: logits = lnf @ wte^T, each
-    // tp rank computing its slice of the vocabulary.
-    k::linear_forward(ctx, {.out = a.logits, .in = a.lnf, .weight = p.wte, .bias = nullptr,
+    // f. Output layer tied to the word embedding: logits = lnf @ wte^T, each tp rank computing
+    // its slice of the vocabulary for every row.
+    const float* lnf = region.enter(a.lnf, a.gathered);
+    k::linear_forward(ctx, {.out = a.logits, .in = lnf, .weight = p.wte, .bias = nullptr,
                             .rows = BT, .in_features = C, .out_features = Vl});
   }
 }
@@ -304,61 +372,71 @@ void gpt_backward(const core::ExecContext& ctx, const ModelConfig& cfg, const Mo
   const std::int64_t Cl = C / tp, HS = cfg.head_dim();
   const std::int64_t Vl = cfg.padded_vocab_size(tp) / tp;
   const std::int64_t L = static_cast<std::int64_t>(a.layers.size());
+  const TpRegion region(rt, BT, C);
+  const std::int64_t R = region.local_rows();
 
   if (rt.shard.has_head) {
     call(rt.before_backward, L);
-    // Tied output layer: d_lnf = d_logits @ wte, d_wte += d_logits^T @ lnf.
+    // Tied output layer: d_lnf = d_logits @ wte, d_wte += d_logits^T @ lnf (full rows; SP
+    // gathers lnf again rather than keeping a full copy).
+    const float* lnf = region.enter(a.lnf, a.gathered);
     k::linear_backward(ctx, {.d_in = a.d_ln, .d_weight = g.wte, .d_bias = nullptr,
-                             .d_out = a.logits, .in = a.lnf, .weight = p.wte, .rows = BT,
+                             .d_out = a.logits, .in = lnf, .weight = p.wte, .rows = BT,
                              .in_features = C, .out_features = Vl});
-    tp_all_reduce(rt, a.d_ln, BT * C);  // f backward: each rank holds a partial d_lnf
-    std::memset(a.d_x, 0, static_cast<std::size_t>(BT * C) * sizeof(float));
+    const float* d_lnf = region.enter_backward(a.d_ln);  // each rank holds a partial d_lnf
+    std::memset(a.d_x, 0, static_cast<std::size_t>(R * C) * sizeof(float));
     k::layernorm_backward(ctx, {.d_in = a.d_x, .d_weight = g.lnf_w, .d_bias = g.lnf_b,
-                                .d_out = a.d_ln, .in = a.output(), .weight = p.lnf_w,
-                                .mean = a.lnf_mean, .rstd = a.lnf_rstd, .rows = BT, .cols = C});
+                                .d_out = d_lnf, .in = a.output(), .weight = p.lnf_w,
+                                .mean = a.lnf_mean, .rstd = a.lnf_rstd, .rows = R, .cols = C});
     call(rt.after_backward, L);
   }
-  // d_x now holds the gradient of the residual stream at the top; walk the layers down.
+  // d_x now holds the gradient of the residual stream at the top (this rank's rows); walk the
+  // layers down.
   for (std::int64_t l = L - 1; l >= 0; --l) {
     call(rt.before_backward, l);
     const LayerTensors<const float*>& w = p.layers[static_cast<std::size_t>(l)];
     const LayerTensors<float*>& gw = g.layers[static_cast<std::size_t>(l)];
     const LayerActivations& s = a.layers[static_cast<std::size_t>(l)];
     const float* x = l > 0 ? a.layers[static_cast<std::size_t>(l - 1)].out : a.encoded;
-    // MLP: out = resid2 + g(fc2(gelu(fc(f(ln2(resid2)))))); the residual passes d_x through and
-    // g's backward is the identity, so every tp rank holds the full d_x.
+    // MLP: out = resid2 + g(fc2(gelu(fc(f(ln2(resid2)))))); the residual passes d_x through.
+    // The row-parallel bias gradient is the column sum over every row, the same on each rank.
+    const float* d_out = region.leave_backward(a.d_x, a.d_full);
     k::linear_backward(ctx, {.d_in = a.d_fc, .d_weight = gw.fc2_w, .d_bias = gw.fc2_b,
-                             .d_out = a.d_x, .in = s.gelu, .weight = w.fc2_w, .rows = BT,
+                             .d_out = d_out, .in = s.gelu, .weight = w.fc2_w, .rows = BT,
                              .in_features = F, .out_features = C});
     k::gelu_backward(ctx, a.d_fc, a.d_fc, s.fc, BT * F);
+    const float* ln2 = region.enter(s.ln2, a.gathered);
     k::linear_backward(ctx, {.d_in = a.d_ln, .d_weight = gw.fc_w, .d_bias = gw.fc_b,
-                             .d_out = a.d_fc, .in = s.ln2, .weight = w.fc_w, .rows = BT,
+                             .d_out = a.d_fc, .in = ln2, .weight = w.fc_w, .rows = BT,
                              .in_features = C, .out_features = F});
-    tp_all_reduce(rt, a.d_ln, BT * C);  // f backward
+    const float* d_ln2 = region.enter_backward(a.d_ln);  // f backward
     k::layernorm_backward(ctx, {.d_in = a.d_x, .d_weight = gw.ln2_w, .d_bias = gw.ln2_b,
-                                .d_out = a.d_ln, .in = s.resid2, .weight = w.ln2_w,
-                                .mean = s.ln2_mean, .rstd = s.ln2_rstd, .rows = BT, .cols = C});
+                                .d_out = d_ln2, .in = s.resid2, .weight = w.ln2_w,
+                                .mean = s.ln2_mean, .rstd = s.ln2_rstd, .rows = R, .cols = C});
     // Attention: resid2 = x + g(proj(attn(qkv(f(ln1(x)))))).
+    d_out = region.leave_backward(a.d_x, a.d_full);
     k::linear_backward(ctx, {.d_in = a.d_attn, .d_weight = gw.proj_w, .d_bias = gw.proj_b,
-                             .d_out = a.d_x, .in = s.attn, .weight = w.proj_w, .rows = BT,
+                             .d_out = d_out, .in = s.attn, .weight = w.proj_w, .rows = BT,
                              .in_features = Cl, .out_features = C});
     k::attention_backward(ctx, {.d_qkv = a.d_qkv, .d_probs = a.d_probs, .d_out = a.d_attn,
                                 .qkv = s.qkv, .probs = s.probs, .batch = B, .seq_len = T,
                                 .num_heads = NH, .head_dim = HS});
+    const float* ln1 = region.enter(s.ln1, a.gathered);
     k::linear_backward(ctx, {.d_in = a.d_ln, .d_weight = gw.qkv_w, .d_bias = gw.qkv_b,
-                             .d_out = a.d_qkv, .in = s.ln1, .weight = w.qkv_w, .rows = BT,
+                             .d_out = a.d_qkv, .in = ln1, .weight = w.qkv_w, .rows = BT,
                              .in_features = C, .out_features = 3 * Cl});
-    tp_all_reduce(rt, a.d_ln, BT * C);  // f backward
+    const float* d_ln1 = region.enter_backward(a.d_ln);  // f backward
     k::layernorm_backward(ctx, {.d_in = a.d_x, .d_weight = gw.ln1_w, .d_bias = gw.ln1_b,
-                                .d_out = a.d_ln, .in = x, .weight = w.ln1_w, .mean = s.ln1_mean,
-                                .rstd = s.ln1_rstd, .rows = BT, .cols = C});
+                                .d_out = d_ln1, .in = x, .weight = w.ln1_w, .mean = s.ln1_mean,
+                                .rstd = s.ln1_rstd, .rows = R, .cols = C});
     call(rt.after_backward, l);
   }
   if (rt.shard.has_embedding) {
     call(rt.before_backward, -1);
-    // The forward all-reduce (g) has an identity backward: every rank scatters the full d_x
-    // into its own vocabulary rows; the position embedding's gradient is the same on every rank.
-    k::embedding_backward(ctx, {.d_wte = g.wte, .d_wpe = g.wpe, .d_out = a.d_x, .tokens = tokens,
+    // The forward reduction's backward: every rank scatters the full d_x into its own
+    // vocabulary rows; the position embedding's gradient is the same on every rank.
+    const float* d_emb = region.leave_backward(a.d_x, a.d_full);
+    k::embedding_backward(ctx, {.d_wte = g.wte, .d_wpe = g.wpe, .d_out = d_emb, .tokens = tokens,
                                 .batch = B, .seq_len = T, .hidden = C,
                                 .vocab_start = tp_rank * Vl, .vocab_local = Vl});
     call(rt.after_backward, -1);

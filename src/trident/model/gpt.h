@@ -80,8 +80,11 @@ struct LayerActivations {
 };
 
 // Everything one micro-batch needs, forward and backward, carved from one arena.
+// With sequence parallelism the residual stream (encoded, ln*, resid2, out, lnf) holds only this
+// tp rank's rows: the flattened (B*T) token rows are split into tp contiguous blocks.
 struct GptActivations {
   std::int64_t batch = 0, seq_len = 0;
+  std::int64_t stage_rows = 0;  // rows of the residual stream held here (B*T, or B*T/tp with SP)
   core::Arena arena;
   float* encoded = nullptr;  // (B*T, C): the embedding output, or the stage's received input
   std::vector<LayerActivations> layers;
@@ -91,6 +94,8 @@ struct GptActivations {
   float* logits = nullptr;    // (B*T, Vp/tp); holds d_logits after gpt_loss with gradients
   float* losses = nullptr;    // (B*T)
   float* row_stats = nullptr; // (3, B*T) vocab-parallel cross-entropy: max, sum-exp, target logit
+  float* gathered = nullptr;  // (B*T, C) scratch: all-gathered LayerNorm output (SP), partial sums
+  float* d_full = nullptr;    // (B*T, C) scratch: all-gathered residual gradient (SP)
   // Backward scratch.
   float* d_x = nullptr;     // (B*T, C) gradient of the residual stream; on a stage without the
                             // embedding, the gradient of its input after gpt_backward

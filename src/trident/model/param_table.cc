@@ -44,6 +44,8 @@ void add(ParamTable& t, const ModelShard& shard, std::string name,
                    ") not divisible by tp ", shard.tp_size);
     d /= shard.tp_size;
   }
+  p.sequence_parallel = shard.sequence_parallel && shard.tp_size > 1 &&
+                        p.name.find("layernorm") != std::string::npos;
   p.init = init;
   p.weight_decay = weight_decay;
   p.layer = layer;

@@ -42,6 +42,8 @@ struct ParamSpec {
   bool shared = false;              // a second copy of a parameter held elsewhere (the tied word
                                     // embedding on the last pipeline stage): not counted twice in
                                     // the gradient norm
+  bool sequence_parallel = false;   // a LayerNorm parameter under sequence parallelism: each tp rank
+                                    // sees only its rows, so its gradient is summed over tp
   InitRule init = InitRule::kNormal;
   bool weight_decay = true;         // false for biases and LayerNorm parameters
   int layer = -1;                   // transformer layer index, -1 for embeddings / final norm

@@ -41,6 +41,18 @@ void DistributedOptimizer::sync_tied_embedding() {
   }
 }
 
+void DistributedOptimizer::sync_sequence_parallel_norms() {
+  // Under sequence parallelism each tp rank's LayerNorm gradients cover only its rows.
+  if (par_.tp().size() == 1) return;
+  for (const ModelChunk& ch : model_.chunks()) {
+    for (const model::ParamSpec& p : ch.table.params) {
+      if (!p.sequence_parallel) continue;
+      par_.tp().all_reduce(buf_.grads + ch.base + p.offset, p.numel, comm::Datatype::kF32,
+                           comm::ReduceOp::kSum);
+    }
+  }
+}
+
 double DistributedOptimizer::global_grad_norm(const core::ExecContext& ctx) {
   double share = 0;
   for (const ModelChunk& ch : model_.chunks()) {
@@ -57,6 +69,7 @@ OptimizerStepResult DistributedOptimizer::step(const core::ExecContext& ctx, dou
                                                std::int64_t step) {
   reduce_gradients();
   sync_tied_embedding();
+  sync_sequence_parallel_norms();
   OptimizerStepResult r;
   r.grad_norm = global_grad_norm(ctx);
   if (!std::isfinite(r.grad_norm)) {

@@ -45,6 +45,7 @@ class DistributedOptimizer {
  private:
   void reduce_gradients();
   void sync_tied_embedding();
+  void sync_sequence_parallel_norms();
   double global_grad_norm(const core::ExecContext& ctx);
 
   const RankModel& model_;

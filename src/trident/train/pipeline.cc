@@ -84,8 +84,9 @@ void PipelineExecutor::forward_step(const core::ExecContext& ctx, const float* p
                                     int micro, const MicroBatchFill& fill, model::LossGrad grad,
                                     float d_scale, model::LossSum& loss, double& busy_ms) {
   const model::ModelConfig& cfg = model_.config();
-  const std::int64_t rows = micro_batch_size_ * cfg.seq_length, C = cfg.hidden_size;
+  const std::int64_t C = cfg.hidden_size;
   Slot& s = acquire(chunk, micro);
+  const std::int64_t rows = s.acts.stage_rows;  // B*T, or this tp rank's rows with SP
   const model::ModelShard& shard = model_.chunks()[static_cast<std::size_t>(chunk)].shard;
   if (shard.has_embedding || shard.has_head) fill(micro, s.tokens.data(), s.labels.data());
   comm::Communicator& pp = par_.pp();
@@ -112,8 +113,9 @@ void PipelineExecutor::forward_step(const core::ExecContext& ctx, const float* p
 void PipelineExecutor::backward_step(const core::ExecContext& ctx, const float* params,
                                      float* grads, int chunk, int micro, double& busy_ms) {
   const model::ModelConfig& cfg = model_.config();
-  const std::int64_t rows = micro_batch_size_ * cfg.seq_length, C = cfg.hidden_size;
+  const std::int64_t C = cfg.hidden_size;
   Slot& s = find(chunk, micro);
+  const std::int64_t rows = s.acts.stage_rows;
   comm::Communicator& pp = par_.pp();
   if (!is_last_virtual(chunk)) {
     // The next virtual stage: the next rank, or the first rank's next chunk.

@@ -35,7 +35,7 @@ struct ModelChunk {
 class RankModel {
  public:
   RankModel(const model::ModelConfig& cfg, const PipelineSplit& split, int tp_size, int tp_rank,
-            int pp_rank);
+            int pp_rank, bool sequence_parallel = false);
 
   const model::ModelConfig& config() const { return cfg_; }
   const std::vector<ModelChunk>& chunks() const { return chunks_; }

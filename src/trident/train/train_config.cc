@@ -96,6 +96,8 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
       ->capture_default_str();
   app.add_option("--pipeline-model-parallel-size", c.pipeline_model_parallel_size, "PP size")
       ->capture_default_str();
+  app.add_flag("--sequence-parallel", c.sequence_parallel,
+               "Split LayerNorm/dropout regions along the tokens across tensor-parallel ranks");
   app.add_option("--pipeline-schedule", c.pipeline_schedule, "gpipe, 1f1b or interleaved")
       ->capture_default_str();
   app.add_option("--num-layers-per-virtual-pipeline-stage",
@@ -133,6 +135,12 @@ void TrainConfig::finalize(int world_size) {
                 tensor_model_parallel_size, " x --pipeline-model-parallel-size ",
                 pipeline_model_parallel_size);
   TRIDENT_CHECK(comm_timeout > 0, "--comm-timeout must be positive");
+  if (sequence_parallel && tensor_model_parallel_size == 1) sequence_parallel = false;  // as Megatron
+  TRIDENT_CHECK(!sequence_parallel ||
+                    (micro_batch_size * model.seq_length) % tensor_model_parallel_size == 0,
+                "--sequence-parallel splits the micro-batch's ", micro_batch_size, " x ",
+                model.seq_length, " tokens across --tensor-model-parallel-size ",
+                tensor_model_parallel_size, ": they must divide evenly");
   if (num_layers_per_virtual_pipeline_stage > 0) {
     TRIDENT_CHECK(pipeline_schedule == "interleaved" || pipeline_schedule == "1f1b",
                   "--num-layers-per-virtual-pipeline-stage needs the interleaved schedule");
@@ -219,6 +227,7 @@ nlohmann::json TrainConfig::to_json() const {
   j["tensor_model_parallel_size"] = tensor_model_parallel_size;
   j["pipeline_model_parallel_size"] = pipeline_model_parallel_size;
   j["pipeline_schedule"] = pipeline_schedule;
+  j["sequence_parallel"] = sequence_parallel;
   j["num_layers_per_virtual_pipeline_stage"] = num_layers_per_virtual_pipeline_stage;
   j["decoder_first_pipeline_num_layers"] = decoder_first_pipeline_num_layers;
   j["decoder_last_pipeline_num_layers"] = decoder_last_pipeline_num_layers;

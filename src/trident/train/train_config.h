@@ -61,6 +61,7 @@ struct TrainConfig {
   // Parallelism: data-parallel size = world size / (tp x pp).
   int tensor_model_parallel_size = 1;
   int pipeline_model_parallel_size = 1;
+  bool sequence_parallel = false;
   std::string pipeline_schedule = "1f1b";  // gpipe, 1f1b, interleaved
   std::int64_t num_layers_per_virtual_pipeline_stage = 0;
   std::int64_t decoder_first_pipeline_num_layers = -1;

@@ -155,7 +155,8 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
                             .num_chunks = cfg.virtual_pipeline_chunks(),
                             .first_stage_layers = cfg.decoder_first_pipeline_num_layers,
                             .last_stage_layers = cfg.decoder_last_pipeline_num_layers};
-  const RankModel rank_model(mc, split, layout.tp_size, par.coord().tp, par.coord().pp);
+  const RankModel rank_model(mc, split, layout.tp_size, par.coord().tp, par.coord().pp,
+                             cfg.sequence_parallel);
   const std::int64_t n = rank_model.total_numel();
   const std::int64_t bytes = n * static_cast<std::int64_t>(sizeof(float));
   core::Arena arenas[4] = {core::Arena(bytes), core::Arena(bytes), core::Arena(bytes),
