@@ -11,6 +11,7 @@
 // runs use --adam-eps 1e-5, which damps updates from noise-level gradients (1e-9) to 1e-4 lr
 // while real gradients (1e-4 and up) update normally.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -40,7 +41,10 @@ struct Layout {
 
 class Equivalence : public ::testing::Test {
  protected:
-  static fs::path dir() { return fs::temp_directory_path() / "trident_equivalence"; }
+  static fs::path dir() {
+    return fs::temp_directory_path() / ("trident_equivalence_" + std::to_string(::getpid()));
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir()); }
 
   static void SetUpTestSuite() {
     fs::remove_all(dir());

@@ -22,7 +22,7 @@ def load_megatron_core():
     spec = importlib.util.find_spec("megatron")
     if spec is None or not spec.submodule_search_locations:
         sys.exit("megatron-core is not installed for " + sys.executable +
-                 "; run scripts/install-python-deps-data")
+                 "; run scripts/install-python-deps")
     root = list(spec.submodule_search_locations)[0]
     for name, path in (("megatron", root), ("megatron.core", os.path.join(root, "core"))):
         if name not in sys.modules:
