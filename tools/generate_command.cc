@@ -35,6 +35,10 @@ model::ModelConfig model_config_from(const nlohmann::json& c) {
   m.vocab_size = c.at("vocab_size");
   m.make_vocab_size_divisible_by = c.at("make_vocab_size_divisible_by");
   m.layernorm_epsilon = c.at("layernorm_epsilon");
+  if (c.value("position_embedding_type", std::string("learned_absolute")) == "alibi") {
+    m.position_embedding = model::PositionEmbedding::kAlibi;
+  }
+  m.embed_layernorm = c.value("embed_layernorm", false);
   return m;
 }
 

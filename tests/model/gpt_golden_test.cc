@@ -53,6 +53,14 @@ GoldenSetup make_setup() {
   s.cfg.make_vocab_size_divisible_by = 128;
   s.cfg.init_method_std = 0.2f;  // large enough that every layer matters for the output
   s.cfg.layernorm_epsilon = 1e-5f;
+  if (g_variant == "bloom") {  // ALiBi, embedding LayerNorm, no position embedding
+    s.cfg.position_embedding = model::PositionEmbedding::kAlibi;
+    s.cfg.embed_layernorm = true;
+    s.cfg.num_attention_heads = 6;  // not a power of two: exercises the slope extension
+    s.cfg.hidden_size = 36;
+  } else if (g_variant == "gpt-flash") {
+    s.cfg.use_flash_attention = true;
+  }
   return s;
 }
 
@@ -67,6 +75,9 @@ int dump(const std::string& path) {
       "config", {9},
       {c.vocab_size, c.padded_vocab_size(), c.hidden_size, c.num_layers, c.num_attention_heads,
        c.ffn(), c.seq_length, c.max_positions(), s.batch}));
+  out.push_back(testing::make_i64_tensor(
+      "variant", {2},
+      {c.position_embedding == model::PositionEmbedding::kAlibi ? 1 : 0, c.embed_layernorm ? 1 : 0}));
   out.push_back(testing::make_f64_tensor(
       "hyper", {7},
       {s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, s.clip_grad, c.layernorm_epsilon}));
@@ -137,7 +148,8 @@ void expect_close(const std::string& what, const float* a, const NamedTensor& re
   std::printf("  %-52s rel err %.2e\n", what.c_str(), e.rel);
 }
 
-TEST(GoldenGpt2, MatchesPyTorch) {
+TEST(Golden, MatchesPyTorch) {
+  std::printf("variant %s\n", g_variant.c_str());
   ASSERT_FALSE(g_inputs.empty()) << "run with --inputs IN --reference REF (see CMakeLists)";
   const auto in = testing::read_tensor_file(g_inputs);
   const auto ref = testing::read_tensor_file(g_reference);

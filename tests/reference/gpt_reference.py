@@ -28,8 +28,12 @@ HYPER_KEYS = ["lr", "beta1", "beta2", "eps", "weight_decay", "clip_grad", "layer
 def param_shapes(cfg):
     """[(name, shape)] for every parameter, in trident's canonical order."""
     C, F_, Vp = cfg["hidden"], cfg["ffn_hidden"], cfg["vocab_padded"]
-    shapes = [("embedding.word_embeddings.weight", (Vp, C)),
-              ("embedding.position_embeddings.weight", (cfg["max_positions"], C))]
+    shapes = [("embedding.word_embeddings.weight", (Vp, C))]
+    if not cfg.get("alibi", 0):
+        shapes.append(("embedding.position_embeddings.weight", (cfg["max_positions"], C)))
+    if cfg.get("embed_ln", 0):
+        shapes += [("embedding.word_embeddings_layernorm.weight", (C,)),
+                   ("embedding.word_embeddings_layernorm.bias", (C,))]
     for i in range(cfg["num_layers"]):
         p = f"layers.{i}."
         shapes += [(p + "input_layernorm.weight", (C,)), (p + "input_layernorm.bias", (C,)),
@@ -72,8 +76,22 @@ def gelu_tanh(u):
     return 0.5 * u * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (u + 0.044715 * u ** 3)))
 
 
-def attention(a, p, prefix, NH):
-    """Causal self-attention on a (B, T, C) -> (B, T, C), before the output projection."""
+def alibi_slopes(n):
+    """ALiBi slopes (Press et al.): geometric for a power of two; otherwise the closest power of
+    two's slopes followed by every other slope of twice that many heads (BLOOM's rule)."""
+    def pow2(m):
+        return [2.0 ** (-8.0 * (i + 1) / m) for i in range(m)]
+    closest = 2 ** int(math.floor(math.log2(n)))
+    slopes = pow2(closest)
+    if closest < n:
+        slopes += pow2(2 * closest)[0::2][: n - closest]
+    return torch.tensor(slopes, dtype=torch.float64)
+
+
+def attention(a, p, prefix, NH, alibi=False):
+    """Causal self-attention on a (B, T, C) -> (B, T, C), before the output projection. With ALiBi
+    the scores get -slope_h * (query - key), the relative form (trident adds slope_h * key; the
+    two differ by a per-row constant, which the softmax removes)."""
     B, T, C = a.shape
     HS = C // NH
     qkv = F.linear(a, p[prefix + "query_key_value.weight"], p[prefix + "query_key_value.bias"])
@@ -81,6 +99,10 @@ def attention(a, p, prefix, NH):
     qkv = qkv.view(B, T, NH, 3, HS)
     q, k, v = (qkv[:, :, :, j, :].transpose(1, 2) for j in range(3))  # (B, NH, T, HS) each
     scores = q @ k.transpose(-1, -2) / math.sqrt(HS)  # (B, NH, T, T): [query, key]
+    if alibi:
+        pos = torch.arange(T, dtype=torch.float64)
+        distance = pos[None, :] - pos[:, None]  # key - query (<= 0 where attended)
+        scores = scores + alibi_slopes(NH)[:, None, None].to(scores.dtype) * distance
     causal = torch.ones(T, T, dtype=torch.bool).tril()
     scores = scores.masked_fill(~causal, float("-inf"))
     out = torch.softmax(scores, dim=-1) @ v  # (B, NH, T, HS)
@@ -92,7 +114,12 @@ def gpt_forward(p, tokens, cfg, ln_eps):
     C = cfg["hidden"]
     T = tokens.shape[1]
     wte = p["embedding.word_embeddings.weight"]
-    x = wte[tokens] + p["embedding.position_embeddings.weight"][:T]
+    x = wte[tokens]
+    if not cfg.get("alibi", 0):
+        x = x + p["embedding.position_embeddings.weight"][:T]
+    if cfg.get("embed_ln", 0):  # BLOOM: LayerNorm right after the word embedding
+        x = F.layer_norm(x, (C,), p["embedding.word_embeddings_layernorm.weight"],
+                         p["embedding.word_embeddings_layernorm.bias"], ln_eps)
     for i in range(cfg["num_layers"]):
         pre = f"layers.{i}."
 
@@ -100,7 +127,7 @@ def gpt_forward(p, tokens, cfg, ln_eps):
             return F.layer_norm(t, (C,), p[pre + name + ".weight"], p[pre + name + ".bias"], ln_eps)
 
         a = ln(x, "input_layernorm")
-        att = attention(a, p, pre + "self_attention.", cfg["num_heads"])
+        att = attention(a, p, pre + "self_attention.", cfg["num_heads"], cfg.get("alibi", 0))
         x = x + F.linear(att, p[pre + "self_attention.dense.weight"],
                          p[pre + "self_attention.dense.bias"])
         m = ln(x, "post_attention_layernorm")
@@ -128,6 +155,8 @@ def read_inputs(inputs):
         raise ValueError(f"config needs {len(CONFIG_KEYS)} entries {CONFIG_KEYS}, hyper needs "
                          f"{len(HYPER_KEYS)} {HYPER_KEYS}")
     check_config(cfg)
+    if "variant" in inputs:  # optional: [alibi, embed_layernorm] (BLOOM)
+        cfg["alibi"], cfg["embed_ln"] = (int(v) for v in inputs["variant"].tolist())
     params = {}
     for name, shape in param_shapes(cfg):
         if name not in inputs:

@@ -181,7 +181,8 @@ std::string iteration_dir_name(std::int64_t iteration) {
 bool architecture_matches(const nlohmann::json& a, const nlohmann::json& b, std::string* why) {
   static const char* const kKeys[] = {"num_layers", "hidden_size", "num_attention_heads",
                                       "ffn_hidden_size", "seq_length", "max_position_embeddings",
-                                      "vocab_size", "make_vocab_size_divisible_by"};
+                                      "vocab_size", "make_vocab_size_divisible_by",
+                                      "position_embedding_type", "embed_layernorm"};
   std::ostringstream diff;
   for (const char* key : kKeys) {
     const nlohmann::json va = a.contains(key) ? a[key] : nlohmann::json();

@@ -20,6 +20,17 @@ struct ModelConfig {
   float init_method_std = 0.02f;
   float layernorm_epsilon = 1e-5f;
   PositionEmbedding position_embedding = PositionEmbedding::kLearnedAbsolute;
+  bool embed_layernorm = false;  // BLOOM: LayerNorm right after the word embedding
+  float hidden_dropout = 0.0f;   // embedding output and both residual branches
+  float attention_dropout = 0.0f;
+  // Attention kernel: the fused flash-style one (no (T x T) probabilities kept) or the unfused
+  // one; ALiBi and attention dropout need the fused kernel.
+  bool use_flash_attention = false;
+
+  bool flash_attention() const {
+    return use_flash_attention || position_embedding == PositionEmbedding::kAlibi ||
+           attention_dropout > 0.0f;
+  }
 
   std::int64_t ffn() const { return ffn_hidden_size > 0 ? ffn_hidden_size : 4 * hidden_size; }
   std::int64_t max_positions() const {

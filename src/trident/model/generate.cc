@@ -7,6 +7,7 @@
 #include "trident/core/error.h"
 #include "trident/core/rng.h"
 #include "trident/kernels/elementwise.h"
+#include "trident/kernels/flash_attention.h"
 #include "trident/kernels/layernorm.h"
 #include "trident/kernels/matmul.h"
 
@@ -29,6 +30,10 @@ Generator::Generator(const ModelConfig& cfg, const GptParams& params) : cfg_(cfg
   mean_.resize(1);
   rstd_.resize(1);
   scores_.resize(sz(P));
+  slopes_.assign(sz(cfg.num_attention_heads), 0.0f);
+  if (cfg.position_embedding == PositionEmbedding::kAlibi) {
+    k::alibi_slopes(cfg.num_attention_heads, slopes_.data());
+  }
 }
 
 const float* Generator::step(const core::ExecContext& ctx, std::int32_t token) {
@@ -41,6 +46,12 @@ const float* Generator::step(const core::ExecContext& ctx, std::int32_t token) {
   for (std::int64_t c = 0; c < C; ++c) {
     x_[static_cast<std::size_t>(c)] = params_.wte[token * C + c] +
                                       (params_.wpe ? params_.wpe[pos_ * C + c] : 0.0f);
+  }
+  if (params_.emb_ln_w) {  // BLOOM's embedding LayerNorm
+    k::layernorm_forward(ctx, {.out = ln_.data(), .mean = mean_.data(), .rstd = rstd_.data(),
+                               .in = x_.data(), .weight = params_.emb_ln_w,
+                               .bias = params_.emb_ln_b, .rows = 1, .cols = C, .eps = eps});
+    std::copy(ln_.begin(), ln_.end(), x_.begin());
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   for (std::int64_t l = 0; l < cfg_.num_layers; ++l) {
@@ -60,8 +71,9 @@ const float* Generator::step(const core::ExecContext& ctx, std::int32_t token) {
       for (std::int64_t t = 0; t <= pos_; ++t) {
         float s = 0;
         for (std::int64_t d = 0; d < HS; ++d) s += q[d] * kc[t * C + h * HS + d];
-        scores_[static_cast<std::size_t>(t)] = s * scale;
-        max_score = std::max(max_score, s * scale);
+        s = s * scale + slopes_[static_cast<std::size_t>(h)] * static_cast<float>(t);  // ALiBi
+        scores_[static_cast<std::size_t>(t)] = s;
+        max_score = std::max(max_score, s);
       }
       float denom = 0;
       for (std::int64_t t = 0; t <= pos_; ++t) {

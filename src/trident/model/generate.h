@@ -27,6 +27,7 @@ class Generator {
   std::int64_t pos_ = 0;
   std::vector<float> k_cache_, v_cache_;  // (L, max_positions, NH, HS)
   std::vector<float> x_, ln_, qkv_, attn_, tmp_, fc_, logits_, mean_, rstd_, scores_;
+  std::vector<float> slopes_;  // ALiBi slope per head (zeros without ALiBi)
 };
 
 struct SamplingConfig {

@@ -9,6 +9,7 @@
 #include "trident/kernels/cross_entropy.h"
 #include "trident/kernels/elementwise.h"
 #include "trident/kernels/embedding.h"
+#include "trident/kernels/flash_attention.h"
 #include "trident/kernels/layernorm.h"
 #include "trident/kernels/matmul.h"
 
@@ -30,6 +31,10 @@ GptTensors<P> views(const ModelConfig& cfg, const ParamTable& table, Flat flat) 
   if (has("embedding.word_embeddings.weight")) t.wte = at("embedding.word_embeddings.weight");
   if (has("embedding.position_embeddings.weight")) {
     t.wpe = at("embedding.position_embeddings.weight");
+  }
+  if (has("embedding.word_embeddings_layernorm.weight")) {
+    t.emb_ln_w = at("embedding.word_embeddings_layernorm.weight");
+    t.emb_ln_b = at("embedding.word_embeddings_layernorm.bias");
   }
   std::int64_t first = -1, last = -1;
   for (const ParamSpec& p : table.params) {
@@ -90,7 +95,8 @@ void layout_activations(const ModelConfig& cfg, const ModelShard& shard, std::in
     la.ln1_mean = take(R);
     la.ln1_rstd = take(R);
     la.qkv = take(BT * 3 * Cl);
-    la.probs = take(B * NH * T * T);
+    la.probs = cfg.flash_attention() ? nullptr : take(B * NH * T * T);
+    la.lse = cfg.flash_attention() ? take(B * NH * T) : nullptr;
     la.attn = take(BT * Cl);
     la.resid2 = take(R * C);
     la.ln2 = take(R * C);
@@ -110,12 +116,17 @@ void layout_activations(const ModelConfig& cfg, const ModelShard& shard, std::in
   float* row_stats = head ? take(3 * BT) : nullptr;
   float* gathered = take(BT * C);
   float* d_full = take(BT * C);
+  float* d_drop = take(BT * C);
+  const bool emb_ln = shard.has_embedding && cfg.embed_layernorm;
+  float* emb_raw = emb_ln ? take(R * C) : nullptr;
+  float* emb_mean = emb_ln ? take(R) : nullptr;
+  float* emb_rstd = emb_ln ? take(R) : nullptr;
   float* d_x = take(BT * C);
   float* d_ln = take(BT * C);
   float* d_attn = take(BT * Cl);
   float* d_qkv = take(BT * 3 * Cl);
   float* d_fc = take(BT * F);
-  float* d_probs = take(B * NH * T * T);
+  float* d_probs = cfg.flash_attention() ? nullptr : take(B * NH * T * T);
   if (acts) {
     acts->lnf = lnf;
     acts->lnf_mean = lnf_mean;
@@ -125,6 +136,10 @@ void layout_activations(const ModelConfig& cfg, const ModelShard& shard, std::in
     acts->row_stats = row_stats;
     acts->gathered = gathered;
     acts->d_full = d_full;
+    acts->d_drop = d_drop;
+    acts->emb_raw = emb_raw;
+    acts->emb_mean = emb_mean;
+    acts->emb_rstd = emb_rstd;
     acts->d_x = d_x;
     acts->d_ln = d_ln;
     acts->d_attn = d_attn;
@@ -267,6 +282,31 @@ class TpRegion {
   std::int64_t rows_, cols_;
 };
 
+enum class DropSite : std::uint64_t { kEmbedding = 1, kAttentionOut = 2, kMlpOut = 3, kProbs = 4 };
+
+// The Philox stream of one dropout site in one iteration; the element index inside it is global
+// (see dropout_rows), so masks do not depend on the parallel layout.
+std::uint64_t drop_stream(std::int64_t iteration, std::int64_t layer, DropSite site) {
+  return (static_cast<std::uint64_t>(iteration) << 24) ^
+         (static_cast<std::uint64_t>(layer + 1) << 4) ^ static_cast<std::uint64_t>(site);
+}
+
+// dst = src * keep / (1 - p) over `rows` residual-stream rows whose first row is flattened token
+// `row0` of the micro-batch (B*T rows); element (r, c) has global index
+// ((first_sample * T + row0 + r) * cols + c). dst may alias src.
+void dropout_rows(float* dst, const float* src, std::int64_t rows, std::int64_t cols,
+                  std::int64_t global_row0, float p, std::uint64_t seed, std::uint64_t stream) {
+  const float scale = 1.0f / (1.0f - p);
+#pragma omp parallel for schedule(static)
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::uint64_t base = static_cast<std::uint64_t>((global_row0 + r) * cols);
+    for (std::int64_t c = 0; c < cols; ++c) {
+      const bool keep = k::dropout_keep(seed, stream, base + static_cast<std::uint64_t>(c), p);
+      dst[r * cols + c] = keep ? src[r * cols + c] * scale : 0.0f;
+    }
+  }
+}
+
 }  // namespace
 
 void gpt_forward(const core::ExecContext& ctx, const ModelConfig& cfg, const ModelRuntime& rt,
@@ -287,14 +327,36 @@ void gpt_forward(const core::ExecContext& ctx, const ModelConfig& cfg, const Mod
   auto once = [&](const float* bias) { return tp_rank == 0 ? bias : nullptr; };
   // Where a row-parallel layer writes its partial sum: in place without SP, else the scratch.
   auto partial_of = [&](float* out) { return region.sp() ? a.gathered : out; };
+  // Dropout on this rank's residual-stream rows (global row = first_sample * T + row0 + r).
+  const std::int64_t row0 = region.sp() ? tp_rank * R : 0;
+  const bool hidden_drop = rt.training && cfg.hidden_dropout > 0.0f;
+  auto drop = [&](float* x, std::int64_t layer, DropSite site) {
+    if (!hidden_drop) return;
+    dropout_rows(x, x, R, C, a.first_sample * T + row0, cfg.hidden_dropout, rt.dropout_seed,
+                 drop_stream(a.iteration, layer, site));
+  };
+  // ALiBi slopes of this rank's heads (a contiguous block of the model's heads).
+  std::vector<float> slopes;
+  if (cfg.position_embedding == PositionEmbedding::kAlibi) {
+    slopes.resize(static_cast<std::size_t>(cfg.num_attention_heads));
+    k::alibi_slopes(cfg.num_attention_heads, slopes.data());
+  }
+  const float* alibi = slopes.empty() ? nullptr : slopes.data() + tp_rank * NH;
 
   if (rt.shard.has_embedding) {
     call(rt.before_forward, -1);
-    float* emb = partial_of(a.encoded);
+    float* dst = cfg.embed_layernorm ? a.emb_raw : a.encoded;
+    float* emb = partial_of(dst);
     k::embedding_forward(ctx, {.out = emb, .tokens = tokens, .wte = p.wte, .wpe = once(p.wpe),
                                .batch = B, .seq_len = T, .hidden = C,
                                .vocab_start = tp_rank * Vl, .vocab_local = Vl});
-    region.leave(emb, a.encoded);  // each token's row lives on one tp rank
+    region.leave(emb, dst);  // each token's row lives on one tp rank
+    if (cfg.embed_layernorm) {
+      k::layernorm_forward(ctx, {.out = a.encoded, .mean = a.emb_mean, .rstd = a.emb_rstd,
+                                 .in = a.emb_raw, .weight = p.emb_ln_w, .bias = p.emb_ln_b,
+                                 .rows = R, .cols = C, .eps = eps});
+    }
+    drop(a.encoded, -1, DropSite::kEmbedding);
   }
   const float* x = a.encoded;
   for (std::size_t l = 0; l < a.layers.size(); ++l) {
@@ -306,12 +368,26 @@ void gpt_forward(const core::ExecContext& ctx, const ModelConfig& cfg, const Mod
     const float* ln1 = region.enter(s.ln1, a.gathered);  // f (SP: all-gather)
     k::linear_forward(ctx, {.out = s.qkv, .in = ln1, .weight = w.qkv_w, .bias = w.qkv_b,
                             .rows = BT, .in_features = C, .out_features = 3 * Cl});
-    k::attention_forward(ctx, {.out = s.attn, .probs = s.probs, .qkv = s.qkv, .batch = B,
-                               .seq_len = T, .num_heads = NH, .head_dim = HS});
+    const std::int64_t layer = rt.shard.first_layer + static_cast<std::int64_t>(l);
+    if (cfg.flash_attention()) {
+      k::flash_attention_forward(
+          ctx, {.out = s.attn, .lse = s.lse, .qkv = s.qkv, .alibi = alibi,
+                .dropout = {.p = rt.training ? cfg.attention_dropout : 0.0f,
+                            .seed = rt.dropout_seed,
+                            .stream = drop_stream(a.iteration, layer, DropSite::kProbs),
+                            .first_sample = a.first_sample,
+                            .head_offset = tp_rank * NH,
+                            .total_heads = cfg.num_attention_heads},
+                .batch = B, .seq_len = T, .num_heads = NH, .head_dim = HS});
+    } else {
+      k::attention_forward(ctx, {.out = s.attn, .probs = s.probs, .qkv = s.qkv, .batch = B,
+                                 .seq_len = T, .num_heads = NH, .head_dim = HS});
+    }
     float* proj = partial_of(s.resid2);
     k::linear_forward(ctx, {.out = proj, .in = s.attn, .weight = w.proj_w, .bias = once(w.proj_b),
                             .rows = BT, .in_features = Cl, .out_features = C});
     region.leave(proj, s.resid2);  // g (SP: reduce-scatter)
+    drop(s.resid2, layer, DropSite::kAttentionOut);
     k::add_forward(ctx, s.resid2, s.resid2, x, R * C);
     k::layernorm_forward(ctx, {.out = s.ln2, .mean = s.ln2_mean, .rstd = s.ln2_rstd,
                                .in = s.resid2, .weight = w.ln2_w, .bias = w.ln2_b, .rows = R,
@@ -324,6 +400,7 @@ void gpt_forward(const core::ExecContext& ctx, const ModelConfig& cfg, const Mod
     k::linear_forward(ctx, {.out = fc2, .in = s.gelu, .weight = w.fc2_w, .bias = once(w.fc2_b),
                             .rows = BT, .in_features = F, .out_features = C});
     region.leave(fc2, s.out);  // g
+    drop(s.out, layer, DropSite::kMlpOut);
     k::add_forward(ctx, s.out, s.out, s.resid2, R * C);
     x = s.out;
   }
@@ -374,6 +451,21 @@ void gpt_backward(const core::ExecContext& ctx, const ModelConfig& cfg, const Mo
   const std::int64_t L = static_cast<std::int64_t>(a.layers.size());
   const TpRegion region(rt, BT, C);
   const std::int64_t R = region.local_rows();
+  const std::int64_t row0 = region.sp() ? tp_rank * R : 0;
+  const bool hidden_drop = rt.training && cfg.hidden_dropout > 0.0f;
+  // The gradient through a dropout: the same mask as the forward, regenerated.
+  auto drop_backward = [&](const float* d, std::int64_t layer, DropSite site) -> const float* {
+    if (!hidden_drop) return d;
+    dropout_rows(a.d_drop, d, R, C, a.first_sample * T + row0, cfg.hidden_dropout,
+                 rt.dropout_seed, drop_stream(a.iteration, layer, site));
+    return a.d_drop;
+  };
+  std::vector<float> slopes;
+  if (cfg.position_embedding == PositionEmbedding::kAlibi) {
+    slopes.resize(static_cast<std::size_t>(cfg.num_attention_heads));
+    k::alibi_slopes(cfg.num_attention_heads, slopes.data());
+  }
+  const float* alibi = slopes.empty() ? nullptr : slopes.data() + tp_rank * NH;
 
   if (rt.shard.has_head) {
     call(rt.before_backward, L);
@@ -398,9 +490,12 @@ void gpt_backward(const core::ExecContext& ctx, const ModelConfig& cfg, const Mo
     const LayerTensors<float*>& gw = g.layers[static_cast<std::size_t>(l)];
     const LayerActivations& s = a.layers[static_cast<std::size_t>(l)];
     const float* x = l > 0 ? a.layers[static_cast<std::size_t>(l - 1)].out : a.encoded;
-    // MLP: out = resid2 + g(fc2(gelu(fc(f(ln2(resid2)))))); the residual passes d_x through.
-    // The row-parallel bias gradient is the column sum over every row, the same on each rank.
-    const float* d_out = region.leave_backward(a.d_x, a.d_full);
+    const std::int64_t layer = rt.shard.first_layer + l;
+    // MLP: out = resid2 + drop(g(fc2(gelu(fc(f(ln2(resid2))))))); the residual passes d_x
+    // through. The row-parallel bias gradient is the column sum over every row, the same on each
+    // rank.
+    const float* d_out = region.leave_backward(drop_backward(a.d_x, layer, DropSite::kMlpOut),
+                                               a.d_full);
     k::linear_backward(ctx, {.d_in = a.d_fc, .d_weight = gw.fc2_w, .d_bias = gw.fc2_b,
                              .d_out = d_out, .in = s.gelu, .weight = w.fc2_w, .rows = BT,
                              .in_features = F, .out_features = C});
@@ -413,14 +508,27 @@ void gpt_backward(const core::ExecContext& ctx, const ModelConfig& cfg, const Mo
     k::layernorm_backward(ctx, {.d_in = a.d_x, .d_weight = gw.ln2_w, .d_bias = gw.ln2_b,
                                 .d_out = d_ln2, .in = s.resid2, .weight = w.ln2_w,
                                 .mean = s.ln2_mean, .rstd = s.ln2_rstd, .rows = R, .cols = C});
-    // Attention: resid2 = x + g(proj(attn(qkv(f(ln1(x)))))).
-    d_out = region.leave_backward(a.d_x, a.d_full);
+    // Attention: resid2 = x + drop(g(proj(attn(qkv(f(ln1(x))))))).
+    d_out = region.leave_backward(drop_backward(a.d_x, layer, DropSite::kAttentionOut), a.d_full);
     k::linear_backward(ctx, {.d_in = a.d_attn, .d_weight = gw.proj_w, .d_bias = gw.proj_b,
                              .d_out = d_out, .in = s.attn, .weight = w.proj_w, .rows = BT,
                              .in_features = Cl, .out_features = C});
-    k::attention_backward(ctx, {.d_qkv = a.d_qkv, .d_probs = a.d_probs, .d_out = a.d_attn,
-                                .qkv = s.qkv, .probs = s.probs, .batch = B, .seq_len = T,
-                                .num_heads = NH, .head_dim = HS});
+    if (cfg.flash_attention()) {
+      k::flash_attention_backward(
+          ctx, {.d_qkv = a.d_qkv, .d_out = a.d_attn, .qkv = s.qkv, .out = s.attn, .lse = s.lse,
+                .alibi = alibi,
+                .dropout = {.p = rt.training ? cfg.attention_dropout : 0.0f,
+                            .seed = rt.dropout_seed,
+                            .stream = drop_stream(a.iteration, layer, DropSite::kProbs),
+                            .first_sample = a.first_sample,
+                            .head_offset = tp_rank * NH,
+                            .total_heads = cfg.num_attention_heads},
+                .batch = B, .seq_len = T, .num_heads = NH, .head_dim = HS});
+    } else {
+      k::attention_backward(ctx, {.d_qkv = a.d_qkv, .d_probs = a.d_probs, .d_out = a.d_attn,
+                                  .qkv = s.qkv, .probs = s.probs, .batch = B, .seq_len = T,
+                                  .num_heads = NH, .head_dim = HS});
+    }
     const float* ln1 = region.enter(s.ln1, a.gathered);
     k::linear_backward(ctx, {.d_in = a.d_ln, .d_weight = gw.qkv_w, .d_bias = gw.qkv_b,
                              .d_out = a.d_qkv, .in = ln1, .weight = w.qkv_w, .rows = BT,
@@ -433,9 +541,19 @@ void gpt_backward(const core::ExecContext& ctx, const ModelConfig& cfg, const Mo
   }
   if (rt.shard.has_embedding) {
     call(rt.before_backward, -1);
-    // The forward reduction's backward: every rank scatters the full d_x into its own
+    // Embedding dropout, then the embedding LayerNorm (BLOOM), backwards.
+    const float* d_enc = drop_backward(a.d_x, -1, DropSite::kEmbedding);
+    if (cfg.embed_layernorm) {
+      float* d_raw = a.d_ln;  // free here; the LayerNorm accumulates into it
+      std::memset(d_raw, 0, static_cast<std::size_t>(R * C) * sizeof(float));
+      k::layernorm_backward(ctx, {.d_in = d_raw, .d_weight = g.emb_ln_w, .d_bias = g.emb_ln_b,
+                                  .d_out = d_enc, .in = a.emb_raw, .weight = p.emb_ln_w,
+                                  .mean = a.emb_mean, .rstd = a.emb_rstd, .rows = R, .cols = C});
+      d_enc = d_raw;
+    }
+    // The forward reduction's backward: every rank scatters the full gradient into its own
     // vocabulary rows; the position embedding's gradient is the same on every rank.
-    const float* d_emb = region.leave_backward(a.d_x, a.d_full);
+    const float* d_emb = region.leave_backward(d_enc, a.d_full);
     k::embedding_backward(ctx, {.d_wte = g.wte, .d_wpe = g.wpe, .d_out = d_emb, .tokens = tokens,
                                 .batch = B, .seq_len = T, .hidden = C,
                                 .vocab_start = tp_rank * Vl, .vocab_local = Vl});

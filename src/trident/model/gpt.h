@@ -41,7 +41,8 @@ struct LayerTensors {
 template <class P>
 struct GptTensors {
   P wte = nullptr;  // (Vp/tp, C); on the last stage, the tied copy when it lacks the embedding
-  P wpe = nullptr;  // (max_positions, C), first stage only
+  P wpe = nullptr;  // (max_positions, C), first stage only (none with ALiBi)
+  P emb_ln_w = nullptr, emb_ln_b = nullptr;  // (C), --embed-layernorm (BLOOM), first stage only
   std::vector<LayerTensors<P>> layers;  // the shard's layers, in order
   P lnf_w = nullptr, lnf_b = nullptr;   // (C), last stage only
 };
@@ -57,6 +58,8 @@ GptGrads gpt_grad_views(const ModelConfig& cfg, const ParamTable& table, float* 
 struct ModelRuntime {
   ModelShard shard;
   comm::Communicator* tp = nullptr;  // null or size 1: no tensor parallelism
+  bool training = true;              // dropout only while training
+  std::uint64_t dropout_seed = 0;
   std::function<void(std::int64_t layer)> before_forward;   // parameters of `layer` are needed
   std::function<void(std::int64_t layer)> before_backward;  // parameters of `layer` are needed
   std::function<void(std::int64_t layer)> after_backward;   // gradients of `layer` are final
@@ -68,7 +71,8 @@ struct LayerActivations {
   float* ln1_mean;  // (B*T)
   float* ln1_rstd;  // (B*T)
   float* qkv;       // (B*T, 3C/tp)
-  float* probs;     // (B, NH/tp, T, T)
+  float* probs;     // (B, NH/tp, T, T)  unfused attention only
+  float* lse;       // (B, NH/tp, T)     fused (flash) attention only: row log-sum-exp
   float* attn;      // (B*T, C/tp)  attention output before the projection
   float* resid2;    // (B*T, C)  residual stream after attention
   float* ln2;       // (B*T, C)
@@ -85,6 +89,13 @@ struct LayerActivations {
 struct GptActivations {
   std::int64_t batch = 0, seq_len = 0;
   std::int64_t stage_rows = 0;  // rows of the residual stream held here (B*T, or B*T/tp with SP)
+  // Set by the caller before the forward: dropout masks are keyed by the global sample id of the
+  // micro-batch's first row and the iteration, so every layout draws the same masks.
+  std::int64_t first_sample = 0;
+  std::int64_t iteration = 0;
+  float* emb_raw = nullptr;   // (B*T, C) word (+ position) embedding before the embedding LayerNorm
+  float* emb_mean = nullptr;  // (B*T)
+  float* emb_rstd = nullptr;  // (B*T)
   core::Arena arena;
   float* encoded = nullptr;  // (B*T, C): the embedding output, or the stage's received input
   std::vector<LayerActivations> layers;
@@ -96,6 +107,7 @@ struct GptActivations {
   float* row_stats = nullptr; // (3, B*T) vocab-parallel cross-entropy: max, sum-exp, target logit
   float* gathered = nullptr;  // (B*T, C) scratch: all-gathered LayerNorm output (SP), partial sums
   float* d_full = nullptr;    // (B*T, C) scratch: all-gathered residual gradient (SP)
+  float* d_drop = nullptr;    // (B*T, C) scratch: gradient through a dropout
   // Backward scratch.
   float* d_x = nullptr;     // (B*T, C) gradient of the residual stream; on a stage without the
                             // embedding, the gradient of its input after gpt_backward

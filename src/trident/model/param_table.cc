@@ -83,6 +83,10 @@ ParamTable build_gpt_param_table(const ModelConfig& cfg, const ModelShard& shard
       add_p("embedding.position_embeddings.weight", {cfg.max_positions(), C}, -1,
             InitRule::kNormal, true, -1);
     }
+    if (cfg.embed_layernorm) {
+      add_p("embedding.word_embeddings_layernorm.weight", {C}, -1, InitRule::kOnes, false, -1);
+      add_p("embedding.word_embeddings_layernorm.bias", {C}, -1, InitRule::kZeros, false, -1);
+    }
   }
   for (std::int64_t li = shard.first_layer; li < shard.first_layer + L; ++li) {
     const int l = static_cast<int>(li);

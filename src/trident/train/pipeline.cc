@@ -81,14 +81,16 @@ PipelineExecutor::Slot& PipelineExecutor::find(int chunk, int micro) {
 }
 
 void PipelineExecutor::forward_step(const core::ExecContext& ctx, const float* params, int chunk,
-                                    int micro, const MicroBatchFill& fill, model::LossGrad grad,
+                                    int micro, const MicroBatches& batches, model::LossGrad grad,
                                     float d_scale, model::LossSum& loss, double& busy_ms) {
   const model::ModelConfig& cfg = model_.config();
   const std::int64_t C = cfg.hidden_size;
   Slot& s = acquire(chunk, micro);
   const std::int64_t rows = s.acts.stage_rows;  // B*T, or this tp rank's rows with SP
   const model::ModelShard& shard = model_.chunks()[static_cast<std::size_t>(chunk)].shard;
-  if (shard.has_embedding || shard.has_head) fill(micro, s.tokens.data(), s.labels.data());
+  if (shard.has_embedding || shard.has_head) batches.fill(micro, s.tokens.data(), s.labels.data());
+  s.acts.first_sample = batches.first_sample(micro);
+  s.acts.iteration = batches.iteration;
   comm::Communicator& pp = par_.pp();
   if (!is_first_virtual(chunk)) {
     // The previous virtual stage: the previous rank, or the last rank's previous chunk.
@@ -96,7 +98,8 @@ void PipelineExecutor::forward_step(const core::ExecContext& ctx, const float* p
             tag(micro, pp_rank_ == 0 ? chunk - 1 : chunk, 0));
   }
   core::Timer t;
-  const model::ModelRuntime& rt = runtimes_[static_cast<std::size_t>(chunk)];
+  model::ModelRuntime& rt = runtimes_[static_cast<std::size_t>(chunk)];
+  rt.training = grad == model::LossGrad::kCompute;
   model::gpt_forward(ctx, cfg, rt, model_.params(chunk, params), s.tokens.data(), s.acts);
   if (shard.has_head) {
     const model::LossSum l = model::gpt_loss(ctx, cfg, rt, s.labels.data(), d_scale, grad, s.acts);
@@ -145,16 +148,17 @@ void PipelineExecutor::drain() {
 }
 
 PipelineStats PipelineExecutor::train(const core::ExecContext& ctx, const float* params,
-                                      float* grads, float d_scale, const MicroBatchFill& fill) {
+                                      float* grads, float d_scale, const MicroBatches& batches) {
   PipelineStats stats;
   core::Timer total;
   int live = 0;
   for (const parallel::PipeStep& st : schedule_) {
     if (st.op == parallel::PipeOp::kForward) {
-      forward_step(ctx, params, st.chunk, st.microbatch, fill, model::LossGrad::kCompute, d_scale,
-                   stats.loss, stats.busy_ms);
+      forward_step(ctx, params, st.chunk, st.microbatch, batches, model::LossGrad::kCompute,
+                   d_scale, stats.loss, stats.busy_ms);
       stats.max_live_activations = std::max(stats.max_live_activations, ++live);
     } else {
+      runtimes_[static_cast<std::size_t>(st.chunk)].training = true;
       backward_step(ctx, params, grads, st.chunk, st.microbatch, stats.busy_ms);
       --live;
     }
@@ -167,12 +171,12 @@ PipelineStats PipelineExecutor::train(const core::ExecContext& ctx, const float*
 }
 
 model::LossSum PipelineExecutor::evaluate(const core::ExecContext& ctx, const float* params,
-                                          int num_microbatches, const MicroBatchFill& fill) {
+                                          int num_microbatches, const MicroBatches& batches) {
   model::LossSum loss;
   double busy = 0;
   for (int micro = 0; micro < num_microbatches; ++micro) {
     for (int c = 0; c < num_chunks_; ++c) {
-      forward_step(ctx, params, c, micro, fill, model::LossGrad::kNone, 0.0f, loss, busy);
+      forward_step(ctx, params, c, micro, batches, model::LossGrad::kNone, 0.0f, loss, busy);
       Slot& s = find(c, micro);
       s.micro = -1;
     }

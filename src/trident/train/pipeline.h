@@ -17,9 +17,14 @@
 
 namespace trident::train {
 
-// Writes micro-batch `micro`'s inputs (B*T) and labels (B*T) of this data-parallel rank.
-using MicroBatchFill =
-    std::function<void(int micro, std::int32_t* tokens, std::int32_t* labels)>;
+// The micro-batches of one iteration for this data-parallel rank.
+struct MicroBatches {
+  // Writes micro-batch `micro`'s inputs (B*T) and labels (B*T).
+  std::function<void(int micro, std::int32_t* tokens, std::int32_t* labels)> fill;
+  // Global sample id of micro-batch `micro`'s first row (keys the dropout masks).
+  std::function<std::int64_t(int micro)> first_sample;
+  std::int64_t iteration = 0;  // keys the dropout masks
+};
 
 struct PipelineStats {
   model::LossSum loss;   // this rank's share (last stage only; zero elsewhere)
@@ -42,10 +47,11 @@ class PipelineExecutor {
 
   // One training iteration: every step of the schedule; gradients accumulate (+=) into grads.
   PipelineStats train(const core::ExecContext& ctx, const float* params, float* grads,
-                      float d_scale, const MicroBatchFill& fill);
-  // Forward only over `num_microbatches` micro-batches (evaluation); returns the loss share.
+                      float d_scale, const MicroBatches& batches);
+  // Forward only (no dropout) over `num_microbatches` micro-batches (evaluation); returns the
+  // loss share.
   model::LossSum evaluate(const core::ExecContext& ctx, const float* params, int num_microbatches,
-                          const MicroBatchFill& fill);
+                          const MicroBatches& batches);
 
   std::int64_t activation_bytes_per_slot(int chunk) const;
   int slots_per_chunk() const { return slots_; }
@@ -65,7 +71,7 @@ class PipelineExecutor {
   Slot& acquire(int chunk, int micro);
   Slot& find(int chunk, int micro);
   void forward_step(const core::ExecContext& ctx, const float* params, int chunk, int micro,
-                    const MicroBatchFill& fill, model::LossGrad grad, float d_scale,
+                    const MicroBatches& batches, model::LossGrad grad, float d_scale,
                     model::LossSum& loss, double& busy_ms);
   void backward_step(const core::ExecContext& ctx, const float* params, float* grads, int chunk,
                      int micro, double& busy_ms);

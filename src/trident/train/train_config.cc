@@ -28,6 +28,21 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
       ->capture_default_str();
   app.add_option("--layernorm-epsilon", m.layernorm_epsilon, "LayerNorm epsilon")
       ->capture_default_str();
+  app.add_option("--hidden-dropout", m.hidden_dropout,
+                 "Dropout on the embedding output and both residual branches")
+      ->capture_default_str();
+  app.add_option("--attention-dropout", m.attention_dropout, "Dropout on attention probabilities")
+      ->capture_default_str();
+  app.add_flag("--use-flash-attn", m.use_flash_attention,
+               "Fused attention that keeps no (T x T) probabilities (always on with ALiBi or "
+               "attention dropout)");
+  app.add_option("--position-embedding-type", c.position_embedding_type,
+                 "learned_absolute or alibi")->capture_default_str();
+  app.add_flag("--embed-layernorm", m.embed_layernorm,
+               "LayerNorm after the word embedding (BLOOM)");
+  app.add_option("--model", c.model_preset,
+                 "gpt (default) or bloom: bloom = --position-embedding-type alibi "
+                 "--embed-layernorm");
 
   app.add_option("--micro-batch-size", c.micro_batch_size, "Sequences per micro-batch")
       ->capture_default_str();
@@ -127,6 +142,18 @@ std::int64_t TrainConfig::num_micro_batches(int world_size) const {
 }
 
 void TrainConfig::finalize(int world_size) {
+  TRIDENT_CHECK(model_preset == "gpt" || model_preset == "bloom", "--model: unknown model '",
+                model_preset, "' (use gpt or bloom)");
+  if (model_preset == "bloom") {
+    position_embedding_type = "alibi";
+    model.embed_layernorm = true;
+  }
+  TRIDENT_CHECK(position_embedding_type == "learned_absolute" || position_embedding_type == "alibi",
+                "--position-embedding-type: unknown type '", position_embedding_type,
+                "' (use learned_absolute or alibi)");
+  model.position_embedding = position_embedding_type == "alibi"
+                                 ? model::PositionEmbedding::kAlibi
+                                 : model::PositionEmbedding::kLearnedAbsolute;
   lr.decay_style = optim::parse_lr_decay_style(lr_decay_style);
   TRIDENT_CHECK(tensor_model_parallel_size >= 1 && pipeline_model_parallel_size >= 1,
                 "parallel sizes must be >= 1");
@@ -199,6 +226,11 @@ nlohmann::json TrainConfig::to_json() const {
   j["make_vocab_size_divisible_by"] = model.make_vocab_size_divisible_by;
   j["init_method_std"] = model.init_method_std;
   j["layernorm_epsilon"] = model.layernorm_epsilon;
+  j["position_embedding_type"] = position_embedding_type;
+  j["embed_layernorm"] = model.embed_layernorm;
+  j["hidden_dropout"] = model.hidden_dropout;
+  j["attention_dropout"] = model.attention_dropout;
+  j["use_flash_attn"] = model.use_flash_attention;
   j["micro_batch_size"] = micro_batch_size;
   j["global_batch_size"] = global_batch_size;
   j["train_iters"] = train_iters;

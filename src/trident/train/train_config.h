@@ -21,6 +21,8 @@ namespace trident::train {
 
 struct TrainConfig {
   model::ModelConfig model;
+  std::string model_preset = "gpt";                    // --model gpt|bloom
+  std::string position_embedding_type = "learned_absolute";
 
   // Batches.
   std::int64_t micro_batch_size = 4;

@@ -173,6 +173,7 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
     model::ModelRuntime rt;
     rt.shard = ch.shard;
     rt.tp = &par.tp();
+    rt.dropout_seed = cfg.seed ^ 0x5eed0d0bull;
     runtimes.push_back(rt);
   }
   const auto schedule_kind = parallel::parse_pipeline_schedule(cfg.pipeline_schedule);
@@ -247,10 +248,14 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
       const std::int64_t first = consumed_valid;
       const model::LossSum l = executor.evaluate(
           ctx, buf.params, static_cast<int>(eval_micro),
-          [&](int j, std::int32_t* tokens, std::int32_t* labels) {
-            fill_micro_batch(*datasets.valid, first, B, dp, dp_rank, j, tokens, labels, scratch,
-                             mc.vocab_size);
-          });
+          {.fill = [&](int j, std::int32_t* tokens, std::int32_t* labels) {
+             fill_micro_batch(*datasets.valid, first, B, dp, dp_rank, j, tokens, labels, scratch,
+                              mc.vocab_size);
+           },
+           .first_sample = [&](int j) {
+             return data::micro_batch_first_sample(first, j, dp_rank, B, dp);
+           },
+           .iteration = it});
       consumed_valid += cfg.global_batch_size;
       total.sum += l.sum;
       total.count += l.count;
@@ -287,10 +292,15 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
     // Every token of the global batch weighs 1 / (tokens in the global batch).
     const float d_scale = 1.0f / static_cast<float>(tokens_per_iter);
     const PipelineStats ps = executor.train(
-        ctx, buf.params, buf.grads, d_scale, [&](int j, std::int32_t* tokens, std::int32_t* labels) {
-          fill_micro_batch(*datasets.train, consumed, B, dp, dp_rank, j, tokens, labels, scratch,
-                           mc.vocab_size);
-        });
+        ctx, buf.params, buf.grads, d_scale,
+        {.fill = [&](int j, std::int32_t* tokens, std::int32_t* labels) {
+           fill_micro_batch(*datasets.train, consumed, B, dp, dp_rank, j, tokens, labels, scratch,
+                            mc.vocab_size);
+         },
+         .first_sample = [&](int j) {
+           return data::micro_batch_first_sample(consumed, j, dp_rank, B, dp);
+         },
+         .iteration = iteration + 1});
     const double lr = cfg.lr.at(iteration);
     const OptimizerStepResult step = optimizer.step(ctx, lr, iteration + 1);
     const double lm_loss = global_loss(ps.loss);

@@ -1,0 +1,69 @@
+// Fused causal self-attention that never materializes the (T x T) score matrix of a head:
+// flash-style blocks of queries and keys with an online softmax (Dao et al., FlashAttention-2),
+// the causal mask, the ALiBi bias and attention dropout applied inside. Backward recomputes the
+// probabilities block by block from the saved per-row log-sum-exp.
+//
+// Legend: B = batch, T = seq_len, NH = heads on this rank, HS = head_dim, C = NH * HS. Layouts are
+// those of attention.h: qkv (B, T, NH, 3, HS) interleaved per head, out (B, T, C).
+//
+//   s[q, k] = q . k / sqrt(HS) + slope[h] * k      (ALiBi: the key position; the row constant
+//                                                    -slope * q cancels in the softmax)
+//   p = softmax over k <= q of s;   out = (p * keep / (1 - dropout)) v
+//
+// Dropout masks are a pure function of (seed, stream, global index): element (q, k) of head h of
+// sample `first_sample + b` has index ((sample * total_heads + head_offset + h) * T + q) * T + k,
+// so any parallel layout that computes that element draws the same mask.
+#pragma once
+
+#include <cstdint>
+
+#include "trident/core/exec_context.h"
+
+namespace trident::kernels {
+
+struct AttentionDropout {
+  float p = 0.0f;               // drop probability; 0 disables
+  std::uint64_t seed = 0;
+  std::uint64_t stream = 0;     // distinguishes layers and iterations
+  std::int64_t first_sample = 0;  // global sample id of batch row 0
+  std::int64_t head_offset = 0;   // global index of this rank's first head
+  std::int64_t total_heads = 0;   // heads of the whole model (0: num_heads)
+};
+
+// True when element `index` of a dropout stream is kept (probability 1 - p).
+bool dropout_keep(std::uint64_t seed, std::uint64_t stream, std::uint64_t index, float p);
+
+struct FlashAttentionForwardArgs {
+  float* out = nullptr;          // (B, T, C)       written (=)
+  float* lse = nullptr;          // (B, NH, T)      written (=): log-sum-exp of each score row
+  const float* qkv = nullptr;    // (B, T, NH, 3, HS)
+  const float* alibi = nullptr;  // (NH) slopes, or null for no bias
+  AttentionDropout dropout;
+  std::int64_t batch = 0, seq_len = 0, num_heads = 0, head_dim = 0;
+};
+void flash_attention_forward(const core::ExecContext& ctx, const FlashAttentionForwardArgs& args);
+
+struct FlashAttentionBackwardArgs {
+  float* d_qkv = nullptr;        // (B, T, NH, 3, HS)  written (=)
+  const float* d_out = nullptr;  // (B, T, C)
+  const float* qkv = nullptr;    // (B, T, NH, 3, HS)
+  const float* out = nullptr;    // (B, T, C)  from the forward
+  const float* lse = nullptr;    // (B, NH, T) from the forward
+  const float* alibi = nullptr;  // (NH) or null
+  AttentionDropout dropout;
+  std::int64_t batch = 0, seq_len = 0, num_heads = 0, head_dim = 0;
+};
+void flash_attention_backward(const core::ExecContext& ctx, const FlashAttentionBackwardArgs& args);
+
+// ALiBi slopes for `num_heads` heads (Press et al.; the BLOOM / Megatron-DeepSpeed rule): for n a
+// power of two, slope_i = 2^(-8 (i + 1) / n); otherwise the 2^floor(log2 n) power-of-two slopes
+// followed by every other slope (0, 2, 4, ...) of the rule for twice that many heads.
+void alibi_slopes(std::int64_t num_heads, float* slopes);
+
+namespace ref {
+// Reference: scores materialized per head in double, the same masks.
+void flash_attention_forward(const FlashAttentionForwardArgs& args);
+void flash_attention_backward(const FlashAttentionBackwardArgs& args);
+}  // namespace ref
+
+}  // namespace trident::kernels

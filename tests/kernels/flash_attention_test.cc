@@ -1,0 +1,135 @@
+// Flash attention against its reference (scores materialized in double) and against the unfused
+// attention kernel: forward output and every gradient, with and without ALiBi and dropout, plus
+// causality and the ALiBi slopes of BLOOM.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "trident/kernels/attention.h"
+#include "trident/kernels/flash_attention.h"
+
+namespace trident::kernels {
+namespace {
+
+std::vector<float> randn(std::size_t n, std::uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+// max |a - b| / max |b|
+double rel(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, ref = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::abs(static_cast<double>(a[i]) - b[i]));
+    ref = std::max(ref, std::abs(static_cast<double>(b[i])));
+  }
+  return ref > 0 ? diff / ref : diff;
+}
+
+struct Case {
+  std::int64_t B, T, NH, HS;
+  bool alibi;
+  float dropout;
+};
+
+class FlashAttention : public ::testing::TestWithParam<Case> {};
+
+TEST_P(FlashAttention, MatchesReference) {
+  const Case c = GetParam();
+  const std::int64_t C = c.NH * c.HS;
+  const auto qkv = randn(static_cast<std::size_t>(c.B * c.T * 3 * C), 1);
+  const auto d_out = randn(static_cast<std::size_t>(c.B * c.T * C), 2);
+  std::vector<float> slopes(static_cast<std::size_t>(c.NH));
+  alibi_slopes(c.NH, slopes.data());
+  AttentionDropout drop{.p = c.dropout, .seed = 5, .stream = 77, .first_sample = 3,
+                        .head_offset = 2, .total_heads = c.NH + 4};
+  const core::ExecContext ctx;
+  std::vector<float> out(d_out.size(), NAN), lse(static_cast<std::size_t>(c.B * c.NH * c.T), NAN);
+  std::vector<float> out_ref(out.size()), lse_ref(lse.size());
+  FlashAttentionForwardArgs fa{.out = out.data(), .lse = lse.data(), .qkv = qkv.data(),
+                               .alibi = c.alibi ? slopes.data() : nullptr, .dropout = drop,
+                               .batch = c.B, .seq_len = c.T, .num_heads = c.NH, .head_dim = c.HS};
+  flash_attention_forward(ctx, fa);
+  fa.out = out_ref.data();
+  fa.lse = lse_ref.data();
+  ref::flash_attention_forward(fa);
+  EXPECT_LE(rel(out, out_ref), 2e-6) << "out";
+  EXPECT_LE(rel(lse, lse_ref), 2e-6) << "lse";
+
+  std::vector<float> d_qkv(qkv.size(), NAN), d_qkv_ref(qkv.size());
+  FlashAttentionBackwardArgs ba{.d_qkv = d_qkv.data(), .d_out = d_out.data(), .qkv = qkv.data(),
+                                .out = out.data(), .lse = lse.data(),
+                                .alibi = c.alibi ? slopes.data() : nullptr, .dropout = drop,
+                                .batch = c.B, .seq_len = c.T, .num_heads = c.NH, .head_dim = c.HS};
+  flash_attention_backward(ctx, ba);
+  ba.d_qkv = d_qkv_ref.data();
+  ref::flash_attention_backward(ba);
+  EXPECT_LE(rel(d_qkv, d_qkv_ref), 2e-5) << "d_qkv";
+  for (float x : d_qkv) ASSERT_TRUE(std::isfinite(x));
+
+  // Without ALiBi and dropout the unfused kernel computes the same function.
+  if (!c.alibi && c.dropout == 0.0f) {
+    std::vector<float> out2(out.size()), probs(static_cast<std::size_t>(c.B * c.NH * c.T * c.T));
+    attention_forward(ctx, {.out = out2.data(), .probs = probs.data(), .qkv = qkv.data(),
+                            .batch = c.B, .seq_len = c.T, .num_heads = c.NH, .head_dim = c.HS});
+    EXPECT_LE(rel(out, out2), 2e-6);
+    std::vector<float> d_qkv2(qkv.size()), d_probs(probs.size());
+    attention_backward(ctx, {.d_qkv = d_qkv2.data(), .d_probs = d_probs.data(),
+                             .d_out = d_out.data(), .qkv = qkv.data(), .probs = probs.data(),
+                             .batch = c.B, .seq_len = c.T, .num_heads = c.NH, .head_dim = c.HS});
+    EXPECT_LE(rel(d_qkv, d_qkv2), 2e-5);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, FlashAttention,
+    ::testing::Values(Case{1, 1, 1, 1, false, 0.0f}, Case{2, 7, 3, 5, false, 0.0f},
+                      Case{1, 33, 2, 16, false, 0.0f}, Case{2, 70, 4, 8, true, 0.0f},
+                      Case{1, 65, 3, 16, true, 0.0f}, Case{2, 40, 2, 8, false, 0.3f},
+                      Case{1, 97, 6, 8, true, 0.1f}));
+
+TEST(FlashAttentionCausality, FutureTokensDoNotChangeThePast) {
+  const std::int64_t B = 1, T = 20, NH = 2, HS = 4, C = NH * HS;
+  auto qkv = randn(static_cast<std::size_t>(B * T * 3 * C), 3);
+  std::vector<float> slopes(NH);
+  alibi_slopes(NH, slopes.data());
+  const core::ExecContext ctx;
+  std::vector<float> a(static_cast<std::size_t>(B * T * C)), b(a.size()), lse(static_cast<std::size_t>(B * NH * T));
+  flash_attention_forward(ctx, {.out = a.data(), .lse = lse.data(), .qkv = qkv.data(),
+                                .alibi = slopes.data(), .dropout = {}, .batch = B, .seq_len = T,
+                                .num_heads = NH,
+                                .head_dim = HS});
+  for (std::int64_t j = 0; j < 3 * C; ++j) qkv[static_cast<std::size_t>((T - 1) * 3 * C + j)] += 1.0f;
+  flash_attention_forward(ctx, {.out = b.data(), .lse = lse.data(), .qkv = qkv.data(),
+                                .alibi = slopes.data(), .dropout = {}, .batch = B, .seq_len = T,
+                                .num_heads = NH,
+                                .head_dim = HS});
+  for (std::int64_t i = 0; i < (T - 1) * C; ++i) ASSERT_EQ(a[static_cast<std::size_t>(i)], b[static_cast<std::size_t>(i)]);
+}
+
+TEST(Alibi, SlopesFollowTheBloomRule) {
+  std::vector<float> s(8);
+  alibi_slopes(8, s.data());
+  for (int i = 0; i < 8; ++i) EXPECT_FLOAT_EQ(s[static_cast<std::size_t>(i)], std::pow(2.0f, -(i + 1.0f)));
+  // 112 heads (BLOOM-176B): 64 slopes 2^-(i+1)/8, then 48 slopes 2^-(2j+1)/16.
+  std::vector<float> b(112);
+  alibi_slopes(112, b.data());
+  EXPECT_FLOAT_EQ(b[0], std::pow(2.0f, -1.0f / 8));
+  EXPECT_FLOAT_EQ(b[63], std::pow(2.0f, -64.0f / 8));
+  EXPECT_FLOAT_EQ(b[64], std::pow(2.0f, -1.0f / 16));
+  EXPECT_FLOAT_EQ(b[65], std::pow(2.0f, -3.0f / 16));
+  EXPECT_FLOAT_EQ(b[111], std::pow(2.0f, -95.0f / 16));
+  // 6 heads: 4 power-of-two slopes, then slopes 0 and 2 of the 8-head rule.
+  std::vector<float> six(6);
+  alibi_slopes(6, six.data());
+  EXPECT_FLOAT_EQ(six[4], std::pow(2.0f, -1.0f));
+  EXPECT_FLOAT_EQ(six[5], std::pow(2.0f, -3.0f));
+}
+
+}  // namespace
+}  // namespace trident::kernels
