@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -37,6 +38,8 @@ struct Layout {
   int np = 1;
   std::vector<std::string> flags;
   int tp = 1;
+  // Model flags shared with the single-process reference run it is compared with.
+  std::string model_flags;
 };
 
 class Equivalence : public ::testing::Test {
@@ -93,6 +96,7 @@ class Equivalence : public ::testing::Test {
            " --make-vocab-size-divisible-by " + std::to_string(128 / l.tp) +
            " --save " + out + "/ckpt --metrics-jsonl " + out + "/metrics.jsonl";
     for (const std::string& f : l.flags) cmd += " " + f;
+    if (!l.model_flags.empty()) cmd += " " + l.model_flags;
     cmd += " > " + out + "/log.txt 2>&1";
     const int rc = std::system(cmd.c_str());
     if (rc != 0) {
@@ -113,8 +117,13 @@ class Equivalence : public ::testing::Test {
     return out;
   }
 
-  static std::vector<float> final_params(const std::string& name, model::ParamTable& table) {
+  static std::vector<float> final_params(const std::string& name, model::ParamTable& table,
+                                         const std::string& model_flags) {
     model::ModelConfig c;
+    if (model_flags.find("--model bloom") != std::string::npos) {
+      c.position_embedding = model::PositionEmbedding::kAlibi;
+      c.embed_layernorm = true;
+    }
     c.num_layers = 4;
     c.hidden_size = 32;
     c.num_attention_heads = 4;
@@ -127,9 +136,21 @@ class Equivalence : public ::testing::Test {
     return flat;
   }
 
+  // The single-process run with the same model flags (computed once per flag set).
+  static std::string reference_for(const Layout& l) {
+    if (l.model_flags.empty()) return "reference";
+    std::string name = "reference";
+    for (char ch : l.model_flags) name += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+    if (!fs::exists(run_dir(name) + "/metrics.jsonl")) {
+      EXPECT_EQ(train({name, 1, {}, 1, l.model_flags}), 0) << name;
+    }
+    return name;
+  }
+
   void expect_equivalent(const Layout& l) {
+    const std::string ref_name = reference_for(l);
     ASSERT_EQ(train(l), 0) << l.name;
-    const std::vector<double> ref = losses("reference"), got = losses(l.name);
+    const std::vector<double> ref = losses(ref_name), got = losses(l.name);
     ASSERT_EQ(ref.size(), 10u);
     ASSERT_EQ(got.size(), 10u) << l.name;
     for (std::size_t i = 0; i < ref.size(); ++i) {
@@ -137,8 +158,8 @@ class Equivalence : public ::testing::Test {
     }
     EXPECT_LT(ref.back(), ref.front());
     model::ParamTable table;
-    const std::vector<float> a = final_params("reference", table);
-    const std::vector<float> b = final_params(l.name, table);
+    const std::vector<float> a = final_params(ref_name, table, l.model_flags);
+    const std::vector<float> b = final_params(l.name, table, l.model_flags);
     double worst = 0;
     std::string worst_name;
     for (const model::ParamSpec& p : table.params) {
@@ -206,6 +227,28 @@ TEST_F(Equivalence, Pipeline2UnevenSplit) {
 TEST_F(Equivalence, ThreeD) {
   expect_equivalent({"tp2pp2dp2", 8,
                      {"--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2"}, 2});
+}
+// Dropout masks are keyed by global sample, position and head, so they are the same in every
+// layout: a run with dropout is equivalent too.
+constexpr const char* kDropout = "--hidden-dropout 0.1 --attention-dropout 0.1";
+TEST_F(Equivalence, DropoutTensorParallel2SequenceParallelDataParallel2) {
+  expect_equivalent(
+      {"drop_tp2spdp2", 4, {"--tensor-model-parallel-size 2 --sequence-parallel"}, 2, kDropout});
+}
+TEST_F(Equivalence, DropoutChangesTheRun) {
+  // The dropout reference really drops: its losses differ from the run without dropout.
+  const std::string ref = reference_for({"x", 1, {}, 1, kDropout});
+  EXPECT_NE(losses(ref)[0], losses("reference")[0]);
+}
+TEST_F(Equivalence, DropoutPipeline2Interleaved) {
+  expect_equivalent({"drop_pp2v2", 2,
+                     {"--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1"},
+                     1, kDropout});
+}
+TEST_F(Equivalence, BloomThreeD) {
+  expect_equivalent({"bloom_tp2pp2dp2", 8,
+                     {"--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2"}, 2,
+                     "--model bloom"});
 }
 TEST_F(Equivalence, ThreeDSequenceParallelInterleaved) {
   expect_equivalent({"tp2pp2dp2spv2", 8,
