@@ -1,6 +1,7 @@
 // Bus bandwidth of all-reduce, reduce-scatter and all-gather per message size, through trident's
 // MpiCommunicator (non-blocking MPI + the timed polling wait) and through plain blocking MPI, so
-// the cost of the timeout machinery is visible. Run: mpirun -np 2 trident_comm_bench [max_mib].
+// the cost of the timeout machinery is visible. Run: mpirun -np 2 trident_comm_bench [max_mib=64]
+// [min_kib=1] (sizes min_kib KiB, x4, ..., up to max_mib MiB).
 //
 // busbw (nccl-tests convention): all_reduce 2(n-1)/n x bytes / t; reduce_scatter and all_gather
 // (n-1)/n x bytes / t, where bytes is the full (n-block) buffer. t is the slowest rank's mean.
@@ -54,6 +55,7 @@ std::string human(std::int64_t bytes) {
 int main(int argc, char** argv) {
   MpiRuntime runtime(argc, argv);
   const std::int64_t max_mib = argc > 1 ? std::atoll(argv[1]) : 64;
+  const std::int64_t min_kib = argc > 2 ? std::atoll(argv[2]) : 1;
   std::unique_ptr<MpiCommunicator> world = MpiCommunicator::world(runtime);
   // The same group with a wait that only polls (never yields or sleeps): isolates what the
   // backoff costs.
@@ -75,7 +77,7 @@ int main(int argc, char** argv) {
         " all_gather MPI | all_gather trident |\n");
     std::printf("|---|---|---|---|---|---|---|---|---|\n");
   }
-  for (std::int64_t bytes = 1024; bytes <= (max_mib << 20); bytes *= 4) {
+  for (std::int64_t bytes = min_kib << 10; bytes <= (max_mib << 20); bytes *= 4) {
     const std::int64_t count = bytes / 4;                             // whole buffer, f32
     const std::int64_t block = std::max<std::int64_t>(count / n, 1);  // one rank's block
     std::vector<float> buf(static_cast<std::size_t>(count), 0.0f);

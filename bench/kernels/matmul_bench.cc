@@ -4,8 +4,9 @@
 // threads. Every product is first checked against a double-precision reference on sampled
 // entries.
 //
-// Timing: the libraries alternate in blocks of --calls back-to-back calls, --rounds blocks each,
-// the order swapped every round; each result is the median over all timed calls. Between blocks
+// Timing: the libraries alternate in blocks of one untimed and --calls timed back-to-back calls,
+// --rounds blocks each, the order swapped every round; each result is the median over all timed
+// calls. Between blocks
 // the program sleeps long enough for the previous library's idle worker threads to stop spinning
 // (libgomp spins ~10 ms after a parallel region, OpenBLAS's pthreads ~0.1 s): on 2 cores a
 // spinning pool of the other library would otherwise halve the measured speed. The machine is
@@ -37,8 +38,8 @@ namespace trident::bench {
 namespace {
 
 struct Options {
-  int rounds = 3;  // blocks per library
-  int calls = 2;   // timed calls per block
+  int rounds = 2;  // blocks per library
+  int calls = 2;   // timed calls per block (after one untimed call)
   std::vector<int> threads = {2, 1};
   std::vector<std::int64_t> rows = {256, 1024};
   int settle_dnnl_ms = 30;       // pause after a dnnl block (libgomp threads stop spinning)
@@ -186,14 +187,16 @@ Result measure(const core::ExecContext& ctx, const Options& o, double& wait_left
     for (int round = 0; round < o.rounds; ++round) {
       for (int turn = 0; turn < 2; ++turn) {  // dnnl first on even rounds, OpenBLAS on odd ones
         const bool dnnl_turn = (round % 2 == 0) == (turn == 0);
-        for (int call = 0; call < o.calls; ++call) {
+        // One untimed call first: after the pause the library's threads are asleep and its
+        // buffers cold, which a training step (a warm OpenMP pool) does not see.
+        for (int call = -1; call < o.calls; ++call) {
           core::Timer timer;
           if (dnnl_turn) {
             run_dnnl(ctx, p, p.beta);
-            t_dnnl.push_back(timer.elapsed_s());
+            if (call >= 0) t_dnnl.push_back(timer.elapsed_s());
           } else {
             run_openblas(p, p.beta);
-            t_blas.push_back(timer.elapsed_s());
+            if (call >= 0) t_blas.push_back(timer.elapsed_s());
           }
         }
         settle(dnnl_turn ? o.settle_dnnl_ms : o.settle_openblas_ms);
@@ -220,7 +223,7 @@ int run(const Options& o) {
   std::printf("OpenBLAS: %s (cblas_sgemm from %s)\n", openblas_get_config(),
               library_of(reinterpret_cast<const void*>(&cblas_sgemm)));
   std::printf(
-      "median of %d calls per library and product: %d rounds of %d back-to-back calls, "
+      "median of %d calls per library and product: %d rounds of 1 untimed + %d timed calls, "
       "libraries alternating by block; pause %d ms after dnnl, %d ms after OpenBLAS\n\n",
       o.rounds * o.calls, o.rounds, o.calls, o.settle_dnnl_ms, o.settle_openblas_ms);
 

@@ -40,8 +40,8 @@ void expect_values(const std::vector<T>& got, F expected, const std::string& wha
     const T want = static_cast<T>(expected(static_cast<std::int64_t>(j)));
     if (!(got[j] == want)) {
       ADD_FAILURE() << what << " on group '" << c.name() << "' (size " << c.size() << ", rank "
-                    << c.rank() << "): element " << j << " of " << got.size() << " is "
-                    << +got[j] << ", expected " << +want;
+                    << c.rank() << "): element " << j << " of " << got.size() << " is " << +got[j]
+                    << ", expected " << +want;
       return;
     }
   }
@@ -50,24 +50,28 @@ void expect_values(const std::vector<T>& got, F expected, const std::string& wha
 template <class T>
 std::vector<T> ramp(std::int64_t count, int world, int rank) {
   std::vector<T> v(static_cast<std::size_t>(count));
-  for (std::int64_t j = 0; j < count; ++j) v[static_cast<std::size_t>(j)] = static_cast<T>(j * world + rank);
+  for (std::int64_t j = 0; j < count; ++j)
+    v[static_cast<std::size_t>(j)] = static_cast<T>(j * world + rank);
   return v;
 }
 
 template <class T>
 void check_all_reduce_typed(Communicator& c, std::int64_t count) {
   const std::int64_t w = c.size();
-  const std::string tag = std::string("all_reduce ") + datatype_name(datatype_of<T>()) +
-                          " count " + std::to_string(count);
+  const std::string tag = std::string("all_reduce ") + datatype_name(datatype_of<T>()) + " count " +
+                          std::to_string(count);
   std::vector<T> x = ramp<T>(count, c.size(), c.rank());
   c.all_reduce(std::span<T>(x), ReduceOp::kSum);
-  expect_values(x, [&](std::int64_t j) { return j * w * w + w * (w - 1) / 2; }, tag + " sum", c);
+  expect_values(
+      x, [&](std::int64_t j) { return j * w * w + w * (w - 1) / 2; }, tag + " sum", c);
   x = ramp<T>(count, c.size(), c.rank());
   c.all_reduce(std::span<T>(x), ReduceOp::kMax);
-  expect_values(x, [&](std::int64_t j) { return j * w + w - 1; }, tag + " max", c);
+  expect_values(
+      x, [&](std::int64_t j) { return j * w + w - 1; }, tag + " max", c);
   x = ramp<T>(count, c.size(), c.rank());
   c.all_reduce(x.data(), count, datatype_of<T>(), ReduceOp::kMin);
-  expect_values(x, [&](std::int64_t j) { return j * w; }, tag + " min", c);
+  expect_values(
+      x, [&](std::int64_t j) { return j * w; }, tag + " min", c);
 }
 
 inline void check_all_reduce(Communicator& c, std::int64_t count) {
@@ -84,8 +88,8 @@ inline void check_reduce_scatter(Communicator& c, std::int64_t count) {
   const std::vector<float> in = ramp<float>(w * count, c.size(), c.rank());
   std::vector<float> out(static_cast<std::size_t>(count), -1.0f);
   c.reduce_scatter(std::span<const float>(in), std::span<float>(out), ReduceOp::kSum);
-  expect_values(out, [&](std::int64_t j) { return (r * count + j) * w * w + w * (w - 1) / 2; },
-                tag, c);
+  expect_values(
+      out, [&](std::int64_t j) { return (r * count + j) * w * w + w * (w - 1) / 2; }, tag, c);
   EXPECT_EQ(in, ramp<float>(w * count, c.size(), c.rank())) << tag << ": input was modified";
 
   // In place: the output is this rank's own block of the input (the ZeRO gradient shard).
@@ -93,8 +97,8 @@ inline void check_reduce_scatter(Communicator& c, std::int64_t count) {
   double* own = buf.data() + r * count;
   c.reduce_scatter(buf.data(), own, count, Datatype::kF64, ReduceOp::kMax);
   std::vector<double> got(own, own + count);
-  expect_values(got, [&](std::int64_t j) { return (r * count + j) * w + w - 1; },
-                tag + " in place max", c);
+  expect_values(
+      got, [&](std::int64_t j) { return (r * count + j) * w + w - 1; }, tag + " in place max", c);
 }
 
 inline void check_reduce_scatter_v(Communicator& c, std::int64_t base) {
@@ -105,16 +109,18 @@ inline void check_reduce_scatter_v(Communicator& c, std::int64_t base) {
   for (int q = 0; q < c.rank(); ++q) offset += counts[static_cast<std::size_t>(q)];
   const std::string tag = "reduce_scatter_v base " + std::to_string(base);
   const std::vector<std::int64_t> in = ramp<std::int64_t>(total, c.size(), c.rank());
-  std::vector<std::int64_t> out(static_cast<std::size_t>(counts[static_cast<std::size_t>(c.rank())]));
+  std::vector<std::int64_t> out(
+      static_cast<std::size_t>(counts[static_cast<std::size_t>(c.rank())]));
   c.reduce_scatter_v(in.data(), out.data(), counts, Datatype::kI64, ReduceOp::kSum);
-  expect_values(out, [&](std::int64_t j) { return (offset + j) * w * w + w * (w - 1) / 2; }, tag,
-                c);
+  expect_values(
+      out, [&](std::int64_t j) { return (offset + j) * w * w + w * (w - 1) / 2; }, tag, c);
   // In place.
   std::vector<std::int64_t> buf = ramp<std::int64_t>(total, c.size(), c.rank());
   std::int64_t* own = buf.data() + offset;
   c.reduce_scatter_v(buf.data(), own, counts, Datatype::kI64, ReduceOp::kMin);
   std::vector<std::int64_t> got(own, own + out.size());
-  expect_values(got, [&](std::int64_t j) { return (offset + j) * w; }, tag + " in place min", c);
+  expect_values(
+      got, [&](std::int64_t j) { return (offset + j) * w; }, tag + " in place min", c);
 }
 
 inline void check_all_gather(Communicator& c, std::int64_t count) {
@@ -124,7 +130,8 @@ inline void check_all_gather(Communicator& c, std::int64_t count) {
   std::vector<float> out(static_cast<std::size_t>(w * count), -1.0f);
   c.all_gather(std::span<const float>(in), std::span<float>(out));
   // out[q * count + j] = j * w + q
-  expect_values(out, [&](std::int64_t i) { return (i % count) * w + i / count; }, tag, c);
+  expect_values(
+      out, [&](std::int64_t i) { return (i % count) * w + i / count; }, tag, c);
 
   // In place, bf16 (moved bit-exactly; values are small integers, exact in bf16).
   std::vector<core::bf16> buf(static_cast<std::size_t>(w * count), core::bf16::from_float(-1));
@@ -135,8 +142,9 @@ inline void check_all_gather(Communicator& c, std::int64_t count) {
   c.all_gather(buf.data() + c.rank() * count, buf.data(), count, Datatype::kBF16);
   std::vector<float> as_float;
   for (core::bf16 b : buf) as_float.push_back(b.to_float());
-  expect_values(as_float, [&](std::int64_t i) { return ((i % count) % 16) * w + i / count; },
-                tag + " in place bf16", c);
+  expect_values(
+      as_float, [&](std::int64_t i) { return ((i % count) % 16) * w + i / count; },
+      tag + " in place bf16", c);
 }
 
 inline void check_all_gather_v(Communicator& c, std::int64_t base) {
@@ -156,16 +164,17 @@ inline void check_all_gather_v(Communicator& c, std::int64_t base) {
   }
   std::vector<std::int32_t> out(static_cast<std::size_t>(total), -1);
   c.all_gather_v(in.data(), out.data(), counts, Datatype::kI32);
-  expect_values(out, [&](std::int64_t i) { return expected[static_cast<std::size_t>(i)]; }, tag,
-                c);
+  expect_values(
+      out, [&](std::int64_t i) { return expected[static_cast<std::size_t>(i)]; }, tag, c);
   // In place.
   std::vector<std::int32_t> buf(static_cast<std::size_t>(total), -1);
   std::int64_t offset = 0;
   for (int q = 0; q < c.rank(); ++q) offset += counts[static_cast<std::size_t>(q)];
   std::copy(in.begin(), in.end(), buf.begin() + offset);
   c.all_gather_v(buf.data() + offset, buf.data(), counts, Datatype::kI32);
-  expect_values(buf, [&](std::int64_t i) { return expected[static_cast<std::size_t>(i)]; },
-                tag + " in place", c);
+  expect_values(
+      buf, [&](std::int64_t i) { return expected[static_cast<std::size_t>(i)]; }, tag + " in place",
+      c);
 }
 
 inline void check_broadcast(Communicator& c, std::int64_t count) {
@@ -173,8 +182,9 @@ inline void check_broadcast(Communicator& c, std::int64_t count) {
   for (int root : {0, c.size() - 1, c.size() / 2}) {
     std::vector<float> x = ramp<float>(count, c.size(), c.rank());
     c.broadcast(std::span<float>(x), root);
-    expect_values(x, [&](std::int64_t j) { return j * w + root; },
-                  "broadcast count " + std::to_string(count) + " root " + std::to_string(root), c);
+    expect_values(
+        x, [&](std::int64_t j) { return j * w + root; },
+        "broadcast count " + std::to_string(count) + " root " + std::to_string(root), c);
   }
 }
 
@@ -191,7 +201,8 @@ inline void check_p2p(Communicator& c, std::int64_t count) {
   Request sr = c.isend(mine.data(), count, Datatype::kF64, next, 3);
   sr.wait();
   rr.wait();
-  expect_values(got, [&](std::int64_t j) { return j * w + prev; }, tag + " ring", c);
+  expect_values(
+      got, [&](std::int64_t j) { return j * w + prev; }, tag + " ring", c);
 
   // Blocking pairs (0,1), (2,3), ...; an odd last rank sits out.
   const int partner = r ^ 1;
@@ -205,19 +216,24 @@ inline void check_p2p(Communicator& c, std::int64_t count) {
       c.recv(std::span<std::int64_t>(back), partner, 5);
       c.send(std::span<const std::int64_t>(v), partner, 5);
     }
-    expect_values(back, [&](std::int64_t j) { return j * w + partner; }, tag + " pair", c);
+    expect_values(
+        back, [&](std::int64_t j) { return j * w + partner; }, tag + " pair", c);
 
     // Two messages on tags 1 and 2, received 2 first: matching is by tag, not arrival.
-    std::vector<float> a(static_cast<std::size_t>(count), -1), b(static_cast<std::size_t>(count), -1);
-    const std::vector<float> va = ramp<float>(count, w, 100 + r), vb = ramp<float>(count, w, 200 + r);
+    std::vector<float> a(static_cast<std::size_t>(count), -1),
+        b(static_cast<std::size_t>(count), -1);
+    const std::vector<float> va = ramp<float>(count, w, 100 + r),
+                             vb = ramp<float>(count, w, 200 + r);
     Request s1 = c.isend(va.data(), count, Datatype::kF32, partner, 1);
     Request s2 = c.isend(vb.data(), count, Datatype::kF32, partner, 2);
     c.recv(b.data(), count, Datatype::kF32, partner, 2);
     c.recv(a.data(), count, Datatype::kF32, partner, 1);
     s1.wait();
     s2.wait();
-    expect_values(a, [&](std::int64_t j) { return j * w + 100 + partner; }, tag + " tag 1", c);
-    expect_values(b, [&](std::int64_t j) { return j * w + 200 + partner; }, tag + " tag 2", c);
+    expect_values(
+        a, [&](std::int64_t j) { return j * w + 100 + partner; }, tag + " tag 1", c);
+    expect_values(
+        b, [&](std::int64_t j) { return j * w + 200 + partner; }, tag + " tag 2", c);
   }
 }
 
@@ -226,17 +242,20 @@ inline void check_nonblocking_buckets(Communicator& c, std::int64_t count) {
   const std::int64_t w = c.size();
   constexpr int kBuckets = 4;
   std::vector<std::vector<float>> buckets;
-  for (int b = 0; b < kBuckets; ++b) buckets.push_back(ramp<float>(count + b, c.size(), c.rank() + b));
+  for (int b = 0; b < kBuckets; ++b)
+    buckets.push_back(ramp<float>(count + b, c.size(), c.rank() + b));
   std::vector<Request> reqs;
-  for (auto& bucket : buckets) reqs.push_back(c.iall_reduce(std::span<float>(bucket), ReduceOp::kSum));
+  for (auto& bucket : buckets)
+    reqs.push_back(c.iall_reduce(std::span<float>(bucket), ReduceOp::kSum));
   for (int b = kBuckets - 1; b >= 0; --b) {
     while (!reqs[static_cast<std::size_t>(b)].test()) std::this_thread::yield();
     EXPECT_TRUE(reqs[static_cast<std::size_t>(b)].done());
   }
   for (int b = 0; b < kBuckets; ++b) {
-    expect_values(buckets[static_cast<std::size_t>(b)],
-                  [&](std::int64_t j) { return j * w * w + w * (w - 1) / 2 + w * b; },
-                  "bucket " + std::to_string(b), c);
+    expect_values(
+        buckets[static_cast<std::size_t>(b)],
+        [&](std::int64_t j) { return j * w * w + w * (w - 1) / 2 + w * b; },
+        "bucket " + std::to_string(b), c);
   }
   // Non-blocking reduce-scatter and all-gather (the ZeRO step), waited together.
   std::vector<float> grads = ramp<float>(w * count, c.size(), c.rank());
@@ -247,8 +266,9 @@ inline void check_nonblocking_buckets(Communicator& c, std::int64_t count) {
   Request ag = c.iall_gather(shard.data(), params.data(), count, Datatype::kF32);
   Request done[] = {std::move(ag)};
   wait_all(done);
-  expect_values(params, [&](std::int64_t j) { return j * w * w + w * (w - 1) / 2; },
-                "reduce_scatter + all_gather", c);
+  expect_values(
+      params, [&](std::int64_t j) { return j * w * w + w * (w - 1) / 2; },
+      "reduce_scatter + all_gather", c);
 }
 
 // Splits by rank parity with keys reversing the order, then reduces inside each half.
@@ -264,7 +284,8 @@ inline void check_split(Communicator& c) {
   ASSERT_EQ(half->size(), static_cast<int>(members.size()));
   EXPECT_EQ(members[static_cast<std::size_t>(half->rank())], r);
   for (std::size_t i = 0; i < members.size(); ++i) {
-    EXPECT_EQ(half->group().global_ranks[i], c.group().global_ranks[static_cast<std::size_t>(members[i])]);
+    EXPECT_EQ(half->group().global_ranks[i],
+              c.group().global_ranks[static_cast<std::size_t>(members[i])]);
   }
   std::vector<std::int64_t> v = {r};
   half->all_reduce(std::span<std::int64_t>(v), ReduceOp::kSum);

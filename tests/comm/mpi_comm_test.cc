@@ -39,7 +39,8 @@ TEST(MpiCommunicator, WorldMatchesMpi) {
   EXPECT_EQ(world->rank(), rank);
   EXPECT_EQ(world->size(), size);
   EXPECT_EQ(world->name(), "world");
-  for (int r = 0; r < size; ++r) EXPECT_EQ(world->group().global_ranks[static_cast<std::size_t>(r)], r);
+  for (int r = 0; r < size; ++r)
+    EXPECT_EQ(world->group().global_ranks[static_cast<std::size_t>(r)], r);
 }
 
 TEST(MpiCommunicator, AllReduce) {

@@ -35,12 +35,21 @@ TEST(SelfCommunicator, SplitKeepsNameAndGlobalRank) {
 
 TEST(Describe, NamesOperationGroupRanksPeerAndStep) {
   const GroupInfo g{.name = "pp", .global_ranks = {3, 7}};
-  EXPECT_EQ(describe(g, 0, {.kind = OpKind::kSend, .count = 5, .dtype = Datatype::kBF16,
-                            .op = ReduceOp::kSum, .peer = 1, .tag = 2, .step = 100}),
+  EXPECT_EQ(describe(g, 0,
+                     {.kind = OpKind::kSend,
+                      .count = 5,
+                      .dtype = Datatype::kBF16,
+                      .op = ReduceOp::kSum,
+                      .peer = 1,
+                      .tag = 2,
+                      .step = 100}),
             "send(count=5, bf16, tag 2) to peer 1 (global 7) on group 'pp' (global ranks [3, 7]; "
             "this rank: 0 = global 3) at step 100");
-  EXPECT_EQ(describe(g, 1, {.kind = OpKind::kReduceScatter, .count = 9, .dtype = Datatype::kF64,
-                            .op = ReduceOp::kMax}),
+  EXPECT_EQ(describe(g, 1,
+                     {.kind = OpKind::kReduceScatter,
+                      .count = 9,
+                      .dtype = Datatype::kF64,
+                      .op = ReduceOp::kMax}),
             "reduce_scatter(count=9, f64, max) on group 'pp' (global ranks [3, 7]; this rank: 1 = "
             "global 7) before the first step");
   GroupInfo big{.name = "dp", .global_ranks = {}};

@@ -76,7 +76,8 @@ inline std::vector<ParallelLayout> layouts_for(int world_size) {
   std::vector<ParallelLayout> out;
   for (int tp = 1; tp <= world_size; ++tp) {
     for (int pp = 1; pp <= world_size; ++pp) {
-      if (world_size % (tp * pp) == 0) out.push_back(ParallelLayout::from_world_size(world_size, tp, pp));
+      if (world_size % (tp * pp) == 0)
+        out.push_back(ParallelLayout::from_world_size(world_size, tp, pp));
     }
   }
   return out;

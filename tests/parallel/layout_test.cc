@@ -1,4 +1,6 @@
 // ParallelLayout: the rank formula, group enumeration and validation, over many layouts.
+#include "trident/parallel/layout.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -6,7 +8,6 @@
 #include <vector>
 
 #include "trident/core/error.h"
-#include "trident/parallel/layout.h"
 
 namespace trident::parallel {
 namespace {
@@ -28,8 +29,8 @@ TEST(ParallelLayout, MegatronExample16RanksTp2Pp4) {
   EXPECT_EQ(l, (ParallelLayout{.tp_size = 2, .dp_size = 2, .pp_size = 4}));
   EXPECT_EQ(l.groups(Axis::kTp),
             (Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}, {10, 11}, {12, 13}, {14, 15}}));
-  EXPECT_EQ(l.groups(Axis::kPp), (Groups{{0, 4, 8, 12}, {1, 5, 9, 13}, {2, 6, 10, 14},
-                                         {3, 7, 11, 15}}));
+  EXPECT_EQ(l.groups(Axis::kPp),
+            (Groups{{0, 4, 8, 12}, {1, 5, 9, 13}, {2, 6, 10, 14}, {3, 7, 11, 15}}));
   EXPECT_EQ(l.groups(Axis::kDp),
             (Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10}, {9, 11}, {12, 14}, {13, 15}}));
   for (int r : {0, 1, 2, 3}) EXPECT_EQ(l.embedding_group_of(r), (std::vector<int>{r, r + 12}));
@@ -78,7 +79,8 @@ TEST(ParallelLayout, RoundTripsAndGroupsPartitionTheWorld) {
           ASSERT_EQ(l.group_index(r, axis), static_cast<int>(gi));
           for (Axis other : {Axis::kTp, Axis::kDp, Axis::kPp}) {
             if (other != axis) {
-              ASSERT_EQ(l.coord_along(l.coord_of(r), other), l.coord_along(l.coord_of(g[0]), other));
+              ASSERT_EQ(l.coord_along(l.coord_of(r), other),
+                        l.coord_along(l.coord_of(g[0]), other));
             }
           }
         }

@@ -127,7 +127,8 @@ void agree_or_throw(comm::Communicator& world, const std::string& my_error, cons
 }
 
 // Reads this rank's shard (json + bin) into the given buffers; checks sizes and checksums.
-void read_shard(const fs::path& it_dir, int rank, std::int64_t numel, float* const buffers[3]) {
+void read_shard(const fs::path& it_dir, int rank, std::int64_t numel,
+                const CheckpointState::Slice* const slices[3]) {
   const std::string json_path = (it_dir / rank_name(rank, "json")).string();
   const std::string path = (it_dir / rank_name(rank, "bin")).string();
   const nlohmann::json shard = parse_json_file(json_path);
@@ -145,21 +146,24 @@ void read_shard(const fs::path& it_dir, int rank, std::int64_t numel, float* con
       for (int k = 0; k < 3; ++k)
         if (tensor == kTensors[k]) which = k;
       if (which < 0) throw DataError(str(path, ": unknown tensor '", tensor, "'"));
-      if (buffers[which] == nullptr) continue;  // not wanted (e.g. generation skips Adam state)
+      const CheckpointState::Slice& slice = *slices[which];
+      if (slice.data == nullptr) continue;  // not wanted (e.g. generation skips Adam state)
       const std::int64_t begin = t.at("begin"), end = t.at("end");
       const std::int64_t bytes = t.at("bytes"), offset = t.at("file_offset");
-      if (begin < 0 || end > numel || begin > end || bytes != (end - begin) * 4) {
-        throw DataError(str(path, ": tensor ", tensor, " range [", begin, ", ", end,
-                            ") does not fit the ", numel, " elements of this rank's model"));
+      if (begin < 0 || end > numel || begin > end || bytes != (end - begin) * 4 ||
+          begin != slice.begin || end != slice.end) {
+        throw DataError(str(path, ": tensor ", tensor, " holds elements [", begin, ", ", end,
+                            ") of the rank's ", numel, "; this run expects [", slice.begin, ", ",
+                            slice.end, ")"));
       }
       in.seekg(offset);
-      in.read(reinterpret_cast<char*>(buffers[which] + begin), bytes);
+      in.read(reinterpret_cast<char*>(slice.data), bytes);
       if (!in) {
         throw DataError(str(path, ": truncated: tensor ", tensor, " needs ", bytes,
                             " bytes at offset ", offset));
       }
       const std::string sum =
-          str(std::hex, fnv1a(buffers[which] + begin, static_cast<std::size_t>(bytes)));
+          str(std::hex, fnv1a(slice.data, static_cast<std::size_t>(bytes)));
       if (sum != t.at("fnv1a64").get<std::string>()) {
         throw DataError(str(path, ": checksum mismatch in tensor ", tensor,
                             " (the file is corrupt; load an earlier iteration)"));
@@ -194,7 +198,8 @@ bool architecture_matches(const nlohmann::json& a, const nlohmann::json& b, std:
 }
 
 void save_checkpoint(const std::string& dir, const CheckpointState& s, comm::Communicator& world) {
-  TRIDENT_ASSERT(s.params && s.exp_avg && s.exp_avg_sq, "incomplete checkpoint state");
+  TRIDENT_ASSERT(s.params.data && s.exp_avg.data && s.exp_avg_sq.data,
+                 "incomplete checkpoint state");
   const std::string name = iteration_dir_name(s.iteration);
   const std::string final_dir = (fs::path(dir) / name).string();
   // One temporary name for the whole job: rank 0's pid, broadcast.
@@ -225,13 +230,15 @@ void save_checkpoint(const std::string& dir, const CheckpointState& s, comm::Com
     try {
       write_all(fd, kShardMagic, sizeof(kShardMagic), shard_path);
       std::int64_t offset = sizeof(kShardMagic);
-      const float* buffers[] = {s.params, s.exp_avg, s.exp_avg_sq};
+      const CheckpointState::Slice* slices[] = {&s.params, &s.exp_avg, &s.exp_avg_sq};
       for (int t = 0; t < 3; ++t) {
-        const std::size_t bytes = static_cast<std::size_t>(n) * sizeof(float);
-        write_all(fd, buffers[t], bytes, shard_path);
-        tensors.push_back({{"tensor", kTensors[t]}, {"begin", 0}, {"end", n},
+        const CheckpointState::Slice& sl = *slices[t];
+        TRIDENT_ASSERT(0 <= sl.begin && sl.begin <= sl.end && sl.end <= n, "bad slice");
+        const std::size_t bytes = static_cast<std::size_t>(sl.end - sl.begin) * sizeof(float);
+        write_all(fd, sl.data, bytes, shard_path);
+        tensors.push_back({{"tensor", kTensors[t]}, {"begin", sl.begin}, {"end", sl.end},
                            {"file_offset", offset}, {"bytes", bytes},
-                           {"fnv1a64", str(std::hex, fnv1a(buffers[t], bytes))}});
+                           {"fnv1a64", str(std::hex, fnv1a(sl.data, bytes))}});
         offset += static_cast<std::int64_t>(bytes);
       }
       if (::fsync(fd) != 0) {
@@ -322,7 +329,7 @@ nlohmann::json read_manifest(const std::string& dir, std::int64_t iteration) {
 
 nlohmann::json load_checkpoint(const std::string& dir, std::int64_t iteration, CheckpointState& s,
                                comm::Communicator& world) {
-  TRIDENT_ASSERT(s.params, "incomplete checkpoint state");
+  TRIDENT_ASSERT(s.params.data, "incomplete checkpoint state");
   std::string error;
   nlohmann::json m;
   try {
@@ -345,8 +352,8 @@ nlohmann::json load_checkpoint(const std::string& dir, std::int64_t iteration, C
       throw DataError(str(it_dir.string(), "/", rank_name(world.rank(), "json"),
                           ": this rank's parameter tables differ from the run's model"));
     }
-    float* buffers[] = {s.params, s.exp_avg, s.exp_avg_sq};
-    read_shard(it_dir, world.rank(), s.numel, buffers);
+    const CheckpointState::Slice* slices[] = {&s.params, &s.exp_avg, &s.exp_avg_sq};
+    read_shard(it_dir, world.rank(), s.numel, slices);
     s.iteration = it;
     s.consumed_train_samples = m.at("consumed_train_samples");
     s.consumed_valid_samples = m.value("consumed_valid_samples", 0);
@@ -375,9 +382,18 @@ nlohmann::json load_full_params(const std::string& dir, std::int64_t iteration,
     for (int r = 0; r < world; ++r) {
       const nlohmann::json shard = parse_json_file((it_dir / rank_name(r, "json")).string());
       const std::int64_t n = shard.at("numel");
-      std::vector<float> local(static_cast<std::size_t>(n));
-      float* buffers[] = {local.data(), nullptr, nullptr};
-      read_shard(it_dir, r, n, buffers);
+      // The parameter elements this rank stored (all of its layout, or its ZeRO-3 shard).
+      std::int64_t begin = 0, end = n;
+      for (const nlohmann::json& t : shard.at("tensors")) {
+        if (t.at("tensor") == "params") {
+          begin = t.at("begin");
+          end = t.at("end");
+        }
+      }
+      std::vector<float> held(static_cast<std::size_t>(end - begin));
+      const CheckpointState::Slice want{held.data(), begin, end}, none{};
+      const CheckpointState::Slice* slices[] = {&want, &none, &none};
+      read_shard(it_dir, r, n, slices);
       const int tp_rank = shard.at("tp_rank");
       for (const nlohmann::json& table : shard.at("tables")) {
         for (const nlohmann::json& p : table.at("params")) {
@@ -395,8 +411,10 @@ nlohmann::json load_full_params(const std::string& dir, std::int64_t iteration,
           }
           const std::int64_t offset = p.at("offset");
           for (std::int64_t i = 0; i < src.numel; ++i) {
+            const std::int64_t at = offset + i;
+            if (at < begin || at >= end) continue;  // another data-parallel rank's shard
             const std::int64_t g = src.global_index(i, tp_rank);
-            flat[dst.offset + g] = local[static_cast<std::size_t>(offset + i)];
+            flat[dst.offset + g] = held[static_cast<std::size_t>(at - begin)];
             filled[static_cast<std::size_t>(dst.offset + g)] = 1;
           }
         }

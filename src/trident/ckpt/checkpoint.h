@@ -36,10 +36,14 @@ struct CheckpointState {
   nlohmann::json coords;  // this rank's {"tp": t, "pp": p, "dp": d}
   int tp_rank = 0;
   std::vector<TableRef> tables;
-  std::int64_t numel = 0;  // elements of each flat buffer
-  float* params = nullptr;
-  float* exp_avg = nullptr;     // may be null on load (skipped)
-  float* exp_avg_sq = nullptr;  // may be null on load (skipped)
+  std::int64_t numel = 0;  // elements of the rank's flat layout
+  // The elements this rank stores of each tensor: data[i] is flat element begin + i (a ZeRO
+  // shard, or the whole [0, numel)). On load, a null data pointer skips the tensor.
+  struct Slice {
+    float* data = nullptr;
+    std::int64_t begin = 0, end = 0;
+  };
+  Slice params, exp_avg, exp_avg_sq;
 };
 
 // Collective over `world`: writes <dir>/iter_XXXXXXX and then updates the tracker file. Every rank

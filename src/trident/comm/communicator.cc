@@ -56,16 +56,26 @@ std::int64_t sum_of(std::span<const std::int64_t> counts, std::size_t end) {
 
 const char* op_name(OpKind kind) {
   switch (kind) {
-    case OpKind::kAllReduce: return "all_reduce";
-    case OpKind::kReduceScatter: return "reduce_scatter";
-    case OpKind::kReduceScatterV: return "reduce_scatter_v";
-    case OpKind::kAllGather: return "all_gather";
-    case OpKind::kAllGatherV: return "all_gather_v";
-    case OpKind::kBroadcast: return "broadcast";
-    case OpKind::kSend: return "send";
-    case OpKind::kRecv: return "recv";
-    case OpKind::kBarrier: return "barrier";
-    case OpKind::kSplit: return "split";
+    case OpKind::kAllReduce:
+      return "all_reduce";
+    case OpKind::kReduceScatter:
+      return "reduce_scatter";
+    case OpKind::kReduceScatterV:
+      return "reduce_scatter_v";
+    case OpKind::kAllGather:
+      return "all_gather";
+    case OpKind::kAllGatherV:
+      return "all_gather_v";
+    case OpKind::kBroadcast:
+      return "broadcast";
+    case OpKind::kSend:
+      return "send";
+    case OpKind::kRecv:
+      return "recv";
+    case OpKind::kBarrier:
+      return "barrier";
+    case OpKind::kSplit:
+      return "split";
   }
   return "?";
 }
@@ -95,12 +105,12 @@ std::string describe(const GroupInfo& group, int rank, const OpDesc& op) {
       }
       break;
     case OpKind::kBarrier:
-    case OpKind::kSplit: break;
+    case OpKind::kSplit:
+      break;
   }
-  const int global =
-      rank >= 0 && rank < static_cast<int>(group.global_ranks.size())
-          ? group.global_ranks[static_cast<std::size_t>(rank)]
-          : -1;
+  const int global = rank >= 0 && rank < static_cast<int>(group.global_ranks.size())
+                         ? group.global_ranks[static_cast<std::size_t>(rank)]
+                         : -1;
   s += core::str(" on group '", group.name, "' (global ranks ", format_ranks(group.global_ranks),
                  "; this rank: ", rank, " = global ", global, ")");
   s += op.step >= 0 ? core::str(" at step ", op.step) : std::string(" before the first step");
@@ -182,10 +192,9 @@ void Request::wait() {
       const std::string what = op_.kind == OpKind::kSend   ? "the peer has not posted the recv"
                                : op_.kind == OpKind::kRecv ? "the peer has not posted the send"
                                                            : "a rank of the group has not joined";
-      const std::string msg =
-          core::str("comm: ", describe(*group_, rank_, op_), " timed out after ",
-                    policy_.timeout_s, " s (--comm-timeout): ", what,
-                    " (it is slower, stuck in another operation, or dead)");
+      const std::string msg = core::str(
+          "comm: ", describe(*group_, rank_, op_), " timed out after ", policy_.timeout_s,
+          " s (--comm-timeout): ", what, " (it is slower, stuck in another operation, or dead)");
       impl_->abandon();
       impl_.reset();
       throw core::CommError(msg);
@@ -197,7 +206,7 @@ void Request::wait() {
       } else {
         double pause = 0.0;  // yield
         if (elapsed >= policy_.yield_s) {
-          pause = std::clamp(elapsed / 16, 10e-6, policy_.max_sleep_s);
+          pause = std::clamp(elapsed / 32, 10e-6, policy_.max_sleep_s);
         }
         complete = impl_->block_for(std::min(pause, policy_.timeout_s - elapsed));
       }
@@ -240,8 +249,26 @@ void Communicator::set_timeout(double seconds) {
 
 OpDesc Communicator::desc(OpKind kind, std::int64_t count, Datatype dtype, ReduceOp op, int peer,
                           int tag) const {
-  return OpDesc{.kind = kind, .count = count, .dtype = dtype, .op = op, .peer = peer, .tag = tag,
+  return OpDesc{.kind = kind,
+                .count = count,
+                .dtype = dtype,
+                .op = op,
+                .peer = peer,
+                .tag = tag,
                 .step = step_};
+}
+
+// Posts through `post`, adding the operation's context to a CommError raised while posting
+// (an MPI error, or the thread world aborted by a failed rank).
+template <class Post>
+Request Communicator::start(const OpDesc& op, Post&& post) {
+  ImplPtr impl;
+  try {
+    impl = post();
+  } catch (const core::CommError& e) {
+    throw core::CommError(core::str("comm: ", describe(*group_, rank_, op), " failed: ", e.what()));
+  }
+  return make_request(std::move(impl), op);
 }
 
 Request Communicator::make_request(ImplPtr impl, const OpDesc& op) {
@@ -262,8 +289,8 @@ namespace {
 
 void check_buffer(const void* p, std::int64_t count, const char* what, const std::string& group) {
   TRIDENT_CHECK(count >= 0, what, " on group '", group, "': count must be >= 0, got ", count);
-  TRIDENT_CHECK(p != nullptr || count == 0, what, " on group '", group,
-                "': null buffer for ", count, " elements");
+  TRIDENT_CHECK(p != nullptr || count == 0, what, " on group '", group, "': null buffer for ",
+                count, " elements");
 }
 
 void check_reducible(Datatype dtype, const char* what, const std::string& group) {
@@ -297,23 +324,23 @@ void check_alias(const void* whole, std::int64_t whole_bytes, const void* part,
 Request Communicator::iall_reduce(void* buf, std::int64_t count, Datatype dtype, ReduceOp op) {
   check_buffer(buf, count, "all_reduce", name());
   check_reducible(dtype, "all_reduce", name());
-  return make_request(post_all_reduce(buf, count, dtype, op),
-                      desc(OpKind::kAllReduce, count, dtype, op));
+  return start(desc(OpKind::kAllReduce, count, dtype, op),
+               [&] { return post_all_reduce(buf, count, dtype, op); });
 }
 
 void Communicator::all_reduce(void* buf, std::int64_t count, Datatype dtype, ReduceOp op) {
   iall_reduce(buf, count, dtype, op).wait();
 }
 
-Request Communicator::ireduce_scatter(const void* in, void* out, std::int64_t count,
-                                      Datatype dtype, ReduceOp op) {
+Request Communicator::ireduce_scatter(const void* in, void* out, std::int64_t count, Datatype dtype,
+                                      ReduceOp op) {
   check_buffer(in, count * size(), "reduce_scatter (in)", name());
   check_buffer(out, count, "reduce_scatter (out)", name());
   check_reducible(dtype, "reduce_scatter", name());
   const std::int64_t block = count * size_of(dtype);
   check_alias(in, block * size(), out, block, block * rank(), "reduce_scatter", name());
-  return make_request(post_reduce_scatter(in, out, count, dtype, op),
-                      desc(OpKind::kReduceScatter, count, dtype, op));
+  return start(desc(OpKind::kReduceScatter, count, dtype, op),
+               [&] { return post_reduce_scatter(in, out, count, dtype, op); });
 }
 
 void Communicator::reduce_scatter(const void* in, void* out, std::int64_t count, Datatype dtype,
@@ -332,13 +359,12 @@ Request Communicator::ireduce_scatter_v(const void* in, void* out,
   const std::int64_t es = size_of(dtype);
   check_alias(in, sum_of(counts, counts.size()) * es, out, counts[r] * es, sum_of(counts, r) * es,
               "reduce_scatter_v", name());
-  return make_request(post_reduce_scatter_v(in, out, counts, dtype, op),
-                      desc(OpKind::kReduceScatterV, counts[r], dtype, op));
+  return start(desc(OpKind::kReduceScatterV, counts[r], dtype, op),
+               [&] { return post_reduce_scatter_v(in, out, counts, dtype, op); });
 }
 
-void Communicator::reduce_scatter_v(const void* in, void* out,
-                                    std::span<const std::int64_t> counts, Datatype dtype,
-                                    ReduceOp op) {
+void Communicator::reduce_scatter_v(const void* in, void* out, std::span<const std::int64_t> counts,
+                                    Datatype dtype, ReduceOp op) {
   ireduce_scatter_v(in, out, counts, dtype, op).wait();
 }
 
@@ -347,16 +373,16 @@ Request Communicator::iall_gather(const void* in, void* out, std::int64_t count,
   check_buffer(out, count * size(), "all_gather (out)", name());
   const std::int64_t block = count * size_of(dtype);
   check_alias(out, block * size(), in, block, block * rank(), "all_gather", name());
-  return make_request(post_all_gather(in, out, count, dtype),
-                      desc(OpKind::kAllGather, count, dtype));
+  return start(desc(OpKind::kAllGather, count, dtype),
+               [&] { return post_all_gather(in, out, count, dtype); });
 }
 
 void Communicator::all_gather(const void* in, void* out, std::int64_t count, Datatype dtype) {
   iall_gather(in, out, count, dtype).wait();
 }
 
-Request Communicator::iall_gather_v(const void* in, void* out,
-                                    std::span<const std::int64_t> counts, Datatype dtype) {
+Request Communicator::iall_gather_v(const void* in, void* out, std::span<const std::int64_t> counts,
+                                    Datatype dtype) {
   check_counts(counts, size(), "all_gather_v", name());
   const auto r = static_cast<std::size_t>(rank());
   check_buffer(in, counts[r], "all_gather_v (in)", name());
@@ -364,8 +390,8 @@ Request Communicator::iall_gather_v(const void* in, void* out,
   const std::int64_t es = size_of(dtype);
   check_alias(out, sum_of(counts, counts.size()) * es, in, counts[r] * es, sum_of(counts, r) * es,
               "all_gather_v", name());
-  return make_request(post_all_gather_v(in, out, counts, dtype),
-                      desc(OpKind::kAllGatherV, counts[r], dtype));
+  return start(desc(OpKind::kAllGatherV, counts[r], dtype),
+               [&] { return post_all_gather_v(in, out, counts, dtype); });
 }
 
 void Communicator::all_gather_v(const void* in, void* out, std::span<const std::int64_t> counts,
@@ -377,8 +403,8 @@ Request Communicator::ibroadcast(void* buf, std::int64_t count, Datatype dtype, 
   check_buffer(buf, count, "broadcast", name());
   TRIDENT_CHECK(root >= 0 && root < size(), "broadcast on group '", name(), "': root ", root,
                 " outside [0, ", size(), ")");
-  return make_request(post_broadcast(buf, count, dtype, root),
-                      desc(OpKind::kBroadcast, count, dtype, ReduceOp::kSum, root));
+  return start(desc(OpKind::kBroadcast, count, dtype, ReduceOp::kSum, root),
+               [&] { return post_broadcast(buf, count, dtype, root); });
 }
 
 void Communicator::broadcast(void* buf, std::int64_t count, Datatype dtype, int root) {
@@ -400,15 +426,15 @@ Request Communicator::isend(const void* buf, std::int64_t count, Datatype dtype,
                             int tag) {
   check_buffer(buf, count, "send", name());
   check_p2p(peer, tag, rank(), size(), "send", name());
-  return make_request(post_send(buf, count, dtype, peer, tag),
-                      desc(OpKind::kSend, count, dtype, ReduceOp::kSum, peer, tag));
+  return start(desc(OpKind::kSend, count, dtype, ReduceOp::kSum, peer, tag),
+               [&] { return post_send(buf, count, dtype, peer, tag); });
 }
 
 Request Communicator::irecv(void* buf, std::int64_t count, Datatype dtype, int peer, int tag) {
   check_buffer(buf, count, "recv", name());
   check_p2p(peer, tag, rank(), size(), "recv", name());
-  return make_request(post_recv(buf, count, dtype, peer, tag),
-                      desc(OpKind::kRecv, count, dtype, ReduceOp::kSum, peer, tag));
+  return start(desc(OpKind::kRecv, count, dtype, ReduceOp::kSum, peer, tag),
+               [&] { return post_recv(buf, count, dtype, peer, tag); });
 }
 
 void Communicator::send(const void* buf, std::int64_t count, Datatype dtype, int peer, int tag) {
@@ -419,13 +445,23 @@ void Communicator::recv(void* buf, std::int64_t count, Datatype dtype, int peer,
   irecv(buf, count, dtype, peer, tag).wait();
 }
 
-void Communicator::barrier() { make_request(post_barrier(), desc(OpKind::kBarrier)).wait(); }
+void Communicator::barrier() {
+  start(desc(OpKind::kBarrier), [&] { return post_barrier(); }).wait();
+}
 
 std::unique_ptr<Communicator> Communicator::split(int color, int key, const std::string& new_name) {
   TRIDENT_CHECK(color >= 0 || color == kNoColor, "split of group '", name(), "': color ", color,
                 " must be >= 0 or kNoColor");
   TRIDENT_CHECK(!new_name.empty(), "split of group '", name(), "': the new group needs a name");
-  std::unique_ptr<Communicator> c = do_split(color, key, new_name);
+  std::unique_ptr<Communicator> c;
+  try {
+    c = do_split(color, key, new_name);
+  } catch (const core::CommError& e) {
+    const std::string what = e.what();
+    if (what.rfind("comm: ", 0) == 0) throw;  // already has the context (a timed-out wait)
+    throw core::CommError(
+        core::str("comm: ", describe(*group_, rank_, desc(OpKind::kSplit)), " failed: ", what));
+  }
   if (c) {
     c->set_step(step_);
     c->set_wait_policy(policy_);

@@ -19,12 +19,14 @@ namespace trident::comm {
 
 // How a rank waits for an operation to finish. A wait polls the operation (MPI_Test): back to
 // back for `spin_s`, then with sched_yield between polls until `yield_s`, then sleeping between
-// polls (elapsed / 16, at least 10 us, at most `max_sleep_s`), so a rank that waits for a slow
-// peer leaves the core to others. After `timeout_s` the wait throws CommError.
+// polls (elapsed / 32, at least 10 us, at most `max_sleep_s`), so a rank that waits for a slow
+// peer leaves the core to others. After `timeout_s` the wait throws CommError. MPI advances a
+// multi-round collective only while polled, so yield_s covers the typical collective (1 MiB
+// all-reduce between 2 ranks: ~0.25 ms); see docs/parallelism.md for the measurements.
 struct WaitPolicy {
   double timeout_s = 300.0;  // --comm-timeout
   double spin_s = 20e-6;
-  double yield_s = 200e-6;
+  double yield_s = 1e-3;
   double max_sleep_s = 1e-3;
   friend bool operator==(const WaitPolicy&, const WaitPolicy&) = default;
 };
@@ -36,8 +38,16 @@ struct GroupInfo {
 };
 
 enum class OpKind : std::uint8_t {
-  kAllReduce, kReduceScatter, kReduceScatterV, kAllGather, kAllGatherV,
-  kBroadcast, kSend, kRecv, kBarrier, kSplit
+  kAllReduce,
+  kReduceScatter,
+  kReduceScatterV,
+  kAllGather,
+  kAllGatherV,
+  kBroadcast,
+  kSend,
+  kRecv,
+  kBarrier,
+  kSplit
 };
 const char* op_name(OpKind kind);
 
@@ -247,15 +257,15 @@ class Communicator {
   // reducible types, and `out` aliases `in` only in the documented way.
   using ImplPtr = std::unique_ptr<detail::RequestImpl>;
   virtual ImplPtr post_all_reduce(void* buf, std::int64_t count, Datatype dtype, ReduceOp op) = 0;
-  virtual ImplPtr post_reduce_scatter(const void* in, void* out, std::int64_t count,
-                                      Datatype dtype, ReduceOp op) = 0;
+  virtual ImplPtr post_reduce_scatter(const void* in, void* out, std::int64_t count, Datatype dtype,
+                                      ReduceOp op) = 0;
   virtual ImplPtr post_reduce_scatter_v(const void* in, void* out,
                                         std::span<const std::int64_t> counts, Datatype dtype,
                                         ReduceOp op) = 0;
   virtual ImplPtr post_all_gather(const void* in, void* out, std::int64_t count,
                                   Datatype dtype) = 0;
-  virtual ImplPtr post_all_gather_v(const void* in, void* out,
-                                    std::span<const std::int64_t> counts, Datatype dtype) = 0;
+  virtual ImplPtr post_all_gather_v(const void* in, void* out, std::span<const std::int64_t> counts,
+                                    Datatype dtype) = 0;
   virtual ImplPtr post_broadcast(void* buf, std::int64_t count, Datatype dtype, int root) = 0;
   virtual ImplPtr post_send(const void* buf, std::int64_t count, Datatype dtype, int peer,
                             int tag) = 0;
@@ -273,9 +283,13 @@ class Communicator {
 
  private:
   Request make_request(ImplPtr impl, const OpDesc& op);
+  template <class Post>
+  Request start(const OpDesc& op, Post&& post);
   void check_blocks(std::int64_t big, std::int64_t small, const char* what) const;
   template <class T>
-  static std::int64_t ssize(std::span<T> s) { return static_cast<std::int64_t>(s.size()); }
+  static std::int64_t ssize(std::span<T> s) {
+    return static_cast<std::int64_t>(s.size());
+  }
 
   std::shared_ptr<const GroupInfo> group_;
   int rank_ = 0;

@@ -19,14 +19,22 @@ enum class ReduceOp : std::uint8_t { kSum, kMax, kMin };
 
 constexpr std::int64_t size_of(Datatype t) {
   switch (t) {
-    case Datatype::kF32: return 4;
-    case Datatype::kF64: return 8;
-    case Datatype::kBF16: return 2;
-    case Datatype::kF16: return 2;
-    case Datatype::kI32: return 4;
-    case Datatype::kI64: return 8;
-    case Datatype::kU16: return 2;
-    case Datatype::kU8: return 1;
+    case Datatype::kF32:
+      return 4;
+    case Datatype::kF64:
+      return 8;
+    case Datatype::kBF16:
+      return 2;
+    case Datatype::kF16:
+      return 2;
+    case Datatype::kI32:
+      return 4;
+    case Datatype::kI64:
+      return 8;
+    case Datatype::kU16:
+      return 2;
+    case Datatype::kU8:
+      return 1;
   }
   return 0;
 }
@@ -40,13 +48,34 @@ Datatype to_datatype(core::DType t);
 // Datatype of a C++ element type: datatype_of<float>() == Datatype::kF32.
 template <class T>
 constexpr Datatype datatype_of();
-template <> constexpr Datatype datatype_of<float>() { return Datatype::kF32; }
-template <> constexpr Datatype datatype_of<double>() { return Datatype::kF64; }
-template <> constexpr Datatype datatype_of<core::bf16>() { return Datatype::kBF16; }
-template <> constexpr Datatype datatype_of<std::int32_t>() { return Datatype::kI32; }
-template <> constexpr Datatype datatype_of<std::int64_t>() { return Datatype::kI64; }
-template <> constexpr Datatype datatype_of<std::uint16_t>() { return Datatype::kU16; }
-template <> constexpr Datatype datatype_of<std::uint8_t>() { return Datatype::kU8; }
+template <>
+constexpr Datatype datatype_of<float>() {
+  return Datatype::kF32;
+}
+template <>
+constexpr Datatype datatype_of<double>() {
+  return Datatype::kF64;
+}
+template <>
+constexpr Datatype datatype_of<core::bf16>() {
+  return Datatype::kBF16;
+}
+template <>
+constexpr Datatype datatype_of<std::int32_t>() {
+  return Datatype::kI32;
+}
+template <>
+constexpr Datatype datatype_of<std::int64_t>() {
+  return Datatype::kI64;
+}
+template <>
+constexpr Datatype datatype_of<std::uint16_t>() {
+  return Datatype::kU16;
+}
+template <>
+constexpr Datatype datatype_of<std::uint8_t>() {
+  return Datatype::kU8;
+}
 
 // Combines `count` elements: acc[i] = op(acc[i], in[i]). Used by the in-process communicators;
 // `t` must be reducible.

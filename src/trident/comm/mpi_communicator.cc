@@ -15,24 +15,33 @@ namespace {
 
 MPI_Datatype to_mpi(Datatype t) {
   switch (t) {
-    case Datatype::kF32: return MPI_FLOAT;
-    case Datatype::kF64: return MPI_DOUBLE;
-    case Datatype::kI32: return MPI_INT32_T;
-    case Datatype::kI64: return MPI_INT64_T;
-    case Datatype::kU8: return MPI_UINT8_T;
+    case Datatype::kF32:
+      return MPI_FLOAT;
+    case Datatype::kF64:
+      return MPI_DOUBLE;
+    case Datatype::kI32:
+      return MPI_INT32_T;
+    case Datatype::kI64:
+      return MPI_INT64_T;
+    case Datatype::kU8:
+      return MPI_UINT8_T;
     // Moved as raw 16-bit words; the front end never lets them reach a reduction.
     case Datatype::kBF16:
     case Datatype::kF16:
-    case Datatype::kU16: return MPI_UINT16_T;
+    case Datatype::kU16:
+      return MPI_UINT16_T;
   }
   return MPI_BYTE;
 }
 
 MPI_Op to_mpi(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return MPI_SUM;
-    case ReduceOp::kMax: return MPI_MAX;
-    case ReduceOp::kMin: return MPI_MIN;
+    case ReduceOp::kSum:
+      return MPI_SUM;
+    case ReduceOp::kMax:
+      return MPI_MAX;
+    case ReduceOp::kMin:
+      return MPI_MIN;
   }
   return MPI_OP_NULL;
 }
@@ -88,8 +97,8 @@ class MpiRequest final : public detail::RequestImpl {
       if (rc != MPI_SUCCESS) throw core::CommError(core::str("MPI_Test: ", mpi_error_string(rc)));
     } else {
       statuses_.resize(reqs_.size());
-      const int rc = MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &flag,
-                                 statuses_.data());
+      const int rc =
+          MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &flag, statuses_.data());
       if (rc != MPI_SUCCESS) throw core::CommError(status_error(rc));
     }
     if (!flag) return false;
@@ -136,8 +145,7 @@ class MpiRequest final : public detail::RequestImpl {
 
 }  // namespace
 
-MpiCommunicator::MpiCommunicator(MPI_Comm comm, GroupInfo group, int rank,
-                                 const WaitPolicy& policy)
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, GroupInfo group, int rank, const WaitPolicy& policy)
     : Communicator(std::move(group), rank, policy), comm_(comm) {
   check_mpi(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
 }
@@ -168,8 +176,7 @@ std::unique_ptr<MpiCommunicator> MpiCommunicator::world(const MpiRuntime& runtim
 }
 
 void MpiCommunicator::set_max_message_elems(std::int64_t n) {
-  TRIDENT_CHECK(n >= 1 && n <= INT_MAX, "max_message_elems must be in [1, ", INT_MAX, "], got ",
-                n);
+  TRIDENT_CHECK(n >= 1 && n <= INT_MAX, "max_message_elems must be in [1, ", INT_MAX, "], got ", n);
   max_message_elems_ = n;
 }
 
@@ -187,8 +194,8 @@ Communicator::ImplPtr MpiCommunicator::post_all_reduce(void* buf, std::int64_t c
   for (std::int64_t off = 0; off < count; off += max_message_elems_) {
     const int n = static_cast<int>(std::min(max_message_elems_, count - off));
     MPI_Request r = MPI_REQUEST_NULL;
-    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, byte_offset(buf, off * es), n, to_mpi(dtype),
-                             to_mpi(op), comm_, &r),
+    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, byte_offset(buf, off * es), n, to_mpi(dtype), to_mpi(op),
+                             comm_, &r),
               "MPI_Iallreduce");
     req->add(r);
   }
@@ -247,12 +254,12 @@ Communicator::ImplPtr MpiCommunicator::post_all_gather(const void* in, void* out
   const int n = to_int(count, "all_gather");
   to_int(count * size(), "all_gather");
   const std::int64_t block = count * size_of(dtype);
-  const bool in_place = block > 0 && in == byte_offset(static_cast<const void*>(out),
-                                                       block * rank());
+  const bool in_place =
+      block > 0 && in == byte_offset(static_cast<const void*>(out), block * rank());
   auto req = std::make_unique<MpiRequest>();
   MPI_Request r = MPI_REQUEST_NULL;
-  check_mpi(MPI_Iallgather(in_place ? MPI_IN_PLACE : in, n, to_mpi(dtype), out, n,
-                           to_mpi(dtype), comm_, &r),
+  check_mpi(MPI_Iallgather(in_place ? MPI_IN_PLACE : in, n, to_mpi(dtype), out, n, to_mpi(dtype),
+                           comm_, &r),
             "MPI_Iallgather");
   req->add(r);
   return req;
@@ -271,9 +278,9 @@ Communicator::ImplPtr MpiCommunicator::post_all_gather_v(const void* in, void* o
   }
   to_int(total, "all_gather_v");
   const auto me = static_cast<std::size_t>(rank());
-  const bool in_place = b.counts[me] > 0 &&
-                        in == byte_offset(static_cast<const void*>(out),
-                                          std::int64_t{b.displs[me]} * size_of(dtype));
+  const bool in_place =
+      b.counts[me] > 0 &&
+      in == byte_offset(static_cast<const void*>(out), std::int64_t{b.displs[me]} * size_of(dtype));
   MPI_Request r = MPI_REQUEST_NULL;
   check_mpi(MPI_Iallgatherv(in_place ? MPI_IN_PLACE : in, b.counts[me], to_mpi(dtype), out,
                             b.counts.data(), b.displs.data(), to_mpi(dtype), comm_, &r),
@@ -282,8 +289,8 @@ Communicator::ImplPtr MpiCommunicator::post_all_gather_v(const void* in, void* o
   return req;
 }
 
-Communicator::ImplPtr MpiCommunicator::post_broadcast(void* buf, std::int64_t count,
-                                                      Datatype dtype, int root) {
+Communicator::ImplPtr MpiCommunicator::post_broadcast(void* buf, std::int64_t count, Datatype dtype,
+                                                      int root) {
   auto req = std::make_unique<MpiRequest>();
   const std::int64_t es = size_of(dtype);
   for (std::int64_t off = 0; off < count; off += max_message_elems_) {

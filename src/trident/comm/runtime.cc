@@ -15,10 +15,14 @@ namespace {
 
 int to_mpi_level(ThreadLevel level) {
   switch (level) {
-    case ThreadLevel::kSingle: return MPI_THREAD_SINGLE;
-    case ThreadLevel::kFunneled: return MPI_THREAD_FUNNELED;
-    case ThreadLevel::kSerialized: return MPI_THREAD_SERIALIZED;
-    case ThreadLevel::kMultiple: return MPI_THREAD_MULTIPLE;
+    case ThreadLevel::kSingle:
+      return MPI_THREAD_SINGLE;
+    case ThreadLevel::kFunneled:
+      return MPI_THREAD_FUNNELED;
+    case ThreadLevel::kSerialized:
+      return MPI_THREAD_SERIALIZED;
+    case ThreadLevel::kMultiple:
+      return MPI_THREAD_MULTIPLE;
   }
   return MPI_THREAD_SINGLE;
 }
@@ -65,10 +69,11 @@ MpiRuntime::MpiRuntime(int& argc, char**& argv, ThreadLevel required) {
   std::string source;
   const int tasks = launcher_tasks(&source);
   if (tasks > 1 && world_size_ != tasks) {
-    throw core::CommError(core::str(
-        "the launcher started ", tasks, " tasks (", source, "=", tasks, ") but MPI sees a world of ",
-        world_size_, ": the launcher and this MPI library do not talk to each other (with srun, "
-        "use --mpi=pmix; or start with this MPI's mpirun)"));
+    throw core::CommError(
+        core::str("the launcher started ", tasks, " tasks (", source, "=", tasks,
+                  ") but MPI sees a world of ", world_size_,
+                  ": the launcher and this MPI library do not talk to each other (with srun, "
+                  "use --mpi=pmix; or start with this MPI's mpirun)"));
   }
 }
 
@@ -92,8 +97,10 @@ void abort_job(int code, const std::string& msg) {
       MPI_Comm_size(MPI_COMM_WORLD, &size);
     }
     std::fflush(stdout);
-    std::fprintf(stderr, "trident: fatal error on rank %d of %d: %s\ntrident: ending the job (exit code %d)\n",
-                 rank, size, msg.c_str(), code);
+    std::fprintf(
+        stderr,
+        "trident: fatal error on rank %d of %d: %s\ntrident: ending the job (exit code %d)\n", rank,
+        size, msg.c_str(), code);
     std::fflush(stderr);
   }
   if (have_mpi) MPI_Abort(MPI_COMM_WORLD, code);

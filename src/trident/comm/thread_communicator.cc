@@ -147,9 +147,15 @@ void compute(ThreadGroupState& g, CollectiveSlot& s) {
   const int n = g.size();
   const std::int64_t es = size_of(s.dtype);
   switch (s.kind) {
-    case OpKind::kAllReduce: compute_reduction(s, s.count); break;
-    case OpKind::kReduceScatter: compute_reduction(s, s.count * n); break;
-    case OpKind::kReduceScatterV: compute_reduction(s, offset_of(s.counts, n)); break;
+    case OpKind::kAllReduce:
+      compute_reduction(s, s.count);
+      break;
+    case OpKind::kReduceScatter:
+      compute_reduction(s, s.count * n);
+      break;
+    case OpKind::kReduceScatterV:
+      compute_reduction(s, offset_of(s.counts, n));
+      break;
     case OpKind::kAllGather:
       s.result.resize(static_cast<std::size_t>(s.count * n * es));
       for (int r = 0; r < n; ++r) {
@@ -160,8 +166,7 @@ void compute(ThreadGroupState& g, CollectiveSlot& s) {
     case OpKind::kAllGatherV:
       s.result.resize(static_cast<std::size_t>(offset_of(s.counts, n) * es));
       for (int r = 0; r < n; ++r) {
-        copy_bytes(s.result.data() + offset_of(s.counts, r) * es,
-                   s.in[static_cast<std::size_t>(r)],
+        copy_bytes(s.result.data() + offset_of(s.counts, r) * es, s.in[static_cast<std::size_t>(r)],
                    s.counts[static_cast<std::size_t>(r)] * es);
       }
       break;
@@ -169,10 +174,14 @@ void compute(ThreadGroupState& g, CollectiveSlot& s) {
       s.result.resize(static_cast<std::size_t>(s.count * es));
       copy_bytes(s.result.data(), s.in[static_cast<std::size_t>(s.root)], s.count * es);
       break;
-    case OpKind::kSplit: compute_split(g, s); break;
-    case OpKind::kBarrier: break;
+    case OpKind::kSplit:
+      compute_split(g, s);
+      break;
+    case OpKind::kBarrier:
+      break;
     case OpKind::kSend:
-    case OpKind::kRecv: TRIDENT_ASSERT(false, "p2p in a collective slot");
+    case OpKind::kRecv:
+      TRIDENT_ASSERT(false, "p2p in a collective slot");
   }
   s.computed = true;
 }
@@ -200,7 +209,8 @@ void deliver(CollectiveSlot& s, int r) {
     case OpKind::kSplit:
     case OpKind::kBarrier:
     case OpKind::kSend:
-    case OpKind::kRecv: break;
+    case OpKind::kRecv:
+      break;
   }
 }
 
@@ -345,10 +355,10 @@ class P2PRequest final : public detail::RequestImpl {
 // Copies a matched pair (caller holds the group mutex).
 void match(ThreadGroupState& g, P2POp& s, P2POp& r) {
   if (s.count != r.count || s.dtype != r.dtype) {
-    const std::string msg = core::str(
-        "message mismatch: rank ", s.src, " (global ", g.global(s.src), ") sends ", s.count, " ",
-        datatype_name(s.dtype), " but rank ", r.dst, " (global ", g.global(r.dst),
-        ") receives ", r.count, " ", datatype_name(r.dtype));
+    const std::string msg =
+        core::str("message mismatch: rank ", s.src, " (global ", g.global(s.src), ") sends ",
+                  s.count, " ", datatype_name(s.dtype), " but rank ", r.dst, " (global ",
+                  g.global(r.dst), ") receives ", r.count, " ", datatype_name(r.dtype));
     s.failure = msg;
     r.failure = msg;
   } else {
@@ -470,23 +480,34 @@ Communicator::ImplPtr ThreadCommunicator::post_collective(const CollectiveArgs& 
 
 Communicator::ImplPtr ThreadCommunicator::post_all_reduce(void* buf, std::int64_t count,
                                                           Datatype dtype, ReduceOp op) {
-  return post_collective({.kind = OpKind::kAllReduce, .in = buf, .out = buf, .count = count,
-                          .dtype = dtype, .op = op});
+  return post_collective({.kind = OpKind::kAllReduce,
+                          .in = buf,
+                          .out = buf,
+                          .count = count,
+                          .dtype = dtype,
+                          .op = op});
 }
 
 Communicator::ImplPtr ThreadCommunicator::post_reduce_scatter(const void* in, void* out,
                                                               std::int64_t count, Datatype dtype,
                                                               ReduceOp op) {
-  return post_collective({.kind = OpKind::kReduceScatter, .in = in, .out = out, .count = count,
-                          .dtype = dtype, .op = op});
+  return post_collective({.kind = OpKind::kReduceScatter,
+                          .in = in,
+                          .out = out,
+                          .count = count,
+                          .dtype = dtype,
+                          .op = op});
 }
 
 Communicator::ImplPtr ThreadCommunicator::post_reduce_scatter_v(
-    const void* in, void* out, std::span<const std::int64_t> counts, Datatype dtype,
-    ReduceOp op) {
-  return post_collective({.kind = OpKind::kReduceScatterV, .in = in, .out = out,
-                          .count = counts[static_cast<std::size_t>(rank())], .dtype = dtype,
-                          .op = op, .counts = counts});
+    const void* in, void* out, std::span<const std::int64_t> counts, Datatype dtype, ReduceOp op) {
+  return post_collective({.kind = OpKind::kReduceScatterV,
+                          .in = in,
+                          .out = out,
+                          .count = counts[static_cast<std::size_t>(rank())],
+                          .dtype = dtype,
+                          .op = op,
+                          .counts = counts});
 }
 
 Communicator::ImplPtr ThreadCommunicator::post_all_gather(const void* in, void* out,
@@ -498,15 +519,22 @@ Communicator::ImplPtr ThreadCommunicator::post_all_gather(const void* in, void* 
 Communicator::ImplPtr ThreadCommunicator::post_all_gather_v(const void* in, void* out,
                                                             std::span<const std::int64_t> counts,
                                                             Datatype dtype) {
-  return post_collective({.kind = OpKind::kAllGatherV, .in = in, .out = out,
-                          .count = counts[static_cast<std::size_t>(rank())], .dtype = dtype,
+  return post_collective({.kind = OpKind::kAllGatherV,
+                          .in = in,
+                          .out = out,
+                          .count = counts[static_cast<std::size_t>(rank())],
+                          .dtype = dtype,
                           .counts = counts});
 }
 
 Communicator::ImplPtr ThreadCommunicator::post_broadcast(void* buf, std::int64_t count,
                                                          Datatype dtype, int root) {
-  return post_collective({.kind = OpKind::kBroadcast, .in = buf, .out = buf, .count = count,
-                          .dtype = dtype, .root = root});
+  return post_collective({.kind = OpKind::kBroadcast,
+                          .in = buf,
+                          .out = buf,
+                          .count = count,
+                          .dtype = dtype,
+                          .root = root});
 }
 
 Communicator::ImplPtr ThreadCommunicator::post_barrier() {
@@ -560,9 +588,10 @@ Communicator::ImplPtr ThreadCommunicator::post_recv(void* buf, std::int64_t coun
 std::unique_ptr<Communicator> ThreadCommunicator::do_split(int color, int key,
                                                            const std::string& new_name) {
   auto out = std::make_shared<detail::SplitResult>();
-  wait_for(post_collective({.kind = OpKind::kSplit, .color = color, .key = key,
-                            .name = new_name, .split_out = out}),
-           desc(OpKind::kSplit));
+  wait_for(
+      post_collective(
+          {.kind = OpKind::kSplit, .color = color, .key = key, .name = new_name, .split_out = out}),
+      desc(OpKind::kSplit));
   if (!out->group) return nullptr;
   return std::unique_ptr<Communicator>(
       new ThreadCommunicator(out->group, out->rank, wait_policy()));

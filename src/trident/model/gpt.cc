@@ -19,9 +19,9 @@ namespace k = trident::kernels;
 
 namespace {
 
-template <class P, class Flat>
-GptTensors<P> views(const ModelConfig& cfg, const ParamTable& table, Flat flat) {
-  auto at = [&](const std::string& name) -> P { return flat + table.find(name).offset; };
+template <class P, class Locate>
+GptTensors<P> views(const ModelConfig& cfg, const ParamTable& table, const Locate& locate) {
+  auto at = [&](const std::string& name) -> P { return locate(table.find(name).offset); };
   auto has = [&](const std::string& name) {
     for (const ParamSpec& p : table.params)
       if (p.name == name) return true;
@@ -200,10 +200,18 @@ void vocab_parallel_cross_entropy(const ModelRuntime& rt, std::int64_t rows, std
 }  // namespace
 
 GptParams gpt_param_views(const ModelConfig& cfg, const ParamTable& table, const float* flat) {
-  return views<const float*>(cfg, table, flat);
+  return views<const float*>(cfg, table, [flat](std::int64_t offset) { return flat + offset; });
 }
 GptGrads gpt_grad_views(const ModelConfig& cfg, const ParamTable& table, float* flat) {
-  return views<float*>(cfg, table, flat);
+  return views<float*>(cfg, table, [flat](std::int64_t offset) { return flat + offset; });
+}
+GptParams gpt_param_views(const ModelConfig& cfg, const ParamTable& table,
+                          const std::function<const float*(std::int64_t offset)>& locate) {
+  return views<const float*>(cfg, table, locate);
+}
+GptGrads gpt_grad_views(const ModelConfig& cfg, const ParamTable& table,
+                        const std::function<float*(std::int64_t offset)>& locate) {
+  return views<float*>(cfg, table, locate);
 }
 
 std::int64_t activation_bytes(const ModelConfig& cfg, const ModelShard& shard, std::int64_t batch,

@@ -51,6 +51,12 @@ using GptGrads = GptTensors<float*>;
 
 GptParams gpt_param_views(const ModelConfig& cfg, const ParamTable& table, const float* flat);
 GptGrads gpt_grad_views(const ModelConfig& cfg, const ParamTable& table, float* flat);
+// Views whose parameter `p` lives at locate(p.offset) (an offset in the table's flat layout), for
+// storage that is not one flat buffer (ZeRO-3 staging).
+GptParams gpt_param_views(const ModelConfig& cfg, const ParamTable& table,
+                          const std::function<const float*(std::int64_t offset)>& locate);
+GptGrads gpt_grad_views(const ModelConfig& cfg, const ParamTable& table,
+                        const std::function<float*(std::int64_t offset)>& locate);
 
 // How the model talks to its tensor-parallel group, and optional per-layer callbacks (ZeRO-3
 // parameter gathers, gradient-bucket launches). Layer ids: -1 = embedding, 0..L-1 = the shard's

@@ -7,9 +7,12 @@ namespace trident::parallel {
 
 const char* axis_name(Axis axis) {
   switch (axis) {
-    case Axis::kTp: return "tp";
-    case Axis::kDp: return "dp";
-    case Axis::kPp: return "pp";
+    case Axis::kTp:
+      return "tp";
+    case Axis::kDp:
+      return "dp";
+    case Axis::kPp:
+      return "pp";
   }
   return "?";
 }
@@ -34,24 +37,30 @@ ParallelLayout ParallelLayout::from_world_size(int world_size, int tp_size, int 
 }
 
 void ParallelLayout::validate() const {
-  TRIDENT_CHECK(tp_size >= 1 && dp_size >= 1 && pp_size >= 1,
-                "parallel sizes must be >= 1, got ", *this);
+  TRIDENT_CHECK(tp_size >= 1 && dp_size >= 1 && pp_size >= 1, "parallel sizes must be >= 1, got ",
+                *this);
 }
 
 int ParallelLayout::size_of(Axis axis) const {
   switch (axis) {
-    case Axis::kTp: return tp_size;
-    case Axis::kDp: return dp_size;
-    case Axis::kPp: return pp_size;
+    case Axis::kTp:
+      return tp_size;
+    case Axis::kDp:
+      return dp_size;
+    case Axis::kPp:
+      return pp_size;
   }
   return 0;
 }
 
 int ParallelLayout::coord_along(const Coord& c, Axis axis) const {
   switch (axis) {
-    case Axis::kTp: return c.tp;
-    case Axis::kDp: return c.dp;
-    case Axis::kPp: return c.pp;
+    case Axis::kTp:
+      return c.tp;
+    case Axis::kDp:
+      return c.dp;
+    case Axis::kPp:
+      return c.pp;
   }
   return 0;
 }
@@ -65,9 +74,15 @@ std::vector<int> ParallelLayout::group_of(int rank, Axis axis) const {
   ranks.reserve(static_cast<std::size_t>(n));
   for (int i = 0; i < n; ++i) {
     switch (axis) {
-      case Axis::kTp: c.tp = i; break;
-      case Axis::kDp: c.dp = i; break;
-      case Axis::kPp: c.pp = i; break;
+      case Axis::kTp:
+        c.tp = i;
+        break;
+      case Axis::kDp:
+        c.dp = i;
+        break;
+      case Axis::kPp:
+        c.pp = i;
+        break;
     }
     ranks.push_back(rank_of(c));
   }
@@ -77,9 +92,12 @@ std::vector<int> ParallelLayout::group_of(int rank, Axis axis) const {
 int ParallelLayout::group_index(int rank, Axis axis) const {
   const Coord c = coord_of(rank);
   switch (axis) {
-    case Axis::kTp: return c.dp + dp_size * c.pp;
-    case Axis::kDp: return c.tp + tp_size * c.pp;
-    case Axis::kPp: return c.tp + tp_size * c.dp;
+    case Axis::kTp:
+      return c.dp + dp_size * c.pp;
+    case Axis::kDp:
+      return c.tp + tp_size * c.pp;
+    case Axis::kPp:
+      return c.tp + tp_size * c.dp;
   }
   return 0;
 }

@@ -5,7 +5,8 @@
 //
 // tp varies fastest, so a tp group is a block of consecutive ranks (one node). Example, 8 ranks,
 // tp=2, dp=2, pp=2:  tp groups [0,1] [2,3] [4,5] [6,7]; dp groups [0,2] [1,3] [4,6] [5,7];
-// pp groups [0,4] [1,5] [2,6] [3,7]; embedding groups (first and last stage) [0,4] [1,5] [2,6] [3,7].
+// pp groups [0,4] [1,5] [2,6] [3,7]; embedding groups (first and last stage) [0,4] [1,5] [2,6]
+// [3,7].
 #pragma once
 
 #include <cstdint>
@@ -43,8 +44,8 @@ struct ParallelLayout {
 
   int rank_of(const Coord& c) const { return c.tp + tp_size * (c.dp + dp_size * c.pp); }
   Coord coord_of(int rank) const {
-    return {.tp = rank % tp_size, .dp = (rank / tp_size) % dp_size,
-            .pp = rank / (tp_size * dp_size)};
+    return {
+        .tp = rank % tp_size, .dp = (rank / tp_size) % dp_size, .pp = rank / (tp_size * dp_size)};
   }
   int coord_along(const Coord& c, Axis axis) const;
 

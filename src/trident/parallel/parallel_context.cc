@@ -27,9 +27,9 @@ ParallelContext::ParallelContext(comm::Communicator& world, const ParallelLayout
   dp_ = world.split(layout_.group_index(r, Axis::kDp), r, "dp");
   pp_ = world.split(layout_.group_index(r, Axis::kPp), r, "pp");
   const bool in_embedding = !layout_.embedding_group_of(r).empty();
-  embedding_ = world.split(in_embedding ? layout_.group_index(r, Axis::kPp)
-                                        : comm::Communicator::kNoColor,
-                           r, "embedding");
+  embedding_ =
+      world.split(in_embedding ? layout_.group_index(r, Axis::kPp) : comm::Communicator::kNoColor,
+                  r, "embedding");
 
   // Group ranks are world-communicator ranks mapped through the world's global ranks.
   auto to_global = [&](const std::vector<int>& ranks) {
@@ -47,9 +47,12 @@ ParallelContext::ParallelContext(comm::Communicator& world, const ParallelLayout
 
 comm::Communicator& ParallelContext::group(Axis axis) const {
   switch (axis) {
-    case Axis::kTp: return tp();
-    case Axis::kDp: return dp();
-    case Axis::kPp: return pp();
+    case Axis::kTp:
+      return tp();
+    case Axis::kDp:
+      return dp();
+    case Axis::kPp:
+      return pp();
   }
   TRIDENT_ASSERT(false, "unhandled axis ", static_cast<int>(axis));
   return tp();

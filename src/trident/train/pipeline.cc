@@ -28,6 +28,15 @@ void PipelineExecutor::build(int num_microbatches) {
   num_microbatches_ = num_microbatches;
   schedule_ = parallel::build_pipeline_schedule(
       kind_, {pp_size_, num_microbatches, num_chunks_}, pp_rank_);
+  last_backward_.assign(schedule_.size(), false);
+  std::vector<bool> seen(static_cast<std::size_t>(num_chunks_), false);
+  for (std::size_t i = schedule_.size(); i-- > 0;) {
+    const parallel::PipeStep& st = schedule_[i];
+    if (st.op == parallel::PipeOp::kBackward && !seen[static_cast<std::size_t>(st.chunk)]) {
+      seen[static_cast<std::size_t>(st.chunk)] = true;
+      last_backward_[i] = true;
+    }
+  }
   // Activation slots: enough for the most (micro-batch, chunk) pairs alive at once on a chunk.
   std::vector<int> live(static_cast<std::size_t>(num_chunks_), 0), peak(live.size(), 1);
   for (const parallel::PipeStep& st : schedule_) {
@@ -80,7 +89,7 @@ PipelineExecutor::Slot& PipelineExecutor::find(int chunk, int micro) {
   throw;  // unreachable
 }
 
-void PipelineExecutor::forward_step(const core::ExecContext& ctx, const float* params, int chunk,
+void PipelineExecutor::forward_step(const core::ExecContext& ctx, const ModelViews& views, int chunk,
                                     int micro, const MicroBatches& batches, model::LossGrad grad,
                                     float d_scale, model::LossSum& loss, double& busy_ms) {
   const model::ModelConfig& cfg = model_.config();
@@ -100,7 +109,8 @@ void PipelineExecutor::forward_step(const core::ExecContext& ctx, const float* p
   core::Timer t;
   model::ModelRuntime& rt = runtimes_[static_cast<std::size_t>(chunk)];
   rt.training = grad == model::LossGrad::kCompute;
-  model::gpt_forward(ctx, cfg, rt, model_.params(chunk, params), s.tokens.data(), s.acts);
+  model::gpt_forward(ctx, cfg, rt, views.params[static_cast<std::size_t>(chunk)], s.tokens.data(),
+                     s.acts);
   if (shard.has_head) {
     const model::LossSum l = model::gpt_loss(ctx, cfg, rt, s.labels.data(), d_scale, grad, s.acts);
     loss.sum += l.sum;
@@ -113,8 +123,8 @@ void PipelineExecutor::forward_step(const core::ExecContext& ctx, const float* p
   }
 }
 
-void PipelineExecutor::backward_step(const core::ExecContext& ctx, const float* params,
-                                     float* grads, int chunk, int micro, double& busy_ms) {
+void PipelineExecutor::backward_step(const core::ExecContext& ctx, const ModelViews& views,
+                                     int chunk, int micro, double& busy_ms) {
   const model::ModelConfig& cfg = model_.config();
   const std::int64_t C = cfg.hidden_size;
   Slot& s = find(chunk, micro);
@@ -127,8 +137,8 @@ void PipelineExecutor::backward_step(const core::ExecContext& ctx, const float* 
   }
   core::Timer t;
   model::gpt_backward(ctx, cfg, runtimes_[static_cast<std::size_t>(chunk)],
-                      model_.params(chunk, params), model_.grads(chunk, grads), s.tokens.data(),
-                      s.acts);
+                      views.params[static_cast<std::size_t>(chunk)],
+                      views.grads[static_cast<std::size_t>(chunk)], s.tokens.data(), s.acts);
   busy_ms += t.elapsed_ms();
   if (!is_first_virtual(chunk)) {
     s.pending.push_back(pp.isend(s.acts.d_x, rows * C, comm::Datatype::kF32,
@@ -147,19 +157,21 @@ void PipelineExecutor::drain() {
   }
 }
 
-PipelineStats PipelineExecutor::train(const core::ExecContext& ctx, const float* params,
-                                      float* grads, float d_scale, const MicroBatches& batches) {
+PipelineStats PipelineExecutor::train(const core::ExecContext& ctx, const ModelViews& views,
+                                      float d_scale, const MicroBatches& batches) {
   PipelineStats stats;
   core::Timer total;
   int live = 0;
-  for (const parallel::PipeStep& st : schedule_) {
+  for (std::size_t i = 0; i < schedule_.size(); ++i) {
+    const parallel::PipeStep& st = schedule_[i];
     if (st.op == parallel::PipeOp::kForward) {
-      forward_step(ctx, params, st.chunk, st.microbatch, batches, model::LossGrad::kCompute,
+      forward_step(ctx, views, st.chunk, st.microbatch, batches, model::LossGrad::kCompute,
                    d_scale, stats.loss, stats.busy_ms);
       stats.max_live_activations = std::max(stats.max_live_activations, ++live);
     } else {
       runtimes_[static_cast<std::size_t>(st.chunk)].training = true;
-      backward_step(ctx, params, grads, st.chunk, st.microbatch, stats.busy_ms);
+      if (backward_listener_) backward_listener_(st.chunk, last_backward_[i]);
+      backward_step(ctx, views, st.chunk, st.microbatch, stats.busy_ms);
       --live;
     }
   }
@@ -170,13 +182,13 @@ PipelineStats PipelineExecutor::train(const core::ExecContext& ctx, const float*
   return stats;
 }
 
-model::LossSum PipelineExecutor::evaluate(const core::ExecContext& ctx, const float* params,
+model::LossSum PipelineExecutor::evaluate(const core::ExecContext& ctx, const ModelViews& views,
                                           int num_microbatches, const MicroBatches& batches) {
   model::LossSum loss;
   double busy = 0;
   for (int micro = 0; micro < num_microbatches; ++micro) {
     for (int c = 0; c < num_chunks_; ++c) {
-      forward_step(ctx, params, c, micro, batches, model::LossGrad::kNone, 0.0f, loss, busy);
+      forward_step(ctx, views, c, micro, batches, model::LossGrad::kNone, 0.0f, loss, busy);
       Slot& s = find(c, micro);
       s.micro = -1;
     }

@@ -14,6 +14,7 @@
 #include "trident/parallel/parallel_context.h"
 #include "trident/parallel/pipeline_schedule.h"
 #include "trident/train/rank_model.h"
+#include "trident/train/zero_optimizer.h"
 
 namespace trident::train {
 
@@ -45,13 +46,20 @@ class PipelineExecutor {
   // activation slots when the new schedule keeps more alive.
   void set_num_microbatches(int num_microbatches);
 
-  // One training iteration: every step of the schedule; gradients accumulate (+=) into grads.
-  PipelineStats train(const core::ExecContext& ctx, const float* params, float* grads,
-                      float d_scale, const MicroBatches& batches);
+  // Called before each backward step with whether it is the chunk's last backward of the
+  // iteration (the data-parallel reduction starts its buckets then).
+  void set_backward_listener(std::function<void(int chunk, bool last)> fn) {
+    backward_listener_ = std::move(fn);
+  }
+
+  // One training iteration: every step of the schedule; gradients accumulate (+=) into the
+  // views' gradients. `views` is read at every layer (the optimizer may re-point it).
+  PipelineStats train(const core::ExecContext& ctx, const ModelViews& views, float d_scale,
+                      const MicroBatches& batches);
   // Forward only (no dropout) over `num_microbatches` micro-batches (evaluation); returns the
   // loss share.
-  model::LossSum evaluate(const core::ExecContext& ctx, const float* params, int num_microbatches,
-                          const MicroBatches& batches);
+  model::LossSum evaluate(const core::ExecContext& ctx, const ModelViews& views,
+                          int num_microbatches, const MicroBatches& batches);
 
   std::int64_t activation_bytes_per_slot(int chunk) const;
   int slots_per_chunk() const { return slots_; }
@@ -70,11 +78,11 @@ class PipelineExecutor {
   int tag(int micro, int chunk, int direction) const;
   Slot& acquire(int chunk, int micro);
   Slot& find(int chunk, int micro);
-  void forward_step(const core::ExecContext& ctx, const float* params, int chunk, int micro,
+  void forward_step(const core::ExecContext& ctx, const ModelViews& views, int chunk, int micro,
                     const MicroBatches& batches, model::LossGrad grad, float d_scale,
                     model::LossSum& loss, double& busy_ms);
-  void backward_step(const core::ExecContext& ctx, const float* params, float* grads, int chunk,
-                     int micro, double& busy_ms);
+  void backward_step(const core::ExecContext& ctx, const ModelViews& views, int chunk, int micro,
+                     double& busy_ms);
   void drain();
   void build(int num_microbatches);
 
@@ -82,6 +90,8 @@ class PipelineExecutor {
   const parallel::ParallelContext& par_;
   std::vector<model::ModelRuntime> runtimes_;
   std::vector<parallel::PipeStep> schedule_;
+  std::vector<bool> last_backward_;  // per schedule step: the chunk's last backward
+  std::function<void(int, bool)> backward_listener_;
   parallel::PipelineScheduleKind kind_;
   int pp_size_ = 1, pp_rank_ = 0, num_chunks_ = 1, num_microbatches_ = 1, slots_ = 1;
   std::int64_t micro_batch_size_ = 1;

@@ -111,6 +111,13 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
       ->capture_default_str();
   app.add_option("--pipeline-model-parallel-size", c.pipeline_model_parallel_size, "PP size")
       ->capture_default_str();
+  app.add_option("--zero-stage", c.zero_stage,
+                 "ZeRO stage: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters")
+      ->capture_default_str();
+  app.add_flag("--use-distributed-optimizer", c.use_distributed_optimizer,
+               "Megatron's distributed optimizer (= --zero-stage 1)");
+  app.add_option("--ddp-bucket-size", c.ddp_bucket_size,
+                 "Elements per gradient bucket reduced while backward runs")->capture_default_str();
   app.add_flag("--sequence-parallel", c.sequence_parallel,
                "Split LayerNorm/dropout regions along the tokens across tensor-parallel ranks");
   app.add_option("--pipeline-schedule", c.pipeline_schedule, "gpipe, 1f1b or interleaved")
@@ -162,6 +169,10 @@ void TrainConfig::finalize(int world_size) {
                 tensor_model_parallel_size, " x --pipeline-model-parallel-size ",
                 pipeline_model_parallel_size);
   TRIDENT_CHECK(comm_timeout > 0, "--comm-timeout must be positive");
+  if (use_distributed_optimizer && zero_stage == 0) zero_stage = 1;
+  TRIDENT_CHECK(zero_stage >= 0 && zero_stage <= 3, "--zero-stage must be 0, 1, 2 or 3, got ",
+                zero_stage);
+  TRIDENT_CHECK(ddp_bucket_size > 0, "--ddp-bucket-size must be positive");
   if (sequence_parallel && tensor_model_parallel_size == 1) sequence_parallel = false;  // as Megatron
   TRIDENT_CHECK(!sequence_parallel ||
                     (micro_batch_size * model.seq_length) % tensor_model_parallel_size == 0,
@@ -260,6 +271,7 @@ nlohmann::json TrainConfig::to_json() const {
   j["pipeline_model_parallel_size"] = pipeline_model_parallel_size;
   j["pipeline_schedule"] = pipeline_schedule;
   j["sequence_parallel"] = sequence_parallel;
+  j["zero_stage"] = zero_stage;
   j["num_layers_per_virtual_pipeline_stage"] = num_layers_per_virtual_pipeline_stage;
   j["decoder_first_pipeline_num_layers"] = decoder_first_pipeline_num_layers;
   j["decoder_last_pipeline_num_layers"] = decoder_last_pipeline_num_layers;

@@ -64,6 +64,9 @@ struct TrainConfig {
   int tensor_model_parallel_size = 1;
   int pipeline_model_parallel_size = 1;
   bool sequence_parallel = false;
+  int zero_stage = 0;                        // --zero-stage (--use-distributed-optimizer = 1)
+  bool use_distributed_optimizer = false;
+  std::int64_t ddp_bucket_size = 40'000'000;  // elements per gradient bucket
   std::string pipeline_schedule = "1f1b";  // gpipe, 1f1b, interleaved
   std::int64_t num_layers_per_virtual_pipeline_stage = 0;
   std::int64_t decoder_first_pipeline_num_layers = -1;

@@ -22,7 +22,7 @@
 #include "trident/model/gpt.h"
 #include "trident/parallel/layout.h"
 #include "trident/parallel/parallel_context.h"
-#include "trident/train/distributed_optimizer.h"
+#include "trident/train/zero_optimizer.h"
 #include "trident/train/metrics.h"
 #include "trident/train/pipeline.h"
 #include "trident/train/rank_model.h"
@@ -158,13 +158,9 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
   const RankModel rank_model(mc, split, layout.tp_size, par.coord().tp, par.coord().pp,
                              cfg.sequence_parallel);
   const std::int64_t n = rank_model.total_numel();
-  const std::int64_t bytes = n * static_cast<std::int64_t>(sizeof(float));
-  core::Arena arenas[4] = {core::Arena(bytes), core::Arena(bytes), core::Arena(bytes),
-                           core::Arena(bytes)};
-  FlatBuffers buf{.params = arenas[0].alloc(core::DType::kF32, {n}).as<float>(),
-                  .grads = arenas[1].alloc(core::DType::kF32, {n}).as<float>(),
-                  .exp_avg = arenas[2].alloc(core::DType::kF32, {n}).as<float>(),
-                  .exp_avg_sq = arenas[3].alloc(core::DType::kF32, {n}).as<float>()};
+  // Parameters, gradients and Adam moments, sharded over data-parallel ranks by ZeRO stage.
+  ZeroOptimizer optimizer(rank_model, par, cfg.adamw,
+                          {.stage = cfg.zero_stage, .bucket_size = cfg.ddp_bucket_size});
 
   const std::int64_t B = cfg.micro_batch_size, T = mc.seq_length;
   std::int64_t micro_batches = cfg.num_micro_batches(world.size());
@@ -176,10 +172,12 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
     rt.dropout_seed = cfg.seed ^ 0x5eed0d0bull;
     runtimes.push_back(rt);
   }
+  optimizer.install_hooks(runtimes);
   const auto schedule_kind = parallel::parse_pipeline_schedule(cfg.pipeline_schedule);
   PipelineExecutor executor(rank_model, par, schedule_kind, static_cast<int>(micro_batches), B,
                             runtimes);
-  DistributedOptimizer optimizer(rank_model, par, cfg.adamw, buf);
+  executor.set_backward_listener(
+      [&optimizer](int chunk, bool last) { optimizer.begin_backward(chunk, last); });
 
   log::info("model: GPT ", mc.num_layers, " layers, hidden ", mc.hidden_size, ", heads ",
             mc.num_attention_heads, ", ffn ", mc.ffn(), ", vocab ", mc.vocab_size, " (padded ",
@@ -188,24 +186,33 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
             world.size(), " ranks; ", rank_model.chunks().size(), " chunk(s) per stage, ",
             pipeline_schedule_name(schedule_kind), " schedule; this rank holds ",
             rank_model.num_parameters(), " parameters");
-  log::info("memory per rank: parameters ", optimizer.param_bytes(), " B, gradients ",
-            optimizer.grad_bytes(), " B, optimizer state ", optimizer.optimizer_bytes(),
-            " B, activations ", executor.slots_per_chunk(), " slot(s) x ",
+  const MemoryReport mem = optimizer.memory();
+  log::info("memory per rank (ZeRO stage ", cfg.zero_stage, ", dp ", dp, "): parameters ",
+            mem.param_bytes, " B, gradients ", mem.grad_bytes, " B, optimizer state ",
+            mem.optimizer_bytes, " B, activations ", executor.slots_per_chunk(), " slot(s) x ",
             executor.activation_bytes_per_slot(0), " B");
+  log::info("memory per rank predicted by the ZeRO paper's formulas (psi = ", n,
+            " parameters here): parameters ", mem.predicted_param_bytes, " B, gradients ",
+            mem.predicted_grad_bytes, " B, optimizer state ", mem.predicted_optimizer_bytes,
+            " B (the difference is shard padding and layer staging buffers)");
 
   ckpt::CheckpointState state;
   state.config = cfg.to_json();
   state.layout = {{"tp", layout.tp_size}, {"pp", layout.pp_size}, {"dp", dp},
                   {"virtual_chunks", cfg.virtual_pipeline_chunks()},
                   {"first_stage_layers", cfg.decoder_first_pipeline_num_layers},
-                  {"last_stage_layers", cfg.decoder_last_pipeline_num_layers}};
+                  {"last_stage_layers", cfg.decoder_last_pipeline_num_layers},
+                  {"zero_stage", cfg.zero_stage}};
   state.coords = {{"tp", par.coord().tp}, {"pp", par.coord().pp}, {"dp", dp_rank}};
   state.tp_rank = par.coord().tp;
   for (const ModelChunk& ch : rank_model.chunks()) state.tables.push_back({&ch.table, ch.base});
   state.numel = n;
-  state.params = buf.params;
-  state.exp_avg = buf.exp_avg;
-  state.exp_avg_sq = buf.exp_avg_sq;
+  auto slice = [](ZeroOptimizer::TensorSlice t) {
+    return ckpt::CheckpointState::Slice{t.data, t.range.begin, t.range.end};
+  };
+  state.params = slice(optimizer.params_slice());
+  state.exp_avg = slice(optimizer.exp_avg_slice());
+  state.exp_avg_sq = slice(optimizer.exp_avg_sq_slice());
   std::int64_t iteration = 0, consumed = 0, consumed_valid = 0;
   if (!cfg.load.empty() && ckpt::latest_iteration(cfg.load) >= 0) {
     ckpt::load_checkpoint(cfg.load, -1, state, world);
@@ -214,7 +221,7 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
     consumed_valid = state.consumed_valid_samples;
   } else {
     if (!cfg.load.empty()) log::warn("ckpt: nothing to load in ", cfg.load, "; starting from scratch");
-    rank_model.init(cfg.seed, buf.params);
+    optimizer.init_params(cfg.seed);
   }
 
 
@@ -247,7 +254,7 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
     for (std::int64_t e = 0; e < cfg.eval_iters; ++e) {
       const std::int64_t first = consumed_valid;
       const model::LossSum l = executor.evaluate(
-          ctx, buf.params, static_cast<int>(eval_micro),
+          ctx, optimizer.views(), static_cast<int>(eval_micro),
           {.fill = [&](int j, std::int32_t* tokens, std::int32_t* labels) {
              fill_micro_batch(*datasets.valid, first, B, dp, dp_rank, j, tokens, labels, scratch,
                               mc.vocab_size);
@@ -288,11 +295,11 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
       executor.set_num_microbatches(static_cast<int>(micro_batches));
     }
     const std::int64_t tokens_per_iter = step_batch.running_global_batch_size * T;
-    optimizer.zero_grads();
+    optimizer.begin_iteration();
     // Every token of the global batch weighs 1 / (tokens in the global batch).
     const float d_scale = 1.0f / static_cast<float>(tokens_per_iter);
     const PipelineStats ps = executor.train(
-        ctx, buf.params, buf.grads, d_scale,
+        ctx, optimizer.views(), d_scale,
         {.fill = [&](int j, std::int32_t* tokens, std::int32_t* labels) {
            fill_micro_batch(*datasets.train, consumed, B, dp, dp_rank, j, tokens, labels, scratch,
                             mc.vocab_size);
@@ -349,6 +356,10 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
           {"tokens_per_s", tokens_per_s}, {"tflops", tflops}, {"mfu", tflops / peak},
           {"skipped_iterations", skipped_iters}, {"nan_iterations", nan_iters},
           {"global_batch_size", step_batch.running_global_batch_size}};
+      // Data-parallel traffic this rank sent per iteration (ring-algorithm bytes).
+      record["dp_comm_bytes_per_iteration"] =
+          optimizer.comm().dp_bytes / static_cast<double>(interval_iters);
+      optimizer.reset_comm();
       if (layout.pp_size > 1) {
         record["pipeline_idle_fraction"] = idle;
         std::string text;

@@ -1,0 +1,40 @@
+// Array conversions between FP32 and BF16 for mixed precision: FP32 master weights to BF16 model
+// weights, FP32 activations and gradients to BF16 matmul operands, and back. Bandwidth-bound
+// (6 bytes per element); OpenMP over contiguous ranges, AVX-512 inside each range.
+#pragma once
+
+#include <cstdint>
+
+#include "trident/core/bf16.h"
+#include "trident/core/exec_context.h"
+
+namespace trident::kernels {
+
+// dst[i] = core::bf16::from_float(src[i]) for i in [0, n), bit for bit: round to nearest, ties to
+// even; NaN stays NaN (sign and top payload bits kept, quiet bit set); infinities, signed zeros and
+// subnormals (rounded, not flushed) as in core/bf16.h. Overwrites dst. dst and src must not
+// overlap. Uses the avx512_bf16 instruction vcvtne2ps2bf16 when the library was compiled for it
+// (see detail::has_avx512bf16_convert), else an integer-arithmetic loop; both give the same bits.
+void convert_f32_to_bf16(const core::ExecContext& ctx, core::bf16* dst, const float* src,
+                         std::int64_t n);
+
+// dst[i] = src[i].to_float() for i in [0, n) (exact: a bf16 is the top half of a float).
+// Overwrites dst. dst and src must not overlap.
+void convert_bf16_to_f32(const core::ExecContext& ctx, float* dst, const core::bf16* src,
+                         std::int64_t n);
+
+namespace detail {
+
+// The two single-threaded bodies behind convert_f32_to_bf16, exposed so that the tests can compare
+// them bit for bit. Neither checks its arguments.
+void f32_to_bf16_portable(core::bf16* dst, const float* src, std::int64_t n);
+// vcvtne2ps2bf16 on 32 floats at a time. The instruction flushes subnormal inputs to zero, so
+// blocks that contain one are redone with the portable formula. Throws core::Unavailable when the
+// library was not compiled with avx512_bf16 (-march=native on a CPU without it).
+void f32_to_bf16_avx512bf16(core::bf16* dst, const float* src, std::int64_t n);
+// True when f32_to_bf16_avx512bf16 is compiled in (and so used by convert_f32_to_bf16).
+bool has_avx512bf16_convert();
+
+}  // namespace detail
+
+}  // namespace trident::kernels

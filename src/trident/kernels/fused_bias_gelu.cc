@@ -1,0 +1,141 @@
+// CPU fused bias + GeLU forward and backward: OpenMP over rows (forward) or column blocks
+// (backward, which also sums d_bias), SIMD inside. See fused_bias_gelu.h.
+#include "trident/kernels/fused_bias_gelu.h"
+
+#include <algorithm>
+
+#include "trident/kernels/cpu_util.h"
+
+namespace trident::kernels {
+
+namespace {
+
+constexpr float kSqrt2OverPi = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluCubic = 0.044715f;
+
+// Which outputs a call writes; the loops are instantiated per combination so that the inner loops
+// have no per-element branch on null pointers.
+enum class Outputs : std::uint8_t { kF32, kBf16, kBoth };
+
+Outputs outputs_of(const void* f32, const void* bf16) {
+  if (f32 != nullptr && bf16 != nullptr) return Outputs::kBoth;
+  return f32 != nullptr ? Outputs::kF32 : Outputs::kBf16;
+}
+
+// 0.5 (1 + tanh(u)) = sigmoid(2u), so gelu(x) = x / (1 + e) with e = exp(-2u),
+// u = sqrt(2/pi) (x + 0.044715 x^3); exp_approx saturates, so no overflow for large |x|.
+inline float gelu(float x) {
+  const float u = kSqrt2OverPi * (x + kGeluCubic * x * x * x);
+  return x / (1.0f + detail::exp_approx(-2.0f * u));
+}
+
+// gelu'(x) = s + 2 x s (1 - s) u'(x) with s = sigmoid(2u), u' = sqrt(2/pi) (1 + 3*0.044715 x^2).
+// With e = exp(-2u): s = 1 / (1 + e) and s (1 - s) = (e s) s, which avoids the cancellation in
+// 1 - s; e s <= 1 is formed first so that the product cannot overflow.
+inline float gelu_grad(float x) {
+  const float x2 = x * x;
+  const float u = kSqrt2OverPi * (x + kGeluCubic * x2 * x);
+  const float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * x2);
+  const float e = detail::exp_approx(-2.0f * u);
+  const float s = 1.0f / (1.0f + e);
+  return s + 2.0f * x * du * ((e * s) * s);
+}
+
+template <Outputs kOut>
+void forward_rows(const core::ExecContext& ctx, const BiasGeluForwardArgs& a) {
+  const std::int64_t cols = a.cols;
+  const float* bias = a.bias;
+#pragma omp parallel for num_threads(detail::num_threads(ctx)) schedule(static)
+  for (std::int64_t r = 0; r < a.rows; ++r) {
+    const float* x = a.in + r * cols;
+    // Offsets are applied only to the outputs that exist (never to a null pointer).
+    float* y = kOut != Outputs::kBf16 ? a.out + r * cols : nullptr;
+    core::bf16* y16 = kOut != Outputs::kF32 ? a.out_bf16 + r * cols : nullptr;
+#pragma omp simd
+    for (std::int64_t c = 0; c < cols; ++c) {
+      const float v = gelu(x[c] + bias[c]);
+      if constexpr (kOut != Outputs::kBf16) y[c] = v;
+      if constexpr (kOut != Outputs::kF32) y16[c] = core::bf16::from_float(v);
+    }
+  }
+}
+
+// Threads own blocks of columns and walk every row in order, writing d_in and summing it per column
+// in double: one pass, and d_bias does not depend on the thread count.
+template <Outputs kOut>
+void backward_blocks(const core::ExecContext& ctx, const BiasGeluBackwardArgs& a) {
+  constexpr std::int64_t kMaxBlock = 512;
+  const std::int64_t cols = a.cols;
+  const int threads = detail::num_threads(ctx);
+  const std::int64_t block = detail::column_block_width(cols, threads, kMaxBlock);
+  const std::int64_t num_blocks = (cols + block - 1) / block;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (std::int64_t blk = 0; blk < num_blocks; ++blk) {
+    const std::int64_t c0 = blk * block;
+    const std::int64_t width = std::min(block, cols - c0);
+    const float* bias = a.bias + c0;
+    double acc[kMaxBlock];
+    std::fill(acc, acc + width, 0.0);
+    for (std::int64_t r = 0; r < a.rows; ++r) {
+      const std::int64_t off = r * cols + c0;
+      const float* x = a.in + off;
+      const float* dy = a.d_out + off;
+      float* dx = kOut != Outputs::kBf16 ? a.d_in + off : nullptr;
+      core::bf16* dx16 = kOut != Outputs::kF32 ? a.d_in_bf16 + off : nullptr;
+#pragma omp simd
+      for (std::int64_t j = 0; j < width; ++j) {
+        const float g = dy[j] * gelu_grad(x[j] + bias[j]);
+        if constexpr (kOut != Outputs::kBf16) dx[j] = g;
+        if constexpr (kOut != Outputs::kF32) dx16[j] = core::bf16::from_float(g);
+        acc[j] += g;
+      }
+    }
+    for (std::int64_t j = 0; j < width; ++j) {
+      a.d_bias[c0 + j] = static_cast<float>(a.d_bias[c0 + j] + acc[j]);
+    }
+  }
+}
+
+void check_sizes(const char* op, std::int64_t rows, std::int64_t cols) {
+  TRIDENT_CHECK(rows >= 0 && cols > 0, op, ": need rows >= 0 and cols > 0, got rows=", rows,
+                " cols=", cols);
+}
+
+}  // namespace
+
+void bias_gelu_forward(const core::ExecContext& ctx, const BiasGeluForwardArgs& args) {
+  core::require_cpu(ctx, "bias_gelu_forward");
+  check_sizes("bias_gelu_forward", args.rows, args.cols);
+  if (args.rows == 0) return;
+  TRIDENT_CHECK(args.in && args.bias, "bias_gelu_forward: in and bias must be non-null");
+  TRIDENT_CHECK(args.out || args.out_bf16,
+                "bias_gelu_forward: out and out_bf16 are both null; nothing to write");
+  switch (outputs_of(args.out, args.out_bf16)) {
+    case Outputs::kF32:
+      return forward_rows<Outputs::kF32>(ctx, args);
+    case Outputs::kBf16:
+      return forward_rows<Outputs::kBf16>(ctx, args);
+    case Outputs::kBoth:
+      return forward_rows<Outputs::kBoth>(ctx, args);
+  }
+}
+
+void bias_gelu_backward(const core::ExecContext& ctx, const BiasGeluBackwardArgs& args) {
+  core::require_cpu(ctx, "bias_gelu_backward");
+  check_sizes("bias_gelu_backward", args.rows, args.cols);
+  if (args.rows == 0) return;
+  TRIDENT_CHECK(args.d_bias && args.d_out && args.in && args.bias,
+                "bias_gelu_backward: d_bias, d_out, in and bias must be non-null");
+  TRIDENT_CHECK(args.d_in || args.d_in_bf16,
+                "bias_gelu_backward: d_in and d_in_bf16 are both null; nothing to write");
+  switch (outputs_of(args.d_in, args.d_in_bf16)) {
+    case Outputs::kF32:
+      return backward_blocks<Outputs::kF32>(ctx, args);
+    case Outputs::kBf16:
+      return backward_blocks<Outputs::kBf16>(ctx, args);
+    case Outputs::kBoth:
+      return backward_blocks<Outputs::kBoth>(ctx, args);
+  }
+}
+
+}  // namespace trident::kernels

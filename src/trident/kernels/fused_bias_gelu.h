@@ -1,0 +1,47 @@
+// Fused bias + GeLU (Megatron's bias-GeLU): out = gelu_tanh(in + bias), where in is the output of
+// the MLP's first linear layer before its bias. One pass instead of a bias pass and a GeLU pass,
+// and the backward pass needs only `in` (not in + bias), so nothing extra is saved. Optional BF16
+// copies of the outputs feed the BF16 matmuls of mixed precision (matmul_bf16.h) without a separate
+// conversion pass.
+//
+// gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), as kernels/elementwise.h.
+#pragma once
+
+#include <cstdint>
+
+#include "trident/core/bf16.h"
+#include "trident/core/exec_context.h"
+
+namespace trident::kernels {
+
+// out[r,c] = gelu_tanh(in[r,c] + bias[c]), the sum rounded to FP32 first. At least one of out and
+// out_bf16 must be non-null; out_bf16 gets exactly core::bf16::from_float(out value). out may alias
+// in. OpenMP over rows.
+struct BiasGeluForwardArgs {
+  float* out = nullptr;            // (rows, cols)  f32, written (=), or null
+  core::bf16* out_bf16 = nullptr;  // (rows, cols)  bf16, written (=), or null
+  const float* in = nullptr;       // (rows, cols)  before the bias
+  const float* bias = nullptr;     // (cols)
+  std::int64_t rows = 0, cols = 0;
+};
+void bias_gelu_forward(const core::ExecContext& ctx, const BiasGeluForwardArgs& args);
+
+// d_in[r,c] = d_out[r,c] * gelu_tanh'(in[r,c] + bias[c])        (=)
+// d_bias[c] += sum_r d_in[r,c]                                   (+=, summed in double over the
+//                                                                 rows in order: independent of
+//                                                                 the thread count)
+// At least one of d_in and d_in_bf16 must be non-null (d_bias is summed from the FP32 values
+// either way); d_in_bf16 gets core::bf16::from_float of them. d_in may alias d_out. One pass,
+// OpenMP over blocks of up to 512 columns (so cols >= 16 * threads keeps every thread busy).
+struct BiasGeluBackwardArgs {
+  float* d_in = nullptr;            // (rows, cols)  f32, written (=), or null
+  core::bf16* d_in_bf16 = nullptr;  // (rows, cols)  bf16, written (=), or null
+  float* d_bias = nullptr;          // (cols)  accumulated (+=)
+  const float* d_out = nullptr;     // (rows, cols)
+  const float* in = nullptr;        // (rows, cols)  the forward's in (before the bias)
+  const float* bias = nullptr;      // (cols)
+  std::int64_t rows = 0, cols = 0;
+};
+void bias_gelu_backward(const core::ExecContext& ctx, const BiasGeluBackwardArgs& args);
+
+}  // namespace trident::kernels

@@ -1,0 +1,63 @@
+// Fused residual add + LayerNorm, the pattern at every sub-layer boundary of a pre-LN transformer:
+// resid_out = a + b (the residual stream plus a sub-layer's output), out = LayerNorm(resid_out).
+// One pass over each row writes both. Optional BF16 copies of the outputs feed the BF16 matmuls of
+// mixed precision (matmul_bf16.h) without a separate conversion pass.
+//
+// LayerNorm as kernels/layernorm.h: out = (x - mean) * rstd * weight + bias, population variance,
+// rstd = 1 / sqrt(var + eps).
+#pragma once
+
+#include <cstdint>
+
+#include "trident/core/bf16.h"
+#include "trident/core/exec_context.h"
+
+namespace trident::kernels {
+
+// resid_out = a + b (FP32), then LayerNorm of resid_out. Overwrites resid_out, out / out_bf16, mean
+// and rstd (saved for the backward pass). At least one of out and out_bf16 must be non-null;
+// out_bf16 gets exactly core::bf16::from_float of the FP32 result. resid_out may alias a or b (the
+// usual in-place update of the residual stream); out must not alias anything. OpenMP over rows.
+struct ResidualLayerNormForwardArgs {
+  float* resid_out = nullptr;      // (rows, cols)  written (=): a + b
+  float* out = nullptr;            // (rows, cols)  f32, written (=), or null
+  core::bf16* out_bf16 = nullptr;  // (rows, cols)  bf16, written (=), or null
+  float* mean = nullptr;           // (rows)        written (=)
+  float* rstd = nullptr;           // (rows)        written (=)
+  const float* a = nullptr;        // (rows, cols)  the residual stream
+  const float* b = nullptr;        // (rows, cols)  the sub-layer output added to it
+  const float* weight = nullptr;   // (cols)
+  const float* bias = nullptr;     // (cols)
+  std::int64_t rows = 0, cols = 0;
+  float eps = 1e-5f;
+};
+void residual_layernorm_forward(const core::ExecContext& ctx,
+                                const ResidualLayerNormForwardArgs& args);
+
+// Backward, with layernorm_backward's semantics on the residual stream:
+//   d_resid  (+=) the LayerNorm input gradient. On entry d_resid holds the gradient that reached
+//                 resid_out from its later uses (the next residual add); on exit it is the full
+//                 gradient of resid_out, which is also the gradient of a and of b (resid_out =
+//                 a + b passes it through unchanged), so the caller hands the same buffer to the
+//                 sub-layer that produced b and to the layer before.
+//   d_resid_bf16 (=) core::bf16::from_float of the final d_resid, or null: the d_out operand of the
+//                 BF16 linear backward that produced b (linear_backward_bf16).
+//   d_weight, d_bias (+=) as layernorm_backward (column sums in double, thread-count independent).
+// Two passes, as layernorm_backward: rows in parallel for d_resid, then column blocks for d_weight
+// and d_bias.
+struct ResidualLayerNormBackwardArgs {
+  float* d_resid = nullptr;            // (rows, cols)  accumulated (+=)
+  core::bf16* d_resid_bf16 = nullptr;  // (rows, cols)  bf16, written (=), or null
+  float* d_weight = nullptr;           // (cols)        accumulated (+=)
+  float* d_bias = nullptr;             // (cols)        accumulated (+=)
+  const float* d_out = nullptr;        // (rows, cols)  gradient of out
+  const float* resid = nullptr;        // (rows, cols)  resid_out of the forward
+  const float* weight = nullptr;       // (cols)
+  const float* mean = nullptr;         // (rows)
+  const float* rstd = nullptr;         // (rows)
+  std::int64_t rows = 0, cols = 0;
+};
+void residual_layernorm_backward(const core::ExecContext& ctx,
+                                 const ResidualLayerNormBackwardArgs& args);
+
+}  // namespace trident::kernels
