@@ -4,19 +4,19 @@
 // threads. Every product is first checked against a double-precision reference on sampled
 // entries.
 //
-// Timing: the libraries alternate in blocks of one untimed and --calls timed back-to-back calls,
-// --rounds blocks each, the order swapped every round; each result is the median over all timed
-// calls. Between blocks
-// the program sleeps long enough for the previous library's idle worker threads to stop spinning
+// Timing: the libraries alternate in blocks of back-to-back calls (one untimed, then at least
+// --calls timed ones and more until the block lasts --min-block-ms), --rounds blocks each, the
+// order swapped every round; each result is the median over all timed calls. Between blocks the
+// program sleeps long enough for the previous library's idle worker threads to stop spinning
 // (libgomp spins ~10 ms after a parallel region, OpenBLAS's pthreads ~0.1 s): on 2 cores a
 // spinning pool of the other library would otherwise halve the measured speed. The machine is
 // shared, so each product is timed under a foreign-load meter and repeated (after waiting for
 // idle) when other processes used more than --max-foreign cores meanwhile; the whole run waits at
 // most --max-wait-s in total, and the tables print the foreign load seen.
 //
-// Usage: trident_matmul_bench [--rounds N] [--calls N] [--threads 2,1] [--rows 256,1024]
-//            [--settle-dnnl-ms MS] [--settle-openblas-ms MS] [--max-foreign CORES]
-//            [--max-wait-s S]
+// Usage: trident_matmul_bench [--rounds N] [--calls N] [--min-block-ms MS] [--threads 2,1]
+//            [--rows 256,1024] [--settle-dnnl-ms MS] [--settle-openblas-ms MS]
+//            [--max-foreign CORES] [--max-wait-s S]
 #include <cblas.h>
 #include <dlfcn.h>
 #include <omp.h>
@@ -38,8 +38,9 @@ namespace trident::bench {
 namespace {
 
 struct Options {
-  int rounds = 2;  // blocks per library
-  int calls = 2;   // timed calls per block (after one untimed call)
+  int rounds = 2;         // blocks per library
+  int calls = 2;          // timed calls per block at least (after one untimed call)
+  int min_block_ms = 60;  // more timed calls until a block lasts this long
   std::vector<int> threads = {2, 1};
   std::vector<std::int64_t> rows = {256, 1024};
   int settle_dnnl_ms = 30;       // pause after a dnnl block (libgomp threads stop spinning)
@@ -73,6 +74,8 @@ Options parse_options(int argc, char** argv) {
       for (std::int64_t t : parse_list(argv[i + 1])) o.threads.push_back(static_cast<int>(t));
     } else if (flag == "--rows") {
       o.rows = parse_list(argv[i + 1]);
+    } else if (flag == "--min-block-ms") {
+      o.min_block_ms = std::atoi(argv[i + 1]);
     } else if (flag == "--settle-dnnl-ms") {
       o.settle_dnnl_ms = std::atoi(argv[i + 1]);
     } else if (flag == "--settle-openblas-ms") {
@@ -188,8 +191,12 @@ Result measure(const core::ExecContext& ctx, const Options& o, double& wait_left
       for (int turn = 0; turn < 2; ++turn) {  // dnnl first on even rounds, OpenBLAS on odd ones
         const bool dnnl_turn = (round % 2 == 0) == (turn == 0);
         // One untimed call first: after the pause the library's threads are asleep and its
-        // buffers cold, which a training step (a warm OpenMP pool) does not see.
-        for (int call = -1; call < o.calls; ++call) {
+        // buffers cold, which a training step (a warm OpenMP pool) does not see. Then at least
+        // o.calls timed calls, and more (up to 64) until the block lasts o.min_block_ms, so that
+        // small products get enough samples for a stable median.
+        const core::Timer block;
+        for (int call = -1;
+             call < o.calls || (block.elapsed_s() * 1e3 < o.min_block_ms && call < 64); ++call) {
           core::Timer timer;
           if (dnnl_turn) {
             run_dnnl(ctx, p, p.beta);
@@ -223,9 +230,10 @@ int run(const Options& o) {
   std::printf("OpenBLAS: %s (cblas_sgemm from %s)\n", openblas_get_config(),
               library_of(reinterpret_cast<const void*>(&cblas_sgemm)));
   std::printf(
-      "median of %d calls per library and product: %d rounds of 1 untimed + %d timed calls, "
-      "libraries alternating by block; pause %d ms after dnnl, %d ms after OpenBLAS\n\n",
-      o.rounds * o.calls, o.rounds, o.calls, o.settle_dnnl_ms, o.settle_openblas_ms);
+      "median over %d rounds per library and product, each 1 untimed + >= %d timed "
+      "back-to-back calls (more until the block lasts %d ms); libraries alternate by "
+      "block; pause %d ms after dnnl, %d ms after OpenBLAS\n\n",
+      o.rounds, o.calls, o.min_block_ms, o.settle_dnnl_ms, o.settle_openblas_ms);
 
   // GPT-2 124M linear layers (in -> out): QKV, attention projection, MLP up, MLP down, LM head.
   const std::int64_t layers[][2] = {

@@ -159,6 +159,9 @@ class Builder {
     TrainValidTestDatasets out;
     for (Split s : kAllSplits) {
       if (!matrix_[static_cast<std::size_t>(s)]) continue;  // empty split: no dataset
+      // A split the run never reads (e.g. the test split with --eval-iters 0) is not built, so a
+      // tiny corpus whose test split rounds to nothing still trains.
+      if (size(s).has_value() && *size(s) == 0) continue;
       std::shared_ptr<const SampleDataset> ds;
       if (b.prefixes.size() == 1 && !b.weights) {
         ds = gpt(b.prefixes[0], "--data-path", s, size(s), false);  // case 2: single prefix
@@ -178,6 +181,7 @@ class Builder {
                             : s == Split::kValid ? cfg_.valid_data_path
                                                  : cfg_.test_data_path;
       if (entries.empty()) continue;
+      if (size(s).has_value() && *size(s) == 0) continue;  // never read: not built
       const Blend b = parse_blend(entries, split_flag(s));
       std::shared_ptr<const SampleDataset> ds;
       if (b.prefixes.size() == 1) {

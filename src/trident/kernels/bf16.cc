@@ -22,8 +22,7 @@ constexpr std::int64_t kBlock = 32;
 
 void check_args(const char* op, const void* dst, const void* src, std::int64_t n) {
   TRIDENT_CHECK(n >= 0, op, ": n must be >= 0, got ", n);
-  TRIDENT_CHECK(n == 0 || (dst != nullptr && src != nullptr), op, ": dst or src is null for n=",
-                n);
+  TRIDENT_CHECK(n == 0 || (dst != nullptr && src != nullptr), op, ": dst or src is null for n=", n);
 }
 
 // Runs body(begin, end) over [0, n) split into one contiguous range per thread, or on the calling

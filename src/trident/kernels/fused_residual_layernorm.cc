@@ -145,10 +145,10 @@ void residual_layernorm_forward(const core::ExecContext& ctx,
   core::require_cpu(ctx, "residual_layernorm_forward");
   check_sizes("residual_layernorm_forward", args.rows, args.cols);
   if (args.rows == 0) return;
-  TRIDENT_CHECK(args.resid_out && args.mean && args.rstd && args.a && args.b && args.weight &&
-                    args.bias,
-                "residual_layernorm_forward: resid_out, mean, rstd, a, b, weight and bias must be "
-                "non-null");
+  TRIDENT_CHECK(
+      args.resid_out && args.mean && args.rstd && args.a && args.b && args.weight && args.bias,
+      "residual_layernorm_forward: resid_out, mean, rstd, a, b, weight and bias must be "
+      "non-null");
   TRIDENT_CHECK(args.out || args.out_bf16,
                 "residual_layernorm_forward: out and out_bf16 are both null; nothing to write");
   TRIDENT_CHECK(args.eps >= 0.0f, "residual_layernorm_forward: eps must be >= 0, got ", args.eps);

@@ -3,11 +3,10 @@
 // matmul_bf16.h for the contract.
 #include "trident/kernels/matmul_bf16.h"
 
-#include <oneapi/dnnl/dnnl.hpp>
-
 #include <algorithm>
 #include <bit>
 #include <mutex>
+#include <oneapi/dnnl/dnnl.hpp>
 #include <unordered_map>
 
 #include "trident/kernels/cpu_util.h"
@@ -124,9 +123,9 @@ GemmPrimitive PrimitiveCache::create(const GemmKey& key) const {
     p.scratch_bytes = static_cast<std::int64_t>(p.scratch_desc.get_size());
     p.implementation = pd.impl_info_str();
   } catch (const dnnl::error& e) {
-    const std::string what = core::str("gemm_bf16: oneDNN cannot create a bf16 matmul for m=",
-                                       key.m, " n=", key.n, " k=", key.k, " lda=", key.lda,
-                                       " ldb=", key.ldb, " ldc=", key.ldc, ": ", e.what());
+    const std::string what = core::str(
+        "gemm_bf16: oneDNN cannot create a bf16 matmul for m=", key.m, " n=", key.n, " k=", key.k,
+        " lda=", key.lda, " ldb=", key.ldb, " ldc=", key.ldc, ": ", e.what());
     if (e.status == dnnl_unimplemented) throw core::Unavailable(what + " (no CPU support)");
     throw core::InternalError(what);
   }
@@ -245,7 +244,12 @@ void add_column_sums(const core::ExecContext& ctx, float* d_bias, const float* d
 // The three products of a linear layer, as gemm_bf16 arguments (pointers filled by the callers).
 GemmBf16Args forward_product(std::int64_t rows, std::int64_t in_f, std::int64_t out_f) {
   // out(rows,out) = in(rows,in) @ weight(out,in)^T
-  return {.trans_b = Trans::kYes, .m = rows, .n = out_f, .k = in_f, .lda = in_f, .ldb = in_f,
+  return {.trans_b = Trans::kYes,
+          .m = rows,
+          .n = out_f,
+          .k = in_f,
+          .lda = in_f,
+          .ldb = in_f,
           .ldc = out_f};
 }
 GemmBf16Args backward_data_product(std::int64_t rows, std::int64_t in_f, std::int64_t out_f) {
@@ -254,8 +258,14 @@ GemmBf16Args backward_data_product(std::int64_t rows, std::int64_t in_f, std::in
 }
 GemmBf16Args backward_weight_product(std::int64_t rows, std::int64_t in_f, std::int64_t out_f) {
   // d_weight(out,in) += d_out(rows,out)^T @ in(rows,in)
-  return {.trans_a = Trans::kYes, .m = out_f, .n = in_f, .k = rows, .lda = out_f, .ldb = in_f,
-          .beta = 1.0f, .ldc = in_f};
+  return {.trans_a = Trans::kYes,
+          .m = out_f,
+          .n = in_f,
+          .k = rows,
+          .lda = out_f,
+          .ldb = in_f,
+          .beta = 1.0f,
+          .ldc = in_f};
 }
 
 }  // namespace
@@ -265,8 +275,8 @@ void gemm_bf16(const core::ExecContext& ctx, const GemmBf16Args& args) {
   check_gemm_shape(args);
   if (args.m == 0 || args.n == 0) return;
   TRIDENT_CHECK(args.c != nullptr, "gemm_bf16: c is null for a ", args.m, "x", args.n, " product");
-  TRIDENT_CHECK(args.k == 0 || (args.a != nullptr && args.b != nullptr), "gemm_bf16: a or b is null (m=",
-                args.m, " n=", args.n, " k=", args.k, ")");
+  TRIDENT_CHECK(args.k == 0 || (args.a != nullptr && args.b != nullptr),
+                "gemm_bf16: a or b is null (m=", args.m, " n=", args.n, " k=", args.k, ")");
   run_gemm_bf16(ctx, args);
 }
 
@@ -294,8 +304,8 @@ std::int64_t linear_bf16_scratch_bytes(const core::ExecContext& ctx, std::int64_
   const float bias_placeholder = 0.0f;  // only its non-nullness is read
   forward.bias = &bias_placeholder;
   bytes = std::max(bytes, gemm_bf16_scratch_bytes(ctx, forward));
-  bytes = std::max(bytes, gemm_bf16_scratch_bytes(
-                              ctx, backward_data_product(rows, in_features, out_features)));
+  bytes = std::max(
+      bytes, gemm_bf16_scratch_bytes(ctx, backward_data_product(rows, in_features, out_features)));
   bytes = std::max(bytes, gemm_bf16_scratch_bytes(
                               ctx, backward_weight_product(rows, in_features, out_features)));
   return bytes;

@@ -61,10 +61,10 @@ void gemm_bf16(const core::ExecContext& ctx, const GemmBf16Args& args);
 //   out(rows,out) = in(rows,in) @ weight(out,in)^T + bias,   FP32, overwritten (=).
 // bias (FP32) may be null. scratch: at least linear_bf16_scratch_bytes(ctx, rows, in, out) bytes.
 struct LinearForwardBf16Args {
-  float* out = nullptr;                 // (rows, out_features)  f32, written (=)
-  const core::bf16* in = nullptr;       // (rows, in_features)
-  const core::bf16* weight = nullptr;   // (out_features, in_features)
-  const float* bias = nullptr;          // (out_features) f32, or null
+  float* out = nullptr;                // (rows, out_features)  f32, written (=)
+  const core::bf16* in = nullptr;      // (rows, in_features)
+  const core::bf16* weight = nullptr;  // (out_features, in_features)
+  const float* bias = nullptr;         // (out_features) f32, or null
   std::int64_t rows = 0, in_features = 0, out_features = 0;
   std::span<std::byte> scratch{};
 };
@@ -78,13 +78,13 @@ void linear_forward_bf16(const core::ExecContext& ctx, const LinearForwardBf16Ar
 //                                                of the thread count)
 // d_out may be null when d_bias is. scratch: as for linear_forward_bf16.
 struct LinearBackwardBf16Args {
-  float* d_in = nullptr;                  // (rows, in_features)  f32, written (=), may be null
-  float* d_weight = nullptr;              // (out_features, in_features)  f32, accumulated (+=)
-  float* d_bias = nullptr;                // (out_features)  f32, accumulated (+=), may be null
-  const float* d_out = nullptr;           // (rows, out_features)  f32, read only for d_bias
+  float* d_in = nullptr;                   // (rows, in_features)  f32, written (=), may be null
+  float* d_weight = nullptr;               // (out_features, in_features)  f32, accumulated (+=)
+  float* d_bias = nullptr;                 // (out_features)  f32, accumulated (+=), may be null
+  const float* d_out = nullptr;            // (rows, out_features)  f32, read only for d_bias
   const core::bf16* d_out_bf16 = nullptr;  // (rows, out_features)
-  const core::bf16* in = nullptr;         // (rows, in_features)
-  const core::bf16* weight = nullptr;     // (out_features, in_features)
+  const core::bf16* in = nullptr;          // (rows, in_features)
+  const core::bf16* weight = nullptr;      // (out_features, in_features)
   std::int64_t rows = 0, in_features = 0, out_features = 0;
   std::span<std::byte> scratch{};
 };

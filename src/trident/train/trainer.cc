@@ -189,12 +189,13 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
   const MemoryReport mem = optimizer.memory();
   log::info("memory per rank (ZeRO stage ", cfg.zero_stage, ", dp ", dp, "): parameters ",
             mem.param_bytes, " B, gradients ", mem.grad_bytes, " B, optimizer state ",
-            mem.optimizer_bytes, " B, activations ", executor.slots_per_chunk(), " slot(s) x ",
-            executor.activation_bytes_per_slot(0), " B");
+            mem.optimizer_bytes, " B; staging ", mem.staging_bytes, " B; activations ",
+            executor.slots_per_chunk(), " slot(s) x ", executor.activation_bytes_per_slot(0),
+            " B");
   log::info("memory per rank predicted by the ZeRO paper's formulas (psi = ", n,
-            " parameters here): parameters ", mem.predicted_param_bytes, " B, gradients ",
-            mem.predicted_grad_bytes, " B, optimizer state ", mem.predicted_optimizer_bytes,
-            " B (the difference is shard padding and layer staging buffers)");
+            " parameters on this rank): parameters ", mem.predicted_param_bytes,
+            " B, gradients ", mem.predicted_grad_bytes, " B, optimizer state ",
+            mem.predicted_optimizer_bytes, " B (differences: shard padding)");
 
   ckpt::CheckpointState state;
   state.config = cfg.to_json();

@@ -467,9 +467,12 @@ OptimizerStepResult ZeroOptimizer::step(const core::ExecContext& ctx, double lr,
 
 MemoryReport ZeroOptimizer::memory() const {
   MemoryReport m;
-  m.param_bytes = params_arena_.capacity() + (zero_.stage == 3 ? 2 * max_unit_ * 4 : 0);
-  m.grad_bytes = grads_arena_.capacity() + (zero_.stage >= 2 ? max_unit_ * 4 : 0);
+  const std::int64_t rest_bytes = core::Arena::footprint(core::DType::kF32, {rest_numel_});
+  m.param_bytes = params_arena_.capacity() - (zero_.stage == 3 ? rest_bytes : 0);
+  m.grad_bytes = grads_arena_.capacity() - (zero_.stage >= 2 ? rest_bytes : 0);
   m.optimizer_bytes = moments_arena_.capacity();
+  m.staging_bytes = staging_arena_.capacity() + (zero_.stage >= 2 ? rest_bytes : 0) +
+                    (zero_.stage == 3 ? rest_bytes : 0);
   const double psi = static_cast<double>(model_.total_numel()), dp = plan_.dp;
   switch (zero_.stage) {
     case 0:

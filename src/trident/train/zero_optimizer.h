@@ -53,7 +53,12 @@ struct OptimizerStepResult {
 };
 
 struct MemoryReport {
+  // Model states kept across iterations (what the ZeRO formulas count).
   std::int64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;
+  // Staging: stages 2-3 keep the non-layer (embedding and head) gradients, and in stage 3 their
+  // parameters, whole for an iteration, plus one layer-gradient buffer, the received
+  // reduce-scatter piece and two layer-parameter buffers.
+  std::int64_t staging_bytes = 0;
   // The ZeRO paper's formulas for this rank's psi parameters (FP32 training: 4 bytes of weights,
   // 4 of gradients, 8 of Adam moments per parameter): stage 0 16 psi, 1 8 psi + 8 psi/dp,
   // 2 4 psi + 12 psi/dp, 3 16 psi/dp.

@@ -1,0 +1,195 @@
+// FP32 <-> BF16 array conversions: both FP32 -> BF16 bodies (portable and vcvtne2ps2bf16) bit for
+// bit against core::bf16::from_float over every high half-word (so every sign, exponent and top
+// mantissa, all NaN payloads, infinities, zeros and subnormals) combined with the low half-words
+// that decide rounding (ties with even and odd kept bits, just below and above a tie), every tail
+// length, and the threaded entry points. Exact comparisons: conversion has one right answer.
+#include "trident/kernels/bf16.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstdint>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernel_test_util.h"
+
+namespace trident::kernels {
+namespace {
+
+#if defined(__AVX512BF16__)
+constexpr bool kTargetHasAvx512Bf16 = true;
+#else
+constexpr bool kTargetHasAvx512Bf16 = false;
+#endif
+
+core::ExecContext cpu_ctx(int threads = 0) {
+  core::ExecContext ctx = core::ExecContext::cpu();
+  ctx.num_threads = threads;
+  return ctx;
+}
+
+// Every high half-word, each with the low half-words that matter for rounding: 0 (exact),
+// 0x0001 and 0x7fff (just above/below nothing and a tie), 0x8000 (a tie: goes to the even
+// neighbour), 0x8001 (just above a tie), 0xffff (rounds up, may carry into the exponent), plus two
+// random ones. Order is shuffled so that NaN, subnormal and normal lanes share SIMD blocks.
+std::vector<float> interesting_floats() {
+  const std::uint32_t lows[] = {0x0000, 0x0001, 0x7fff, 0x8000, 0x8001, 0xffff, 0x1234, 0xc3a5};
+  std::vector<float> v;
+  v.reserve(65536 * std::size(lows));
+  for (std::uint32_t hi = 0; hi < 65536; ++hi) {
+    for (std::uint32_t lo : lows) v.push_back(std::bit_cast<float>(hi << 16 | lo));
+  }
+  std::mt19937_64 gen(7);
+  std::shuffle(v.begin(), v.end(), gen);
+  return v;
+}
+
+std::vector<std::uint16_t> expected_bits(const std::vector<float>& x) {
+  std::vector<std::uint16_t> bits(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) bits[i] = core::bf16::from_float(x[i]).bits;
+  return bits;
+}
+
+// Bitwise comparison naming the first mismatch, its input and both results.
+::testing::AssertionResult same_bits(const std::string& name, const std::vector<core::bf16>& got,
+                                     const std::vector<std::uint16_t>& want,
+                                     const std::vector<float>& in) {
+  std::int64_t num_bad = 0, first = -1;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    if (got[i].bits != want[i]) {
+      if (first < 0) first = static_cast<std::int64_t>(i);
+      ++num_bad;
+    }
+  }
+  if (num_bad == 0) return ::testing::AssertionSuccess();
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "first at %lld: input bits 0x%08x, got 0x%04x, want 0x%04x",
+                static_cast<long long>(first), std::bit_cast<std::uint32_t>(in[first]),
+                got[first].bits, want[first]);
+  return ::testing::AssertionFailure()
+         << name << ": " << num_bad << " of " << want.size() << " differ; " << buf;
+}
+
+TEST(Bf16Convert, NativePathIsBuiltWhenTheTargetHasIt) {
+  // The tests below compare the vcvtne2ps2bf16 path only where it is compiled in; this pins that
+  // it is compiled in whenever the (same) compiler target offers avx512_bf16.
+  EXPECT_EQ(detail::has_avx512bf16_convert(), kTargetHasAvx512Bf16);
+  RecordProperty("avx512bf16_path", detail::has_avx512bf16_convert() ? "yes" : "no");
+}
+
+TEST(Bf16Convert, PortableMatchesScalarBitForBit) {
+  const std::vector<float> x = interesting_floats();
+  const auto want = expected_bits(x);
+  std::vector<core::bf16> got(x.size());
+  detail::f32_to_bf16_portable(got.data(), x.data(), static_cast<std::int64_t>(x.size()));
+  EXPECT_TRUE(same_bits("portable", got, want, x));
+}
+
+TEST(Bf16Convert, Avx512Bf16MatchesScalarBitForBit) {
+  const std::vector<float> x = interesting_floats();
+  const auto n = static_cast<std::int64_t>(x.size());
+  std::vector<core::bf16> got(x.size());
+  if (!detail::has_avx512bf16_convert()) {
+    EXPECT_THROW(detail::f32_to_bf16_avx512bf16(got.data(), x.data(), n), core::Unavailable);
+    return;
+  }
+  detail::f32_to_bf16_avx512bf16(got.data(), x.data(), n);
+  EXPECT_TRUE(same_bits("avx512_bf16", got, expected_bits(x), x));
+}
+
+// Subnormals are where the instruction (which flushes them) and from_float (which rounds them)
+// differ: blocks of pure subnormals, and single subnormals among normals, at every lane position.
+TEST(Bf16Convert, Avx512Bf16RoundsSubnormalsLikeScalar) {
+  std::vector<float> x;
+  for (std::uint32_t m = 1; m < 0x800000; m += 0x1357) {
+    x.push_back(std::bit_cast<float>(m));                // positive subnormal
+    x.push_back(std::bit_cast<float>(0x80000000u | m));  // negative subnormal
+  }
+  for (int lane = 0; lane < 64; ++lane) {
+    for (int i = 0; i < 64; ++i) x.push_back(i == lane ? 1e-40f : 1.0f + static_cast<float>(i));
+  }
+  x.push_back(std::bit_cast<float>(0x007fffffu));  // largest subnormal: rounds up to 2^-126
+  std::vector<core::bf16> got(x.size());
+  if (!detail::has_avx512bf16_convert()) {  // pinned by NativePathIsBuiltWhenTheTargetHasIt
+    EXPECT_THROW(detail::f32_to_bf16_avx512bf16(got.data(), x.data(), 1), core::Unavailable);
+    return;
+  }
+  detail::f32_to_bf16_avx512bf16(got.data(), x.data(), static_cast<std::int64_t>(x.size()));
+  EXPECT_TRUE(same_bits("avx512_bf16 subnormals", got, expected_bits(x), x));
+}
+
+// Every length 0..100 at unaligned starts: the 32-float blocks plus the scalar tail.
+TEST(Bf16Convert, AllTailLengthsAndOffsets) {
+  const std::vector<float> pool = testing::randn(200, 3, 100.0);
+  const bool native = detail::has_avx512bf16_convert();
+  for (std::int64_t offset : {0, 1, 5}) {
+    for (std::int64_t n = 0; n <= 100; ++n) {
+      const std::vector<float> x(pool.begin() + offset, pool.begin() + offset + n);
+      const auto want = expected_bits(x);
+      std::vector<core::bf16> got(x.size() + 1, core::bf16::from_bits(0xdead));
+      detail::f32_to_bf16_portable(got.data(), x.data(), n);
+      const std::string name = "n=" + std::to_string(n) + " offset=" + std::to_string(offset);
+      EXPECT_TRUE(same_bits("portable " + name, got, want, x));
+      EXPECT_EQ(got[n].bits, 0xdead) << "portable wrote past the end, " << name;
+      if (native) {
+        got.assign(x.size() + 1, core::bf16::from_bits(0xdead));
+        detail::f32_to_bf16_avx512bf16(got.data(), x.data(), n);
+        EXPECT_TRUE(same_bits("avx512_bf16 " + name, got, want, x));
+        EXPECT_EQ(got[n].bits, 0xdead) << "avx512_bf16 wrote past the end, " << name;
+      }
+    }
+  }
+}
+
+// The threaded entry point on arrays large enough to be split (1, 2 and 3 threads, odd length).
+TEST(Bf16Convert, ThreadedF32ToBf16MatchesScalar) {
+  const std::int64_t n = 1'000'003;
+  const std::vector<float> x = testing::randn(n, 11, 10.0);
+  const auto want = expected_bits(x);
+  for (int threads : {1, 2, 3}) {
+    std::vector<core::bf16> got(n);
+    convert_f32_to_bf16(cpu_ctx(threads), got.data(), x.data(), n);
+    EXPECT_TRUE(same_bits("threads=" + std::to_string(threads), got, want, x));
+  }
+}
+
+// bf16 -> f32 is exact: every one of the 65536 bit patterns becomes its bits << 16 (NaN payloads
+// included), and converting back gives the same bits except that a signalling NaN comes back quiet.
+TEST(Bf16Convert, Bf16ToF32IsExactForEveryPattern) {
+  // Repeated so that the threaded path runs too.
+  const std::int64_t n = 65536 * 4;
+  std::vector<core::bf16> x(n);
+  for (std::int64_t i = 0; i < n; ++i) x[i] = core::bf16::from_bits(static_cast<std::uint16_t>(i));
+  std::vector<float> y(n);
+  convert_bf16_to_f32(cpu_ctx(2), y.data(), x.data(), n);
+  std::vector<core::bf16> back(n);
+  convert_f32_to_bf16(cpu_ctx(2), back.data(), y.data(), n);
+  std::int64_t bad_widen = 0, bad_back = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::uint32_t bits = x[i].bits;
+    if (std::bit_cast<std::uint32_t>(y[i]) != bits << 16) ++bad_widen;
+    const bool signalling_nan = (bits & 0x7fffu) > 0x7f80u && (bits & 0x0040u) == 0;
+    const std::uint32_t want_back = signalling_nan ? (bits | 0x0040u) : bits;
+    if (back[i].bits != want_back) ++bad_back;
+  }
+  EXPECT_EQ(bad_widen, 0) << "bf16 -> f32 is not bits << 16";
+  EXPECT_EQ(bad_back, 0) << "f32 -> bf16 does not invert bf16 -> f32";
+}
+
+TEST(Bf16Convert, RejectsBadArguments) {
+  std::vector<float> f(4);
+  std::vector<core::bf16> h(4);
+  EXPECT_THROW(convert_f32_to_bf16(cpu_ctx(), h.data(), nullptr, 4), core::InvalidArgument);
+  EXPECT_THROW(convert_f32_to_bf16(cpu_ctx(), h.data(), f.data(), -1), core::InvalidArgument);
+  EXPECT_THROW(convert_bf16_to_f32(cpu_ctx(), nullptr, h.data(), 4), core::InvalidArgument);
+  EXPECT_THROW(convert_bf16_to_f32(cpu_ctx(), f.data(), h.data(), -2), core::InvalidArgument);
+  convert_f32_to_bf16(cpu_ctx(), nullptr, nullptr, 0);  // n = 0: nothing to touch
+  convert_bf16_to_f32(cpu_ctx(), nullptr, nullptr, 0);
+}
+
+}  // namespace
+}  // namespace trident::kernels
