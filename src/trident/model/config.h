@@ -8,6 +8,12 @@ namespace trident::model {
 
 enum class PositionEmbedding : std::uint8_t { kLearnedAbsolute, kAlibi };
 
+// Activation recomputation (Megatron's --recompute-granularity / -method / -num-layers):
+// full recomputes a layer's forward in backward, keeping only its output; selective recomputes
+// only the attention core (the (T x T) probabilities; a no-op with the fused attention, which
+// never keeps them).
+enum class Recompute : std::uint8_t { kNone, kSelective, kFull };
+
 struct ModelConfig {
   std::int64_t num_layers = 2;
   std::int64_t hidden_size = 64;
@@ -26,6 +32,14 @@ struct ModelConfig {
   // Attention kernel: the fused flash-style one (no (T x T) probabilities kept) or the unfused
   // one; ALiBi and attention dropout need the fused kernel.
   bool use_flash_attention = false;
+  Recompute recompute = Recompute::kNone;
+  bool recompute_block = false;          // method block: the first recompute_num_layers layers
+  std::int64_t recompute_num_layers = 1; // of each stage; uniform: every layer (per layer)
+
+  // Whether local layer `l` of a shard is fully recomputed.
+  bool recomputes(std::int64_t l) const {
+    return recompute == Recompute::kFull && (!recompute_block || l < recompute_num_layers);
+  }
 
   bool flash_attention() const {
     return use_flash_attention || position_embedding == PositionEmbedding::kAlibi ||

@@ -89,24 +89,41 @@ void layout_activations(const ModelConfig& cfg, const ModelShard& shard, std::in
     acts->encoded = encoded;
     acts->stage_rows = R;
   }
+  const bool unfused = !cfg.flash_attention();
+  const bool selective = cfg.recompute == Recompute::kSelective && unfused;
+  auto layer_buffers = [&](bool keep) {
+    LayerActivations la{};
+    if (keep) {
+      la.ln1 = take(R * C);
+      la.ln1_mean = take(R);
+      la.ln1_rstd = take(R);
+      la.qkv = take(BT * 3 * Cl);
+      la.probs = unfused && !selective ? take(B * NH * T * T) : nullptr;
+      la.lse = unfused ? nullptr : take(B * NH * T);
+      la.attn = take(BT * Cl);
+      la.resid2 = take(R * C);
+      la.ln2 = take(R * C);
+      la.ln2_mean = take(R);
+      la.ln2_rstd = take(R);
+      la.fc = take(BT * F);
+      la.gelu = take(BT * F);
+    }
+    la.out = take(R * C);  // every layer keeps its output: the next layer's input
+    return la;
+  };
+  bool any_full = false;
   for (std::int64_t l = 0; l < shard.layers(cfg); ++l) {
-    LayerActivations la;
-    la.ln1 = take(R * C);
-    la.ln1_mean = take(R);
-    la.ln1_rstd = take(R);
-    la.qkv = take(BT * 3 * Cl);
-    la.probs = cfg.flash_attention() ? nullptr : take(B * NH * T * T);
-    la.lse = cfg.flash_attention() ? take(B * NH * T) : nullptr;
-    la.attn = take(BT * Cl);
-    la.resid2 = take(R * C);
-    la.ln2 = take(R * C);
-    la.ln2_mean = take(R);
-    la.ln2_rstd = take(R);
-    la.fc = take(BT * F);
-    la.gelu = take(BT * F);
-    la.out = take(R * C);
+    const bool full = cfg.recomputes(l);
+    any_full = any_full || full;
+    LayerActivations la = layer_buffers(!full);
     if (acts) acts->layers.push_back(la);
   }
+  if (any_full) {
+    LayerActivations sc = layer_buffers(true);
+    if (acts) acts->scratch = sc;
+  }
+  float* scratch_probs = selective ? take(B * NH * T * T) : nullptr;
+  if (acts) acts->scratch_probs = scratch_probs;
   const bool head = shard.has_head;
   float* lnf = head ? take(R * C) : nullptr;
   float* lnf_mean = head ? take(R) : nullptr;
@@ -126,7 +143,7 @@ void layout_activations(const ModelConfig& cfg, const ModelShard& shard, std::in
   float* d_attn = take(BT * Cl);
   float* d_qkv = take(BT * 3 * Cl);
   float* d_fc = take(BT * F);
-  float* d_probs = cfg.flash_attention() ? nullptr : take(B * NH * T * T);
+  float* d_probs = unfused ? take(B * NH * T * T) : nullptr;
   if (acts) {
     acts->lnf = lnf;
     acts->lnf_mean = lnf_mean;
@@ -315,80 +332,55 @@ void dropout_rows(float* dst, const float* src, std::int64_t rows, std::int64_t 
   }
 }
 
-}  // namespace
+// One transformer layer's forward, shared by gpt_forward and by recomputation in gpt_backward.
+struct LayerForward {
+  const core::ExecContext& ctx;
+  const ModelConfig& cfg;
+  const ModelRuntime& rt;
+  GptActivations& a;
+  const TpRegion& region;
+  const float* alibi;  // this rank's ALiBi slopes, or null
+  std::int64_t B, T, BT, C, F, NH, Cl, HS, R, row0;
+  int tp_rank;
 
-void gpt_forward(const core::ExecContext& ctx, const ModelConfig& cfg, const ModelRuntime& rt,
-                 const GptParams& p, const std::int32_t* tokens, GptActivations& a) {
-  const int tp = tp_size_of(rt), tp_rank = tp_rank_of(rt);
-  TRIDENT_ASSERT(tp == rt.shard.tp_size, "tp group of ", tp, " ranks for a shard of ",
-                 rt.shard.tp_size);
-  const std::int64_t B = a.batch, T = a.seq_len, BT = B * T;
-  const std::int64_t C = cfg.hidden_size, F = cfg.ffn() / tp, NH = cfg.num_attention_heads / tp;
-  const std::int64_t Cl = C / tp, HS = cfg.head_dim();
-  const std::int64_t Vl = cfg.padded_vocab_size(tp) / tp;
-  const float eps = cfg.layernorm_epsilon;
-  const TpRegion region(rt, BT, C);
-  const std::int64_t R = region.local_rows();
-  TRIDENT_ASSERT(R == a.stage_rows, "activations laid out for ", a.stage_rows, " rows, not ", R);
   // Row-parallel biases (and the position embedding) are added by tp rank 0 only, before the
   // reduction, so that the sum holds them once.
-  auto once = [&](const float* bias) { return tp_rank == 0 ? bias : nullptr; };
+  const float* once(const float* bias) const { return tp_rank == 0 ? bias : nullptr; }
   // Where a row-parallel layer writes its partial sum: in place without SP, else the scratch.
-  auto partial_of = [&](float* out) { return region.sp() ? a.gathered : out; };
-  // Dropout on this rank's residual-stream rows (global row = first_sample * T + row0 + r).
-  const std::int64_t row0 = region.sp() ? tp_rank * R : 0;
-  const bool hidden_drop = rt.training && cfg.hidden_dropout > 0.0f;
-  auto drop = [&](float* x, std::int64_t layer, DropSite site) {
-    if (!hidden_drop) return;
+  float* partial_of(float* out) const { return region.sp() ? a.gathered : out; }
+  // Hidden dropout on this rank's residual-stream rows (global row = first_sample * T + row0 + r).
+  void drop(float* x, std::int64_t layer, DropSite site) const {
+    if (!rt.training || cfg.hidden_dropout <= 0.0f) return;
     dropout_rows(x, x, R, C, a.first_sample * T + row0, cfg.hidden_dropout, rt.dropout_seed,
                  drop_stream(a.iteration, layer, site));
-  };
-  // ALiBi slopes of this rank's heads (a contiguous block of the model's heads).
-  std::vector<float> slopes;
-  if (cfg.position_embedding == PositionEmbedding::kAlibi) {
-    slopes.resize(static_cast<std::size_t>(cfg.num_attention_heads));
-    k::alibi_slopes(cfg.num_attention_heads, slopes.data());
   }
-  const float* alibi = slopes.empty() ? nullptr : slopes.data() + tp_rank * NH;
+  k::AttentionDropout attention_dropout(std::int64_t layer) const {
+    return {.p = rt.training ? cfg.attention_dropout : 0.0f,
+            .seed = rt.dropout_seed,
+            .stream = drop_stream(a.iteration, layer, DropSite::kProbs),
+            .first_sample = a.first_sample,
+            .head_offset = tp_rank * NH,
+            .total_heads = cfg.num_attention_heads};
+  }
 
-  if (rt.shard.has_embedding) {
-    call(rt.before_forward, -1);
-    float* dst = cfg.embed_layernorm ? a.emb_raw : a.encoded;
-    float* emb = partial_of(dst);
-    k::embedding_forward(ctx, {.out = emb, .tokens = tokens, .wte = p.wte, .wpe = once(p.wpe),
-                               .batch = B, .seq_len = T, .hidden = C,
-                               .vocab_start = tp_rank * Vl, .vocab_local = Vl});
-    region.leave(emb, dst);  // each token's row lives on one tp rank
-    if (cfg.embed_layernorm) {
-      k::layernorm_forward(ctx, {.out = a.encoded, .mean = a.emb_mean, .rstd = a.emb_rstd,
-                                 .in = a.emb_raw, .weight = p.emb_ln_w, .bias = p.emb_ln_b,
-                                 .rows = R, .cols = C, .eps = eps});
-    }
-    drop(a.encoded, -1, DropSite::kEmbedding);
-  }
-  const float* x = a.encoded;
-  for (std::size_t l = 0; l < a.layers.size(); ++l) {
-    call(rt.before_forward, static_cast<std::int64_t>(l));
-    const LayerTensors<const float*>& w = p.layers[l];
-    LayerActivations& s = a.layers[l];
+  // Layer l (local index) from input x into the activations s (s.out is the output).
+  void run(std::size_t l, const LayerTensors<const float*>& w, LayerActivations& s,
+           const float* x) const {
+    const float eps = cfg.layernorm_epsilon;
+    const std::int64_t layer = rt.shard.first_layer + static_cast<std::int64_t>(l);
     k::layernorm_forward(ctx, {.out = s.ln1, .mean = s.ln1_mean, .rstd = s.ln1_rstd, .in = x,
                                .weight = w.ln1_w, .bias = w.ln1_b, .rows = R, .cols = C, .eps = eps});
     const float* ln1 = region.enter(s.ln1, a.gathered);  // f (SP: all-gather)
     k::linear_forward(ctx, {.out = s.qkv, .in = ln1, .weight = w.qkv_w, .bias = w.qkv_b,
                             .rows = BT, .in_features = C, .out_features = 3 * Cl});
-    const std::int64_t layer = rt.shard.first_layer + static_cast<std::int64_t>(l);
     if (cfg.flash_attention()) {
-      k::flash_attention_forward(
-          ctx, {.out = s.attn, .lse = s.lse, .qkv = s.qkv, .alibi = alibi,
-                .dropout = {.p = rt.training ? cfg.attention_dropout : 0.0f,
-                            .seed = rt.dropout_seed,
-                            .stream = drop_stream(a.iteration, layer, DropSite::kProbs),
-                            .first_sample = a.first_sample,
-                            .head_offset = tp_rank * NH,
-                            .total_heads = cfg.num_attention_heads},
-                .batch = B, .seq_len = T, .num_heads = NH, .head_dim = HS});
+      k::flash_attention_forward(ctx, {.out = s.attn, .lse = s.lse, .qkv = s.qkv, .alibi = alibi,
+                                       .dropout = attention_dropout(layer), .batch = B,
+                                       .seq_len = T, .num_heads = NH, .head_dim = HS});
     } else {
-      k::attention_forward(ctx, {.out = s.attn, .probs = s.probs, .qkv = s.qkv, .batch = B,
+      // Selective recomputation keeps no probabilities: they go to the shared scratch.
+      float* probs = s.probs ? s.probs : a.scratch_probs;
+      k::attention_forward(ctx, {.out = s.attn, .probs = probs, .qkv = s.qkv, .batch = B,
                                  .seq_len = T, .num_heads = NH, .head_dim = HS});
     }
     float* proj = partial_of(s.resid2);
@@ -410,6 +402,65 @@ void gpt_forward(const core::ExecContext& ctx, const ModelConfig& cfg, const Mod
     region.leave(fc2, s.out);  // g
     drop(s.out, layer, DropSite::kMlpOut);
     k::add_forward(ctx, s.out, s.out, s.resid2, R * C);
+  }
+};
+
+std::vector<float> alibi_slopes_of(const ModelConfig& cfg) {
+  std::vector<float> slopes;
+  if (cfg.position_embedding == PositionEmbedding::kAlibi) {
+    slopes.resize(static_cast<std::size_t>(cfg.num_attention_heads));
+    k::alibi_slopes(cfg.num_attention_heads, slopes.data());
+  }
+  return slopes;
+}
+
+}  // namespace
+
+void gpt_forward(const core::ExecContext& ctx, const ModelConfig& cfg, const ModelRuntime& rt,
+                 const GptParams& p, const std::int32_t* tokens, GptActivations& a) {
+  const int tp = tp_size_of(rt), tp_rank = tp_rank_of(rt);
+  TRIDENT_ASSERT(tp == rt.shard.tp_size, "tp group of ", tp, " ranks for a shard of ",
+                 rt.shard.tp_size);
+  const std::int64_t B = a.batch, T = a.seq_len, BT = B * T;
+  const std::int64_t C = cfg.hidden_size, F = cfg.ffn() / tp, NH = cfg.num_attention_heads / tp;
+  const std::int64_t Cl = C / tp, HS = cfg.head_dim();
+  const std::int64_t Vl = cfg.padded_vocab_size(tp) / tp;
+  const float eps = cfg.layernorm_epsilon;
+  const TpRegion region(rt, BT, C);
+  const std::int64_t R = region.local_rows();
+  TRIDENT_ASSERT(R == a.stage_rows, "activations laid out for ", a.stage_rows, " rows, not ", R);
+  const std::vector<float> slopes = alibi_slopes_of(cfg);
+  const LayerForward layer{ctx, cfg, rt, a, region,
+                           slopes.empty() ? nullptr : slopes.data() + tp_rank * NH,
+                           B, T, BT, C, F, NH, Cl, HS, R, region.sp() ? tp_rank * R : 0, tp_rank};
+
+  if (rt.shard.has_embedding) {
+    call(rt.before_forward, -1);
+    float* dst = cfg.embed_layernorm ? a.emb_raw : a.encoded;
+    float* emb = layer.partial_of(dst);
+    k::embedding_forward(ctx, {.out = emb, .tokens = tokens, .wte = p.wte, .wpe = layer.once(p.wpe),
+                               .batch = B, .seq_len = T, .hidden = C,
+                               .vocab_start = tp_rank * Vl, .vocab_local = Vl});
+    region.leave(emb, dst);  // each token's row lives on one tp rank
+    if (cfg.embed_layernorm) {
+      k::layernorm_forward(ctx, {.out = a.encoded, .mean = a.emb_mean, .rstd = a.emb_rstd,
+                                 .in = a.emb_raw, .weight = p.emb_ln_w, .bias = p.emb_ln_b,
+                                 .rows = R, .cols = C, .eps = eps});
+    }
+    layer.drop(a.encoded, -1, DropSite::kEmbedding);
+  }
+  const float* x = a.encoded;
+  for (std::size_t l = 0; l < a.layers.size(); ++l) {
+    call(rt.before_forward, static_cast<std::int64_t>(l));
+    LayerActivations& s = a.layers[l];
+    if (cfg.recomputes(static_cast<std::int64_t>(l))) {
+      // Full recomputation: run in the scratch set, keep only the output.
+      LayerActivations sc = a.scratch;
+      sc.out = s.out;
+      layer.run(l, p.layers[l], sc, x);
+    } else {
+      layer.run(l, p.layers[l], s, x);
+    }
     x = s.out;
   }
   if (rt.shard.has_head) {
@@ -468,12 +519,10 @@ void gpt_backward(const core::ExecContext& ctx, const ModelConfig& cfg, const Mo
                  rt.dropout_seed, drop_stream(a.iteration, layer, site));
     return a.d_drop;
   };
-  std::vector<float> slopes;
-  if (cfg.position_embedding == PositionEmbedding::kAlibi) {
-    slopes.resize(static_cast<std::size_t>(cfg.num_attention_heads));
-    k::alibi_slopes(cfg.num_attention_heads, slopes.data());
-  }
+  const std::vector<float> slopes = alibi_slopes_of(cfg);
   const float* alibi = slopes.empty() ? nullptr : slopes.data() + tp_rank * NH;
+  const LayerForward recompute{ctx, cfg, rt, a, region, alibi, B, T, BT, C, F, NH, Cl, HS, R,
+                               row0, tp_rank};
 
   if (rt.shard.has_head) {
     call(rt.before_backward, L);
@@ -496,8 +545,19 @@ void gpt_backward(const core::ExecContext& ctx, const ModelConfig& cfg, const Mo
     call(rt.before_backward, l);
     const LayerTensors<const float*>& w = p.layers[static_cast<std::size_t>(l)];
     const LayerTensors<float*>& gw = g.layers[static_cast<std::size_t>(l)];
-    const LayerActivations& s = a.layers[static_cast<std::size_t>(l)];
     const float* x = l > 0 ? a.layers[static_cast<std::size_t>(l - 1)].out : a.encoded;
+    LayerActivations scratch = a.scratch;
+    if (cfg.recomputes(l)) {
+      // Full recomputation: the same forward (same dropout masks) into the scratch set.
+      recompute.run(static_cast<std::size_t>(l), w, scratch, x);
+    }
+    const LayerActivations& s = cfg.recomputes(l) ? scratch : a.layers[static_cast<std::size_t>(l)];
+    if (!cfg.flash_attention() && s.probs == nullptr) {
+      // Selective recomputation: the attention probabilities again (the output, identical to the
+      // saved one, lands in d_attn, which the projection's backward overwrites next).
+      k::attention_forward(ctx, {.out = a.d_attn, .probs = a.scratch_probs, .qkv = s.qkv,
+                                 .batch = B, .seq_len = T, .num_heads = NH, .head_dim = HS});
+    }
     const std::int64_t layer = rt.shard.first_layer + l;
     // MLP: out = resid2 + drop(g(fc2(gelu(fc(f(ln2(resid2))))))); the residual passes d_x
     // through. The row-parallel bias gradient is the column sum over every row, the same on each
@@ -534,8 +594,8 @@ void gpt_backward(const core::ExecContext& ctx, const ModelConfig& cfg, const Mo
                 .batch = B, .seq_len = T, .num_heads = NH, .head_dim = HS});
     } else {
       k::attention_backward(ctx, {.d_qkv = a.d_qkv, .d_probs = a.d_probs, .d_out = a.d_attn,
-                                  .qkv = s.qkv, .probs = s.probs, .batch = B, .seq_len = T,
-                                  .num_heads = NH, .head_dim = HS});
+                                  .qkv = s.qkv, .probs = s.probs ? s.probs : a.scratch_probs,
+                                  .batch = B, .seq_len = T, .num_heads = NH, .head_dim = HS});
     }
     const float* ln1 = region.enter(s.ln1, a.gathered);
     k::linear_backward(ctx, {.d_in = a.d_ln, .d_weight = gw.qkv_w, .d_bias = gw.qkv_b,

@@ -99,6 +99,8 @@ struct GptActivations {
   // micro-batch's first row and the iteration, so every layout draws the same masks.
   std::int64_t first_sample = 0;
   std::int64_t iteration = 0;
+  LayerActivations scratch{};  // one layer's worth, for recomputed layers (full recomputation)
+  float* scratch_probs = nullptr;  // (B, NH/tp, T, T) selective recomputation, unfused attention
   float* emb_raw = nullptr;   // (B*T, C) word (+ position) embedding before the embedding LayerNorm
   float* emb_mean = nullptr;  // (B*T)
   float* emb_rstd = nullptr;  // (B*T)

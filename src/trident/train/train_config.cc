@@ -40,6 +40,14 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
                  "learned_absolute or alibi")->capture_default_str();
   app.add_flag("--embed-layernorm", m.embed_layernorm,
                "LayerNorm after the word embedding (BLOOM)");
+  app.add_option("--recompute-granularity", c.recompute_granularity,
+                 "full (recompute whole layers in backward) or selective (the attention core)");
+  app.add_option("--recompute-method", c.recompute_method,
+                 "uniform (every layer) or block (the first --recompute-num-layers of each stage)")
+      ->capture_default_str();
+  app.add_option("--recompute-num-layers", m.recompute_num_layers,
+                 "Layers per stage to recompute with --recompute-method block")
+      ->capture_default_str();
   app.add_option("--model", c.model_preset,
                  "gpt (default) or bloom: bloom = --position-embedding-type alibi "
                  "--embed-layernorm");
@@ -158,6 +166,22 @@ void TrainConfig::finalize(int world_size) {
   TRIDENT_CHECK(position_embedding_type == "learned_absolute" || position_embedding_type == "alibi",
                 "--position-embedding-type: unknown type '", position_embedding_type,
                 "' (use learned_absolute or alibi)");
+  TRIDENT_CHECK(recompute_granularity.empty() || recompute_granularity == "full" ||
+                    recompute_granularity == "selective",
+                "--recompute-granularity: unknown value '", recompute_granularity,
+                "' (use full or selective)");
+  TRIDENT_CHECK(recompute_method == "uniform" || recompute_method == "block",
+                "--recompute-method: unknown value '", recompute_method, "' (use uniform or block)");
+  model.recompute = recompute_granularity == "full"        ? model::Recompute::kFull
+                    : recompute_granularity == "selective" ? model::Recompute::kSelective
+                                                           : model::Recompute::kNone;
+  model.recompute_block = recompute_method == "block";
+  TRIDENT_CHECK(model.recompute_num_layers >= 1, "--recompute-num-layers must be >= 1");
+  TRIDENT_CHECK(model.recompute != model::Recompute::kFull || model.recompute_block ||
+                    model.recompute_num_layers == 1,
+                "--recompute-method uniform recomputes each layer from its own input in trident "
+                "(Megatron's --recompute-num-layers 1); use --recompute-num-layers 1, or "
+                "--recompute-method block to recompute only the first N layers of each stage");
   model.position_embedding = position_embedding_type == "alibi"
                                  ? model::PositionEmbedding::kAlibi
                                  : model::PositionEmbedding::kLearnedAbsolute;
@@ -242,6 +266,9 @@ nlohmann::json TrainConfig::to_json() const {
   j["hidden_dropout"] = model.hidden_dropout;
   j["attention_dropout"] = model.attention_dropout;
   j["use_flash_attn"] = model.use_flash_attention;
+  j["recompute_granularity"] = recompute_granularity;
+  j["recompute_method"] = recompute_method;
+  j["recompute_num_layers"] = model.recompute_num_layers;
   j["micro_batch_size"] = micro_batch_size;
   j["global_batch_size"] = global_batch_size;
   j["train_iters"] = train_iters;

@@ -22,6 +22,8 @@ namespace trident::train {
 struct TrainConfig {
   model::ModelConfig model;
   std::string model_preset = "gpt";                    // --model gpt|bloom
+  std::string recompute_granularity;                   // "", full, selective
+  std::string recompute_method = "uniform";            // uniform, block
   std::string position_embedding_type = "learned_absolute";
 
   // Batches.
