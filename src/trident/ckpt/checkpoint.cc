@@ -271,6 +271,7 @@ void save_checkpoint(const std::string& dir, const CheckpointState& s, comm::Com
       manifest["config"] = s.config;
       manifest["layout"] = s.layout;
       manifest["world_size"] = world.size();
+      manifest["trainer_state"] = s.trainer_state;
       write_file((fs::path(tmp_dir) / "manifest.json").string(), manifest.dump(1));
       fsync_path(tmp_dir, true);
       // Replace an existing checkpoint of the same iteration only once the new one is complete.
@@ -357,6 +358,7 @@ nlohmann::json load_checkpoint(const std::string& dir, std::int64_t iteration, C
     s.iteration = it;
     s.consumed_train_samples = m.at("consumed_train_samples");
     s.consumed_valid_samples = m.value("consumed_valid_samples", 0);
+    s.trainer_state = m.value("trainer_state", nlohmann::json::object());
   } catch (const nlohmann::json::exception& e) {
     error = str("--load ", dir, ": malformed manifest (", e.what(), ")");
   } catch (const std::exception& e) {

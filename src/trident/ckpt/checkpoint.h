@@ -34,6 +34,7 @@ struct CheckpointState {
   nlohmann::json config;  // TrainConfig::to_json(): architecture and hyper-parameters
   nlohmann::json layout;  // {"tp": T, "pp": P, "dp": D, ...}: must match to resume
   nlohmann::json coords;  // this rank's {"tp": t, "pp": p, "dp": d}
+  nlohmann::json trainer_state = nlohmann::json::object();  // loss scaler, skip counters...
   int tp_rank = 0;
   std::vector<TableRef> tables;
   std::int64_t numel = 0;  // elements of the rank's flat layout

@@ -40,6 +40,18 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
                  "learned_absolute or alibi")->capture_default_str();
   app.add_flag("--embed-layernorm", m.embed_layernorm,
                "LayerNorm after the word embedding (BLOOM)");
+  app.add_flag("--fp16", c.fp16,
+               "FP16 mixed precision: dynamic loss scaling; gradients outside FP16's range "
+               "skip the step (see docs/training.md for what the CPU backend computes in FP16)");
+  app.add_option("--loss-scale", c.loss_scale, "Static loss scale (default: dynamic)");
+  app.add_option("--initial-loss-scale", c.initial_loss_scale, "Initial dynamic loss scale")
+      ->capture_default_str();
+  app.add_option("--min-loss-scale", c.min_loss_scale, "Smallest dynamic loss scale")
+      ->capture_default_str();
+  app.add_option("--loss-scale-window", c.loss_scale_window,
+                 "Clean iterations before the loss scale doubles")->capture_default_str();
+  app.add_option("--hysteresis", c.hysteresis,
+                 "Overflows in a row before the loss scale halves")->capture_default_str();
   app.add_option("--recompute-granularity", c.recompute_granularity,
                  "full (recompute whole layers in backward) or selective (the attention core)");
   app.add_option("--recompute-method", c.recompute_method,
@@ -299,6 +311,7 @@ nlohmann::json TrainConfig::to_json() const {
   j["pipeline_schedule"] = pipeline_schedule;
   j["sequence_parallel"] = sequence_parallel;
   j["zero_stage"] = zero_stage;
+  j["fp16"] = fp16;
   j["num_layers_per_virtual_pipeline_stage"] = num_layers_per_virtual_pipeline_stage;
   j["decoder_first_pipeline_num_layers"] = decoder_first_pipeline_num_layers;
   j["decoder_last_pipeline_num_layers"] = decoder_last_pipeline_num_layers;

@@ -22,6 +22,12 @@ namespace trident::train {
 struct TrainConfig {
   model::ModelConfig model;
   std::string model_preset = "gpt";                    // --model gpt|bloom
+  bool fp16 = false;                                   // --fp16: loss scaling (see docs)
+  double loss_scale = 0;                               // --loss-scale (0: dynamic)
+  double initial_loss_scale = 4294967296.0;            // 2^32, as Megatron
+  double min_loss_scale = 1.0;
+  std::int64_t loss_scale_window = 1000;
+  std::int64_t hysteresis = 2;
   std::string recompute_granularity;                   // "", full, selective
   std::string recompute_method = "uniform";            // uniform, block
   std::string position_embedding_type = "learned_absolute";

@@ -23,6 +23,7 @@
 #include "trident/parallel/layout.h"
 #include "trident/parallel/parallel_context.h"
 #include "trident/train/zero_optimizer.h"
+#include "trident/optim/loss_scaler.h"
 #include "trident/train/metrics.h"
 #include "trident/train/pipeline.h"
 #include "trident/train/rank_model.h"
@@ -215,11 +216,14 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
   state.exp_avg = slice(optimizer.exp_avg_slice());
   state.exp_avg_sq = slice(optimizer.exp_avg_sq_slice());
   std::int64_t iteration = 0, consumed = 0, consumed_valid = 0;
+  std::int64_t skipped_iters = 0, nan_iters = 0;
   if (!cfg.load.empty() && ckpt::latest_iteration(cfg.load) >= 0) {
     ckpt::load_checkpoint(cfg.load, -1, state, world);
     iteration = state.iteration;
     consumed = state.consumed_train_samples;
     consumed_valid = state.consumed_valid_samples;
+    skipped_iters = state.trainer_state.value("skipped_iterations", std::int64_t{0});
+    nan_iters = state.trainer_state.value("nan_iterations", std::int64_t{0});
   } else {
     if (!cfg.load.empty()) log::warn("ckpt: nothing to load in ", cfg.load, "; starting from scratch");
     optimizer.init_params(cfg.seed);
@@ -237,6 +241,17 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
             cfg.peak_tflops > 0 ? "--peak-tflops" : "measured FP32 GEMM", ")");
 
   MetricsWriter metrics(world.rank() == 0 ? cfg.metrics_jsonl : std::string());
+  optim::LossScaler scaler({.dynamic = cfg.fp16 && cfg.loss_scale <= 0,
+                            .static_scale = cfg.fp16 && cfg.loss_scale > 0 ? cfg.loss_scale : 1.0,
+                            .initial_scale = cfg.initial_loss_scale,
+                            .min_scale = cfg.min_loss_scale,
+                            .window = cfg.loss_scale_window,
+                            .hysteresis = cfg.hysteresis});
+  if (!cfg.load.empty() && state.trainer_state.contains("loss_scale")) {
+    scaler.set_state({state.trainer_state["loss_scale"].get<double>(),
+                      state.trainer_state["growth_tracker"].get<std::int64_t>(),
+                      state.trainer_state["hysteresis_tracker"].get<std::int64_t>()});
+  }
   std::vector<std::int32_t> scratch;
   const bool counts_loss = par.is_last_stage() && par.coord().tp == 0;
   // The mean loss over the global batch: the last stage's tp rank 0 of every replica contributes.
@@ -280,13 +295,17 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
     state.iteration = it;
     state.consumed_train_samples = consumed;
     state.consumed_valid_samples = consumed_valid;
+    const optim::LossScaler::State ls = scaler.state();
+    state.trainer_state = {{"loss_scale", ls.scale}, {"growth_tracker", ls.growth_tracker},
+                           {"hysteresis_tracker", ls.hysteresis_tracker},
+                           {"skipped_iterations", skipped_iters}, {"nan_iterations", nan_iters}};
     ckpt::save_checkpoint(cfg.save, state, world);
     log::info("ckpt: saved iteration ", it, " to ", cfg.save, " (", t.elapsed_s(), " s)");
   };
 
   double interval_loss = 0, interval_ms = 0, interval_busy = 0, interval_pipe = 0;
   double interval_flops = 0, interval_tokens = 0;
-  std::int64_t interval_iters = 0, skipped_iters = 0, nan_iters = 0;
+  std::int64_t interval_iters = 0;
   while (iteration < cfg.train_iters) {
     core::Timer timer;
     par.set_step(iteration + 1);
@@ -298,7 +317,7 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
     const std::int64_t tokens_per_iter = step_batch.running_global_batch_size * T;
     optimizer.begin_iteration();
     // Every token of the global batch weighs 1 / (tokens in the global batch).
-    const float d_scale = 1.0f / static_cast<float>(tokens_per_iter);
+    const float d_scale = static_cast<float>(scaler.scale()) / static_cast<float>(tokens_per_iter);
     const PipelineStats ps = executor.train(
         ctx, optimizer.views(), d_scale,
         {.fill = [&](int j, std::int32_t* tokens, std::int32_t* labels) {
@@ -310,15 +329,25 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
          },
          .iteration = iteration + 1});
     const double lr = cfg.lr.at(iteration);
-    const OptimizerStepResult step = optimizer.step(ctx, lr, iteration + 1);
+    const OptimizerStepResult step = optimizer.step(
+        ctx, lr, iteration + 1,
+        {.loss_scale = scaler.scale(),
+         .overflow_threshold = cfg.fp16 ? optim::kFp16Max : INFINITY});
+    const double used_scale = scaler.scale();
+    if (cfg.fp16) scaler.update(step.skipped);
     const double lm_loss = global_loss(ps.loss);
     ++iteration;
     consumed += step_batch.running_global_batch_size;
     if (step.skipped || !std::isfinite(lm_loss)) {
-      ++nan_iters;
       ++skipped_iters;
-      log::warn("train: iteration ", iteration, ": loss ", lm_loss, ", grad norm ",
-                step.grad_norm, " is not finite; update skipped");
+      if (!std::isfinite(lm_loss) || !std::isfinite(step.grad_norm)) ++nan_iters;
+      if (cfg.fp16) {
+        log::warn("train: iteration ", iteration, ": gradient overflow at loss scale ", used_scale,
+                  "; update skipped, loss scale now ", scaler.scale());
+      } else {
+        log::warn("train: iteration ", iteration, ": loss ", lm_loss, ", grad norm ",
+                  step.grad_norm, " is not finite; update skipped");
+      }
     }
     const double iter_ms = timer.elapsed_ms();
     interval_loss += lm_loss;
@@ -342,12 +371,13 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
       std::snprintf(line, sizeof(line),
                     " iteration %8lld/%8lld | consumed samples: %12lld | elapsed time per "
                     "iteration (ms): %.1f | throughput per GPU (TFLOP/s/GPU): %.3f | learning "
-                    "rate: %s | global batch size: %5lld | lm loss: %s | grad norm: %.3f | number "
-                    "of skipped iterations: %3lld | number of nan iterations: %3lld |",
+                    "rate: %s | global batch size: %5lld | lm loss: %s | loss scale: %.1f | grad "
+                    "norm: %.3f | number of skipped iterations: %3lld | number of nan iterations: "
+                    "%3lld |",
                     static_cast<long long>(iteration), static_cast<long long>(cfg.train_iters),
                     static_cast<long long>(consumed), avg_ms, tflops, fmt_e(lr).c_str(),
                     static_cast<long long>(step_batch.running_global_batch_size),
-                    fmt_e(avg_loss).c_str(),
+                    fmt_e(avg_loss).c_str(), used_scale,
                     step.grad_norm, static_cast<long long>(skipped_iters),
                     static_cast<long long>(nan_iters));
       log::info(line);
@@ -356,7 +386,8 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
           {"lr", lr}, {"grad_norm", step.grad_norm}, {"iter_ms", avg_ms},
           {"tokens_per_s", tokens_per_s}, {"tflops", tflops}, {"mfu", tflops / peak},
           {"skipped_iterations", skipped_iters}, {"nan_iterations", nan_iters},
-          {"global_batch_size", step_batch.running_global_batch_size}};
+          {"global_batch_size", step_batch.running_global_batch_size},
+          {"loss_scale", used_scale}};
       // Data-parallel traffic this rank sent per iteration (ring-algorithm bytes).
       record["dp_comm_bytes_per_iteration"] =
           optimizer.comm().dp_bytes / static_cast<double>(interval_iters);

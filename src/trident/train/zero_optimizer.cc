@@ -426,7 +426,25 @@ double ZeroOptimizer::global_grad_norm(const core::ExecContext& ctx) {
   return std::sqrt(share);
 }
 
-OptimizerStepResult ZeroOptimizer::step(const core::ExecContext& ctx, double lr, std::int64_t step) {
+bool ZeroOptimizer::any_overflow(float threshold) {
+  // Over the gradients this rank holds after the reduction, then over the whole job.
+  const Range held = zero_.stage == 0 ? Range{0, model_.total_numel()}
+                                      : plan_.shard(par_.dp().rank());
+  const float* g = zero_.stage == 0 ? full_grads_
+                   : zero_.stage == 1 ? full_grads_ + held.begin
+                                      : grad_shard_;
+  std::int64_t bad = 0;
+#pragma omp parallel for reduction(+ : bad) schedule(static)
+  for (std::int64_t i = 0; i < held.size(); ++i) {
+    const float x = g[i];
+    if (!(std::abs(x) <= threshold)) ++bad;  // NaN compares false
+  }
+  par_.world().all_reduce(&bad, 1, comm::Datatype::kI64, comm::ReduceOp::kSum);
+  return bad > 0;
+}
+
+OptimizerStepResult ZeroOptimizer::step(const core::ExecContext& ctx, double lr, std::int64_t step,
+                                        const GradScaling& scaling) {
   reduce_rest_and_sync();
   const Range shard = plan_.shard(par_.dp().rank());
   if (zero_.stage == 0) {
@@ -435,12 +453,17 @@ OptimizerStepResult ZeroOptimizer::step(const core::ExecContext& ctx, double lr,
     sync_sequence_parallel_norms(zero_.stage == 1 ? full_grads_ + shard.begin : grad_shard_, shard);
   }
   OptimizerStepResult r;
-  r.grad_norm = global_grad_norm(ctx);
-  if (!std::isfinite(r.grad_norm)) {
-    r.skipped = true;  // every rank sees the same norm, so every rank skips
+  r.grad_norm = global_grad_norm(ctx) / scaling.loss_scale;
+  const bool overflow = std::isfinite(scaling.overflow_threshold)
+                            ? any_overflow(scaling.overflow_threshold)
+                            : !std::isfinite(r.grad_norm);
+  if (overflow || !std::isfinite(r.grad_norm)) {
+    r.skipped = true;  // every rank sees the same verdict, so every rank skips
     return r;
   }
-  const float coeff = optim::clip_coefficient(r.grad_norm, adamw_.clip_grad);
+  // Unscale and clip in one multiplication.
+  const float coeff = static_cast<float>(optim::clip_coefficient(r.grad_norm, adamw_.clip_grad) /
+                                         scaling.loss_scale);
   const Range held = zero_.stage == 0 ? Range{0, model_.total_numel()} : shard;
   for (const ModelChunk& ch : model_.chunks()) {
     const std::int64_t lo = std::max(held.begin, ch.base);

@@ -21,6 +21,7 @@
 // each parameter element once in the whole job; clipping and the update use it on every rank.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -48,8 +49,16 @@ struct ZeroConfig {
 };
 
 struct OptimizerStepResult {
-  double grad_norm = 0;
-  bool skipped = false;  // the norm was not finite: no update
+  double grad_norm = 0;   // of the unscaled gradient
+  bool skipped = false;   // an overflow: no update on any rank
+};
+
+// How the gradients were scaled (FP16 loss scaling): they are divided by `loss_scale` before
+// clipping and the update; any gradient above `overflow_threshold` in magnitude (FP16's largest
+// value under --fp16) or not finite is an overflow, and the step is skipped.
+struct GradScaling {
+  double loss_scale = 1.0;
+  float overflow_threshold = INFINITY;
 };
 
 struct MemoryReport {
@@ -89,7 +98,8 @@ class ZeroOptimizer {
   void begin_backward(int chunk, bool last_of_iteration);
   // Finishes the reductions, clips by the global norm and updates (unless the norm is not
   // finite). `step` is the 1-based iteration (Adam's bias correction).
-  OptimizerStepResult step(const core::ExecContext& ctx, double lr, std::int64_t step);
+  OptimizerStepResult step(const core::ExecContext& ctx, double lr, std::int64_t step,
+                           const GradScaling& scaling = {});
 
   MemoryReport memory() const;
   const CommCounters& comm() const { return comm_; }
@@ -122,6 +132,7 @@ class ZeroOptimizer {
   void reduce_rest_and_sync();
   void sync_sequence_parallel_norms(float* grads, parallel::Range held);
   double global_grad_norm(const core::ExecContext& ctx);
+  bool any_overflow(float threshold);
   void account(comm::OpKind kind, std::int64_t elements);
   int unit_of(int chunk, std::int64_t layer) const;
 
