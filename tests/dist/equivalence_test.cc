@@ -272,6 +272,24 @@ TEST_F(Equivalence, Zero3ResumeIsBitwise) {
   for (std::size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "iteration " << i + 1;
 }
 
+// BF16 mixed precision in 3D and with ZeRO + sequence parallelism: the same losses as one BF16
+// process (tolerance 1e-5 relative: BF16 rounding of operands that differ in the last FP32 bits
+// can differ by one BF16 ulp).
+TEST_F(Equivalence, Bf16Layouts) {
+  const std::string bf16 = "--bf16";
+  const std::string ref = reference_for({"x", 1, {}, 1, bf16});
+  for (const Layout& l :
+       {Layout{"bf16_tp2pp2dp2", 8, {"--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2"}, 2, bf16},
+        Layout{"bf16_tp2dp2zero2sp", 4,
+               {"--tensor-model-parallel-size 2 --zero-stage 2 --sequence-parallel"}, 2, bf16}}) {
+    ASSERT_EQ(train(l), 0) << l.name;
+    const auto a = losses(ref), b = losses(l.name);
+    ASSERT_EQ(b.size(), a.size());
+    for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-5 * a[i]) << l.name;
+  }
+  EXPECT_NE(losses(ref).back(), losses("reference").back()) << "BF16 must differ from FP32";
+}
+
 // Dropout masks are keyed by global sample, position and head, so they are the same in every
 // layout: a run with dropout is equivalent too.
 constexpr const char* kDropout = "--hidden-dropout 0.1 --attention-dropout 0.1";

@@ -6,6 +6,8 @@
 
 #include "trident/core/error.h"
 #include "trident/kernels/attention.h"
+#include "trident/kernels/bf16.h"
+#include "trident/kernels/matmul_bf16.h"
 #include "trident/kernels/cross_entropy.h"
 #include "trident/kernels/elementwise.h"
 #include "trident/kernels/embedding.h"
@@ -77,7 +79,7 @@ void call(const std::function<void(std::int64_t)>& hook, std::int64_t layer) {
 // The activation layout, shared by the size computation and the allocation so they never drift.
 template <class Alloc>
 void layout_activations(const ModelConfig& cfg, const ModelShard& shard, std::int64_t B,
-                        std::int64_t T, Alloc&& alloc, GptActivations* acts) {
+                        std::int64_t T, bool bf16, Alloc&& alloc, GptActivations* acts) {
   const std::int64_t tp = shard.tp_size;
   const std::int64_t BT = B * T, C = cfg.hidden_size, F = cfg.ffn() / tp;
   const std::int64_t NH = cfg.num_attention_heads / tp, Cl = C / tp;
@@ -144,6 +146,26 @@ void layout_activations(const ModelConfig& cfg, const ModelShard& shard, std::in
   float* d_qkv = take(BT * 3 * Cl);
   float* d_fc = take(BT * F);
   float* d_probs = unfused ? take(B * NH * T * T) : nullptr;
+  if (bf16) {
+    // The widest matmul input and output of the shard, in bf16 (two per float), and the largest
+    // oneDNN workspace any of its matmuls needs.
+    const std::int64_t widest_in = std::max(C, F);
+    const std::int64_t widest_out = std::max({3 * Cl, C, F, Vl});
+    float* in16 = take((BT * widest_in + 1) / 2);
+    float* dout16 = take((BT * widest_out + 1) / 2);
+    const core::ExecContext ctx;
+    std::int64_t ws = 0;
+    for (auto [in, out] : {std::pair{C, 3 * Cl}, std::pair{Cl, C}, std::pair{C, F}, std::pair{F, C},
+                           std::pair{C, Vl}}) {
+      ws = std::max(ws, k::linear_bf16_scratch_bytes(ctx, BT, in, out));
+    }
+    float* scratch = take((ws + 3) / 4);
+    if (acts) {
+      acts->bf16_in = reinterpret_cast<core::bf16*>(in16);
+      acts->bf16_dout = reinterpret_cast<core::bf16*>(dout16);
+      acts->gemm_scratch = {reinterpret_cast<std::byte*>(scratch), static_cast<std::size_t>(ws)};
+    }
+  }
   if (acts) {
     acts->lnf = lnf;
     acts->lnf_mean = lnf_mean;
@@ -216,6 +238,11 @@ void vocab_parallel_cross_entropy(const ModelRuntime& rt, std::int64_t rows, std
 
 }  // namespace
 
+GptParamsBf16 gpt_param_views_bf16(const ModelConfig& cfg, const ParamTable& table,
+                                   const core::bf16* flat) {
+  return views<const core::bf16*>(cfg, table, [flat](std::int64_t offset) { return flat + offset; });
+}
+
 GptParams gpt_param_views(const ModelConfig& cfg, const ParamTable& table, const float* flat) {
   return views<const float*>(cfg, table, [flat](std::int64_t offset) { return flat + offset; });
 }
@@ -233,8 +260,18 @@ GptGrads gpt_grad_views(const ModelConfig& cfg, const ParamTable& table,
 
 std::int64_t activation_bytes(const ModelConfig& cfg, const ModelShard& shard, std::int64_t batch,
                               std::int64_t seq_len) {
+  return activation_bytes(cfg, shard, batch, seq_len, false);
+}
+
+void make_activations(const ModelConfig& cfg, const ModelShard& shard, std::int64_t batch,
+                      std::int64_t seq_len, GptActivations& acts) {
+  make_activations(cfg, shard, batch, seq_len, false, acts);
+}
+
+std::int64_t activation_bytes(const ModelConfig& cfg, const ModelShard& shard, std::int64_t batch,
+                              std::int64_t seq_len, bool bf16) {
   std::int64_t bytes = 0;
-  layout_activations(cfg, shard, batch, seq_len, [&](std::int64_t n) -> float* {
+  layout_activations(cfg, shard, batch, seq_len, bf16, [&](std::int64_t n) -> float* {
     bytes += core::Arena::footprint(core::DType::kF32, {n});
     return nullptr;
   }, nullptr);
@@ -242,12 +279,12 @@ std::int64_t activation_bytes(const ModelConfig& cfg, const ModelShard& shard, s
 }
 
 void make_activations(const ModelConfig& cfg, const ModelShard& shard, std::int64_t batch,
-                      std::int64_t seq_len, GptActivations& acts) {
+                      std::int64_t seq_len, bool bf16, GptActivations& acts) {
   acts = GptActivations{};
   acts.batch = batch;
   acts.seq_len = seq_len;
-  acts.arena = core::Arena(activation_bytes(cfg, shard, batch, seq_len));
-  layout_activations(cfg, shard, batch, seq_len, [&](std::int64_t n) {
+  acts.arena = core::Arena(activation_bytes(cfg, shard, batch, seq_len, bf16));
+  layout_activations(cfg, shard, batch, seq_len, bf16, [&](std::int64_t n) {
     return acts.arena.alloc(core::DType::kF32, {n}).as<float>();
   }, &acts);
 }
@@ -332,6 +369,32 @@ void dropout_rows(float* dst, const float* src, std::int64_t rows, std::int64_t 
   }
 }
 
+// The model's matmuls: FP32 (dnnl_sgemm), or with --bf16 BF16 operands (inputs converted here,
+// weights from the BF16 copies) with FP32 accumulation and output.
+struct Matmuls {
+  const core::ExecContext& ctx;
+  GptActivations& a;
+
+  void forward(const k::LinearForwardArgs& args, const core::bf16* w16) const {
+    if (w16 == nullptr) return k::linear_forward(ctx, args);
+    k::convert_f32_to_bf16(ctx, a.bf16_in, args.in, args.rows * args.in_features);
+    k::linear_forward_bf16(ctx, {.out = args.out, .in = a.bf16_in, .weight = w16,
+                                 .bias = args.bias, .rows = args.rows,
+                                 .in_features = args.in_features,
+                                 .out_features = args.out_features, .scratch = a.gemm_scratch});
+  }
+  void backward(const k::LinearBackwardArgs& args, const core::bf16* w16) const {
+    if (w16 == nullptr) return k::linear_backward(ctx, args);
+    k::convert_f32_to_bf16(ctx, a.bf16_in, args.in, args.rows * args.in_features);
+    k::convert_f32_to_bf16(ctx, a.bf16_dout, args.d_out, args.rows * args.out_features);
+    k::linear_backward_bf16(ctx, {.d_in = args.d_in, .d_weight = args.d_weight,
+                                  .d_bias = args.d_bias, .d_out = args.d_out,
+                                  .d_out_bf16 = a.bf16_dout, .in = a.bf16_in, .weight = w16,
+                                  .rows = args.rows, .in_features = args.in_features,
+                                  .out_features = args.out_features, .scratch = a.gemm_scratch});
+  }
+};
+
 // One transformer layer's forward, shared by gpt_forward and by recomputation in gpt_backward.
 struct LayerForward {
   const core::ExecContext& ctx;
@@ -367,12 +430,16 @@ struct LayerForward {
   void run(std::size_t l, const LayerTensors<const float*>& w, LayerActivations& s,
            const float* x) const {
     const float eps = cfg.layernorm_epsilon;
+    const Matmuls mm{ctx, a};
+    const LayerTensors<const core::bf16*>* w16 =
+        rt.params_bf16 ? &rt.params_bf16->layers[l] : nullptr;
     const std::int64_t layer = rt.shard.first_layer + static_cast<std::int64_t>(l);
     k::layernorm_forward(ctx, {.out = s.ln1, .mean = s.ln1_mean, .rstd = s.ln1_rstd, .in = x,
                                .weight = w.ln1_w, .bias = w.ln1_b, .rows = R, .cols = C, .eps = eps});
     const float* ln1 = region.enter(s.ln1, a.gathered);  // f (SP: all-gather)
-    k::linear_forward(ctx, {.out = s.qkv, .in = ln1, .weight = w.qkv_w, .bias = w.qkv_b,
-                            .rows = BT, .in_features = C, .out_features = 3 * Cl});
+    mm.forward({.out = s.qkv, .in = ln1, .weight = w.qkv_w, .bias = w.qkv_b, .rows = BT,
+                .in_features = C, .out_features = 3 * Cl},
+               w16 ? w16->qkv_w : nullptr);
     if (cfg.flash_attention()) {
       k::flash_attention_forward(ctx, {.out = s.attn, .lse = s.lse, .qkv = s.qkv, .alibi = alibi,
                                        .dropout = attention_dropout(layer), .batch = B,
@@ -384,8 +451,9 @@ struct LayerForward {
                                  .seq_len = T, .num_heads = NH, .head_dim = HS});
     }
     float* proj = partial_of(s.resid2);
-    k::linear_forward(ctx, {.out = proj, .in = s.attn, .weight = w.proj_w, .bias = once(w.proj_b),
-                            .rows = BT, .in_features = Cl, .out_features = C});
+    mm.forward({.out = proj, .in = s.attn, .weight = w.proj_w, .bias = once(w.proj_b), .rows = BT,
+                .in_features = Cl, .out_features = C},
+               w16 ? w16->proj_w : nullptr);
     region.leave(proj, s.resid2);  // g (SP: reduce-scatter)
     drop(s.resid2, layer, DropSite::kAttentionOut);
     k::add_forward(ctx, s.resid2, s.resid2, x, R * C);
@@ -393,12 +461,14 @@ struct LayerForward {
                                .in = s.resid2, .weight = w.ln2_w, .bias = w.ln2_b, .rows = R,
                                .cols = C, .eps = eps});
     const float* ln2 = region.enter(s.ln2, a.gathered);  // f
-    k::linear_forward(ctx, {.out = s.fc, .in = ln2, .weight = w.fc_w, .bias = w.fc_b,
-                            .rows = BT, .in_features = C, .out_features = F});
+    mm.forward({.out = s.fc, .in = ln2, .weight = w.fc_w, .bias = w.fc_b, .rows = BT,
+                .in_features = C, .out_features = F},
+               w16 ? w16->fc_w : nullptr);
     k::gelu_forward(ctx, s.gelu, s.fc, BT * F);
     float* fc2 = partial_of(s.out);
-    k::linear_forward(ctx, {.out = fc2, .in = s.gelu, .weight = w.fc2_w, .bias = once(w.fc2_b),
-                            .rows = BT, .in_features = F, .out_features = C});
+    mm.forward({.out = fc2, .in = s.gelu, .weight = w.fc2_w, .bias = once(w.fc2_b), .rows = BT,
+                .in_features = F, .out_features = C},
+               w16 ? w16->fc2_w : nullptr);
     region.leave(fc2, s.out);  // g
     drop(s.out, layer, DropSite::kMlpOut);
     k::add_forward(ctx, s.out, s.out, s.resid2, R * C);
@@ -471,8 +541,10 @@ void gpt_forward(const core::ExecContext& ctx, const ModelConfig& cfg, const Mod
     // f. Output layer tied to the word embedding: logits = lnf @ wte^T, each tp rank computing
     // its slice of the vocabulary for every row.
     const float* lnf = region.enter(a.lnf, a.gathered);
-    k::linear_forward(ctx, {.out = a.logits, .in = lnf, .weight = p.wte, .bias = nullptr,
-                            .rows = BT, .in_features = C, .out_features = Vl});
+    const Matmuls mm{ctx, a};
+    mm.forward({.out = a.logits, .in = lnf, .weight = p.wte, .bias = nullptr, .rows = BT,
+                .in_features = C, .out_features = Vl},
+               rt.params_bf16 ? rt.params_bf16->wte : nullptr);
   }
 }
 
@@ -523,15 +595,16 @@ void gpt_backward(const core::ExecContext& ctx, const ModelConfig& cfg, const Mo
   const float* alibi = slopes.empty() ? nullptr : slopes.data() + tp_rank * NH;
   const LayerForward recompute{ctx, cfg, rt, a, region, alibi, B, T, BT, C, F, NH, Cl, HS, R,
                                row0, tp_rank};
+  const Matmuls mm{ctx, a};
 
   if (rt.shard.has_head) {
     call(rt.before_backward, L);
     // Tied output layer: d_lnf = d_logits @ wte, d_wte += d_logits^T @ lnf (full rows; SP
     // gathers lnf again rather than keeping a full copy).
     const float* lnf = region.enter(a.lnf, a.gathered);
-    k::linear_backward(ctx, {.d_in = a.d_ln, .d_weight = g.wte, .d_bias = nullptr,
-                             .d_out = a.logits, .in = lnf, .weight = p.wte, .rows = BT,
-                             .in_features = C, .out_features = Vl});
+    mm.backward({.d_in = a.d_ln, .d_weight = g.wte, .d_bias = nullptr, .d_out = a.logits,
+                 .in = lnf, .weight = p.wte, .rows = BT, .in_features = C, .out_features = Vl},
+                rt.params_bf16 ? rt.params_bf16->wte : nullptr);
     const float* d_lnf = region.enter_backward(a.d_ln);  // each rank holds a partial d_lnf
     std::memset(a.d_x, 0, static_cast<std::size_t>(R * C) * sizeof(float));
     k::layernorm_backward(ctx, {.d_in = a.d_x, .d_weight = g.lnf_w, .d_bias = g.lnf_b,
@@ -564,23 +637,26 @@ void gpt_backward(const core::ExecContext& ctx, const ModelConfig& cfg, const Mo
     // rank.
     const float* d_out = region.leave_backward(drop_backward(a.d_x, layer, DropSite::kMlpOut),
                                                a.d_full);
-    k::linear_backward(ctx, {.d_in = a.d_fc, .d_weight = gw.fc2_w, .d_bias = gw.fc2_b,
-                             .d_out = d_out, .in = s.gelu, .weight = w.fc2_w, .rows = BT,
-                             .in_features = F, .out_features = C});
+    const LayerTensors<const core::bf16*>* w16 =
+        rt.params_bf16 ? &rt.params_bf16->layers[static_cast<std::size_t>(l)] : nullptr;
+    mm.backward({.d_in = a.d_fc, .d_weight = gw.fc2_w, .d_bias = gw.fc2_b, .d_out = d_out,
+                 .in = s.gelu, .weight = w.fc2_w, .rows = BT, .in_features = F, .out_features = C},
+                w16 ? w16->fc2_w : nullptr);
     k::gelu_backward(ctx, a.d_fc, a.d_fc, s.fc, BT * F);
     const float* ln2 = region.enter(s.ln2, a.gathered);
-    k::linear_backward(ctx, {.d_in = a.d_ln, .d_weight = gw.fc_w, .d_bias = gw.fc_b,
-                             .d_out = a.d_fc, .in = ln2, .weight = w.fc_w, .rows = BT,
-                             .in_features = C, .out_features = F});
+    mm.backward({.d_in = a.d_ln, .d_weight = gw.fc_w, .d_bias = gw.fc_b, .d_out = a.d_fc,
+                 .in = ln2, .weight = w.fc_w, .rows = BT, .in_features = C, .out_features = F},
+                w16 ? w16->fc_w : nullptr);
     const float* d_ln2 = region.enter_backward(a.d_ln);  // f backward
     k::layernorm_backward(ctx, {.d_in = a.d_x, .d_weight = gw.ln2_w, .d_bias = gw.ln2_b,
                                 .d_out = d_ln2, .in = s.resid2, .weight = w.ln2_w,
                                 .mean = s.ln2_mean, .rstd = s.ln2_rstd, .rows = R, .cols = C});
     // Attention: resid2 = x + drop(g(proj(attn(qkv(f(ln1(x))))))).
     d_out = region.leave_backward(drop_backward(a.d_x, layer, DropSite::kAttentionOut), a.d_full);
-    k::linear_backward(ctx, {.d_in = a.d_attn, .d_weight = gw.proj_w, .d_bias = gw.proj_b,
-                             .d_out = d_out, .in = s.attn, .weight = w.proj_w, .rows = BT,
-                             .in_features = Cl, .out_features = C});
+    mm.backward({.d_in = a.d_attn, .d_weight = gw.proj_w, .d_bias = gw.proj_b, .d_out = d_out,
+                 .in = s.attn, .weight = w.proj_w, .rows = BT, .in_features = Cl,
+                 .out_features = C},
+                w16 ? w16->proj_w : nullptr);
     if (cfg.flash_attention()) {
       k::flash_attention_backward(
           ctx, {.d_qkv = a.d_qkv, .d_out = a.d_attn, .qkv = s.qkv, .out = s.attn, .lse = s.lse,
@@ -598,9 +674,10 @@ void gpt_backward(const core::ExecContext& ctx, const ModelConfig& cfg, const Mo
                                   .batch = B, .seq_len = T, .num_heads = NH, .head_dim = HS});
     }
     const float* ln1 = region.enter(s.ln1, a.gathered);
-    k::linear_backward(ctx, {.d_in = a.d_ln, .d_weight = gw.qkv_w, .d_bias = gw.qkv_b,
-                             .d_out = a.d_qkv, .in = ln1, .weight = w.qkv_w, .rows = BT,
-                             .in_features = C, .out_features = 3 * Cl});
+    mm.backward({.d_in = a.d_ln, .d_weight = gw.qkv_w, .d_bias = gw.qkv_b, .d_out = a.d_qkv,
+                 .in = ln1, .weight = w.qkv_w, .rows = BT, .in_features = C,
+                 .out_features = 3 * Cl},
+                w16 ? w16->qkv_w : nullptr);
     const float* d_ln1 = region.enter_backward(a.d_ln);  // f backward
     k::layernorm_backward(ctx, {.d_in = a.d_x, .d_weight = gw.ln1_w, .d_bias = gw.ln1_b,
                                 .d_out = d_ln1, .in = x, .weight = w.ln1_w, .mean = s.ln1_mean,

@@ -15,7 +15,9 @@
 #pragma once
 
 #include <cstdint>
+#include <cstddef>
 #include <functional>
+#include <span>
 #include <vector>
 
 #include "trident/comm/communicator.h"
@@ -48,6 +50,10 @@ struct GptTensors {
 };
 using GptParams = GptTensors<const float*>;
 using GptGrads = GptTensors<float*>;
+// BF16 copies of the weights (--bf16): the matmuls read these, everything else the FP32 ones.
+using GptParamsBf16 = GptTensors<const core::bf16*>;
+GptParamsBf16 gpt_param_views_bf16(const ModelConfig& cfg, const ParamTable& table,
+                                   const core::bf16* flat);
 
 GptParams gpt_param_views(const ModelConfig& cfg, const ParamTable& table, const float* flat);
 GptGrads gpt_grad_views(const ModelConfig& cfg, const ParamTable& table, float* flat);
@@ -65,6 +71,9 @@ struct ModelRuntime {
   ModelShard shard;
   comm::Communicator* tp = nullptr;  // null or size 1: no tensor parallelism
   bool training = true;              // dropout only while training
+  // --bf16: the BF16 weight copies; every matmul then takes BF16 operands with FP32 accumulation
+  // and FP32 output (activations are converted on the way in). Null: FP32 matmuls.
+  const GptParamsBf16* params_bf16 = nullptr;
   std::uint64_t dropout_seed = 0;
   std::function<void(std::int64_t layer)> before_forward;   // parameters of `layer` are needed
   std::function<void(std::int64_t layer)> before_backward;  // parameters of `layer` are needed
@@ -116,6 +125,10 @@ struct GptActivations {
   float* gathered = nullptr;  // (B*T, C) scratch: all-gathered LayerNorm output (SP), partial sums
   float* d_full = nullptr;    // (B*T, C) scratch: all-gathered residual gradient (SP)
   float* d_drop = nullptr;    // (B*T, C) scratch: gradient through a dropout
+  // --bf16 scratch: a matmul's input and upstream gradient in BF16, and oneDNN's workspace.
+  core::bf16* bf16_in = nullptr;
+  core::bf16* bf16_dout = nullptr;
+  std::span<std::byte> gemm_scratch{};
   // Backward scratch.
   float* d_x = nullptr;     // (B*T, C) gradient of the residual stream; on a stage without the
                             // embedding, the gradient of its input after gpt_backward
@@ -134,6 +147,11 @@ std::int64_t activation_bytes(const ModelConfig& cfg, const ModelShard& shard, s
                               std::int64_t seq_len);
 void make_activations(const ModelConfig& cfg, const ModelShard& shard, std::int64_t batch,
                       std::int64_t seq_len, GptActivations& acts);
+// BF16 mode adds the scratch above (bf16 = true).
+std::int64_t activation_bytes(const ModelConfig& cfg, const ModelShard& shard, std::int64_t batch,
+                              std::int64_t seq_len, bool bf16);
+void make_activations(const ModelConfig& cfg, const ModelShard& shard, std::int64_t batch,
+                      std::int64_t seq_len, bool bf16, GptActivations& acts);
 
 // Forward of the shard. First stage: embeds tokens (B*T); otherwise reads acts.encoded (the
 // previous stage's output, written there by the caller). Last stage: computes acts.logits.

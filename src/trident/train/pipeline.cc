@@ -54,7 +54,9 @@ void PipelineExecutor::build(int num_microbatches) {
     for (std::size_t i = had; i < slots.size(); ++i) {
       Slot& s = slots[i];
       model::make_activations(cfg, model_.chunks()[static_cast<std::size_t>(c)].shard,
-                              micro_batch_size_, cfg.seq_length, s.acts);
+                              micro_batch_size_, cfg.seq_length,
+                              runtimes_[static_cast<std::size_t>(c)].params_bf16 != nullptr,
+                              s.acts);
       s.tokens.resize(static_cast<std::size_t>(micro_batch_size_ * cfg.seq_length));
       s.labels.resize(s.tokens.size());
     }

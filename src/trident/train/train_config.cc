@@ -40,6 +40,9 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
                  "learned_absolute or alibi")->capture_default_str();
   app.add_flag("--embed-layernorm", m.embed_layernorm,
                "LayerNorm after the word embedding (BLOOM)");
+  app.add_flag("--bf16", c.bf16,
+               "BF16 mixed precision: BF16 matmul operands with FP32 accumulation, FP32 master "
+               "weights, Adam moments and gradient accumulation");
   app.add_flag("--fp16", c.fp16,
                "FP16 mixed precision: dynamic loss scaling; gradients outside FP16's range "
                "skip the step (see docs/training.md for what the CPU backend computes in FP16)");
@@ -206,6 +209,7 @@ void TrainConfig::finalize(int world_size) {
                 pipeline_model_parallel_size);
   TRIDENT_CHECK(comm_timeout > 0, "--comm-timeout must be positive");
   if (use_distributed_optimizer && zero_stage == 0) zero_stage = 1;
+  TRIDENT_CHECK(!(bf16 && fp16), "--bf16 and --fp16 exclude each other");
   TRIDENT_CHECK(zero_stage >= 0 && zero_stage <= 3, "--zero-stage must be 0, 1, 2 or 3, got ",
                 zero_stage);
   TRIDENT_CHECK(ddp_bucket_size > 0, "--ddp-bucket-size must be positive");
@@ -312,6 +316,7 @@ nlohmann::json TrainConfig::to_json() const {
   j["sequence_parallel"] = sequence_parallel;
   j["zero_stage"] = zero_stage;
   j["fp16"] = fp16;
+  j["bf16"] = bf16;
   j["num_layers_per_virtual_pipeline_stage"] = num_layers_per_virtual_pipeline_stage;
   j["decoder_first_pipeline_num_layers"] = decoder_first_pipeline_num_layers;
   j["decoder_last_pipeline_num_layers"] = decoder_last_pipeline_num_layers;

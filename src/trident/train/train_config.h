@@ -23,6 +23,7 @@ struct TrainConfig {
   model::ModelConfig model;
   std::string model_preset = "gpt";                    // --model gpt|bloom
   bool fp16 = false;                                   // --fp16: loss scaling (see docs)
+  bool bf16 = false;                                   // --bf16: BF16 matmuls, FP32 master
   double loss_scale = 0;                               // --loss-scale (0: dynamic)
   double initial_loss_scale = 4294967296.0;            // 2^32, as Megatron
   double min_loss_scale = 1.0;

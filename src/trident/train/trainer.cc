@@ -161,7 +161,8 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
   const std::int64_t n = rank_model.total_numel();
   // Parameters, gradients and Adam moments, sharded over data-parallel ranks by ZeRO stage.
   ZeroOptimizer optimizer(rank_model, par, cfg.adamw,
-                          {.stage = cfg.zero_stage, .bucket_size = cfg.ddp_bucket_size});
+                          {.stage = cfg.zero_stage, .bucket_size = cfg.ddp_bucket_size,
+                           .bf16 = cfg.bf16});
 
   const std::int64_t B = cfg.micro_batch_size, T = mc.seq_length;
   std::int64_t micro_batches = cfg.num_micro_batches(world.size());
@@ -228,6 +229,7 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
     if (!cfg.load.empty()) log::warn("ckpt: nothing to load in ", cfg.load, "; starting from scratch");
     optimizer.init_params(cfg.seed);
   }
+  optimizer.refresh_bf16(ctx);
 
 
   double peak = cfg.peak_tflops;

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "trident/core/error.h"
+#include "trident/kernels/bf16.h"
 #include "trident/kernels/elementwise.h"
 
 namespace trident::train {
@@ -57,6 +58,12 @@ ZeroOptimizer::ZeroOptimizer(const RankModel& model, const parallel::ParallelCon
       param_slots_[0] = take(staging_arena_, max_unit_);
       param_slots_[1] = take(staging_arena_, max_unit_);
     }
+  }
+  if (zero.bf16) {
+    TRIDENT_CHECK(st < 3, "--bf16 with --zero-stage 3 is not available yet: the BF16 weight copies "
+                  "are kept whole; use --zero-stage 0, 1 or 2 with --bf16");
+    bf16_arena_ = core::Arena(core::Arena::footprint(core::DType::kBF16, {N}));
+    params_bf16_ = bf16_arena_.alloc(core::DType::kBF16, {N}).as<core::bf16>();
   }
   exp_avg_ = take(moments_arena_, st == 0 ? N : S);
   exp_avg_sq_ = take(moments_arena_, st == 0 ? N : S);
@@ -124,6 +131,13 @@ std::int64_t compact_index(const std::vector<Range>& rest, std::int64_t i) {
 void ZeroOptimizer::build_views() {
   views_.params.clear();
   views_.grads.clear();
+  views_.params_bf16.clear();
+  if (params_bf16_) {
+    for (const ModelChunk& ch : model_.chunks()) {
+      views_.params_bf16.push_back(
+          model::gpt_param_views_bf16(model_.config(), ch.table, params_bf16_ + ch.base));
+    }
+  }
   for (const ModelChunk& ch : model_.chunks()) {
     const std::int64_t base = ch.base;
     if (zero_.stage < 3) {
@@ -281,6 +295,7 @@ void ZeroOptimizer::install_hooks(std::vector<model::ModelRuntime>& runtimes) {
       }
     };
     rt.after_backward = [this, c](std::int64_t l) { on_after_backward(c, l); };
+    if (params_bf16_) rt.params_bf16 = &views_.params_bf16[static_cast<std::size_t>(c)];
   }
 }
 
@@ -293,6 +308,12 @@ void ZeroOptimizer::init_params(std::uint64_t seed) {
   model_.init(seed, full.data());
   const Range s = plan_.shard(par_.dp().rank());
   std::copy(full.begin() + s.begin, full.begin() + s.end, master_);
+}
+
+void ZeroOptimizer::refresh_bf16(const core::ExecContext& ctx) {
+  if (params_bf16_) {
+    kernels::convert_f32_to_bf16(ctx, params_bf16_, full_params_, model_.total_numel());
+  }
 }
 
 void ZeroOptimizer::begin_iteration() {
@@ -485,13 +506,15 @@ OptimizerStepResult ZeroOptimizer::step(const core::ExecContext& ctx, double lr,
     par_.dp().all_gather(full_params_ + shard.begin, full_params_, plan_.shard_size,
                          comm::Datatype::kF32);
   }
+  refresh_bf16(ctx);
   return r;
 }
 
 MemoryReport ZeroOptimizer::memory() const {
   MemoryReport m;
   const std::int64_t rest_bytes = core::Arena::footprint(core::DType::kF32, {rest_numel_});
-  m.param_bytes = params_arena_.capacity() - (zero_.stage == 3 ? rest_bytes : 0);
+  m.param_bytes = params_arena_.capacity() - (zero_.stage == 3 ? rest_bytes : 0) +
+                  bf16_arena_.capacity();
   m.grad_bytes = grads_arena_.capacity() - (zero_.stage >= 2 ? rest_bytes : 0);
   m.optimizer_bytes = moments_arena_.capacity();
   m.staging_bytes = staging_arena_.capacity() + (zero_.stage >= 2 ? rest_bytes : 0) +

@@ -41,11 +41,13 @@ namespace trident::train {
 struct ModelViews {
   std::vector<model::GptParams> params;
   std::vector<model::GptGrads> grads;
+  std::vector<model::GptParamsBf16> params_bf16;  // --bf16: the matmuls' weight copies
 };
 
 struct ZeroConfig {
   int stage = 0;
   std::int64_t bucket_size = 40'000'000;  // --ddp-bucket-size, elements
+  bool bf16 = false;  // keep BF16 copies of the weights for the matmuls (refreshed every step)
 };
 
 struct OptimizerStepResult {
@@ -90,6 +92,8 @@ class ZeroOptimizer {
   void install_hooks(std::vector<model::ModelRuntime>& runtimes);
   // Layout-independent initial weights (seed) into this rank's buffers.
   void init_params(std::uint64_t seed);
+  // --bf16: re-derives the BF16 weight copies from the FP32 weights (after init, load, step).
+  void refresh_bf16(const core::ExecContext& ctx);
 
   // Call before the first forward of an iteration: zeroes gradients; stage 3 gathers the
   // embedding and head parameters.
@@ -160,6 +164,8 @@ class ZeroOptimizer {
   float* grad_slot_ = nullptr;    // (max unit) stages 2-3
   float* rs_tmp_ = nullptr;       // (shard) stages 2-3: this rank's piece of a reduce-scatter
   float* param_slots_[2] = {nullptr, nullptr};  // (max unit) stage 3
+  core::Arena bf16_arena_;
+  core::bf16* params_bf16_ = nullptr;  // (numel) --bf16, stages 0-2
   float* exp_avg_ = nullptr;      // (numel) stage 0, (shard) stages 1-3
   float* exp_avg_sq_ = nullptr;
 
