@@ -45,7 +45,10 @@ model::ModelConfig model_config_from(const nlohmann::json& c) {
 void run_generate(const GenerateOptions& o) {
   const nlohmann::json manifest = ckpt::read_manifest(o.load, o.iteration);
   const nlohmann::json& config = manifest.at("config");
-  const model::ModelConfig mc = model_config_from(config);
+  model::ModelConfig mc = model_config_from(config);
+  // A tensor-parallel run padded the vocabulary to a multiple of divisible-by x tp: keep that
+  // padding so every parameter has its trained shape.
+  mc.make_vocab_size_divisible_by *= manifest.at("layout").value("tp", 1);
   auto tokenizer = data::make_tokenizer(
       {.type = o.tokenizer_type.empty() ? config.at("tokenizer_type").get<std::string>() : o.tokenizer_type,
        .vocab_file = o.vocab_file.empty() ? config.at("vocab_file").get<std::string>() : o.vocab_file,
