@@ -1,5 +1,5 @@
-// Bandwidth benchmark of the fused kernels against the unfused sequences they replace, on arrays far
-// larger than the caches (GPT-2 124M activations, 32M AdamW parameters):
+// Bandwidth benchmark of the fused kernels against the unfused sequences they replace, on arrays
+// far larger than the caches (GPT-2 124M activations, 32M AdamW parameters):
 //   - bias + GeLU forward / backward vs a bias pass + gelu_forward / gelu_backward + a d_bias pass,
 //   - residual add + LayerNorm forward / backward vs add_forward + layernorm_forward /
 //     layernorm_backward,
@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -54,8 +55,8 @@ void add_bias(const core::ExecContext& ctx, float* t, const float* in, const flo
 }
 
 // d_bias[c] += sum_r d[r,c], column blocks of 512 per thread, double sums (as the kernels do).
-void add_column_sums(const core::ExecContext& ctx, float* d_bias, const float* d,
-                     std::int64_t rows, std::int64_t cols) {
+void add_column_sums(const core::ExecContext& ctx, float* d_bias, const float* d, std::int64_t rows,
+                     std::int64_t cols) {
   constexpr std::int64_t kBlock = 512;
   const std::int64_t blocks = (cols + kBlock - 1) / kBlock;
 #pragma omp parallel for num_threads(threads_of(ctx)) schedule(static)
@@ -195,9 +196,10 @@ void time_conversions(const core::ExecContext& ctx, int reps, const std::vector<
   }
   const double foreign = load.stop();
   const double bytes = 6.0 * static_cast<double>(n);  // 4 B read + 2 B written, or the reverse
-  std::printf("| conversion, %lld elements (6 B each) | ms | GB/s | of %.0f GB/s |\n"
-              "|---|---|---|---|\n",
-              static_cast<long long>(n), kStreamTriadGBs);
+  std::printf(
+      "| conversion, %lld elements (6 B each) | ms | GB/s | of %.0f GB/s |\n"
+      "|---|---|---|---|\n",
+      static_cast<long long>(n), kStreamTriadGBs);
   for (int k = 0; k < 3; ++k) {
     const double s = median(t[k]);
     std::printf("| %s | %.2f | %.1f | %.0f%% |\n", names[k], s * 1e3, bytes / s * 1e-9,
@@ -244,42 +246,80 @@ int run(int reps, const std::vector<int>& thread_counts) {
 
   const kernels::AdamWHyper hp{.lr = 1e-4f, .weight_decay = 0.1f, .step = 10};
 
+  std::vector<std::byte> g_scratch(
+      static_cast<std::size_t>(kernels::bias_gelu_backward_scratch_bytes(g_rows, g_cols)));
+  std::vector<std::byte> l_scratch(
+      static_cast<std::size_t>(kernels::residual_layernorm_backward_scratch_bytes(l_rows, l_cols)));
   auto gelu_fwd_fused = [&](const core::ExecContext& ctx, float* out, core::bf16* out16) {
-    kernels::bias_gelu_forward(ctx, {.out = out, .out_bf16 = out16, .in = g_in.data(),
-                                     .bias = g_bias.data(), .rows = g_rows, .cols = g_cols});
+    kernels::bias_gelu_forward(ctx, {.out = out,
+                                     .out_bf16 = out16,
+                                     .in = g_in.data(),
+                                     .bias = g_bias.data(),
+                                     .rows = g_rows,
+                                     .cols = g_cols});
   };
   auto gelu_bwd_fused = [&](const core::ExecContext& ctx, float* d_in, core::bf16* d_in16,
                             float* d_bias) {
-    kernels::bias_gelu_backward(ctx, {.d_in = d_in, .d_in_bf16 = d_in16, .d_bias = d_bias,
-                                      .d_out = g_dout.data(), .in = g_in.data(),
-                                      .bias = g_bias.data(), .rows = g_rows, .cols = g_cols});
+    kernels::bias_gelu_backward(ctx, {.d_in = d_in,
+                                      .d_in_bf16 = d_in16,
+                                      .d_bias = d_bias,
+                                      .d_out = g_dout.data(),
+                                      .in = g_in.data(),
+                                      .bias = g_bias.data(),
+                                      .rows = g_rows,
+                                      .cols = g_cols,
+                                      .scratch = g_scratch});
   };
   auto ln_fwd_fused = [&](const core::ExecContext& ctx, float* s, float* y, core::bf16* y16) {
-    kernels::residual_layernorm_forward(
-        ctx, {.resid_out = s, .out = y, .out_bf16 = y16, .mean = l_mean.data(),
-              .rstd = l_rstd.data(), .a = l_a.data(), .b = l_b.data(), .weight = l_w.data(),
-              .bias = l_bias.data(), .rows = l_rows, .cols = l_cols});
+    kernels::residual_layernorm_forward(ctx, {.resid_out = s,
+                                              .out = y,
+                                              .out_bf16 = y16,
+                                              .mean = l_mean.data(),
+                                              .rstd = l_rstd.data(),
+                                              .a = l_a.data(),
+                                              .b = l_b.data(),
+                                              .weight = l_w.data(),
+                                              .bias = l_bias.data(),
+                                              .rows = l_rows,
+                                              .cols = l_cols});
   };
   auto ln_fwd_unfused = [&](const core::ExecContext& ctx, float* s, float* y) {
     kernels::add_forward(ctx, s, l_a.data(), l_b.data(), ln);
-    kernels::layernorm_forward(ctx, {.out = y, .mean = l_mean.data(), .rstd = l_rstd.data(),
-                                     .in = s, .weight = l_w.data(), .bias = l_bias.data(),
-                                     .rows = l_rows, .cols = l_cols});
+    kernels::layernorm_forward(ctx, {.out = y,
+                                     .mean = l_mean.data(),
+                                     .rstd = l_rstd.data(),
+                                     .in = s,
+                                     .weight = l_w.data(),
+                                     .bias = l_bias.data(),
+                                     .rows = l_rows,
+                                     .cols = l_cols});
   };
   // Backward calls accumulate into d_resid; repeated calls only grow it (no refill in the timing).
   auto ln_bwd_fused = [&](const core::ExecContext& ctx, float* d_resid, core::bf16* d16) {
-    kernels::residual_layernorm_backward(
-        ctx, {.d_resid = d_resid, .d_resid_bf16 = d16, .d_weight = l_dw.data(),
-              .d_bias = l_dbias.data(), .d_out = l_dout.data(), .resid = l_s.data(),
-              .weight = l_w.data(), .mean = l_mean.data(), .rstd = l_rstd.data(),
-              .rows = l_rows, .cols = l_cols});
+    kernels::residual_layernorm_backward(ctx, {.d_resid = d_resid,
+                                               .d_resid_bf16 = d16,
+                                               .d_weight = l_dw.data(),
+                                               .d_bias = l_dbias.data(),
+                                               .d_out = l_dout.data(),
+                                               .resid = l_s.data(),
+                                               .weight = l_w.data(),
+                                               .mean = l_mean.data(),
+                                               .rstd = l_rstd.data(),
+                                               .rows = l_rows,
+                                               .cols = l_cols,
+                                               .scratch = l_scratch});
   };
   auto ln_bwd_unfused = [&](const core::ExecContext& ctx, float* d_resid) {
-    kernels::layernorm_backward(ctx, {.d_in = d_resid, .d_weight = l_dw.data(),
-                                      .d_bias = l_dbias.data(), .d_out = l_dout.data(),
-                                      .in = l_s.data(), .weight = l_w.data(),
-                                      .mean = l_mean.data(), .rstd = l_rstd.data(),
-                                      .rows = l_rows, .cols = l_cols});
+    kernels::layernorm_backward(ctx, {.d_in = d_resid,
+                                      .d_weight = l_dw.data(),
+                                      .d_bias = l_dbias.data(),
+                                      .d_out = l_dout.data(),
+                                      .in = l_s.data(),
+                                      .weight = l_w.data(),
+                                      .mean = l_mean.data(),
+                                      .rstd = l_rstd.data(),
+                                      .rows = l_rows,
+                                      .cols = l_cols});
   };
 
   // AdamW check on a slice: the 5-pass version against the fused kernel from the same state.
@@ -287,8 +327,8 @@ int run(int reps, const std::vector<int>& thread_counts) {
     const std::int64_t n = 1 << 20;
     std::vector<float> p1(a_p.begin(), a_p.begin() + n), p2 = p1, m1(n, 0.01f), m2 = m1,
                                                          v1(n, 0.02f), v2 = v1, d(n);
-    kernels::adamw_update(ctx, hp, {.param = p1.data(), .m = m1.data(), .v = v1.data(),
-                                    .grad = a_g.data(), .n = n});
+    kernels::adamw_update(
+        ctx, hp, {.param = p1.data(), .m = m1.data(), .v = v1.data(), .grad = a_g.data(), .n = n});
     adamw_5_pass(ctx, hp, p2.data(), m2.data(), v2.data(), a_g.data(), d.data(), n);
     return max_abs_diff(p1.data(), p2.data(), n);
   };
@@ -308,9 +348,7 @@ int run(int reps, const std::vector<int>& thread_counts) {
          kernels::gelu_forward(ctx, g_out2.data(), g_t.data(), gn);
          kernels::convert_f32_to_bf16(ctx, g_out16b.data(), g_out2.data(), gn);
        },
-       [&](const core::ExecContext&) {
-         return max_abs_diff(g_out16.data(), g_out16b.data(), gn);
-       }},
+       [&](const core::ExecContext&) { return max_abs_diff(g_out16.data(), g_out16b.data(), gn); }},
       // Unfused backward: t = in + bias was saved by the unfused forward, so no recompute.
       {"bias+gelu backward, f32 d_in (8192x3072)", 3 * f * gn, 4 * f * gn,
        [&](const core::ExecContext& ctx) {
@@ -330,9 +368,7 @@ int run(int reps, const std::vector<int>& thread_counts) {
          add_column_sums(ctx, g_db2.data(), g_out2.data(), g_rows, g_cols);
          kernels::convert_f32_to_bf16(ctx, g_out16b.data(), g_out2.data(), gn);
        },
-       [&](const core::ExecContext&) {
-         return max_abs_diff(g_out16.data(), g_out16b.data(), gn);
-       }},
+       [&](const core::ExecContext&) { return max_abs_diff(g_out16.data(), g_out16b.data(), gn); }},
       {"resid+layernorm forward, f32 out (16384x768)", 4 * f * ln, 5 * f * ln,
        [&](const core::ExecContext& ctx) { ln_fwd_fused(ctx, l_s.data(), l_y.data(), nullptr); },
        [&](const core::ExecContext& ctx) { ln_fwd_unfused(ctx, l_s2.data(), l_y2.data()); },
@@ -344,13 +380,12 @@ int run(int reps, const std::vector<int>& thread_counts) {
          kernels::convert_f32_to_bf16(ctx, l_y16b.data(), l_y2.data(), ln);
        },
        [&](const core::ExecContext&) { return max_abs_diff(l_y16.data(), l_y16b.data(), ln); }},
-      // d_out, resid read; d_resid read and written. The weight-gradient pass re-reads d_out and
-      // resid in both variants; that traffic is not counted.
-      {"resid+layernorm backward, f32 (16384x768)", 4 * f * ln, 4 * f * ln,
+      // d_out, resid read; d_resid read and written. layernorm_backward's weight-gradient pass
+      // re-reads d_out and resid (2 more floats per element); the fused kernel does not.
+      {"resid+layernorm backward, f32 (16384x768)", 4 * f * ln, 6 * f * ln,
        [&](const core::ExecContext& ctx) { ln_bwd_fused(ctx, l_dres.data(), nullptr); },
-       [&](const core::ExecContext& ctx) { ln_bwd_unfused(ctx, l_dres2.data()); },
-       nullptr},
-      {"resid+layernorm backward, +bf16 d_resid (16384x768)", (4 * f + h) * ln, (5 * f + h) * ln,
+       [&](const core::ExecContext& ctx) { ln_bwd_unfused(ctx, l_dres2.data()); }, nullptr},
+      {"resid+layernorm backward, +bf16 d_resid (16384x768)", (4 * f + h) * ln, (7 * f + h) * ln,
        [&](const core::ExecContext& ctx) { ln_bwd_fused(ctx, l_dres.data(), l_y16.data()); },
        [&](const core::ExecContext& ctx) {
          ln_bwd_unfused(ctx, l_dres2.data());
@@ -361,12 +396,11 @@ int run(int reps, const std::vector<int>& thread_counts) {
       {"adamw 32M params (fused vs 5-pass)", 7 * f * an, 14 * f * an,
        [&](const core::ExecContext& ctx) {
          kernels::adamw_update(
-             ctx, hp, {.param = a_p.data(), .m = a_m.data(), .v = a_v.data(), .grad = a_g.data(),
-                       .n = an});
+             ctx, hp,
+             {.param = a_p.data(), .m = a_m.data(), .v = a_v.data(), .grad = a_g.data(), .n = an});
        },
        [&](const core::ExecContext& ctx) {
-         adamw_5_pass(ctx, hp, a_p.data(), a_m.data(), a_v.data(), a_g.data(), a_denom.data(),
-                      an);
+         adamw_5_pass(ctx, hp, a_p.data(), a_m.data(), a_v.data(), a_g.data(), a_denom.data(), an);
        },
        adamw_check},
   };
@@ -389,10 +423,10 @@ int run(int reps, const std::vector<int>& thread_counts) {
       char diff[32] = "n/a";
       if (c.check) std::snprintf(diff, sizeof diff, "%.1e", c.check(ctx));
       const Timing t = time_alternating(ctx, c, reps);
-      std::printf("| %s | %.2f | %.2f | %.1f | %.1f | %.2fx | %.2f | %s | %.2f |\n",
-                  c.name.c_str(), t.fused_s * 1e3, t.unfused_s * 1e3,
-                  c.fused_bytes / t.fused_s * 1e-9, c.fused_bytes / t.unfused_s * 1e-9,
-                  t.unfused_s / t.fused_s, c.unfused_bytes / c.fused_bytes, diff, t.foreign);
+      std::printf("| %s | %.2f | %.2f | %.1f | %.1f | %.2fx | %.2f | %s | %.2f |\n", c.name.c_str(),
+                  t.fused_s * 1e3, t.unfused_s * 1e3, c.fused_bytes / t.fused_s * 1e-9,
+                  c.fused_bytes / t.unfused_s * 1e-9, t.unfused_s / t.fused_s,
+                  c.unfused_bytes / c.fused_bytes, diff, t.foreign);
       std::fflush(stdout);
     }
     std::printf("\n");

@@ -8,9 +8,9 @@
 //   the bias add is the same FP32 addition in kernel and reference.
 // - LayerNorm: kLnTol (1e-5 + 1e-5 |ref|), as tests/kernels/layernorm_test.cc: FP32 row sums over
 //   up to 3072 columns, outputs O(1-10).
-// - Column sums (d_bias, d_weight): the kernels sum in double over the rows, the reference too,
-//   but of terms that differ from the reference's by the tolerances above, so they get
-//   kSumTol (1e-5 + 1e-5 |ref|) scaled by sqrt(rows) in the absolute part.
+// - Column sums (d_bias, d_weight): the kernels sum in double over the rows (by chunks of 64 rows),
+//   the reference in double too, but of terms that differ from the reference's by the tolerances
+//   above, so they get sum_tol: 1e-5 + 1e-5 |ref| with the absolute part scaled by sqrt(rows).
 // - BF16 outputs: when an FP32 output is also written, the BF16 one must be its rounding, bit for
 //   bit. Against the reference they may differ by one BF16 step where kernel and reference land on
 //   opposite sides of a rounding boundary: kBf16Tol, 1e-6 + 2^-7 |ref| (2^-7 is the largest
@@ -20,7 +20,9 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstddef>
 #include <limits>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -56,10 +58,12 @@ core::ExecContext cpu_ctx(int threads = 0) {
 struct Case {
   std::int64_t rows, cols;
 };
-// 1, odd sizes, sizes that are not multiples of 16, more columns than one 512-column block, and
-// GPT-2 small shapes (MLP activation 3072 wide, hidden 768).
-const Case kGeluCases[] = {{1, 1}, {1, 7}, {3, 17}, {5, 33}, {17, 100}, {4, 1027}, {64, 3072}};
-const Case kLnCases[] = {{1, 1}, {1, 7}, {3, 17}, {5, 33}, {17, 100}, {4, 1027}, {256, 768}};
+// 1, odd sizes, sizes that are not multiples of 16, several 64-row chunks with a partial last one
+// (130 rows), and GPT-2 small shapes (MLP activation 3072 wide, hidden 768).
+const Case kGeluCases[] = {{1, 1},    {1, 7},    {3, 17},   {5, 33},
+                           {17, 100}, {4, 1027}, {130, 40}, {64, 3072}};
+const Case kLnCases[] = {{1, 1},    {1, 7},    {3, 17},   {5, 33},
+                         {17, 100}, {4, 1027}, {130, 40}, {256, 768}};
 
 std::string shape_name(const std::string& tensor, const Case& c) {
   return tensor + " rows=" + std::to_string(c.rows) + " cols=" + std::to_string(c.cols);
@@ -92,6 +96,16 @@ std::vector<float> widen(const std::vector<core::bf16>& x) {
     }
   }
   return ::testing::AssertionSuccess();
+}
+
+// Scratch for the backward kernels, sized by their query functions.
+std::vector<std::byte> gelu_scratch(const Case& c) {
+  return std::vector<std::byte>(
+      static_cast<std::size_t>(bias_gelu_backward_scratch_bytes(c.rows, c.cols)));
+}
+std::vector<std::byte> ln_scratch(const Case& c) {
+  return std::vector<std::byte>(
+      static_cast<std::size_t>(residual_layernorm_backward_scratch_bytes(c.rows, c.cols)));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -152,6 +166,7 @@ TEST(BiasGelu, BackwardMatchesReferenceAndAccumulates) {
       std::vector<core::bf16> d_in16(n), d_in16_ref(n);
       auto d_bias = randn(c.cols, seed + 50);  // += : starts non-zero
       auto d_bias_ref = d_bias;
+      auto scratch = gelu_scratch(c);
       bias_gelu_backward(cpu_ctx(), {.d_in = has_f32(o) ? d_in.data() : nullptr,
                                      .d_in_bf16 = has_bf16(o) ? d_in16.data() : nullptr,
                                      .d_bias = d_bias.data(),
@@ -159,7 +174,8 @@ TEST(BiasGelu, BackwardMatchesReferenceAndAccumulates) {
                                      .in = x.in.data(),
                                      .bias = x.bias.data(),
                                      .rows = c.rows,
-                                     .cols = c.cols});
+                                     .cols = c.cols,
+                                     .scratch = scratch});
       ref::bias_gelu_backward({.d_in = d_in_ref.data(),
                                .d_in_bf16 = d_in16_ref.data(),
                                .d_bias = d_bias_ref.data(),
@@ -203,13 +219,15 @@ TEST(BiasGelu, InPlace) {
                                 .cols = c.cols});  // out aliases in
   EXPECT_TRUE(testing::all_equal("bias_gelu forward in place", buf, expect));
   std::vector<float> d_b1(c.cols, 0.0f), d_b2(c.cols, 0.0f);
+  auto scratch = gelu_scratch(c);
   bias_gelu_backward(cpu_ctx(), {.d_in = expect.data(),
                                  .d_bias = d_b1.data(),
                                  .d_out = x.d_out.data(),
                                  .in = x.in.data(),
                                  .bias = x.bias.data(),
                                  .rows = c.rows,
-                                 .cols = c.cols});
+                                 .cols = c.cols,
+                                 .scratch = scratch});
   buf = x.d_out;
   bias_gelu_backward(cpu_ctx(), {.d_in = buf.data(),
                                  .d_bias = d_b2.data(),
@@ -217,17 +235,19 @@ TEST(BiasGelu, InPlace) {
                                  .in = x.in.data(),
                                  .bias = x.bias.data(),
                                  .rows = c.rows,
-                                 .cols = c.cols});  // d_in aliases d_out
+                                 .cols = c.cols,
+                                 .scratch = scratch});  // d_in aliases d_out
   EXPECT_TRUE(testing::all_equal("bias_gelu backward in place", buf, expect));
   EXPECT_TRUE(testing::all_equal("bias_gelu d_bias in place", d_b2, d_b1));
 }
 
-// Column blocks walk the rows in order, so d_bias (and d_in) are bitwise the same for any number
-// of threads, including more threads than blocks.
+// d_bias is summed by fixed chunks of rows, whatever the thread count, so d_bias (and d_in) are
+// bitwise the same for 1, 2 and 3 threads (200 rows: 4 chunks, the last one partial).
 TEST(BiasGelu, BackwardIsIndependentOfThreadCount) {
-  const Case c{37, 1500};
+  const Case c{200, 1500};
   const GeluInputs x = gelu_inputs(c, 77);
   std::vector<float> d_in[3], d_b[3];
+  auto scratch = gelu_scratch(c);
   for (int t = 0; t < 3; ++t) {
     d_in[t].assign(c.rows * c.cols, 0.0f);
     d_b[t].assign(c.cols, 0.25f);
@@ -237,7 +257,8 @@ TEST(BiasGelu, BackwardIsIndependentOfThreadCount) {
                                         .in = x.in.data(),
                                         .bias = x.bias.data(),
                                         .rows = c.rows,
-                                        .cols = c.cols});
+                                        .cols = c.cols,
+                                        .scratch = scratch});
   }
   for (int t = 1; t < 3; ++t) {
     const std::string threads = std::to_string(t + 1);
@@ -259,6 +280,7 @@ TEST(BiasGelu, AgreesWithTheUnfusedKernels) {
   gelu_forward(cpu_ctx(), out_unfused.data(), t.data(), n);
   gelu_backward(cpu_ctx(), d_in_unfused.data(), x.d_out.data(), t.data(), n);
   std::vector<float> d_b(c.cols, 0.0f);
+  auto scratch = gelu_scratch(c);
   bias_gelu_forward(cpu_ctx(), {.out = out.data(),
                                 .in = x.in.data(),
                                 .bias = x.bias.data(),
@@ -270,7 +292,8 @@ TEST(BiasGelu, AgreesWithTheUnfusedKernels) {
                                  .in = x.in.data(),
                                  .bias = x.bias.data(),
                                  .rows = c.rows,
-                                 .cols = c.cols});
+                                 .cols = c.cols,
+                                 .scratch = scratch});
   EXPECT_TRUE(all_close("fused vs unfused gelu out", out, out_unfused, kGeluTol));
   EXPECT_TRUE(all_close("fused vs unfused gelu d_in", d_in, d_in_unfused, kGeluTol));
 }
@@ -430,6 +453,7 @@ TEST(ResidualLayerNorm, BackwardMatchesReferenceAndAccumulates) {
       auto d_b = randn(c.cols, seed + 102);
       auto d_resid_ref = d_resid, d_w_ref = d_w, d_b_ref = d_b;
       std::vector<core::bf16> d16(n), d16_ref(n);
+      auto scratch = ln_scratch(c);
       ResidualLayerNormBackwardArgs args{.d_resid = d_resid.data(),
                                          .d_resid_bf16 = with_bf16 ? d16.data() : nullptr,
                                          .d_weight = d_w.data(),
@@ -440,7 +464,8 @@ TEST(ResidualLayerNorm, BackwardMatchesReferenceAndAccumulates) {
                                          .mean = mean.data(),
                                          .rstd = rstd.data(),
                                          .rows = c.rows,
-                                         .cols = c.cols};
+                                         .cols = c.cols,
+                                         .scratch = scratch};
       residual_layernorm_backward(cpu_ctx(), args);
       args.d_resid = d_resid_ref.data();
       args.d_resid_bf16 = d16_ref.data();
@@ -495,6 +520,7 @@ TEST(ResidualLayerNorm, AgreesWithTheUnfusedKernels) {
   EXPECT_TRUE(all_close("fused vs unfused ln rstd", rstd2, rstd, kLnTol));
   std::vector<float> d_in(n, 0.5f), d_w(c.cols, 0.0f), d_b(c.cols, 0.0f);
   auto d_in2 = d_in, d_w2 = d_w, d_b2 = d_b;
+  auto scratch = ln_scratch(c);
   layernorm_backward(cpu_ctx(), {.d_in = d_in.data(),
                                  .d_weight = d_w.data(),
                                  .d_bias = d_b.data(),
@@ -514,14 +540,15 @@ TEST(ResidualLayerNorm, AgreesWithTheUnfusedKernels) {
                                           .mean = mean.data(),
                                           .rstd = rstd.data(),
                                           .rows = c.rows,
-                                          .cols = c.cols});
+                                          .cols = c.cols,
+                                          .scratch = scratch});
   EXPECT_TRUE(all_close("fused vs unfused d_resid", d_in2, d_in, kLnTol));
   EXPECT_TRUE(all_close("fused vs unfused d_weight", d_w2, d_w, kLnTol));
   EXPECT_TRUE(all_close("fused vs unfused d_bias", d_b2, d_b, kLnTol));
 }
 
 TEST(ResidualLayerNorm, BackwardIsIndependentOfThreadCount) {
-  const Case c{67, 1100};
+  const Case c{200, 1100};
   const LnInputs x = ln_inputs(c, 77);
   const std::int64_t n = c.rows * c.cols;
   std::vector<float> resid(n), out(n), mean(c.rows), rstd(c.rows);
@@ -536,6 +563,7 @@ TEST(ResidualLayerNorm, BackwardIsIndependentOfThreadCount) {
                                          .rows = c.rows,
                                          .cols = c.cols});
   std::vector<float> d_resid[3], d_w[3], d_b[3];
+  auto scratch = ln_scratch(c);
   for (int t = 0; t < 3; ++t) {
     d_resid[t].assign(n, 0.5f);
     d_w[t].assign(c.cols, 0.25f);
@@ -549,7 +577,8 @@ TEST(ResidualLayerNorm, BackwardIsIndependentOfThreadCount) {
                                                  .mean = mean.data(),
                                                  .rstd = rstd.data(),
                                                  .rows = c.rows,
-                                                 .cols = c.cols});
+                                                 .cols = c.cols,
+                                                 .scratch = scratch});
   }
   for (int t = 1; t < 3; ++t) {
     const std::string threads = " 1 vs " + std::to_string(t + 1) + " threads";
@@ -597,6 +626,47 @@ TEST(ResidualLayerNorm, RejectsBadArguments) {
   core::ExecContext cuda = cpu_ctx();
   cuda.device.kind = core::DeviceKind::kCuda;
   EXPECT_THROW(residual_layernorm_forward(cuda, fwd), core::Unavailable);
+}
+
+// The backward kernels need their scratch: too small or misaligned is refused, naming the size.
+TEST(FusedScratch, RejectsTooSmallOrMisalignedScratch) {
+  const Case c{100, 48};
+  const GeluInputs g = gelu_inputs(c, 3);
+  const std::int64_t n = c.rows * c.cols;
+  std::vector<float> d_in(n), d_b(c.cols), d_w(c.cols), resid(n, 1.0f), stat(c.rows, 1.0f);
+  const std::int64_t gelu_bytes = bias_gelu_backward_scratch_bytes(c.rows, c.cols);
+  const std::int64_t ln_bytes = residual_layernorm_backward_scratch_bytes(c.rows, c.cols);
+  EXPECT_EQ(gelu_bytes, 2 * c.cols * 8);  // 2 chunks of 64 rows, one double per column
+  EXPECT_EQ(ln_bytes, 2 * 2 * c.cols * 8);
+  std::vector<std::byte> buf(static_cast<std::size_t>(ln_bytes) + 8);
+  const std::span<std::byte> all(buf);
+  BiasGeluBackwardArgs gelu{.d_in = d_in.data(),
+                            .d_bias = d_b.data(),
+                            .d_out = g.d_out.data(),
+                            .in = g.in.data(),
+                            .bias = g.bias.data(),
+                            .rows = c.rows,
+                            .cols = c.cols,
+                            .scratch = all.first(static_cast<std::size_t>(gelu_bytes - 8))};
+  EXPECT_THROW(bias_gelu_backward(cpu_ctx(), gelu), core::InvalidArgument);
+  gelu.scratch = all.subspan(1, static_cast<std::size_t>(gelu_bytes));  // misaligned
+  EXPECT_THROW(bias_gelu_backward(cpu_ctx(), gelu), core::InvalidArgument);
+  gelu.scratch = all.first(static_cast<std::size_t>(gelu_bytes));
+  bias_gelu_backward(cpu_ctx(), gelu);  // exactly enough: runs
+  ResidualLayerNormBackwardArgs ln{.d_resid = d_in.data(),
+                                   .d_weight = d_w.data(),
+                                   .d_bias = d_b.data(),
+                                   .d_out = g.d_out.data(),
+                                   .resid = resid.data(),
+                                   .weight = g.bias.data(),
+                                   .mean = stat.data(),
+                                   .rstd = stat.data(),
+                                   .rows = c.rows,
+                                   .cols = c.cols,
+                                   .scratch = all.first(static_cast<std::size_t>(ln_bytes - 1))};
+  EXPECT_THROW(residual_layernorm_backward(cpu_ctx(), ln), core::InvalidArgument);
+  ln.scratch = all.first(static_cast<std::size_t>(ln_bytes));
+  residual_layernorm_backward(cpu_ctx(), ln);  // exactly enough: runs
 }
 
 }  // namespace

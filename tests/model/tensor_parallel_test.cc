@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <algorithm>
 #include <mutex>
 #include <random>
 #include <vector>
@@ -153,6 +154,79 @@ TEST(TensorParallelLayout, HeadsAndFfnMustDivide) {
   cfg = tiny(4);
   cfg.ffn_hidden_size = 66;
   EXPECT_THROW(build_gpt_param_table(cfg, shard), core::InvalidArgument);
+}
+
+}  // namespace
+}  // namespace trident::model
+
+namespace trident::model {
+namespace {
+
+// The vocab-parallel cross-entropy against the full-vocabulary kernel: targets in every tp rank's
+// slice, in the last real column, ignored targets, and padding columns holding huge logits (which
+// must never take probability).
+TEST(VocabParallelCrossEntropy, MatchesTheFullVocabulary) {
+  for (int tp : {2, 4}) {
+    ModelConfig cfg;
+    cfg.num_layers = 1;
+    cfg.hidden_size = 8;
+    cfg.num_attention_heads = 2;
+    cfg.seq_length = 6;
+    cfg.vocab_size = 500;  // padded to 512: slices of 512 / tp, padding 500..511 in the last
+    cfg.make_vocab_size_divisible_by = 512 / tp;
+    const std::int64_t Vp = cfg.padded_vocab_size(tp), rows = 2 * cfg.seq_length;
+    std::mt19937 rng(11);
+    std::normal_distribution<float> normal(0.0f, 3.0f);
+    std::vector<float> logits(static_cast<std::size_t>(rows * Vp));
+    for (auto& x : logits) x = normal(rng);
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t v = cfg.vocab_size; v < Vp; ++v) logits[static_cast<std::size_t>(r * Vp + v)] = 1e4f;
+    std::vector<std::int32_t> targets(static_cast<std::size_t>(rows));
+    for (std::int64_t r = 0; r < rows; ++r) {
+      targets[static_cast<std::size_t>(r)] = static_cast<std::int32_t>((r * Vp / rows + 7) % cfg.vocab_size);
+    }
+    targets[1] = static_cast<std::int32_t>(cfg.vocab_size - 1);
+    targets[2] = -1;  // ignored
+    // One rank, the full vocabulary.
+    ModelShard head;
+    head.has_embedding = false;
+    head.num_layers = 0;
+    head.first_layer = 1;
+    GptActivations full;
+    make_activations(cfg, head, 2, cfg.seq_length, full);
+    std::copy(logits.begin(), logits.end(), full.logits);
+    const core::ExecContext ctx;
+    ModelRuntime one;
+    one.shard = head;
+    const LossSum ref = gpt_loss(ctx, cfg, one, targets.data(), 0.25f, LossGrad::kCompute, full);
+    EXPECT_TRUE(std::isfinite(ref.sum));
+    std::mutex mu;
+    comm::run_on_threads(tp, [&](comm::Communicator& world) {
+      ModelShard shard = head;
+      shard.tp_size = tp;
+      shard.tp_rank = world.rank();
+      GptActivations a;
+      make_activations(cfg, shard, 2, cfg.seq_length, a);
+      const std::int64_t Vl = Vp / tp;
+      for (std::int64_t r = 0; r < rows; ++r) {
+        std::copy_n(logits.begin() + r * Vp + world.rank() * Vl, Vl, a.logits + r * Vl);
+      }
+      ModelRuntime rt;
+      rt.shard = shard;
+      rt.tp = &world;
+      const LossSum got = gpt_loss(ctx, cfg, rt, targets.data(), 0.25f, LossGrad::kCompute, a);
+      std::lock_guard<std::mutex> lock(mu);
+      EXPECT_NEAR(got.sum, ref.sum, 1e-5 * std::abs(ref.sum)) << "tp " << tp;
+      EXPECT_EQ(got.count, ref.count);
+      for (std::int64_t r = 0; r < rows; ++r) {
+        for (std::int64_t j = 0; j < Vl; ++j) {
+          const float want = full.logits[r * Vp + world.rank() * Vl + j];
+          ASSERT_NEAR(a.logits[r * Vl + j], want, 1e-6f) << "d_logits row " << r << " col "
+                                                        << world.rank() * Vl + j;
+        }
+      }
+    });
+  }
 }
 
 }  // namespace

@@ -1,10 +1,11 @@
-// CPU fused bias + GeLU forward and backward: OpenMP over rows (forward) or column blocks
-// (backward, which also sums d_bias), SIMD inside. See fused_bias_gelu.h.
+// CPU fused bias + GeLU forward and backward: OpenMP over rows (the backward also sums d_bias, by
+// fixed row chunks, row_partials.h), SIMD inside. See fused_bias_gelu.h.
 #include "trident/kernels/fused_bias_gelu.h"
 
 #include <algorithm>
 
 #include "trident/kernels/cpu_util.h"
+#include "trident/kernels/row_partials.h"
 
 namespace trident::kernels {
 
@@ -60,39 +61,39 @@ void forward_rows(const core::ExecContext& ctx, const BiasGeluForwardArgs& a) {
   }
 }
 
-// Threads own blocks of columns and walk every row in order, writing d_in and summing it per column
-// in double: one pass, and d_bias does not depend on the thread count.
+// Rows in parallel, in fixed chunks (row_partials.h): each chunk writes its rows of d_in and sums
+// them per column into its partial; then the partials are added to d_bias in chunk order.
 template <Outputs kOut>
-void backward_blocks(const core::ExecContext& ctx, const BiasGeluBackwardArgs& a) {
-  constexpr std::int64_t kMaxBlock = 512;
+void backward_chunks(const core::ExecContext& ctx, const BiasGeluBackwardArgs& a,
+                     double* partials) {
   const std::int64_t cols = a.cols;
-  const int threads = detail::num_threads(ctx);
-  const std::int64_t block = detail::column_block_width(cols, threads, kMaxBlock);
-  const std::int64_t num_blocks = (cols + block - 1) / block;
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (std::int64_t blk = 0; blk < num_blocks; ++blk) {
-    const std::int64_t c0 = blk * block;
-    const std::int64_t width = std::min(block, cols - c0);
-    const float* bias = a.bias + c0;
-    double acc[kMaxBlock];
-    std::fill(acc, acc + width, 0.0);
-    for (std::int64_t r = 0; r < a.rows; ++r) {
-      const std::int64_t off = r * cols + c0;
-      const float* x = a.in + off;
-      const float* dy = a.d_out + off;
-      float* dx = kOut != Outputs::kBf16 ? a.d_in + off : nullptr;
-      core::bf16* dx16 = kOut != Outputs::kF32 ? a.d_in_bf16 + off : nullptr;
+  const std::int64_t chunks = detail::num_row_chunks(a.rows);
+  const float* bias = a.bias;
+#pragma omp parallel num_threads(detail::num_threads(ctx))
+  {
+#pragma omp for schedule(static)
+    for (std::int64_t k = 0; k < chunks; ++k) {
+      double* acc = partials + k * cols;
+      std::fill(acc, acc + cols, 0.0);
+      const std::int64_t r_end = std::min(a.rows, (k + 1) * detail::kRowChunk);
+      for (std::int64_t r = k * detail::kRowChunk; r < r_end; ++r) {
+        const std::int64_t off = r * cols;
+        const float* x = a.in + off;
+        const float* dy = a.d_out + off;
+        // Offsets are applied only to the outputs that exist (never to a null pointer).
+        float* dx = kOut != Outputs::kBf16 ? a.d_in + off : nullptr;
+        core::bf16* dx16 = kOut != Outputs::kF32 ? a.d_in_bf16 + off : nullptr;
 #pragma omp simd
-      for (std::int64_t j = 0; j < width; ++j) {
-        const float g = dy[j] * gelu_grad(x[j] + bias[j]);
-        if constexpr (kOut != Outputs::kBf16) dx[j] = g;
-        if constexpr (kOut != Outputs::kF32) dx16[j] = core::bf16::from_float(g);
-        acc[j] += g;
+        for (std::int64_t c = 0; c < cols; ++c) {
+          const float g = dy[c] * gelu_grad(x[c] + bias[c]);
+          if constexpr (kOut != Outputs::kBf16) dx[c] = g;
+          if constexpr (kOut != Outputs::kF32) dx16[c] = core::bf16::from_float(g);
+          acc[c] += g;
+        }
       }
     }
-    for (std::int64_t j = 0; j < width; ++j) {
-      a.d_bias[c0 + j] = static_cast<float>(a.d_bias[c0 + j] + acc[j]);
-    }
+    // The implicit barrier above: every partial is complete.
+    detail::add_partials_in_parallel(a.d_bias, partials, chunks, cols, cols);
   }
 }
 
@@ -128,14 +129,21 @@ void bias_gelu_backward(const core::ExecContext& ctx, const BiasGeluBackwardArgs
                 "bias_gelu_backward: d_bias, d_out, in and bias must be non-null");
   TRIDENT_CHECK(args.d_in || args.d_in_bf16,
                 "bias_gelu_backward: d_in and d_in_bf16 are both null; nothing to write");
+  double* partials = detail::partials_from_scratch("bias_gelu_backward", args.scratch,
+                                                   detail::num_row_chunks(args.rows) * args.cols);
   switch (outputs_of(args.d_in, args.d_in_bf16)) {
     case Outputs::kF32:
-      return backward_blocks<Outputs::kF32>(ctx, args);
+      return backward_chunks<Outputs::kF32>(ctx, args, partials);
     case Outputs::kBf16:
-      return backward_blocks<Outputs::kBf16>(ctx, args);
+      return backward_chunks<Outputs::kBf16>(ctx, args, partials);
     case Outputs::kBoth:
-      return backward_blocks<Outputs::kBoth>(ctx, args);
+      return backward_chunks<Outputs::kBoth>(ctx, args, partials);
   }
+}
+
+std::int64_t bias_gelu_backward_scratch_bytes(std::int64_t rows, std::int64_t cols) {
+  check_sizes("bias_gelu_backward_scratch_bytes", rows, cols);
+  return detail::num_row_chunks(rows) * cols * static_cast<std::int64_t>(sizeof(double));
 }
 
 }  // namespace trident::kernels

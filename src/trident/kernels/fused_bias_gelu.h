@@ -7,7 +7,9 @@
 // gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), as kernels/elementwise.h.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "trident/core/bf16.h"
 #include "trident/core/exec_context.h"
@@ -27,12 +29,14 @@ struct BiasGeluForwardArgs {
 void bias_gelu_forward(const core::ExecContext& ctx, const BiasGeluForwardArgs& args);
 
 // d_in[r,c] = d_out[r,c] * gelu_tanh'(in[r,c] + bias[c])        (=)
-// d_bias[c] += sum_r d_in[r,c]                                   (+=, summed in double over the
-//                                                                 rows in order: independent of
-//                                                                 the thread count)
+// d_bias[c] += sum_r d_in[r,c]                                   (+=)
 // At least one of d_in and d_in_bf16 must be non-null (d_bias is summed from the FP32 values
-// either way); d_in_bf16 gets core::bf16::from_float of them. d_in may alias d_out. One pass,
-// OpenMP over blocks of up to 512 columns (so cols >= 16 * threads keeps every thread busy).
+// either way); d_in_bf16 gets core::bf16::from_float of them. d_in may alias d_out.
+//
+// One pass over the rows, OpenMP over fixed chunks of 64 rows: each chunk sums its rows in order
+// into its own double partial in scratch, and the partials are added in chunk order, so d_bias is
+// the same for any thread count. scratch: at least bias_gelu_backward_scratch_bytes(rows, cols)
+// bytes, 8-byte aligned (the kernel never allocates).
 struct BiasGeluBackwardArgs {
   float* d_in = nullptr;            // (rows, cols)  f32, written (=), or null
   core::bf16* d_in_bf16 = nullptr;  // (rows, cols)  bf16, written (=), or null
@@ -41,7 +45,12 @@ struct BiasGeluBackwardArgs {
   const float* in = nullptr;        // (rows, cols)  the forward's in (before the bias)
   const float* bias = nullptr;      // (cols)
   std::int64_t rows = 0, cols = 0;
+  std::span<std::byte> scratch{};  // bias_gelu_backward_scratch_bytes(rows, cols) bytes
 };
 void bias_gelu_backward(const core::ExecContext& ctx, const BiasGeluBackwardArgs& args);
+
+// Scratch bytes bias_gelu_backward needs: one double per column per chunk of 64 rows
+// (rows 8192 x cols 3072: 3 MiB).
+[[nodiscard]] std::int64_t bias_gelu_backward_scratch_bytes(std::int64_t rows, std::int64_t cols);
 
 }  // namespace trident::kernels

@@ -1,11 +1,13 @@
-// CPU fused residual add + LayerNorm, forward and backward: OpenMP over rows, SIMD over columns,
-// column blocks for the parameter gradients. See fused_residual_layernorm.h.
+// CPU fused residual add + LayerNorm, forward and backward: OpenMP over rows, SIMD over columns;
+// the backward sums the parameter gradients in the same pass by fixed row chunks (row_partials.h).
+// See fused_residual_layernorm.h.
 #include "trident/kernels/fused_residual_layernorm.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "trident/kernels/cpu_util.h"
+#include "trident/kernels/row_partials.h"
 
 namespace trident::kernels {
 
@@ -69,72 +71,56 @@ void forward_rows(const core::ExecContext& ctx, const ResidualLayerNormForwardAr
   }
 }
 
-// d_resid += rstd * (g - mean(g) - xhat * mean(g * xhat)), g = d_out * w, rows in parallel; the
-// bf16 copy is written from the updated value while it is in a register.
+// One pass, rows in parallel in fixed chunks (row_partials.h). Per row:
+//   d_resid += rstd * (g - mean(g) - xhat * mean(g * xhat)),  g = d_out * w,
+// and the chunk's partials of d_weight (d_out * xhat) and d_bias (d_out) grow by the row, while the
+// row is in L1. partials: per chunk, cols doubles for d_weight then cols for d_bias.
 template <bool kWithBf16>
-void backward_rows(const core::ExecContext& ctx, const ResidualLayerNormBackwardArgs& a) {
+void backward_chunks(const core::ExecContext& ctx, const ResidualLayerNormBackwardArgs& a,
+                     double* partials) {
   const std::int64_t cols = a.cols;
+  const std::int64_t chunks = detail::num_row_chunks(a.rows);
   const float* w = a.weight;
   const float inv_cols = 1.0f / static_cast<float>(cols);
-#pragma omp parallel for num_threads(detail::num_threads(ctx)) schedule(static)
-  for (std::int64_t r = 0; r < a.rows; ++r) {
-    const std::int64_t off = r * cols;
-    const float* x = a.resid + off;
-    const float* dy = a.d_out + off;
-    float* dx = a.d_resid + off;
-    core::bf16* dx16 = kWithBf16 ? a.d_resid_bf16 + off : nullptr;
-    const float mean = a.mean[r];
-    const float rstd = a.rstd[r];
-    float sum_g = 0.0f, sum_g_xhat = 0.0f;
+#pragma omp parallel num_threads(detail::num_threads(ctx))
+  {
+#pragma omp for schedule(static)
+    for (std::int64_t k = 0; k < chunks; ++k) {
+      double* acc_w = partials + k * 2 * cols;
+      double* acc_b = acc_w + cols;
+      std::fill(acc_w, acc_w + 2 * cols, 0.0);
+      const std::int64_t r_end = std::min(a.rows, (k + 1) * detail::kRowChunk);
+      for (std::int64_t r = k * detail::kRowChunk; r < r_end; ++r) {
+        const std::int64_t off = r * cols;
+        const float* x = a.resid + off;
+        const float* dy = a.d_out + off;
+        float* dx = a.d_resid + off;
+        core::bf16* dx16 = kWithBf16 ? a.d_resid_bf16 + off : nullptr;
+        const float mean = a.mean[r];
+        const float rstd = a.rstd[r];
+        float sum_g = 0.0f, sum_g_xhat = 0.0f;
 #pragma omp simd reduction(+ : sum_g, sum_g_xhat)
-    for (std::int64_t c = 0; c < cols; ++c) {
-      const float g = dy[c] * w[c];
-      sum_g += g;
-      sum_g_xhat += g * ((x[c] - mean) * rstd);
-    }
-    const float mean_g = sum_g * inv_cols;
-    const float mean_g_xhat = sum_g_xhat * inv_cols;
+        for (std::int64_t c = 0; c < cols; ++c) {
+          const float g = dy[c] * w[c];
+          sum_g += g;
+          sum_g_xhat += g * ((x[c] - mean) * rstd);
+        }
+        const float mean_g = sum_g * inv_cols;
+        const float mean_g_xhat = sum_g_xhat * inv_cols;
 #pragma omp simd
-    for (std::int64_t c = 0; c < cols; ++c) {
-      const float xhat = (x[c] - mean) * rstd;
-      const float v = dx[c] + rstd * (dy[c] * w[c] - mean_g - xhat * mean_g_xhat);
-      dx[c] = v;
-      if constexpr (kWithBf16) dx16[c] = core::bf16::from_float(v);
-    }
-  }
-}
-
-// d_weight += sum_r d_out * xhat, d_bias += sum_r d_out: threads own column blocks and walk all
-// rows in order, in double, so the result does not depend on the thread count.
-void backward_params(const core::ExecContext& ctx, const ResidualLayerNormBackwardArgs& a) {
-  constexpr std::int64_t kMaxBlock = 512;
-  const std::int64_t cols = a.cols;
-  const int threads = detail::num_threads(ctx);
-  const std::int64_t block = detail::column_block_width(cols, threads, kMaxBlock);
-  const std::int64_t num_blocks = (cols + block - 1) / block;
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (std::int64_t blk = 0; blk < num_blocks; ++blk) {
-    const std::int64_t c0 = blk * block;
-    const std::int64_t width = std::min(block, cols - c0);
-    double acc_w[kMaxBlock];
-    double acc_b[kMaxBlock];
-    std::fill(acc_w, acc_w + width, 0.0);
-    std::fill(acc_b, acc_b + width, 0.0);
-    for (std::int64_t r = 0; r < a.rows; ++r) {
-      const float* x = a.resid + r * cols + c0;
-      const float* dy = a.d_out + r * cols + c0;
-      const float mean = a.mean[r];
-      const float rstd = a.rstd[r];
-#pragma omp simd
-      for (std::int64_t j = 0; j < width; ++j) {
-        acc_w[j] += dy[j] * ((x[j] - mean) * rstd);
-        acc_b[j] += dy[j];
+        for (std::int64_t c = 0; c < cols; ++c) {
+          const float xhat = (x[c] - mean) * rstd;
+          const float v = dx[c] + rstd * (dy[c] * w[c] - mean_g - xhat * mean_g_xhat);
+          dx[c] = v;
+          if constexpr (kWithBf16) dx16[c] = core::bf16::from_float(v);
+          acc_w[c] += dy[c] * xhat;
+          acc_b[c] += dy[c];
+        }
       }
     }
-    for (std::int64_t j = 0; j < width; ++j) {
-      a.d_weight[c0 + j] = static_cast<float>(a.d_weight[c0 + j] + acc_w[j]);
-      a.d_bias[c0 + j] = static_cast<float>(a.d_bias[c0 + j] + acc_b[j]);
-    }
+    // The implicit barrier above: every partial is complete.
+    detail::add_partials_in_parallel(a.d_weight, partials, chunks, 2 * cols, cols);
+    detail::add_partials_in_parallel(a.d_bias, partials + cols, chunks, 2 * cols, cols);
   }
 }
 
@@ -170,12 +156,19 @@ void residual_layernorm_backward(const core::ExecContext& ctx,
   TRIDENT_CHECK(args.d_resid && args.d_weight && args.d_bias && args.d_out && args.resid &&
                     args.weight && args.mean && args.rstd,
                 "residual_layernorm_backward: every pointer but d_resid_bf16 must be non-null");
+  double* partials =
+      detail::partials_from_scratch("residual_layernorm_backward", args.scratch,
+                                    detail::num_row_chunks(args.rows) * 2 * args.cols);
   if (args.d_resid_bf16 != nullptr) {
-    backward_rows<true>(ctx, args);
+    backward_chunks<true>(ctx, args, partials);
   } else {
-    backward_rows<false>(ctx, args);
+    backward_chunks<false>(ctx, args, partials);
   }
-  backward_params(ctx, args);
+}
+
+std::int64_t residual_layernorm_backward_scratch_bytes(std::int64_t rows, std::int64_t cols) {
+  check_sizes("residual_layernorm_backward_scratch_bytes", rows, cols);
+  return detail::num_row_chunks(rows) * 2 * cols * static_cast<std::int64_t>(sizeof(double));
 }
 
 }  // namespace trident::kernels

@@ -7,7 +7,9 @@
 // rstd = 1 / sqrt(var + eps).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "trident/core/bf16.h"
 #include "trident/core/exec_context.h"
@@ -42,9 +44,13 @@ void residual_layernorm_forward(const core::ExecContext& ctx,
 //                 sub-layer that produced b and to the layer before.
 //   d_resid_bf16 (=) core::bf16::from_float of the final d_resid, or null: the d_out operand of the
 //                 BF16 linear backward that produced b (linear_backward_bf16).
-//   d_weight, d_bias (+=) as layernorm_backward (column sums in double, thread-count independent).
-// Two passes, as layernorm_backward: rows in parallel for d_resid, then column blocks for d_weight
-// and d_bias.
+//   d_weight, d_bias (+=) as layernorm_backward: sums over the rows in double, independent of the
+//                 thread count (grouped by chunks of 64 rows, so the rounding can differ from
+//                 layernorm_backward's in the last bits).
+// One pass (layernorm_backward reads d_out and the input twice): OpenMP over fixed chunks of 64
+// rows; each chunk sums its rows into its own double partials in scratch, and the partials are
+// added in chunk order. scratch: at least residual_layernorm_backward_scratch_bytes(rows, cols)
+// bytes, 8-byte aligned (the kernel never allocates).
 struct ResidualLayerNormBackwardArgs {
   float* d_resid = nullptr;            // (rows, cols)  accumulated (+=)
   core::bf16* d_resid_bf16 = nullptr;  // (rows, cols)  bf16, written (=), or null
@@ -56,8 +62,14 @@ struct ResidualLayerNormBackwardArgs {
   const float* mean = nullptr;         // (rows)
   const float* rstd = nullptr;         // (rows)
   std::int64_t rows = 0, cols = 0;
+  std::span<std::byte> scratch{};  // residual_layernorm_backward_scratch_bytes(rows, cols)
 };
 void residual_layernorm_backward(const core::ExecContext& ctx,
                                  const ResidualLayerNormBackwardArgs& args);
+
+// Scratch bytes residual_layernorm_backward needs: two doubles per column per chunk of 64 rows
+// (rows 16384 x cols 768: 3 MiB).
+[[nodiscard]] std::int64_t residual_layernorm_backward_scratch_bytes(std::int64_t rows,
+                                                                     std::int64_t cols);
 
 }  // namespace trident::kernels

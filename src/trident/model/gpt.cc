@@ -505,6 +505,10 @@ void gpt_forward(const core::ExecContext& ctx, const ModelConfig& cfg, const Mod
                            B, T, BT, C, F, NH, Cl, HS, R, region.sp() ? tp_rank * R : 0, tp_rank};
 
   if (rt.shard.has_embedding) {
+    TRIDENT_CHECK(cfg.position_embedding != PositionEmbedding::kLearnedAbsolute ||
+                      T <= cfg.max_positions(),
+                  "sequence of ", T, " tokens is longer than the ", cfg.max_positions(),
+                  " learned positions (--max-position-embeddings); ALiBi models have no such limit");
     call(rt.before_forward, -1);
     float* dst = cfg.embed_layernorm ? a.emb_raw : a.encoded;
     float* emb = layer.partial_of(dst);
