@@ -13,6 +13,7 @@
 
 #include "trident/core/arena.h"
 #include "trident/core/timer.h"
+#include "trident/kernels/bf16.h"
 #include "trident/kernels/elementwise.h"
 #include "trident/model/gpt.h"
 #include "trident/model/param_table.h"
@@ -26,6 +27,7 @@ int main(int argc, char** argv) {
   mc.vocab_size = 50257;
   std::int64_t batch = 4;
   int warmup = 2, steps = 5;
+  bool bf16 = false;
   CLI::App app{"trident GPT training-step benchmark"};
   app.add_option("--num-layers", mc.num_layers)->capture_default_str();
   app.add_option("--hidden-size", mc.hidden_size)->capture_default_str();
@@ -36,6 +38,7 @@ int main(int argc, char** argv) {
   app.add_option("--micro-batch-size", batch)->capture_default_str();
   app.add_option("--warmup", warmup)->capture_default_str();
   app.add_option("--steps", steps)->capture_default_str();
+  app.add_flag("--bf16", bf16, "BF16 mixed precision (as trident train --bf16)");
   CLI11_PARSE(app, argc, argv);
 
   const core::ExecContext ctx;
@@ -46,8 +49,12 @@ int main(int argc, char** argv) {
   const model::GptParams params = model::gpt_param_views(mc, table, p.data());
   const model::GptGrads grads = model::gpt_grad_views(mc, table, g.data());
   model::GptActivations acts;
-  const model::ModelRuntime rt;
-  model::make_activations(mc, rt.shard, batch, mc.seq_length, acts);
+  model::ModelRuntime rt;
+  // --bf16: BF16 weight copies refreshed after every step, BF16 matmul operands.
+  std::vector<core::bf16> p16(bf16 ? p.size() : 0);
+  const model::GptParamsBf16 params16 = model::gpt_param_views_bf16(mc, table, p16.data());
+  if (bf16) rt.params_bf16 = &params16;
+  model::make_activations(mc, rt.shard, batch, mc.seq_length, bf16, acts);
   const std::int64_t BT = batch * mc.seq_length;
   std::vector<std::int32_t> tokens(static_cast<std::size_t>(BT)), labels(tokens.size());
   std::mt19937 rng(1);
@@ -60,6 +67,7 @@ int main(int argc, char** argv) {
   double loss = 0;
   for (int s = 0; s < warmup + steps; ++s) {
     core::Timer t;
+    if (bf16) kernels::convert_f32_to_bf16(ctx, p16.data(), p.data(), n);
     model::gpt_forward(ctx, mc, rt, params, tokens.data(), acts);
     const model::LossSum l = model::gpt_loss(ctx, mc, rt, labels.data(), 1.0f / static_cast<float>(BT),
                                              model::LossGrad::kCompute, acts);
@@ -74,7 +82,7 @@ int main(int argc, char** argv) {
   std::vector<double> sorted = ms;
   std::sort(sorted.begin(), sorted.end());
   const double median = sorted[sorted.size() / 2];
-  nlohmann::json out = {{"system", "trident"}, {"dtype", "fp32"}, {"median_ms", median},
+  nlohmann::json out = {{"system", "trident"}, {"dtype", bf16 ? "bf16" : "fp32"}, {"median_ms", median},
                         {"step_ms", ms}, {"tokens_per_s", static_cast<double>(BT) / (median / 1e3)},
                         {"loss", loss}, {"params", table.num_parameters()}};
   std::printf("%s\n", out.dump().c_str());

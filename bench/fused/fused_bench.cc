@@ -170,25 +170,28 @@ Timing time_alternating(const core::ExecContext& ctx, const Case& c, int reps) {
 // The conversions, timed round-robin (one call of each per round), medians over --reps rounds.
 void time_conversions(const core::ExecContext& ctx, int reps, const std::vector<float>& f32,
                       std::vector<core::bf16>& h1, std::vector<core::bf16>& h2,
-                      std::vector<float>& back) {
+                      std::vector<float>& back, const std::vector<float>& other) {
   const auto n = static_cast<std::int64_t>(f32.size());
   const std::function<void()> calls[] = {
       [&] { kernels::convert_f32_to_bf16(ctx, h1.data(), f32.data(), n); },
       [&] { convert_portable(ctx, h2.data(), f32.data(), n); },
-      [&] { kernels::convert_bf16_to_f32(ctx, back.data(), h1.data(), n); }};
+      [&] { kernels::convert_bf16_to_f32(ctx, back.data(), h1.data(), n); },
+      [&] { kernels::add_forward(ctx, back.data(), f32.data(), other.data(), n); }};
   const char* names[] = {kernels::detail::has_avx512bf16_convert()
                              ? "convert_f32_to_bf16 (vcvtne2ps2bf16)"
                              : "convert_f32_to_bf16 (portable: no avx512_bf16 in this build)",
-                         "f32 -> bf16, portable loop", "convert_bf16_to_f32"};
+                         "f32 -> bf16, portable loop", "convert_bf16_to_f32",
+                         "calibration: add_forward (STREAM add, 12 B each)"};
   for (const auto& call : calls) call();  // warm-up
   std::size_t mismatches = 0;
   for (std::size_t i = 0; i < h1.size(); ++i) mismatches += h1[i].bits != h2[i].bits ? 1 : 0;
   wait_for_idle(0.1, 0.25, 20.0);
   ForeignLoad load;
   load.start();
-  std::vector<double> t[3];
+  constexpr int kCalls = 4;
+  std::vector<double> t[kCalls];
   for (int r = 0; r < reps; ++r) {
-    for (int k = 0; k < 3; ++k) {
+    for (int k = 0; k < kCalls; ++k) {
       core::Timer timer;
       calls[k]();
       t[k].push_back(timer.elapsed_s());
@@ -200,10 +203,11 @@ void time_conversions(const core::ExecContext& ctx, int reps, const std::vector<
       "| conversion, %lld elements (6 B each) | ms | GB/s | of %.0f GB/s |\n"
       "|---|---|---|---|\n",
       static_cast<long long>(n), kStreamTriadGBs);
-  for (int k = 0; k < 3; ++k) {
+  for (int k = 0; k < kCalls; ++k) {
     const double s = median(t[k]);
-    std::printf("| %s | %.2f | %.1f | %.0f%% |\n", names[k], s * 1e3, bytes / s * 1e-9,
-                100.0 * bytes / s * 1e-9 / kStreamTriadGBs);
+    const double b = k == 3 ? 2.0 * bytes : bytes;
+    std::printf("| %s | %.2f | %.1f | %.0f%% |\n", names[k], s * 1e3, b / s * 1e-9,
+                100.0 * b / s * 1e-9 / kStreamTriadGBs);
   }
   std::printf("\nportable vs vcvtne2ps2bf16: %zu of %lld results differ; foreign load %.2f\n\n",
               mismatches, static_cast<long long>(n), foreign);
@@ -430,7 +434,7 @@ int run(int reps, const std::vector<int>& thread_counts) {
       std::fflush(stdout);
     }
     std::printf("\n");
-    time_conversions(ctx, reps, c_f, c_h, c_h2, c_back);
+    time_conversions(ctx, reps, c_f, c_h, c_h2, c_back, a_g);
   }
   return 0;
 }

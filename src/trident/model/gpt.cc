@@ -298,7 +298,8 @@ class TpRegion {
  public:
   TpRegion(const ModelRuntime& rt, std::int64_t rows, std::int64_t cols)
       : tp_(rt.tp && rt.tp->size() > 1 ? rt.tp : nullptr),
-        sp_(tp_ != nullptr && rt.shard.sequence_parallel), rows_(rows), cols_(cols) {}
+        sp_(tp_ != nullptr && rt.shard.sequence_parallel), rows_(rows), cols_(cols),
+        traffic_(rt.tp_traffic) {}
   bool sp() const { return sp_; }
   std::int64_t local_rows() const { return sp_ ? rows_ / tp_->size() : rows_; }
 
@@ -306,6 +307,7 @@ class TpRegion {
   // into `full` (B*T rows). Returns the full-rows input of the column-parallel layer.
   const float* enter(const float* local, float* full) const {
     if (!sp_) return local;
+    count(&TpTraffic::all_gathers, 1.0);
     tp_->all_gather(local, full, local_rows() * cols_, comm::Datatype::kF32);
     return full;
   }
@@ -315,8 +317,10 @@ class TpRegion {
   void leave(float* partial, float* out) const {
     if (!tp_) return;
     if (!sp_) {
+      count(&TpTraffic::all_reduces, 2.0);
       tp_->all_reduce(partial, rows_ * cols_, comm::Datatype::kF32, comm::ReduceOp::kSum);
     } else {
+      count(&TpTraffic::reduce_scatters, 1.0);
       tp_->reduce_scatter(partial, out, local_rows() * cols_, comm::Datatype::kF32,
                           comm::ReduceOp::kSum);
     }
@@ -329,9 +333,11 @@ class TpRegion {
   float* enter_backward(float* partial) const {
     if (!tp_) return partial;
     if (!sp_) {
+      count(&TpTraffic::all_reduces, 2.0);
       tp_->all_reduce(partial, rows_ * cols_, comm::Datatype::kF32, comm::ReduceOp::kSum);
       return partial;
     }
+    count(&TpTraffic::reduce_scatters, 1.0);
     float* mine = partial + static_cast<std::int64_t>(tp_->rank()) * local_rows() * cols_;
     tp_->reduce_scatter(partial, mine, local_rows() * cols_, comm::Datatype::kF32,
                         comm::ReduceOp::kSum);
@@ -339,9 +345,18 @@ class TpRegion {
   }
 
  private:
+  // One collective over the full (rows x cols) buffer: ring bytes = factor (T-1)/T x 4 bytes each.
+  void count(std::int64_t TpTraffic::*what, double factor) const {
+    if (!traffic_) return;
+    ++(traffic_->*what);
+    const double t = tp_->size();
+    traffic_->bytes += factor * (t - 1) / t * static_cast<double>(rows_ * cols_) * 4.0;
+  }
+
   comm::Communicator* tp_;
   bool sp_;
   std::int64_t rows_, cols_;
+  TpTraffic* traffic_;
 };
 
 enum class DropSite : std::uint64_t { kEmbedding = 1, kAttentionOut = 2, kMlpOut = 3, kProbs = 4 };

@@ -64,6 +64,13 @@ GptParams gpt_param_views(const ModelConfig& cfg, const ParamTable& table,
 GptGrads gpt_grad_views(const ModelConfig& cfg, const ParamTable& table,
                         const std::function<float*(std::int64_t offset)>& locate);
 
+// Tensor-parallel traffic of the model's own collectives, counted per call (for the log and the
+// per-layer communication measurements in docs/3d-parallelism.md).
+struct TpTraffic {
+  std::int64_t all_reduces = 0, all_gathers = 0, reduce_scatters = 0;
+  double bytes = 0;  // ring bytes sent per rank: all-reduce 2 (T-1)/T x, the others (T-1)/T x
+};
+
 // How the model talks to its tensor-parallel group, and optional per-layer callbacks (ZeRO-3
 // parameter gathers, gradient-bucket launches). Layer ids: -1 = embedding, 0..L-1 = the shard's
 // layers (local index), L = the head (final LayerNorm and output layer).
@@ -74,6 +81,7 @@ struct ModelRuntime {
   // --bf16: the BF16 weight copies; every matmul then takes BF16 operands with FP32 accumulation
   // and FP32 output (activations are converted on the way in). Null: FP32 matmuls.
   const GptParamsBf16* params_bf16 = nullptr;
+  TpTraffic* tp_traffic = nullptr;  // counts the model's tensor-parallel collectives when set
   std::uint64_t dropout_seed = 0;
   std::function<void(std::int64_t layer)> before_forward;   // parameters of `layer` are needed
   std::function<void(std::int64_t layer)> before_backward;  // parameters of `layer` are needed

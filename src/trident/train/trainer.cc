@@ -166,12 +166,14 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
 
   const std::int64_t B = cfg.micro_batch_size, T = mc.seq_length;
   std::int64_t micro_batches = cfg.num_micro_batches(world.size());
+  model::TpTraffic tp_traffic;
   std::vector<model::ModelRuntime> runtimes;
   for (const ModelChunk& ch : rank_model.chunks()) {
     model::ModelRuntime rt;
     rt.shard = ch.shard;
     rt.tp = &par.tp();
     rt.dropout_seed = cfg.seed ^ 0x5eed0d0bull;
+    rt.tp_traffic = &tp_traffic;
     runtimes.push_back(rt);
   }
   optimizer.install_hooks(runtimes);
@@ -267,6 +269,7 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
   // validation iterator does, at the full global batch size.
   auto evaluate = [&](std::int64_t it) {
     if (!datasets.valid || cfg.eval_iters == 0) return;
+    const model::TpTraffic training_traffic = tp_traffic;  // evaluation is not counted
     model::LossSum total;
     const std::int64_t eval_micro = cfg.global_batch_size / (B * dp);
     for (std::int64_t e = 0; e < cfg.eval_iters; ++e) {
@@ -290,6 +293,7 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
     log::info("validation loss at iteration ", it, " | lm loss value: ", fmt_e(loss),
               " | lm loss PPL: ", fmt_e(ppl));
     metrics.write({{"iteration", it}, {"split", "valid"}, {"lm_loss", loss}, {"ppl", ppl}});
+    tp_traffic = training_traffic;
   };
   auto save = [&](std::int64_t it) {
     if (cfg.save.empty()) return;
@@ -394,6 +398,15 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
       record["dp_comm_bytes_per_iteration"] =
           optimizer.comm().dp_bytes / static_cast<double>(interval_iters);
       optimizer.reset_comm();
+      if (layout.tp_size > 1) {
+        const double iters = static_cast<double>(interval_iters);
+        record["tp_comm_bytes_per_iteration"] = tp_traffic.bytes / iters;
+        record["tp_all_reduces_per_iteration"] = static_cast<double>(tp_traffic.all_reduces) / iters;
+        record["tp_all_gathers_per_iteration"] = static_cast<double>(tp_traffic.all_gathers) / iters;
+        record["tp_reduce_scatters_per_iteration"] =
+            static_cast<double>(tp_traffic.reduce_scatters) / iters;
+        tp_traffic = {};
+      }
       if (layout.pp_size > 1) {
         record["pipeline_idle_fraction"] = idle;
         std::string text;
