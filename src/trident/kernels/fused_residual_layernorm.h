@@ -50,7 +50,7 @@ void residual_layernorm_forward(const core::ExecContext& ctx,
 // One pass (layernorm_backward reads d_out and the input twice): OpenMP over fixed chunks of 64
 // rows; each chunk sums its rows into its own double partials in scratch, and the partials are
 // added in chunk order. scratch: at least residual_layernorm_backward_scratch_bytes(rows, cols)
-// bytes, 8-byte aligned (the kernel never allocates).
+// bytes, 8-byte aligned (the kernel never allocates). d_resid must not alias d_out or resid.
 struct ResidualLayerNormBackwardArgs {
   float* d_resid = nullptr;            // (rows, cols)  accumulated (+=)
   core::bf16* d_resid_bf16 = nullptr;  // (rows, cols)  bf16, written (=), or null
