@@ -1,9 +1,8 @@
 // `trident generate`: sample text from a checkpoint with a KV cache (greedy at temperature 0).
 #include <cstdio>
 #include <memory>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "commands.h"
 #include "trident/ckpt/checkpoint.h"
@@ -50,9 +49,12 @@ void run_generate(const GenerateOptions& o) {
   // padding so every parameter has its trained shape.
   mc.make_vocab_size_divisible_by *= manifest.at("layout").value("tp", 1);
   auto tokenizer = data::make_tokenizer(
-      {.type = o.tokenizer_type.empty() ? config.at("tokenizer_type").get<std::string>() : o.tokenizer_type,
-       .vocab_file = o.vocab_file.empty() ? config.at("vocab_file").get<std::string>() : o.vocab_file,
-       .merge_file = o.merge_file.empty() ? config.at("merge_file").get<std::string>() : o.merge_file,
+      {.type = o.tokenizer_type.empty() ? config.at("tokenizer_type").get<std::string>()
+                                        : o.tokenizer_type,
+       .vocab_file =
+           o.vocab_file.empty() ? config.at("vocab_file").get<std::string>() : o.vocab_file,
+       .merge_file =
+           o.merge_file.empty() ? config.at("merge_file").get<std::string>() : o.merge_file,
        .model_file = config.value("tokenizer_model", std::string()),
        .vocab_size = config.value("null_tokenizer_vocab_size", std::int64_t{0})});
   TRIDENT_CHECK(tokenizer->vocab_size() == mc.vocab_size, "the tokenizer has ",
@@ -95,7 +97,8 @@ void register_generate(CLI::App& app) {
   CLI::App* sub = app.add_subcommand("generate", "Sample text from a checkpoint");
   sub->add_option("--load", o->load, "Checkpoint directory")->required();
   sub->add_option("--prompt", o->prompt, "Text to continue")->required();
-  sub->add_option("--max-new-tokens", o->max_new_tokens, "Tokens to generate")->capture_default_str();
+  sub->add_option("--max-new-tokens", o->max_new_tokens, "Tokens to generate")
+      ->capture_default_str();
   sub->add_option("--temperature", o->sampling.temperature, "0 = greedy")->capture_default_str();
   sub->add_option("--top-k", o->sampling.top_k, "Keep the k most likely tokens (0 = all)")
       ->capture_default_str();

@@ -1,15 +1,14 @@
 // One training step of a GPT (forward + loss, zeroing gradients, backward, clipping norm, AdamW)
 // timed in trident, with the same span and settings as bench/e2e/torch_gpt_step.py, so that
 // bench/e2e/run_step_bench.sh can put the two side by side. Prints one JSON line.
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <vector>
-
-#include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
 #include "trident/core/arena.h"
 #include "trident/core/timer.h"
@@ -60,8 +59,8 @@ int main(int argc, char** argv) {
   std::mt19937 rng(1);
   for (auto& t : tokens) t = static_cast<std::int32_t>(rng() % mc.vocab_size);
   for (auto& t : labels) t = static_cast<std::int32_t>(rng() % mc.vocab_size);
-  const optim::AdamWConfig adam{.beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
-                                .weight_decay = 0.0f, .clip_grad = 0.0f};
+  const optim::AdamWConfig adam{
+      .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.0f, .clip_grad = 0.0f};
 
   std::vector<double> ms;
   double loss = 0;
@@ -69,22 +68,26 @@ int main(int argc, char** argv) {
     core::Timer t;
     if (bf16) kernels::convert_f32_to_bf16(ctx, p16.data(), p.data(), n);
     model::gpt_forward(ctx, mc, rt, params, tokens.data(), acts);
-    const model::LossSum l = model::gpt_loss(ctx, mc, rt, labels.data(), 1.0f / static_cast<float>(BT),
-                                             model::LossGrad::kCompute, acts);
+    const model::LossSum l = model::gpt_loss(
+        ctx, mc, rt, labels.data(), 1.0f / static_cast<float>(BT), model::LossGrad::kCompute, acts);
     std::memset(g.data(), 0, g.size() * sizeof(float));
     model::gpt_backward(ctx, mc, rt, params, grads, tokens.data(), acts);
-    optim::adamw_step(ctx, table, adam, 1e-4, s + 1, 1.0f,
-                      {.range = {0, n}, .params = p.data(), .grads = g.data(), .m = m.data(),
-                       .v = v.data()});
+    optim::adamw_step(
+        ctx, table, adam, 1e-4, s + 1, 1.0f,
+        {.range = {0, n}, .params = p.data(), .grads = g.data(), .m = m.data(), .v = v.data()});
     loss = l.sum / static_cast<double>(l.count);
     if (s >= warmup) ms.push_back(t.elapsed_ms());
   }
   std::vector<double> sorted = ms;
   std::sort(sorted.begin(), sorted.end());
   const double median = sorted[sorted.size() / 2];
-  nlohmann::json out = {{"system", "trident"}, {"dtype", bf16 ? "bf16" : "fp32"}, {"median_ms", median},
-                        {"step_ms", ms}, {"tokens_per_s", static_cast<double>(BT) / (median / 1e3)},
-                        {"loss", loss}, {"params", table.num_parameters()}};
+  nlohmann::json out = {{"system", "trident"},
+                        {"dtype", bf16 ? "bf16" : "fp32"},
+                        {"median_ms", median},
+                        {"step_ms", ms},
+                        {"tokens_per_s", static_cast<double>(BT) / (median / 1e3)},
+                        {"loss", loss},
+                        {"params", table.num_parameters()}};
   std::printf("%s\n", out.dump().c_str());
   return 0;
 }

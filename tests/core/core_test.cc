@@ -72,8 +72,8 @@ TEST(Bf16, MatchesDoubleReferenceOnSweep) {
 
 TEST(Philox, KnownAnswer) {
   // Random123's published known-answer vector for philox4x32-10 with all-ones input.
-  const Philox4x32 r = philox4x32({0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu},
-                                  {0xffffffffu, 0xffffffffu});
+  const Philox4x32 r =
+      philox4x32({0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}, {0xffffffffu, 0xffffffffu});
   EXPECT_EQ(r[0], 0x408f276du);
   EXPECT_EQ(r[1], 0x41c83b0eu);
   EXPECT_EQ(r[2], 0xa20bc7c6u);

@@ -3,9 +3,9 @@
 // consumed_samples, and the --rampup-batch-size schedule against megatron-core's own
 // num-microbatches calculator (tests/data/reference/megatron_batch_schedule.py, run here).
 #include "trident/data/data_loader.h"
-#include "reference/reference_util.h"
 
 #include <gtest/gtest.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "reference/reference_util.h"
 #include "trident/core/error.h"
 
 namespace trident::data {

@@ -21,12 +21,12 @@
 #include <string>
 #include <vector>
 
+#include "reference/reference_util.h"
 #include "trident/core/error.h"
 #include "trident/core/timer.h"
 #include "trident/data/blended_dataset.h"
 #include "trident/data/dataset_builder.h"
 #include "trident/data/indexed_dataset.h"
-#include "reference/reference_util.h"
 
 namespace trident::data {
 namespace {

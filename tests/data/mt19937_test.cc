@@ -2,9 +2,9 @@
 // (tests/data/reference/numpy_mt19937.py), and every shuffle, raw draw and bounded draw must match
 // bit for bit. Also the .npy writer, MD5 and Python-JSON helpers of index_cache.h.
 #include "trident/data/mt19937.h"
-#include "reference/reference_util.h"
 
 #include <gtest/gtest.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "reference/reference_util.h"
 #include "trident/core/error.h"
 #include "trident/data/index_cache.h"
 

@@ -18,11 +18,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "trident/ckpt/checkpoint.h"
 #include "trident/data/indexed_dataset.h"
@@ -77,9 +76,10 @@ class Equivalence : public ::testing::Test {
     fs::create_directories(out);
     std::string cmd;
     if (l.np > 1) {
-      cmd = std::string("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
-                        "OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_mpi_yield_when_idle=1 "
-                        "OMP_NUM_THREADS=1 ") +
+      cmd = std::string(
+                "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+                "OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_mpi_yield_when_idle=1 "
+                "OMP_NUM_THREADS=1 ") +
             TRIDENT_MPIEXEC + " -np " + std::to_string(l.np) + " ";
     } else {
       cmd = "OMP_NUM_THREADS=1 ";
@@ -90,11 +90,12 @@ class Equivalence : public ::testing::Test {
            " --lr-warmup-iters 2 --lr-decay-style cosine --min-lr 3e-4 --weight-decay 0.1"
            " --clip-grad 1.0 --adam-eps 1e-5 --init-method-std 0.05 --seed 9"
            " --tokenizer-type NullTokenizer --vocab-size 300 --split 98,2,0"
-           " --data-path " + (dir() / "corpus").string() +
-           " --data-cache-path " + (dir() / "cache").string() +
+           " --data-path " +
+           (dir() / "corpus").string() + " --data-cache-path " + (dir() / "cache").string() +
            " --log-interval 1 --eval-interval 100 --eval-iters 0 --peak-tflops 1"
-           " --make-vocab-size-divisible-by " + std::to_string(128 / l.tp) +
-           " --save " + out + "/ckpt --metrics-jsonl " + out + "/metrics.jsonl";
+           " --make-vocab-size-divisible-by " +
+           std::to_string(128 / l.tp) + " --save " + out + "/ckpt --metrics-jsonl " + out +
+           "/metrics.jsonl";
     for (const std::string& f : l.flags) cmd += " " + f;
     if (!l.model_flags.empty()) cmd += " " + l.model_flags;
     cmd += " > " + out + "/log.txt 2>&1";
@@ -176,13 +177,15 @@ class Equivalence : public ::testing::Test {
         worst_name = p.name;
       }
     }
-    std::printf("%s: max loss rel diff %.2e, worst parameter %s rel diff %.2e\n", l.name.c_str(),
-                [&] {
-                  double w = 0;
-                  for (std::size_t i = 0; i < ref.size(); ++i) w = std::max(w, std::abs(got[i] - ref[i]) / ref[i]);
-                  return w;
-                }(),
-                worst_name.c_str(), worst);
+    std::printf(
+        "%s: max loss rel diff %.2e, worst parameter %s rel diff %.2e\n", l.name.c_str(),
+        [&] {
+          double w = 0;
+          for (std::size_t i = 0; i < ref.size(); ++i)
+            w = std::max(w, std::abs(got[i] - ref[i]) / ref[i]);
+          return w;
+        }(),
+        worst_name.c_str(), worst);
   }
 };
 
@@ -201,8 +204,7 @@ TEST_F(Equivalence, TensorParallel2SequenceParallel) {
   expect_equivalent({"tp2sp", 2, {"--tensor-model-parallel-size 2 --sequence-parallel"}, 2});
 }
 TEST_F(Equivalence, TensorParallel4SequenceParallelDataParallel2) {
-  expect_equivalent(
-      {"tp4spdp2", 8, {"--tensor-model-parallel-size 4 --sequence-parallel"}, 4});
+  expect_equivalent({"tp4spdp2", 8, {"--tensor-model-parallel-size 4 --sequence-parallel"}, 4});
 }
 TEST_F(Equivalence, Pipeline2OneF1B) {
   expect_equivalent({"pp2", 2, {"--pipeline-model-parallel-size 2"}, 1});
@@ -215,18 +217,20 @@ TEST_F(Equivalence, Pipeline2GPipe) {
       {"pp2gpipe", 2, {"--pipeline-model-parallel-size 2 --pipeline-schedule gpipe"}, 1});
 }
 TEST_F(Equivalence, Pipeline2Interleaved) {
-  expect_equivalent({"pp2v2", 2,
+  expect_equivalent({"pp2v2",
+                     2,
                      {"--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1"},
                      1});
 }
 TEST_F(Equivalence, Pipeline2UnevenSplit) {
-  expect_equivalent({"pp2uneven", 2,
+  expect_equivalent({"pp2uneven",
+                     2,
                      {"--pipeline-model-parallel-size 2 --decoder-first-pipeline-num-layers 1"},
                      1});
 }
 TEST_F(Equivalence, ThreeD) {
-  expect_equivalent({"tp2pp2dp2", 8,
-                     {"--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2"}, 2});
+  expect_equivalent(
+      {"tp2pp2dp2", 8, {"--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2"}, 2});
 }
 // ZeRO: sharded optimizer state (1), gradients (2) and parameters (3) give the same training.
 // A small --ddp-bucket-size makes several buckets; 3 ranks make shards that do not divide the
@@ -237,17 +241,24 @@ TEST_F(Equivalence, Zero1DataParallel2) {
 TEST_F(Equivalence, Zero2DataParallel4) {
   expect_equivalent({"zero2dp4", 4, {"--zero-stage 2"}, 1});
 }
-TEST_F(Equivalence, Zero3DataParallel2) { expect_equivalent({"zero3dp2", 2, {"--zero-stage 3"}, 1}); }
-TEST_F(Equivalence, Zero3DataParallel4) { expect_equivalent({"zero3dp4", 4, {"--zero-stage 3"}, 1}); }
+TEST_F(Equivalence, Zero3DataParallel2) {
+  expect_equivalent({"zero3dp2", 2, {"--zero-stage 3"}, 1});
+}
+TEST_F(Equivalence, Zero3DataParallel4) {
+  expect_equivalent({"zero3dp4", 4, {"--zero-stage 3"}, 1});
+}
 TEST_F(Equivalence, ZeroStagesOnThreeRanks) {
   for (int stage = 0; stage <= 3; ++stage) {
-    expect_equivalent({"zero" + std::to_string(stage) + "dp3", 3,
-                       {"--zero-stage " + std::to_string(stage) + " --ddp-bucket-size 3000"}, 1,
+    expect_equivalent({"zero" + std::to_string(stage) + "dp3",
+                       3,
+                       {"--zero-stage " + std::to_string(stage) + " --ddp-bucket-size 3000"},
+                       1,
                        "--global-batch-size 12"});
   }
 }
 TEST_F(Equivalence, ThreeDZero1) {
-  expect_equivalent({"tp2pp2dp2zero1", 8,
+  expect_equivalent({"tp2pp2dp2zero1",
+                     8,
                      {"--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
                       "--use-distributed-optimizer"},
                      2});
@@ -256,7 +267,8 @@ TEST_F(Equivalence, PipelineZero2And3) {
   // DeepSpeed refuses ZeRO >= 2 with pipeline parallelism; here the per-layer reduction runs in
   // every micro-batch of the schedule (docs/parallelism.md explains the cost).
   expect_equivalent({"pp2dp2zero2", 4, {"--pipeline-model-parallel-size 2 --zero-stage 2"}, 1});
-  expect_equivalent({"tp2pp2dp2zero3sp", 8,
+  expect_equivalent({"tp2pp2dp2zero3sp",
+                     8,
                      {"--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
                       "--zero-stage 3 --sequence-parallel"},
                      2});
@@ -264,8 +276,8 @@ TEST_F(Equivalence, PipelineZero2And3) {
 TEST_F(Equivalence, Zero3ResumeIsBitwise) {
   ASSERT_EQ(train({"zero3_full", 2, {"--zero-stage 3"}, 1}), 0);
   ASSERT_EQ(train({"zero3_part", 2, {"--zero-stage 3 --exit-interval 5"}, 1}), 0);
-  ASSERT_EQ(train({"zero3_part", 2,
-                   {"--zero-stage 3 --load " + run_dir("zero3_part") + "/ckpt"}, 1}), 0);
+  ASSERT_EQ(
+      train({"zero3_part", 2, {"--zero-stage 3 --load " + run_dir("zero3_part") + "/ckpt"}, 1}), 0);
   const auto a = losses("zero3_full"), b = losses("zero3_part");
   ASSERT_EQ(a.size(), 10u);
   ASSERT_EQ(b.size(), 10u);
@@ -280,9 +292,16 @@ TEST_F(Equivalence, Bf16Layouts) {
   const std::string bf16 = "--bf16";
   const std::string ref = reference_for({"x", 1, {}, 1, bf16});
   for (const Layout& l :
-       {Layout{"bf16_tp2pp2dp2", 8, {"--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2"}, 2, bf16},
-        Layout{"bf16_tp2dp2zero2sp", 4,
-               {"--tensor-model-parallel-size 2 --zero-stage 2 --sequence-parallel"}, 2, bf16}}) {
+       {Layout{"bf16_tp2pp2dp2",
+               8,
+               {"--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2"},
+               2,
+               bf16},
+        Layout{"bf16_tp2dp2zero2sp",
+               4,
+               {"--tensor-model-parallel-size 2 --zero-stage 2 --sequence-parallel"},
+               2,
+               bf16}}) {
     ASSERT_EQ(train(l), 0) << l.name;
     const auto a = losses(ref), b = losses(l.name);
     ASSERT_EQ(b.size(), a.size());
@@ -304,25 +323,32 @@ TEST_F(Equivalence, DropoutChangesTheRun) {
   EXPECT_NE(losses(ref)[0], losses("reference")[0]);
 }
 TEST_F(Equivalence, DropoutPipeline2Interleaved) {
-  expect_equivalent({"drop_pp2v2", 2,
+  expect_equivalent({"drop_pp2v2",
+                     2,
                      {"--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1"},
-                     1, kDropout});
+                     1,
+                     kDropout});
 }
 TEST_F(Equivalence, BloomThreeD) {
-  expect_equivalent({"bloom_tp2pp2dp2", 8,
-                     {"--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2"}, 2,
+  expect_equivalent({"bloom_tp2pp2dp2",
+                     8,
+                     {"--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2"},
+                     2,
                      "--model bloom"});
 }
 // `trident generate` reassembles a TP x PP checkpoint and decodes greedily the same tokens as from
 // the one-process checkpoint.
 TEST_F(Equivalence, GenerateFromThreeDCheckpoint) {
-  ASSERT_EQ(train({"gen_tp2pp2", 4,
-                   {"--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2"}, 2}), 0);
+  ASSERT_EQ(train({"gen_tp2pp2",
+                   4,
+                   {"--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2"},
+                   2}),
+            0);
   auto generate = [&](const std::string& run) {
     const std::string out = run_dir(run) + "/generated.txt";
     const std::string cmd = std::string(TRIDENT_CLI) + " generate --load " + run_dir(run) +
-                            "/ckpt --prompt '5 6 7 8' --max-new-tokens 8 --temperature 0 > " +
-                            out + " 2>/dev/null";
+                            "/ckpt --prompt '5 6 7 8' --max-new-tokens 8 --temperature 0 > " + out +
+                            " 2>/dev/null";
     EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
     std::ifstream in(out);
     return std::string((std::istreambuf_iterator<char>(in)), {});
@@ -333,7 +359,8 @@ TEST_F(Equivalence, GenerateFromThreeDCheckpoint) {
 }
 
 TEST_F(Equivalence, ThreeDSequenceParallelInterleaved) {
-  expect_equivalent({"tp2pp2dp2spv2", 8,
+  expect_equivalent({"tp2pp2dp2spv2",
+                     8,
                      {"--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
                       "--sequence-parallel --num-layers-per-virtual-pipeline-stage 1"},
                      2});

@@ -27,8 +27,9 @@ using Clock = std::chrono::steady_clock;
 class Fault : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("trident_fault_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = fs::temp_directory_path() /
+           ("trident_fault_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
     data::IndexedDatasetBuilder builder((dir_ / "corpus").string(), data::TokenDType::kU16);
@@ -47,15 +48,18 @@ class Fault : public ::testing::Test {
   void start() {
     const std::string log = (dir_ / "log.txt").string();
     const std::string cmd =
-        std::string("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
-                    "OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_mpi_yield_when_idle=1 "
-                    "OMP_NUM_THREADS=1 ") +
+        std::string(
+            "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+            "OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_mpi_yield_when_idle=1 "
+            "OMP_NUM_THREADS=1 ") +
         TRIDENT_MPIEXEC + " -np 4 " + TRIDENT_CLI +
         " train --num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16"
         " --micro-batch-size 2 --global-batch-size 8 --train-iters 100000 --lr 1e-3"
-        " --tokenizer-type NullTokenizer --vocab-size 300 --data-path " + (dir_ / "corpus").string() +
+        " --tokenizer-type NullTokenizer --vocab-size 300 --data-path " +
+        (dir_ / "corpus").string() +
         " --log-interval 1 --eval-iters 0 --peak-tflops 1 --comm-timeout 3"
-        " --metrics-jsonl " + (dir_ / "m.jsonl").string() + "; echo EXIT=$? >> " + log;
+        " --metrics-jsonl " +
+        (dir_ / "m.jsonl").string() + "; echo EXIT=$? >> " + log;
     std::system(("(" + cmd + ") > " + log + " 2>&1 &").c_str());
     // Wait for a few iterations, then find the ranks (processes named "trident" whose command
     // line carries our directory).

@@ -1,6 +1,8 @@
 // Flash attention against its reference (scores materialized in double) and against the unfused
 // attention kernel: forward output and every gradient, with and without ALiBi and dropout, plus
 // causality and the ALiBi slopes of BLOOM.
+#include "trident/kernels/flash_attention.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,7 +10,6 @@
 #include <vector>
 
 #include "trident/kernels/attention.h"
-#include "trident/kernels/flash_attention.h"
 
 namespace trident::kernels {
 namespace {
@@ -46,14 +47,24 @@ TEST_P(FlashAttention, MatchesReference) {
   const auto d_out = randn(static_cast<std::size_t>(c.B * c.T * C), 2);
   std::vector<float> slopes(static_cast<std::size_t>(c.NH));
   alibi_slopes(c.NH, slopes.data());
-  AttentionDropout drop{.p = c.dropout, .seed = 5, .stream = 77, .first_sample = 3,
-                        .head_offset = 2, .total_heads = c.NH + 4};
+  AttentionDropout drop{.p = c.dropout,
+                        .seed = 5,
+                        .stream = 77,
+                        .first_sample = 3,
+                        .head_offset = 2,
+                        .total_heads = c.NH + 4};
   const core::ExecContext ctx;
   std::vector<float> out(d_out.size(), NAN), lse(static_cast<std::size_t>(c.B * c.NH * c.T), NAN);
   std::vector<float> out_ref(out.size()), lse_ref(lse.size());
-  FlashAttentionForwardArgs fa{.out = out.data(), .lse = lse.data(), .qkv = qkv.data(),
-                               .alibi = c.alibi ? slopes.data() : nullptr, .dropout = drop,
-                               .batch = c.B, .seq_len = c.T, .num_heads = c.NH, .head_dim = c.HS};
+  FlashAttentionForwardArgs fa{.out = out.data(),
+                               .lse = lse.data(),
+                               .qkv = qkv.data(),
+                               .alibi = c.alibi ? slopes.data() : nullptr,
+                               .dropout = drop,
+                               .batch = c.B,
+                               .seq_len = c.T,
+                               .num_heads = c.NH,
+                               .head_dim = c.HS};
   flash_attention_forward(ctx, fa);
   fa.out = out_ref.data();
   fa.lse = lse_ref.data();
@@ -62,10 +73,17 @@ TEST_P(FlashAttention, MatchesReference) {
   EXPECT_LE(rel(lse, lse_ref), 2e-6) << "lse";
 
   std::vector<float> d_qkv(qkv.size(), NAN), d_qkv_ref(qkv.size());
-  FlashAttentionBackwardArgs ba{.d_qkv = d_qkv.data(), .d_out = d_out.data(), .qkv = qkv.data(),
-                                .out = out.data(), .lse = lse.data(),
-                                .alibi = c.alibi ? slopes.data() : nullptr, .dropout = drop,
-                                .batch = c.B, .seq_len = c.T, .num_heads = c.NH, .head_dim = c.HS};
+  FlashAttentionBackwardArgs ba{.d_qkv = d_qkv.data(),
+                                .d_out = d_out.data(),
+                                .qkv = qkv.data(),
+                                .out = out.data(),
+                                .lse = lse.data(),
+                                .alibi = c.alibi ? slopes.data() : nullptr,
+                                .dropout = drop,
+                                .batch = c.B,
+                                .seq_len = c.T,
+                                .num_heads = c.NH,
+                                .head_dim = c.HS};
   flash_attention_backward(ctx, ba);
   ba.d_qkv = d_qkv_ref.data();
   ref::flash_attention_backward(ba);
@@ -75,13 +93,24 @@ TEST_P(FlashAttention, MatchesReference) {
   // Without ALiBi and dropout the unfused kernel computes the same function.
   if (!c.alibi && c.dropout == 0.0f) {
     std::vector<float> out2(out.size()), probs(static_cast<std::size_t>(c.B * c.NH * c.T * c.T));
-    attention_forward(ctx, {.out = out2.data(), .probs = probs.data(), .qkv = qkv.data(),
-                            .batch = c.B, .seq_len = c.T, .num_heads = c.NH, .head_dim = c.HS});
+    attention_forward(ctx, {.out = out2.data(),
+                            .probs = probs.data(),
+                            .qkv = qkv.data(),
+                            .batch = c.B,
+                            .seq_len = c.T,
+                            .num_heads = c.NH,
+                            .head_dim = c.HS});
     EXPECT_LE(rel(out, out2), 2e-6);
     std::vector<float> d_qkv2(qkv.size()), d_probs(probs.size());
-    attention_backward(ctx, {.d_qkv = d_qkv2.data(), .d_probs = d_probs.data(),
-                             .d_out = d_out.data(), .qkv = qkv.data(), .probs = probs.data(),
-                             .batch = c.B, .seq_len = c.T, .num_heads = c.NH, .head_dim = c.HS});
+    attention_backward(ctx, {.d_qkv = d_qkv2.data(),
+                             .d_probs = d_probs.data(),
+                             .d_out = d_out.data(),
+                             .qkv = qkv.data(),
+                             .probs = probs.data(),
+                             .batch = c.B,
+                             .seq_len = c.T,
+                             .num_heads = c.NH,
+                             .head_dim = c.HS});
     EXPECT_LE(rel(d_qkv, d_qkv2), 2e-5);
   }
 }
@@ -99,23 +128,37 @@ TEST(FlashAttentionCausality, FutureTokensDoNotChangeThePast) {
   std::vector<float> slopes(NH);
   alibi_slopes(NH, slopes.data());
   const core::ExecContext ctx;
-  std::vector<float> a(static_cast<std::size_t>(B * T * C)), b(a.size()), lse(static_cast<std::size_t>(B * NH * T));
-  flash_attention_forward(ctx, {.out = a.data(), .lse = lse.data(), .qkv = qkv.data(),
-                                .alibi = slopes.data(), .dropout = {}, .batch = B, .seq_len = T,
+  std::vector<float> a(static_cast<std::size_t>(B * T * C)), b(a.size()),
+      lse(static_cast<std::size_t>(B * NH * T));
+  flash_attention_forward(ctx, {.out = a.data(),
+                                .lse = lse.data(),
+                                .qkv = qkv.data(),
+                                .alibi = slopes.data(),
+                                .dropout = {},
+                                .batch = B,
+                                .seq_len = T,
                                 .num_heads = NH,
                                 .head_dim = HS});
-  for (std::int64_t j = 0; j < 3 * C; ++j) qkv[static_cast<std::size_t>((T - 1) * 3 * C + j)] += 1.0f;
-  flash_attention_forward(ctx, {.out = b.data(), .lse = lse.data(), .qkv = qkv.data(),
-                                .alibi = slopes.data(), .dropout = {}, .batch = B, .seq_len = T,
+  for (std::int64_t j = 0; j < 3 * C; ++j)
+    qkv[static_cast<std::size_t>((T - 1) * 3 * C + j)] += 1.0f;
+  flash_attention_forward(ctx, {.out = b.data(),
+                                .lse = lse.data(),
+                                .qkv = qkv.data(),
+                                .alibi = slopes.data(),
+                                .dropout = {},
+                                .batch = B,
+                                .seq_len = T,
                                 .num_heads = NH,
                                 .head_dim = HS});
-  for (std::int64_t i = 0; i < (T - 1) * C; ++i) ASSERT_EQ(a[static_cast<std::size_t>(i)], b[static_cast<std::size_t>(i)]);
+  for (std::int64_t i = 0; i < (T - 1) * C; ++i)
+    ASSERT_EQ(a[static_cast<std::size_t>(i)], b[static_cast<std::size_t>(i)]);
 }
 
 TEST(Alibi, SlopesFollowTheBloomRule) {
   std::vector<float> s(8);
   alibi_slopes(8, s.data());
-  for (int i = 0; i < 8; ++i) EXPECT_FLOAT_EQ(s[static_cast<std::size_t>(i)], std::pow(2.0f, -(i + 1.0f)));
+  for (int i = 0; i < 8; ++i)
+    EXPECT_FLOAT_EQ(s[static_cast<std::size_t>(i)], std::pow(2.0f, -(i + 1.0f)));
   // 112 heads (BLOOM-176B): 64 slopes 2^-(i+1)/8, then 48 slopes 2^-(2j+1)/16.
   std::vector<float> b(112);
   alibi_slopes(112, b.data());

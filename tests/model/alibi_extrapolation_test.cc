@@ -16,7 +16,9 @@ namespace {
 
 std::vector<std::int32_t> stream(std::int64_t n, std::int64_t offset) {
   std::vector<std::int32_t> v(static_cast<std::size_t>(n));
-  for (std::int64_t i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((i + offset) % 7 + 3 * ((i + offset) / 7 % 2));
+  for (std::int64_t i = 0; i < n; ++i)
+    v[static_cast<std::size_t>(i)] =
+        static_cast<std::int32_t>((i + offset) % 7 + 3 * ((i + offset) / 7 % 2));
   return v;
 }
 
@@ -52,8 +54,8 @@ TEST(Alibi, EvaluatesLongerThanTrained) {
   const std::int64_t B = 4, T = cfg.seq_length;
   make_activations(cfg, rt.shard, B, T, a);
   const core::ExecContext ctx;
-  const optim::AdamWConfig adam{.beta1 = 0.9f, .beta2 = 0.99f, .eps = 1e-8f, .weight_decay = 0.0f,
-                                .clip_grad = 1.0f};
+  const optim::AdamWConfig adam{
+      .beta1 = 0.9f, .beta2 = 0.99f, .eps = 1e-8f, .weight_decay = 0.0f, .clip_grad = 1.0f};
   const double before = loss_at(cfg, params, 48);
   for (int step = 1; step <= 150; ++step) {
     std::vector<std::int32_t> tokens, labels;
@@ -66,14 +68,15 @@ TEST(Alibi, EvaluatesLongerThanTrained) {
     gpt_forward(ctx, cfg, rt, params, tokens.data(), a);
     gpt_loss(ctx, cfg, rt, labels.data(), 1.0f / static_cast<float>(B * T), LossGrad::kCompute, a);
     gpt_backward(ctx, cfg, rt, params, grads, tokens.data(), a);
-    optim::adamw_step(ctx, table, adam, 3e-3, step, 1.0f,
-                      {.range = {0, n}, .params = p.data(), .grads = g.data(), .m = m.data(),
-                       .v = v.data()});
+    optim::adamw_step(
+        ctx, table, adam, 3e-3, step, 1.0f,
+        {.range = {0, n}, .params = p.data(), .grads = g.data(), .m = m.data(), .v = v.data()});
   }
   const double at16 = loss_at(cfg, params, 16), at48 = loss_at(cfg, params, 48);
-  std::printf("loss before training at 48: %.3f; after: at 16 %.3f, at 48 %.3f\n", before, at16, at48);
+  std::printf("loss before training at 48: %.3f; after: at 16 %.3f, at 48 %.3f\n", before, at16,
+              at48);
   EXPECT_LT(at16, 0.5 * before);
-  EXPECT_LT(at48, 0.5 * before);               // learned, and it carries to 3x the length
+  EXPECT_LT(at48, 0.5 * before);  // learned, and it carries to 3x the length
   EXPECT_LT(at48, at16 * 1.5 + 0.05);
 
   // Learned absolute positions have no row for position 16 and beyond.

@@ -1,12 +1,13 @@
 // Generation with the KV cache computes the same logits as the full forward over the prefix, for
 // GPT (learned positions) and BLOOM (ALiBi, embedding LayerNorm); sampling rules.
+#include "trident/model/generate.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <random>
 #include <vector>
 
-#include "trident/model/generate.h"
 #include "trident/model/gpt.h"
 #include "trident/model/param_table.h"
 

@@ -75,20 +75,24 @@ int dump(const std::string& path) {
       "config", {9},
       {c.vocab_size, c.padded_vocab_size(), c.hidden_size, c.num_layers, c.num_attention_heads,
        c.ffn(), c.seq_length, c.max_positions(), s.batch}));
-  out.push_back(testing::make_i64_tensor(
-      "variant", {2},
-      {c.position_embedding == model::PositionEmbedding::kAlibi ? 1 : 0, c.embed_layernorm ? 1 : 0}));
+  out.push_back(
+      testing::make_i64_tensor("variant", {2},
+                               {c.position_embedding == model::PositionEmbedding::kAlibi ? 1 : 0,
+                                c.embed_layernorm ? 1 : 0}));
   out.push_back(testing::make_f64_tensor(
       "hyper", {7},
       {s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, s.clip_grad, c.layernorm_epsilon}));
   std::mt19937 rng(99);
   for (int b = 0; b < 2; ++b) {
-    std::vector<std::int32_t> tok(static_cast<std::size_t>(s.batch * c.seq_length)), lab(tok.size());
+    std::vector<std::int32_t> tok(static_cast<std::size_t>(s.batch * c.seq_length)),
+        lab(tok.size());
     for (auto& t : tok) t = static_cast<std::int32_t>(rng() % c.vocab_size);
     for (auto& t : lab) t = static_cast<std::int32_t>(rng() % c.vocab_size);
     lab[0] = static_cast<std::int32_t>(c.vocab_size - 1);  // the last real column is a target
-    out.push_back(testing::make_i32_tensor("tokens_" + std::to_string(b), {s.batch, c.seq_length}, tok));
-    out.push_back(testing::make_i32_tensor("labels_" + std::to_string(b), {s.batch, c.seq_length}, lab));
+    out.push_back(
+        testing::make_i32_tensor("tokens_" + std::to_string(b), {s.batch, c.seq_length}, tok));
+    out.push_back(
+        testing::make_i32_tensor("labels_" + std::to_string(b), {s.batch, c.seq_length}, lab));
   }
   for (const model::ParamSpec& p : table.params) {
     std::vector<float> v(flat.begin() + p.offset, flat.begin() + p.offset + p.numel);
@@ -142,9 +146,8 @@ void expect_close(const std::string& what, const float* a, const NamedTensor& re
   }
   const Error e = compare(a, b);
   EXPECT_LE(e.rel, tol) << what << ": max |trident - torch| / max |torch| = " << e.rel
-                        << " at index " << e.at << " (trident "
-                        << (e.at >= 0 ? a[e.at] : 0) << ", torch "
-                        << (e.at >= 0 ? b[static_cast<std::size_t>(e.at)] : 0) << ")";
+                        << " at index " << e.at << " (trident " << (e.at >= 0 ? a[e.at] : 0)
+                        << ", torch " << (e.at >= 0 ? b[static_cast<std::size_t>(e.at)] : 0) << ")";
   std::printf("  %-52s rel err %.2e\n", what.c_str(), e.rel);
 }
 
@@ -183,9 +186,8 @@ TEST(Golden, MatchesPyTorch) {
     std::fill(g.begin(), g.end(), 0.0f);
     model::gpt_forward(ctx, c, rt, params, tokens.data(), acts);
     if (step == 0) expect_close("logits", acts.logits, testing::find_tensor(ref, "logits"));
-    const model::LossSum loss = model::gpt_loss(ctx, c, rt, labels.data(),
-                                                1.0f / static_cast<float>(BT),
-                                                model::LossGrad::kCompute, acts);
+    const model::LossSum loss = model::gpt_loss(
+        ctx, c, rt, labels.data(), 1.0f / static_cast<float>(BT), model::LossGrad::kCompute, acts);
     const float mean_loss = static_cast<float>(loss.sum / static_cast<double>(loss.count));
     expect_close("loss_" + b, &mean_loss, testing::find_tensor(ref, "loss_" + b));
     model::gpt_backward(ctx, c, rt, params, grads, tokens.data(), acts);
@@ -198,9 +200,9 @@ TEST(Golden, MatchesPyTorch) {
     const double norm = std::sqrt(kernels::sum_squares(ctx, g.data(), n));
     const float norm_f = static_cast<float>(norm);
     expect_close("grad_norm_" + b, &norm_f, testing::find_tensor(ref, "grad_norm_" + b));
-    optim::adamw_step(ctx, table, adam, s.lr, step + 1, optim::clip_coefficient(norm, adam.clip_grad),
-                      {.range = {0, n}, .params = p.data(), .grads = g.data(), .m = m.data(),
-                       .v = v.data()});
+    optim::adamw_step(
+        ctx, table, adam, s.lr, step + 1, optim::clip_coefficient(norm, adam.clip_grad),
+        {.range = {0, n}, .params = p.data(), .grads = g.data(), .m = m.data(), .v = v.data()});
     for (const model::ParamSpec& spec : table.params) {
       const std::string key = "step" + std::to_string(step + 1) + "." + spec.name;
       const std::vector<double> grad0 = testing::find_tensor(ref, "grad." + spec.name).to_f64();

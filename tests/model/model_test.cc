@@ -33,8 +33,8 @@ TEST(ParamTable, GptTableIsAlignedDisjointAndComplete) {
     EXPECT_EQ(p.offset % model::ParamTable::kAlign, 0) << p.name;
     EXPECT_GE(p.offset, end) << p.name;
     end = p.offset + p.numel;
-    const bool no_decay = p.name.find("bias") != std::string::npos ||
-                          p.name.find("layernorm") != std::string::npos;
+    const bool no_decay =
+        p.name.find("bias") != std::string::npos || p.name.find("layernorm") != std::string::npos;
     EXPECT_EQ(p.weight_decay, !no_decay) << p.name;
   }
   EXPECT_LE(end, t.total_numel);
@@ -57,7 +57,8 @@ TEST(ParamTable, InitIsKeyedByNameAndIndexWithMegatronStds) {
   auto stddev = [&](const std::string& name) {
     const model::ParamSpec& p = t.find(name);
     double s = 0;
-    for (std::int64_t i = 0; i < p.numel; ++i) s += a[static_cast<std::size_t>(p.offset + i)] * a[static_cast<std::size_t>(p.offset + i)];
+    for (std::int64_t i = 0; i < p.numel; ++i)
+      s += a[static_cast<std::size_t>(p.offset + i)] * a[static_cast<std::size_t>(p.offset + i)];
     return std::sqrt(s / static_cast<double>(p.numel));
   };
   EXPECT_NEAR(stddev("layers.0.mlp.dense_h_to_4h.weight"), 0.02, 0.001);
@@ -74,7 +75,8 @@ TEST(ParamTable, InitIsKeyedByNameAndIndexWithMegatronStds) {
   const model::ParamSpec& p1 = t.find("layers.2.self_attention.query_key_value.weight");
   const model::ParamSpec& p2 = t2.find("layers.2.self_attention.query_key_value.weight");
   for (std::int64_t i = 0; i < p1.numel; ++i) {
-    ASSERT_EQ(a[static_cast<std::size_t>(p1.offset + i)], d[static_cast<std::size_t>(p2.offset + i)]);
+    ASSERT_EQ(a[static_cast<std::size_t>(p1.offset + i)],
+              d[static_cast<std::size_t>(p2.offset + i)]);
   }
 }
 
@@ -86,7 +88,8 @@ TEST(ModelConfig, ValidationNamesTheFlag) {
     FAIL();
   } catch (const core::InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("--hidden-size (16) must be divisible by "
-                                         "--num-attention-heads (3)"), std::string::npos);
+                                         "--num-attention-heads (3)"),
+              std::string::npos);
   }
   c = tiny();
   c.max_position_embeddings = 4;
@@ -108,8 +111,11 @@ TEST(ModelConfig, FlopsFollowMegatronFormula) {
 }
 
 TEST(LrSchedule, WarmupThenDecay) {
-  optim::LrSchedule s{.lr = 1.0, .min_lr = 0.1, .decay_style = optim::LrDecayStyle::kCosine,
-                      .warmup_iters = 10, .decay_iters = 110};
+  optim::LrSchedule s{.lr = 1.0,
+                      .min_lr = 0.1,
+                      .decay_style = optim::LrDecayStyle::kCosine,
+                      .warmup_iters = 10,
+                      .decay_iters = 110};
   EXPECT_DOUBLE_EQ(s.at(0), 0.0);
   EXPECT_DOUBLE_EQ(s.at(5), 0.5);
   EXPECT_DOUBLE_EQ(s.at(10), 1.0);

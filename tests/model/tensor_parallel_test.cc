@@ -5,8 +5,8 @@
 // Tolerance: FP32 with different summation orders, max |tp - ref| / max |ref| <= 2e-5.
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <mutex>
 #include <random>
 #include <vector>
@@ -62,9 +62,9 @@ Result run_shard(const ModelConfig& cfg, const ModelShard& shard, comm::Communic
   make_activations(cfg, shard, B, T, acts);
   const auto tokens = batch_ids(1, B * T, cfg.vocab_size);
   auto labels = batch_ids(2, B * T, cfg.vocab_size);
-  labels[3] = -1;                                                   // an ignored position
-  labels[5] = static_cast<std::int32_t>(cfg.vocab_size - 1);        // the last real column
-  for (int micro = 0; micro < 2; ++micro) {  // two micro-batches accumulate
+  labels[3] = -1;                                             // an ignored position
+  labels[5] = static_cast<std::int32_t>(cfg.vocab_size - 1);  // the last real column
+  for (int micro = 0; micro < 2; ++micro) {                   // two micro-batches accumulate
     gpt_forward(ctx, cfg, rt, p, tokens.data(), acts);
     const LossSum l = gpt_loss(ctx, cfg, rt, labels.data(), 0.5f / static_cast<float>(B * T),
                                LossGrad::kCompute, acts);
@@ -180,10 +180,12 @@ TEST(VocabParallelCrossEntropy, MatchesTheFullVocabulary) {
     std::vector<float> logits(static_cast<std::size_t>(rows * Vp));
     for (auto& x : logits) x = normal(rng);
     for (std::int64_t r = 0; r < rows; ++r)
-      for (std::int64_t v = cfg.vocab_size; v < Vp; ++v) logits[static_cast<std::size_t>(r * Vp + v)] = 1e4f;
+      for (std::int64_t v = cfg.vocab_size; v < Vp; ++v)
+        logits[static_cast<std::size_t>(r * Vp + v)] = 1e4f;
     std::vector<std::int32_t> targets(static_cast<std::size_t>(rows));
     for (std::int64_t r = 0; r < rows; ++r) {
-      targets[static_cast<std::size_t>(r)] = static_cast<std::int32_t>((r * Vp / rows + 7) % cfg.vocab_size);
+      targets[static_cast<std::size_t>(r)] =
+          static_cast<std::int32_t>((r * Vp / rows + 7) % cfg.vocab_size);
     }
     targets[1] = static_cast<std::int32_t>(cfg.vocab_size - 1);
     targets[2] = -1;  // ignored
@@ -221,8 +223,8 @@ TEST(VocabParallelCrossEntropy, MatchesTheFullVocabulary) {
       for (std::int64_t r = 0; r < rows; ++r) {
         for (std::int64_t j = 0; j < Vl; ++j) {
           const float want = full.logits[r * Vp + world.rank() * Vl + j];
-          ASSERT_NEAR(a.logits[r * Vl + j], want, 1e-6f) << "d_logits row " << r << " col "
-                                                        << world.rank() * Vl + j;
+          ASSERT_NEAR(a.logits[r * Vl + j], want, 1e-6f)
+              << "d_logits row " << r << " col " << world.rank() * Vl + j;
         }
       }
     });

@@ -1,9 +1,10 @@
 // Pipeline schedules as data: invariants over many (P, m, v) for every schedule, checked by
 // simulating all stages together (no deadlock, every send matched), plus the in-flight bounds.
+#include "trident/parallel/pipeline_schedule.h"
+
 #include <gtest/gtest.h>
 
 #include "trident/core/error.h"
-#include "trident/parallel/pipeline_schedule.h"
 
 namespace trident::parallel {
 namespace {
@@ -12,9 +13,9 @@ TEST(PipelineSchedule, OneF1BMatchesTheTextbookOrder) {
   // P = 4, m = 6, stage 1: warm-up 2 forwards, then 1F1B, then 2 backwards.
   const auto s = build_pipeline_schedule(PipelineScheduleKind::k1F1B, {4, 6, 1}, 1);
   const std::vector<PipeStep> expected = {
-      {PipeOp::kForward, 0, 0}, {PipeOp::kForward, 1, 0}, {PipeOp::kForward, 2, 0},
-      {PipeOp::kBackward, 0, 0}, {PipeOp::kForward, 3, 0}, {PipeOp::kBackward, 1, 0},
-      {PipeOp::kForward, 4, 0}, {PipeOp::kBackward, 2, 0}, {PipeOp::kForward, 5, 0},
+      {PipeOp::kForward, 0, 0},  {PipeOp::kForward, 1, 0},  {PipeOp::kForward, 2, 0},
+      {PipeOp::kBackward, 0, 0}, {PipeOp::kForward, 3, 0},  {PipeOp::kBackward, 1, 0},
+      {PipeOp::kForward, 4, 0},  {PipeOp::kBackward, 2, 0}, {PipeOp::kForward, 5, 0},
       {PipeOp::kBackward, 3, 0}, {PipeOp::kBackward, 4, 0}, {PipeOp::kBackward, 5, 0}};
   EXPECT_EQ(s, expected);
 }
@@ -55,8 +56,8 @@ TEST(PipelineSchedule, InvariantsHoldForManyShapes) {
         ASSERT_EQ(simulate_pipeline(PipelineScheduleKind::kInterleaved1F1B, shape), "")
             << "interleaved P=" << P << " m=" << m << " v=" << v;
         for (int st = 0; st < P; ++st) {
-          const int live =
-              max_in_flight(build_pipeline_schedule(PipelineScheduleKind::kInterleaved1F1B, shape, st));
+          const int live = max_in_flight(
+              build_pipeline_schedule(PipelineScheduleKind::kInterleaved1F1B, shape, st));
           // Megatron's warm-up bound: (P - st - 1) * 2 + (v - 1) * P + 1 chunks in flight.
           EXPECT_LE(live, std::min((P - st - 1) * 2 + (v - 1) * P + 1, m * v));
         }

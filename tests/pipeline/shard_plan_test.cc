@@ -1,10 +1,11 @@
 // ZeRO shard plans and gradient buckets: property tests over many sizes.
+#include "trident/parallel/shard_plan.h"
+
 #include <gtest/gtest.h>
 
 #include <random>
 
 #include "trident/core/error.h"
-#include "trident/parallel/shard_plan.h"
 
 namespace trident::parallel {
 namespace {
@@ -36,7 +37,8 @@ TEST(ShardPlan, EveryRangeReassemblesFromItsPieces) {
     const int dp = 1 + static_cast<int>(rng() % 7);
     const ShardPlan p = build_shard_plan(n, dp, 16);
     const std::int64_t a = static_cast<std::int64_t>(rng() % static_cast<std::uint32_t>(n));
-    const std::int64_t b = a + static_cast<std::int64_t>(rng() % static_cast<std::uint32_t>(n - a + 1));
+    const std::int64_t b =
+        a + static_cast<std::int64_t>(rng() % static_cast<std::uint32_t>(n - a + 1));
     const auto counts = p.split({a, b});
     std::int64_t pos = a, total = 0;
     for (int r = 0; r < dp; ++r) {

@@ -2,15 +2,14 @@
 // losses and final weights as an uninterrupted one; bad flags and files fail with clear errors.
 #include <gtest/gtest.h>
 
+#include <CLI/CLI.hpp>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
 #include "trident/comm/self_communicator.h"
 #include "trident/core/error.h"
@@ -25,9 +24,10 @@ namespace fs = std::filesystem;
 class TrainTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("trident_train_test_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
-            "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ =
+        fs::temp_directory_path() /
+        ("trident_train_test_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
+         "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
     // A small corpus of random token ids (NullTokenizer, vocabulary 300).
@@ -47,13 +47,24 @@ class TrainTest : public ::testing::Test {
   // `trident train` does. Flags are "--name value" pairs ("--flag", "" for a bare flag).
   TrainConfig parse(std::vector<std::string> flags) {
     std::vector<std::pair<std::string, std::string>> args = {
-        {"--num-layers", "2"}, {"--hidden-size", "32"}, {"--num-attention-heads", "4"},
-        {"--seq-length", "16"}, {"--micro-batch-size", "2"}, {"--global-batch-size", "4"},
-        {"--lr", "1e-3"}, {"--lr-warmup-iters", "2"}, {"--lr-decay-style", "cosine"},
-        {"--tokenizer-type", "NullTokenizer"}, {"--vocab-size", "300"},
-        {"--data-path", (dir_ / "corpus").string()}, {"--split", "90,10,0"},
-        {"--log-interval", "1"}, {"--eval-interval", "3"}, {"--eval-iters", "1"},
-        {"--peak-tflops", "1"}, {"--seed", "5"}};
+        {"--num-layers", "2"},
+        {"--hidden-size", "32"},
+        {"--num-attention-heads", "4"},
+        {"--seq-length", "16"},
+        {"--micro-batch-size", "2"},
+        {"--global-batch-size", "4"},
+        {"--lr", "1e-3"},
+        {"--lr-warmup-iters", "2"},
+        {"--lr-decay-style", "cosine"},
+        {"--tokenizer-type", "NullTokenizer"},
+        {"--vocab-size", "300"},
+        {"--data-path", (dir_ / "corpus").string()},
+        {"--split", "90,10,0"},
+        {"--log-interval", "1"},
+        {"--eval-interval", "3"},
+        {"--eval-iters", "1"},
+        {"--peak-tflops", "1"},
+        {"--seed", "5"}};
     for (std::size_t i = 0; i + 1 < flags.size(); i += 2) {
       bool replaced = false;
       for (auto& [k, v] : args) {
@@ -101,18 +112,22 @@ class TrainTest : public ::testing::Test {
 TEST_F(TrainTest, ResumeIsBitwiseIdentical) {
   const std::string full = (dir_ / "full.jsonl").string();
   ASSERT_EQ(run(parse({"--train-iters", "8", "--metrics-jsonl", full, "--save",
-                                (dir_ / "ckpt_full").string()})), 0);
+                       (dir_ / "ckpt_full").string()})),
+            0);
   const std::string part = (dir_ / "part.jsonl").string();
   ASSERT_EQ(run(parse({"--train-iters", "8", "--metrics-jsonl", part, "--save",
-                                (dir_ / "ckpt_part").string(), "--exit-interval", "4"})), 0);
+                       (dir_ / "ckpt_part").string(), "--exit-interval", "4"})),
+            0);
   ASSERT_EQ(run(parse({"--train-iters", "8", "--metrics-jsonl", part, "--save",
-                                (dir_ / "ckpt_part").string(), "--load",
-                                (dir_ / "ckpt_part").string()})), 0);
+                       (dir_ / "ckpt_part").string(), "--load", (dir_ / "ckpt_part").string()})),
+            0);
 
   auto a = read_metrics(full), b = read_metrics(part);
   std::vector<double> loss_a, loss_b;
-  for (auto& r : a) if (!r.contains("split")) loss_a.push_back(r["lm_loss"]);
-  for (auto& r : b) if (!r.contains("split")) loss_b.push_back(r["lm_loss"]);
+  for (auto& r : a)
+    if (!r.contains("split")) loss_a.push_back(r["lm_loss"]);
+  for (auto& r : b)
+    if (!r.contains("split")) loss_b.push_back(r["lm_loss"]);
   ASSERT_EQ(loss_a.size(), 8u);
   ASSERT_EQ(loss_b.size(), 8u);
   for (std::size_t i = 0; i < 8; ++i) {
@@ -143,7 +158,8 @@ TEST_F(TrainTest, InconsistentBatchIsRejected) {
     FAIL() << "no error";
   } catch (const core::InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("--global-batch-size (5) must be a multiple"),
-              std::string::npos) << e.what();
+              std::string::npos)
+        << e.what();
   }
 }
 
@@ -154,7 +170,8 @@ TEST_F(TrainTest, HeadsMustDivideHidden) {
   } catch (const core::InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("--hidden-size (32) must be divisible by "
                                          "--num-attention-heads (5)"),
-              std::string::npos) << e.what();
+              std::string::npos)
+        << e.what();
   }
 }
 
@@ -218,8 +235,9 @@ namespace {
 // until training proceeds, and the loss still falls.
 TEST_F(TrainTest, Fp16OverflowIsSkippedAndTheScaleFalls) {
   const std::string m = (dir_ / "fp16.jsonl").string();
-  ASSERT_EQ(run(parse({"--train-iters", "40", "--fp16", "", "--hysteresis", "1", "--metrics-jsonl", m,
-                       "--eval-interval", "1000"})), 0);
+  ASSERT_EQ(run(parse({"--train-iters", "40", "--fp16", "", "--hysteresis", "1", "--metrics-jsonl",
+                       m, "--eval-interval", "1000"})),
+            0);
   std::vector<double> scale, loss;
   std::int64_t skipped = 0;
   for (auto& r : read_metrics(m)) {
@@ -236,7 +254,9 @@ TEST_F(TrainTest, Fp16OverflowIsSkippedAndTheScaleFalls) {
   EXPECT_LT(loss.back(), loss.front());
   // A static scale small enough never overflows.
   const std::string s = (dir_ / "static.jsonl").string();
-  ASSERT_EQ(run(parse({"--train-iters", "5", "--fp16", "", "--loss-scale", "128", "--metrics-jsonl", s})), 0);
+  ASSERT_EQ(
+      run(parse({"--train-iters", "5", "--fp16", "", "--loss-scale", "128", "--metrics-jsonl", s})),
+      0);
   for (auto& r : read_metrics(s)) {
     if (!r.contains("split")) {
       EXPECT_EQ(r["skipped_iterations"], 0);
@@ -258,8 +278,9 @@ TEST_F(TrainTest, Bf16TracksFp32) {
     const std::string a = (dir_ / (std::string(model) + "_fp32.jsonl")).string();
     const std::string b = (dir_ / (std::string(model) + "_bf16.jsonl")).string();
     ASSERT_EQ(run(parse({"--train-iters", "20", "--model", model, "--metrics-jsonl", a})), 0);
-    ASSERT_EQ(run(parse({"--train-iters", "20", "--model", model, "--bf16", "",
-                         "--metrics-jsonl", b})), 0);
+    ASSERT_EQ(
+        run(parse({"--train-iters", "20", "--model", model, "--bf16", "", "--metrics-jsonl", b})),
+        0);
     std::vector<double> fa, fb;
     for (auto& r : read_metrics(a)) {
       if (!r.contains("split")) fa.push_back(r["lm_loss"]);

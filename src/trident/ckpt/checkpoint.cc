@@ -69,7 +69,8 @@ void write_file(const std::string& path, const std::string& text) {
   if (fd < 0) throw Error(str("checkpoint: cannot create ", path, ": ", errno_text()));
   try {
     write_all(fd, text.data(), text.size(), path);
-    if (::fsync(fd) != 0) throw Error(str("checkpoint: fsync of ", path, " failed: ", errno_text()));
+    if (::fsync(fd) != 0)
+      throw Error(str("checkpoint: fsync of ", path, " failed: ", errno_text()));
   } catch (...) {
     ::close(fd);
     throw;
@@ -88,9 +89,13 @@ std::string read_text(const std::string& path) {
 nlohmann::json table_json(const model::ParamTable& t, std::int64_t base) {
   nlohmann::json params = nlohmann::json::array();
   for (const model::ParamSpec& p : t.params) {
-    params.push_back({{"name", p.name}, {"shape", p.shape}, {"global_shape", p.global_shape},
-                      {"tp_split_dim", p.tp_split_dim}, {"shared", p.shared},
-                      {"offset", base + p.offset}, {"numel", p.numel}});
+    params.push_back({{"name", p.name},
+                      {"shape", p.shape},
+                      {"global_shape", p.global_shape},
+                      {"tp_split_dim", p.tp_split_dim},
+                      {"shared", p.shared},
+                      {"offset", base + p.offset},
+                      {"numel", p.numel}});
   }
   return {{"total_numel", t.total_numel}, {"base", base}, {"params", params}};
 }
@@ -122,7 +127,8 @@ void agree_or_throw(comm::Communicator& world, const std::string& my_error, cons
   if (world.size() > 1) world.all_reduce(&failed, 1, comm::Datatype::kI64, comm::ReduceOp::kSum);
   if (!my_error.empty()) throw Error(my_error);
   if (failed > 0) {
-    throw Error(str("checkpoint: ", what, " failed on ", failed, " other rank(s); see their errors"));
+    throw Error(
+        str("checkpoint: ", what, " failed on ", failed, " other rank(s); see their errors"));
   }
 }
 
@@ -162,8 +168,7 @@ void read_shard(const fs::path& it_dir, int rank, std::int64_t numel,
         throw DataError(str(path, ": truncated: tensor ", tensor, " needs ", bytes,
                             " bytes at offset ", offset));
       }
-      const std::string sum =
-          str(std::hex, fnv1a(slice.data, static_cast<std::size_t>(bytes)));
+      const std::string sum = str(std::hex, fnv1a(slice.data, static_cast<std::size_t>(bytes)));
       if (sum != t.at("fnv1a64").get<std::string>()) {
         throw DataError(str(path, ": checksum mismatch in tensor ", tensor,
                             " (the file is corrupt; load an earlier iteration)"));
@@ -183,15 +188,22 @@ std::string iteration_dir_name(std::int64_t iteration) {
 }
 
 bool architecture_matches(const nlohmann::json& a, const nlohmann::json& b, std::string* why) {
-  static const char* const kKeys[] = {"num_layers", "hidden_size", "num_attention_heads",
-                                      "ffn_hidden_size", "seq_length", "max_position_embeddings",
-                                      "vocab_size", "make_vocab_size_divisible_by",
-                                      "position_embedding_type", "embed_layernorm"};
+  static const char* const kKeys[] = {"num_layers",
+                                      "hidden_size",
+                                      "num_attention_heads",
+                                      "ffn_hidden_size",
+                                      "seq_length",
+                                      "max_position_embeddings",
+                                      "vocab_size",
+                                      "make_vocab_size_divisible_by",
+                                      "position_embedding_type",
+                                      "embed_layernorm"};
   std::ostringstream diff;
   for (const char* key : kKeys) {
     const nlohmann::json va = a.contains(key) ? a[key] : nlohmann::json();
     const nlohmann::json vb = b.contains(key) ? b[key] : nlohmann::json();
-    if (va != vb) diff << " " << key << ": checkpoint " << va.dump() << " vs run " << vb.dump() << ";";
+    if (va != vb)
+      diff << " " << key << ": checkpoint " << va.dump() << " vs run " << vb.dump() << ";";
   }
   if (why) *why = diff.str();
   return diff.str().empty();
@@ -236,8 +248,11 @@ void save_checkpoint(const std::string& dir, const CheckpointState& s, comm::Com
         TRIDENT_ASSERT(0 <= sl.begin && sl.begin <= sl.end && sl.end <= n, "bad slice");
         const std::size_t bytes = static_cast<std::size_t>(sl.end - sl.begin) * sizeof(float);
         write_all(fd, sl.data, bytes, shard_path);
-        tensors.push_back({{"tensor", kTensors[t]}, {"begin", sl.begin}, {"end", sl.end},
-                           {"file_offset", offset}, {"bytes", bytes},
+        tensors.push_back({{"tensor", kTensors[t]},
+                           {"begin", sl.begin},
+                           {"end", sl.end},
+                           {"file_offset", offset},
+                           {"bytes", bytes},
                            {"fnv1a64", str(std::hex, fnv1a(sl.data, bytes))}});
         offset += static_cast<std::int64_t>(bytes);
       }
@@ -251,9 +266,13 @@ void save_checkpoint(const std::string& dir, const CheckpointState& s, comm::Com
     if (::close(fd) != 0) {
       throw Error(str("checkpoint: closing ", shard_path, " failed: ", errno_text()));
     }
-    nlohmann::json shard = {{"rank", world.rank()}, {"coords", s.coords}, {"tp_rank", s.tp_rank},
-                            {"numel", s.numel}, {"tables", tables_json(s.tables)},
-                            {"file", rank_name(world.rank(), "bin")}, {"tensors", tensors}};
+    nlohmann::json shard = {{"rank", world.rank()},
+                            {"coords", s.coords},
+                            {"tp_rank", s.tp_rank},
+                            {"numel", s.numel},
+                            {"tables", tables_json(s.tables)},
+                            {"file", rank_name(world.rank(), "bin")},
+                            {"tensors", tensors}};
     write_file((fs::path(tmp_dir) / rank_name(world.rank(), "json")).string(), shard.dump(1));
   } catch (const std::exception& e) {
     error = e.what();
@@ -316,10 +335,12 @@ nlohmann::json read_manifest(const std::string& dir, std::int64_t iteration) {
   if (!fs::is_directory(dir)) throw DataError(str("--load ", dir, ": no such directory"));
   if (iteration < 0) iteration = latest_iteration(dir);
   if (iteration < 0) {
-    throw DataError(str("--load ", dir, ": no latest_checkpointed_iteration.txt (not a checkpoint "
+    throw DataError(str("--load ", dir,
+                        ": no latest_checkpointed_iteration.txt (not a checkpoint "
                         "directory, or no checkpoint finished)"));
   }
-  const std::string path = (fs::path(dir) / iteration_dir_name(iteration) / "manifest.json").string();
+  const std::string path =
+      (fs::path(dir) / iteration_dir_name(iteration) / "manifest.json").string();
   nlohmann::json m = parse_json_file(path);
   if (m.value("format", "") != "trident-checkpoint" ||
       m.value("format_version", -1) != kFormatVersion) {
@@ -348,7 +369,8 @@ nlohmann::json load_checkpoint(const std::string& dir, std::int64_t iteration, C
                           m.at("world_size").get<int>(), " ranks; this run has ", s.layout.dump(),
                           " on ", world.size(), " (resume with the same layout)"));
     }
-    const nlohmann::json shard = parse_json_file((it_dir / rank_name(world.rank(), "json")).string());
+    const nlohmann::json shard =
+        parse_json_file((it_dir / rank_name(world.rank(), "json")).string());
     if (shard.at("tables") != tables_json(s.tables) || shard.at("numel") != s.numel) {
       throw DataError(str(it_dir.string(), "/", rank_name(world.rank(), "json"),
                           ": this rank's parameter tables differ from the run's model"));
@@ -369,8 +391,8 @@ nlohmann::json load_checkpoint(const std::string& dir, std::int64_t iteration, C
   } catch (const Error& e) {
     throw DataError(e.what());
   }
-  log::info("ckpt: loaded ", dir, "/", iteration_dir_name(s.iteration), " (iteration ",
-            s.iteration, ")");
+  log::info("ckpt: loaded ", dir, "/", iteration_dir_name(s.iteration), " (iteration ", s.iteration,
+            ")");
   return m;
 }
 

@@ -12,7 +12,8 @@ Arena::Arena(std::int64_t capacity_bytes, Device device) : device_(device) {
   TRIDENT_ASSERT(capacity_bytes >= 0, "negative arena size ", capacity_bytes);
   capacity_ = (capacity_bytes + kAlign - 1) / kAlign * kAlign;
   if (capacity_ == 0) return;
-  void* p = std::aligned_alloc(static_cast<std::size_t>(kAlign), static_cast<std::size_t>(capacity_));
+  void* p =
+      std::aligned_alloc(static_cast<std::size_t>(kAlign), static_cast<std::size_t>(capacity_));
   if (p == nullptr) {
     throw Error(str("out of memory: could not allocate an arena of ", capacity_, " bytes"));
   }

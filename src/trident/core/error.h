@@ -56,17 +56,17 @@ namespace detail {
 
 // Guards user input: throws InvalidArgument("msg (check `cond` failed at file:line)").
 // The message arguments are evaluated only on failure.
-#define TRIDENT_CHECK(cond, ...)                                                        \
-  do {                                                                                  \
-    if (!(cond)) [[unlikely]]                                                           \
-      ::trident::core::detail::fail_check(__FILE__, __LINE__, #cond,                    \
-                                          ::trident::core::str(__VA_ARGS__));           \
+#define TRIDENT_CHECK(cond, ...)                                              \
+  do {                                                                        \
+    if (!(cond)) [[unlikely]]                                                 \
+      ::trident::core::detail::fail_check(__FILE__, __LINE__, #cond,          \
+                                          ::trident::core::str(__VA_ARGS__)); \
   } while (0)
 
 // Guards invariants: throws InternalError, marked as a bug.
-#define TRIDENT_ASSERT(cond, ...)                                                       \
-  do {                                                                                  \
-    if (!(cond)) [[unlikely]]                                                           \
-      ::trident::core::detail::fail_assert(__FILE__, __LINE__, #cond,                   \
-                                           ::trident::core::str(__VA_ARGS__));          \
+#define TRIDENT_ASSERT(cond, ...)                                              \
+  do {                                                                         \
+    if (!(cond)) [[unlikely]]                                                  \
+      ::trident::core::detail::fail_assert(__FILE__, __LINE__, #cond,          \
+                                           ::trident::core::str(__VA_ARGS__)); \
   } while (0)

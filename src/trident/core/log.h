@@ -24,12 +24,20 @@ const Settings& settings();
 void write(Level level, const std::string& msg);
 
 template <class... Args>
-void debug(const Args&... a) { write(Level::kDebug, core::str(a...)); }
+void debug(const Args&... a) {
+  write(Level::kDebug, core::str(a...));
+}
 template <class... Args>
-void info(const Args&... a) { write(Level::kInfo, core::str(a...)); }
+void info(const Args&... a) {
+  write(Level::kInfo, core::str(a...));
+}
 template <class... Args>
-void warn(const Args&... a) { write(Level::kWarn, core::str(a...)); }
+void warn(const Args&... a) {
+  write(Level::kWarn, core::str(a...));
+}
 template <class... Args>
-void error(const Args&... a) { write(Level::kError, core::str(a...)); }
+void error(const Args&... a) {
+  write(Level::kError, core::str(a...));
+}
 
 }  // namespace trident::log

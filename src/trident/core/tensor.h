@@ -17,12 +17,18 @@ enum class DeviceKind : std::uint8_t { kCpu, kCuda };
 
 constexpr std::int64_t size_of(DType t) {
   switch (t) {
-    case DType::kF32: return 4;
-    case DType::kBF16: return 2;
-    case DType::kF16: return 2;
-    case DType::kI32: return 4;
-    case DType::kI64: return 8;
-    case DType::kU16: return 2;
+    case DType::kF32:
+      return 4;
+    case DType::kBF16:
+      return 2;
+    case DType::kF16:
+      return 2;
+    case DType::kI32:
+      return 4;
+    case DType::kI64:
+      return 8;
+    case DType::kU16:
+      return 2;
   }
   return 0;
 }
@@ -30,11 +36,26 @@ const char* dtype_name(DType t);
 
 template <class T>
 constexpr DType dtype_of();
-template <> constexpr DType dtype_of<float>() { return DType::kF32; }
-template <> constexpr DType dtype_of<bf16>() { return DType::kBF16; }
-template <> constexpr DType dtype_of<std::int32_t>() { return DType::kI32; }
-template <> constexpr DType dtype_of<std::int64_t>() { return DType::kI64; }
-template <> constexpr DType dtype_of<std::uint16_t>() { return DType::kU16; }
+template <>
+constexpr DType dtype_of<float>() {
+  return DType::kF32;
+}
+template <>
+constexpr DType dtype_of<bf16>() {
+  return DType::kBF16;
+}
+template <>
+constexpr DType dtype_of<std::int32_t>() {
+  return DType::kI32;
+}
+template <>
+constexpr DType dtype_of<std::int64_t>() {
+  return DType::kI64;
+}
+template <>
+constexpr DType dtype_of<std::uint16_t>() {
+  return DType::kU16;
+}
 
 struct Device {
   DeviceKind kind = DeviceKind::kCpu;

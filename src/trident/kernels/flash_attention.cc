@@ -64,18 +64,21 @@ void alibi_slopes(std::int64_t n, float* slopes) {
       s.push_back(extra[static_cast<std::size_t>(i)]);
     }
   }
-  for (std::int64_t i = 0; i < n; ++i) slopes[i] = static_cast<float>(s[static_cast<std::size_t>(i)]);
+  for (std::int64_t i = 0; i < n; ++i)
+    slopes[i] = static_cast<float>(s[static_cast<std::size_t>(i)]);
 }
 
 void flash_attention_forward(const core::ExecContext& ctx, const FlashAttentionForwardArgs& a) {
   core::require_cpu(ctx, "flash_attention_forward");
-  const Geometry g = geometry("flash_attention_forward", a.batch, a.seq_len, a.num_heads, a.head_dim);
+  const Geometry g =
+      geometry("flash_attention_forward", a.batch, a.seq_len, a.num_heads, a.head_dim);
   check_dropout("flash_attention_forward", a.dropout);
   const std::int64_t num_qb = (g.T + kBq - 1) / kBq;
   const float keep_scale = 1.0f / (1.0f - a.dropout.p);
 #pragma omp parallel
   {
-    std::vector<float> s(static_cast<std::size_t>(kBq * kBk)), acc(static_cast<std::size_t>(kBq * g.HS));
+    std::vector<float> s(static_cast<std::size_t>(kBq * kBk)),
+        acc(static_cast<std::size_t>(kBq * g.HS));
     std::vector<float> m(kBq), l(kBq);
 #pragma omp for collapse(3) schedule(dynamic)
     for (std::int64_t b = 0; b < g.B; ++b) {
@@ -120,9 +123,9 @@ void flash_attention_forward(const core::ExecContext& ctx, const FlashAttentionF
                 row_sum += p;
                 float w = p;
                 if (a.dropout.p > 0.0f) {
-                  const bool keep = dropout_keep(a.dropout.seed, a.dropout.stream,
-                                                 dropout_index(a.dropout, g.NH, g.T, b, h, q, k),
-                                                 a.dropout.p);
+                  const bool keep =
+                      dropout_keep(a.dropout.seed, a.dropout.stream,
+                                   dropout_index(a.dropout, g.NH, g.T, b, h, q, k), a.dropout.p);
                   w = keep ? p * keep_scale : 0.0f;
                 }
                 if (w == 0.0f) continue;
@@ -130,7 +133,8 @@ void flash_attention_forward(const core::ExecContext& ctx, const FlashAttentionF
 #pragma omp simd
                 for (std::int64_t d = 0; d < g.HS; ++d) acc_row[d] += w * vv[d];
               }
-              l[static_cast<std::size_t>(i)] = l[static_cast<std::size_t>(i)] * correction + row_sum;
+              l[static_cast<std::size_t>(i)] =
+                  l[static_cast<std::size_t>(i)] * correction + row_sum;
               m[static_cast<std::size_t>(i)] = row_max;
             }
           }
@@ -151,7 +155,8 @@ void flash_attention_forward(const core::ExecContext& ctx, const FlashAttentionF
 
 void flash_attention_backward(const core::ExecContext& ctx, const FlashAttentionBackwardArgs& a) {
   core::require_cpu(ctx, "flash_attention_backward");
-  const Geometry g = geometry("flash_attention_backward", a.batch, a.seq_len, a.num_heads, a.head_dim);
+  const Geometry g =
+      geometry("flash_attention_backward", a.batch, a.seq_len, a.num_heads, a.head_dim);
   check_dropout("flash_attention_backward", a.dropout);
   const float keep_scale = 1.0f / (1.0f - a.dropout.p);
   // One task per (b, h): d_k and d_v of a key gather contributions from every later query, so
@@ -191,9 +196,9 @@ void flash_attention_backward(const core::ExecContext& ctx, const FlashAttention
             const float p = std::exp(dot * g.scale + slope * static_cast<float>(k) - lse);
             float w = p, dp = dpv;  // dropped probability and the gradient of the undropped one
             if (a.dropout.p > 0.0f) {
-              const bool keep = dropout_keep(a.dropout.seed, a.dropout.stream,
-                                             dropout_index(a.dropout, g.NH, g.T, b, h, q, k),
-                                             a.dropout.p);
+              const bool keep =
+                  dropout_keep(a.dropout.seed, a.dropout.stream,
+                               dropout_index(a.dropout, g.NH, g.T, b, h, q, k), a.dropout.p);
               w = keep ? p * keep_scale : 0.0f;
               dp = keep ? dpv * keep_scale : 0.0f;
             }
@@ -217,7 +222,8 @@ namespace ref {
 
 // Scores, probabilities and their gradients materialized per (b, h) in double.
 void flash_attention_forward(const FlashAttentionForwardArgs& a) {
-  const Geometry g = geometry("ref::flash_attention_forward", a.batch, a.seq_len, a.num_heads, a.head_dim);
+  const Geometry g =
+      geometry("ref::flash_attention_forward", a.batch, a.seq_len, a.num_heads, a.head_dim);
   const double keep_scale = 1.0 / (1.0 - a.dropout.p);
   for (std::int64_t b = 0; b < g.B; ++b) {
     for (std::int64_t h = 0; h < g.NH; ++h) {
@@ -228,8 +234,10 @@ void flash_attention_forward(const FlashAttentionForwardArgs& a) {
         double mx = -INFINITY;
         for (std::int64_t k = 0; k <= q; ++k) {
           double dot = 0;
-          for (std::int64_t d = 0; d < g.HS; ++d) dot += static_cast<double>(base[q * g.ld + d]) * base[k * g.ld + g.HS + d];
-          s[static_cast<std::size_t>(k)] = dot / std::sqrt(static_cast<double>(g.HS)) + slope * static_cast<double>(k);
+          for (std::int64_t d = 0; d < g.HS; ++d)
+            dot += static_cast<double>(base[q * g.ld + d]) * base[k * g.ld + g.HS + d];
+          s[static_cast<std::size_t>(k)] =
+              dot / std::sqrt(static_cast<double>(g.HS)) + slope * static_cast<double>(k);
           mx = std::max(mx, s[static_cast<std::size_t>(k)]);
         }
         double sum = 0;
@@ -256,7 +264,8 @@ void flash_attention_forward(const FlashAttentionForwardArgs& a) {
 }
 
 void flash_attention_backward(const FlashAttentionBackwardArgs& a) {
-  const Geometry g = geometry("ref::flash_attention_backward", a.batch, a.seq_len, a.num_heads, a.head_dim);
+  const Geometry g =
+      geometry("ref::flash_attention_backward", a.batch, a.seq_len, a.num_heads, a.head_dim);
   const double keep_scale = 1.0 / (1.0 - a.dropout.p);
   const double scale = 1.0 / std::sqrt(static_cast<double>(g.HS));
   for (std::int64_t b = 0; b < g.B; ++b) {
@@ -271,7 +280,8 @@ void flash_attention_backward(const FlashAttentionBackwardArgs& a) {
         double mx = -INFINITY;
         for (std::int64_t k = 0; k <= q; ++k) {
           double dot = 0;
-          for (std::int64_t d = 0; d < g.HS; ++d) dot += static_cast<double>(base[q * g.ld + d]) * base[k * g.ld + g.HS + d];
+          for (std::int64_t d = 0; d < g.HS; ++d)
+            dot += static_cast<double>(base[q * g.ld + d]) * base[k * g.ld + g.HS + d];
           p[static_cast<std::size_t>(k)] = dot * scale + slope * static_cast<double>(k);
           mx = std::max(mx, p[static_cast<std::size_t>(k)]);
         }
@@ -288,7 +298,8 @@ void flash_attention_backward(const FlashAttentionBackwardArgs& a) {
                     : 0.0;
           }
           double dot = 0;
-          for (std::int64_t d = 0; d < g.HS; ++d) dot += static_cast<double>(d_o[d]) * base[k * g.ld + 2 * g.HS + d];
+          for (std::int64_t d = 0; d < g.HS; ++d)
+            dot += static_cast<double>(d_o[d]) * base[k * g.ld + 2 * g.HS + d];
           dpt[static_cast<std::size_t>(k)] = dot;  // gradient of the dropped probability
           // dV += (p * mult) dO
           for (std::int64_t d = 0; d < g.HS; ++d) {
@@ -299,11 +310,14 @@ void flash_attention_backward(const FlashAttentionBackwardArgs& a) {
         // Softmax backward on dP = dP~ * mult.
         double inner = 0;
         for (std::int64_t k = 0; k <= q; ++k) {
-          inner += p[static_cast<std::size_t>(k)] * dpt[static_cast<std::size_t>(k)] * mult[static_cast<std::size_t>(k)];
+          inner += p[static_cast<std::size_t>(k)] * dpt[static_cast<std::size_t>(k)] *
+                   mult[static_cast<std::size_t>(k)];
         }
         for (std::int64_t k = 0; k <= q; ++k) {
-          const double ds = p[static_cast<std::size_t>(k)] *
-                            (dpt[static_cast<std::size_t>(k)] * mult[static_cast<std::size_t>(k)] - inner) * scale;
+          const double ds =
+              p[static_cast<std::size_t>(k)] *
+              (dpt[static_cast<std::size_t>(k)] * mult[static_cast<std::size_t>(k)] - inner) *
+              scale;
           for (std::int64_t d = 0; d < g.HS; ++d) {
             dqkv[static_cast<std::size_t>(q * 3 * g.HS + d)] += ds * base[k * g.ld + g.HS + d];
             dqkv[static_cast<std::size_t>(k * 3 * g.HS + g.HS + d)] += ds * base[q * g.ld + d];
@@ -312,7 +326,8 @@ void flash_attention_backward(const FlashAttentionBackwardArgs& a) {
       }
       for (std::int64_t t = 0; t < g.T; ++t) {
         for (std::int64_t j = 0; j < 3 * g.HS; ++j) {
-          dbase[t * g.ld + j] = static_cast<float>(dqkv[static_cast<std::size_t>(t * 3 * g.HS + j)]);
+          dbase[t * g.ld + j] =
+              static_cast<float>(dqkv[static_cast<std::size_t>(t * 3 * g.HS + j)]);
         }
       }
     }

@@ -22,9 +22,9 @@
 namespace trident::kernels {
 
 struct AttentionDropout {
-  float p = 0.0f;               // drop probability; 0 disables
+  float p = 0.0f;  // drop probability; 0 disables
   std::uint64_t seed = 0;
-  std::uint64_t stream = 0;     // distinguishes layers and iterations
+  std::uint64_t stream = 0;       // distinguishes layers and iterations
   std::int64_t first_sample = 0;  // global sample id of batch row 0
   std::int64_t head_offset = 0;   // global index of this rank's first head
   std::int64_t total_heads = 0;   // heads of the whole model (0: num_heads)

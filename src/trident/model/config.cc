@@ -22,10 +22,11 @@ void ModelConfig::validate() const {
                 "--max-position-embeddings (", max_positions(), ") must be >= --seq-length (",
                 seq_length, ")");
   TRIDENT_CHECK(vocab_size > 0, "vocabulary size must be positive (check the tokenizer files)");
-  TRIDENT_CHECK(make_vocab_size_divisible_by > 0, "--make-vocab-size-divisible-by must be positive");
+  TRIDENT_CHECK(make_vocab_size_divisible_by > 0,
+                "--make-vocab-size-divisible-by must be positive");
   TRIDENT_CHECK(init_method_std > 0, "--init-method-std must be positive, got ", init_method_std);
-  TRIDENT_CHECK(hidden_dropout >= 0 && hidden_dropout < 1, "--hidden-dropout must be in [0, 1), got ",
-                hidden_dropout);
+  TRIDENT_CHECK(hidden_dropout >= 0 && hidden_dropout < 1,
+                "--hidden-dropout must be in [0, 1), got ", hidden_dropout);
   TRIDENT_CHECK(attention_dropout >= 0 && attention_dropout < 1,
                 "--attention-dropout must be in [0, 1), got ", attention_dropout);
 }
@@ -42,8 +43,10 @@ double ModelConfig::flops_per_iteration(std::int64_t tokens) const {
 
 std::int64_t ModelConfig::num_parameters() const {
   const std::int64_t h = hidden_size, f = ffn();
-  const std::int64_t per_layer = 4 * h + (3 * h * h + 3 * h) + (h * h + h) + (f * h + f) + (h * f + h);
-  const std::int64_t pos = position_embedding == PositionEmbedding::kLearnedAbsolute ? max_positions() * h : 0;
+  const std::int64_t per_layer =
+      4 * h + (3 * h * h + 3 * h) + (h * h + h) + (f * h + f) + (h * f + h);
+  const std::int64_t pos =
+      position_embedding == PositionEmbedding::kLearnedAbsolute ? max_positions() * h : 0;
   return padded_vocab_size() * h + pos + num_layers * per_layer + 2 * h +
          (embed_layernorm ? 2 * h : 0);
 }

@@ -33,8 +33,8 @@ struct ModelConfig {
   // one; ALiBi and attention dropout need the fused kernel.
   bool use_flash_attention = false;
   Recompute recompute = Recompute::kNone;
-  bool recompute_block = false;          // method block: the first recompute_num_layers layers
-  std::int64_t recompute_num_layers = 1; // of each stage; uniform: every layer (per layer)
+  bool recompute_block = false;           // method block: the first recompute_num_layers layers
+  std::int64_t recompute_num_layers = 1;  // of each stage; uniform: every layer (per layer)
 
   // Whether local layer `l` of a shard is fully recomputed.
   bool recomputes(std::int64_t l) const {

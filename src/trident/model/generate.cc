@@ -44,13 +44,19 @@ const float* Generator::step(const core::ExecContext& ctx, std::int32_t token) {
   TRIDENT_CHECK(token >= 0 && token < Vp, "token id ", token, " outside the vocabulary");
   const float eps = cfg_.layernorm_epsilon;
   for (std::int64_t c = 0; c < C; ++c) {
-    x_[static_cast<std::size_t>(c)] = params_.wte[token * C + c] +
-                                      (params_.wpe ? params_.wpe[pos_ * C + c] : 0.0f);
+    x_[static_cast<std::size_t>(c)] =
+        params_.wte[token * C + c] + (params_.wpe ? params_.wpe[pos_ * C + c] : 0.0f);
   }
   if (params_.emb_ln_w) {  // BLOOM's embedding LayerNorm
-    k::layernorm_forward(ctx, {.out = ln_.data(), .mean = mean_.data(), .rstd = rstd_.data(),
-                               .in = x_.data(), .weight = params_.emb_ln_w,
-                               .bias = params_.emb_ln_b, .rows = 1, .cols = C, .eps = eps});
+    k::layernorm_forward(ctx, {.out = ln_.data(),
+                               .mean = mean_.data(),
+                               .rstd = rstd_.data(),
+                               .in = x_.data(),
+                               .weight = params_.emb_ln_w,
+                               .bias = params_.emb_ln_b,
+                               .rows = 1,
+                               .cols = C,
+                               .eps = eps});
     std::copy(ln_.begin(), ln_.end(), x_.begin());
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
@@ -58,11 +64,22 @@ const float* Generator::step(const core::ExecContext& ctx, std::int32_t token) {
     const LayerTensors<const float*>& w = params_.layers[static_cast<std::size_t>(l)];
     float* kc = k_cache_.data() + l * P * C;
     float* vc = v_cache_.data() + l * P * C;
-    k::layernorm_forward(ctx, {.out = ln_.data(), .mean = mean_.data(), .rstd = rstd_.data(),
-                               .in = x_.data(), .weight = w.ln1_w, .bias = w.ln1_b, .rows = 1,
-                               .cols = C, .eps = eps});
-    k::linear_forward(ctx, {.out = qkv_.data(), .in = ln_.data(), .weight = w.qkv_w,
-                            .bias = w.qkv_b, .rows = 1, .in_features = C, .out_features = 3 * C});
+    k::layernorm_forward(ctx, {.out = ln_.data(),
+                               .mean = mean_.data(),
+                               .rstd = rstd_.data(),
+                               .in = x_.data(),
+                               .weight = w.ln1_w,
+                               .bias = w.ln1_b,
+                               .rows = 1,
+                               .cols = C,
+                               .eps = eps});
+    k::linear_forward(ctx, {.out = qkv_.data(),
+                            .in = ln_.data(),
+                            .weight = w.qkv_w,
+                            .bias = w.qkv_b,
+                            .rows = 1,
+                            .in_features = C,
+                            .out_features = 3 * C});
     for (std::int64_t h = 0; h < NH; ++h) {
       const float* q = qkv_.data() + h * 3 * HS;
       std::copy_n(q + HS, HS, kc + pos_ * C + h * HS);
@@ -88,24 +105,56 @@ const float* Generator::step(const core::ExecContext& ctx, std::int32_t token) {
         for (std::int64_t d = 0; d < HS; ++d) out[d] += p * vc[t * C + h * HS + d];
       }
     }
-    k::linear_forward(ctx, {.out = tmp_.data(), .in = attn_.data(), .weight = w.proj_w,
-                            .bias = w.proj_b, .rows = 1, .in_features = C, .out_features = C});
+    k::linear_forward(ctx, {.out = tmp_.data(),
+                            .in = attn_.data(),
+                            .weight = w.proj_w,
+                            .bias = w.proj_b,
+                            .rows = 1,
+                            .in_features = C,
+                            .out_features = C});
     k::add_forward(ctx, x_.data(), x_.data(), tmp_.data(), C);
-    k::layernorm_forward(ctx, {.out = ln_.data(), .mean = mean_.data(), .rstd = rstd_.data(),
-                               .in = x_.data(), .weight = w.ln2_w, .bias = w.ln2_b, .rows = 1,
-                               .cols = C, .eps = eps});
-    k::linear_forward(ctx, {.out = fc_.data(), .in = ln_.data(), .weight = w.fc_w, .bias = w.fc_b,
-                            .rows = 1, .in_features = C, .out_features = F});
+    k::layernorm_forward(ctx, {.out = ln_.data(),
+                               .mean = mean_.data(),
+                               .rstd = rstd_.data(),
+                               .in = x_.data(),
+                               .weight = w.ln2_w,
+                               .bias = w.ln2_b,
+                               .rows = 1,
+                               .cols = C,
+                               .eps = eps});
+    k::linear_forward(ctx, {.out = fc_.data(),
+                            .in = ln_.data(),
+                            .weight = w.fc_w,
+                            .bias = w.fc_b,
+                            .rows = 1,
+                            .in_features = C,
+                            .out_features = F});
     k::gelu_forward(ctx, fc_.data(), fc_.data(), F);
-    k::linear_forward(ctx, {.out = tmp_.data(), .in = fc_.data(), .weight = w.fc2_w,
-                            .bias = w.fc2_b, .rows = 1, .in_features = F, .out_features = C});
+    k::linear_forward(ctx, {.out = tmp_.data(),
+                            .in = fc_.data(),
+                            .weight = w.fc2_w,
+                            .bias = w.fc2_b,
+                            .rows = 1,
+                            .in_features = F,
+                            .out_features = C});
     k::add_forward(ctx, x_.data(), x_.data(), tmp_.data(), C);
   }
-  k::layernorm_forward(ctx, {.out = ln_.data(), .mean = mean_.data(), .rstd = rstd_.data(),
-                             .in = x_.data(), .weight = params_.lnf_w, .bias = params_.lnf_b,
-                             .rows = 1, .cols = C, .eps = eps});
-  k::linear_forward(ctx, {.out = logits_.data(), .in = ln_.data(), .weight = params_.wte,
-                          .bias = nullptr, .rows = 1, .in_features = C, .out_features = Vp});
+  k::layernorm_forward(ctx, {.out = ln_.data(),
+                             .mean = mean_.data(),
+                             .rstd = rstd_.data(),
+                             .in = x_.data(),
+                             .weight = params_.lnf_w,
+                             .bias = params_.lnf_b,
+                             .rows = 1,
+                             .cols = C,
+                             .eps = eps});
+  k::linear_forward(ctx, {.out = logits_.data(),
+                          .in = ln_.data(),
+                          .weight = params_.wte,
+                          .bias = nullptr,
+                          .rows = 1,
+                          .in_features = C,
+                          .out_features = Vp});
   ++pos_;
   return logits_.data();
 }

@@ -7,13 +7,13 @@
 #include "trident/core/error.h"
 #include "trident/kernels/attention.h"
 #include "trident/kernels/bf16.h"
-#include "trident/kernels/matmul_bf16.h"
 #include "trident/kernels/cross_entropy.h"
 #include "trident/kernels/elementwise.h"
 #include "trident/kernels/embedding.h"
 #include "trident/kernels/flash_attention.h"
 #include "trident/kernels/layernorm.h"
 #include "trident/kernels/matmul.h"
+#include "trident/kernels/matmul_bf16.h"
 
 namespace trident::model {
 
@@ -240,7 +240,8 @@ void vocab_parallel_cross_entropy(const ModelRuntime& rt, std::int64_t rows, std
 
 GptParamsBf16 gpt_param_views_bf16(const ModelConfig& cfg, const ParamTable& table,
                                    const core::bf16* flat) {
-  return views<const core::bf16*>(cfg, table, [flat](std::int64_t offset) { return flat + offset; });
+  return views<const core::bf16*>(cfg, table,
+                                  [flat](std::int64_t offset) { return flat + offset; });
 }
 
 GptParams gpt_param_views(const ModelConfig& cfg, const ParamTable& table, const float* flat) {
@@ -271,10 +272,13 @@ void make_activations(const ModelConfig& cfg, const ModelShard& shard, std::int6
 std::int64_t activation_bytes(const ModelConfig& cfg, const ModelShard& shard, std::int64_t batch,
                               std::int64_t seq_len, bool bf16) {
   std::int64_t bytes = 0;
-  layout_activations(cfg, shard, batch, seq_len, bf16, [&](std::int64_t n) -> float* {
-    bytes += core::Arena::footprint(core::DType::kF32, {n});
-    return nullptr;
-  }, nullptr);
+  layout_activations(
+      cfg, shard, batch, seq_len, bf16,
+      [&](std::int64_t n) -> float* {
+        bytes += core::Arena::footprint(core::DType::kF32, {n});
+        return nullptr;
+      },
+      nullptr);
   return bytes;
 }
 
@@ -284,9 +288,9 @@ void make_activations(const ModelConfig& cfg, const ModelShard& shard, std::int6
   acts.batch = batch;
   acts.seq_len = seq_len;
   acts.arena = core::Arena(activation_bytes(cfg, shard, batch, seq_len, bf16));
-  layout_activations(cfg, shard, batch, seq_len, bf16, [&](std::int64_t n) {
-    return acts.arena.alloc(core::DType::kF32, {n}).as<float>();
-  }, &acts);
+  layout_activations(
+      cfg, shard, batch, seq_len, bf16,
+      [&](std::int64_t n) { return acts.arena.alloc(core::DType::kF32, {n}).as<float>(); }, &acts);
 }
 
 namespace {
@@ -298,7 +302,9 @@ class TpRegion {
  public:
   TpRegion(const ModelRuntime& rt, std::int64_t rows, std::int64_t cols)
       : tp_(rt.tp && rt.tp->size() > 1 ? rt.tp : nullptr),
-        sp_(tp_ != nullptr && rt.shard.sequence_parallel), rows_(rows), cols_(cols),
+        sp_(tp_ != nullptr && rt.shard.sequence_parallel),
+        rows_(rows),
+        cols_(cols),
         traffic_(rt.tp_traffic) {}
   bool sp() const { return sp_; }
   std::int64_t local_rows() const { return sp_ ? rows_ / tp_->size() : rows_; }
@@ -326,7 +332,9 @@ class TpRegion {
     }
   }
   // Backward of leave: the gradient of the full rows (SP: all-gather; else the identity).
-  const float* leave_backward(const float* d_local, float* d_full) const { return enter(d_local, d_full); }
+  const float* leave_backward(const float* d_local, float* d_full) const {
+    return enter(d_local, d_full);
+  }
   // Backward of enter: the column-parallel layer left a partial input gradient over B*T rows;
   // without SP all-reduce it in place; with SP reduce-scatter it. Returns the local rows'
   // gradient (inside `partial` in both cases).
@@ -393,20 +401,30 @@ struct Matmuls {
   void forward(const k::LinearForwardArgs& args, const core::bf16* w16) const {
     if (w16 == nullptr) return k::linear_forward(ctx, args);
     k::convert_f32_to_bf16(ctx, a.bf16_in, args.in, args.rows * args.in_features);
-    k::linear_forward_bf16(ctx, {.out = args.out, .in = a.bf16_in, .weight = w16,
-                                 .bias = args.bias, .rows = args.rows,
+    k::linear_forward_bf16(ctx, {.out = args.out,
+                                 .in = a.bf16_in,
+                                 .weight = w16,
+                                 .bias = args.bias,
+                                 .rows = args.rows,
                                  .in_features = args.in_features,
-                                 .out_features = args.out_features, .scratch = a.gemm_scratch});
+                                 .out_features = args.out_features,
+                                 .scratch = a.gemm_scratch});
   }
   void backward(const k::LinearBackwardArgs& args, const core::bf16* w16) const {
     if (w16 == nullptr) return k::linear_backward(ctx, args);
     k::convert_f32_to_bf16(ctx, a.bf16_in, args.in, args.rows * args.in_features);
     k::convert_f32_to_bf16(ctx, a.bf16_dout, args.d_out, args.rows * args.out_features);
-    k::linear_backward_bf16(ctx, {.d_in = args.d_in, .d_weight = args.d_weight,
-                                  .d_bias = args.d_bias, .d_out = args.d_out,
-                                  .d_out_bf16 = a.bf16_dout, .in = a.bf16_in, .weight = w16,
-                                  .rows = args.rows, .in_features = args.in_features,
-                                  .out_features = args.out_features, .scratch = a.gemm_scratch});
+    k::linear_backward_bf16(ctx, {.d_in = args.d_in,
+                                  .d_weight = args.d_weight,
+                                  .d_bias = args.d_bias,
+                                  .d_out = args.d_out,
+                                  .d_out_bf16 = a.bf16_dout,
+                                  .in = a.bf16_in,
+                                  .weight = w16,
+                                  .rows = args.rows,
+                                  .in_features = args.in_features,
+                                  .out_features = args.out_features,
+                                  .scratch = a.gemm_scratch});
   }
 };
 
@@ -449,40 +467,84 @@ struct LayerForward {
     const LayerTensors<const core::bf16*>* w16 =
         rt.params_bf16 ? &rt.params_bf16->layers[l] : nullptr;
     const std::int64_t layer = rt.shard.first_layer + static_cast<std::int64_t>(l);
-    k::layernorm_forward(ctx, {.out = s.ln1, .mean = s.ln1_mean, .rstd = s.ln1_rstd, .in = x,
-                               .weight = w.ln1_w, .bias = w.ln1_b, .rows = R, .cols = C, .eps = eps});
+    k::layernorm_forward(ctx, {.out = s.ln1,
+                               .mean = s.ln1_mean,
+                               .rstd = s.ln1_rstd,
+                               .in = x,
+                               .weight = w.ln1_w,
+                               .bias = w.ln1_b,
+                               .rows = R,
+                               .cols = C,
+                               .eps = eps});
     const float* ln1 = region.enter(s.ln1, a.gathered);  // f (SP: all-gather)
-    mm.forward({.out = s.qkv, .in = ln1, .weight = w.qkv_w, .bias = w.qkv_b, .rows = BT,
-                .in_features = C, .out_features = 3 * Cl},
+    mm.forward({.out = s.qkv,
+                .in = ln1,
+                .weight = w.qkv_w,
+                .bias = w.qkv_b,
+                .rows = BT,
+                .in_features = C,
+                .out_features = 3 * Cl},
                w16 ? w16->qkv_w : nullptr);
     if (cfg.flash_attention()) {
-      k::flash_attention_forward(ctx, {.out = s.attn, .lse = s.lse, .qkv = s.qkv, .alibi = alibi,
-                                       .dropout = attention_dropout(layer), .batch = B,
-                                       .seq_len = T, .num_heads = NH, .head_dim = HS});
+      k::flash_attention_forward(ctx, {.out = s.attn,
+                                       .lse = s.lse,
+                                       .qkv = s.qkv,
+                                       .alibi = alibi,
+                                       .dropout = attention_dropout(layer),
+                                       .batch = B,
+                                       .seq_len = T,
+                                       .num_heads = NH,
+                                       .head_dim = HS});
     } else {
       // Selective recomputation keeps no probabilities: they go to the shared scratch.
       float* probs = s.probs ? s.probs : a.scratch_probs;
-      k::attention_forward(ctx, {.out = s.attn, .probs = probs, .qkv = s.qkv, .batch = B,
-                                 .seq_len = T, .num_heads = NH, .head_dim = HS});
+      k::attention_forward(ctx, {.out = s.attn,
+                                 .probs = probs,
+                                 .qkv = s.qkv,
+                                 .batch = B,
+                                 .seq_len = T,
+                                 .num_heads = NH,
+                                 .head_dim = HS});
     }
     float* proj = partial_of(s.resid2);
-    mm.forward({.out = proj, .in = s.attn, .weight = w.proj_w, .bias = once(w.proj_b), .rows = BT,
-                .in_features = Cl, .out_features = C},
+    mm.forward({.out = proj,
+                .in = s.attn,
+                .weight = w.proj_w,
+                .bias = once(w.proj_b),
+                .rows = BT,
+                .in_features = Cl,
+                .out_features = C},
                w16 ? w16->proj_w : nullptr);
     region.leave(proj, s.resid2);  // g (SP: reduce-scatter)
     drop(s.resid2, layer, DropSite::kAttentionOut);
     k::add_forward(ctx, s.resid2, s.resid2, x, R * C);
-    k::layernorm_forward(ctx, {.out = s.ln2, .mean = s.ln2_mean, .rstd = s.ln2_rstd,
-                               .in = s.resid2, .weight = w.ln2_w, .bias = w.ln2_b, .rows = R,
-                               .cols = C, .eps = eps});
+    k::layernorm_forward(ctx, {.out = s.ln2,
+                               .mean = s.ln2_mean,
+                               .rstd = s.ln2_rstd,
+                               .in = s.resid2,
+                               .weight = w.ln2_w,
+                               .bias = w.ln2_b,
+                               .rows = R,
+                               .cols = C,
+                               .eps = eps});
     const float* ln2 = region.enter(s.ln2, a.gathered);  // f
-    mm.forward({.out = s.fc, .in = ln2, .weight = w.fc_w, .bias = w.fc_b, .rows = BT,
-                .in_features = C, .out_features = F},
+    mm.forward({.out = s.fc,
+                .in = ln2,
+                .weight = w.fc_w,
+                .bias = w.fc_b,
+                .rows = BT,
+                .in_features = C,
+                .out_features = F},
                w16 ? w16->fc_w : nullptr);
     k::gelu_forward(ctx, s.gelu, s.fc, BT * F);
     float* fc2 = partial_of(s.out);
-    mm.forward({.out = fc2, .in = s.gelu, .weight = w.fc2_w, .bias = once(w.fc2_b), .rows = BT,
-                .in_features = F, .out_features = C},
+    mm.forward({.out = fc2,
+                .in = s.gelu,
+                .weight = w.fc2_w,
+                .bias = once(w.fc2_b),
+                .rows = BT,
+                .in_features = F,
+                .out_features = C},
                w16 ? w16->fc2_w : nullptr);
     region.leave(fc2, s.out);  // g
     drop(s.out, layer, DropSite::kMlpOut);
@@ -515,26 +577,44 @@ void gpt_forward(const core::ExecContext& ctx, const ModelConfig& cfg, const Mod
   const std::int64_t R = region.local_rows();
   TRIDENT_ASSERT(R == a.stage_rows, "activations laid out for ", a.stage_rows, " rows, not ", R);
   const std::vector<float> slopes = alibi_slopes_of(cfg);
-  const LayerForward layer{ctx, cfg, rt, a, region,
-                           slopes.empty() ? nullptr : slopes.data() + tp_rank * NH,
-                           B, T, BT, C, F, NH, Cl, HS, R, region.sp() ? tp_rank * R : 0, tp_rank};
+  const LayerForward layer{ctx,    cfg,
+                           rt,     a,
+                           region, slopes.empty() ? nullptr : slopes.data() + tp_rank * NH,
+                           B,      T,
+                           BT,     C,
+                           F,      NH,
+                           Cl,     HS,
+                           R,      region.sp() ? tp_rank * R : 0,
+                           tp_rank};
 
   if (rt.shard.has_embedding) {
-    TRIDENT_CHECK(cfg.position_embedding != PositionEmbedding::kLearnedAbsolute ||
-                      T <= cfg.max_positions(),
-                  "sequence of ", T, " tokens is longer than the ", cfg.max_positions(),
-                  " learned positions (--max-position-embeddings); ALiBi models have no such limit");
+    TRIDENT_CHECK(
+        cfg.position_embedding != PositionEmbedding::kLearnedAbsolute || T <= cfg.max_positions(),
+        "sequence of ", T, " tokens is longer than the ", cfg.max_positions(),
+        " learned positions (--max-position-embeddings); ALiBi models have no such limit");
     call(rt.before_forward, -1);
     float* dst = cfg.embed_layernorm ? a.emb_raw : a.encoded;
     float* emb = layer.partial_of(dst);
-    k::embedding_forward(ctx, {.out = emb, .tokens = tokens, .wte = p.wte, .wpe = layer.once(p.wpe),
-                               .batch = B, .seq_len = T, .hidden = C,
-                               .vocab_start = tp_rank * Vl, .vocab_local = Vl});
+    k::embedding_forward(ctx, {.out = emb,
+                               .tokens = tokens,
+                               .wte = p.wte,
+                               .wpe = layer.once(p.wpe),
+                               .batch = B,
+                               .seq_len = T,
+                               .hidden = C,
+                               .vocab_start = tp_rank * Vl,
+                               .vocab_local = Vl});
     region.leave(emb, dst);  // each token's row lives on one tp rank
     if (cfg.embed_layernorm) {
-      k::layernorm_forward(ctx, {.out = a.encoded, .mean = a.emb_mean, .rstd = a.emb_rstd,
-                                 .in = a.emb_raw, .weight = p.emb_ln_w, .bias = p.emb_ln_b,
-                                 .rows = R, .cols = C, .eps = eps});
+      k::layernorm_forward(ctx, {.out = a.encoded,
+                                 .mean = a.emb_mean,
+                                 .rstd = a.emb_rstd,
+                                 .in = a.emb_raw,
+                                 .weight = p.emb_ln_w,
+                                 .bias = p.emb_ln_b,
+                                 .rows = R,
+                                 .cols = C,
+                                 .eps = eps});
     }
     layer.drop(a.encoded, -1, DropSite::kEmbedding);
   }
@@ -554,15 +634,26 @@ void gpt_forward(const core::ExecContext& ctx, const ModelConfig& cfg, const Mod
   }
   if (rt.shard.has_head) {
     call(rt.before_forward, static_cast<std::int64_t>(a.layers.size()));
-    k::layernorm_forward(ctx, {.out = a.lnf, .mean = a.lnf_mean, .rstd = a.lnf_rstd, .in = x,
-                               .weight = p.lnf_w, .bias = p.lnf_b, .rows = R, .cols = C,
+    k::layernorm_forward(ctx, {.out = a.lnf,
+                               .mean = a.lnf_mean,
+                               .rstd = a.lnf_rstd,
+                               .in = x,
+                               .weight = p.lnf_w,
+                               .bias = p.lnf_b,
+                               .rows = R,
+                               .cols = C,
                                .eps = eps});
     // f. Output layer tied to the word embedding: logits = lnf @ wte^T, each tp rank computing
     // its slice of the vocabulary for every row.
     const float* lnf = region.enter(a.lnf, a.gathered);
     const Matmuls mm{ctx, a};
-    mm.forward({.out = a.logits, .in = lnf, .weight = p.wte, .bias = nullptr, .rows = BT,
-                .in_features = C, .out_features = Vl},
+    mm.forward({.out = a.logits,
+                .in = lnf,
+                .weight = p.wte,
+                .bias = nullptr,
+                .rows = BT,
+                .in_features = C,
+                .out_features = Vl},
                rt.params_bf16 ? rt.params_bf16->wte : nullptr);
   }
 }
@@ -573,10 +664,15 @@ LossSum gpt_loss(const core::ExecContext& ctx, const ModelConfig& cfg, const Mod
   const std::int64_t BT = a.batch * a.seq_len;
   const int tp = tp_size_of(rt);
   if (tp == 1) {
-    k::cross_entropy_forward_backward(
-        ctx, {.losses = a.losses, .d_logits = grad == LossGrad::kCompute ? a.logits : nullptr,
-              .logits = a.logits, .targets = targets, .d_scale = d_scale, .rows = BT,
-              .vocab = cfg.vocab_size, .vocab_padded = cfg.padded_vocab_size()});
+    k::cross_entropy_forward_backward(ctx,
+                                      {.losses = a.losses,
+                                       .d_logits = grad == LossGrad::kCompute ? a.logits : nullptr,
+                                       .logits = a.logits,
+                                       .targets = targets,
+                                       .d_scale = d_scale,
+                                       .rows = BT,
+                                       .vocab = cfg.vocab_size,
+                                       .vocab_padded = cfg.padded_vocab_size()});
   } else {
     vocab_parallel_cross_entropy(rt, BT, cfg.vocab_size, cfg.padded_vocab_size(tp) / tp, targets,
                                  d_scale, grad, a);
@@ -606,14 +702,14 @@ void gpt_backward(const core::ExecContext& ctx, const ModelConfig& cfg, const Mo
   // The gradient through a dropout: the same mask as the forward, regenerated.
   auto drop_backward = [&](const float* d, std::int64_t layer, DropSite site) -> const float* {
     if (!hidden_drop) return d;
-    dropout_rows(a.d_drop, d, R, C, a.first_sample * T + row0, cfg.hidden_dropout,
-                 rt.dropout_seed, drop_stream(a.iteration, layer, site));
+    dropout_rows(a.d_drop, d, R, C, a.first_sample * T + row0, cfg.hidden_dropout, rt.dropout_seed,
+                 drop_stream(a.iteration, layer, site));
     return a.d_drop;
   };
   const std::vector<float> slopes = alibi_slopes_of(cfg);
   const float* alibi = slopes.empty() ? nullptr : slopes.data() + tp_rank * NH;
-  const LayerForward recompute{ctx, cfg, rt, a, region, alibi, B, T, BT, C, F, NH, Cl, HS, R,
-                               row0, tp_rank};
+  const LayerForward recompute{ctx, cfg, rt, a,  region, alibi, B,    T,      BT,
+                               C,   F,   NH, Cl, HS,     R,     row0, tp_rank};
   const Matmuls mm{ctx, a};
 
   if (rt.shard.has_head) {
@@ -621,14 +717,28 @@ void gpt_backward(const core::ExecContext& ctx, const ModelConfig& cfg, const Mo
     // Tied output layer: d_lnf = d_logits @ wte, d_wte += d_logits^T @ lnf (full rows; SP
     // gathers lnf again rather than keeping a full copy).
     const float* lnf = region.enter(a.lnf, a.gathered);
-    mm.backward({.d_in = a.d_ln, .d_weight = g.wte, .d_bias = nullptr, .d_out = a.logits,
-                 .in = lnf, .weight = p.wte, .rows = BT, .in_features = C, .out_features = Vl},
+    mm.backward({.d_in = a.d_ln,
+                 .d_weight = g.wte,
+                 .d_bias = nullptr,
+                 .d_out = a.logits,
+                 .in = lnf,
+                 .weight = p.wte,
+                 .rows = BT,
+                 .in_features = C,
+                 .out_features = Vl},
                 rt.params_bf16 ? rt.params_bf16->wte : nullptr);
     const float* d_lnf = region.enter_backward(a.d_ln);  // each rank holds a partial d_lnf
     std::memset(a.d_x, 0, static_cast<std::size_t>(R * C) * sizeof(float));
-    k::layernorm_backward(ctx, {.d_in = a.d_x, .d_weight = g.lnf_w, .d_bias = g.lnf_b,
-                                .d_out = d_lnf, .in = a.output(), .weight = p.lnf_w,
-                                .mean = a.lnf_mean, .rstd = a.lnf_rstd, .rows = R, .cols = C});
+    k::layernorm_backward(ctx, {.d_in = a.d_x,
+                                .d_weight = g.lnf_w,
+                                .d_bias = g.lnf_b,
+                                .d_out = d_lnf,
+                                .in = a.output(),
+                                .weight = p.lnf_w,
+                                .mean = a.lnf_mean,
+                                .rstd = a.lnf_rstd,
+                                .rows = R,
+                                .cols = C});
     call(rt.after_backward, L);
   }
   // d_x now holds the gradient of the residual stream at the top (this rank's rows); walk the
@@ -647,38 +757,74 @@ void gpt_backward(const core::ExecContext& ctx, const ModelConfig& cfg, const Mo
     if (!cfg.flash_attention() && s.probs == nullptr) {
       // Selective recomputation: the attention probabilities again (the output, identical to the
       // saved one, lands in d_attn, which the projection's backward overwrites next).
-      k::attention_forward(ctx, {.out = a.d_attn, .probs = a.scratch_probs, .qkv = s.qkv,
-                                 .batch = B, .seq_len = T, .num_heads = NH, .head_dim = HS});
+      k::attention_forward(ctx, {.out = a.d_attn,
+                                 .probs = a.scratch_probs,
+                                 .qkv = s.qkv,
+                                 .batch = B,
+                                 .seq_len = T,
+                                 .num_heads = NH,
+                                 .head_dim = HS});
     }
     const std::int64_t layer = rt.shard.first_layer + l;
     // MLP: out = resid2 + drop(g(fc2(gelu(fc(f(ln2(resid2))))))); the residual passes d_x
     // through. The row-parallel bias gradient is the column sum over every row, the same on each
     // rank.
-    const float* d_out = region.leave_backward(drop_backward(a.d_x, layer, DropSite::kMlpOut),
-                                               a.d_full);
+    const float* d_out =
+        region.leave_backward(drop_backward(a.d_x, layer, DropSite::kMlpOut), a.d_full);
     const LayerTensors<const core::bf16*>* w16 =
         rt.params_bf16 ? &rt.params_bf16->layers[static_cast<std::size_t>(l)] : nullptr;
-    mm.backward({.d_in = a.d_fc, .d_weight = gw.fc2_w, .d_bias = gw.fc2_b, .d_out = d_out,
-                 .in = s.gelu, .weight = w.fc2_w, .rows = BT, .in_features = F, .out_features = C},
+    mm.backward({.d_in = a.d_fc,
+                 .d_weight = gw.fc2_w,
+                 .d_bias = gw.fc2_b,
+                 .d_out = d_out,
+                 .in = s.gelu,
+                 .weight = w.fc2_w,
+                 .rows = BT,
+                 .in_features = F,
+                 .out_features = C},
                 w16 ? w16->fc2_w : nullptr);
     k::gelu_backward(ctx, a.d_fc, a.d_fc, s.fc, BT * F);
     const float* ln2 = region.enter(s.ln2, a.gathered);
-    mm.backward({.d_in = a.d_ln, .d_weight = gw.fc_w, .d_bias = gw.fc_b, .d_out = a.d_fc,
-                 .in = ln2, .weight = w.fc_w, .rows = BT, .in_features = C, .out_features = F},
+    mm.backward({.d_in = a.d_ln,
+                 .d_weight = gw.fc_w,
+                 .d_bias = gw.fc_b,
+                 .d_out = a.d_fc,
+                 .in = ln2,
+                 .weight = w.fc_w,
+                 .rows = BT,
+                 .in_features = C,
+                 .out_features = F},
                 w16 ? w16->fc_w : nullptr);
     const float* d_ln2 = region.enter_backward(a.d_ln);  // f backward
-    k::layernorm_backward(ctx, {.d_in = a.d_x, .d_weight = gw.ln2_w, .d_bias = gw.ln2_b,
-                                .d_out = d_ln2, .in = s.resid2, .weight = w.ln2_w,
-                                .mean = s.ln2_mean, .rstd = s.ln2_rstd, .rows = R, .cols = C});
+    k::layernorm_backward(ctx, {.d_in = a.d_x,
+                                .d_weight = gw.ln2_w,
+                                .d_bias = gw.ln2_b,
+                                .d_out = d_ln2,
+                                .in = s.resid2,
+                                .weight = w.ln2_w,
+                                .mean = s.ln2_mean,
+                                .rstd = s.ln2_rstd,
+                                .rows = R,
+                                .cols = C});
     // Attention: resid2 = x + drop(g(proj(attn(qkv(f(ln1(x))))))).
     d_out = region.leave_backward(drop_backward(a.d_x, layer, DropSite::kAttentionOut), a.d_full);
-    mm.backward({.d_in = a.d_attn, .d_weight = gw.proj_w, .d_bias = gw.proj_b, .d_out = d_out,
-                 .in = s.attn, .weight = w.proj_w, .rows = BT, .in_features = Cl,
+    mm.backward({.d_in = a.d_attn,
+                 .d_weight = gw.proj_w,
+                 .d_bias = gw.proj_b,
+                 .d_out = d_out,
+                 .in = s.attn,
+                 .weight = w.proj_w,
+                 .rows = BT,
+                 .in_features = Cl,
                  .out_features = C},
                 w16 ? w16->proj_w : nullptr);
     if (cfg.flash_attention()) {
       k::flash_attention_backward(
-          ctx, {.d_qkv = a.d_qkv, .d_out = a.d_attn, .qkv = s.qkv, .out = s.attn, .lse = s.lse,
+          ctx, {.d_qkv = a.d_qkv,
+                .d_out = a.d_attn,
+                .qkv = s.qkv,
+                .out = s.attn,
+                .lse = s.lse,
                 .alibi = alibi,
                 .dropout = {.p = rt.training ? cfg.attention_dropout : 0.0f,
                             .seed = rt.dropout_seed,
@@ -686,21 +832,43 @@ void gpt_backward(const core::ExecContext& ctx, const ModelConfig& cfg, const Mo
                             .first_sample = a.first_sample,
                             .head_offset = tp_rank * NH,
                             .total_heads = cfg.num_attention_heads},
-                .batch = B, .seq_len = T, .num_heads = NH, .head_dim = HS});
+                .batch = B,
+                .seq_len = T,
+                .num_heads = NH,
+                .head_dim = HS});
     } else {
-      k::attention_backward(ctx, {.d_qkv = a.d_qkv, .d_probs = a.d_probs, .d_out = a.d_attn,
-                                  .qkv = s.qkv, .probs = s.probs ? s.probs : a.scratch_probs,
-                                  .batch = B, .seq_len = T, .num_heads = NH, .head_dim = HS});
+      k::attention_backward(ctx, {.d_qkv = a.d_qkv,
+                                  .d_probs = a.d_probs,
+                                  .d_out = a.d_attn,
+                                  .qkv = s.qkv,
+                                  .probs = s.probs ? s.probs : a.scratch_probs,
+                                  .batch = B,
+                                  .seq_len = T,
+                                  .num_heads = NH,
+                                  .head_dim = HS});
     }
     const float* ln1 = region.enter(s.ln1, a.gathered);
-    mm.backward({.d_in = a.d_ln, .d_weight = gw.qkv_w, .d_bias = gw.qkv_b, .d_out = a.d_qkv,
-                 .in = ln1, .weight = w.qkv_w, .rows = BT, .in_features = C,
+    mm.backward({.d_in = a.d_ln,
+                 .d_weight = gw.qkv_w,
+                 .d_bias = gw.qkv_b,
+                 .d_out = a.d_qkv,
+                 .in = ln1,
+                 .weight = w.qkv_w,
+                 .rows = BT,
+                 .in_features = C,
                  .out_features = 3 * Cl},
                 w16 ? w16->qkv_w : nullptr);
     const float* d_ln1 = region.enter_backward(a.d_ln);  // f backward
-    k::layernorm_backward(ctx, {.d_in = a.d_x, .d_weight = gw.ln1_w, .d_bias = gw.ln1_b,
-                                .d_out = d_ln1, .in = x, .weight = w.ln1_w, .mean = s.ln1_mean,
-                                .rstd = s.ln1_rstd, .rows = R, .cols = C});
+    k::layernorm_backward(ctx, {.d_in = a.d_x,
+                                .d_weight = gw.ln1_w,
+                                .d_bias = gw.ln1_b,
+                                .d_out = d_ln1,
+                                .in = x,
+                                .weight = w.ln1_w,
+                                .mean = s.ln1_mean,
+                                .rstd = s.ln1_rstd,
+                                .rows = R,
+                                .cols = C});
     call(rt.after_backward, l);
   }
   if (rt.shard.has_embedding) {
@@ -710,17 +878,30 @@ void gpt_backward(const core::ExecContext& ctx, const ModelConfig& cfg, const Mo
     if (cfg.embed_layernorm) {
       float* d_raw = a.d_ln;  // free here; the LayerNorm accumulates into it
       std::memset(d_raw, 0, static_cast<std::size_t>(R * C) * sizeof(float));
-      k::layernorm_backward(ctx, {.d_in = d_raw, .d_weight = g.emb_ln_w, .d_bias = g.emb_ln_b,
-                                  .d_out = d_enc, .in = a.emb_raw, .weight = p.emb_ln_w,
-                                  .mean = a.emb_mean, .rstd = a.emb_rstd, .rows = R, .cols = C});
+      k::layernorm_backward(ctx, {.d_in = d_raw,
+                                  .d_weight = g.emb_ln_w,
+                                  .d_bias = g.emb_ln_b,
+                                  .d_out = d_enc,
+                                  .in = a.emb_raw,
+                                  .weight = p.emb_ln_w,
+                                  .mean = a.emb_mean,
+                                  .rstd = a.emb_rstd,
+                                  .rows = R,
+                                  .cols = C});
       d_enc = d_raw;
     }
     // The forward reduction's backward: every rank scatters the full gradient into its own
     // vocabulary rows; the position embedding's gradient is the same on every rank.
     const float* d_emb = region.leave_backward(d_enc, a.d_full);
-    k::embedding_backward(ctx, {.d_wte = g.wte, .d_wpe = g.wpe, .d_out = d_emb, .tokens = tokens,
-                                .batch = B, .seq_len = T, .hidden = C,
-                                .vocab_start = tp_rank * Vl, .vocab_local = Vl});
+    k::embedding_backward(ctx, {.d_wte = g.wte,
+                                .d_wpe = g.wpe,
+                                .d_out = d_emb,
+                                .tokens = tokens,
+                                .batch = B,
+                                .seq_len = T,
+                                .hidden = C,
+                                .vocab_start = tp_rank * Vl,
+                                .vocab_local = Vl});
     call(rt.after_backward, -1);
   }
 }

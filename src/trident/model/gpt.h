@@ -14,8 +14,8 @@
 // Vp = padded vocabulary, L = layers, tp = tensor-parallel size (local sizes: NH/tp, F/tp, Vp/tp).
 #pragma once
 
-#include <cstdint>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <span>
 #include <vector>
@@ -45,8 +45,8 @@ struct GptTensors {
   P wte = nullptr;  // (Vp/tp, C); on the last stage, the tied copy when it lacks the embedding
   P wpe = nullptr;  // (max_positions, C), first stage only (none with ALiBi)
   P emb_ln_w = nullptr, emb_ln_b = nullptr;  // (C), --embed-layernorm (BLOOM), first stage only
-  std::vector<LayerTensors<P>> layers;  // the shard's layers, in order
-  P lnf_w = nullptr, lnf_b = nullptr;   // (C), last stage only
+  std::vector<LayerTensors<P>> layers;       // the shard's layers, in order
+  P lnf_w = nullptr, lnf_b = nullptr;        // (C), last stage only
 };
 using GptParams = GptTensors<const float*>;
 using GptGrads = GptTensors<float*>;
@@ -116,7 +116,7 @@ struct GptActivations {
   // micro-batch's first row and the iteration, so every layout draws the same masks.
   std::int64_t first_sample = 0;
   std::int64_t iteration = 0;
-  LayerActivations scratch{};  // one layer's worth, for recomputed layers (full recomputation)
+  LayerActivations scratch{};      // one layer's worth, for recomputed layers (full recomputation)
   float* scratch_probs = nullptr;  // (B, NH/tp, T, T) selective recomputation, unfused attention
   float* emb_raw = nullptr;   // (B*T, C) word (+ position) embedding before the embedding LayerNorm
   float* emb_mean = nullptr;  // (B*T)
@@ -124,27 +124,27 @@ struct GptActivations {
   core::Arena arena;
   float* encoded = nullptr;  // (B*T, C): the embedding output, or the stage's received input
   std::vector<LayerActivations> layers;
-  float* lnf = nullptr;       // (B*T, C)
-  float* lnf_mean = nullptr;  // (B*T)
-  float* lnf_rstd = nullptr;  // (B*T)
-  float* logits = nullptr;    // (B*T, Vp/tp); holds d_logits after gpt_loss with gradients
-  float* losses = nullptr;    // (B*T)
-  float* row_stats = nullptr; // (3, B*T) vocab-parallel cross-entropy: max, sum-exp, target logit
-  float* gathered = nullptr;  // (B*T, C) scratch: all-gathered LayerNorm output (SP), partial sums
-  float* d_full = nullptr;    // (B*T, C) scratch: all-gathered residual gradient (SP)
-  float* d_drop = nullptr;    // (B*T, C) scratch: gradient through a dropout
+  float* lnf = nullptr;        // (B*T, C)
+  float* lnf_mean = nullptr;   // (B*T)
+  float* lnf_rstd = nullptr;   // (B*T)
+  float* logits = nullptr;     // (B*T, Vp/tp); holds d_logits after gpt_loss with gradients
+  float* losses = nullptr;     // (B*T)
+  float* row_stats = nullptr;  // (3, B*T) vocab-parallel cross-entropy: max, sum-exp, target logit
+  float* gathered = nullptr;   // (B*T, C) scratch: all-gathered LayerNorm output (SP), partial sums
+  float* d_full = nullptr;     // (B*T, C) scratch: all-gathered residual gradient (SP)
+  float* d_drop = nullptr;     // (B*T, C) scratch: gradient through a dropout
   // --bf16 scratch: a matmul's input and upstream gradient in BF16, and oneDNN's workspace.
   core::bf16* bf16_in = nullptr;
   core::bf16* bf16_dout = nullptr;
   std::span<std::byte> gemm_scratch{};
   // Backward scratch.
-  float* d_x = nullptr;     // (B*T, C) gradient of the residual stream; on a stage without the
-                            // embedding, the gradient of its input after gpt_backward
-  float* d_ln = nullptr;    // (B*T, C)
-  float* d_attn = nullptr;  // (B*T, C/tp)
-  float* d_qkv = nullptr;   // (B*T, 3C/tp)
-  float* d_fc = nullptr;    // (B*T, F/tp)
-  float* d_probs = nullptr; // (B, NH/tp, T, T)
+  float* d_x = nullptr;      // (B*T, C) gradient of the residual stream; on a stage without the
+                             // embedding, the gradient of its input after gpt_backward
+  float* d_ln = nullptr;     // (B*T, C)
+  float* d_attn = nullptr;   // (B*T, C/tp)
+  float* d_qkv = nullptr;    // (B*T, 3C/tp)
+  float* d_fc = nullptr;     // (B*T, F/tp)
+  float* d_probs = nullptr;  // (B, NH/tp, T, T)
 
   // The stage's output (the last layer's residual stream, or `encoded` without layers).
   const float* output() const { return layers.empty() ? encoded : layers.back().out; }
@@ -167,8 +167,8 @@ void gpt_forward(const core::ExecContext& ctx, const ModelConfig& cfg, const Mod
                  const GptParams& params, const std::int32_t* tokens, GptActivations& acts);
 
 struct LossSum {
-  double sum = 0;         // sum of per-token losses over counted tokens
-  std::int64_t count = 0; // tokens with a non-negative target
+  double sum = 0;          // sum of per-token losses over counted tokens
+  std::int64_t count = 0;  // tokens with a non-negative target
 };
 enum class LossGrad : std::uint8_t { kNone, kCompute };
 // Last stage: softmax cross-entropy of acts.logits against targets (B*T; negative = ignored),

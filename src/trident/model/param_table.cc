@@ -44,8 +44,8 @@ void add(ParamTable& t, const ModelShard& shard, std::string name,
                    ") not divisible by tp ", shard.tp_size);
     d /= shard.tp_size;
   }
-  p.sequence_parallel = shard.sequence_parallel && shard.tp_size > 1 &&
-                        p.name.find("layernorm") != std::string::npos;
+  p.sequence_parallel =
+      shard.sequence_parallel && shard.tp_size > 1 && p.name.find("layernorm") != std::string::npos;
   p.init = init;
   p.weight_decay = weight_decay;
   p.layer = layer;
@@ -80,8 +80,8 @@ ParamTable build_gpt_param_table(const ModelConfig& cfg, const ModelShard& shard
   if (shard.has_embedding) {
     add_p("embedding.word_embeddings.weight", {Vp, C}, 0, InitRule::kNormal, true, -1);
     if (cfg.position_embedding == PositionEmbedding::kLearnedAbsolute) {
-      add_p("embedding.position_embeddings.weight", {cfg.max_positions(), C}, -1,
-            InitRule::kNormal, true, -1);
+      add_p("embedding.position_embeddings.weight", {cfg.max_positions(), C}, -1, InitRule::kNormal,
+            true, -1);
     }
     if (cfg.embed_layernorm) {
       add_p("embedding.word_embeddings_layernorm.weight", {C}, -1, InitRule::kOnes, false, -1);
@@ -125,7 +125,8 @@ void init_params(const ModelConfig& cfg, const ParamTable& table, std::uint64_t 
                  int tp_rank) {
   std::memset(flat, 0, static_cast<std::size_t>(table.total_numel) * sizeof(float));
   const double std_normal = cfg.init_method_std;
-  const double std_scaled = cfg.init_method_std / std::sqrt(2.0 * static_cast<double>(cfg.num_layers));
+  const double std_scaled =
+      cfg.init_method_std / std::sqrt(2.0 * static_cast<double>(cfg.num_layers));
   for (const ParamSpec& p : table.params) {
     float* dst = flat + p.offset;
     switch (p.init) {
@@ -141,7 +142,8 @@ void init_params(const ModelConfig& cfg, const ParamTable& table, std::uint64_t 
 #pragma omp parallel for schedule(static)
         for (std::int64_t i = 0; i < p.numel; ++i) {
           const std::int64_t g = p.global_index(i, tp_rank);
-          dst[i] = static_cast<float>(std * core::philox_normal(seed, stream, static_cast<std::uint64_t>(g)));
+          dst[i] = static_cast<float>(
+              std * core::philox_normal(seed, stream, static_cast<std::uint64_t>(g)));
         }
         break;
       }

@@ -35,19 +35,19 @@ struct ModelShard {
 };
 
 struct ParamSpec {
-  std::string name;                 // Megatron's legacy names, e.g. layers.3.mlp.dense_h_to_4h.weight
+  std::string name;  // Megatron's legacy names, e.g. layers.3.mlp.dense_h_to_4h.weight
   std::vector<std::int64_t> shape;  // shape held by this rank (after the tensor-parallel split)
   std::vector<std::int64_t> global_shape;  // shape of the whole parameter
-  int tp_split_dim = -1;            // dim split across tensor-parallel ranks; -1: replicated
-  bool shared = false;              // a second copy of a parameter held elsewhere (the tied word
-                                    // embedding on the last pipeline stage): not counted twice in
-                                    // the gradient norm
-  bool sequence_parallel = false;   // a LayerNorm parameter under sequence parallelism: each tp rank
-                                    // sees only its rows, so its gradient is summed over tp
+  int tp_split_dim = -1;                   // dim split across tensor-parallel ranks; -1: replicated
+  bool shared = false;             // a second copy of a parameter held elsewhere (the tied word
+                                   // embedding on the last pipeline stage): not counted twice in
+                                   // the gradient norm
+  bool sequence_parallel = false;  // a LayerNorm parameter under sequence parallelism: each tp rank
+                                   // sees only its rows, so its gradient is summed over tp
   InitRule init = InitRule::kNormal;
-  bool weight_decay = true;         // false for biases and LayerNorm parameters
-  int layer = -1;                   // transformer layer index, -1 for embeddings / final norm
-  std::int64_t offset = 0;          // element offset in the flat buffer
+  bool weight_decay = true;  // false for biases and LayerNorm parameters
+  int layer = -1;            // transformer layer index, -1 for embeddings / final norm
+  std::int64_t offset = 0;   // element offset in the flat buffer
   std::int64_t numel = 0;
 
   // Replicated across tensor-parallel ranks (LayerNorms, row-parallel biases, position

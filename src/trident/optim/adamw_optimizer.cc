@@ -15,11 +15,18 @@ void adamw_step(const core::ExecContext& ctx, const model::ParamTable& table,
     if (lo >= hi) continue;
     const std::int64_t at = lo - shard.range.begin;
     kernels::adamw_update(ctx,
-                          {.lr = static_cast<float>(lr), .beta1 = cfg.beta1, .beta2 = cfg.beta2,
-                           .eps = cfg.eps, .weight_decay = p.weight_decay ? cfg.weight_decay : 0.0f,
-                           .step = step, .grad_scale = grad_scale},
-                          {.param = shard.params + at, .m = shard.m + at, .v = shard.v + at,
-                           .grad = shard.grads + at, .n = hi - lo});
+                          {.lr = static_cast<float>(lr),
+                           .beta1 = cfg.beta1,
+                           .beta2 = cfg.beta2,
+                           .eps = cfg.eps,
+                           .weight_decay = p.weight_decay ? cfg.weight_decay : 0.0f,
+                           .step = step,
+                           .grad_scale = grad_scale},
+                          {.param = shard.params + at,
+                           .m = shard.m + at,
+                           .v = shard.v + at,
+                           .grad = shard.grads + at,
+                           .n = hi - lo});
   }
 }
 

@@ -7,7 +7,8 @@
 namespace trident::optim {
 
 LossScaler::LossScaler(const LossScalerConfig& cfg)
-    : cfg_(cfg), scale_(cfg.dynamic ? cfg.initial_scale : cfg.static_scale),
+    : cfg_(cfg),
+      scale_(cfg.dynamic ? cfg.initial_scale : cfg.static_scale),
       hysteresis_tracker_(cfg.hysteresis) {
   TRIDENT_CHECK(scale_ > 0, "the loss scale must be positive, got ", scale_);
   TRIDENT_CHECK(!cfg.dynamic || (cfg.min_scale > 0 && cfg.window > 0 && cfg.hysteresis > 0),

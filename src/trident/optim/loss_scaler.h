@@ -10,11 +10,11 @@ namespace trident::optim {
 
 struct LossScalerConfig {
   bool dynamic = true;
-  double static_scale = 1.0;          // --loss-scale (dynamic = false)
-  double initial_scale = 65536.0;     // --initial-loss-scale (2^16)
-  double min_scale = 1.0;             // --min-loss-scale
-  std::int64_t window = 1000;         // --loss-scale-window
-  std::int64_t hysteresis = 2;        // --hysteresis
+  double static_scale = 1.0;       // --loss-scale (dynamic = false)
+  double initial_scale = 65536.0;  // --initial-loss-scale (2^16)
+  double min_scale = 1.0;          // --min-loss-scale
+  std::int64_t window = 1000;      // --loss-scale-window
+  std::int64_t hysteresis = 2;     // --hysteresis
 };
 
 class LossScaler {

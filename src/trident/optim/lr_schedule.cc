@@ -18,9 +18,12 @@ LrDecayStyle parse_lr_decay_style(const std::string& s) {
 
 const char* lr_decay_style_name(LrDecayStyle s) {
   switch (s) {
-    case LrDecayStyle::kConstant: return "constant";
-    case LrDecayStyle::kLinear: return "linear";
-    case LrDecayStyle::kCosine: return "cosine";
+    case LrDecayStyle::kConstant:
+      return "constant";
+    case LrDecayStyle::kLinear:
+      return "linear";
+    case LrDecayStyle::kCosine:
+      return "cosine";
   }
   return "?";
 }

@@ -19,9 +19,12 @@ PipelineScheduleKind parse_pipeline_schedule(const std::string& name) {
 
 const char* pipeline_schedule_name(PipelineScheduleKind kind) {
   switch (kind) {
-    case PipelineScheduleKind::kGPipe: return "gpipe";
-    case PipelineScheduleKind::k1F1B: return "1f1b";
-    case PipelineScheduleKind::kInterleaved1F1B: return "interleaved";
+    case PipelineScheduleKind::kGPipe:
+      return "gpipe";
+    case PipelineScheduleKind::k1F1B:
+      return "1f1b";
+    case PipelineScheduleKind::kInterleaved1F1B:
+      return "interleaved";
   }
   return "?";
 }
@@ -34,13 +37,18 @@ void check_shape(PipelineScheduleKind kind, const PipelineShape& s, int stage) {
                 s.num_microbatches, ", ", s.num_chunks);
   TRIDENT_CHECK(stage >= 0 && stage < s.num_stages, "stage ", stage, " out of ", s.num_stages);
   if (kind != PipelineScheduleKind::kInterleaved1F1B) {
-    TRIDENT_CHECK(s.num_chunks == 1, "only the interleaved schedule runs several model chunks "
+    TRIDENT_CHECK(s.num_chunks == 1,
+                  "only the interleaved schedule runs several model chunks "
                   "per stage (--num-layers-per-virtual-pipeline-stage needs "
                   "--pipeline-schedule interleaved)");
   } else {
-    TRIDENT_CHECK(s.num_microbatches % s.num_stages == 0, "the interleaved schedule needs the "
-                  "number of micro-batches (", s.num_microbatches, ") to be a multiple of "
-                  "--pipeline-model-parallel-size (", s.num_stages, ")");
+    TRIDENT_CHECK(s.num_microbatches % s.num_stages == 0,
+                  "the interleaved schedule needs the "
+                  "number of micro-batches (",
+                  s.num_microbatches,
+                  ") to be a multiple of "
+                  "--pipeline-model-parallel-size (",
+                  s.num_stages, ")");
   }
 }
 
@@ -104,7 +112,8 @@ int max_in_flight(const std::vector<PipeStep>& steps) {
 std::string simulate_pipeline(PipelineScheduleKind kind, const PipelineShape& s) {
   const int P = s.num_stages, v = s.num_chunks, m = s.num_microbatches;
   std::vector<std::vector<PipeStep>> sched(static_cast<std::size_t>(P));
-  for (int st = 0; st < P; ++st) sched[static_cast<std::size_t>(st)] = build_pipeline_schedule(kind, s, st);
+  for (int st = 0; st < P; ++st)
+    sched[static_cast<std::size_t>(st)] = build_pipeline_schedule(kind, s, st);
   std::ostringstream err;
   // Per-stage invariants: one forward and one backward per (micro-batch, chunk), backward after.
   for (int st = 0; st < P; ++st) {

@@ -23,7 +23,7 @@ struct ShardPlan {
   std::int64_t numel = 0;         // elements of the flat buffer
   std::int64_t numel_padded = 0;  // a multiple of dp * align
   int dp = 1;
-  std::int64_t shard_size = 0;    // numel_padded / dp
+  std::int64_t shard_size = 0;  // numel_padded / dp
 
   Range shard(int rank) const { return {rank * shard_size, (rank + 1) * shard_size}; }
   // counts[r] = |range ∩ shard(r)|: the pieces of `range` each rank owns, in rank order.

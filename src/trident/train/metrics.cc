@@ -28,7 +28,8 @@ void MetricsWriter::write(const nlohmann::json& record) {
   if (!file_) return;
   const std::string line = record.dump() + "\n";
   if (std::fwrite(line.data(), 1, line.size(), file_) != line.size() || std::fflush(file_) != 0) {
-    throw core::Error(core::str("--metrics-jsonl: writing ", path_, " failed: ", std::strerror(errno)));
+    throw core::Error(
+        core::str("--metrics-jsonl: writing ", path_, " failed: ", std::strerror(errno)));
   }
 }
 
@@ -39,8 +40,15 @@ double measure_peak_tflops() {
   double best = 1e30;
   for (int rep = 0; rep < 4; ++rep) {
     core::Timer t;
-    kernels::gemm(ctx, {.m = n, .n = n, .k = n, .a = a.data(), .lda = n, .b = b.data(), .ldb = n,
-                        .c = c.data(), .ldc = n});
+    kernels::gemm(ctx, {.m = n,
+                        .n = n,
+                        .k = n,
+                        .a = a.data(),
+                        .lda = n,
+                        .b = b.data(),
+                        .ldb = n,
+                        .c = c.data(),
+                        .ldc = n});
     if (rep > 0) best = std::min(best, t.elapsed_s());
   }
   return 2.0 * static_cast<double>(n * n * n) / best / 1e12;

@@ -4,9 +4,8 @@
 
 #include <cstdint>
 #include <cstdio>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 namespace trident::train {
 

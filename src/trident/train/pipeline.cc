@@ -11,9 +11,14 @@ PipelineExecutor::PipelineExecutor(const RankModel& model, const parallel::Paral
                                    parallel::PipelineScheduleKind kind, int num_microbatches,
                                    std::int64_t micro_batch_size,
                                    std::vector<model::ModelRuntime> runtimes)
-    : model_(model), par_(par), runtimes_(std::move(runtimes)), kind_(kind),
-      pp_size_(par.layout().pp_size), pp_rank_(par.coord().pp),
-      num_chunks_(static_cast<int>(model.chunks().size())), num_microbatches_(num_microbatches),
+    : model_(model),
+      par_(par),
+      runtimes_(std::move(runtimes)),
+      kind_(kind),
+      pp_size_(par.layout().pp_size),
+      pp_rank_(par.coord().pp),
+      num_chunks_(static_cast<int>(model.chunks().size())),
+      num_microbatches_(num_microbatches),
       micro_batch_size_(micro_batch_size) {
   TRIDENT_ASSERT(static_cast<int>(runtimes_.size()) == num_chunks_, "one runtime per chunk");
   slots_by_chunk_.resize(static_cast<std::size_t>(num_chunks_));
@@ -26,8 +31,8 @@ void PipelineExecutor::set_num_microbatches(int num_microbatches) {
 
 void PipelineExecutor::build(int num_microbatches) {
   num_microbatches_ = num_microbatches;
-  schedule_ = parallel::build_pipeline_schedule(
-      kind_, {pp_size_, num_microbatches, num_chunks_}, pp_rank_);
+  schedule_ =
+      parallel::build_pipeline_schedule(kind_, {pp_size_, num_microbatches, num_chunks_}, pp_rank_);
   last_backward_.assign(schedule_.size(), false);
   std::vector<bool> seen(static_cast<std::size_t>(num_chunks_), false);
   for (std::size_t i = schedule_.size(); i-- > 0;) {
@@ -42,7 +47,8 @@ void PipelineExecutor::build(int num_microbatches) {
   for (const parallel::PipeStep& st : schedule_) {
     int& l = live[static_cast<std::size_t>(st.chunk)];
     l += st.op == parallel::PipeOp::kForward ? 1 : -1;
-    peak[static_cast<std::size_t>(st.chunk)] = std::max(peak[static_cast<std::size_t>(st.chunk)], l);
+    peak[static_cast<std::size_t>(st.chunk)] =
+        std::max(peak[static_cast<std::size_t>(st.chunk)], l);
   }
   slots_ = std::max(slots_, *std::max_element(peak.begin(), peak.end()));
   const model::ModelConfig& cfg = model_.config();
@@ -53,10 +59,9 @@ void PipelineExecutor::build(int num_microbatches) {
     slots.resize(static_cast<std::size_t>(peak[static_cast<std::size_t>(c)]));
     for (std::size_t i = had; i < slots.size(); ++i) {
       Slot& s = slots[i];
-      model::make_activations(cfg, model_.chunks()[static_cast<std::size_t>(c)].shard,
-                              micro_batch_size_, cfg.seq_length,
-                              runtimes_[static_cast<std::size_t>(c)].params_bf16 != nullptr,
-                              s.acts);
+      model::make_activations(
+          cfg, model_.chunks()[static_cast<std::size_t>(c)].shard, micro_batch_size_,
+          cfg.seq_length, runtimes_[static_cast<std::size_t>(c)].params_bf16 != nullptr, s.acts);
       s.tokens.resize(static_cast<std::size_t>(micro_batch_size_ * cfg.seq_length));
       s.labels.resize(s.tokens.size());
     }
@@ -91,9 +96,10 @@ PipelineExecutor::Slot& PipelineExecutor::find(int chunk, int micro) {
   throw;  // unreachable
 }
 
-void PipelineExecutor::forward_step(const core::ExecContext& ctx, const ModelViews& views, int chunk,
-                                    int micro, const MicroBatches& batches, model::LossGrad grad,
-                                    float d_scale, model::LossSum& loss, double& busy_ms) {
+void PipelineExecutor::forward_step(const core::ExecContext& ctx, const ModelViews& views,
+                                    int chunk, int micro, const MicroBatches& batches,
+                                    model::LossGrad grad, float d_scale, model::LossSum& loss,
+                                    double& busy_ms) {
   const model::ModelConfig& cfg = model_.config();
   const std::int64_t C = cfg.hidden_size;
   Slot& s = acquire(chunk, micro);
@@ -167,8 +173,8 @@ PipelineStats PipelineExecutor::train(const core::ExecContext& ctx, const ModelV
   for (std::size_t i = 0; i < schedule_.size(); ++i) {
     const parallel::PipeStep& st = schedule_[i];
     if (st.op == parallel::PipeOp::kForward) {
-      forward_step(ctx, views, st.chunk, st.microbatch, batches, model::LossGrad::kCompute,
-                   d_scale, stats.loss, stats.busy_ms);
+      forward_step(ctx, views, st.chunk, st.microbatch, batches, model::LossGrad::kCompute, d_scale,
+                   stats.loss, stats.busy_ms);
       stats.max_live_activations = std::max(stats.max_live_activations, ++live);
     } else {
       runtimes_[static_cast<std::size_t>(st.chunk)].training = true;
@@ -179,8 +185,8 @@ PipelineStats PipelineExecutor::train(const core::ExecContext& ctx, const ModelV
   }
   drain();
   stats.total_ms = total.elapsed_ms();
-  stats.activation_bytes = static_cast<std::int64_t>(stats.max_live_activations) *
-                           activation_bytes_per_slot(0);
+  stats.activation_bytes =
+      static_cast<std::int64_t>(stats.max_live_activations) * activation_bytes_per_slot(0);
   return stats;
 }
 

@@ -28,9 +28,9 @@ struct MicroBatches {
 };
 
 struct PipelineStats {
-  model::LossSum loss;   // this rank's share (last stage only; zero elsewhere)
-  double busy_ms = 0;    // forward and backward compute
-  double total_ms = 0;   // the whole schedule, waits included
+  model::LossSum loss;  // this rank's share (last stage only; zero elsewhere)
+  double busy_ms = 0;   // forward and backward compute
+  double total_ms = 0;  // the whole schedule, waits included
   int max_live_activations = 0;
   std::int64_t activation_bytes = 0;  // peak bytes of activation slots held at once
 };
@@ -74,7 +74,9 @@ class PipelineExecutor {
   };
   int virtual_stage(int chunk) const { return chunk * pp_size_ + pp_rank_; }
   bool is_first_virtual(int chunk) const { return virtual_stage(chunk) == 0; }
-  bool is_last_virtual(int chunk) const { return virtual_stage(chunk) == pp_size_ * num_chunks_ - 1; }
+  bool is_last_virtual(int chunk) const {
+    return virtual_stage(chunk) == pp_size_ * num_chunks_ - 1;
+  }
   int tag(int micro, int chunk, int direction) const;
   Slot& acquire(int chunk, int micro);
   Slot& find(int chunk, int micro);

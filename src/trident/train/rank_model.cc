@@ -17,27 +17,28 @@ std::pair<std::int64_t, std::int64_t> virtual_stage_layers(std::int64_t num_laye
     const std::int64_t per = num_layers / V;
     return {u * per, per};
   }
-  TRIDENT_CHECK(split.num_chunks == 1, "uneven pipeline splits cannot be combined with the "
+  TRIDENT_CHECK(split.num_chunks == 1,
+                "uneven pipeline splits cannot be combined with the "
                 "interleaved schedule");
   const int P = split.pp_size;
-  TRIDENT_CHECK(P >= 2, "--decoder-first/last-pipeline-num-layers need "
+  TRIDENT_CHECK(P >= 2,
+                "--decoder-first/last-pipeline-num-layers need "
                 "--pipeline-model-parallel-size >= 2");
   const std::int64_t first = split.first_stage_layers >= 0 ? split.first_stage_layers : -1;
   const std::int64_t last = split.last_stage_layers >= 0 ? split.last_stage_layers : -1;
   std::int64_t rest = num_layers - (first >= 0 ? first : 0) - (last >= 0 ? last : 0);
   const int middle = P - (first >= 0 ? 1 : 0) - (last >= 0 ? 1 : 0);
   TRIDENT_CHECK(rest >= 0 && (middle == 0 ? rest == 0 : rest % middle == 0),
-                "uneven pipeline split: ", num_layers, " layers minus first ", first,
-                " and last ", last, " leave ", rest, " for ", middle,
-                " other stages, which must divide evenly");
+                "uneven pipeline split: ", num_layers, " layers minus first ", first, " and last ",
+                last, " leave ", rest, " for ", middle, " other stages, which must divide evenly");
   const std::int64_t per = middle > 0 ? rest / middle : 0;
   std::vector<std::int64_t> counts(static_cast<std::size_t>(P), per);
   if (first >= 0) counts.front() = first;
   if (last >= 0) counts.back() = last;
   std::int64_t start = 0;
   for (int s = 0; s < u; ++s) start += counts[static_cast<std::size_t>(s)];
-  TRIDENT_CHECK(counts[static_cast<std::size_t>(u)] > 0 || u == 0 || u == P - 1,
-                "pipeline stage ", u, " would hold no layers");
+  TRIDENT_CHECK(counts[static_cast<std::size_t>(u)] > 0 || u == 0 || u == P - 1, "pipeline stage ",
+                u, " would hold no layers");
   return {start, counts[static_cast<std::size_t>(u)]};
 }
 
@@ -80,7 +81,8 @@ model::GptGrads RankModel::grads(int c, float* flat) const {
 }
 
 void RankModel::init(std::uint64_t seed, float* flat) const {
-  for (const ModelChunk& ch : chunks_) model::init_params(cfg_, ch.table, seed, flat + ch.base, tp_rank_);
+  for (const ModelChunk& ch : chunks_)
+    model::init_params(cfg_, ch.table, seed, flat + ch.base, tp_rank_);
 }
 
 }  // namespace trident::train

@@ -16,9 +16,9 @@ namespace trident::train {
 
 struct PipelineSplit {
   int pp_size = 1;
-  int num_chunks = 1;                   // virtual stages per rank (interleaved schedule)
-  std::int64_t first_stage_layers = -1; // --decoder-first-pipeline-num-layers (-1: even split)
-  std::int64_t last_stage_layers = -1;  // --decoder-last-pipeline-num-layers
+  int num_chunks = 1;                    // virtual stages per rank (interleaved schedule)
+  std::int64_t first_stage_layers = -1;  // --decoder-first-pipeline-num-layers (-1: even split)
+  std::int64_t last_stage_layers = -1;   // --decoder-last-pipeline-num-layers
 };
 
 // Layers [first, first + count) of virtual stage `u` (0 .. pp_size * num_chunks - 1). Throws

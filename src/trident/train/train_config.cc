@@ -23,7 +23,8 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
   app.add_option("--max-position-embeddings", m.max_position_embeddings,
                  "Learned positions (default seq-length)");
   app.add_option("--make-vocab-size-divisible-by", m.make_vocab_size_divisible_by,
-                 "Pad the vocabulary to a multiple of this")->capture_default_str();
+                 "Pad the vocabulary to a multiple of this")
+      ->capture_default_str();
   app.add_option("--init-method-std", m.init_method_std, "Std of the normal init")
       ->capture_default_str();
   app.add_option("--layernorm-epsilon", m.layernorm_epsilon, "LayerNorm epsilon")
@@ -37,7 +38,8 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
                "Fused attention that keeps no (T x T) probabilities (always on with ALiBi or "
                "attention dropout)");
   app.add_option("--position-embedding-type", c.position_embedding_type,
-                 "learned_absolute or alibi")->capture_default_str();
+                 "learned_absolute or alibi")
+      ->capture_default_str();
   app.add_flag("--embed-layernorm", m.embed_layernorm,
                "LayerNorm after the word embedding (BLOOM)");
   app.add_flag("--bf16", c.bf16,
@@ -52,9 +54,10 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
   app.add_option("--min-loss-scale", c.min_loss_scale, "Smallest dynamic loss scale")
       ->capture_default_str();
   app.add_option("--loss-scale-window", c.loss_scale_window,
-                 "Clean iterations before the loss scale doubles")->capture_default_str();
-  app.add_option("--hysteresis", c.hysteresis,
-                 "Overflows in a row before the loss scale halves")->capture_default_str();
+                 "Clean iterations before the loss scale doubles")
+      ->capture_default_str();
+  app.add_option("--hysteresis", c.hysteresis, "Overflows in a row before the loss scale halves")
+      ->capture_default_str();
   app.add_option("--recompute-granularity", c.recompute_granularity,
                  "full (recompute whole layers in backward) or selective (the attention core)");
   app.add_option("--recompute-method", c.recompute_method,
@@ -101,7 +104,8 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
   app.add_option("--data-cache-path", c.data_cache_path,
                  "Where the dataset indices are cached (default: next to the data)");
   app.add_option("--mid-level-dataset-surplus", c.mid_level_dataset_surplus,
-                 "Extra share of samples each blended dataset builds")->capture_default_str();
+                 "Extra share of samples each blended dataset builds")
+      ->capture_default_str();
   app.add_option("--rampup-batch-size", c.rampup_batch_size,
                  "START INCREMENT SAMPLES: grow the global batch over SAMPLES consumed samples")
       ->expected(3);
@@ -140,13 +144,13 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
   app.add_flag("--use-distributed-optimizer", c.use_distributed_optimizer,
                "Megatron's distributed optimizer (= --zero-stage 1)");
   app.add_option("--ddp-bucket-size", c.ddp_bucket_size,
-                 "Elements per gradient bucket reduced while backward runs")->capture_default_str();
+                 "Elements per gradient bucket reduced while backward runs")
+      ->capture_default_str();
   app.add_flag("--sequence-parallel", c.sequence_parallel,
                "Split LayerNorm/dropout regions along the tokens across tensor-parallel ranks");
   app.add_option("--pipeline-schedule", c.pipeline_schedule, "gpipe, 1f1b or interleaved")
       ->capture_default_str();
-  app.add_option("--num-layers-per-virtual-pipeline-stage",
-                 c.num_layers_per_virtual_pipeline_stage,
+  app.add_option("--num-layers-per-virtual-pipeline-stage", c.num_layers_per_virtual_pipeline_stage,
                  "Layers per virtual chunk (interleaved schedule)");
   app.add_option("--decoder-first-pipeline-num-layers", c.decoder_first_pipeline_num_layers,
                  "Layers on the first pipeline stage (uneven split)");
@@ -186,7 +190,8 @@ void TrainConfig::finalize(int world_size) {
                 "--recompute-granularity: unknown value '", recompute_granularity,
                 "' (use full or selective)");
   TRIDENT_CHECK(recompute_method == "uniform" || recompute_method == "block",
-                "--recompute-method: unknown value '", recompute_method, "' (use uniform or block)");
+                "--recompute-method: unknown value '", recompute_method,
+                "' (use uniform or block)");
   model.recompute = recompute_granularity == "full"        ? model::Recompute::kFull
                     : recompute_granularity == "selective" ? model::Recompute::kSelective
                                                            : model::Recompute::kNone;
@@ -213,23 +218,28 @@ void TrainConfig::finalize(int world_size) {
   TRIDENT_CHECK(zero_stage >= 0 && zero_stage <= 3, "--zero-stage must be 0, 1, 2 or 3, got ",
                 zero_stage);
   TRIDENT_CHECK(ddp_bucket_size > 0, "--ddp-bucket-size must be positive");
-  if (sequence_parallel && tensor_model_parallel_size == 1) sequence_parallel = false;  // as Megatron
-  TRIDENT_CHECK(!sequence_parallel ||
-                    (micro_batch_size * model.seq_length) % tensor_model_parallel_size == 0,
-                "--sequence-parallel splits the micro-batch's ", micro_batch_size, " x ",
-                model.seq_length, " tokens across --tensor-model-parallel-size ",
-                tensor_model_parallel_size, ": they must divide evenly");
+  if (sequence_parallel && tensor_model_parallel_size == 1)
+    sequence_parallel = false;  // as Megatron
+  TRIDENT_CHECK(
+      !sequence_parallel || (micro_batch_size * model.seq_length) % tensor_model_parallel_size == 0,
+      "--sequence-parallel splits the micro-batch's ", micro_batch_size, " x ", model.seq_length,
+      " tokens across --tensor-model-parallel-size ", tensor_model_parallel_size,
+      ": they must divide evenly");
   if (num_layers_per_virtual_pipeline_stage > 0) {
     TRIDENT_CHECK(pipeline_schedule == "interleaved" || pipeline_schedule == "1f1b",
                   "--num-layers-per-virtual-pipeline-stage needs the interleaved schedule");
     pipeline_schedule = "interleaved";
-    TRIDENT_CHECK(pipeline_model_parallel_size > 1, "--num-layers-per-virtual-pipeline-stage "
+    TRIDENT_CHECK(pipeline_model_parallel_size > 1,
+                  "--num-layers-per-virtual-pipeline-stage "
                   "needs --pipeline-model-parallel-size > 1");
-    TRIDENT_CHECK(model.num_layers % (num_layers_per_virtual_pipeline_stage *
-                                      pipeline_model_parallel_size) == 0,
-                  "--num-layers (", model.num_layers, ") must be divisible by "
-                  "--num-layers-per-virtual-pipeline-stage (", num_layers_per_virtual_pipeline_stage,
-                  ") x --pipeline-model-parallel-size (", pipeline_model_parallel_size, ")");
+    TRIDENT_CHECK(
+        model.num_layers % (num_layers_per_virtual_pipeline_stage * pipeline_model_parallel_size) ==
+            0,
+        "--num-layers (", model.num_layers,
+        ") must be divisible by "
+        "--num-layers-per-virtual-pipeline-stage (",
+        num_layers_per_virtual_pipeline_stage, ") x --pipeline-model-parallel-size (",
+        pipeline_model_parallel_size, ")");
   }
   TRIDENT_CHECK(pipeline_schedule != "interleaved" || num_layers_per_virtual_pipeline_stage > 0,
                 "--pipeline-schedule interleaved needs --num-layers-per-virtual-pipeline-stage");
@@ -259,8 +269,8 @@ void TrainConfig::finalize(int world_size) {
   TRIDENT_CHECK(log_interval > 0, "--log-interval must be positive");
   TRIDENT_CHECK(save_interval >= 0 && exit_interval >= 0, "intervals must be >= 0");
   TRIDENT_CHECK(save_interval == 0 || !save.empty(), "--save-interval needs --save DIR");
-  TRIDENT_CHECK(dataloader_type == "single", "--dataloader-type: unknown type '",
-                dataloader_type, "' (use single)");
+  TRIDENT_CHECK(dataloader_type == "single", "--dataloader-type: unknown type '", dataloader_type,
+                "' (use single)");
   TRIDENT_CHECK(rampup_batch_size.empty() || rampup_batch_size.size() == 3,
                 "--rampup-batch-size takes START INCREMENT SAMPLES");
 }

@@ -4,10 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 #include "trident/model/config.h"
 #include "trident/optim/adamw_optimizer.h"
@@ -21,16 +20,16 @@ namespace trident::train {
 
 struct TrainConfig {
   model::ModelConfig model;
-  std::string model_preset = "gpt";                    // --model gpt|bloom
-  bool fp16 = false;                                   // --fp16: loss scaling (see docs)
-  bool bf16 = false;                                   // --bf16: BF16 matmuls, FP32 master
-  double loss_scale = 0;                               // --loss-scale (0: dynamic)
-  double initial_loss_scale = 4294967296.0;            // 2^32, as Megatron
+  std::string model_preset = "gpt";          // --model gpt|bloom
+  bool fp16 = false;                         // --fp16: loss scaling (see docs)
+  bool bf16 = false;                         // --bf16: BF16 matmuls, FP32 master
+  double loss_scale = 0;                     // --loss-scale (0: dynamic)
+  double initial_loss_scale = 4294967296.0;  // 2^32, as Megatron
   double min_loss_scale = 1.0;
   std::int64_t loss_scale_window = 1000;
   std::int64_t hysteresis = 2;
-  std::string recompute_granularity;                   // "", full, selective
-  std::string recompute_method = "uniform";            // uniform, block
+  std::string recompute_granularity;         // "", full, selective
+  std::string recompute_method = "uniform";  // uniform, block
   std::string position_embedding_type = "learned_absolute";
 
   // Batches.
@@ -55,7 +54,7 @@ struct TrainConfig {
   std::string tokenizer_type = "GPT2BPETokenizer";
   std::string vocab_file, merge_file, tokenizer_model;
   std::int64_t null_tokenizer_vocab_size = 0;  // --vocab-size, for NullTokenizer
-  std::string dataloader_type = "single";  // Megatron's pretraining sampler
+  std::string dataloader_type = "single";      // Megatron's pretraining sampler
 
   // Evaluation and logging.
   std::int64_t eval_interval = 1000;
@@ -73,10 +72,10 @@ struct TrainConfig {
   int tensor_model_parallel_size = 1;
   int pipeline_model_parallel_size = 1;
   bool sequence_parallel = false;
-  int zero_stage = 0;                        // --zero-stage (--use-distributed-optimizer = 1)
+  int zero_stage = 0;  // --zero-stage (--use-distributed-optimizer = 1)
   bool use_distributed_optimizer = false;
   std::int64_t ddp_bucket_size = 40'000'000;  // elements per gradient bucket
-  std::string pipeline_schedule = "1f1b";  // gpipe, 1f1b, interleaved
+  std::string pipeline_schedule = "1f1b";     // gpipe, 1f1b, interleaved
   std::int64_t num_layers_per_virtual_pipeline_stage = 0;
   std::int64_t decoder_first_pipeline_num_layers = -1;
   std::int64_t decoder_last_pipeline_num_layers = -1;

@@ -3,8 +3,8 @@
 #include <omp.h>
 
 #include <cmath>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -14,19 +14,19 @@
 #include "trident/core/error.h"
 #include "trident/core/log.h"
 #include "trident/core/timer.h"
-#include "trident/data/indexed_dataset.h"
 #include "trident/data/data_loader.h"
 #include "trident/data/dataset_builder.h"
+#include "trident/data/indexed_dataset.h"
 #include "trident/data/tokenizer.h"
 #include "trident/kernels/elementwise.h"
 #include "trident/model/gpt.h"
+#include "trident/optim/loss_scaler.h"
 #include "trident/parallel/layout.h"
 #include "trident/parallel/parallel_context.h"
-#include "trident/train/zero_optimizer.h"
-#include "trident/optim/loss_scaler.h"
 #include "trident/train/metrics.h"
 #include "trident/train/pipeline.h"
 #include "trident/train/rank_model.h"
+#include "trident/train/zero_optimizer.h"
 
 namespace trident::train {
 
@@ -56,8 +56,8 @@ std::string fmt_e(double x) {
 
 // Megatron's micro-batch order: micro-batch j of the global batch starting at `first` goes to data
 // rank r as samples first + j * micro * dp + r * micro + [0, micro).
-void fill_micro_batch(const data::SampleDataset& ds, std::int64_t first, std::int64_t micro,
-                      int dp, int dp_rank, int j, std::int32_t* tokens, std::int32_t* labels,
+void fill_micro_batch(const data::SampleDataset& ds, std::int64_t first, std::int64_t micro, int dp,
+                      int dp_rank, int j, std::int32_t* tokens, std::int32_t* labels,
                       std::vector<std::int32_t>& scratch, std::int64_t vocab) {
   const std::int64_t T = ds.seq_length();
   scratch.resize(static_cast<std::size_t>(T + 1));
@@ -120,10 +120,10 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
   dcfg.split = cfg.split;
   dcfg.seq_length = mc.seq_length;
   dcfg.seed = static_cast<std::int64_t>(cfg.seed);
-  dcfg.num_samples = {cfg.train_iters * cfg.global_batch_size,
-                      (cfg.train_iters / cfg.eval_interval + 1) * cfg.eval_iters *
-                          cfg.global_batch_size,
-                      cfg.eval_iters * cfg.global_batch_size};
+  dcfg.num_samples = {
+      cfg.train_iters * cfg.global_batch_size,
+      (cfg.train_iters / cfg.eval_interval + 1) * cfg.eval_iters * cfg.global_batch_size,
+      cfg.eval_iters * cfg.global_batch_size};
   dcfg.data_cache_path = cfg.data_cache_path;
   dcfg.mid_level_dataset_surplus = cfg.mid_level_dataset_surplus;
   dcfg.tokenizer = tokenizer_identity(cfg);
@@ -144,12 +144,12 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
     rampup = data::RampupBatchSize{cfg.rampup_batch_size[0], cfg.rampup_batch_size[1],
                                    cfg.rampup_batch_size[2]};
   }
-  const data::BatchSchedule batches({.global_batch_size = cfg.global_batch_size,
-                                     .micro_batch_size = cfg.micro_batch_size,
-                                     .data_parallel_size = dp,
-                                     .rampup = rampup,
-                                     .decrease_batch_size_if_needed =
-                                         cfg.decrease_batch_size_if_needed});
+  const data::BatchSchedule batches(
+      {.global_batch_size = cfg.global_batch_size,
+       .micro_batch_size = cfg.micro_batch_size,
+       .data_parallel_size = dp,
+       .rampup = rampup,
+       .decrease_batch_size_if_needed = cfg.decrease_batch_size_if_needed});
 
   // This rank's part of the model: its pipeline chunks, each a tensor-parallel slice.
   const PipelineSplit split{.pp_size = layout.pp_size,
@@ -160,9 +160,9 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
                              cfg.sequence_parallel);
   const std::int64_t n = rank_model.total_numel();
   // Parameters, gradients and Adam moments, sharded over data-parallel ranks by ZeRO stage.
-  ZeroOptimizer optimizer(rank_model, par, cfg.adamw,
-                          {.stage = cfg.zero_stage, .bucket_size = cfg.ddp_bucket_size,
-                           .bf16 = cfg.bf16});
+  ZeroOptimizer optimizer(
+      rank_model, par, cfg.adamw,
+      {.stage = cfg.zero_stage, .bucket_size = cfg.ddp_bucket_size, .bf16 = cfg.bf16});
 
   const std::int64_t B = cfg.micro_batch_size, T = mc.seq_length;
   std::int64_t micro_batches = cfg.num_micro_batches(world.size());
@@ -194,16 +194,17 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
   log::info("memory per rank (ZeRO stage ", cfg.zero_stage, ", dp ", dp, "): parameters ",
             mem.param_bytes, " B, gradients ", mem.grad_bytes, " B, optimizer state ",
             mem.optimizer_bytes, " B; staging ", mem.staging_bytes, " B; activations ",
-            executor.slots_per_chunk(), " slot(s) x ", executor.activation_bytes_per_slot(0),
-            " B");
+            executor.slots_per_chunk(), " slot(s) x ", executor.activation_bytes_per_slot(0), " B");
   log::info("memory per rank predicted by the ZeRO paper's formulas (psi = ", n,
-            " parameters on this rank): parameters ", mem.predicted_param_bytes,
-            " B, gradients ", mem.predicted_grad_bytes, " B, optimizer state ",
-            mem.predicted_optimizer_bytes, " B (differences: shard padding)");
+            " parameters on this rank): parameters ", mem.predicted_param_bytes, " B, gradients ",
+            mem.predicted_grad_bytes, " B, optimizer state ", mem.predicted_optimizer_bytes,
+            " B (differences: shard padding)");
 
   ckpt::CheckpointState state;
   state.config = cfg.to_json();
-  state.layout = {{"tp", layout.tp_size}, {"pp", layout.pp_size}, {"dp", dp},
+  state.layout = {{"tp", layout.tp_size},
+                  {"pp", layout.pp_size},
+                  {"dp", dp},
                   {"virtual_chunks", cfg.virtual_pipeline_chunks()},
                   {"first_stage_layers", cfg.decoder_first_pipeline_num_layers},
                   {"last_stage_layers", cfg.decoder_last_pipeline_num_layers},
@@ -228,11 +229,11 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
     skipped_iters = state.trainer_state.value("skipped_iterations", std::int64_t{0});
     nan_iters = state.trainer_state.value("nan_iterations", std::int64_t{0});
   } else {
-    if (!cfg.load.empty()) log::warn("ckpt: nothing to load in ", cfg.load, "; starting from scratch");
+    if (!cfg.load.empty())
+      log::warn("ckpt: nothing to load in ", cfg.load, "; starting from scratch");
     optimizer.init_params(cfg.seed);
   }
   optimizer.refresh_bf16(ctx);
-
 
   double peak = cfg.peak_tflops;
   if (peak <= 0) {
@@ -260,7 +261,8 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
   const bool counts_loss = par.is_last_stage() && par.coord().tp == 0;
   // The mean loss over the global batch: the last stage's tp rank 0 of every replica contributes.
   auto global_loss = [&](const model::LossSum& mine) {
-    double v[2] = {counts_loss ? mine.sum : 0.0, counts_loss ? static_cast<double>(mine.count) : 0.0};
+    double v[2] = {counts_loss ? mine.sum : 0.0,
+                   counts_loss ? static_cast<double>(mine.count) : 0.0};
     world.all_reduce(v, 2, comm::Datatype::kF64, comm::ReduceOp::kSum);
     return v[0] / std::max(v[1], 1.0);
   };
@@ -276,13 +278,13 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
       const std::int64_t first = consumed_valid;
       const model::LossSum l = executor.evaluate(
           ctx, optimizer.views(), static_cast<int>(eval_micro),
-          {.fill = [&](int j, std::int32_t* tokens, std::int32_t* labels) {
-             fill_micro_batch(*datasets.valid, first, B, dp, dp_rank, j, tokens, labels, scratch,
-                              mc.vocab_size);
-           },
-           .first_sample = [&](int j) {
-             return data::micro_batch_first_sample(first, j, dp_rank, B, dp);
-           },
+          {.fill =
+               [&](int j, std::int32_t* tokens, std::int32_t* labels) {
+                 fill_micro_batch(*datasets.valid, first, B, dp, dp_rank, j, tokens, labels,
+                                  scratch, mc.vocab_size);
+               },
+           .first_sample =
+               [&](int j) { return data::micro_batch_first_sample(first, j, dp_rank, B, dp); },
            .iteration = it});
       consumed_valid += cfg.global_batch_size;
       total.sum += l.sum;
@@ -302,9 +304,11 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
     state.consumed_train_samples = consumed;
     state.consumed_valid_samples = consumed_valid;
     const optim::LossScaler::State ls = scaler.state();
-    state.trainer_state = {{"loss_scale", ls.scale}, {"growth_tracker", ls.growth_tracker},
+    state.trainer_state = {{"loss_scale", ls.scale},
+                           {"growth_tracker", ls.growth_tracker},
                            {"hysteresis_tracker", ls.hysteresis_tracker},
-                           {"skipped_iterations", skipped_iters}, {"nan_iterations", nan_iters}};
+                           {"skipped_iterations", skipped_iters},
+                           {"nan_iterations", nan_iters}};
     ckpt::save_checkpoint(cfg.save, state, world);
     log::info("ckpt: saved iteration ", it, " to ", cfg.save, " (", t.elapsed_s(), " s)");
   };
@@ -326,19 +330,19 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
     const float d_scale = static_cast<float>(scaler.scale()) / static_cast<float>(tokens_per_iter);
     const PipelineStats ps = executor.train(
         ctx, optimizer.views(), d_scale,
-        {.fill = [&](int j, std::int32_t* tokens, std::int32_t* labels) {
-           fill_micro_batch(*datasets.train, consumed, B, dp, dp_rank, j, tokens, labels, scratch,
-                            mc.vocab_size);
-         },
-         .first_sample = [&](int j) {
-           return data::micro_batch_first_sample(consumed, j, dp_rank, B, dp);
-         },
+        {.fill =
+             [&](int j, std::int32_t* tokens, std::int32_t* labels) {
+               fill_micro_batch(*datasets.train, consumed, B, dp, dp_rank, j, tokens, labels,
+                                scratch, mc.vocab_size);
+             },
+         .first_sample =
+             [&](int j) { return data::micro_batch_first_sample(consumed, j, dp_rank, B, dp); },
          .iteration = iteration + 1});
     const double lr = cfg.lr.at(iteration);
-    const OptimizerStepResult step = optimizer.step(
-        ctx, lr, iteration + 1,
-        {.loss_scale = scaler.scale(),
-         .overflow_threshold = cfg.fp16 ? optim::kFp16Max : INFINITY});
+    const OptimizerStepResult step =
+        optimizer.step(ctx, lr, iteration + 1,
+                       {.loss_scale = scaler.scale(),
+                        .overflow_threshold = cfg.fp16 ? optim::kFp16Max : INFINITY});
     const double used_scale = scaler.scale();
     if (cfg.fp16) scaler.update(step.skipped);
     const double lm_loss = global_loss(ps.loss);
@@ -383,17 +387,22 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
                     static_cast<long long>(iteration), static_cast<long long>(cfg.train_iters),
                     static_cast<long long>(consumed), avg_ms, tflops, fmt_e(lr).c_str(),
                     static_cast<long long>(step_batch.running_global_batch_size),
-                    fmt_e(avg_loss).c_str(), used_scale,
-                    step.grad_norm, static_cast<long long>(skipped_iters),
-                    static_cast<long long>(nan_iters));
+                    fmt_e(avg_loss).c_str(), used_scale, step.grad_norm,
+                    static_cast<long long>(skipped_iters), static_cast<long long>(nan_iters));
       log::info(line);
-      nlohmann::json record = {
-          {"iteration", iteration}, {"consumed_samples", consumed}, {"lm_loss", avg_loss},
-          {"lr", lr}, {"grad_norm", step.grad_norm}, {"iter_ms", avg_ms},
-          {"tokens_per_s", tokens_per_s}, {"tflops", tflops}, {"mfu", tflops / peak},
-          {"skipped_iterations", skipped_iters}, {"nan_iterations", nan_iters},
-          {"global_batch_size", step_batch.running_global_batch_size},
-          {"loss_scale", used_scale}};
+      nlohmann::json record = {{"iteration", iteration},
+                               {"consumed_samples", consumed},
+                               {"lm_loss", avg_loss},
+                               {"lr", lr},
+                               {"grad_norm", step.grad_norm},
+                               {"iter_ms", avg_ms},
+                               {"tokens_per_s", tokens_per_s},
+                               {"tflops", tflops},
+                               {"mfu", tflops / peak},
+                               {"skipped_iterations", skipped_iters},
+                               {"nan_iterations", nan_iters},
+                               {"global_batch_size", step_batch.running_global_batch_size},
+                               {"loss_scale", used_scale}};
       // Data-parallel traffic this rank sent per iteration (ring-algorithm bytes).
       record["dp_comm_bytes_per_iteration"] =
           optimizer.comm().dp_bytes / static_cast<double>(interval_iters);
@@ -401,8 +410,10 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
       if (layout.tp_size > 1) {
         const double iters = static_cast<double>(interval_iters);
         record["tp_comm_bytes_per_iteration"] = tp_traffic.bytes / iters;
-        record["tp_all_reduces_per_iteration"] = static_cast<double>(tp_traffic.all_reduces) / iters;
-        record["tp_all_gathers_per_iteration"] = static_cast<double>(tp_traffic.all_gathers) / iters;
+        record["tp_all_reduces_per_iteration"] =
+            static_cast<double>(tp_traffic.all_reduces) / iters;
+        record["tp_all_gathers_per_iteration"] =
+            static_cast<double>(tp_traffic.all_gathers) / iters;
         record["tp_reduce_scatters_per_iteration"] =
             static_cast<double>(tp_traffic.reduce_scatters) / iters;
         tp_traffic = {};
@@ -411,8 +422,8 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
         record["pipeline_idle_fraction"] = idle;
         std::string text;
         for (double f : idle) text += core::str(text.empty() ? "" : " ", f);
-        log::info("pipeline: idle fraction per stage [", text, "] (", pipeline_schedule_name(schedule_kind),
-                  ", ", micro_batches, " micro-batches)");
+        log::info("pipeline: idle fraction per stage [", text, "] (",
+                  pipeline_schedule_name(schedule_kind), ", ", micro_batches, " micro-batches)");
       }
       metrics.write(record);
       interval_loss = interval_ms = interval_busy = interval_pipe = interval_flops = 0;

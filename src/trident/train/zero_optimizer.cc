@@ -16,7 +16,8 @@ using parallel::Range;
 constexpr std::int64_t kShardAlign = 16;  // 64 bytes of FP32: shards start on a cache line
 
 std::int64_t aligned(std::int64_t n) {
-  return (n + model::ParamTable::kAlign - 1) / model::ParamTable::kAlign * model::ParamTable::kAlign;
+  return (n + model::ParamTable::kAlign - 1) / model::ParamTable::kAlign *
+         model::ParamTable::kAlign;
 }
 
 }  // namespace
@@ -39,8 +40,11 @@ ZeroOptimizer::ZeroOptimizer(const RankModel& model, const parallel::ParallelCon
   moments_arena_ = core::Arena(2 * (st == 0 ? bytes(N) : bytes(S)));
   // Stages 2-3: one layer-gradient staging buffer, the received piece of a reduce-scatter (at
   // most a shard), and (stage 3) two layer-parameter staging buffers.
-  staging_arena_ = core::Arena(st < 2 ? 0 : bytes(max_unit_) + bytes(S) + (st == 3 ? 2 * bytes(max_unit_) : 0));
-  auto take = [](core::Arena& a, std::int64_t n) { return a.alloc(core::DType::kF32, {n}).as<float>(); };
+  staging_arena_ =
+      core::Arena(st < 2 ? 0 : bytes(max_unit_) + bytes(S) + (st == 3 ? 2 * bytes(max_unit_) : 0));
+  auto take = [](core::Arena& a, std::int64_t n) {
+    return a.alloc(core::DType::kF32, {n}).as<float>();
+  };
   if (st < 3) {
     full_params_ = take(params_arena_, Np);
   } else {
@@ -60,7 +64,8 @@ ZeroOptimizer::ZeroOptimizer(const RankModel& model, const parallel::ParallelCon
     }
   }
   if (zero.bf16) {
-    TRIDENT_CHECK(st < 3, "--bf16 with --zero-stage 3 is not available yet: the BF16 weight copies "
+    TRIDENT_CHECK(st < 3,
+                  "--bf16 with --zero-stage 3 is not available yet: the BF16 weight copies "
                   "are kept whole; use --zero-stage 0, 1 or 2 with --bf16");
     bf16_arena_ = core::Arena(core::Arena::footprint(core::DType::kBF16, {N}));
     params_bf16_ = bf16_arena_.alloc(core::DType::kBF16, {N}).as<core::bf16>();
@@ -141,7 +146,8 @@ void ZeroOptimizer::build_views() {
   for (const ModelChunk& ch : model_.chunks()) {
     const std::int64_t base = ch.base;
     if (zero_.stage < 3) {
-      views_.params.push_back(model_.params(static_cast<int>(&ch - model_.chunks().data()), full_params_));
+      views_.params.push_back(
+          model_.params(static_cast<int>(&ch - model_.chunks().data()), full_params_));
     } else {
       // Embedding and head parameters live (gathered) in the compact rest buffer; layer
       // parameters are pointed at a staging slot by the hooks.
@@ -152,10 +158,11 @@ void ZeroOptimizer::build_views() {
           }));
     }
     if (zero_.stage < 2) {
-      views_.grads.push_back(model_.grads(static_cast<int>(&ch - model_.chunks().data()), full_grads_));
+      views_.grads.push_back(
+          model_.grads(static_cast<int>(&ch - model_.chunks().data()), full_grads_));
     } else {
-      views_.grads.push_back(model::gpt_grad_views(
-          model_.config(), ch.table, [&](std::int64_t offset) -> float* {
+      views_.grads.push_back(
+          model::gpt_grad_views(model_.config(), ch.table, [&](std::int64_t offset) -> float* {
             const std::int64_t c = compact_index(rest_, base + offset);
             return c >= 0 ? rest_grads_ + c : nullptr;
           }));
@@ -174,8 +181,8 @@ void ZeroOptimizer::point_layer_params(int chunk, std::int64_t layer, float* bas
   const ModelChunk& ch = model_.chunks()[static_cast<std::size_t>(chunk)];
   const Unit& u = units_[static_cast<std::size_t>(unit_of(chunk, layer))];
   // The layer's tensors at their offsets relative to the unit's start.
-  const model::GptParams v = model::gpt_param_views(
-      model_.config(), ch.table, [&](std::int64_t offset) -> const float* {
+  const model::GptParams v =
+      model::gpt_param_views(model_.config(), ch.table, [&](std::int64_t offset) -> const float* {
         const std::int64_t i = ch.base + offset;
         return i >= u.range.begin && i < u.range.end ? base + (i - u.range.begin) : nullptr;
       });
@@ -186,8 +193,8 @@ void ZeroOptimizer::point_layer_params(int chunk, std::int64_t layer, float* bas
 void ZeroOptimizer::point_layer_grads(int chunk, std::int64_t layer, float* base) {
   const ModelChunk& ch = model_.chunks()[static_cast<std::size_t>(chunk)];
   const Unit& u = units_[static_cast<std::size_t>(unit_of(chunk, layer))];
-  const model::GptGrads v = model::gpt_grad_views(
-      model_.config(), ch.table, [&](std::int64_t offset) -> float* {
+  const model::GptGrads v =
+      model::gpt_grad_views(model_.config(), ch.table, [&](std::int64_t offset) -> float* {
         const std::int64_t i = ch.base + offset;
         return i >= u.range.begin && i < u.range.end ? base + (i - u.range.begin) : nullptr;
       });
@@ -384,7 +391,8 @@ void ZeroOptimizer::reduce_rest_and_sync() {
       switch (zero_.stage) {
         case 0:
           account(comm::OpKind::kAllReduce, r.size());
-          dp.all_reduce(full_grads_ + r.begin, r.size(), comm::Datatype::kF32, comm::ReduceOp::kSum);
+          dp.all_reduce(full_grads_ + r.begin, r.size(), comm::Datatype::kF32,
+                        comm::ReduceOp::kSum);
           break;
         case 1:
           account(comm::OpKind::kReduceScatter, r.size());
@@ -429,9 +437,9 @@ void ZeroOptimizer::sync_sequence_parallel_norms(float* grads, Range held) {
 double ZeroOptimizer::global_grad_norm(const core::ExecContext& ctx) {
   // Stage 0: every dp replica holds the whole gradient, so the shares of the model-parallel
   // group are summed; stages 1-3: each rank holds a disjoint shard, so the whole world's.
-  const Range held = zero_.stage == 0 ? Range{0, model_.total_numel()}
-                                      : plan_.shard(par_.dp().rank());
-  const float* g = zero_.stage == 0 ? full_grads_
+  const Range held =
+      zero_.stage == 0 ? Range{0, model_.total_numel()} : plan_.shard(par_.dp().rank());
+  const float* g = zero_.stage == 0   ? full_grads_
                    : zero_.stage == 1 ? full_grads_ + held.begin
                                       : grad_shard_;
   double share = 0;
@@ -449,9 +457,9 @@ double ZeroOptimizer::global_grad_norm(const core::ExecContext& ctx) {
 
 bool ZeroOptimizer::any_overflow(float threshold) {
   // Over the gradients this rank holds after the reduction, then over the whole job.
-  const Range held = zero_.stage == 0 ? Range{0, model_.total_numel()}
-                                      : plan_.shard(par_.dp().rank());
-  const float* g = zero_.stage == 0 ? full_grads_
+  const Range held =
+      zero_.stage == 0 ? Range{0, model_.total_numel()} : plan_.shard(par_.dp().rank());
+  const float* g = zero_.stage == 0   ? full_grads_
                    : zero_.stage == 1 ? full_grads_ + held.begin
                                       : grad_shard_;
   std::int64_t bad = 0;
@@ -513,8 +521,8 @@ OptimizerStepResult ZeroOptimizer::step(const core::ExecContext& ctx, double lr,
 MemoryReport ZeroOptimizer::memory() const {
   MemoryReport m;
   const std::int64_t rest_bytes = core::Arena::footprint(core::DType::kF32, {rest_numel_});
-  m.param_bytes = params_arena_.capacity() - (zero_.stage == 3 ? rest_bytes : 0) +
-                  bf16_arena_.capacity();
+  m.param_bytes =
+      params_arena_.capacity() - (zero_.stage == 3 ? rest_bytes : 0) + bf16_arena_.capacity();
   m.grad_bytes = grads_arena_.capacity() - (zero_.stage >= 2 ? rest_bytes : 0);
   m.optimizer_bytes = moments_arena_.capacity();
   m.staging_bytes = staging_arena_.capacity() + (zero_.stage >= 2 ? rest_bytes : 0) +

@@ -51,8 +51,8 @@ struct ZeroConfig {
 };
 
 struct OptimizerStepResult {
-  double grad_norm = 0;   // of the unscaled gradient
-  bool skipped = false;   // an overflow: no update on any rank
+  double grad_norm = 0;  // of the unscaled gradient
+  bool skipped = false;  // an overflow: no update on any rank
 };
 
 // How the gradients were scaled (FP16 loss scaling): they are divided by `loss_scale` before
@@ -148,7 +148,7 @@ class ZeroOptimizer {
   std::unique_ptr<comm::Communicator> model_parallel_;  // ranks with this rank's dp coordinate
 
   std::vector<Unit> units_;
-  std::vector<parallel::Range> rest_;   // flat ranges of non-layer parameters (embedding, head)
+  std::vector<parallel::Range> rest_;     // flat ranges of non-layer parameters (embedding, head)
   std::vector<parallel::Range> buckets_;  // stages 0-1: layer buckets, in backward order
   std::int64_t rest_numel_ = 0;
   std::int64_t max_unit_ = 0;
@@ -166,7 +166,7 @@ class ZeroOptimizer {
   float* param_slots_[2] = {nullptr, nullptr};  // (max unit) stage 3
   core::Arena bf16_arena_;
   core::bf16* params_bf16_ = nullptr;  // (numel) --bf16, stages 0-2
-  float* exp_avg_ = nullptr;      // (numel) stage 0, (shard) stages 1-3
+  float* exp_avg_ = nullptr;           // (numel) stage 0, (shard) stages 1-3
   float* exp_avg_sq_ = nullptr;
 
   ModelViews views_;
