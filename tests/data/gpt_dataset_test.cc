@@ -55,9 +55,11 @@ void remove_temp_dir(const fs::path& dir) {
 // Runs a megatron-core reference script under a time limit, so that a reference that hangs
 // (megatron-core loops forever on an empty split) fails the test instead of stalling CI.
 void run_megatron_reference(const std::string& script, const std::vector<std::string>& args) {
-  std::string cmd = "timeout 600 " + testing::shell_quote(testing::ref_python()) + " " +
-                    testing::shell_quote(testing::reference_script(script));
-  for (const auto& a : args) cmd += " " + testing::shell_quote(a);
+  std::ostringstream os;  // (string + in a loop trips a GCC 12 -Wrestrict false positive)
+  os << "timeout 600 " << testing::shell_quote(testing::ref_python()) << ' '
+     << testing::shell_quote(testing::reference_script(script));
+  for (const auto& a : args) os << ' ' << testing::shell_quote(a);
+  const std::string cmd = os.str();
   std::string out;
   const int rc = testing::run_command(cmd, &out);
   ASSERT_EQ(rc, 0) << "reference command failed: " << cmd << "\n" << out;

@@ -83,11 +83,10 @@ inline int run_command(const std::string& cmd, std::string* output = nullptr) {
 
 // Runs `ref_python() script args...` and fails the test (returning false) on a non-zero exit.
 inline bool run_reference(const std::string& script, const std::vector<std::string>& args) {
-  std::string cmd = shell_quote(ref_python()) + " " + shell_quote(reference_script(script));
-  for (const auto& a : args) {
-    cmd += ' ';
-    cmd += shell_quote(a);
-  }
+  std::ostringstream os;  // (string += in a loop trips a GCC 12 -Wrestrict false positive)
+  os << shell_quote(ref_python()) << ' ' << shell_quote(reference_script(script));
+  for (const auto& a : args) os << ' ' << shell_quote(a);
+  const std::string cmd = os.str();
   std::string out;
   const int rc = run_command(cmd, &out);
   EXPECT_EQ(rc, 0) << "reference command failed: " << cmd << "\n" << out;
