@@ -36,10 +36,12 @@ std::string whitespace_text() {
 }
 
 std::string emoji_text() {
-  return "Hello 👋🏽 world 👨‍👩‍👧‍👦 family 🇫🇷🇯🇵 flags ❤️ ✔︎ "
+  return "Hello 👋🏽 world 👨‍👩‍👧‍👦 family 🇫🇷🇯🇵 flags ❤️ "
+         "✔︎ "
          "e\u0301 "
          "ﬁ "
-         "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 😀😃😄 🧑🏿‍🚀 zwj\u200D \U0001F9D1 日本語のテキスト "
+         "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 😀😃😄 🧑🏿‍🚀 zwj\u200D \U0001F9D1 "
+         "日本語のテキスト "
          "한국어 "
          "العربية "
          "I'm don't we'll they've she'd it's 'S 'LL O'Neil rock'n'roll ''' 's's\n"

@@ -11,10 +11,10 @@
 namespace trident::kernels {
 
 struct EmbeddingForwardArgs {
-  float* out = nullptr;              // (B*T, C)         written (=)
+  float* out = nullptr;                  // (B*T, C)         written (=)
   const std::int32_t* tokens = nullptr;  // (B*T)
-  const float* wte = nullptr;        // (vocab_local, C)
-  const float* wpe = nullptr;        // (max_positions, C) or null
+  const float* wte = nullptr;            // (vocab_local, C)
+  const float* wpe = nullptr;            // (max_positions, C) or null
   std::int64_t batch = 0, seq_len = 0, hidden = 0;
   std::int64_t vocab_start = 0, vocab_local = 0;
   std::int64_t position_offset = 0;  // first position id (generation with a KV cache)
