@@ -185,22 +185,27 @@ void time_conversions(const core::ExecContext& ctx, int reps, const std::vector<
   for (const auto& call : calls) call();  // warm-up
   std::size_t mismatches = 0;
   for (std::size_t i = 0; i < h1.size(); ++i) mismatches += h1[i].bits != h2[i].bits ? 1 : 0;
-  wait_for_idle(0.1, 0.25, 20.0);
-  ForeignLoad load;
-  load.start();
   constexpr int kCalls = 4;
   std::vector<double> t[kCalls];
-  for (int r = 0; r < reps; ++r) {
-    for (int k = 0; k < kCalls; ++k) {
-      core::Timer timer;
-      calls[k]();
-      t[k].push_back(timer.elapsed_s());
+  double foreign = 0.0;
+  for (int attempt = 0; attempt < 3; ++attempt) {  // repeated when other processes interfered
+    wait_for_idle(0.1, 0.25, 20.0);
+    ForeignLoad load;
+    load.start();
+    for (auto& v : t) v.clear();
+    for (int r = 0; r < reps; ++r) {
+      for (int k = 0; k < kCalls; ++k) {
+        core::Timer timer;
+        calls[k]();
+        t[k].push_back(timer.elapsed_s());
+      }
     }
+    foreign = load.stop();
+    if (foreign <= 0.2) break;
   }
-  const double foreign = load.stop();
   const double bytes = 6.0 * static_cast<double>(n);  // 4 B read + 2 B written, or the reverse
   std::printf(
-      "| conversion, %lld elements (6 B each) | ms | GB/s | of %.0f GB/s |\n"
+      "| pass over %lld elements (6 B each unless noted) | ms | GB/s | of %.0f GB/s |\n"
       "|---|---|---|---|\n",
       static_cast<long long>(n), kStreamTriadGBs);
   for (int k = 0; k < kCalls; ++k) {

@@ -62,7 +62,8 @@ void forward_rows(const core::ExecContext& ctx, const BiasGeluForwardArgs& a) {
 }
 
 // Rows in parallel, in fixed chunks (row_partials.h): each chunk writes its rows of d_in and sums
-// them per column into its partial; then the partials are added to d_bias in chunk order.
+// them per column into its partial (in a fixed order: groups of four rows, then the remaining
+// rows one by one); then the partials are added to d_bias in chunk order.
 template <Outputs kOut>
 void backward_chunks(const core::ExecContext& ctx, const BiasGeluBackwardArgs& a,
                      double* partials) {
@@ -76,7 +77,40 @@ void backward_chunks(const core::ExecContext& ctx, const BiasGeluBackwardArgs& a
       double* acc = partials + k * cols;
       std::fill(acc, acc + cols, 0.0);
       const std::int64_t r_end = std::min(a.rows, (k + 1) * detail::kRowChunk);
-      for (std::int64_t r = k * detail::kRowChunk; r < r_end; ++r) {
+      std::int64_t r = k * detail::kRowChunk;
+      // Four rows at a time: their four values of a column are added in FP32 (pairwise, error
+      // about 1e-7 of their magnitudes) before one double addition into the partial. That cuts
+      // the double conversions, additions and accumulator loads and stores, which made this loop
+      // compute-bound, by four (measured 1.2x faster than one row at a time).
+      for (; r + 4 <= r_end; r += 4) {
+        const std::int64_t off = r * cols;
+        const float* x = a.in + off;
+        const float* dy = a.d_out + off;
+        float* dx = kOut != Outputs::kBf16 ? a.d_in + off : nullptr;
+        core::bf16* dx16 = kOut != Outputs::kF32 ? a.d_in_bf16 + off : nullptr;
+#pragma omp simd
+        for (std::int64_t c = 0; c < cols; ++c) {
+          const float b = bias[c];
+          const float g0 = dy[c] * gelu_grad(x[c] + b);
+          const float g1 = dy[c + cols] * gelu_grad(x[c + cols] + b);
+          const float g2 = dy[c + 2 * cols] * gelu_grad(x[c + 2 * cols] + b);
+          const float g3 = dy[c + 3 * cols] * gelu_grad(x[c + 3 * cols] + b);
+          if constexpr (kOut != Outputs::kBf16) {
+            dx[c] = g0;
+            dx[c + cols] = g1;
+            dx[c + 2 * cols] = g2;
+            dx[c + 3 * cols] = g3;
+          }
+          if constexpr (kOut != Outputs::kF32) {
+            dx16[c] = core::bf16::from_float(g0);
+            dx16[c + cols] = core::bf16::from_float(g1);
+            dx16[c + 2 * cols] = core::bf16::from_float(g2);
+            dx16[c + 3 * cols] = core::bf16::from_float(g3);
+          }
+          acc[c] += static_cast<double>((g0 + g1) + (g2 + g3));
+        }
+      }
+      for (; r < r_end; ++r) {
         const std::int64_t off = r * cols;
         const float* x = a.in + off;
         const float* dy = a.d_out + off;

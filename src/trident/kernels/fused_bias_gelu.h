@@ -33,10 +33,10 @@ void bias_gelu_forward(const core::ExecContext& ctx, const BiasGeluForwardArgs& 
 // At least one of d_in and d_in_bf16 must be non-null (d_bias is summed from the FP32 values
 // either way); d_in_bf16 gets core::bf16::from_float of them. d_in may alias d_out.
 //
-// One pass over the rows, OpenMP over fixed chunks of 64 rows: each chunk sums its rows in order
-// into its own double partial in scratch, and the partials are added in chunk order, so d_bias is
-// the same for any thread count. scratch: at least bias_gelu_backward_scratch_bytes(rows, cols)
-// bytes, 8-byte aligned (the kernel never allocates).
+// One pass over the rows, OpenMP over fixed chunks of 64 rows: each chunk sums its rows into its
+// own double partial in scratch (four rows at a time, added in FP32 first), and the partials are
+// added in chunk order, so d_bias is the same for any thread count. scratch: at least
+// bias_gelu_backward_scratch_bytes(rows, cols) bytes, 8-byte aligned (the kernel never allocates).
 struct BiasGeluBackwardArgs {
   float* d_in = nullptr;            // (rows, cols)  f32, written (=), or null
   core::bf16* d_in_bf16 = nullptr;  // (rows, cols)  bf16, written (=), or null
