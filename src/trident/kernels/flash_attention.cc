@@ -77,9 +77,12 @@ void flash_attention_forward(const core::ExecContext& ctx, const FlashAttentionF
   const float keep_scale = 1.0f / (1.0f - a.dropout.p);
 #pragma omp parallel
   {
-    std::vector<float> s(static_cast<std::size_t>(kBq * kBk)),
-        acc(static_cast<std::size_t>(kBq * g.HS));
-    std::vector<float> m(kBq), l(kBq);
+    // Per-thread working rows, kept across calls (grown, never shrunk): no allocation once warm.
+    thread_local std::vector<float> s, acc, m, l;
+    s.resize(static_cast<std::size_t>(kBq * kBk));
+    acc.resize(static_cast<std::size_t>(kBq * g.HS));
+    m.resize(kBq);
+    l.resize(kBq);
 #pragma omp for collapse(3) schedule(dynamic)
     for (std::int64_t b = 0; b < g.B; ++b) {
       for (std::int64_t h = 0; h < g.NH; ++h) {
@@ -163,7 +166,8 @@ void flash_attention_backward(const core::ExecContext& ctx, const FlashAttention
   // splitting queries across threads would need atomics; heads give enough parallelism.
 #pragma omp parallel
   {
-    std::vector<float> delta(static_cast<std::size_t>(g.T)), p_row(static_cast<std::size_t>(g.T));
+    thread_local std::vector<float> delta;  // per-thread, kept across calls
+    delta.resize(static_cast<std::size_t>(g.T));
 #pragma omp for collapse(2) schedule(dynamic)
     for (std::int64_t b = 0; b < g.B; ++b) {
       for (std::int64_t h = 0; h < g.NH; ++h) {
