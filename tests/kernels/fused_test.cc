@@ -8,9 +8,10 @@
 //   the bias add is the same FP32 addition in kernel and reference.
 // - LayerNorm: kLnTol (1e-5 + 1e-5 |ref|), as tests/kernels/layernorm_test.cc: FP32 row sums over
 //   up to 3072 columns, outputs O(1-10).
-// - Column sums (d_bias, d_weight): the kernels sum in double over the rows (by chunks of 64 rows),
-//   the reference in double too, but of terms that differ from the reference's by the tolerances
-//   above, so they get sum_tol: 1e-5 + 1e-5 |ref| with the absolute part scaled by sqrt(rows).
+// - Column sums (d_bias, d_weight): the kernels sum in double over the rows (by chunks of 64 rows;
+//   bias-GeLU adds groups of four rows in FP32 first, ~1e-7 relative), the reference in double,
+//   of terms that differ from the reference's by the tolerances above, so they get sum_tol:
+//   1e-5 + 1e-5 |ref| with the absolute part scaled by sqrt(rows).
 // - BF16 outputs: when an FP32 output is also written, the BF16 one must be its rounding, bit for
 //   bit. Against the reference they may differ by one BF16 step where kernel and reference land on
 //   opposite sides of a rounding boundary: kBf16Tol, 1e-6 + 2^-7 |ref| (2^-7 is the largest
