@@ -244,6 +244,11 @@ GptParamsBf16 gpt_param_views_bf16(const ModelConfig& cfg, const ParamTable& tab
                                   [flat](std::int64_t offset) { return flat + offset; });
 }
 
+GptParamsBf16 gpt_param_views_bf16(const ModelConfig& cfg, const ParamTable& table,
+                                   const std::function<const core::bf16*(std::int64_t)>& locate) {
+  return views<const core::bf16*>(cfg, table, locate);
+}
+
 GptParams gpt_param_views(const ModelConfig& cfg, const ParamTable& table, const float* flat) {
   return views<const float*>(cfg, table, [flat](std::int64_t offset) { return flat + offset; });
 }

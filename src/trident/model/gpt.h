@@ -54,6 +54,8 @@ using GptGrads = GptTensors<float*>;
 using GptParamsBf16 = GptTensors<const core::bf16*>;
 GptParamsBf16 gpt_param_views_bf16(const ModelConfig& cfg, const ParamTable& table,
                                    const core::bf16* flat);
+GptParamsBf16 gpt_param_views_bf16(const ModelConfig& cfg, const ParamTable& table,
+                                   const std::function<const core::bf16*(std::int64_t)>& locate);
 
 GptParams gpt_param_views(const ModelConfig& cfg, const ParamTable& table, const float* flat);
 GptGrads gpt_grad_views(const ModelConfig& cfg, const ParamTable& table, float* flat);

@@ -64,11 +64,15 @@ ZeroOptimizer::ZeroOptimizer(const RankModel& model, const parallel::ParallelCon
     }
   }
   if (zero.bf16) {
-    TRIDENT_CHECK(st < 3,
-                  "--bf16 with --zero-stage 3 is not available yet: the BF16 weight copies "
-                  "are kept whole; use --zero-stage 0, 1 or 2 with --bf16");
-    bf16_arena_ = core::Arena(core::Arena::footprint(core::DType::kBF16, {N}));
-    params_bf16_ = bf16_arena_.alloc(core::DType::kBF16, {N}).as<core::bf16>();
+    // BF16 copies of what the matmuls read: every weight (stages 0-2), or the gathered
+    // embedding/head weights and the two staged layers (stage 3).
+    const auto b16 = [](std::int64_t n) { return core::Arena::footprint(core::DType::kBF16, {n}); };
+    bf16_arena_ = core::Arena(st < 3 ? b16(N) : b16(rest_numel_) + 2 * b16(max_unit_));
+    params_bf16_ = bf16_arena_.alloc(core::DType::kBF16, {st < 3 ? N : rest_numel_}).as<core::bf16>();
+    if (st == 3) {
+      bf16_slots_[0] = bf16_arena_.alloc(core::DType::kBF16, {max_unit_}).as<core::bf16>();
+      bf16_slots_[1] = bf16_arena_.alloc(core::DType::kBF16, {max_unit_}).as<core::bf16>();
+    }
   }
   exp_avg_ = take(moments_arena_, st == 0 ? N : S);
   exp_avg_sq_ = take(moments_arena_, st == 0 ? N : S);
@@ -139,8 +143,17 @@ void ZeroOptimizer::build_views() {
   views_.params_bf16.clear();
   if (params_bf16_) {
     for (const ModelChunk& ch : model_.chunks()) {
-      views_.params_bf16.push_back(
-          model::gpt_param_views_bf16(model_.config(), ch.table, params_bf16_ + ch.base));
+      if (zero_.stage < 3) {
+        views_.params_bf16.push_back(
+            model::gpt_param_views_bf16(model_.config(), ch.table, params_bf16_ + ch.base));
+      } else {
+        const std::int64_t base = ch.base;
+        views_.params_bf16.push_back(model::gpt_param_views_bf16(
+            model_.config(), ch.table, [&](std::int64_t offset) -> const core::bf16* {
+              const std::int64_t c = compact_index(rest_, base + offset);
+              return c >= 0 ? params_bf16_ + c : nullptr;
+            }));
+      }
     }
   }
   for (const ModelChunk& ch : model_.chunks()) {
@@ -235,6 +248,21 @@ void ZeroOptimizer::on_before_pass(int chunk, std::int64_t layer, bool forward) 
     slot_unit_[slot] = u;
   }
   point_layer_params(chunk, layer, param_slots_[slot]);
+  if (params_bf16_) {
+    // The staged layer's BF16 copy for the matmuls.
+    const Unit& unit = units_[static_cast<std::size_t>(u)];
+    kernels::convert_f32_to_bf16(core::ExecContext{}, bf16_slots_[slot], param_slots_[slot],
+                                 unit.range.size());
+    const ModelChunk& ch = model_.chunks()[static_cast<std::size_t>(chunk)];
+    const core::bf16* b = bf16_slots_[slot];
+    const model::GptParamsBf16 v = model::gpt_param_views_bf16(
+        model_.config(), ch.table, [&](std::int64_t offset) -> const core::bf16* {
+          const std::int64_t i = ch.base + offset;
+          return i >= unit.range.begin && i < unit.range.end ? b + (i - unit.range.begin) : nullptr;
+        });
+    views_.params_bf16[static_cast<std::size_t>(chunk)].layers[static_cast<std::size_t>(layer)] =
+        v.layers[static_cast<std::size_t>(layer)];
+  }
   // Prefetch the layer the pass visits next into the other slot.
   const std::int64_t next = forward ? layer + 1 : layer - 1;
   const int nu = unit_of(chunk, next);
@@ -318,7 +346,8 @@ void ZeroOptimizer::init_params(std::uint64_t seed) {
 }
 
 void ZeroOptimizer::refresh_bf16(const core::ExecContext& ctx) {
-  if (params_bf16_) {
+  // Stage 3 converts when it gathers (begin_iteration, on_before_pass).
+  if (params_bf16_ && zero_.stage < 3) {
     kernels::convert_f32_to_bf16(ctx, params_bf16_, full_params_, model_.total_numel());
   }
 }
@@ -341,6 +370,9 @@ void ZeroOptimizer::begin_iteration() {
       par_.dp().all_gather_v(master_ + (mine.begin - shard.begin), rest_params_ + c, plan_.split(r),
                              comm::Datatype::kF32);
       c += r.size();
+    }
+    if (params_bf16_) {
+      kernels::convert_f32_to_bf16(core::ExecContext{}, params_bf16_, rest_params_, rest_numel_);
     }
     slot_unit_[0] = slot_unit_[1] = -1;
   }
