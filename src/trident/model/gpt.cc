@@ -11,6 +11,7 @@
 #include "trident/kernels/elementwise.h"
 #include "trident/kernels/embedding.h"
 #include "trident/kernels/flash_attention.h"
+#include "trident/kernels/fused_bias_gelu.h"
 #include "trident/kernels/layernorm.h"
 #include "trident/kernels/matmul.h"
 #include "trident/kernels/matmul_bf16.h"
@@ -135,6 +136,8 @@ void layout_activations(const ModelConfig& cfg, const ModelShard& shard, std::in
   float* row_stats = head ? take(3 * BT) : nullptr;
   float* gathered = take(BT * C);
   float* d_full = take(BT * C);
+  const std::int64_t fused_bytes = k::bias_gelu_backward_scratch_bytes(BT, F);
+  float* fused = take((fused_bytes + 7) / 4 + 2);
   float* d_drop = take(BT * C);
   const bool emb_ln = shard.has_embedding && cfg.embed_layernorm;
   float* emb_raw = emb_ln ? take(R * C) : nullptr;
@@ -175,6 +178,8 @@ void layout_activations(const ModelConfig& cfg, const ModelShard& shard, std::in
     acts->row_stats = row_stats;
     acts->gathered = gathered;
     acts->d_full = d_full;
+    // 8-byte aligned (arena allocations are 64-byte aligned).
+    acts->fused_scratch = {reinterpret_cast<std::byte*>(fused), static_cast<std::size_t>(fused_bytes)};
     acts->d_drop = d_drop;
     acts->emb_raw = emb_raw;
     acts->emb_mean = emb_mean;
@@ -533,15 +538,16 @@ struct LayerForward {
                                .cols = C,
                                .eps = eps});
     const float* ln2 = region.enter(s.ln2, a.gathered);  // f
+    // MLP up-projection without its bias: the fused bias-GeLU adds it (Megatron's bias_gelu).
     mm.forward({.out = s.fc,
                 .in = ln2,
                 .weight = w.fc_w,
-                .bias = w.fc_b,
+                .bias = nullptr,
                 .rows = BT,
                 .in_features = C,
                 .out_features = F},
                w16 ? w16->fc_w : nullptr);
-    k::gelu_forward(ctx, s.gelu, s.fc, BT * F);
+    k::bias_gelu_forward(ctx, {.out = s.gelu, .in = s.fc, .bias = w.fc_b, .rows = BT, .cols = F});
     float* fc2 = partial_of(s.out);
     mm.forward({.out = fc2,
                 .in = s.gelu,
@@ -788,11 +794,18 @@ void gpt_backward(const core::ExecContext& ctx, const ModelConfig& cfg, const Mo
                  .in_features = F,
                  .out_features = C},
                 w16 ? w16->fc2_w : nullptr);
-    k::gelu_backward(ctx, a.d_fc, a.d_fc, s.fc, BT * F);
+    k::bias_gelu_backward(ctx, {.d_in = a.d_fc,
+                                .d_bias = gw.fc_b,
+                                .d_out = a.d_fc,
+                                .in = s.fc,
+                                .bias = w.fc_b,
+                                .rows = BT,
+                                .cols = F,
+                                .scratch = a.fused_scratch});
     const float* ln2 = region.enter(s.ln2, a.gathered);
     mm.backward({.d_in = a.d_ln,
                  .d_weight = gw.fc_w,
-                 .d_bias = gw.fc_b,
+                 .d_bias = nullptr,  // summed by bias_gelu_backward
                  .d_out = a.d_fc,
                  .in = ln2,
                  .weight = w.fc_w,

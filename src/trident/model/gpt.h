@@ -103,7 +103,7 @@ struct LayerActivations {
   float* ln2;       // (B*T, C)
   float* ln2_mean;  // (B*T)
   float* ln2_rstd;  // (B*T)
-  float* fc;        // (B*T, F/tp)  pre-GeLU
+  float* fc;        // (B*T, F/tp)  MLP up-projection before its bias (fused bias-GeLU input)
   float* gelu;      // (B*T, F/tp)
   float* out;       // (B*T, C)  residual stream after the MLP (the layer output)
 };
@@ -139,6 +139,7 @@ struct GptActivations {
   core::bf16* bf16_in = nullptr;
   core::bf16* bf16_dout = nullptr;
   std::span<std::byte> gemm_scratch{};
+  std::span<std::byte> fused_scratch{};  // bias_gelu_backward's per-chunk partial sums
   // Backward scratch.
   float* d_x = nullptr;      // (B*T, C) gradient of the residual stream; on a stage without the
                              // embedding, the gradient of its input after gpt_backward
