@@ -179,7 +179,8 @@ void layout_activations(const ModelConfig& cfg, const ModelShard& shard, std::in
     acts->gathered = gathered;
     acts->d_full = d_full;
     // 8-byte aligned (arena allocations are 64-byte aligned).
-    acts->fused_scratch = {reinterpret_cast<std::byte*>(fused), static_cast<std::size_t>(fused_bytes)};
+    acts->fused_scratch = {reinterpret_cast<std::byte*>(fused),
+                           static_cast<std::size_t>(fused_bytes)};
     acts->d_drop = d_drop;
     acts->emb_raw = emb_raw;
     acts->emb_mean = emb_mean;

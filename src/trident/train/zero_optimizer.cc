@@ -68,7 +68,8 @@ ZeroOptimizer::ZeroOptimizer(const RankModel& model, const parallel::ParallelCon
     // embedding/head weights and the two staged layers (stage 3).
     const auto b16 = [](std::int64_t n) { return core::Arena::footprint(core::DType::kBF16, {n}); };
     bf16_arena_ = core::Arena(st < 3 ? b16(N) : b16(rest_numel_) + 2 * b16(max_unit_));
-    params_bf16_ = bf16_arena_.alloc(core::DType::kBF16, {st < 3 ? N : rest_numel_}).as<core::bf16>();
+    params_bf16_ =
+        bf16_arena_.alloc(core::DType::kBF16, {st < 3 ? N : rest_numel_}).as<core::bf16>();
     if (st == 3) {
       bf16_slots_[0] = bf16_arena_.alloc(core::DType::kBF16, {max_unit_}).as<core::bf16>();
       bf16_slots_[1] = bf16_arena_.alloc(core::DType::kBF16, {max_unit_}).as<core::bf16>();

@@ -165,9 +165,9 @@ class ZeroOptimizer {
   float* rs_tmp_ = nullptr;       // (shard) stages 2-3: this rank's piece of a reduce-scatter
   float* param_slots_[2] = {nullptr, nullptr};  // (max unit) stage 3
   core::Arena bf16_arena_;
-  core::bf16* params_bf16_ = nullptr;  // --bf16: (numel) stages 0-2; (rest) stage 3
+  core::bf16* params_bf16_ = nullptr;               // --bf16: (numel) stages 0-2; (rest) stage 3
   core::bf16* bf16_slots_[2] = {nullptr, nullptr};  // --bf16, stage 3: the staged layers
-  float* exp_avg_ = nullptr;           // (numel) stage 0, (shard) stages 1-3
+  float* exp_avg_ = nullptr;                        // (numel) stage 0, (shard) stages 1-3
   float* exp_avg_sq_ = nullptr;
 
   ModelViews views_;
