@@ -46,12 +46,26 @@ struct GemmKeyHash {
   }
 };
 
+// Tile of C the upconverting path (below) computes per FP32 product: the op(A) rows and op(B)
+// columns of one tile are widened to FP32 in the scratch, so its size bounds the scratch.
+constexpr std::int64_t kUpconvertTile = 1024;
+
 struct GemmPrimitive {
   dnnl::matmul matmul;
   dnnl::memory::desc a_desc, b_desc, c_desc, bias_desc, scratch_desc;
   std::int64_t scratch_bytes = 0;
   std::string implementation;
+  // No native BF16 matmul on this CPU (oneDNN has none, or only its reference loop, e.g. on AVX2
+  // processors): the operands are widened to FP32 tile by tile and multiplied by sgemm. A bf16 x
+  // bf16 product is exact in FP32, so this is the same arithmetic (FP32 accumulation of exact
+  // products) as the BF16 dot-product instructions, in another summation order.
+  bool upconvert = false;
 };
+
+std::int64_t upconvert_scratch_bytes(std::int64_t m, std::int64_t n, std::int64_t k) {
+  const std::int64_t mb = std::min(m, kUpconvertTile), nb = std::min(n, kUpconvertTile);
+  return static_cast<std::int64_t>(sizeof(float)) * (mb * k + k * nb);
+}
 
 // The process-wide primitive cache. A training run uses a few dozen configurations (three products
 // per linear layer shape); when the cache is full it is simply emptied and refilled.
@@ -84,6 +98,13 @@ class PrimitiveCache {
   PrimitiveCache() : engine_(dnnl::engine::kind::cpu, 0) {}
 
   GemmPrimitive create(const GemmKey& key) const;
+  static GemmPrimitive upconverting(const GemmKey& key, const std::string& onednn_impl) {
+    GemmPrimitive p;
+    p.upconvert = true;
+    p.scratch_bytes = upconvert_scratch_bytes(key.m, key.n, key.k);
+    p.implementation = "upconvert:f32_sgemm (oneDNN bf16 matmul: " + onednn_impl + ")";
+    return p;
+  }
 
   dnnl::engine engine_;
   std::mutex mutex_;
@@ -118,16 +139,16 @@ GemmPrimitive PrimitiveCache::create(const GemmKey& key) const {
       pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(p.a_desc, p.b_desc, p.c_desc), attr,
                                         engine_);
     }
+    p.implementation = pd.impl_info_str();
+    if (p.implementation.rfind("ref", 0) == 0) return upconverting(key, p.implementation);
     p.matmul = dnnl::matmul(pd);
     p.scratch_desc = pd.scratchpad_desc();
     p.scratch_bytes = static_cast<std::int64_t>(p.scratch_desc.get_size());
-    p.implementation = pd.impl_info_str();
   } catch (const dnnl::error& e) {
-    const std::string what = core::str(
+    if (e.status == dnnl_unimplemented) return upconverting(key, "none");
+    throw core::InternalError(core::str(
         "gemm_bf16: oneDNN cannot create a bf16 matmul for m=", key.m, " n=", key.n, " k=", key.k,
-        " lda=", key.lda, " ldb=", key.ldb, " ldc=", key.ldc, ": ", e.what());
-    if (e.status == dnnl_unimplemented) throw core::Unavailable(what + " (no CPU support)");
-    throw core::InternalError(what);
+        " lda=", key.lda, " ldb=", key.ldb, " ldc=", key.ldc, ": ", e.what()));
   }
   return p;
 }
@@ -171,6 +192,77 @@ void scale_and_add_bias(const GemmBf16Args& g) {
   }
 }
 
+// dst (rows x cols, row stride cols) = src (rows x cols, row stride ld) widened to FP32 (exact).
+void widen_block(float* dst, const core::bf16* src, std::int64_t ld, std::int64_t rows,
+                 std::int64_t cols, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static) if (rows * cols > 65536)
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::uint16_t* s = reinterpret_cast<const std::uint16_t*>(src + r * ld);
+    float* d = dst + r * cols;
+#pragma omp simd
+    for (std::int64_t c = 0; c < cols; ++c) {
+      d[c] = std::bit_cast<float>(static_cast<std::uint32_t>(s[c]) << 16);
+    }
+  }
+}
+
+// The upconverting product (GemmPrimitive::upconvert): C is computed in tiles of at most
+// kUpconvertTile x kUpconvertTile; each tile's op(A) rows and op(B) columns are widened into the
+// scratch (op(A) panels once per row block, op(B) panels once per tile) and multiplied by sgemm
+// with C's beta, then the bias is added, as oneDNN's matmul does (C = AB + bias + beta C).
+void run_upconverted(const core::ExecContext& ctx, const GemmBf16Args& g, std::int64_t need) {
+  TRIDENT_CHECK(static_cast<std::int64_t>(g.scratch.size()) >= need, "gemm_bf16: scratch has ",
+                g.scratch.size(), " bytes, this product needs ", need, " (m=", g.m, " n=", g.n,
+                " k=", g.k, "; ask gemm_bf16_scratch_bytes or linear_bf16_scratch_bytes)");
+  const int threads = detail::num_threads(ctx);
+  const bool ta = g.trans_a == Trans::kYes, tb = g.trans_b == Trans::kYes;
+  float* a_panel = reinterpret_cast<float*>(g.scratch.data());
+  float* b_panel = a_panel + std::min(g.m, kUpconvertTile) * g.k;
+  for (std::int64_t i0 = 0; i0 < g.m; i0 += kUpconvertTile) {
+    const std::int64_t mb = std::min(kUpconvertTile, g.m - i0);
+    // op(A) rows i0..i0+mb: stored rows (m,k) or stored columns of (k,m).
+    if (ta) {
+      widen_block(a_panel, g.a + i0, g.lda, g.k, mb, threads);
+    } else {
+      widen_block(a_panel, g.a + i0 * g.lda, g.lda, mb, g.k, threads);
+    }
+    for (std::int64_t j0 = 0; j0 < g.n; j0 += kUpconvertTile) {
+      const std::int64_t nb = std::min(kUpconvertTile, g.n - j0);
+      // op(B) columns j0..j0+nb: stored rows of (n,k) or stored columns of (k,n).
+      if (tb) {
+        widen_block(b_panel, g.b + j0 * g.ldb, g.ldb, nb, g.k, threads);
+      } else {
+        widen_block(b_panel, g.b + j0, g.ldb, g.k, nb, threads);
+      }
+      float* c = g.c + i0 * g.ldc + j0;
+      {
+        detail::OmpThreadsScope scope(ctx.num_threads);
+        detail::sgemm({.trans_a = g.trans_a,
+                       .trans_b = g.trans_b,
+                       .m = mb,
+                       .n = nb,
+                       .k = g.k,
+                       .a = a_panel,
+                       .lda = ta ? mb : g.k,
+                       .b = b_panel,
+                       .ldb = tb ? g.k : nb,
+                       .beta = g.beta,
+                       .c = c,
+                       .ldc = g.ldc});
+      }
+      if (g.bias != nullptr) {
+        const float* bias = g.bias + j0;
+#pragma omp parallel for num_threads(threads) schedule(static) if (mb * nb > 65536)
+        for (std::int64_t r = 0; r < mb; ++r) {
+          float* row = c + r * g.ldc;
+#pragma omp simd
+          for (std::int64_t j = 0; j < nb; ++j) row[j] += bias[j];
+        }
+      }
+    }
+  }
+}
+
 // The product without argument checks (callers have checked).
 void run_gemm_bf16(const core::ExecContext& ctx, const GemmBf16Args& g) {
   if (g.m == 0 || g.n == 0) return;
@@ -182,6 +274,10 @@ void run_gemm_bf16(const core::ExecContext& ctx, const GemmBf16Args& g) {
   detail::OmpThreadsScope threads(ctx.num_threads);
   PrimitiveCache& cache = PrimitiveCache::instance();
   const GemmPrimitive p = cache.get(make_key(ctx, g));
+  if (p.upconvert) {
+    run_upconverted(ctx, g, p.scratch_bytes);
+    return;
+  }
   TRIDENT_CHECK(static_cast<std::int64_t>(g.scratch.size()) >= p.scratch_bytes,
                 "gemm_bf16: scratch has ", g.scratch.size(), " bytes, this product needs ",
                 p.scratch_bytes, " (m=", g.m, " n=", g.n, " k=", g.k,

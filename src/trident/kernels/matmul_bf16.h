@@ -1,6 +1,9 @@
 // BF16 matrix products for mixed precision ("autocast"): BF16 operands supplied by the caller, FP32
 // accumulation, FP32 output. Runs oneDNN's matmul primitive (avx512_core_bf16 / AMX where the CPU
-// has them); transposed operands are described by strides, never copied. Row-major throughout.
+// has them); transposed operands are described by strides, never copied. On a CPU without a native
+// BF16 matmul (AVX2 only, where oneDNN has none or only a reference loop) the operands are widened
+// to FP32 tile by tile in the scratch and multiplied by sgemm: bf16 x bf16 products are exact in
+// FP32, so the arithmetic is the same FP32 accumulation in another order. Row-major throughout.
 //
 // Dimension legend: rows = tokens in the batch (B*T), in = in_features, out = out_features.
 #pragma once
