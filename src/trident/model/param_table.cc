@@ -1,5 +1,6 @@
 #include "trident/model/param_table.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -123,26 +124,37 @@ ParamTable build_gpt_param_table(const ModelConfig& cfg, const ModelShard& shard
 
 void init_params(const ModelConfig& cfg, const ParamTable& table, std::uint64_t seed, float* flat,
                  int tp_rank) {
-  std::memset(flat, 0, static_cast<std::size_t>(table.total_numel) * sizeof(float));
+  init_params_range(cfg, table, seed, 0, table.total_numel, flat, tp_rank);
+}
+
+void init_params_range(const ModelConfig& cfg, const ParamTable& table, std::uint64_t seed,
+                       std::int64_t begin, std::int64_t end, float* out, int tp_rank) {
+  TRIDENT_CHECK(0 <= begin && begin <= end && end <= table.total_numel, "init range [", begin, ", ",
+                end, ") outside the table's ", table.total_numel, " elements");
+  std::memset(out, 0, static_cast<std::size_t>(end - begin) * sizeof(float));
   const double std_normal = cfg.init_method_std;
   const double std_scaled =
       cfg.init_method_std / std::sqrt(2.0 * static_cast<double>(cfg.num_layers));
   for (const ParamSpec& p : table.params) {
-    float* dst = flat + p.offset;
+    // Local elements [lo, hi) of p fall inside the range.
+    const std::int64_t lo = std::max<std::int64_t>(0, begin - p.offset);
+    const std::int64_t hi = std::min(p.numel, end - p.offset);
+    if (lo >= hi) continue;
+    float* dst = out + (p.offset + lo - begin);  // element lo of p
     switch (p.init) {
       case InitRule::kZeros:
         break;
       case InitRule::kOnes:
-        for (std::int64_t i = 0; i < p.numel; ++i) dst[i] = 1.0f;
+        for (std::int64_t i = lo; i < hi; ++i) dst[i - lo] = 1.0f;
         break;
       case InitRule::kNormal:
       case InitRule::kScaledNormal: {
         const double std = p.init == InitRule::kNormal ? std_normal : std_scaled;
         const std::uint64_t stream = core::fnv1a64(p.name.c_str());
 #pragma omp parallel for schedule(static)
-        for (std::int64_t i = 0; i < p.numel; ++i) {
+        for (std::int64_t i = lo; i < hi; ++i) {
           const std::int64_t g = p.global_index(i, tp_rank);
-          dst[i] = static_cast<float>(
+          dst[i - lo] = static_cast<float>(
               std * core::philox_normal(seed, stream, static_cast<std::uint64_t>(g)));
         }
         break;

@@ -80,5 +80,9 @@ ParamTable build_gpt_param_table(const ModelConfig& cfg, const ModelShard& shard
 // same weights. Padding between parameters is zeroed. tp_rank selects the slice of split tensors.
 void init_params(const ModelConfig& cfg, const ParamTable& table, std::uint64_t seed, float* flat,
                  int tp_rank = 0);
+// The same values for elements [begin, end) of the table's flat layout only, written to
+// out[0, end - begin): a ZeRO-3 rank initializes its shard without the whole model.
+void init_params_range(const ModelConfig& cfg, const ParamTable& table, std::uint64_t seed,
+                       std::int64_t begin, std::int64_t end, float* out, int tp_rank = 0);
 
 }  // namespace trident::model

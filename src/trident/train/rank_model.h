@@ -11,6 +11,7 @@
 #include "trident/model/config.h"
 #include "trident/model/gpt.h"
 #include "trident/model/param_table.h"
+#include "trident/parallel/shard_plan.h"
 
 namespace trident::train {
 
@@ -48,6 +49,8 @@ class RankModel {
   model::GptGrads grads(int c, float* flat) const;
   // Layout-independent initialization of every chunk into flat.
   void init(std::uint64_t seed, float* flat) const;
+  // The same values for flat elements [range.begin, range.end) only, written to out[0, size).
+  void init_range(std::uint64_t seed, parallel::Range range, float* out) const;
 
  private:
   model::ModelConfig cfg_;

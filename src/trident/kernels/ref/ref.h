@@ -7,8 +7,10 @@
 #include "trident/kernels/cross_entropy.h"
 #include "trident/kernels/elementwise.h"
 #include "trident/kernels/embedding.h"
+#include "trident/kernels/fill.h"
 #include "trident/kernels/layernorm.h"
 #include "trident/kernels/matmul.h"
+#include "trident/kernels/overflow.h"
 
 namespace trident::kernels::ref {
 
@@ -25,5 +27,8 @@ void embedding_forward(const EmbeddingForwardArgs& args);
 void embedding_backward(const EmbeddingBackwardArgs& args);
 void cross_entropy_forward_backward(const CrossEntropyArgs& args);
 void adamw_update(const AdamWHyper& hp, const AdamWArgs& args);
+void fill(const FillArgs& args);
+void copy(const CopyArgs& args);
+std::int64_t overflow_count(const OverflowCountArgs& args);
 
 }  // namespace trident::kernels::ref

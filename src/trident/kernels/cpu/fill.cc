@@ -1,0 +1,34 @@
+// CPU fill and copy: OpenMP over static contiguous ranges (see fill.h).
+#include "trident/kernels/fill.h"
+
+#include <cstring>
+
+#include "trident/core/error.h"
+#include "trident/kernels/cpu_util.h"
+
+namespace trident::kernels {
+
+void fill(const core::ExecContext& ctx, const FillArgs& a) {
+  core::require_cpu(ctx, "fill");
+  TRIDENT_CHECK(a.n >= 0, "fill: n must be >= 0, got ", a.n);
+  TRIDENT_CHECK(a.n == 0 || a.out != nullptr, "fill: out is null for n=", a.n);
+  float* out = a.out;
+  const float value = a.value;
+#pragma omp parallel for simd num_threads(detail::num_threads(ctx)) schedule(static)
+  for (std::int64_t i = 0; i < a.n; ++i) out[i] = value;
+}
+
+void copy(const core::ExecContext& ctx, const CopyArgs& a) {
+  core::require_cpu(ctx, "copy");
+  TRIDENT_CHECK(a.n >= 0, "copy: n must be >= 0, got ", a.n);
+  TRIDENT_CHECK(a.n == 0 || (a.out != nullptr && a.in != nullptr),
+                "copy: a pointer is null for n=", a.n);
+  TRIDENT_CHECK(a.n == 0 || a.out + a.n <= a.in || a.in + a.n <= a.out,
+                "copy: out and in overlap (n=", a.n, ")");
+  float* out = a.out;
+  const float* in = a.in;
+#pragma omp parallel for simd num_threads(detail::num_threads(ctx)) schedule(static)
+  for (std::int64_t i = 0; i < a.n; ++i) out[i] = in[i];
+}
+
+}  // namespace trident::kernels

@@ -1,0 +1,20 @@
+// Overflow count for loss-scaled (FP16) training: the number of elements that are not finite or
+// whose magnitude exceeds `threshold` (FP16's largest value under --fp16). A step with any such
+// gradient on any rank is skipped.
+//   count = #{ i in [0, n) : !(|x[i]| <= threshold) }      (NaN compares false: counted)
+#pragma once
+
+#include <cstdint>
+
+#include "trident/core/exec_context.h"
+
+namespace trident::kernels {
+
+struct OverflowCountArgs {
+  const float* x = nullptr;  // (n)
+  float threshold = 0.0f;    // >= 0 (with +inf only NaN counts: |inf| <= inf holds)
+  std::int64_t n = 0;
+};
+std::int64_t overflow_count(const core::ExecContext& ctx, const OverflowCountArgs& args);
+
+}  // namespace trident::kernels

@@ -1,0 +1,51 @@
+#include "trident/optim/distributed_adamw.h"
+
+#include <algorithm>
+
+#include "trident/core/error.h"
+
+namespace trident::optim {
+
+DistributedAdamW::DistributedAdamW(ParamGradBuffers& buffers, comm::Communicator& dp,
+                                   CommCounters& counters, const AdamWConfig& cfg)
+    : buf_(buffers), dp_(dp), counters_(counters), cfg_(cfg) {
+  range_ =
+      buffers.policy().shards_optimizer() ? buffers.shard() : Range{0, buffers.layout().numel()};
+  const std::int64_t n = buffers.sizes().moment;
+  TRIDENT_ASSERT(n == range_.size(), "moment size ", n, " for a range of ", range_.size());
+  moments_ = core::Arena(2 * core::Arena::footprint(core::DType::kF32, {n}));
+  if (n > 0) {
+    m_ = moments_.alloc(core::DType::kF32, {n}).as<float>();
+    v_ = moments_.alloc(core::DType::kF32, {n}).as<float>();
+  }
+}
+
+Range DistributedAdamW::stored() const {
+  return {range_.begin, std::min(range_.end, buf_.layout().numel())};
+}
+
+void DistributedAdamW::step(const core::ExecContext& ctx, double lr, std::int64_t step,
+                            float grad_scale, const float* grads) {
+  const FlatSpan<float> params = buf_.master_weights(range_);
+  for (const LayoutChunk& ch : buf_.layout().chunks()) {
+    const std::int64_t lo = std::max(range_.begin, ch.base);
+    const std::int64_t hi = std::min(range_.end, ch.base + ch.table->total_numel);
+    if (lo >= hi) continue;
+    const std::int64_t at = lo - range_.begin;
+    adamw_step(ctx, *ch.table, cfg_, lr, step, grad_scale,
+               {.range = {lo - ch.base, hi - ch.base},
+                .params = params.data + at,
+                .grads = grads + at,
+                .m = m_ + at,
+                .v = v_ + at});
+  }
+  if (buf_.policy().gathers_updated_parameters() && dp_.size() > 1) {
+    // Every rank updated its shard: gather the whole updated weights.
+    const parallel::ShardPlan& plan = buf_.plan();
+    counters_.account(comm::OpKind::kAllGather, plan.numel_padded, dp_.size());
+    dp_.all_gather(buf_.full_params() + range_.begin, buf_.full_params(), plan.shard_size,
+                   comm::Datatype::kF32);
+  }
+}
+
+}  // namespace trident::optim

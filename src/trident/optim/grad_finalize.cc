@@ -1,0 +1,81 @@
+#include "trident/optim/grad_finalize.h"
+
+#include <algorithm>
+
+#include "trident/kernels/overflow.h"
+#include "trident/optim/adamw_optimizer.h"
+
+namespace trident::optim {
+
+GradFinalizer::GradFinalizer(const FlatLayout& layout, const parallel::ParallelContext& par,
+                             float clip_grad)
+    : layout_(layout), par_(par), clip_grad_(clip_grad) {
+  model_parallel_ = par.world().split(par.coord().dp, par.rank(), "mp");
+}
+
+void GradFinalizer::sum_tied_embeddings(const GradSync& sync) {
+  if (par_.layout().pp_size == 1 || !par_.in_embedding_group()) return;
+  for (int c = 0; c < static_cast<int>(layout_.chunks().size()); ++c) {
+    const model::ParamTable& t = *layout_.chunks()[static_cast<std::size_t>(c)].table;
+    const bool holds = std::any_of(t.params.begin(), t.params.end(), [](const model::ParamSpec& p) {
+      return p.name == "embedding.word_embeddings.weight";
+    });
+    if (!holds) continue;
+    const Range r = layout_.param_range(c, "embedding.word_embeddings.weight");
+    par_.embedding().all_reduce(sync.rest_grad_at(r.begin), r.size(), comm::Datatype::kF32,
+                                comm::ReduceOp::kSum);
+  }
+}
+
+void GradFinalizer::sum_sequence_parallel_norms(const HeldGrads& held) {
+  // The tp ranks hold the same flat layout, so the held ranges line up across the tp group.
+  if (par_.tp().size() == 1) return;
+  for (const ParamPiece& p : layout_.pieces(held.grads.range)) {
+    if (!p.spec->sequence_parallel) continue;
+    par_.tp().all_reduce(held.grads.data + (p.flat_begin - held.grads.range.begin), p.end - p.begin,
+                         comm::Datatype::kF32, comm::ReduceOp::kSum);
+  }
+}
+
+double GradFinalizer::global_norm(const core::ExecContext& ctx, const HeldGrads& held) {
+  const Range r = {held.grads.range.begin, std::min(held.grads.range.end, layout_.numel())};
+  double share = 0;
+  for (const LayoutChunk& ch : layout_.chunks()) {
+    const std::int64_t lo = std::max(r.begin, ch.base);
+    const std::int64_t hi = std::min(r.end, ch.base + ch.table->total_numel);
+    if (lo >= hi) continue;
+    share +=
+        grad_norm_squared_share(ctx, *ch.table, {lo - ch.base, hi - ch.base},
+                                held.grads.data + (lo - held.grads.range.begin), layout_.tp_rank());
+  }
+  // Disjoint shards: the whole world's shares; whole replicas: the model-parallel group's.
+  comm::Communicator& group = held.disjoint_over_dp ? par_.world() : *model_parallel_;
+  if (group.size() > 1) group.all_reduce(&share, 1, comm::Datatype::kF64, comm::ReduceOp::kSum);
+  return std::sqrt(share);
+}
+
+bool GradFinalizer::any_overflow(const core::ExecContext& ctx, const HeldGrads& held,
+                                 float threshold) {
+  std::int64_t bad = kernels::overflow_count(
+      ctx, {.x = held.grads.data, .threshold = threshold, .n = held.grads.range.size()});
+  par_.world().all_reduce(&bad, 1, comm::Datatype::kI64, comm::ReduceOp::kSum);
+  return bad > 0;
+}
+
+FinalizedGrads GradFinalizer::finalize(const core::ExecContext& ctx, const HeldGrads& held,
+                                       const GradScaling& scaling) {
+  sum_sequence_parallel_norms(held);
+  FinalizedGrads f;
+  f.grad_norm = global_norm(ctx, held) / scaling.loss_scale;
+  const bool overflow = std::isfinite(scaling.overflow_threshold)
+                            ? any_overflow(ctx, held, scaling.overflow_threshold)
+                            : !std::isfinite(f.grad_norm);
+  if (overflow || !std::isfinite(f.grad_norm)) {
+    f.skipped = true;  // every rank sees the same verdict, so every rank skips
+    return f;
+  }
+  f.grad_scale = static_cast<float>(clip_coefficient(f.grad_norm, clip_grad_) / scaling.loss_scale);
+  return f;
+}
+
+}  // namespace trident::optim

@@ -1,0 +1,60 @@
+// Gradient finalisation between the data-parallel reduction and the update:
+//   - tied embeddings: the first pipeline stage's word embedding and the last stage's copy sum
+//     their gradients over the embedding group (before the dp reduction, while whole);
+//   - sequence-parallel LayerNorm sums: each tp rank's LayerNorm gradient covers only its token
+//     rows, so the held gradients of those parameters are summed over tp;
+//   - the global gradient norm, counting each parameter element once in the whole job;
+//   - the loss-scale overflow check (FP16) and the clipping coefficient.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+
+#include "trident/comm/communicator.h"
+#include "trident/core/exec_context.h"
+#include "trident/optim/flat_layout.h"
+#include "trident/optim/grad_sync.h"
+#include "trident/parallel/parallel_context.h"
+
+namespace trident::optim {
+
+// How the gradients were scaled (FP16 loss scaling): they are divided by `loss_scale` before
+// clipping and the update; any gradient above `overflow_threshold` in magnitude (FP16's largest
+// value under --fp16) or not finite is an overflow, and the step is skipped.
+struct GradScaling {
+  double loss_scale = 1.0;
+  float overflow_threshold = INFINITY;
+};
+
+struct FinalizedGrads {
+  double grad_norm = 0;     // of the unscaled gradient
+  bool skipped = false;     // overflow or a non-finite norm: no update on any rank
+  float grad_scale = 1.0f;  // unscale and clip in one multiplication, for the update
+};
+
+class GradFinalizer {
+ public:
+  GradFinalizer(const FlatLayout& layout, const parallel::ParallelContext& par, float clip_grad);
+
+  // Tied word embedding: sums the first and last stage's gradients (pp > 1). Call after
+  // GradSync::finish_layers() and before GradSync::reduce_rest().
+  void sum_tied_embeddings(const GradSync& sync);
+  // Sums the sequence-parallel LayerNorm gradients over tp within the held range.
+  void sum_sequence_parallel_norms(const HeldGrads& held);
+  // sqrt of the sum of squares over the whole job.
+  double global_norm(const core::ExecContext& ctx, const HeldGrads& held);
+  // True when any rank holds a gradient above threshold in magnitude or not finite.
+  bool any_overflow(const core::ExecContext& ctx, const HeldGrads& held, float threshold);
+  // All of the above after the reduction: the norm, the verdict and the update's scale.
+  FinalizedGrads finalize(const core::ExecContext& ctx, const HeldGrads& held,
+                          const GradScaling& scaling);
+
+ private:
+  const FlatLayout& layout_;
+  const parallel::ParallelContext& par_;
+  float clip_grad_;
+  std::unique_ptr<comm::Communicator> model_parallel_;  // ranks with this rank's dp coordinate
+};
+
+}  // namespace trident::optim

@@ -1,0 +1,114 @@
+// fill, copy and overflow_count against their references: bitwise for fill and copy (no
+// arithmetic), exact counts for overflow_count, over sizes around the vector widths and thread
+// splits, with NaN, infinities, subnormals and values on the threshold.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "kernel_test_util.h"
+#include "trident/core/error.h"
+#include "trident/kernels/fill.h"
+#include "trident/kernels/overflow.h"
+#include "trident/kernels/ref/ref.h"
+
+namespace trident::kernels {
+namespace {
+
+using testing::randn;
+
+constexpr std::int64_t kSizes[] = {0, 1, 7, 16, 17, 1000, 100003};
+
+core::ExecContext ctx_with(int threads) {
+  core::ExecContext ctx = core::ExecContext::cpu();
+  ctx.num_threads = threads;
+  return ctx;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (std::bit_cast<std::uint32_t>(a[i]) != std::bit_cast<std::uint32_t>(b[i])) return false;
+  }
+  return true;
+}
+
+TEST(Fill, MatchesReferenceBitwise) {
+  for (int threads : {1, 3}) {
+    for (std::int64_t n : kSizes) {
+      for (float value : {0.0f, -0.0f, 1.5f, std::numeric_limits<float>::quiet_NaN()}) {
+        std::vector<float> fast = randn(n + 2, 5), slow = fast;  // the guard elements stay
+        fill(ctx_with(threads), {.out = fast.data() + 1, .value = value, .n = n});
+        ref::fill({.out = slow.data() + 1, .value = value, .n = n});
+        EXPECT_TRUE(same_bits(fast, slow)) << "n=" << n << " value=" << value;
+      }
+    }
+  }
+}
+
+TEST(Copy, MatchesReferenceBitwise) {
+  for (int threads : {1, 3}) {
+    for (std::int64_t n : kSizes) {
+      std::vector<float> in = randn(n, 9);
+      if (n > 3) {
+        in[1] = std::numeric_limits<float>::infinity();
+        in[2] = std::numeric_limits<float>::denorm_min();
+        in[3] = -0.0f;
+      }
+      std::vector<float> fast = randn(n + 2, 6), slow = fast;
+      copy(ctx_with(threads), {.out = fast.data() + 1, .in = in.data(), .n = n});
+      ref::copy({.out = slow.data() + 1, .in = in.data(), .n = n});
+      EXPECT_TRUE(same_bits(fast, slow)) << "n=" << n;
+    }
+  }
+}
+
+TEST(Copy, RejectsOverlapAndNull) {
+  std::vector<float> buf(10);
+  EXPECT_THROW(copy(ctx_with(1), {.out = buf.data() + 1, .in = buf.data(), .n = 5}),
+               core::InvalidArgument);
+  EXPECT_THROW(copy(ctx_with(1), {.out = nullptr, .in = buf.data(), .n = 5}),
+               core::InvalidArgument);
+  EXPECT_THROW(fill(ctx_with(1), {.out = buf.data(), .n = -1}), core::InvalidArgument);
+}
+
+TEST(OverflowCount, MatchesReferenceWithSpecialValues) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (int threads : {1, 3}) {
+    for (std::int64_t n : kSizes) {
+      std::vector<float> x = randn(n, 11, 100.0);
+      // Specials at a few positions, spread so that they fall in different thread ranges.
+      const float specials[] = {inf, -inf, nan, 65504.0f, -65504.0f, 65505.0f, 1e-40f};
+      for (std::size_t k = 0; k < std::size(specials) && static_cast<std::int64_t>(k) < n; ++k) {
+        x[static_cast<std::size_t>((static_cast<std::int64_t>(k) * 7919) % n)] = specials[k];
+      }
+      for (float threshold : {0.0f, 150.0f, 65504.0f, inf}) {
+        const OverflowCountArgs args{.x = x.data(), .threshold = threshold, .n = n};
+        EXPECT_EQ(overflow_count(ctx_with(threads), args), ref::overflow_count(args))
+            << "n=" << n << " threshold=" << threshold << " threads=" << threads;
+      }
+    }
+  }
+}
+
+// Closed forms: at threshold +inf only NaNs count; at 65504 (FP16 max) the values above it and
+// the infinities do, 65504 itself does not.
+TEST(OverflowCount, ClosedForms) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> x = {1.0f, inf, -inf, std::nanf(""), 65504.0f, 65520.0f, -7e4f, 0.0f};
+  const auto count = [&](float t) {
+    return overflow_count(
+        ctx_with(2), {.x = x.data(), .threshold = t, .n = static_cast<std::int64_t>(x.size())});
+  };
+  EXPECT_EQ(count(inf), 1);
+  EXPECT_EQ(count(65504.0f), 5);
+  EXPECT_EQ(count(0.0f), 7);
+  EXPECT_THROW(count(-1.0f), core::InvalidArgument);
+}
+
+}  // namespace
+}  // namespace trident::kernels
