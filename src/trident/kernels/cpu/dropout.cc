@@ -1,0 +1,24 @@
+// Hidden dropout, CPU: OpenMP over rows, one Philox draw per element.
+#include "trident/kernels/dropout.h"
+
+#include "trident/core/error.h"
+#include "trident/kernels/cpu_util.h"
+#include "trident/kernels/flash_attention.h"
+
+namespace trident::kernels {
+
+void hidden_dropout(const core::ExecContext& ctx, const HiddenDropoutArgs& a) {
+  core::require_cpu(ctx, "hidden_dropout");
+  TRIDENT_CHECK(a.p >= 0.0f && a.p < 1.0f, "hidden_dropout: p must be in [0, 1), got ", a.p);
+  const float scale = 1.0f / (1.0f - a.p);
+#pragma omp parallel for num_threads(detail::num_threads(ctx)) schedule(static)
+  for (std::int64_t r = 0; r < a.rows; ++r) {
+    const auto base = static_cast<std::uint64_t>((a.first_row + r) * a.cols);
+    for (std::int64_t c = 0; c < a.cols; ++c) {
+      const bool keep = dropout_keep(a.seed, a.stream, base + static_cast<std::uint64_t>(c), a.p);
+      a.out[r * a.cols + c] = keep ? a.in[r * a.cols + c] * scale : 0.0f;
+    }
+  }
+}
+
+}  // namespace trident::kernels

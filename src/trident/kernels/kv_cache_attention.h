@@ -1,0 +1,37 @@
+// Causal self-attention of new tokens against a KV cache (autoregressive generation): the new
+// rows' keys and values are appended to the cache at positions [position, position + rows), then
+// each new query attends to every cached position up to its own:
+//   s[t] = q . k_t / sqrt(HS) + slope[h] * t      (ALiBi: the key position; null slopes: none)
+//   out  = sum_t softmax(s)[t] v_t,               t <= the query's position
+// With the whole sequence as new rows at position 0 this is flash_attention.h's forward (no
+// dropout) for one sample.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "trident/core/exec_context.h"
+
+namespace trident::kernels {
+
+struct KvCacheAttentionArgs {
+  float* out = nullptr;          // (rows, NH * HS)  written (=)
+  float* k_cache = nullptr;      // (max_positions, NH * HS)  rows [position, position + rows) (=)
+  float* v_cache = nullptr;      // (max_positions, NH * HS)
+  const float* qkv = nullptr;    // (rows, NH, 3, HS)  the new tokens
+  const float* alibi = nullptr;  // (NH) slopes, or null
+  std::int64_t rows = 0;         // new tokens
+  std::int64_t position = 0;     // position of the first new token
+  std::int64_t max_positions = 0, num_heads = 0, head_dim = 0;
+  std::span<float> scratch{};  // kv_cache_attention_scratch_floats(...) floats (scores)
+};
+void kv_cache_attention(const core::ExecContext& ctx, const KvCacheAttentionArgs& args);
+[[nodiscard]] std::int64_t kv_cache_attention_scratch_floats(std::int64_t max_positions,
+                                                             std::int64_t num_heads);
+
+namespace ref {
+// The specification in double (cache writes as the kernel).
+void kv_cache_attention(const KvCacheAttentionArgs& args);
+}  // namespace ref
+
+}  // namespace trident::kernels

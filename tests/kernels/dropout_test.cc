@@ -1,0 +1,91 @@
+// Hidden dropout against its double-precision reference: the kept fraction, the scale, in-place
+// use, thread-count independence, and that the mask depends only on the global element index (a
+// block of rows at first_row = k draws what rows k.. of the whole buffer draw).
+//
+// Tolerance: |x - ref| <= 1e-7 |ref| (one FP32 rounding of the product in the kernel; the
+// reference rounds the double product once).
+#include "trident/kernels/dropout.h"
+
+#include <gtest/gtest.h>
+
+#include "kernel_test_util.h"
+
+namespace trident::kernels {
+namespace {
+
+using testing::all_close;
+using testing::all_equal;
+using testing::randn;
+
+constexpr testing::Tol kTol{0.0, 1.2e-7};
+
+TEST(HiddenDropout, MatchesReferenceAndKeepsOneMinusP) {
+  const std::int64_t rows = 37, cols = 129;
+  for (float p : {0.0f, 0.1f, 0.5f}) {
+    const std::vector<float> in = randn(rows * cols, 3);
+    std::vector<float> out(in.size()), want(in.size());
+    HiddenDropoutArgs args{.out = out.data(),
+                           .in = in.data(),
+                           .rows = rows,
+                           .cols = cols,
+                           .first_row = 11,
+                           .p = p,
+                           .seed = 5,
+                           .stream = 77};
+    hidden_dropout(core::ExecContext{}, args);
+    args.out = want.data();
+    ref::hidden_dropout(args);
+    EXPECT_TRUE(all_close("out", out, want, kTol)) << "p=" << p;
+    std::int64_t kept = 0;
+    for (float v : out) kept += v != 0.0f;
+    const double frac = static_cast<double>(kept) / static_cast<double>(out.size());
+    EXPECT_NEAR(frac, 1.0 - p, 0.02) << "p=" << p;
+  }
+}
+
+TEST(HiddenDropout, InPlaceThreadsAndGlobalIndex) {
+  const std::int64_t rows = 16, cols = 40;
+  const std::vector<float> in = randn(rows * cols, 4);
+  std::vector<float> one(in.size()), many(in.size()), inplace = in;
+  HiddenDropoutArgs args{.out = one.data(),
+                         .in = in.data(),
+                         .rows = rows,
+                         .cols = cols,
+                         .first_row = 0,
+                         .p = 0.3f,
+                         .seed = 9,
+                         .stream = 2};
+  core::ExecContext ctx1;
+  ctx1.num_threads = 1;
+  hidden_dropout(ctx1, args);
+  core::ExecContext ctx3;
+  ctx3.num_threads = 3;
+  args.out = many.data();
+  hidden_dropout(ctx3, args);
+  EXPECT_TRUE(all_equal("threads", many, one));
+  args.out = inplace.data();
+  args.in = inplace.data();
+  hidden_dropout(ctx3, args);
+  EXPECT_TRUE(all_equal("in place", inplace, one));
+  // Rows 5.. on their own, keyed by first_row = 5: the same values as rows 5.. of the whole.
+  std::vector<float> tail(static_cast<std::size_t>((rows - 5) * cols));
+  hidden_dropout(ctx3, {.out = tail.data(),
+                        .in = in.data() + 5 * cols,
+                        .rows = rows - 5,
+                        .cols = cols,
+                        .first_row = 5,
+                        .p = 0.3f,
+                        .seed = 9,
+                        .stream = 2});
+  EXPECT_TRUE(all_equal("block", tail, std::vector<float>(one.begin() + 5 * cols, one.end())));
+}
+
+TEST(HiddenDropout, RejectsPOfOne) {
+  float x = 1.0f;
+  EXPECT_THROW(
+      hidden_dropout(core::ExecContext{}, {.out = &x, .in = &x, .rows = 1, .cols = 1, .p = 1.0f}),
+      core::InvalidArgument);
+}
+
+}  // namespace
+}  // namespace trident::kernels

@@ -1,0 +1,180 @@
+// Vocab-parallel cross-entropy: each local kernel against its double-precision reference, and the
+// three kernels with the tp reductions done here by hand (max, then sums over the shards) against
+// the unsplit reference cross-entropy (cross_entropy.h), for 1, 2 and 4 shards of a padded
+// vocabulary, with ignored targets, a target in the last real column and shards holding only
+// padding. sum_token_losses against its reference (exactly: both add in row order in double).
+//
+// Tolerances as cross_entropy_test.cc: losses 1e-5 + 1e-5 |ref|, d_logits 1e-9 + 1e-5 |ref|.
+#include "trident/kernels/vocab_parallel_cross_entropy.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+
+#include "kernel_test_util.h"
+#include "trident/kernels/ref/ref.h"
+
+namespace trident::kernels {
+namespace {
+
+using testing::all_close;
+using testing::randn;
+
+constexpr testing::Tol kLossTol{1e-5, 1e-5};
+constexpr testing::Tol kGradTol{1e-9, 1e-5};
+
+struct Problem {
+  std::int64_t rows, V, Vp;
+  std::vector<float> logits;  // (rows, Vp)
+  std::vector<std::int32_t> targets;
+};
+
+Problem make_problem(std::int64_t rows, std::int64_t V, std::int64_t Vp, std::uint64_t seed) {
+  Problem p{rows, V, Vp, randn(rows * Vp, seed, 2.0), std::vector<std::int32_t>(rows)};
+  std::mt19937 gen(static_cast<std::uint32_t>(seed));
+  for (auto& t : p.targets) t = static_cast<std::int32_t>(gen() % static_cast<std::uint32_t>(V));
+  p.targets[0] = static_cast<std::int32_t>(V - 1);
+  for (std::int64_t r = 2; r < rows; r += 4) p.targets[r] = -100;
+  return p;
+}
+
+// Shard s of n: columns [s * Vp / n, (s + 1) * Vp / n).
+std::vector<float> shard_of(const Problem& p, int s, int n) {
+  const std::int64_t Vl = p.Vp / n;
+  std::vector<float> out(static_cast<std::size_t>(p.rows * Vl));
+  for (std::int64_t r = 0; r < p.rows; ++r)
+    std::copy_n(p.logits.begin() + r * p.Vp + s * Vl, Vl, out.begin() + r * Vl);
+  return out;
+}
+
+TEST(VocabParallelCeKernels, ShardsWithReductionsMatchTheUnsplitReference) {
+  // V = 70 of Vp = 128: with 4 shards, shard 2 holds 6 real columns and shard 3 only padding.
+  for (const auto& [rows, V, Vp] : {std::tuple{9, 70, 128}, std::tuple{5, 1000, 1024}}) {
+    const Problem p = make_problem(rows, V, Vp, static_cast<std::uint64_t>(V));
+    std::vector<float> losses_ref(rows), d_ref(p.logits.size());
+    ref::cross_entropy_forward_backward({.losses = losses_ref.data(),
+                                         .d_logits = d_ref.data(),
+                                         .logits = p.logits.data(),
+                                         .targets = p.targets.data(),
+                                         .d_scale = 0.25f,
+                                         .rows = rows,
+                                         .vocab = V,
+                                         .vocab_padded = Vp});
+    for (int n : {1, 2, 4}) {
+      const std::int64_t Vl = Vp / n;
+      std::vector<std::vector<float>> logits(n), stats(n, std::vector<float>(3 * rows));
+      for (int s = 0; s < n; ++s) logits[s] = shard_of(p, s, n);
+      auto shard = [&](int s) {
+        return VocabParallelShard{.vocab = V, .vocab_start = s * Vl, .vocab_local = Vl};
+      };
+      const core::ExecContext ctx;
+      std::vector<float> max(rows, -INFINITY);
+      for (int s = 0; s < n; ++s) {
+        vocab_parallel_ce_max(ctx, {.row_max = stats[s].data(),
+                                    .logits = logits[s].data(),
+                                    .rows = rows,
+                                    .shard = shard(s)});
+        std::vector<float> want(rows);
+        ref::vocab_parallel_ce_max(
+            {.row_max = want.data(), .logits = logits[s].data(), .rows = rows, .shard = shard(s)});
+        // Exact (a max is a max); -inf where the shard holds only padding.
+        EXPECT_TRUE(testing::all_equal(
+            "row_max", std::vector<float>(stats[s].begin(), stats[s].begin() + rows), want));
+        for (std::int64_t r = 0; r < rows; ++r) max[r] = std::max(max[r], stats[s][r]);
+      }
+      std::vector<float> sums(2 * rows, 0.0f);  // sum_exp, target_logit: the all-reduce sum
+      for (int s = 0; s < n; ++s) {
+        float* st = stats[s].data();
+        const VocabParallelCeSumArgs a{.sum_exp = st + rows,
+                                       .target_logit = st + 2 * rows,
+                                       .logits = logits[s].data(),
+                                       .row_max = max.data(),
+                                       .targets = p.targets.data(),
+                                       .rows = rows,
+                                       .shard = shard(s)};
+        vocab_parallel_ce_sum_target(ctx, a);
+        std::vector<float> want(2 * rows);
+        VocabParallelCeSumArgs ra = a;
+        ra.sum_exp = want.data();
+        ra.target_logit = want.data() + rows;
+        ref::vocab_parallel_ce_sum_target(ra);
+        EXPECT_TRUE(all_close("sum_exp/target", st + rows, want.data(), 2 * rows, kLossTol));
+        for (std::int64_t i = 0; i < 2 * rows; ++i) sums[i] += st[rows + i];
+      }
+      for (int s = 0; s < n; ++s) {
+        std::vector<float> losses(rows), d(logits[s].size()), rlosses(rows), rd(d.size());
+        VocabParallelCeLossArgs a{.losses = losses.data(),
+                                  .d_logits = d.data(),
+                                  .logits = logits[s].data(),
+                                  .row_max = max.data(),
+                                  .sum_exp = sums.data(),
+                                  .target_logit = sums.data() + rows,
+                                  .targets = p.targets.data(),
+                                  .d_scale = 0.25f,
+                                  .rows = rows,
+                                  .shard = shard(s)};
+        vocab_parallel_ce_loss(ctx, a);
+        EXPECT_TRUE(all_close("losses vs unsplit", losses, losses_ref, kLossTol)) << n;
+        const std::vector<float> d_want = [&] {
+          Problem q = p;
+          q.logits = d_ref;
+          return shard_of(q, s, n);
+        }();
+        EXPECT_TRUE(all_close("d_logits vs unsplit", d, d_want, kGradTol)) << n << " " << s;
+        a.losses = rlosses.data();
+        a.d_logits = rd.data();
+        ref::vocab_parallel_ce_loss(a);
+        EXPECT_TRUE(all_close("losses vs ref", losses, rlosses, kLossTol));
+        EXPECT_TRUE(all_close("d_logits vs ref", d, rd, kGradTol));
+        // In place and loss-only give the same losses.
+        std::vector<float> inplace = logits[s], l2(rows);
+        a.losses = l2.data();
+        a.d_logits = inplace.data();
+        a.logits = inplace.data();
+        vocab_parallel_ce_loss(ctx, a);
+        EXPECT_TRUE(testing::all_equal("in place", inplace, d));
+        a.d_logits = nullptr;
+        a.logits = logits[s].data();
+        vocab_parallel_ce_loss(ctx, a);
+        EXPECT_TRUE(testing::all_equal("loss only", l2, losses));
+      }
+    }
+  }
+}
+
+TEST(VocabParallelCeKernels, TargetOutsideTheVocabularyIsABug) {
+  const Problem p = make_problem(2, 10, 16, 1);
+  std::vector<std::int32_t> bad = {3, 12};
+  std::vector<float> stats(3 * 2, 1.0f), losses(2);
+  EXPECT_THROW(
+      vocab_parallel_ce_loss(core::ExecContext{},
+                             {.losses = losses.data(),
+                              .logits = p.logits.data(),
+                              .row_max = stats.data(),
+                              .sum_exp = stats.data() + 2,
+                              .target_logit = stats.data() + 4,
+                              .targets = bad.data(),
+                              .rows = 2,
+                              .shard = {.vocab = 10, .vocab_start = 0, .vocab_local = 16}}),
+      core::InternalError);
+}
+
+TEST(SumTokenLosses, CountsOnlyNonNegativeTargets) {
+  const std::vector<float> losses = randn(101, 5);
+  std::vector<std::int32_t> targets(101);
+  for (std::size_t i = 0; i < targets.size(); ++i) targets[i] = i % 3 == 0 ? -1 : 7;
+  const TokenLossSum got =
+      sum_token_losses(core::ExecContext{}, losses.data(), targets.data(), 101);
+  const TokenLossSum want = ref::sum_token_losses(losses.data(), targets.data(), 101);
+  EXPECT_EQ(got.count, 67);
+  EXPECT_EQ(got.count, want.count);
+  EXPECT_EQ(got.sum, want.sum);
+  double by_hand = 0;
+  for (std::size_t i = 0; i < targets.size(); ++i)
+    if (targets[i] >= 0) by_hand += losses[i];
+  EXPECT_EQ(got.sum, by_hand);
+}
+
+}  // namespace
+}  // namespace trident::kernels
