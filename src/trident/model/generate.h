@@ -1,5 +1,6 @@
 // Autoregressive generation with a KV cache: each new token costs one row through every layer,
-// attending to the cached keys and values of all earlier positions.
+// attending to the cached keys and values of all earlier positions. The forward is the model's own
+// (gpt_forward with a KvCacheForward): the same layers, one row at a time.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +15,8 @@ class Generator {
  public:
   // params must outlive the generator. Caches hold up to cfg.max_positions() tokens.
   Generator(const ModelConfig& cfg, const GptParams& params);
+  Generator(const Generator&) = delete;  // the caches point into its own buffers
+  Generator& operator=(const Generator&) = delete;
 
   // Feeds `token` at the next position; returns the logits (padded vocabulary, padding columns
   // included) predicting the token after it. Throws InvalidArgument past max_positions.
@@ -22,12 +25,14 @@ class Generator {
   void reset() { pos_ = 0; }
 
  private:
-  ModelConfig cfg_;
+  ModelConfig cfg_;  // no recomputation, no dropout
   GptParams params_;
+  ModelRuntime rt_;  // one rank, the whole model, not training
   std::int64_t pos_ = 0;
-  std::vector<float> k_cache_, v_cache_;  // (L, max_positions, NH, HS)
-  std::vector<float> x_, ln_, qkv_, attn_, tmp_, fc_, logits_, mean_, rstd_, scores_;
-  std::vector<float> slopes_;  // ALiBi slope per head (zeros without ALiBi)
+  GptActivations acts_;                   // one row
+  std::vector<float> k_cache_, v_cache_;  // (L, max_positions, C)
+  std::vector<float> scratch_;            // kv_cache_attention's scores
+  std::vector<layers::KvCache> caches_;   // one per layer, into the vectors above
 };
 
 struct SamplingConfig {

@@ -1,14 +1,15 @@
-// GPT-2: pre-LayerNorm decoder blocks, learned absolute positions, tanh-GeLU MLP, output layer
-// tied to the word embedding. Explicit forward and backward over views into the flat parameter
-// and gradient buffers; activations of one micro-batch live in a GptActivations arena.
+// GPT-2 / BLOOM: pre-norm decoder blocks, learned absolute positions or ALiBi, tanh-GeLU MLP,
+// output layer tied to the word embedding. The model is a list of layers (model/layers/: embedding,
+// block = norm + attention + norm + MLP, head = norm + output layer + loss), each with its forward
+// and backward side by side; gpt.cc is the transformer: the layer list forward, the same list
+// reversed backward. Weights are views into the flat parameter and gradient buffers; activations
+// of one micro-batch live in a GptActivations arena.
 //
 // A rank runs its ModelShard: a pipeline stage's layers (with the embedding on the first stage
-// and the final LayerNorm, output layer and loss on the last), each weight matrix split across
-// the tensor-parallel group as Megatron does (column-parallel QKV and MLP up-projection,
-// row-parallel attention output and MLP down-projection, vocab-parallel embedding and
-// cross-entropy). Megatron's conjugate pairs are visible calls in gpt.cc:
-//   f: identity forward, all-reduce of the input gradient backward (before column-parallel);
-//   g: all-reduce forward, identity backward (after row-parallel).
+// and the final norm, output layer and loss on the last), each weight matrix split across the
+// tensor-parallel group as Megatron does (column-parallel QKV and MLP up-projection, row-parallel
+// attention output and MLP down-projection, vocab-parallel embedding and cross-entropy). The
+// layers call Megatron's conjugate collectives by name (parallel/tp_ops.h).
 //
 // Legend: B = micro-batch size, T = seq_len, C = hidden, NH = heads, HS = C / NH, F = ffn hidden,
 // Vp = padded vocabulary, L = layers, tp = tensor-parallel size (local sizes: NH/tp, F/tp, Vp/tp).
@@ -24,7 +25,11 @@
 #include "trident/core/arena.h"
 #include "trident/core/exec_context.h"
 #include "trident/model/config.h"
+#include "trident/model/layers/block.h"
+#include "trident/model/layers/embedding.h"
+#include "trident/model/layers/lm_head.h"
 #include "trident/model/param_table.h"
+#include "trident/parallel/tp_ops.h"
 
 namespace trident::model {
 
@@ -66,12 +71,9 @@ GptParams gpt_param_views(const ModelConfig& cfg, const ParamTable& table,
 GptGrads gpt_grad_views(const ModelConfig& cfg, const ParamTable& table,
                         const std::function<float*(std::int64_t offset)>& locate);
 
-// Tensor-parallel traffic of the model's own collectives, counted per call (for the log and the
-// per-layer communication measurements in docs/3d-parallelism.md).
-struct TpTraffic {
-  std::int64_t all_reduces = 0, all_gathers = 0, reduce_scatters = 0;
-  double bytes = 0;  // ring bytes sent per rank: all-reduce 2 (T-1)/T x, the others (T-1)/T x
-};
+// Tensor-parallel traffic of the model's own collectives (parallel/tp_ops.h), the loss's
+// reductions included.
+using TpTraffic = parallel::TpTraffic;
 
 // How the model talks to its tensor-parallel group, and optional per-layer callbacks (ZeRO-3
 // parameter gathers, gradient-bucket launches). Layer ids: -1 = embedding, 0..L-1 = the shard's
@@ -90,26 +92,12 @@ struct ModelRuntime {
   std::function<void(std::int64_t layer)> after_backward;   // gradients of `layer` are final
 };
 
-// Saved activations of one layer for one micro-batch; row = one token (B*T rows).
-struct LayerActivations {
-  float* ln1;       // (B*T, C)
-  float* ln1_mean;  // (B*T)
-  float* ln1_rstd;  // (B*T)
-  float* qkv;       // (B*T, 3C/tp)
-  float* probs;     // (B, NH/tp, T, T)  unfused attention only
-  float* lse;       // (B, NH/tp, T)     fused (flash) attention only: row log-sum-exp
-  float* attn;      // (B*T, C/tp)  attention output before the projection
-  float* resid2;    // (B*T, C)  residual stream after attention
-  float* ln2;       // (B*T, C)
-  float* ln2_mean;  // (B*T)
-  float* ln2_rstd;  // (B*T)
-  float* fc;        // (B*T, F/tp)  MLP up-projection before its bias (fused bias-GeLU input)
-  float* gelu;      // (B*T, F/tp)
-  float* out;       // (B*T, C)  residual stream after the MLP (the layer output)
-};
+// Saved activations of one layer for one micro-batch; row = one token (B*T rows, or this rank's
+// B*T/tp rows of the residual stream with sequence parallelism).
+using LayerActivations = layers::BlockSaved;
 
 // Everything one micro-batch needs, forward and backward, carved from one arena.
-// With sequence parallelism the residual stream (encoded, ln*, resid2, out, lnf) holds only this
+// With sequence parallelism the residual stream (encoded, norms, resid2, out) holds only this
 // tp rank's rows: the flattened (B*T) token rows are split into tp contiguous blocks.
 struct GptActivations {
   std::int64_t batch = 0, seq_len = 0;
@@ -118,36 +106,16 @@ struct GptActivations {
   // micro-batch's first row and the iteration, so every layout draws the same masks.
   std::int64_t first_sample = 0;
   std::int64_t iteration = 0;
-  LayerActivations scratch{};      // one layer's worth, for recomputed layers (full recomputation)
-  float* scratch_probs = nullptr;  // (B, NH/tp, T, T) selective recomputation, unfused attention
-  float* emb_raw = nullptr;   // (B*T, C) word (+ position) embedding before the embedding LayerNorm
-  float* emb_mean = nullptr;  // (B*T)
-  float* emb_rstd = nullptr;  // (B*T)
   core::Arena arena;
+  layers::EmbeddingSaved embedding{};  // first stage, --embed-layernorm
   float* encoded = nullptr;  // (B*T, C): the embedding output, or the stage's received input
   std::vector<LayerActivations> layers;
-  float* lnf = nullptr;        // (B*T, C)
-  float* lnf_mean = nullptr;   // (B*T)
-  float* lnf_rstd = nullptr;   // (B*T)
-  float* logits = nullptr;     // (B*T, Vp/tp); holds d_logits after gpt_loss with gradients
-  float* losses = nullptr;     // (B*T)
-  float* row_stats = nullptr;  // (3, B*T) vocab-parallel cross-entropy: max, sum-exp, target logit
-  float* gathered = nullptr;   // (B*T, C) scratch: all-gathered LayerNorm output (SP), partial sums
-  float* d_full = nullptr;     // (B*T, C) scratch: all-gathered residual gradient (SP)
-  float* d_drop = nullptr;     // (B*T, C) scratch: gradient through a dropout
-  // --bf16 scratch: a matmul's input and upstream gradient in BF16, and oneDNN's workspace.
-  core::bf16* bf16_in = nullptr;
-  core::bf16* bf16_dout = nullptr;
-  std::span<std::byte> gemm_scratch{};
-  std::span<std::byte> fused_scratch{};  // bias_gelu_backward's per-chunk partial sums
-  // Backward scratch.
-  float* d_x = nullptr;      // (B*T, C) gradient of the residual stream; on a stage without the
-                             // embedding, the gradient of its input after gpt_backward
-  float* d_ln = nullptr;     // (B*T, C)
-  float* d_attn = nullptr;   // (B*T, C/tp)
-  float* d_qkv = nullptr;    // (B*T, 3C/tp)
-  float* d_fc = nullptr;     // (B*T, F/tp)
-  float* d_probs = nullptr;  // (B, NH/tp, T, T)
+  LayerActivations scratch{};  // one layer's worth, for recomputed layers (full recomputation)
+  layers::LmHeadSaved head{};  // last stage
+  float* logits = nullptr;     // head.logits: (B*T, Vp/tp); d_logits after gpt_loss with gradients
+  layers::Workspace ws{};      // scratch shared by the layers
+  float* d_x = nullptr;        // (B*T, C) gradient of the residual stream; on a stage without the
+                               // embedding, the gradient of its input after gpt_backward
 
   // The stage's output (the last layer's residual stream, or `encoded` without layers).
   const float* output() const { return layers.empty() ? encoded : layers.back().out; }
@@ -168,6 +136,16 @@ void make_activations(const ModelConfig& cfg, const ModelShard& shard, std::int6
 // previous stage's output, written there by the caller). Last stage: computes acts.logits.
 void gpt_forward(const core::ExecContext& ctx, const ModelConfig& cfg, const ModelRuntime& rt,
                  const GptParams& params, const std::int32_t* tokens, GptActivations& acts);
+
+// Generation (generate.h): the same forward over new tokens of one sample (B = 1) at positions
+// [position, position + T), attending to and appending to one KV cache per layer.
+struct KvCacheForward {
+  std::int64_t position = 0;
+  std::span<const layers::KvCache> caches;  // one per layer of the shard
+};
+void gpt_forward(const core::ExecContext& ctx, const ModelConfig& cfg, const ModelRuntime& rt,
+                 const GptParams& params, const std::int32_t* tokens, GptActivations& acts,
+                 const KvCacheForward& kv);
 
 struct LossSum {
   double sum = 0;          // sum of per-token losses over counted tokens

@@ -1,0 +1,155 @@
+#include "trident/model/layers/attention.h"
+
+#include "trident/kernels/attention.h"
+#include "trident/kernels/flash_attention.h"
+#include "trident/kernels/kv_cache_attention.h"
+
+namespace trident::model::layers {
+
+namespace k = trident::kernels;
+
+namespace {
+
+struct Local {
+  std::int64_t NH, HS, Cl;
+};
+Local local_of(const LayerContext& lc, const AttentionConfig& cfg) {
+  const std::int64_t tp = lc.region.group().size();
+  return {cfg.heads / tp, cfg.head_dim, cfg.hidden / tp};
+}
+
+k::AttentionDropout attention_dropout(const LayerContext& lc, const AttentionConfig& cfg,
+                                      std::int64_t layer) {
+  const std::int64_t NH = local_of(lc, cfg).NH;
+  return {.p = lc.dropout.attention_p,
+          .seed = lc.dropout.seed,
+          .stream = drop_stream(lc.dropout.iteration, layer, DropSite::kProbs),
+          .first_sample = lc.dropout.first_sample,
+          .head_offset = lc.tp_rank() * NH,
+          .total_heads = cfg.heads};
+}
+
+// The attention core forward: qkv -> attn (and lse or probs).
+void core_forward(const LayerContext& lc, const AttentionConfig& cfg, const AttentionSaved& s,
+                  float* probs, std::int64_t layer, const KvCache* cache) {
+  const auto [NH, HS, Cl] = local_of(lc, cfg);
+  if (cache) {
+    k::kv_cache_attention(lc.ctx, {.out = s.attn,
+                                   .k_cache = cache->k,
+                                   .v_cache = cache->v,
+                                   .qkv = s.qkv,
+                                   .alibi = cfg.alibi,
+                                   .rows = lc.rows(),
+                                   .position = cache->position,
+                                   .max_positions = cache->max_positions,
+                                   .num_heads = NH,
+                                   .head_dim = HS,
+                                   .scratch = cache->scratch});
+  } else if (cfg.flash) {
+    k::flash_attention_forward(lc.ctx, {.out = s.attn,
+                                        .lse = s.lse,
+                                        .qkv = s.qkv,
+                                        .alibi = cfg.alibi,
+                                        .dropout = attention_dropout(lc, cfg, layer),
+                                        .batch = lc.batch,
+                                        .seq_len = lc.seq_len,
+                                        .num_heads = NH,
+                                        .head_dim = HS});
+  } else {
+    k::attention_forward(lc.ctx, {.out = s.attn,
+                                  .probs = probs,
+                                  .qkv = s.qkv,
+                                  .batch = lc.batch,
+                                  .seq_len = lc.seq_len,
+                                  .num_heads = NH,
+                                  .head_dim = HS});
+  }
+}
+
+}  // namespace
+
+void attention_forward(const LayerContext& lc, const AttentionConfig& cfg, const AttentionParams& p,
+                       const float* in, std::int64_t layer, const AttentionSaved& s, float* out,
+                       const KvCache* cache) {
+  const auto [NH, HS, Cl] = local_of(lc, cfg);
+  const std::int64_t BT = lc.rows(), C = cfg.hidden;
+  const float* x = lc.region.enter(in, lc.ws.gathered);  // f (SP: all-gather)
+  linear(lc, {.out = s.qkv,
+              .in = x,
+              .weight = p.qkv_w,
+              .bias = p.qkv_b,
+              .rows = BT,
+              .in_features = C,
+              .out_features = 3 * Cl});
+  // Selective recomputation keeps no probabilities: they go to the shared scratch.
+  core_forward(lc, cfg, s, s.probs ? s.probs : lc.ws.probs, layer, cache);
+  float* partial = lc.region.partial_of(out, lc.ws.gathered);
+  linear(lc, {.out = partial,
+              .in = s.attn,
+              .weight = p.proj_w,
+              .bias = lc.tp_rank() == 0 ? p.proj_b : nullptr,  // once, before the reduction
+              .rows = BT,
+              .in_features = Cl,
+              .out_features = C});
+  lc.region.leave(partial, out);  // g (SP: reduce-scatter)
+}
+
+const float* attention_backward(const LayerContext& lc, const AttentionConfig& cfg,
+                                const AttentionParams& p, const AttentionSaved& s, const float* in,
+                                std::int64_t layer, const float* d_out, const AttentionGrads& g) {
+  const auto [NH, HS, Cl] = local_of(lc, cfg);
+  const std::int64_t BT = lc.rows(), C = cfg.hidden;
+  const Workspace& ws = lc.ws;
+  if (!cfg.flash && s.probs == nullptr) {
+    // Selective recomputation: the probabilities again (the output, identical to the saved one,
+    // lands in d_attn, which the projection's backward overwrites next).
+    const AttentionSaved again{.qkv = s.qkv, .attn = ws.d_attn};
+    core_forward(lc, cfg, again, ws.probs, layer, nullptr);
+  }
+  const float* d = lc.region.leave_backward(d_out, ws.d_full);  // g backward (SP: all-gather)
+  linear_backward(lc, {.d_in = ws.d_attn,
+                       .d_weight = g.proj_w,
+                       .d_bias = g.proj_b,
+                       .d_out = d,
+                       .in = s.attn,
+                       .weight = p.proj_w,
+                       .rows = BT,
+                       .in_features = Cl,
+                       .out_features = C});
+  if (cfg.flash) {
+    k::flash_attention_backward(lc.ctx, {.d_qkv = ws.d_qkv,
+                                         .d_out = ws.d_attn,
+                                         .qkv = s.qkv,
+                                         .out = s.attn,
+                                         .lse = s.lse,
+                                         .alibi = cfg.alibi,
+                                         .dropout = attention_dropout(lc, cfg, layer),
+                                         .batch = lc.batch,
+                                         .seq_len = lc.seq_len,
+                                         .num_heads = NH,
+                                         .head_dim = HS});
+  } else {
+    k::attention_backward(lc.ctx, {.d_qkv = ws.d_qkv,
+                                   .d_probs = ws.d_probs,
+                                   .d_out = ws.d_attn,
+                                   .qkv = s.qkv,
+                                   .probs = s.probs ? s.probs : ws.probs,
+                                   .batch = lc.batch,
+                                   .seq_len = lc.seq_len,
+                                   .num_heads = NH,
+                                   .head_dim = HS});
+  }
+  const float* x = lc.region.enter(in, ws.gathered);  // the input again (SP: gathered again)
+  linear_backward(lc, {.d_in = ws.d_ln,
+                       .d_weight = g.qkv_w,
+                       .d_bias = g.qkv_b,
+                       .d_out = ws.d_qkv,
+                       .in = x,
+                       .weight = p.qkv_w,
+                       .rows = BT,
+                       .in_features = C,
+                       .out_features = 3 * Cl});
+  return lc.region.enter_backward(ws.d_ln);  // f backward (SP: reduce-scatter)
+}
+
+}  // namespace trident::model::layers

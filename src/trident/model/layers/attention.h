@@ -1,0 +1,59 @@
+// Causal self-attention, tensor-parallel as Megatron's: column-parallel QKV (this rank's NH/tp
+// heads), the attention core, row-parallel output projection. The input enters the tp region
+// through copy_to_tp (sequence parallelism: gather_from_sequence) and the output leaves it through
+// reduce_from_tp (reduce_scatter_to_sequence); the backward runs the conjugates.
+//
+// Variants (AttentionConfig): the fused flash-style core (keeps the row log-sum-exp) or the
+// unfused one (keeps the (T x T) probabilities, or none under selective recomputation); ALiBi
+// slopes or none; generation's KV cache. Room for grouped-query heads (kv_heads) and rotary
+// positions (applied to q and k after the QKV projection).
+#pragma once
+
+#include "trident/model/layers/layer.h"
+
+namespace trident::model::layers {
+
+struct AttentionConfig {
+  std::int64_t hidden = 0;       // C
+  std::int64_t heads = 0;        // NH of the whole model; this rank runs heads / tp
+  std::int64_t head_dim = 0;     // HS
+  bool flash = true;             // fused core (ALiBi and attention dropout need it)
+  const float* alibi = nullptr;  // this rank's slopes (heads / tp), or null
+};
+struct AttentionParams {
+  Weight qkv_w;                   // (3C/tp, C), rows interleaved per head (NH/tp, 3, HS)
+  const float* qkv_b = nullptr;   // (3C/tp)
+  Weight proj_w;                  // (C, C/tp)
+  const float* proj_b = nullptr;  // (C), added once (tp rank 0) before the reduction
+};
+struct AttentionGrads {
+  float *qkv_w = nullptr, *qkv_b = nullptr, *proj_w = nullptr, *proj_b = nullptr;
+};
+struct AttentionSaved {
+  float* qkv = nullptr;    // (B*T, 3C/tp)
+  float* probs = nullptr;  // (B, NH/tp, T, T) unfused core; null: recomputed (selective)
+  float* lse = nullptr;    // (B, NH/tp, T) fused core
+  float* attn = nullptr;   // (B*T, C/tp) before the projection
+};
+// Generation: keys and values of earlier positions (one sample, this layer).
+struct KvCache {
+  float* k = nullptr;  // (max_positions, C)
+  float* v = nullptr;  // (max_positions, C)
+  std::int64_t max_positions = 0;
+  std::int64_t position = 0;   // position of the first new row
+  std::span<float> scratch{};  // kernels/kv_cache_attention.h
+};
+
+// out (local rows, C) = attention(in) where `in` is the normalized residual stream (local rows).
+// `layer` is the global layer index (dropout streams). With a cache the rows are new tokens of one
+// sample, appended to it.
+void attention_forward(const LayerContext& lc, const AttentionConfig& cfg, const AttentionParams& p,
+                       const float* in, std::int64_t layer, const AttentionSaved& s, float* out,
+                       const KvCache* cache = nullptr);
+// d_out: the gradient of out (local rows). Returns the gradient of `in` (local rows, in a
+// workspace buffer, valid until the next layer call); grads +=.
+const float* attention_backward(const LayerContext& lc, const AttentionConfig& cfg,
+                                const AttentionParams& p, const AttentionSaved& s, const float* in,
+                                std::int64_t layer, const float* d_out, const AttentionGrads& g);
+
+}  // namespace trident::model::layers

@@ -1,0 +1,50 @@
+// One pre-norm decoder block (GPT-2, BLOOM):
+//   resid2 = x + drop(attention(norm1(x)))
+//   out    = resid2 + drop(mlp(norm2(resid2)))
+// The forward is that list; the backward is the same list reversed.
+#pragma once
+
+#include "trident/model/layers/attention.h"
+#include "trident/model/layers/layer.h"
+#include "trident/model/layers/mlp.h"
+#include "trident/model/layers/norm.h"
+
+namespace trident::model::layers {
+
+struct BlockConfig {
+  NormConfig norm;
+  AttentionConfig attention;
+  MlpConfig mlp;
+};
+struct BlockParams {
+  NormParams norm1;
+  AttentionParams attention;
+  NormParams norm2;
+  MlpParams mlp;
+};
+struct BlockGrads {
+  NormGrads norm1;
+  AttentionGrads attention;
+  NormGrads norm2;
+  MlpGrads mlp;
+};
+// Saved activations of one block for one micro-batch (local rows of the residual stream).
+struct BlockSaved {
+  NormSaved norm1;
+  AttentionSaved attention;
+  float* resid2 = nullptr;  // (local rows, C) the residual stream after attention
+  NormSaved norm2;
+  MlpSaved mlp;
+  float* out = nullptr;  // (local rows, C) the block's output
+};
+
+// `layer`: the global layer index (dropout streams). cache: generation's KV cache, or null.
+void block_forward(const LayerContext& lc, const BlockConfig& cfg, const BlockParams& p,
+                   const float* x, std::int64_t layer, const BlockSaved& s,
+                   const KvCache* cache = nullptr);
+// d_x: on entry the gradient of out, on exit the gradient of x (local rows); grads +=.
+void block_backward(const LayerContext& lc, const BlockConfig& cfg, const BlockParams& p,
+                    const BlockSaved& s, const float* x, std::int64_t layer, const BlockGrads& g,
+                    float* d_x);
+
+}  // namespace trident::model::layers

@@ -1,0 +1,46 @@
+// Token (+ position) embedding, vocab-parallel as Megatron's: each tp rank holds Vp/tp rows of the
+// word embedding and embeds the tokens it holds; the partial rows leave the tp region through
+// reduce_from_tp (sequence parallelism: reduce_scatter_to_sequence). Optional LayerNorm right after
+// it (BLOOM's --embed-layernorm).
+//
+// Variants (EmbeddingConfig): learned absolute positions (wpe set) or none (ALiBi models, whose
+// positions live in the attention core); room for rotary (no table here either).
+#pragma once
+
+#include "trident/model/layers/layer.h"
+#include "trident/model/layers/norm.h"
+
+namespace trident::model::layers {
+
+struct EmbeddingConfig {
+  std::int64_t hidden = 0;         // C
+  std::int64_t vocab_local = 0;    // Vp/tp rows held here
+  std::int64_t max_positions = 0;  // rows of wpe
+  bool norm = false;               // LayerNorm after the embedding
+  NormConfig norm_cfg;
+};
+struct EmbeddingParams {
+  const float* wte = nullptr;  // (Vp/tp, C)
+  const float* wpe = nullptr;  // (max_positions, C) or null (no learned positions)
+  NormParams norm;             // with cfg.norm
+};
+struct EmbeddingGrads {
+  float* wte = nullptr;
+  float* wpe = nullptr;
+  NormGrads norm;
+};
+struct EmbeddingSaved {
+  float* raw = nullptr;  // (local rows, C) before the LayerNorm (with cfg.norm)
+  NormSaved norm;        // norm.out is the layer's output `out` (with cfg.norm)
+};
+
+// out (local rows, C) = embedding of tokens (B*T), their positions starting at `position`.
+void embedding_forward(const LayerContext& lc, const EmbeddingConfig& cfg, const EmbeddingParams& p,
+                       const std::int32_t* tokens, std::int64_t position, const EmbeddingSaved& s,
+                       float* out);
+// d_out: the gradient of out (local rows); grads += (each rank its own vocabulary rows).
+void embedding_backward(const LayerContext& lc, const EmbeddingConfig& cfg,
+                        const EmbeddingParams& p, const EmbeddingSaved& s,
+                        const std::int32_t* tokens, const float* d_out, const EmbeddingGrads& g);
+
+}  // namespace trident::model::layers

@@ -1,0 +1,74 @@
+#include "trident/model/layers/mlp.h"
+
+#include "trident/kernels/fused_bias_gelu.h"
+
+namespace trident::model::layers {
+
+namespace k = trident::kernels;
+
+void mlp_forward(const LayerContext& lc, const MlpConfig& cfg, const MlpParams& p, const float* in,
+                 const MlpSaved& s, float* out) {
+  const std::int64_t BT = lc.rows(), C = cfg.hidden, F = cfg.ffn / lc.region.group().size();
+  const float* x = lc.region.enter(in, lc.ws.gathered);  // f (SP: all-gather)
+  // The up-projection without its bias: the fused bias-GeLU adds it.
+  linear(lc, {.out = s.fc,
+              .in = x,
+              .weight = p.fc_w,
+              .bias = nullptr,
+              .rows = BT,
+              .in_features = C,
+              .out_features = F});
+  // Under --bf16 the fused kernel also writes the BF16 copy the down-projection reads.
+  core::bf16* gelu16 = p.fc2_w.bf16 ? lc.ws.bf16_in : nullptr;
+  k::bias_gelu_forward(
+      lc.ctx,
+      {.out = s.gelu, .out_bf16 = gelu16, .in = s.fc, .bias = p.fc_b, .rows = BT, .cols = F});
+  float* partial = lc.region.partial_of(out, lc.ws.gathered);
+  linear(lc, {.out = partial,
+              .in = s.gelu,
+              .in_bf16 = gelu16,
+              .weight = p.fc2_w,
+              .bias = lc.tp_rank() == 0 ? p.fc2_b : nullptr,  // once, before the reduction
+              .rows = BT,
+              .in_features = F,
+              .out_features = C});
+  lc.region.leave(partial, out);  // g (SP: reduce-scatter)
+}
+
+const float* mlp_backward(const LayerContext& lc, const MlpConfig& cfg, const MlpParams& p,
+                          const MlpSaved& s, const float* in, const float* d_out,
+                          const MlpGrads& g) {
+  const std::int64_t BT = lc.rows(), C = cfg.hidden, F = cfg.ffn / lc.region.group().size();
+  const Workspace& ws = lc.ws;
+  const float* d = lc.region.leave_backward(d_out, ws.d_full);  // g backward (SP: all-gather)
+  linear_backward(lc, {.d_in = ws.d_fc,
+                       .d_weight = g.fc2_w,
+                       .d_bias = g.fc2_b,
+                       .d_out = d,
+                       .in = s.gelu,
+                       .weight = p.fc2_w,
+                       .rows = BT,
+                       .in_features = F,
+                       .out_features = C});
+  k::bias_gelu_backward(lc.ctx, {.d_in = ws.d_fc,
+                                 .d_bias = g.fc_b,
+                                 .d_out = ws.d_fc,
+                                 .in = s.fc,
+                                 .bias = p.fc_b,
+                                 .rows = BT,
+                                 .cols = F,
+                                 .scratch = ws.fused_scratch});
+  const float* x = lc.region.enter(in, ws.gathered);  // the input again (SP: gathered again)
+  linear_backward(lc, {.d_in = ws.d_ln,
+                       .d_weight = g.fc_w,
+                       .d_bias = nullptr,  // summed by bias_gelu_backward
+                       .d_out = ws.d_fc,
+                       .in = x,
+                       .weight = p.fc_w,
+                       .rows = BT,
+                       .in_features = C,
+                       .out_features = F});
+  return lc.region.enter_backward(ws.d_ln);  // f backward (SP: reduce-scatter)
+}
+
+}  // namespace trident::model::layers
