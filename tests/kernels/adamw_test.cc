@@ -27,7 +27,7 @@ using testing::Tol;
 constexpr Tol kStateTol{1e-7, 1e-6};
 
 core::ExecContext cpu_ctx(int threads = 0) {
-  core::ExecContext ctx = core::ExecContext::cpu();
+  core::ExecContext ctx = testing::backend_ctx();
   ctx.num_threads = threads;
   return ctx;
 }

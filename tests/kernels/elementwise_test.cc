@@ -30,7 +30,7 @@ const float kNaN = std::numeric_limits<float>::quiet_NaN();
 const float kInf = std::numeric_limits<float>::infinity();
 
 core::ExecContext cpu_ctx(int threads = 0) {
-  core::ExecContext ctx = core::ExecContext::cpu();
+  core::ExecContext ctx = testing::backend_ctx();
   ctx.num_threads = threads;
   return ctx;
 }

@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "kernel_test_util.h"
 #include "trident/kernels/attention.h"
 
 namespace trident::kernels {
@@ -53,7 +54,7 @@ TEST_P(FlashAttention, MatchesReference) {
                         .first_sample = 3,
                         .head_offset = 2,
                         .total_heads = c.NH + 4};
-  const core::ExecContext ctx;
+  const core::ExecContext ctx = testing::backend_ctx();
   std::vector<float> out(d_out.size(), NAN), lse(static_cast<std::size_t>(c.B * c.NH * c.T), NAN);
   std::vector<float> out_ref(out.size()), lse_ref(lse.size());
   FlashAttentionForwardArgs fa{.out = out.data(),
@@ -127,7 +128,7 @@ TEST(FlashAttentionCausality, FutureTokensDoNotChangeThePast) {
   auto qkv = randn(static_cast<std::size_t>(B * T * 3 * C), 3);
   std::vector<float> slopes(NH);
   alibi_slopes(NH, slopes.data());
-  const core::ExecContext ctx;
+  const core::ExecContext ctx = testing::backend_ctx();
   std::vector<float> a(static_cast<std::size_t>(B * T * C)), b(a.size()),
       lse(static_cast<std::size_t>(B * NH * T));
   flash_attention_forward(ctx, {.out = a.data(),

@@ -51,7 +51,7 @@ Tol sum_tol(std::int64_t rows) {
 }
 
 core::ExecContext cpu_ctx(int threads = 0) {
-  core::ExecContext ctx = core::ExecContext::cpu();
+  core::ExecContext ctx = testing::backend_ctx();
   ctx.num_threads = threads;
   return ctx;
 }

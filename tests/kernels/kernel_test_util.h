@@ -17,7 +17,21 @@
 #include <sstream>
 #include <vector>
 
+#include "trident/core/exec_context.h"
+
 namespace trident::kernels::testing {
+
+// The backend this run of the kernel tests exercises, from TRIDENT_TEST_BACKEND: "cpu-x86_64",
+// "cpu-avx2", "cpu-avx512" (a CPU instruction-set variant) or unset/"cpu" (the variant chosen at
+// run time). CTest runs the whole binary once per backend the build has
+// (tests/kernels/CMakeLists.txt), so a new backend adds no test files; backend_test.cc skips every
+// test of a backend this machine cannot run, saying why.
+struct TestBackend {
+  const char* name = "cpu";
+  core::ExecContext ctx{};
+};
+TestBackend test_backend();
+inline core::ExecContext backend_ctx() { return test_backend().ctx; }
 
 // n values drawn from N(mean, stddev), reproducible from the seed.
 template <class T = float>

@@ -27,7 +27,7 @@ constexpr Tol kTol{1e-5, 1e-5};
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 core::ExecContext cpu_ctx(int threads = 0) {
-  core::ExecContext ctx = core::ExecContext::cpu();
+  core::ExecContext ctx = testing::backend_ctx();
   ctx.num_threads = threads;
   return ctx;
 }

@@ -43,7 +43,7 @@ constexpr Tol kMixedTol{2e-2, 1e-2};
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 core::ExecContext cpu_ctx(int threads = 0) {
-  core::ExecContext ctx = core::ExecContext::cpu();
+  core::ExecContext ctx = testing::backend_ctx();
   ctx.num_threads = threads;
   return ctx;
 }

@@ -1,23 +1,26 @@
-// ExecContext: where kernels run. Every kernel takes it first. CPU: OpenMP threads; CUDA (later):
-// the device and stream.
+// ExecContext: where kernels run. Every kernel takes it first and dispatches on it (see
+// kernels/backend.h): the device (CPU or a CUDA device), the CPU instruction-set variant and thread
+// count, and for GPU backends the stream the kernel is queued on.
 #pragma once
+
+#include <cstdint>
 
 #include "trident/core/tensor.h"
 
 namespace trident::core {
 
+// The CPU kernels' instruction-set variants (kernels/cpu/cpu_ops.h). kAuto: the widest variant the
+// processor runs, chosen at run time; the others pin one (tests run every variant the processor
+// has; asking for one it lacks is an error).
+enum class CpuIsa : std::uint8_t { kAuto, kX86_64, kAvx2, kAvx512 };
+
 struct ExecContext {
   Device device{};
-  int num_threads = 0;  // 0 = OpenMP's default
+  int num_threads = 0;             // CPU: threads a kernel uses; 0 = OpenMP's default
+  CpuIsa cpu_isa = CpuIsa::kAuto;  // CPU: instruction-set variant
+  void* stream = nullptr;          // CUDA: the cudaStream_t kernels are queued on (null: default)
 
   static ExecContext cpu() { return {}; }
 };
-
-// Kernels call this to reject devices they have no implementation for.
-inline void require_cpu(const ExecContext& ctx, const char* op) {
-  if (ctx.device.kind != DeviceKind::kCpu) {
-    throw Unavailable(str(op, ": this build has no CUDA kernels (build with the CUDA toolkit)"));
-  }
-}
 
 }  // namespace trident::core

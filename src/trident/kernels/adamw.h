@@ -24,10 +24,10 @@ struct AdamWHyper {
 };
 
 struct AdamWArgs {
-  float* param = nullptr;        // (n) updated in place
-  float* m = nullptr;            // (n) updated in place
-  float* v = nullptr;            // (n) updated in place
-  const float* grad = nullptr;   // (n)
+  float* param = nullptr;       // (n) updated in place
+  float* m = nullptr;           // (n) updated in place
+  float* v = nullptr;           // (n) updated in place
+  const float* grad = nullptr;  // (n)
   std::int64_t n = 0;
 };
 void adamw_update(const core::ExecContext& ctx, const AdamWHyper& hp, const AdamWArgs& args);

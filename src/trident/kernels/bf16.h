@@ -13,8 +13,8 @@ namespace trident::kernels {
 // dst[i] = core::bf16::from_float(src[i]) for i in [0, n), bit for bit: round to nearest, ties to
 // even; NaN stays NaN (sign and top payload bits kept, quiet bit set); infinities, signed zeros and
 // subnormals (rounded, not flushed) as in core/bf16.h. Overwrites dst. dst and src must not
-// overlap. Uses the avx512_bf16 instruction vcvtne2ps2bf16 when the library was compiled for it
-// (see detail::has_avx512bf16_convert), else an integer-arithmetic loop; both give the same bits.
+// overlap. Uses the avx512_bf16 instruction vcvtne2ps2bf16 when the processor has it (see
+// detail::has_avx512bf16_convert), else an integer-arithmetic loop; both give the same bits.
 void convert_f32_to_bf16(const core::ExecContext& ctx, core::bf16* dst, const float* src,
                          std::int64_t n);
 
@@ -29,10 +29,10 @@ namespace detail {
 // them bit for bit. Neither checks its arguments.
 void f32_to_bf16_portable(core::bf16* dst, const float* src, std::int64_t n);
 // vcvtne2ps2bf16 on 32 floats at a time. The instruction flushes subnormal inputs to zero, so
-// blocks that contain one are redone with the portable formula. Throws core::Unavailable when the
-// library was not compiled with avx512_bf16 (-march=native on a CPU without it).
+// blocks that contain one are redone with the portable formula. Throws core::Unavailable on a
+// processor without avx512_bf16.
 void f32_to_bf16_avx512bf16(core::bf16* dst, const float* src, std::int64_t n);
-// True when f32_to_bf16_avx512bf16 is compiled in (and so used by convert_f32_to_bf16).
+// True when this processor has avx512_bf16 (so convert_f32_to_bf16 uses vcvtne2ps2bf16).
 bool has_avx512bf16_convert();
 
 }  // namespace detail

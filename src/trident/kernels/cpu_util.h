@@ -10,7 +10,23 @@
 #include "trident/core/exec_context.h"
 #include "trident/kernels/matmul.h"
 
+// Inline helpers defined in headers are compiled into every instruction-set variant that includes
+// them (kernels/cpu/cpu_ops.h); an inline namespace per variant keeps their symbols apart, so the
+// linker can never hand AVX-512 code to a processor without it.
+#ifdef TRIDENT_CPU_ISA
+#define TRIDENT_CPU_INLINE_NS TRIDENT_CPU_ISA
+#else
+#define TRIDENT_CPU_INLINE_NS generic
+#endif
+
 namespace trident::kernels::detail {
+
+// gemm (matmul.h) through dnnl_sgemm without argument checks (callers have checked). Inside an
+// OpenMP parallel region oneDNN runs it on the calling thread only. beta == 0 overwrites C without
+// reading it. Throws InternalError if oneDNN reports a failure.
+void sgemm(const GemmArgs& g);
+
+inline namespace TRIDENT_CPU_INLINE_NS {
 
 // Threads a kernel uses: ctx.num_threads, or OpenMP's default when it is 0.
 inline int num_threads(const core::ExecContext& ctx) {
@@ -49,11 +65,6 @@ class OmpThreadsScope {
   bool changed_ = false;
 };
 
-// gemm (matmul.h) through dnnl_sgemm without argument checks (callers have checked). Inside an
-// OpenMP parallel region oneDNN runs it on the calling thread only. beta == 0 overwrites C without
-// reading it. Throws InternalError if oneDNN reports a failure.
-void sgemm(const GemmArgs& g);
-
 // exp(x) in float, written so that GCC vectorizes loops calling it under `#pragma omp simd`
 // (glibc's expf is not vectorized without -ffast-math). x = n ln2 + r with |r| <= ln2/2, exp(r)
 // by its degree-7 Taylor polynomial (truncation error < 1e-8 relative), 2^n from exponent bits.
@@ -82,4 +93,5 @@ inline float exp_approx(float x) {
   return x < -87.3f ? 0.0f : (x != x ? x : y);
 }
 
+}  // namespace TRIDENT_CPU_INLINE_NS
 }  // namespace trident::kernels::detail

@@ -1,47 +1,15 @@
-// CPU flash attention: OpenMP over (batch, head, query block); each task streams the causal key
-// blocks with an online softmax, so memory is O(T) per head instead of O(T^2). See
-// flash_attention.h for the math and the dropout indexing.
+// Flash attention: the backend dispatch of flash_attention.h, the dropout mask rule and the ALiBi
+// slopes (shared by every backend and the reference).
 #include "trident/kernels/flash_attention.h"
 
-#include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "trident/core/error.h"
 #include "trident/core/rng.h"
+#include "trident/kernels/backend.h"
 
 namespace trident::kernels {
-
-namespace {
-
-constexpr std::int64_t kBq = 32;  // query rows per task
-constexpr std::int64_t kBk = 64;  // key rows per inner block
-
-struct Geometry {
-  std::int64_t B, T, NH, HS, C, ld;  // ld: row stride of qkv (3C)
-  float scale;
-};
-
-Geometry geometry(const char* op, std::int64_t B, std::int64_t T, std::int64_t NH,
-                  std::int64_t HS) {
-  TRIDENT_CHECK(B >= 0 && T >= 0 && NH > 0 && HS > 0, op, ": bad sizes batch=", B, " seq_len=", T,
-                " num_heads=", NH, " head_dim=", HS);
-  return {B, T, NH, HS, NH * HS, 3 * NH * HS, 1.0f / std::sqrt(static_cast<float>(HS))};
-}
-
-void check_dropout(const char* op, const AttentionDropout& d) {
-  TRIDENT_CHECK(d.p >= 0.0f && d.p < 1.0f, op, ": dropout probability must be in [0, 1), got ",
-                d.p);
-}
-
-std::uint64_t dropout_index(const AttentionDropout& d, std::int64_t NH, std::int64_t T,
-                            std::int64_t b, std::int64_t h, std::int64_t q, std::int64_t k) {
-  const std::int64_t heads = d.total_heads > 0 ? d.total_heads : NH;
-  return static_cast<std::uint64_t>(((d.first_sample + b) * heads + d.head_offset + h) * T * T +
-                                    q * T + k);
-}
-
-}  // namespace
 
 bool dropout_keep(std::uint64_t seed, std::uint64_t stream, std::uint64_t index, float p) {
   return core::philox_uniform(seed, stream, index) > static_cast<double>(p);
@@ -68,276 +36,23 @@ void alibi_slopes(std::int64_t n, float* slopes) {
     slopes[i] = static_cast<float>(s[static_cast<std::size_t>(i)]);
 }
 
-void flash_attention_forward(const core::ExecContext& ctx, const FlashAttentionForwardArgs& a) {
-  core::require_cpu(ctx, "flash_attention_forward");
-  const Geometry g =
-      geometry("flash_attention_forward", a.batch, a.seq_len, a.num_heads, a.head_dim);
-  check_dropout("flash_attention_forward", a.dropout);
-  const std::int64_t num_qb = (g.T + kBq - 1) / kBq;
-  const float keep_scale = 1.0f / (1.0f - a.dropout.p);
-#pragma omp parallel
-  {
-    // Per-thread working rows, kept across calls (grown, never shrunk): no allocation once warm.
-    thread_local std::vector<float> s, acc, m, l;
-    s.resize(static_cast<std::size_t>(kBq * kBk));
-    acc.resize(static_cast<std::size_t>(kBq * g.HS));
-    m.resize(kBq);
-    l.resize(kBq);
-#pragma omp for collapse(3) schedule(dynamic)
-    for (std::int64_t b = 0; b < g.B; ++b) {
-      for (std::int64_t h = 0; h < g.NH; ++h) {
-        for (std::int64_t qb = 0; qb < num_qb; ++qb) {
-          const std::int64_t q0 = qb * kBq, nq = std::min(kBq, g.T - q0);
-          const float* base = a.qkv + b * g.T * g.ld + h * 3 * g.HS;
-          const float slope = a.alibi ? a.alibi[h] : 0.0f;
-          std::fill(m.begin(), m.end(), -INFINITY);
-          std::fill(l.begin(), l.end(), 0.0f);
-          std::fill(acc.begin(), acc.end(), 0.0f);
-          for (std::int64_t k0 = 0; k0 < q0 + nq; k0 += kBk) {
-            const std::int64_t nk = std::min(kBk, q0 + nq - k0);
-            for (std::int64_t i = 0; i < nq; ++i) {
-              const std::int64_t q = q0 + i;
-              const float* qv = base + q * g.ld;
-              float* srow = s.data() + i * kBk;
-              float row_max = m[static_cast<std::size_t>(i)];
-              for (std::int64_t j = 0; j < nk; ++j) {
-                const std::int64_t k = k0 + j;
-                if (k > q) {
-                  srow[j] = -INFINITY;
-                  continue;
-                }
-                const float* kv = base + k * g.ld + g.HS;
-                float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-                for (std::int64_t d = 0; d < g.HS; ++d) dot += qv[d] * kv[d];
-                srow[j] = dot * g.scale + slope * static_cast<float>(k);
-                row_max = std::max(row_max, srow[j]);
-              }
-              // Online softmax: rescale what was accumulated under the old maximum.
-              const float old_max = m[static_cast<std::size_t>(i)];
-              const float correction = std::exp(old_max - row_max);
-              float row_sum = 0.0f;
-              float* acc_row = acc.data() + i * g.HS;
-              for (std::int64_t d = 0; d < g.HS; ++d) acc_row[d] *= correction;
-              for (std::int64_t j = 0; j < nk; ++j) {
-                const std::int64_t k = k0 + j;
-                if (k > q) break;
-                const float p = std::exp(srow[j] - row_max);
-                row_sum += p;
-                float w = p;
-                if (a.dropout.p > 0.0f) {
-                  const bool keep =
-                      dropout_keep(a.dropout.seed, a.dropout.stream,
-                                   dropout_index(a.dropout, g.NH, g.T, b, h, q, k), a.dropout.p);
-                  w = keep ? p * keep_scale : 0.0f;
-                }
-                if (w == 0.0f) continue;
-                const float* vv = base + k * g.ld + 2 * g.HS;
-#pragma omp simd
-                for (std::int64_t d = 0; d < g.HS; ++d) acc_row[d] += w * vv[d];
-              }
-              l[static_cast<std::size_t>(i)] =
-                  l[static_cast<std::size_t>(i)] * correction + row_sum;
-              m[static_cast<std::size_t>(i)] = row_max;
-            }
-          }
-          for (std::int64_t i = 0; i < nq; ++i) {
-            const std::int64_t q = q0 + i;
-            const float inv = 1.0f / l[static_cast<std::size_t>(i)];
-            float* o = a.out + (b * g.T + q) * g.C + h * g.HS;
-            const float* acc_row = acc.data() + i * g.HS;
-            for (std::int64_t d = 0; d < g.HS; ++d) o[d] = acc_row[d] * inv;
-            a.lse[(b * g.NH + h) * g.T + q] =
-                m[static_cast<std::size_t>(i)] + std::log(l[static_cast<std::size_t>(i)]);
-          }
-        }
-      }
-    }
+void flash_attention_forward(const core::ExecContext& ctx, const FlashAttentionForwardArgs& args) {
+  switch (ctx.device.kind) {
+    case core::DeviceKind::kCpu:
+      return cpu_ops(ctx).flash_attention_forward(ctx, args);
+    case core::DeviceKind::kCuda:
+      no_cuda_backend("flash_attention_forward");
   }
 }
 
-void flash_attention_backward(const core::ExecContext& ctx, const FlashAttentionBackwardArgs& a) {
-  core::require_cpu(ctx, "flash_attention_backward");
-  const Geometry g =
-      geometry("flash_attention_backward", a.batch, a.seq_len, a.num_heads, a.head_dim);
-  check_dropout("flash_attention_backward", a.dropout);
-  const float keep_scale = 1.0f / (1.0f - a.dropout.p);
-  // One task per (b, h): d_k and d_v of a key gather contributions from every later query, so
-  // splitting queries across threads would need atomics; heads give enough parallelism.
-#pragma omp parallel
-  {
-    thread_local std::vector<float> delta;  // per-thread, kept across calls
-    delta.resize(static_cast<std::size_t>(g.T));
-#pragma omp for collapse(2) schedule(dynamic)
-    for (std::int64_t b = 0; b < g.B; ++b) {
-      for (std::int64_t h = 0; h < g.NH; ++h) {
-        const float* base = a.qkv + b * g.T * g.ld + h * 3 * g.HS;
-        float* dbase = a.d_qkv + b * g.T * g.ld + h * 3 * g.HS;
-        const float slope = a.alibi ? a.alibi[h] : 0.0f;
-        for (std::int64_t t = 0; t < g.T; ++t) {
-          std::fill_n(dbase + t * g.ld, 3 * g.HS, 0.0f);
-          // D = rowsum(dO * O): the softmax-backward correction term.
-          const float* o = a.out + (b * g.T + t) * g.C + h * g.HS;
-          const float* d_o = a.d_out + (b * g.T + t) * g.C + h * g.HS;
-          float dsum = 0.0f;
-          for (std::int64_t d = 0; d < g.HS; ++d) dsum += o[d] * d_o[d];
-          delta[static_cast<std::size_t>(t)] = dsum;
-        }
-        for (std::int64_t q = 0; q < g.T; ++q) {
-          const float* qv = base + q * g.ld;
-          float* dq = dbase + q * g.ld;
-          const float* d_o = a.d_out + (b * g.T + q) * g.C + h * g.HS;
-          const float lse = a.lse[(b * g.NH + h) * g.T + q];
-          for (std::int64_t k = 0; k <= q; ++k) {
-            const float* kv = base + k * g.ld + g.HS;
-            const float* vv = kv + g.HS;
-            float dot = 0.0f, dpv = 0.0f;
-#pragma omp simd reduction(+ : dot, dpv)
-            for (std::int64_t d = 0; d < g.HS; ++d) {
-              dot += qv[d] * kv[d];
-              dpv += d_o[d] * vv[d];
-            }
-            const float p = std::exp(dot * g.scale + slope * static_cast<float>(k) - lse);
-            float w = p, dp = dpv;  // dropped probability and the gradient of the undropped one
-            if (a.dropout.p > 0.0f) {
-              const bool keep =
-                  dropout_keep(a.dropout.seed, a.dropout.stream,
-                               dropout_index(a.dropout, g.NH, g.T, b, h, q, k), a.dropout.p);
-              w = keep ? p * keep_scale : 0.0f;
-              dp = keep ? dpv * keep_scale : 0.0f;
-            }
-            const float ds = p * (dp - delta[static_cast<std::size_t>(q)]) * g.scale;
-            float* dk = dbase + k * g.ld + g.HS;
-            float* dv = dk + g.HS;
-#pragma omp simd
-            for (std::int64_t d = 0; d < g.HS; ++d) {
-              dv[d] += w * d_o[d];
-              dq[d] += ds * kv[d];
-              dk[d] += ds * qv[d];
-            }
-          }
-        }
-      }
-    }
+void flash_attention_backward(const core::ExecContext& ctx,
+                              const FlashAttentionBackwardArgs& args) {
+  switch (ctx.device.kind) {
+    case core::DeviceKind::kCpu:
+      return cpu_ops(ctx).flash_attention_backward(ctx, args);
+    case core::DeviceKind::kCuda:
+      no_cuda_backend("flash_attention_backward");
   }
 }
-
-namespace ref {
-
-// Scores, probabilities and their gradients materialized per (b, h) in double.
-void flash_attention_forward(const FlashAttentionForwardArgs& a) {
-  const Geometry g =
-      geometry("ref::flash_attention_forward", a.batch, a.seq_len, a.num_heads, a.head_dim);
-  const double keep_scale = 1.0 / (1.0 - a.dropout.p);
-  for (std::int64_t b = 0; b < g.B; ++b) {
-    for (std::int64_t h = 0; h < g.NH; ++h) {
-      const float* base = a.qkv + b * g.T * g.ld + h * 3 * g.HS;
-      const double slope = a.alibi ? a.alibi[h] : 0.0;
-      for (std::int64_t q = 0; q < g.T; ++q) {
-        std::vector<double> s(static_cast<std::size_t>(q + 1));
-        double mx = -INFINITY;
-        for (std::int64_t k = 0; k <= q; ++k) {
-          double dot = 0;
-          for (std::int64_t d = 0; d < g.HS; ++d)
-            dot += static_cast<double>(base[q * g.ld + d]) * base[k * g.ld + g.HS + d];
-          s[static_cast<std::size_t>(k)] =
-              dot / std::sqrt(static_cast<double>(g.HS)) + slope * static_cast<double>(k);
-          mx = std::max(mx, s[static_cast<std::size_t>(k)]);
-        }
-        double sum = 0;
-        for (double& x : s) sum += (x = std::exp(x - mx));
-        float* o = a.out + (b * g.T + q) * g.C + h * g.HS;
-        for (std::int64_t d = 0; d < g.HS; ++d) {
-          double acc = 0;
-          for (std::int64_t k = 0; k <= q; ++k) {
-            double p = s[static_cast<std::size_t>(k)] / sum;
-            if (a.dropout.p > 0.0f) {
-              p = dropout_keep(a.dropout.seed, a.dropout.stream,
-                               dropout_index(a.dropout, g.NH, g.T, b, h, q, k), a.dropout.p)
-                      ? p * keep_scale
-                      : 0.0;
-            }
-            acc += p * base[k * g.ld + 2 * g.HS + d];
-          }
-          o[d] = static_cast<float>(acc);
-        }
-        a.lse[(b * g.NH + h) * g.T + q] = static_cast<float>(mx + std::log(sum));
-      }
-    }
-  }
-}
-
-void flash_attention_backward(const FlashAttentionBackwardArgs& a) {
-  const Geometry g =
-      geometry("ref::flash_attention_backward", a.batch, a.seq_len, a.num_heads, a.head_dim);
-  const double keep_scale = 1.0 / (1.0 - a.dropout.p);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(g.HS));
-  for (std::int64_t b = 0; b < g.B; ++b) {
-    for (std::int64_t h = 0; h < g.NH; ++h) {
-      const float* base = a.qkv + b * g.T * g.ld + h * 3 * g.HS;
-      float* dbase = a.d_qkv + b * g.T * g.ld + h * 3 * g.HS;
-      const double slope = a.alibi ? a.alibi[h] : 0.0;
-      std::vector<double> dqkv(static_cast<std::size_t>(g.T * 3 * g.HS), 0.0);
-      for (std::int64_t q = 0; q < g.T; ++q) {
-        // P (undropped), the dropout multipliers and dO . v for each key.
-        std::vector<double> p(static_cast<std::size_t>(q + 1)), mult(p.size(), 1.0), dpt(p.size());
-        double mx = -INFINITY;
-        for (std::int64_t k = 0; k <= q; ++k) {
-          double dot = 0;
-          for (std::int64_t d = 0; d < g.HS; ++d)
-            dot += static_cast<double>(base[q * g.ld + d]) * base[k * g.ld + g.HS + d];
-          p[static_cast<std::size_t>(k)] = dot * scale + slope * static_cast<double>(k);
-          mx = std::max(mx, p[static_cast<std::size_t>(k)]);
-        }
-        double sum = 0;
-        for (double& x : p) sum += (x = std::exp(x - mx));
-        for (double& x : p) x /= sum;
-        const float* d_o = a.d_out + (b * g.T + q) * g.C + h * g.HS;
-        for (std::int64_t k = 0; k <= q; ++k) {
-          if (a.dropout.p > 0.0f) {
-            mult[static_cast<std::size_t>(k)] =
-                dropout_keep(a.dropout.seed, a.dropout.stream,
-                             dropout_index(a.dropout, g.NH, g.T, b, h, q, k), a.dropout.p)
-                    ? keep_scale
-                    : 0.0;
-          }
-          double dot = 0;
-          for (std::int64_t d = 0; d < g.HS; ++d)
-            dot += static_cast<double>(d_o[d]) * base[k * g.ld + 2 * g.HS + d];
-          dpt[static_cast<std::size_t>(k)] = dot;  // gradient of the dropped probability
-          // dV += (p * mult) dO
-          for (std::int64_t d = 0; d < g.HS; ++d) {
-            dqkv[static_cast<std::size_t>(k * 3 * g.HS + 2 * g.HS + d)] +=
-                p[static_cast<std::size_t>(k)] * mult[static_cast<std::size_t>(k)] * d_o[d];
-          }
-        }
-        // Softmax backward on dP = dP~ * mult.
-        double inner = 0;
-        for (std::int64_t k = 0; k <= q; ++k) {
-          inner += p[static_cast<std::size_t>(k)] * dpt[static_cast<std::size_t>(k)] *
-                   mult[static_cast<std::size_t>(k)];
-        }
-        for (std::int64_t k = 0; k <= q; ++k) {
-          const double ds =
-              p[static_cast<std::size_t>(k)] *
-              (dpt[static_cast<std::size_t>(k)] * mult[static_cast<std::size_t>(k)] - inner) *
-              scale;
-          for (std::int64_t d = 0; d < g.HS; ++d) {
-            dqkv[static_cast<std::size_t>(q * 3 * g.HS + d)] += ds * base[k * g.ld + g.HS + d];
-            dqkv[static_cast<std::size_t>(k * 3 * g.HS + g.HS + d)] += ds * base[q * g.ld + d];
-          }
-        }
-      }
-      for (std::int64_t t = 0; t < g.T; ++t) {
-        for (std::int64_t j = 0; j < 3 * g.HS; ++j) {
-          dbase[t * g.ld + j] =
-              static_cast<float>(dqkv[static_cast<std::size_t>(t * 3 * g.HS + j)]);
-        }
-      }
-    }
-  }
-}
-
-}  // namespace ref
 
 }  // namespace trident::kernels

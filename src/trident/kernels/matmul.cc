@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "trident/kernels/backend.h"
 #include "trident/kernels/cpu_util.h"
 
 namespace trident::kernels {
@@ -60,14 +61,15 @@ void check_linear_sizes(const char* op, std::int64_t rows, std::int64_t in_featu
 }  // namespace
 
 void gemm(const core::ExecContext& ctx, const GemmArgs& args) {
-  core::require_cpu(ctx, "gemm");
+  if (ctx.device.kind != core::DeviceKind::kCpu) no_cuda_backend("gemm");  // CPU only (oneDNN)
   check_gemm_args(args);
   detail::OmpThreadsScope threads(ctx.num_threads);
   detail::sgemm(args);
 }
 
 void linear_forward(const core::ExecContext& ctx, const LinearForwardArgs& args) {
-  core::require_cpu(ctx, "linear_forward");
+  if (ctx.device.kind != core::DeviceKind::kCpu)
+    no_cuda_backend("linear_forward");  // CPU only (oneDNN)
   const std::int64_t rows = args.rows, in_f = args.in_features, out_f = args.out_features;
   check_linear_sizes("linear_forward", rows, in_f, out_f);
   if (rows == 0) return;
@@ -101,7 +103,8 @@ void linear_forward(const core::ExecContext& ctx, const LinearForwardArgs& args)
 }
 
 void linear_backward(const core::ExecContext& ctx, const LinearBackwardArgs& args) {
-  core::require_cpu(ctx, "linear_backward");
+  if (ctx.device.kind != core::DeviceKind::kCpu)
+    no_cuda_backend("linear_backward");  // CPU only (oneDNN)
   const std::int64_t rows = args.rows, in_f = args.in_features, out_f = args.out_features;
   check_linear_sizes("linear_backward", rows, in_f, out_f);
   if (rows == 0) return;

@@ -9,6 +9,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #include <unordered_map>
 
+#include "trident/kernels/backend.h"
 #include "trident/kernels/cpu_util.h"
 
 namespace trident::kernels {
@@ -367,7 +368,7 @@ GemmBf16Args backward_weight_product(std::int64_t rows, std::int64_t in_f, std::
 }  // namespace
 
 void gemm_bf16(const core::ExecContext& ctx, const GemmBf16Args& args) {
-  core::require_cpu(ctx, "gemm_bf16");
+  if (ctx.device.kind != core::DeviceKind::kCpu) no_cuda_backend("gemm_bf16");  // CPU only (oneDNN)
   check_gemm_shape(args);
   if (args.m == 0 || args.n == 0) return;
   TRIDENT_CHECK(args.c != nullptr, "gemm_bf16: c is null for a ", args.m, "x", args.n, " product");
@@ -377,7 +378,8 @@ void gemm_bf16(const core::ExecContext& ctx, const GemmBf16Args& args) {
 }
 
 std::int64_t gemm_bf16_scratch_bytes(const core::ExecContext& ctx, const GemmBf16Args& args) {
-  core::require_cpu(ctx, "gemm_bf16_scratch_bytes");
+  if (ctx.device.kind != core::DeviceKind::kCpu)
+    no_cuda_backend("gemm_bf16_scratch_bytes");  // CPU only (oneDNN)
   check_gemm_shape(args);
   if (args.m == 0 || args.n == 0 || args.k == 0) return 0;
   detail::OmpThreadsScope threads(ctx.num_threads);
@@ -385,7 +387,8 @@ std::int64_t gemm_bf16_scratch_bytes(const core::ExecContext& ctx, const GemmBf1
 }
 
 std::string gemm_bf16_implementation(const core::ExecContext& ctx, const GemmBf16Args& args) {
-  core::require_cpu(ctx, "gemm_bf16_implementation");
+  if (ctx.device.kind != core::DeviceKind::kCpu)
+    no_cuda_backend("gemm_bf16_implementation");  // CPU only (oneDNN)
   check_gemm_shape(args);
   if (args.m == 0 || args.n == 0 || args.k == 0) return "none (empty product)";
   detail::OmpThreadsScope threads(ctx.num_threads);
@@ -408,7 +411,8 @@ std::int64_t linear_bf16_scratch_bytes(const core::ExecContext& ctx, std::int64_
 }
 
 void linear_forward_bf16(const core::ExecContext& ctx, const LinearForwardBf16Args& args) {
-  core::require_cpu(ctx, "linear_forward_bf16");
+  if (ctx.device.kind != core::DeviceKind::kCpu)
+    no_cuda_backend("linear_forward_bf16");  // CPU only (oneDNN)
   const std::int64_t rows = args.rows, in_f = args.in_features, out_f = args.out_features;
   check_linear_sizes("linear_forward_bf16", rows, in_f, out_f);
   if (rows == 0) return;
@@ -424,7 +428,8 @@ void linear_forward_bf16(const core::ExecContext& ctx, const LinearForwardBf16Ar
 }
 
 void linear_backward_bf16(const core::ExecContext& ctx, const LinearBackwardBf16Args& args) {
-  core::require_cpu(ctx, "linear_backward_bf16");
+  if (ctx.device.kind != core::DeviceKind::kCpu)
+    no_cuda_backend("linear_backward_bf16");  // CPU only (oneDNN)
   const std::int64_t rows = args.rows, in_f = args.in_features, out_f = args.out_features;
   check_linear_sizes("linear_backward_bf16", rows, in_f, out_f);
   if (rows == 0) return;

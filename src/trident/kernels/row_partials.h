@@ -14,6 +14,7 @@
 #include "trident/kernels/cpu_util.h"
 
 namespace trident::kernels::detail {
+inline namespace TRIDENT_CPU_INLINE_NS {  // see cpu_util.h
 
 // Rows per chunk: enough work per chunk to amortize its partial (one double per column, read and
 // written per row from L1/L2), small enough that 2-16 threads get several chunks each at the
@@ -57,4 +58,5 @@ inline void add_partials_in_parallel(float* out, const double* partials, std::in
   }
 }
 
+}  // namespace TRIDENT_CPU_INLINE_NS
 }  // namespace trident::kernels::detail

@@ -1,0 +1,91 @@
+// Run-time choice of the CPU instruction-set variant, and the error for a missing CUDA backend.
+#include "trident/kernels/backend.h"
+
+#include <string>
+
+#include "trident/core/error.h"
+
+namespace trident::kernels {
+
+namespace {
+
+bool has_avx2() {
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+         __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("f16c");
+}
+
+bool has_avx512() {
+  return has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("avx512cd");
+}
+
+}  // namespace
+
+bool cpu_supports(core::CpuIsa isa) {
+  switch (isa) {
+    case core::CpuIsa::kAuto:
+    case core::CpuIsa::kX86_64:
+      return true;
+    case core::CpuIsa::kAvx2:
+      return has_avx2();
+    case core::CpuIsa::kAvx512:
+      return has_avx512();
+  }
+  return false;
+}
+
+core::CpuIsa best_cpu_isa() {
+  static const core::CpuIsa best = has_avx512() ? core::CpuIsa::kAvx512
+                                   : has_avx2() ? core::CpuIsa::kAvx2
+                                                : core::CpuIsa::kX86_64;
+  return best;
+}
+
+const char* cpu_isa_name(core::CpuIsa isa) {
+  switch (isa) {
+    case core::CpuIsa::kAuto:
+      return "auto";
+    case core::CpuIsa::kX86_64:
+      return "x86_64";
+    case core::CpuIsa::kAvx2:
+      return "avx2";
+    case core::CpuIsa::kAvx512:
+      return "avx512";
+  }
+  return "?";
+}
+
+const CpuOps& cpu_ops(const ExecContext& ctx) {
+  const core::CpuIsa isa = ctx.cpu_isa == core::CpuIsa::kAuto ? best_cpu_isa() : ctx.cpu_isa;
+  switch (isa) {
+    case core::CpuIsa::kAuto:  // resolved above
+    case core::CpuIsa::kX86_64:
+      return cpu_x86_64::kOps;
+    case core::CpuIsa::kAvx2:
+      if (!has_avx2()) break;
+      return cpu_avx2::kOps;
+    case core::CpuIsa::kAvx512:
+      if (!has_avx512()) break;
+      return cpu_avx512::kOps;
+  }
+  throw core::InvalidArgument(core::str(
+      "the CPU kernels for ", cpu_isa_name(isa), " were asked for, but this processor lacks ",
+      isa == core::CpuIsa::kAvx512 ? "AVX-512 (F, BW, DQ, VL, CD)" : "AVX2, FMA, BMI2 or F16C",
+      "; it runs the ", cpu_isa_name(best_cpu_isa()),
+      " kernels (leave the instruction set on auto, or pick one it has)"));
+}
+
+void no_cuda_backend(const char* op) {
+  throw core::Unavailable(core::str(
+      op,
+      ": the tensors are on a CUDA device, but this build has no CUDA kernel for it; "
+      "configure with the CUDA toolkit installed (nvcc on PATH) to build kernels/cuda/, or "
+      "run on the CPU"));
+}
+
+void unknown_device(const char* op) {
+  throw core::InternalError(core::str(op, ": the execution context names an unknown device kind"));
+}
+
+}  // namespace trident::kernels

@@ -1,0 +1,110 @@
+// The CPU backend's kernel bodies, compiled once per instruction-set variant (see
+// kernels/cpu/README.md): every file in kernels/cpu/ is built three times, with
+// TRIDENT_CPU_ISA = cpu_x86_64 (-march=x86-64, any x86-64), cpu_avx2 (-march=x86-64-v3: AVX2, FMA)
+// and cpu_avx512 (-march=x86-64-v4: AVX-512 F/BW/DQ/VL), each into its own namespace, and
+// each variant exports one CpuOps table. The public functions in kernels/<op>.h switch on the
+// device and, on the CPU, call cpu_ops(ctx).<op>: the table of the variant ctx.cpu_isa asks for,
+// or (kAuto) of the widest variant this processor runs, chosen once at run time.
+//
+// To add a CPU kernel: declare its body below, add its entry to CpuOps and to cpu/ops_table.cc,
+// and call it from the op's dispatch in kernels/<op>.cc.
+#pragma once
+
+#include <cstdint>
+
+#include "trident/core/bf16.h"
+#include "trident/core/exec_context.h"
+#include "trident/kernels/adamw.h"
+#include "trident/kernels/attention.h"
+#include "trident/kernels/bf16.h"
+#include "trident/kernels/cross_entropy.h"
+#include "trident/kernels/elementwise.h"
+#include "trident/kernels/embedding.h"
+#include "trident/kernels/flash_attention.h"
+#include "trident/kernels/fused_bias_gelu.h"
+#include "trident/kernels/fused_residual_layernorm.h"
+#include "trident/kernels/layernorm.h"
+
+namespace trident::kernels {
+
+using core::ExecContext;
+
+// One instruction-set variant's kernel bodies.
+struct CpuOps {
+  const char* isa;  // "x86_64", "avx2" or "avx512"
+  void (*adamw_update)(const ExecContext&, const AdamWHyper&, const AdamWArgs&);
+  void (*attention_forward)(const ExecContext&, const AttentionForwardArgs&);
+  void (*attention_backward)(const ExecContext&, const AttentionBackwardArgs&);
+  void (*convert_f32_to_bf16)(const ExecContext&, core::bf16*, const float*, std::int64_t);
+  void (*convert_bf16_to_f32)(const ExecContext&, float*, const core::bf16*, std::int64_t);
+  void (*cross_entropy_forward_backward)(const ExecContext&, const CrossEntropyArgs&);
+  void (*gelu_forward)(const ExecContext&, float*, const float*, std::int64_t);
+  void (*gelu_backward)(const ExecContext&, float*, const float*, const float*, std::int64_t);
+  void (*add_forward)(const ExecContext&, float*, const float*, const float*, std::int64_t);
+  void (*scale_inplace)(const ExecContext&, float*, float, std::int64_t);
+  double (*sum_squares)(const ExecContext&, const float*, std::int64_t);
+  bool (*all_finite)(const ExecContext&, const float*, std::int64_t);
+  void (*embedding_forward)(const ExecContext&, const EmbeddingForwardArgs&);
+  void (*embedding_backward)(const ExecContext&, const EmbeddingBackwardArgs&);
+  void (*flash_attention_forward)(const ExecContext&, const FlashAttentionForwardArgs&);
+  void (*flash_attention_backward)(const ExecContext&, const FlashAttentionBackwardArgs&);
+  void (*bias_gelu_forward)(const ExecContext&, const BiasGeluForwardArgs&);
+  void (*bias_gelu_backward)(const ExecContext&, const BiasGeluBackwardArgs&);
+  void (*residual_layernorm_forward)(const ExecContext&, const ResidualLayerNormForwardArgs&);
+  void (*residual_layernorm_backward)(const ExecContext&, const ResidualLayerNormBackwardArgs&);
+  void (*layernorm_forward)(const ExecContext&, const LayerNormForwardArgs&);
+  void (*layernorm_backward)(const ExecContext&, const LayerNormBackwardArgs&);
+};
+
+namespace cpu_x86_64 {
+extern const CpuOps kOps;
+}
+namespace cpu_avx2 {
+extern const CpuOps kOps;
+}
+namespace cpu_avx512 {
+extern const CpuOps kOps;
+}
+
+// True when this processor can run the variant (kAuto: always).
+bool cpu_supports(core::CpuIsa isa);
+// The widest variant this processor runs (decided once, from cpuid).
+core::CpuIsa best_cpu_isa();
+const char* cpu_isa_name(core::CpuIsa isa);
+// The table for ctx.cpu_isa (kAuto: best_cpu_isa()). Throws core::InvalidArgument naming the
+// missing instructions when ctx asks for a variant this processor cannot run.
+const CpuOps& cpu_ops(const ExecContext& ctx);
+
+}  // namespace trident::kernels
+
+#ifdef TRIDENT_CPU_ISA
+// The bodies of the variant being compiled (only the kernels/cpu/ files see these).
+namespace trident::kernels::TRIDENT_CPU_ISA {
+
+void adamw_update(const ExecContext& ctx, const AdamWHyper& hp, const AdamWArgs& args);
+void attention_forward(const ExecContext& ctx, const AttentionForwardArgs& args);
+void attention_backward(const ExecContext& ctx, const AttentionBackwardArgs& args);
+void convert_f32_to_bf16(const ExecContext& ctx, core::bf16* dst, const float* src, std::int64_t n);
+void convert_bf16_to_f32(const ExecContext& ctx, float* dst, const core::bf16* src, std::int64_t n);
+void cross_entropy_forward_backward(const ExecContext& ctx, const CrossEntropyArgs& args);
+void gelu_forward(const ExecContext& ctx, float* out, const float* in, std::int64_t n);
+void gelu_backward(const ExecContext& ctx, float* d_in, const float* d_out, const float* in,
+                   std::int64_t n);
+void add_forward(const ExecContext& ctx, float* out, const float* a, const float* b,
+                 std::int64_t n);
+void scale_inplace(const ExecContext& ctx, float* x, float s, std::int64_t n);
+double sum_squares(const ExecContext& ctx, const float* x, std::int64_t n);
+bool all_finite(const ExecContext& ctx, const float* x, std::int64_t n);
+void embedding_forward(const ExecContext& ctx, const EmbeddingForwardArgs& args);
+void embedding_backward(const ExecContext& ctx, const EmbeddingBackwardArgs& args);
+void flash_attention_forward(const ExecContext& ctx, const FlashAttentionForwardArgs& args);
+void flash_attention_backward(const ExecContext& ctx, const FlashAttentionBackwardArgs& args);
+void bias_gelu_forward(const ExecContext& ctx, const BiasGeluForwardArgs& args);
+void bias_gelu_backward(const ExecContext& ctx, const BiasGeluBackwardArgs& args);
+void residual_layernorm_forward(const ExecContext& ctx, const ResidualLayerNormForwardArgs& args);
+void residual_layernorm_backward(const ExecContext& ctx, const ResidualLayerNormBackwardArgs& args);
+void layernorm_forward(const ExecContext& ctx, const LayerNormForwardArgs& args);
+void layernorm_backward(const ExecContext& ctx, const LayerNormBackwardArgs& args);
+
+}  // namespace trident::kernels::TRIDENT_CPU_ISA
+#endif

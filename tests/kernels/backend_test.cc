@@ -1,0 +1,116 @@
+// The kernel tests' backend loop (see kernel_test_util.h): which backend this run uses, a global
+// environment that skips every test when this machine cannot run it, and tests of the run-time
+// instruction-set choice itself.
+#include "trident/kernels/backend.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "kernel_test_util.h"
+#include "trident/core/error.h"
+#include "trident/kernels/layernorm.h"
+
+namespace trident::kernels::testing {
+
+TestBackend test_backend() {
+  const char* env = std::getenv("TRIDENT_TEST_BACKEND");
+  const std::string name = env != nullptr ? env : "cpu";
+  TestBackend b;
+  if (name == "cpu") return b;
+  if (name == "cpu-x86_64") {
+    b.name = "cpu-x86_64";
+    b.ctx.cpu_isa = core::CpuIsa::kX86_64;
+  } else if (name == "cpu-avx2") {
+    b.name = "cpu-avx2";
+    b.ctx.cpu_isa = core::CpuIsa::kAvx2;
+  } else if (name == "cpu-avx512") {
+    b.name = "cpu-avx512";
+    b.ctx.cpu_isa = core::CpuIsa::kAvx512;
+  } else {
+    ADD_FAILURE() << "TRIDENT_TEST_BACKEND=" << name
+                  << " is not a backend of this build (cpu, cpu-x86_64, cpu-avx2, cpu-avx512)";
+  }
+  return b;
+}
+
+namespace {
+
+class BackendEnvironment : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    const TestBackend b = test_backend();
+    if (!cpu_supports(b.ctx.cpu_isa)) {
+      GTEST_SKIP() << "backend " << b.name << ": this processor lacks the instructions of the "
+                   << cpu_isa_name(b.ctx.cpu_isa) << " kernels (it runs "
+                   << cpu_isa_name(best_cpu_isa()) << ")";
+    }
+    std::printf("kernel tests on backend %s (CPU kernels: %s)\n", b.name, cpu_ops(b.ctx).isa);
+  }
+};
+
+[[maybe_unused]] ::testing::Environment* const kEnvironment =
+    ::testing::AddGlobalTestEnvironment(new BackendEnvironment);
+
+// The variant chosen at run time is the widest this processor runs, and the dispatch takes it.
+TEST(CpuIsa, AutoTakesTheWidestVariantTheProcessorRuns) {
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const core::CpuIsa want = avx512 ? core::CpuIsa::kAvx512
+                            : avx2 ? core::CpuIsa::kAvx2
+                                   : core::CpuIsa::kX86_64;
+  EXPECT_EQ(best_cpu_isa(), want);
+  const core::ExecContext automatic{};
+  EXPECT_STREQ(cpu_ops(automatic).isa, cpu_isa_name(want));
+  RecordProperty("cpu_kernels", cpu_ops(automatic).isa);
+}
+
+TEST(CpuIsa, PinnedVariantIsTheOneThatRuns) {
+  core::ExecContext ctx{};
+  ctx.cpu_isa = core::CpuIsa::kX86_64;
+  EXPECT_STREQ(cpu_ops(ctx).isa, "x86_64");
+  ctx.cpu_isa = core::CpuIsa::kAvx2;
+  if (cpu_supports(core::CpuIsa::kAvx2)) {
+    EXPECT_STREQ(cpu_ops(ctx).isa, "avx2");
+  } else {
+    EXPECT_THROW((void)cpu_ops(ctx), core::InvalidArgument);
+  }
+}
+
+TEST(CpuIsa, AVariantTheProcessorLacksIsAClearError) {
+  if (cpu_supports(core::CpuIsa::kAvx512)) GTEST_SKIP() << "this processor has AVX-512";
+  core::ExecContext ctx{};
+  ctx.cpu_isa = core::CpuIsa::kAvx512;
+  try {
+    (void)cpu_ops(ctx);
+    FAIL() << "expected an error";
+  } catch (const core::InvalidArgument& e) {
+    EXPECT_NE(std::strstr(e.what(), "lacks AVX-512"), nullptr) << e.what();
+  }
+}
+
+TEST(Dispatch, ACudaTensorInABuildWithoutCudaIsAClearError) {
+  core::ExecContext ctx{};
+  ctx.device.kind = core::DeviceKind::kCuda;
+  float x[4] = {1, 2, 3, 4}, y[4], mean[1], rstd[1], w[4] = {1, 1, 1, 1}, b[4] = {};
+  try {
+    layernorm_forward(ctx, {.out = y,
+                            .mean = mean,
+                            .rstd = rstd,
+                            .in = x,
+                            .weight = w,
+                            .bias = b,
+                            .rows = 1,
+                            .cols = 4});
+    FAIL() << "expected an error";
+  } catch (const core::Unavailable& e) {
+    EXPECT_NE(std::strstr(e.what(), "layernorm_forward"), nullptr) << e.what();
+    EXPECT_NE(std::strstr(e.what(), "CUDA"), nullptr) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace trident::kernels::testing
