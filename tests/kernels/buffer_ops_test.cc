@@ -23,7 +23,7 @@ using testing::randn;
 constexpr std::int64_t kSizes[] = {0, 1, 7, 16, 17, 1000, 100003};
 
 core::ExecContext ctx_with(int threads) {
-  core::ExecContext ctx = core::ExecContext::cpu();
+  core::ExecContext ctx = testing::backend_ctx();
   ctx.num_threads = threads;
   return ctx;
 }

@@ -20,10 +20,12 @@
 #include "trident/kernels/cross_entropy.h"
 #include "trident/kernels/elementwise.h"
 #include "trident/kernels/embedding.h"
+#include "trident/kernels/fill.h"
 #include "trident/kernels/flash_attention.h"
 #include "trident/kernels/fused_bias_gelu.h"
 #include "trident/kernels/fused_residual_layernorm.h"
 #include "trident/kernels/layernorm.h"
+#include "trident/kernels/overflow.h"
 
 namespace trident::kernels {
 
@@ -46,6 +48,8 @@ struct CpuOps {
   bool (*all_finite)(const ExecContext&, const float*, std::int64_t);
   void (*embedding_forward)(const ExecContext&, const EmbeddingForwardArgs&);
   void (*embedding_backward)(const ExecContext&, const EmbeddingBackwardArgs&);
+  void (*fill)(const ExecContext&, const FillArgs&);
+  void (*copy)(const ExecContext&, const CopyArgs&);
   void (*flash_attention_forward)(const ExecContext&, const FlashAttentionForwardArgs&);
   void (*flash_attention_backward)(const ExecContext&, const FlashAttentionBackwardArgs&);
   void (*bias_gelu_forward)(const ExecContext&, const BiasGeluForwardArgs&);
@@ -54,6 +58,7 @@ struct CpuOps {
   void (*residual_layernorm_backward)(const ExecContext&, const ResidualLayerNormBackwardArgs&);
   void (*layernorm_forward)(const ExecContext&, const LayerNormForwardArgs&);
   void (*layernorm_backward)(const ExecContext&, const LayerNormBackwardArgs&);
+  std::int64_t (*overflow_count)(const ExecContext&, const OverflowCountArgs&);
 };
 
 namespace cpu_x86_64 {
@@ -97,6 +102,8 @@ double sum_squares(const ExecContext& ctx, const float* x, std::int64_t n);
 bool all_finite(const ExecContext& ctx, const float* x, std::int64_t n);
 void embedding_forward(const ExecContext& ctx, const EmbeddingForwardArgs& args);
 void embedding_backward(const ExecContext& ctx, const EmbeddingBackwardArgs& args);
+void fill(const ExecContext& ctx, const FillArgs& args);
+void copy(const ExecContext& ctx, const CopyArgs& args);
 void flash_attention_forward(const ExecContext& ctx, const FlashAttentionForwardArgs& args);
 void flash_attention_backward(const ExecContext& ctx, const FlashAttentionBackwardArgs& args);
 void bias_gelu_forward(const ExecContext& ctx, const BiasGeluForwardArgs& args);
@@ -105,6 +112,7 @@ void residual_layernorm_forward(const ExecContext& ctx, const ResidualLayerNormF
 void residual_layernorm_backward(const ExecContext& ctx, const ResidualLayerNormBackwardArgs& args);
 void layernorm_forward(const ExecContext& ctx, const LayerNormForwardArgs& args);
 void layernorm_backward(const ExecContext& ctx, const LayerNormBackwardArgs& args);
+std::int64_t overflow_count(const ExecContext& ctx, const OverflowCountArgs& args);
 
 }  // namespace trident::kernels::TRIDENT_CPU_ISA
 #endif

@@ -1,15 +1,13 @@
 // CPU fill and copy: OpenMP over static contiguous ranges (see fill.h).
-#include "trident/kernels/fill.h"
-
 #include <cstring>
 
 #include "trident/core/error.h"
+#include "trident/kernels/cpu/cpu_ops.h"
 #include "trident/kernels/cpu_util.h"
 
-namespace trident::kernels {
+namespace trident::kernels::TRIDENT_CPU_ISA {
 
 void fill(const core::ExecContext& ctx, const FillArgs& a) {
-  core::require_cpu(ctx, "fill");
   TRIDENT_CHECK(a.n >= 0, "fill: n must be >= 0, got ", a.n);
   TRIDENT_CHECK(a.n == 0 || a.out != nullptr, "fill: out is null for n=", a.n);
   float* out = a.out;
@@ -19,7 +17,6 @@ void fill(const core::ExecContext& ctx, const FillArgs& a) {
 }
 
 void copy(const core::ExecContext& ctx, const CopyArgs& a) {
-  core::require_cpu(ctx, "copy");
   TRIDENT_CHECK(a.n >= 0, "copy: n must be >= 0, got ", a.n);
   TRIDENT_CHECK(a.n == 0 || (a.out != nullptr && a.in != nullptr),
                 "copy: a pointer is null for n=", a.n);
@@ -31,4 +28,4 @@ void copy(const core::ExecContext& ctx, const CopyArgs& a) {
   for (std::int64_t i = 0; i < a.n; ++i) out[i] = in[i];
 }
 
-}  // namespace trident::kernels
+}  // namespace trident::kernels::TRIDENT_CPU_ISA

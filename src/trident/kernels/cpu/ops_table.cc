@@ -23,6 +23,8 @@ const CpuOps kOps = {
     .all_finite = &all_finite,
     .embedding_forward = &embedding_forward,
     .embedding_backward = &embedding_backward,
+    .fill = &fill,
+    .copy = &copy,
     .flash_attention_forward = &flash_attention_forward,
     .flash_attention_backward = &flash_attention_backward,
     .bias_gelu_forward = &bias_gelu_forward,
@@ -31,6 +33,7 @@ const CpuOps kOps = {
     .residual_layernorm_backward = &residual_layernorm_backward,
     .layernorm_forward = &layernorm_forward,
     .layernorm_backward = &layernorm_backward,
+    .overflow_count = &overflow_count,
 };
 
 }  // namespace trident::kernels::TRIDENT_CPU_ISA

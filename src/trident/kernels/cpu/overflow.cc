@@ -1,16 +1,14 @@
 // CPU overflow count: one OpenMP reduction over the buffer (see overflow.h). An integer count, so
 // the result does not depend on the thread count.
-#include "trident/kernels/overflow.h"
-
 #include <cmath>
 
 #include "trident/core/error.h"
+#include "trident/kernels/cpu/cpu_ops.h"
 #include "trident/kernels/cpu_util.h"
 
-namespace trident::kernels {
+namespace trident::kernels::TRIDENT_CPU_ISA {
 
 std::int64_t overflow_count(const core::ExecContext& ctx, const OverflowCountArgs& a) {
-  core::require_cpu(ctx, "overflow_count");
   TRIDENT_CHECK(a.n >= 0, "overflow_count: n must be >= 0, got ", a.n);
   TRIDENT_CHECK(a.n == 0 || a.x != nullptr, "overflow_count: x is null for n=", a.n);
   TRIDENT_CHECK(a.threshold >= 0.0f, "overflow_count: threshold must be >= 0, got ", a.threshold);
@@ -23,4 +21,4 @@ std::int64_t overflow_count(const core::ExecContext& ctx, const OverflowCountArg
   return bad;
 }
 
-}  // namespace trident::kernels
+}  // namespace trident::kernels::TRIDENT_CPU_ISA

@@ -1,0 +1,27 @@
+// Backend dispatch of fill.h; the CPU bodies are in kernels/cpu/fill.cc (one per instruction-set
+// variant), the reference in kernels/ref/fill_ref.cc.
+#include "trident/kernels/fill.h"
+
+#include "trident/kernels/backend.h"
+
+namespace trident::kernels {
+
+void fill(const core::ExecContext& ctx, const FillArgs& args) {
+  switch (ctx.device.kind) {
+    case core::DeviceKind::kCpu:
+      return cpu_ops(ctx).fill(ctx, args);
+    case core::DeviceKind::kCuda:
+      no_cuda_backend("fill");
+  }
+}
+
+void copy(const core::ExecContext& ctx, const CopyArgs& args) {
+  switch (ctx.device.kind) {
+    case core::DeviceKind::kCpu:
+      return cpu_ops(ctx).copy(ctx, args);
+    case core::DeviceKind::kCuda:
+      no_cuda_backend("copy");
+  }
+}
+
+}  // namespace trident::kernels

@@ -1,0 +1,19 @@
+// Backend dispatch of overflow.h; the CPU bodies are in kernels/cpu/overflow.cc (one per
+// instruction-set variant), the reference in kernels/ref/overflow_ref.cc.
+#include "trident/kernels/overflow.h"
+
+#include "trident/kernels/backend.h"
+
+namespace trident::kernels {
+
+std::int64_t overflow_count(const core::ExecContext& ctx, const OverflowCountArgs& args) {
+  switch (ctx.device.kind) {
+    case core::DeviceKind::kCpu:
+      return cpu_ops(ctx).overflow_count(ctx, args);
+    case core::DeviceKind::kCuda:
+      no_cuda_backend("overflow_count");
+  }
+  unknown_device("overflow_count");
+}
+
+}  // namespace trident::kernels
