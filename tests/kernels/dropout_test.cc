@@ -32,7 +32,7 @@ TEST(HiddenDropout, MatchesReferenceAndKeepsOneMinusP) {
                            .p = p,
                            .seed = 5,
                            .stream = 77};
-    hidden_dropout(core::ExecContext{}, args);
+    hidden_dropout(testing::backend_ctx(), args);
     args.out = want.data();
     ref::hidden_dropout(args);
     EXPECT_TRUE(all_close("out", out, want, kTol)) << "p=" << p;
@@ -55,10 +55,10 @@ TEST(HiddenDropout, InPlaceThreadsAndGlobalIndex) {
                          .p = 0.3f,
                          .seed = 9,
                          .stream = 2};
-  core::ExecContext ctx1;
+  core::ExecContext ctx1 = testing::backend_ctx();
   ctx1.num_threads = 1;
   hidden_dropout(ctx1, args);
-  core::ExecContext ctx3;
+  core::ExecContext ctx3 = testing::backend_ctx();
   ctx3.num_threads = 3;
   args.out = many.data();
   hidden_dropout(ctx3, args);
@@ -82,9 +82,9 @@ TEST(HiddenDropout, InPlaceThreadsAndGlobalIndex) {
 
 TEST(HiddenDropout, RejectsPOfOne) {
   float x = 1.0f;
-  EXPECT_THROW(
-      hidden_dropout(core::ExecContext{}, {.out = &x, .in = &x, .rows = 1, .cols = 1, .p = 1.0f}),
-      core::InvalidArgument);
+  EXPECT_THROW(hidden_dropout(testing::backend_ctx(),
+                              {.out = &x, .in = &x, .rows = 1, .cols = 1, .p = 1.0f}),
+               core::InvalidArgument);
 }
 
 }  // namespace

@@ -43,7 +43,7 @@ TEST_P(KvCacheAttention, MatchesReferenceAndTheFullSequence) {
                            .num_heads = NH,
                            .head_dim = HS,
                            .scratch = scratch};
-    kv_cache_attention(core::ExecContext{}, a);
+    kv_cache_attention(testing::backend_ctx(), a);
     a.out = want.data() + pos * C;
     a.k_cache = rkc.data();
     a.v_cache = rvc.data();
@@ -52,15 +52,15 @@ TEST_P(KvCacheAttention, MatchesReferenceAndTheFullSequence) {
   EXPECT_TRUE(all_close("out vs ref", out, want, kTol));
   EXPECT_TRUE(testing::all_equal("k cache", kc, rkc));
   std::vector<float> full(T * C), lse(NH * T);
-  flash_attention_forward(core::ExecContext{}, {.out = full.data(),
-                                                .lse = lse.data(),
-                                                .qkv = qkv.data(),
-                                                .alibi = alibi,
-                                                .dropout = {},
-                                                .batch = 1,
-                                                .seq_len = T,
-                                                .num_heads = NH,
-                                                .head_dim = HS});
+  flash_attention_forward(testing::backend_ctx(), {.out = full.data(),
+                                                   .lse = lse.data(),
+                                                   .qkv = qkv.data(),
+                                                   .alibi = alibi,
+                                                   .dropout = {},
+                                                   .batch = 1,
+                                                   .seq_len = T,
+                                                   .num_heads = NH,
+                                                   .head_dim = HS});
   EXPECT_TRUE(all_close("out vs flash attention", out, full, kTol));
 }
 
@@ -68,16 +68,16 @@ INSTANTIATE_TEST_SUITE_P(Alibi, KvCacheAttention, ::testing::Bool());
 
 TEST(KvCacheAttentionErrors, PastTheCache) {
   std::vector<float> buf(64), scratch(8);
-  EXPECT_THROW(kv_cache_attention(core::ExecContext{}, {.out = buf.data(),
-                                                        .k_cache = buf.data(),
-                                                        .v_cache = buf.data(),
-                                                        .qkv = buf.data(),
-                                                        .rows = 1,
-                                                        .position = 4,
-                                                        .max_positions = 4,
-                                                        .num_heads = 1,
-                                                        .head_dim = 2,
-                                                        .scratch = scratch}),
+  EXPECT_THROW(kv_cache_attention(testing::backend_ctx(), {.out = buf.data(),
+                                                           .k_cache = buf.data(),
+                                                           .v_cache = buf.data(),
+                                                           .qkv = buf.data(),
+                                                           .rows = 1,
+                                                           .position = 4,
+                                                           .max_positions = 4,
+                                                           .num_heads = 1,
+                                                           .head_dim = 2,
+                                                           .scratch = scratch}),
                core::InvalidArgument);
 }
 

@@ -68,7 +68,7 @@ TEST(VocabParallelCeKernels, ShardsWithReductionsMatchTheUnsplitReference) {
       auto shard = [&](int s) {
         return VocabParallelShard{.vocab = V, .vocab_start = s * Vl, .vocab_local = Vl};
       };
-      const core::ExecContext ctx;
+      const core::ExecContext ctx = testing::backend_ctx();
       std::vector<float> max(rows, -INFINITY);
       for (int s = 0; s < n; ++s) {
         vocab_parallel_ce_max(ctx, {.row_max = stats[s].data(),
@@ -148,7 +148,7 @@ TEST(VocabParallelCeKernels, TargetOutsideTheVocabularyIsABug) {
   std::vector<std::int32_t> bad = {3, 12};
   std::vector<float> stats(3 * 2, 1.0f), losses(2);
   EXPECT_THROW(
-      vocab_parallel_ce_loss(core::ExecContext{},
+      vocab_parallel_ce_loss(testing::backend_ctx(),
                              {.losses = losses.data(),
                               .logits = p.logits.data(),
                               .row_max = stats.data(),
@@ -165,7 +165,7 @@ TEST(SumTokenLosses, CountsOnlyNonNegativeTargets) {
   std::vector<std::int32_t> targets(101);
   for (std::size_t i = 0; i < targets.size(); ++i) targets[i] = i % 3 == 0 ? -1 : 7;
   const TokenLossSum got =
-      sum_token_losses(core::ExecContext{}, losses.data(), targets.data(), 101);
+      sum_token_losses(testing::backend_ctx(), losses.data(), targets.data(), 101);
   const TokenLossSum want = ref::sum_token_losses(losses.data(), targets.data(), 101);
   EXPECT_EQ(got.count, 67);
   EXPECT_EQ(got.count, want.count);

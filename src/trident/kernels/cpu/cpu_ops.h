@@ -18,14 +18,17 @@
 #include "trident/kernels/attention.h"
 #include "trident/kernels/bf16.h"
 #include "trident/kernels/cross_entropy.h"
+#include "trident/kernels/dropout.h"
 #include "trident/kernels/elementwise.h"
 #include "trident/kernels/embedding.h"
 #include "trident/kernels/fill.h"
 #include "trident/kernels/flash_attention.h"
 #include "trident/kernels/fused_bias_gelu.h"
 #include "trident/kernels/fused_residual_layernorm.h"
+#include "trident/kernels/kv_cache_attention.h"
 #include "trident/kernels/layernorm.h"
 #include "trident/kernels/overflow.h"
+#include "trident/kernels/vocab_parallel_cross_entropy.h"
 
 namespace trident::kernels {
 
@@ -59,6 +62,13 @@ struct CpuOps {
   void (*layernorm_forward)(const ExecContext&, const LayerNormForwardArgs&);
   void (*layernorm_backward)(const ExecContext&, const LayerNormBackwardArgs&);
   std::int64_t (*overflow_count)(const ExecContext&, const OverflowCountArgs&);
+  void (*hidden_dropout)(const ExecContext&, const HiddenDropoutArgs&);
+  void (*kv_cache_attention)(const ExecContext&, const KvCacheAttentionArgs&);
+  void (*vocab_parallel_ce_max)(const ExecContext&, const VocabParallelCeMaxArgs&);
+  void (*vocab_parallel_ce_sum_target)(const ExecContext&, const VocabParallelCeSumArgs&);
+  void (*vocab_parallel_ce_loss)(const ExecContext&, const VocabParallelCeLossArgs&);
+  TokenLossSum (*sum_token_losses)(const ExecContext&, const float*, const std::int32_t*,
+                                   std::int64_t);
 };
 
 namespace cpu_x86_64 {
@@ -114,5 +124,12 @@ void layernorm_forward(const ExecContext& ctx, const LayerNormForwardArgs& args)
 void layernorm_backward(const ExecContext& ctx, const LayerNormBackwardArgs& args);
 std::int64_t overflow_count(const ExecContext& ctx, const OverflowCountArgs& args);
 
+void hidden_dropout(const ExecContext& ctx, const HiddenDropoutArgs& args);
+void kv_cache_attention(const ExecContext& ctx, const KvCacheAttentionArgs& args);
+void vocab_parallel_ce_max(const ExecContext& ctx, const VocabParallelCeMaxArgs& args);
+void vocab_parallel_ce_sum_target(const ExecContext& ctx, const VocabParallelCeSumArgs& args);
+void vocab_parallel_ce_loss(const ExecContext& ctx, const VocabParallelCeLossArgs& args);
+TokenLossSum sum_token_losses(const ExecContext& ctx, const float* losses,
+                              const std::int32_t* targets, std::int64_t rows);
 }  // namespace trident::kernels::TRIDENT_CPU_ISA
 #endif

@@ -1,14 +1,12 @@
 // Hidden dropout, CPU: OpenMP over rows, one Philox draw per element.
-#include "trident/kernels/dropout.h"
-
 #include "trident/core/error.h"
+#include "trident/kernels/cpu/cpu_ops.h"
 #include "trident/kernels/cpu_util.h"
 #include "trident/kernels/flash_attention.h"
 
-namespace trident::kernels {
+namespace trident::kernels::TRIDENT_CPU_ISA {
 
 void hidden_dropout(const core::ExecContext& ctx, const HiddenDropoutArgs& a) {
-  core::require_cpu(ctx, "hidden_dropout");
   TRIDENT_CHECK(a.p >= 0.0f && a.p < 1.0f, "hidden_dropout: p must be in [0, 1), got ", a.p);
   const float scale = 1.0f / (1.0f - a.p);
 #pragma omp parallel for num_threads(detail::num_threads(ctx)) schedule(static)
@@ -21,4 +19,4 @@ void hidden_dropout(const core::ExecContext& ctx, const HiddenDropoutArgs& a) {
   }
 }
 
-}  // namespace trident::kernels
+}  // namespace trident::kernels::TRIDENT_CPU_ISA

@@ -1,21 +1,15 @@
 // KV-cache attention, CPU: the cache append, then OpenMP over heads (each with its own row of
 // scores in the scratch); FP32 arithmetic.
-#include "trident/kernels/kv_cache_attention.h"
-
 #include <algorithm>
 #include <cmath>
 
 #include "trident/core/error.h"
+#include "trident/kernels/cpu/cpu_ops.h"
 #include "trident/kernels/cpu_util.h"
 
-namespace trident::kernels {
-
-std::int64_t kv_cache_attention_scratch_floats(std::int64_t max_positions, std::int64_t num_heads) {
-  return max_positions * num_heads;
-}
+namespace trident::kernels::TRIDENT_CPU_ISA {
 
 void kv_cache_attention(const core::ExecContext& ctx, const KvCacheAttentionArgs& a) {
-  core::require_cpu(ctx, "kv_cache_attention");
   const std::int64_t NH = a.num_heads, HS = a.head_dim, C = NH * HS, P = a.max_positions;
   TRIDENT_CHECK(a.position >= 0 && a.position + a.rows <= P, "kv_cache_attention: positions [",
                 a.position, ", ", a.position + a.rows, ") do not fit the cache of ", P);
@@ -63,4 +57,4 @@ void kv_cache_attention(const core::ExecContext& ctx, const KvCacheAttentionArgs
   }
 }
 
-}  // namespace trident::kernels
+}  // namespace trident::kernels::TRIDENT_CPU_ISA

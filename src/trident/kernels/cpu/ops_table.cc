@@ -34,6 +34,12 @@ const CpuOps kOps = {
     .layernorm_forward = &layernorm_forward,
     .layernorm_backward = &layernorm_backward,
     .overflow_count = &overflow_count,
+    .hidden_dropout = &hidden_dropout,
+    .kv_cache_attention = &kv_cache_attention,
+    .vocab_parallel_ce_max = &vocab_parallel_ce_max,
+    .vocab_parallel_ce_sum_target = &vocab_parallel_ce_sum_target,
+    .vocab_parallel_ce_loss = &vocab_parallel_ce_loss,
+    .sum_token_losses = &sum_token_losses,
 };
 
 }  // namespace trident::kernels::TRIDENT_CPU_ISA

@@ -1,17 +1,15 @@
 // Vocab-parallel cross-entropy parts, CPU: OpenMP over rows; every row's arithmetic is fixed, so
 // the results do not depend on the thread count.
-#include "trident/kernels/vocab_parallel_cross_entropy.h"
-
 #include <algorithm>
 #include <cmath>
 
 #include "trident/core/error.h"
+#include "trident/kernels/cpu/cpu_ops.h"
 #include "trident/kernels/cpu_util.h"
 
-namespace trident::kernels {
+namespace trident::kernels::TRIDENT_CPU_ISA {
 
 void vocab_parallel_ce_max(const core::ExecContext& ctx, const VocabParallelCeMaxArgs& a) {
-  core::require_cpu(ctx, "vocab_parallel_ce_max");
   const std::int64_t real = a.shard.real(), Vl = a.shard.vocab_local;
 #pragma omp parallel for num_threads(detail::num_threads(ctx)) schedule(static)
   for (std::int64_t r = 0; r < a.rows; ++r) {
@@ -23,7 +21,6 @@ void vocab_parallel_ce_max(const core::ExecContext& ctx, const VocabParallelCeMa
 }
 
 void vocab_parallel_ce_sum_target(const core::ExecContext& ctx, const VocabParallelCeSumArgs& a) {
-  core::require_cpu(ctx, "vocab_parallel_ce_sum_target");
   const std::int64_t real = a.shard.real(), Vl = a.shard.vocab_local;
 #pragma omp parallel for num_threads(detail::num_threads(ctx)) schedule(static)
   for (std::int64_t r = 0; r < a.rows; ++r) {
@@ -37,7 +34,6 @@ void vocab_parallel_ce_sum_target(const core::ExecContext& ctx, const VocabParal
 }
 
 void vocab_parallel_ce_loss(const core::ExecContext& ctx, const VocabParallelCeLossArgs& a) {
-  core::require_cpu(ctx, "vocab_parallel_ce_loss");
   const std::int64_t real = a.shard.real(), Vl = a.shard.vocab_local, start = a.shard.vocab_start;
   for (std::int64_t r = 0; r < a.rows; ++r) {
     TRIDENT_ASSERT(a.targets[r] < a.shard.vocab, "target ", a.targets[r],
@@ -65,7 +61,6 @@ void vocab_parallel_ce_loss(const core::ExecContext& ctx, const VocabParallelCeL
 
 TokenLossSum sum_token_losses(const core::ExecContext& ctx, const float* losses,
                               const std::int32_t* targets, std::int64_t rows) {
-  core::require_cpu(ctx, "sum_token_losses");
   TokenLossSum out;  // in row order: the sum is part of the logged (and compared) loss
   for (std::int64_t i = 0; i < rows; ++i) {
     if (targets[i] < 0) continue;
@@ -75,4 +70,4 @@ TokenLossSum sum_token_losses(const core::ExecContext& ctx, const float* losses,
   return out;
 }
 
-}  // namespace trident::kernels
+}  // namespace trident::kernels::TRIDENT_CPU_ISA

@@ -1,0 +1,18 @@
+// Backend dispatch of dropout.h; the CPU bodies are in kernels/cpu/dropout.cc (one per
+// instruction-set variant), the reference in kernels/ref/.
+#include "trident/kernels/dropout.h"
+
+#include "trident/kernels/backend.h"
+
+namespace trident::kernels {
+
+void hidden_dropout(const core::ExecContext& ctx, const HiddenDropoutArgs& args) {
+  switch (ctx.device.kind) {
+    case core::DeviceKind::kCpu:
+      return cpu_ops(ctx).hidden_dropout(ctx, args);
+    case core::DeviceKind::kCuda:
+      no_cuda_backend("hidden_dropout");
+  }
+}
+
+}  // namespace trident::kernels

@@ -1,0 +1,49 @@
+// Backend dispatch of vocab_parallel_cross_entropy.h; the CPU bodies are in
+// kernels/cpu/vocab_parallel_cross_entropy.cc (one per instruction-set variant), the reference in
+// kernels/ref/.
+#include "trident/kernels/vocab_parallel_cross_entropy.h"
+
+#include "trident/kernels/backend.h"
+
+namespace trident::kernels {
+
+void vocab_parallel_ce_max(const core::ExecContext& ctx, const VocabParallelCeMaxArgs& args) {
+  switch (ctx.device.kind) {
+    case core::DeviceKind::kCpu:
+      return cpu_ops(ctx).vocab_parallel_ce_max(ctx, args);
+    case core::DeviceKind::kCuda:
+      no_cuda_backend("vocab_parallel_ce_max");
+  }
+}
+
+void vocab_parallel_ce_sum_target(const core::ExecContext& ctx,
+                                  const VocabParallelCeSumArgs& args) {
+  switch (ctx.device.kind) {
+    case core::DeviceKind::kCpu:
+      return cpu_ops(ctx).vocab_parallel_ce_sum_target(ctx, args);
+    case core::DeviceKind::kCuda:
+      no_cuda_backend("vocab_parallel_ce_sum_target");
+  }
+}
+
+void vocab_parallel_ce_loss(const core::ExecContext& ctx, const VocabParallelCeLossArgs& args) {
+  switch (ctx.device.kind) {
+    case core::DeviceKind::kCpu:
+      return cpu_ops(ctx).vocab_parallel_ce_loss(ctx, args);
+    case core::DeviceKind::kCuda:
+      no_cuda_backend("vocab_parallel_ce_loss");
+  }
+}
+
+TokenLossSum sum_token_losses(const core::ExecContext& ctx, const float* losses,
+                              const std::int32_t* targets, std::int64_t rows) {
+  switch (ctx.device.kind) {
+    case core::DeviceKind::kCpu:
+      return cpu_ops(ctx).sum_token_losses(ctx, losses, targets, rows);
+    case core::DeviceKind::kCuda:
+      no_cuda_backend("sum_token_losses");
+  }
+  unknown_device("sum_token_losses");
+}
+
+}  // namespace trident::kernels
