@@ -17,7 +17,7 @@ endfunction()
 
 # trident_add_module(NAME SOURCES ... DEPS ...): one static library per module of src/trident.
 # A module may depend only on modules to its left in
-# core -> kernels -> comm -> parallel -> model -> optim -> data -> ckpt -> train.
+# core -> kernels -> comm -> parallel -> model -> optim -> data -> ckpt -> train -> plan.
 function(trident_add_module name)
   cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
   add_library(trident_${name} STATIC ${ARG_SOURCES})

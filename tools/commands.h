@@ -9,5 +9,6 @@ namespace trident::tools {
 void register_preprocess(CLI::App& app);  // preprocess_command.cc
 void register_train(CLI::App& app);       // train_command.cc
 void register_generate(CLI::App& app);    // generate_command.cc
+void register_plan(CLI::App& app);        // plan_command.cc
 
 }  // namespace trident::tools

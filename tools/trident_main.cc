@@ -1,4 +1,4 @@
-// trident: one command with subcommands (preprocess, train, generate).
+// trident: one command with subcommands (preprocess, train, generate, plan).
 #include <cstdio>
 #include <exception>
 
@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   trident::tools::register_preprocess(app);
   trident::tools::register_train(app);
   trident::tools::register_generate(app);
+  trident::tools::register_plan(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

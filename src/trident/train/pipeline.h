@@ -63,6 +63,10 @@ class PipelineExecutor {
 
   std::int64_t activation_bytes_per_slot(int chunk) const;
   int slots_per_chunk() const { return slots_; }
+  // Activation slots allocated for `chunk` (what trident plan predicts).
+  int slots_of(int chunk) const {
+    return static_cast<int>(slots_by_chunk_[static_cast<std::size_t>(chunk)].size());
+  }
   const std::vector<parallel::PipeStep>& schedule() const { return schedule_; }
 
  private:

@@ -1,6 +1,7 @@
 #include "trident/train/trainer.h"
 
 #include <omp.h>
+#include <sys/resource.h>
 
 #include <cmath>
 #include <cstdio>
@@ -82,6 +83,19 @@ void fill_micro_batch(const data::SampleDataset& ds, std::int64_t first, std::in
       labels[b * T + t] = scratch[static_cast<std::size_t>(t + 1)];
     }
   }
+}
+
+// Each rank's peak resident memory (getrusage), logged by rank 0 for comparison with the memory
+// report above and `trident plan`.
+void log_peak_rss(comm::Communicator& world) {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  const double mine = static_cast<double>(usage.ru_maxrss) * 1024.0;
+  std::vector<double> all(static_cast<std::size_t>(world.size()));
+  world.all_gather(&mine, all.data(), 1, comm::Datatype::kF64);
+  std::string text;
+  for (double b : all) text += core::str(text.empty() ? "" : " ", static_cast<std::int64_t>(b));
+  log::info("memory: peak RSS per rank [", text, "] B");
 }
 
 }  // namespace
@@ -438,11 +452,13 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
     }
     if (exiting && iteration != cfg.train_iters) {
       log::info("train: exiting at iteration ", iteration, " (--exit-interval)");
+      log_peak_rss(world);
       return 0;
     }
   }
   if (cfg.train_iters % cfg.eval_interval != 0) evaluate(iteration);
   if (cfg.save_interval == 0 || cfg.train_iters % cfg.save_interval != 0) save(iteration);
+  log_peak_rss(world);
   return 0;
 }
 
