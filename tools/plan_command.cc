@@ -22,7 +22,7 @@ struct PlanOptions {
   int num_gpus = 0, num_nodes = 0, gpus_per_node = 0;
   double intra_bw_gbs = 0, intra_latency_us = -1, inter_bw_gbs = 0, inter_latency_us = -1;
   double memory_gib = 0;
-  bool calibrate = false;
+  bool calibrate = false, recalibrate = false;
   std::string calibration_file;
   int threads_per_rank = 0;
   bool search = false;
@@ -34,6 +34,22 @@ struct PlanOptions {
 int env_threads() {
   if (const char* e = std::getenv("OMP_NUM_THREADS"); e && *e) return std::max(1, std::atoi(e));
   return 0;
+}
+
+// The vocabulary, as `trident train` gets it from the tokenizer.
+void set_vocab(train::TrainConfig& cfg) {
+  const bool has_files = !cfg.vocab_file.empty() || !cfg.tokenizer_model.empty();
+  if (cfg.tokenizer_type == "NullTokenizer" || has_files) {
+    auto tok = data::make_tokenizer({.type = cfg.tokenizer_type,
+                                     .vocab_file = cfg.vocab_file,
+                                     .merge_file = cfg.merge_file,
+                                     .model_file = cfg.tokenizer_model,
+                                     .vocab_size = cfg.null_tokenizer_vocab_size});
+    cfg.model.vocab_size = tok->vocab_size();
+  } else {
+    cfg.model.vocab_size =
+        cfg.null_tokenizer_vocab_size > 0 ? cfg.null_tokenizer_vocab_size : 50257;  // GPT-2's BPE
+  }
 }
 
 void run_plan(train::TrainConfig cfg, const PlanOptions& o) {
@@ -69,7 +85,19 @@ void run_plan(train::TrainConfig cfg, const PlanOptions& o) {
     if (o.calibrate) {
       std::cerr << "trident plan: calibrating trident's kernels with " << threads
                 << " thread(s) per rank...\n";
-      cal = plan::calibrate(threads);
+      // The grid once per thread count (kept in the cache), then this configuration's shapes.
+      plan::Calibration cached;
+      const bool have = !o.recalibrate && plan::load_calibration(path, threads, cached);
+      plan::KernelShapes shapes;
+      if (!o.search) {
+        train::TrainConfig shaped = cfg;
+        set_vocab(shaped);
+        if (shaped.data_path.empty() && shaped.train_data_path.empty())
+          shaped.data_path = {"(plan)"};
+        shaped.finalize(cl.num_gpus);
+        shapes = plan::kernel_shapes(shaped, cl);
+      }
+      cal = plan::calibrate(threads, shapes, have ? &cached : nullptr);
       plan::save_calibration(path, cal);
       std::cerr << "trident plan: calibration saved to " << path << " (best FP32 GEMM "
                 << cal.peak_tflops * 1e3 << " GFLOP/s, copy " << cal.memory_bw / 1e9 << " GB/s)\n";
@@ -94,19 +122,7 @@ void run_plan(train::TrainConfig cfg, const PlanOptions& o) {
   if (o.inter_latency_us >= 0) cl.hw.inter_latency = o.inter_latency_us * 1e-6;
   if (o.memory_gib > 0) cl.hw.memory_bytes = o.memory_gib * 1024.0 * 1024.0 * 1024.0;
 
-  // The vocabulary, as `trident train` gets it from the tokenizer.
-  const bool has_files = !cfg.vocab_file.empty() || !cfg.tokenizer_model.empty();
-  if (cfg.tokenizer_type == "NullTokenizer" || has_files) {
-    auto tok = data::make_tokenizer({.type = cfg.tokenizer_type,
-                                     .vocab_file = cfg.vocab_file,
-                                     .merge_file = cfg.merge_file,
-                                     .model_file = cfg.tokenizer_model,
-                                     .vocab_size = cfg.null_tokenizer_vocab_size});
-    cfg.model.vocab_size = tok->vocab_size();
-  } else {
-    cfg.model.vocab_size =
-        cfg.null_tokenizer_vocab_size > 0 ? cfg.null_tokenizer_vocab_size : 50257;  // GPT-2's BPE
-  }
+  set_vocab(cfg);
   if (cfg.data_path.empty() && cfg.train_data_path.empty()) cfg.data_path = {"(plan)"};
   cfg.finalize(cl.num_gpus);
   cfg.model.validate();

@@ -1,6 +1,7 @@
 #include "trident/plan/calibration.h"
 
 #include <omp.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <vector>
 
 #include "trident/core/error.h"
@@ -32,6 +34,19 @@ namespace {
 namespace k = kernels;
 using Clock = std::chrono::steady_clock;
 
+// The clock calibration times with: with one thread, the thread's CPU time, so that a machine
+// shared with other jobs (its cores time-sliced) still measures the kernels' own speed; with
+// several, the wall clock (CPU time would hide their synchronisation).
+int g_threads = 1;
+double now_s() {
+  if (g_threads == 1) {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+  }
+  return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+}
+
 // Best of a few batches of calls, each batch at least `min_s` long: seconds per call.
 template <class F>
 double time_call(F&& f, double min_s = 0.01, int batches = 3) {
@@ -39,12 +54,12 @@ double time_call(F&& f, double min_s = 0.01, int batches = 3) {
   double best = 1e30;
   for (int b = 0; b < batches; ++b) {
     int n = 0;
-    const auto t0 = Clock::now();
+    const double t0 = now_s();
     double el = 0;
     do {
       f();
       ++n;
-      el = std::chrono::duration<double>(Clock::now() - t0).count();
+      el = now_s() - t0;
     } while (el < min_s && n < 1000);
     best = std::min(best, el / n);
   }
@@ -53,6 +68,16 @@ double time_call(F&& f, double min_s = 0.01, int batches = 3) {
 
 std::vector<float> filled(std::int64_t n, float v) {
   return std::vector<float>(static_cast<std::size_t>(std::max<std::int64_t>(n, 1)), v);
+}
+
+// Activation-like values: N(0, std). Some kernels' speed depends on the values (the GeLU's
+// exponential saturates for large inputs), so constants would time them wrongly.
+std::vector<float> normal(std::int64_t n, float std, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, std);
+  std::vector<float> v(static_cast<std::size_t>(std::max<std::int64_t>(n, 1)));
+  for (float& x : v) x = d(rng);
+  return v;
 }
 
 // Fits overhead + per-element cost from a small and a large call.
@@ -129,11 +154,23 @@ double interp2(const std::vector<std::int64_t>& ga, const std::vector<std::int64
 
 }  // namespace
 
+std::string linear_key(std::int64_t r, std::int64_t i, std::int64_t o) {
+  return std::to_string(r) + "," + std::to_string(i) + "," + std::to_string(o);
+}
+std::string attention_key(bool flash, std::int64_t bh, std::int64_t t, std::int64_t hs) {
+  return std::string(flash ? "1," : "0,") + std::to_string(bh) + "," + std::to_string(t) + "," +
+         std::to_string(hs);
+}
+
 double Calibration::linear_forward_s(std::int64_t rows, std::int64_t in, std::int64_t out) const {
+  if (auto it = linear_exact.find(linear_key(rows, in, out)); it != linear_exact.end())
+    return it->second.first;
   return interp3(grid, linear_fwd_s, static_cast<double>(rows), static_cast<double>(in),
                  static_cast<double>(out));
 }
 double Calibration::linear_backward_s(std::int64_t rows, std::int64_t in, std::int64_t out) const {
+  if (auto it = linear_exact.find(linear_key(rows, in, out)); it != linear_exact.end())
+    return it->second.second;
   return interp3(grid, linear_bwd_s, static_cast<double>(rows), static_cast<double>(in),
                  static_cast<double>(out));
 }
@@ -150,11 +187,98 @@ double Calibration::attention_backward_s(bool flash, std::int64_t bh, std::int64
                  static_cast<double>(seq), static_cast<double>(head_dim), true);
 }
 
-Calibration calibrate(int threads) {
-  TRIDENT_CHECK(threads >= 1, "--calibrate needs at least one thread per rank, got ", threads);
-  const int saved = omp_get_max_threads();
-  omp_set_num_threads(threads);
-  const core::ExecContext ctx{.num_threads = threads};
+namespace {
+
+// Seconds of linear_forward and linear_backward (d_in, d_weight, d_bias) for one shape.
+std::pair<double, double> time_linear(const core::ExecContext& ctx, std::int64_t R, std::int64_t I,
+                                      std::int64_t O) {
+  const std::vector<float> x = normal(R * I, 1.0f, 5), w = normal(O * I, 0.02f, 6),
+                           bias = normal(O, 0.02f, 7), dy = normal(R * O, 1e-3f, 8);
+  std::vector<float> y = filled(R * O, 0.0f), dx = filled(R * I, 0.0f), dw = filled(O * I, 0.0f),
+                     db = filled(O, 0.0f);
+  const double f = time_call([&] {
+    k::linear_forward(ctx, {.out = y.data(),
+                            .in = x.data(),
+                            .weight = w.data(),
+                            .bias = bias.data(),
+                            .rows = R,
+                            .in_features = I,
+                            .out_features = O});
+  });
+  const double b = time_call([&] {
+    k::linear_backward(ctx, {.d_in = dx.data(),
+                             .d_weight = dw.data(),
+                             .d_bias = db.data(),
+                             .d_out = dy.data(),
+                             .in = x.data(),
+                             .weight = w.data(),
+                             .rows = R,
+                             .in_features = I,
+                             .out_features = O});
+  });
+  return {f, b};
+}
+
+// Seconds of one attention forward and backward call over bh = batch x heads (batch 1).
+std::pair<double, double> time_attention(const core::ExecContext& ctx, bool flash, std::int64_t NH,
+                                         std::int64_t T, std::int64_t HS) {
+  const std::int64_t B = 1, C = NH * HS;
+  const std::vector<float> qkv = normal(B * T * 3 * C, 1.0f, 9),
+                           dout = normal(B * T * C, 1e-3f, 10);
+  std::vector<float> out = filled(B * T * C, 0.0f), dqkv = filled(B * T * 3 * C, 0.0f),
+                     lse = filled(B * NH * T, 0.0f);
+  if (flash) {
+    const double f = time_call([&] {
+      k::flash_attention_forward(ctx, {.out = out.data(),
+                                       .lse = lse.data(),
+                                       .qkv = qkv.data(),
+                                       .alibi = nullptr,
+                                       .dropout = {},
+                                       .batch = B,
+                                       .seq_len = T,
+                                       .num_heads = NH,
+                                       .head_dim = HS});
+    });
+    const double b = time_call([&] {
+      k::flash_attention_backward(ctx, {.d_qkv = dqkv.data(),
+                                        .d_out = dout.data(),
+                                        .qkv = qkv.data(),
+                                        .out = out.data(),
+                                        .lse = lse.data(),
+                                        .alibi = nullptr,
+                                        .dropout = {},
+                                        .batch = B,
+                                        .seq_len = T,
+                                        .num_heads = NH,
+                                        .head_dim = HS});
+    });
+    return {f, b};
+  }
+  std::vector<float> probs = filled(B * NH * T * T, 0.0f), dprobs = probs;
+  const double f = time_call([&] {
+    k::attention_forward(ctx, {.out = out.data(),
+                               .probs = probs.data(),
+                               .qkv = qkv.data(),
+                               .batch = B,
+                               .seq_len = T,
+                               .num_heads = NH,
+                               .head_dim = HS});
+  });
+  const double b = time_call([&] {
+    k::attention_backward(ctx, {.d_qkv = dqkv.data(),
+                                .d_probs = dprobs.data(),
+                                .d_out = dout.data(),
+                                .qkv = qkv.data(),
+                                .probs = probs.data(),
+                                .batch = B,
+                                .seq_len = T,
+                                .num_heads = NH,
+                                .head_dim = HS});
+  });
+  return {f, b};
+}
+
+Calibration calibrate_grid(int threads, const core::ExecContext& ctx) {
   Calibration c;
   c.threads = threads;
   c.cores = static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
@@ -164,41 +288,19 @@ Calibration calibrate(int threads) {
   const std::size_t n = c.grid.size();
   c.linear_fwd_s.assign(n * n * n, 0.0);
   c.linear_bwd_s.assign(n * n * n, 0.0);
-  const std::int64_t gmax = c.grid.back();
-  std::vector<float> x = filled(gmax * gmax, 0.01f), w = filled(gmax * gmax, 0.02f),
-                     y = filled(gmax * gmax, 0.0f), dx = filled(gmax * gmax, 0.0f),
-                     dw = filled(gmax * gmax, 0.0f), db = filled(gmax, 0.0f);
   for (std::size_t r = 0; r < n; ++r)
     for (std::size_t i = 0; i < n; ++i)
       for (std::size_t o = 0; o < n; ++o) {
         const std::int64_t R = c.grid[r], I = c.grid[i], O = c.grid[o];
         if (static_cast<double>(R) * static_cast<double>(I) * static_cast<double>(O) > kFlopCap)
           continue;
-        c.linear_fwd_s[idx3(n, r, i, o)] = time_call([&] {
-          k::linear_forward(ctx, {.out = y.data(),
-                                  .in = x.data(),
-                                  .weight = w.data(),
-                                  .bias = db.data(),
-                                  .rows = R,
-                                  .in_features = I,
-                                  .out_features = O});
-        });
-        c.linear_bwd_s[idx3(n, r, i, o)] = time_call([&] {
-          k::linear_backward(ctx, {.d_in = dx.data(),
-                                   .d_weight = dw.data(),
-                                   .d_bias = db.data(),
-                                   .d_out = y.data(),
-                                   .in = x.data(),
-                                   .weight = w.data(),
-                                   .rows = R,
-                                   .in_features = I,
-                                   .out_features = O});
-        });
-        const double flops = 2.0 * static_cast<double>(R * I * O);
-        c.peak_tflops = std::max(c.peak_tflops, flops / c.linear_fwd_s[idx3(n, r, i, o)] / 1e12);
+        const auto [f, b] = time_linear(ctx, R, I, O);
+        c.linear_fwd_s[idx3(n, r, i, o)] = f;
+        c.linear_bwd_s[idx3(n, r, i, o)] = b;
+        c.peak_tflops = std::max(c.peak_tflops, 2.0 * static_cast<double>(R * I * O) / f / 1e12);
       }
-  // Unmeasured (large) points: the rate of the point with the largest dimension halved... down
-  // to a measured one, scaled linearly.
+  // Unmeasured (large) points: the point with its largest dimension stepped down until measured,
+  // scaled linearly (the rate is saturated there).
   for (std::size_t r = 0; r < n; ++r)
     for (std::size_t i = 0; i < n; ++i)
       for (std::size_t o = 0; o < n; ++o) {
@@ -219,68 +321,24 @@ Calibration calibrate(int threads) {
   c.attn_head_dim = {8, 32, 128};
   for (std::int64_t T : c.attn_seq)
     for (std::int64_t HS : c.attn_head_dim) {
-      const std::int64_t NH =
-          std::max<std::int64_t>(1, std::min<std::int64_t>(8, (1 << 22) / (T * T * HS) + 1));
-      const std::int64_t B = 1, C = NH * HS;
-      std::vector<float> qkv = filled(B * T * 3 * C, 0.01f), out = filled(B * T * C, 0.0f),
-                         probs = filled(B * NH * T * T, 0.0f), dprobs = probs, dqkv = qkv,
-                         dout = filled(B * T * C, 0.01f), lse = filled(B * NH * T, 0);
-      const double bh = static_cast<double>(B * NH);
-      c.attn_fwd_s.push_back(time_call([&] {
-                               k::attention_forward(ctx, {.out = out.data(),
-                                                          .probs = probs.data(),
-                                                          .qkv = qkv.data(),
-                                                          .batch = B,
-                                                          .seq_len = T,
-                                                          .num_heads = NH,
-                                                          .head_dim = HS});
-                             }) /
-                             bh);
-      c.attn_bwd_s.push_back(time_call([&] {
-                               k::attention_backward(ctx, {.d_qkv = dqkv.data(),
-                                                           .d_probs = dprobs.data(),
-                                                           .d_out = dout.data(),
-                                                           .qkv = qkv.data(),
-                                                           .probs = probs.data(),
-                                                           .batch = B,
-                                                           .seq_len = T,
-                                                           .num_heads = NH,
-                                                           .head_dim = HS});
-                             }) /
-                             bh);
-      c.flash_fwd_s.push_back(time_call([&] {
-                                k::flash_attention_forward(ctx, {.out = out.data(),
-                                                                 .lse = lse.data(),
-                                                                 .qkv = qkv.data(),
-                                                                 .alibi = nullptr,
-                                                                 .dropout = {},
-                                                                 .batch = B,
-                                                                 .seq_len = T,
-                                                                 .num_heads = NH,
-                                                                 .head_dim = HS});
-                              }) /
-                              bh);
-      c.flash_bwd_s.push_back(time_call([&] {
-                                k::flash_attention_backward(ctx, {.d_qkv = dqkv.data(),
-                                                                  .d_out = dout.data(),
-                                                                  .qkv = qkv.data(),
-                                                                  .out = out.data(),
-                                                                  .lse = lse.data(),
-                                                                  .alibi = nullptr,
-                                                                  .dropout = {},
-                                                                  .batch = B,
-                                                                  .seq_len = T,
-                                                                  .num_heads = NH,
-                                                                  .head_dim = HS});
-                              }) /
-                              bh);
+      const std::int64_t NH = std::clamp<std::int64_t>((1 << 22) / (T * T * HS), 1, 8);
+      const double bh = static_cast<double>(NH);
+      const auto [af, ab] = time_attention(ctx, false, NH, T, HS);
+      const auto [ff, fb] = time_attention(ctx, true, NH, T, HS);
+      c.attn_fwd_s.push_back(af / bh);
+      c.attn_bwd_s.push_back(ab / bh);
+      c.flash_fwd_s.push_back(ff / bh);
+      c.flash_bwd_s.push_back(fb / bh);
     }
 
   // Element-wise kernels: rows of 256 columns, from 8 rows to 8192 rows.
   const std::int64_t cols = 256, big = 8192 * cols;
-  std::vector<float> a = filled(big, 0.5f), b = filled(big, 0.25f), o2 = filled(big, 0.0f),
-                     mean = filled(8192, 0), rstd = filled(8192, 1), gw = filled(cols, 1),
-                     gb = filled(cols, 0);
+  // Inputs never written (gradients go to their own buffers, so repeated calls see the same
+  // values).
+  const std::vector<float> a = normal(big, 1.0f, 1), b = normal(big, 1e-3f, 2),
+                           gw = normal(cols, 0.02f, 3), gb = normal(cols, 0.02f, 4);
+  std::vector<float> o2 = filled(big, 0.0f), mean = filled(8192, 0), rstd = filled(8192, 1),
+                     dgw = filled(cols, 0), dgb = filled(cols, 0);
   std::vector<std::byte> scratch(
       static_cast<std::size_t>(k::bias_gelu_backward_scratch_bytes(8192, cols)));
   c.layernorm_fwd = fit(
@@ -298,8 +356,8 @@ Calibration calibrate(int threads) {
   c.layernorm_bwd = fit(
       [&](std::int64_t e) {
         k::layernorm_backward(ctx, {.d_in = o2.data(),
-                                    .d_weight = gw.data(),
-                                    .d_bias = gb.data(),
+                                    .d_weight = dgw.data(),
+                                    .d_bias = dgb.data(),
                                     .d_out = b.data(),
                                     .in = a.data(),
                                     .weight = gw.data(),
@@ -319,7 +377,7 @@ Calibration calibrate(int threads) {
   c.bias_gelu_bwd = fit(
       [&](std::int64_t e) {
         k::bias_gelu_backward(ctx, {.d_in = o2.data(),
-                                    .d_bias = gb.data(),
+                                    .d_bias = dgb.data(),
                                     .d_out = b.data(),
                                     .in = a.data(),
                                     .bias = gb.data(),
@@ -355,6 +413,27 @@ Calibration calibrate(int threads) {
   std::vector<char> src(bytes, 1), dst(bytes, 0);
   c.memory_bw = static_cast<double>(bytes) /
                 time_call([&] { std::memcpy(dst.data(), src.data(), bytes); }, 0.05);
+  return c;
+}
+
+}  // namespace
+
+Calibration calibrate(int threads, const KernelShapes& shapes, const Calibration* base) {
+  TRIDENT_CHECK(threads >= 1, "--calibrate needs at least one thread per rank, got ", threads);
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(threads);
+  g_threads = threads;
+  const core::ExecContext ctx{.num_threads = threads};
+  Calibration c = base != nullptr ? *base : calibrate_grid(threads, ctx);
+  for (const auto& [r, i, o] : shapes.linear) {
+    const std::string key = linear_key(r, i, o);
+    if (!c.linear_exact.count(key)) c.linear_exact[key] = time_linear(ctx, r, i, o);
+  }
+  for (const auto& [flash, bh, t, hs] : shapes.attention) {
+    const std::string key = attention_key(flash, bh, t, hs);
+    if (!c.attention_exact.count(key))
+      c.attention_exact[key] = time_attention(ctx, flash, bh, t, hs);
+  }
   omp_set_num_threads(saved);
   return c;
 }
@@ -400,6 +479,8 @@ void save_calibration(const std::string& path, const Calibration& c) {
                       {"cross_entropy", cost_json(c.cross_entropy)},
                       {"adamw", cost_json(c.adamw)},
                       {"embedding", cost_json(c.embedding)},
+                      {"linear_exact", c.linear_exact},
+                      {"attention_exact", c.attention_exact},
                       {"memory_bw", c.memory_bw},
                       {"peak_tflops", c.peak_tflops}};
   all[std::to_string(c.threads)] = j;
@@ -444,6 +525,11 @@ bool load_calibration(const std::string& path, int threads, Calibration& c) {
   c.cross_entropy = cost_of(j.at("cross_entropy"));
   c.adamw = cost_of(j.at("adamw"));
   c.embedding = cost_of(j.at("embedding"));
+  if (j.contains("linear_exact")) {
+    c.linear_exact = j["linear_exact"].get<std::map<std::string, std::pair<double, double>>>();
+    c.attention_exact =
+        j["attention_exact"].get<std::map<std::string, std::pair<double, double>>>();
+  }
   c.memory_bw = j.at("memory_bw");
   c.peak_tflops = j.at("peak_tflops");
   return true;

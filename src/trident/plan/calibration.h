@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace trident::plan {
@@ -14,6 +16,14 @@ struct LinearCost {
   double overhead_s = 0;
   double per_element_s = 0;
   double at(double n) const { return overhead_s + per_element_s * n; }
+};
+
+// Shapes a configuration runs (from the time model), timed exactly by --calibrate.
+struct KernelShapes {
+  std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>> linear;  // rows, in, out
+  std::vector<std::tuple<bool, std::int64_t, std::int64_t, std::int64_t>>
+      attention;  // flash,
+                  // batch x heads, seq, hs
 };
 
 struct Calibration {
@@ -29,6 +39,9 @@ struct Calibration {
   std::vector<double> attn_fwd_s, attn_bwd_s, flash_fwd_s, flash_bwd_s;
   LinearCost layernorm_fwd, layernorm_bwd, bias_gelu_fwd, bias_gelu_bwd, add, cross_entropy, adamw,
       embedding;
+  // Exact timings of the shapes a configuration runs (key "rows,in,out" and
+  // "flash,bh,seq,head_dim"): seconds forward and backward; used instead of the grid.
+  std::map<std::string, std::pair<double, double>> linear_exact, attention_exact;
   double memory_bw = 0;    // bytes/s of a large copy (what shared-memory MPI moves at)
   double peak_tflops = 0;  // best FP32 GEMM rate seen
   int cores = 1;           // hardware threads of the machine
@@ -42,8 +55,11 @@ struct Calibration {
                               std::int64_t head_dim) const;
 };
 
-// Runs the kernels with `threads` threads (about 10-30 s on a 2-core machine).
-Calibration calibrate(int threads);
+// Runs the kernels with `threads` threads (about 10-30 s on a 2-core machine), then times the
+// given shapes exactly. With `base` (a cached calibration for the same thread count) only the
+// shapes it lacks are timed.
+Calibration calibrate(int threads, const KernelShapes& shapes = {},
+                      const Calibration* base = nullptr);
 
 // The cache: one calibration per thread count, in a JSON file.
 std::string default_calibration_path();  // $TRIDENT_PLAN_CACHE or ~/.cache/trident/plan-cpu.json

@@ -82,6 +82,9 @@ struct TimeBreakdown {
 // Throws InvalidArgument for a cluster that does not match the layout (cpu without calibration).
 TimeBreakdown predict_time(const train::TrainConfig& cfg, const Cluster& cluster);
 
+// The GEMM and attention shapes `cfg` runs on each rank (for --calibrate to time exactly).
+KernelShapes kernel_shapes(const train::TrainConfig& cfg, const Cluster& cluster);
+
 struct Plan {
   MemoryPlan memory;
   TimeBreakdown time;

@@ -16,28 +16,33 @@ enum class Ew { kLnFwd, kLnBwd, kGeluFwd, kGeluBwd, kAdd, kCrossEntropy, kEmbedd
 // Cost of single kernels on one rank.
 class Costs {
  public:
-  explicit Costs(const Cluster& c) : c_(c), cal_(c.calibration ? &*c.calibration : nullptr) {
+  explicit Costs(const Cluster& c, KernelShapes* record = nullptr)
+      : c_(c), cal_(c.calibration && !record ? &*c.calibration : nullptr), rec_(record) {
     // trident keeps activations in FP32; the GPU model follows Megatron's BF16 activations.
     act_bytes_ = c.hw.is_cpu ? 4.0 : 2.0;
   }
   double act_bytes() const { return act_bytes_; }
 
   double gemm_fwd(std::int64_t rows, std::int64_t in, std::int64_t out) const {
+    if (rec_) return rec_->linear.emplace_back(rows, in, out), 1e-9;
     if (cal_) return cal_->linear_forward_s(rows, in, out);
     return gpu_gemm(rows, in, out);
   }
   // d_in and d_weight (and d_bias).
   double gemm_bwd(std::int64_t rows, std::int64_t in, std::int64_t out) const {
+    if (rec_) return rec_->linear.emplace_back(rows, in, out), 1e-9;
     if (cal_) return cal_->linear_backward_s(rows, in, out);
     return gpu_gemm(rows, out, in) + gpu_gemm(out, rows, in);
   }
   double attn_fwd(bool flash, std::int64_t bh, std::int64_t T, std::int64_t hs) const {
+    if (rec_) return rec_->attention.emplace_back(flash, bh, T, hs), 1e-9;
     if (cal_) return cal_->attention_forward_s(flash, bh, T, hs);
     // q k^T and p v over the causal half (flash kernels skip the masked blocks).
     const double flops = 4.0 * static_cast<double>(bh) * T * T * hs * (flash ? 0.5 : 1.0);
     return flops / (c_.hw.peak_tflops * 1e12 * c_.hw.attention_efficiency);
   }
   double attn_bwd(bool flash, std::int64_t bh, std::int64_t T, std::int64_t hs) const {
+    if (rec_) return rec_->attention.emplace_back(flash, bh, T, hs), 1e-9;
     if (cal_) return cal_->attention_backward_s(flash, bh, T, hs);
     return 2.5 * attn_fwd(flash, bh, T, hs);  // two GEMMs per forward one, plus the recompute
   }
@@ -124,6 +129,7 @@ class Costs {
 
   const Cluster& c_;
   const Calibration* cal_;
+  KernelShapes* rec_;
   double act_bytes_ = 4;
 };
 
@@ -224,11 +230,35 @@ ChunkCost chunk_cost(const train::TrainConfig& cfg, const model::ModelShard& sha
 
 }  // namespace
 
+namespace {
+TimeBreakdown predict(const train::TrainConfig& cfg, const Cluster& cluster, KernelShapes* rec);
+}  // namespace
+
 TimeBreakdown predict_time(const train::TrainConfig& cfg, const Cluster& cluster) {
-  const Hardware& hw = cluster.hw;
-  TRIDENT_CHECK(!hw.is_cpu || cluster.calibration.has_value(),
+  TRIDENT_CHECK(!cluster.hw.is_cpu || cluster.calibration.has_value(),
                 "--gpu cpu needs a calibration: run trident plan --gpu cpu --calibrate first");
-  const Costs k(cluster);
+  return predict(cfg, cluster, nullptr);
+}
+
+KernelShapes kernel_shapes(const train::TrainConfig& cfg, const Cluster& cluster) {
+  KernelShapes shapes;
+  Cluster c = cluster;
+  c.calibration.reset();
+  if (c.hw.memory_bw <= 0) c.hw.memory_bw = 1e9;  // element-wise costs are not needed here
+  if (c.hw.intra_bw <= 0) c.hw.intra_bw = c.hw.inter_bw = 1e9;
+  predict(cfg, c, &shapes);
+  std::sort(shapes.linear.begin(), shapes.linear.end());
+  shapes.linear.erase(std::unique(shapes.linear.begin(), shapes.linear.end()), shapes.linear.end());
+  std::sort(shapes.attention.begin(), shapes.attention.end());
+  shapes.attention.erase(std::unique(shapes.attention.begin(), shapes.attention.end()),
+                         shapes.attention.end());
+  return shapes;
+}
+
+namespace {
+TimeBreakdown predict(const train::TrainConfig& cfg, const Cluster& cluster, KernelShapes* rec) {
+  const Hardware& hw = cluster.hw;
+  const Costs k(cluster, rec);
   const model::ModelConfig& mc = cfg.model;
   const int world = cluster.num_gpus;
   const int tp = cfg.tensor_model_parallel_size, pp = cfg.pipeline_model_parallel_size;
@@ -341,7 +371,7 @@ TimeBreakdown predict_time(const train::TrainConfig& cfg, const Cluster& cluster
   t.optimizer = k.optimizer(n_opt, stage_z >= 2 ? max_numel / dp : max_numel, cfg.bf16);
   t.iteration = pipe + t.dp_exposed + t.optimizer;
 
-  if (hw.is_cpu) {
+  if (hw.is_cpu && cluster.calibration) {
     // Ranks share the cores: the total work over all ranks bounds the iteration from below.
     const double cores = cluster.calibration->cores;
     const double threads = static_cast<double>(world) * cluster.threads_per_rank;
@@ -359,11 +389,14 @@ TimeBreakdown predict_time(const train::TrainConfig& cfg, const Cluster& cluster
   const std::int64_t tokens = cfg.global_batch_size * mc.seq_length;
   t.model_flops = mc.flops_per_iteration(tokens);
   t.tflops_per_gpu = t.model_flops / t.iteration / world / 1e12;
-  const double peak = hw.is_cpu ? cluster.calibration->peak_tflops : hw.peak_tflops;
+  const double peak =
+      hw.is_cpu && cluster.calibration ? cluster.calibration->peak_tflops : hw.peak_tflops;
   t.mfu = t.tflops_per_gpu / peak;
   t.tokens_per_s = static_cast<double>(tokens) / t.iteration;
   return t;
 }
+
+}  // namespace
 
 TrainingEstimate estimate_training(const TimeBreakdown& t, const Cluster& c, double tokens) {
   TrainingEstimate e;

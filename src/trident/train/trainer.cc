@@ -85,6 +85,14 @@ void fill_micro_batch(const data::SampleDataset& ds, std::int64_t first, std::in
   }
 }
 
+// CPU time (user + system, every thread) this process has used, in milliseconds.
+double process_cpu_ms() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return (static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) * 1e3 +
+          static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e3);
+}
+
 // Each rank's peak resident memory (getrusage), logged by rank 0 for comparison with the memory
 // report above and `trident plan`.
 void log_peak_rss(comm::Communicator& world) {
@@ -328,6 +336,7 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
   };
 
   double interval_loss = 0, interval_ms = 0, interval_busy = 0, interval_pipe = 0;
+  double interval_cpu0 = process_cpu_ms();  // CPU time per iteration: timing on a shared machine
   double interval_flops = 0, interval_tokens = 0;
   std::int64_t interval_iters = 0;
   while (iteration < cfg.train_iters) {
@@ -404,19 +413,21 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
                     fmt_e(avg_loss).c_str(), used_scale, step.grad_norm,
                     static_cast<long long>(skipped_iters), static_cast<long long>(nan_iters));
       log::info(line);
-      nlohmann::json record = {{"iteration", iteration},
-                               {"consumed_samples", consumed},
-                               {"lm_loss", avg_loss},
-                               {"lr", lr},
-                               {"grad_norm", step.grad_norm},
-                               {"iter_ms", avg_ms},
-                               {"tokens_per_s", tokens_per_s},
-                               {"tflops", tflops},
-                               {"mfu", tflops / peak},
-                               {"skipped_iterations", skipped_iters},
-                               {"nan_iterations", nan_iters},
-                               {"global_batch_size", step_batch.running_global_batch_size},
-                               {"loss_scale", used_scale}};
+      nlohmann::json record = {
+          {"iteration", iteration},
+          {"consumed_samples", consumed},
+          {"lm_loss", avg_loss},
+          {"lr", lr},
+          {"grad_norm", step.grad_norm},
+          {"iter_ms", avg_ms},
+          {"iter_cpu_ms", (process_cpu_ms() - interval_cpu0) / static_cast<double>(interval_iters)},
+          {"tokens_per_s", tokens_per_s},
+          {"tflops", tflops},
+          {"mfu", tflops / peak},
+          {"skipped_iterations", skipped_iters},
+          {"nan_iterations", nan_iters},
+          {"global_batch_size", step_batch.running_global_batch_size},
+          {"loss_scale", used_scale}};
       // Data-parallel traffic this rank sent per iteration (ring-algorithm bytes).
       record["dp_comm_bytes_per_iteration"] =
           optimizer.comm().dp_bytes / static_cast<double>(interval_iters);
@@ -441,6 +452,7 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
       }
       metrics.write(record);
       interval_loss = interval_ms = interval_busy = interval_pipe = interval_flops = 0;
+      interval_cpu0 = process_cpu_ms();
       interval_tokens = 0;
       interval_iters = 0;
     }
