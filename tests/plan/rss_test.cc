@@ -2,10 +2,12 @@
 // processes (mpirun, one process per rank). The prediction covers trident's own tables; the rest
 // of a process (binary, MPI, oneDNN and OpenMP runtimes, data indices) is measured once as the
 // baseline of a tiny model under the same launcher, so the check is
-//   |RSS - (baseline + predicted peak)| <= 4 MiB + 3% of the predicted peak,
+//   |RSS - (baseline + predicted peak)| <= 4 MiB + 3% of the predicted peak (+ 2 layers),
 // the slack covering what neither side counts: heap fragmentation of malloc'd vectors, oneDNN's
 // GEMM packing buffers (which grow with the matrix sizes), MPI's per-peer shared-memory segments
-// and the pages of the dataset indices touched.
+// and the pages of the dataset indices touched; with ZeRO-2/3's per-layer reduce-scatters, Open
+// MPI's own temporaries for them (up to two buffers of one layer's gradient, measured 7-12 MiB
+// here for 7 MiB layers).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -93,7 +95,7 @@ class PlanRss : public ::testing::Test {
     return peaks;
   }
 
-  void expect_matches(int np, const std::string& flags, int tp_dp) {
+  void expect_matches(int np, const std::string& flags, int tp_dp, double extra = 0) {
     const std::string tiny =
         "--num-layers 1 --hidden-size 16 --num-attention-heads 2 --seq-length 16 "
         "--micro-batch-size 1 --global-batch-size " +
@@ -111,7 +113,7 @@ class PlanRss : public ::testing::Test {
       ASSERT_LT(stage, peak.size());
       const double baseline = base_rss[static_cast<std::size_t>(r)] - base_plan[0];
       const double predicted = baseline + peak[stage];
-      const double tol = 4.0 * 1024 * 1024 + 0.03 * peak[stage];
+      const double tol = 4.0 * 1024 * 1024 + 0.03 * peak[stage] + extra;
       EXPECT_NEAR(rss[static_cast<std::size_t>(r)], predicted, tol)
           << "rank " << r << ": measured " << rss[static_cast<std::size_t>(r)] / 1048576
           << " MiB, baseline " << baseline / 1048576 << " MiB + predicted " << peak[stage] / 1048576
@@ -133,7 +135,9 @@ TEST_F(PlanRss, TensorParallel2) {
   expect_matches(2, kModel + "--tensor-model-parallel-size 2 --make-vocab-size-divisible-by 64", 2);
 }
 TEST_F(PlanRss, Pipeline2) { expect_matches(2, kModel + "--pipeline-model-parallel-size 2", 1); }
-TEST_F(PlanRss, Zero3Dp2) { expect_matches(2, kModel + "--zero-stage 3", 2); }
+// One layer of kModel: 12 h^2 + 13 h parameters of 4 bytes.
+constexpr double kLayerBytes = (12.0 * 384 * 384 + 13.0 * 384) * 4;
+TEST_F(PlanRss, Zero3Dp2) { expect_matches(2, kModel + "--zero-stage 3", 2, 2 * kLayerBytes); }
 
 }  // namespace
 }  // namespace trident
