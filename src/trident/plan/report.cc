@@ -138,6 +138,8 @@ SearchResult search_layouts(const train::TrainConfig& base, const Cluster& clust
             for (bool sp : {false, true}) {
               if (sp && (tp == 1 || (mbs * mc.seq_length) % tp != 0)) continue;
               for (const std::string& rc : recomputes) {
+                // Selective recomputation only drops the unfused attention's probabilities.
+                if (rc == "selective" && mc.flash_attention()) continue;
                 train::TrainConfig c = base;
                 c.tensor_model_parallel_size = tp;
                 c.pipeline_model_parallel_size = pp;
