@@ -5,6 +5,7 @@
 #include "trident/core/error.h"
 #include "trident/kernels/flash_attention.h"
 #include "trident/kernels/fused_bias_gelu.h"
+#include "trident/kernels/fused_residual_layernorm.h"
 #include "trident/kernels/matmul_bf16.h"
 
 namespace trident::model {
@@ -125,6 +126,9 @@ void layout_activations(const ModelConfig& cfg, const ModelShard& shard, std::in
   // 8-byte aligned (arena allocations are 64-byte aligned).
   ws.fused_scratch = {reinterpret_cast<std::byte*>(take((fused_bytes + 7) / 4 + 2)),
                       static_cast<std::size_t>(fused_bytes)};
+  const std::int64_t norm_bytes = k::residual_layernorm_backward_scratch_bytes(R, C);
+  ws.norm_scratch = {reinterpret_cast<std::byte*>(take((norm_bytes + 7) / 4 + 2)),
+                     static_cast<std::size_t>(norm_bytes)};
   ws.d_drop = take(BT * C);
   if (shard.has_embedding && cfg.embed_layernorm) {
     a.embedding.raw = take(R * C);

@@ -42,6 +42,7 @@ struct Workspace {
   core::bf16* bf16_dout = nullptr;       // --bf16: a matmul's upstream gradient in BF16
   std::span<std::byte> gemm_scratch{};   // oneDNN's BF16 workspace
   std::span<std::byte> fused_scratch{};  // bias_gelu_backward's per-chunk partial sums
+  std::span<std::byte> norm_scratch{};   // residual_layernorm_backward's per-chunk partial sums
 };
 
 // Hidden-dropout keys of one micro-batch: masks are keyed by global token rows and the iteration,

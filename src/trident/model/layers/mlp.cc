@@ -7,12 +7,13 @@ namespace trident::model::layers {
 namespace k = trident::kernels;
 
 void mlp_forward(const LayerContext& lc, const MlpConfig& cfg, const MlpParams& p, const float* in,
-                 const MlpSaved& s, float* out) {
+                 const MlpSaved& s, float* out, const core::bf16* in_bf16) {
   const std::int64_t BT = lc.rows(), C = cfg.hidden, F = cfg.ffn / lc.region.group().size();
   const float* x = lc.region.enter(in, lc.ws.gathered);  // f (SP: all-gather)
   // The up-projection without its bias: the fused bias-GeLU adds it.
   linear(lc, {.out = s.fc,
               .in = x,
+              .in_bf16 = lc.region.sp() ? nullptr : in_bf16,
               .weight = p.fc_w,
               .bias = nullptr,
               .rows = BT,

@@ -30,9 +30,10 @@ struct MlpSaved {
   float* gelu = nullptr;  // (B*T, F/tp)
 };
 
-// out (local rows, C) = mlp(in), `in` the normalized residual stream (local rows).
+// out (local rows, C) = mlp(in), `in` the normalized residual stream (local rows). in_bf16: its
+// BF16 copy when the producer wrote one (BF16 weights, no sequence parallelism), or null.
 void mlp_forward(const LayerContext& lc, const MlpConfig& cfg, const MlpParams& p, const float* in,
-                 const MlpSaved& s, float* out);
+                 const MlpSaved& s, float* out, const core::bf16* in_bf16 = nullptr);
 // Returns the gradient of `in` (local rows, in a workspace buffer); grads +=.
 const float* mlp_backward(const LayerContext& lc, const MlpConfig& cfg, const MlpParams& p,
                           const MlpSaved& s, const float* in, const float* d_out,
