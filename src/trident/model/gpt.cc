@@ -357,20 +357,25 @@ void gpt_forward(const core::ExecContext& ctx, const ModelConfig& cfg, const Mod
                  kv.caches.size(), " layers, the shard has ", m.layers());
   if (rt.shard.has_embedding) {
     call(rt.before_forward, -1);
-    layers::embedding_forward(m.lc, m.arch.embedding, m.embedding_params(), tokens, kv.position,
-                              a.embedding, a.encoded);
+    layers::embedding_forward(
+        m.lc, m.arch.embedding, m.embedding_params(),
+        {.out = a.encoded, .tokens = tokens, .position = kv.position, .saved = a.embedding});
     layers::dropout_forward(m.lc, a.encoded, C, -1, layers::DropSite::kEmbedding);
   }
   for (std::int64_t l = 0; l < m.layers(); ++l) {
     call(rt.before_forward, l);
     const layers::KvCache* cache =
         kv.caches.empty() ? nullptr : &kv.caches[static_cast<std::size_t>(l)];
-    layers::block_forward(m.lc, m.arch.block, m.block(l), m.input_of(l), m.global(l),
-                          m.saved_for_forward(l), cache);
+    layers::block_forward(m.lc, m.arch.block, m.block(l),
+                          {.x = m.input_of(l),
+                           .layer = m.global(l),
+                           .saved = m.saved_for_forward(l),
+                           .cache = cache});
   }
   if (rt.shard.has_head) {
     call(rt.before_forward, m.layers());
-    layers::lm_head_forward(m.lc, m.arch.head, m.head_params(), a.output(), a.head);
+    layers::lm_head_forward(m.lc, m.arch.head, m.head_params(),
+                            {.in = a.output(), .saved = a.head});
   }
 }
 
@@ -379,8 +384,11 @@ LossSum gpt_loss(const core::ExecContext& ctx, const ModelConfig& cfg, const Mod
   TRIDENT_ASSERT(rt.shard.has_head, "gpt_loss on a pipeline stage without the output layer");
   const GptParams none;
   const Transformer m(ctx, cfg, rt, none, a);
-  const layers::TokenLoss l =
-      layers::lm_head_loss(m.lc, m.arch.head, targets, grad == LossGrad::kCompute, d_scale, a.head);
+  const layers::TokenLoss l = layers::lm_head_loss(m.lc, m.arch.head,
+                                                   {.targets = targets,
+                                                    .with_grad = grad == LossGrad::kCompute,
+                                                    .d_scale = d_scale,
+                                                    .saved = a.head});
   return {.sum = l.sum, .count = l.count};
 }
 
@@ -390,8 +398,11 @@ void gpt_backward(const core::ExecContext& ctx, const ModelConfig& cfg, const Mo
   const Transformer m(ctx, cfg, rt, p, a);
   if (rt.shard.has_head) {
     call(rt.before_backward, m.layers());
-    layers::lm_head_backward(m.lc, m.arch.head, m.head_params(), a.head, a.output(),
-                             {.norm = {g.lnf_w, g.lnf_b}, .out_w = g.wte}, a.d_x);
+    layers::lm_head_backward(m.lc, m.arch.head, m.head_params(),
+                             {.d_in = a.d_x,
+                              .in = a.output(),
+                              .saved = a.head,
+                              .grads = {.norm = {g.lnf_w, g.lnf_b}, .out_w = g.wte}});
     call(rt.after_backward, m.layers());
   }
   // d_x holds the gradient of the residual stream at the top (this rank's rows): walk down.
@@ -401,18 +412,27 @@ void gpt_backward(const core::ExecContext& ctx, const ModelConfig& cfg, const Mo
     layers::BlockSaved s = a.layers[static_cast<std::size_t>(l)];
     if (cfg.recomputes(l)) {  // full recomputation: the same forward (same masks) into scratch
       s = a.scratch;
-      layers::block_forward(m.lc, m.arch.block, w, m.input_of(l), m.global(l), s);
+      layers::block_forward(m.lc, m.arch.block, w,
+                            {.x = m.input_of(l), .layer = m.global(l), .saved = s});
     }
-    layers::block_backward(m.lc, m.arch.block, w, s, m.input_of(l), m.global(l),
-                           block_grads(g.layers[static_cast<std::size_t>(l)]), a.d_x);
+    layers::block_backward(m.lc, m.arch.block, w,
+                           {.d_x = a.d_x,
+                            .x = m.input_of(l),
+                            .layer = m.global(l),
+                            .saved = s,
+                            .grads = block_grads(g.layers[static_cast<std::size_t>(l)])});
     call(rt.after_backward, l);
   }
   if (rt.shard.has_embedding) {
     call(rt.before_backward, -1);
     const float* d =
         layers::dropout_backward(m.lc, a.d_x, cfg.hidden_size, -1, layers::DropSite::kEmbedding);
-    layers::embedding_backward(m.lc, m.arch.embedding, m.embedding_params(), a.embedding, tokens, d,
-                               {.wte = g.wte, .wpe = g.wpe, .norm = {g.emb_ln_w, g.emb_ln_b}});
+    layers::embedding_backward(
+        m.lc, m.arch.embedding, m.embedding_params(),
+        {.d_out = d,
+         .tokens = tokens,
+         .saved = a.embedding,
+         .grads = {.wte = g.wte, .wpe = g.wpe, .norm = {g.emb_ln_w, g.emb_ln_b}}});
     call(rt.after_backward, -1);
   }
 }

@@ -69,11 +69,12 @@ void core_forward(const LayerContext& lc, const AttentionConfig& cfg, const Atte
 }  // namespace
 
 void attention_forward(const LayerContext& lc, const AttentionConfig& cfg, const AttentionParams& p,
-                       const float* in, std::int64_t layer, const AttentionSaved& s, float* out,
-                       const KvCache* cache) {
+                       const AttentionForwardArgs& args) {
+  const AttentionSaved& s = args.saved;
+  float* out = args.out;
   const auto [NH, HS, Cl] = local_of(lc, cfg);
   const std::int64_t BT = lc.rows(), C = cfg.hidden;
-  const float* x = lc.region.enter(in, lc.ws.gathered);  // f (SP: all-gather)
+  const float* x = lc.region.enter(args.in, lc.ws.gathered);  // f (SP: all-gather)
   linear(lc, {.out = s.qkv,
               .in = x,
               .weight = p.qkv_w,
@@ -82,7 +83,7 @@ void attention_forward(const LayerContext& lc, const AttentionConfig& cfg, const
               .in_features = C,
               .out_features = 3 * Cl});
   // Selective recomputation keeps no probabilities: they go to the shared scratch.
-  core_forward(lc, cfg, s, s.probs ? s.probs : lc.ws.probs, layer, cache);
+  core_forward(lc, cfg, s, s.probs ? s.probs : lc.ws.probs, args.layer, args.cache);
   float* partial = lc.region.partial_of(out, lc.ws.gathered);
   linear(lc, {.out = partial,
               .in = s.attn,
@@ -95,8 +96,10 @@ void attention_forward(const LayerContext& lc, const AttentionConfig& cfg, const
 }
 
 const float* attention_backward(const LayerContext& lc, const AttentionConfig& cfg,
-                                const AttentionParams& p, const AttentionSaved& s, const float* in,
-                                std::int64_t layer, const float* d_out, const AttentionGrads& g) {
+                                const AttentionParams& p, const AttentionBackwardArgs& args) {
+  const AttentionSaved& s = args.saved;
+  const AttentionGrads& g = args.grads;
+  const std::int64_t layer = args.layer;
   const auto [NH, HS, Cl] = local_of(lc, cfg);
   const std::int64_t BT = lc.rows(), C = cfg.hidden;
   const Workspace& ws = lc.ws;
@@ -106,7 +109,7 @@ const float* attention_backward(const LayerContext& lc, const AttentionConfig& c
     const AttentionSaved again{.qkv = s.qkv, .attn = ws.d_attn};
     core_forward(lc, cfg, again, ws.probs, layer, nullptr);
   }
-  const float* d = lc.region.leave_backward(d_out, ws.d_full);  // g backward (SP: all-gather)
+  const float* d = lc.region.leave_backward(args.d_out, ws.d_full);  // g backward (SP: all-gather)
   linear_backward(lc, {.d_in = ws.d_attn,
                        .d_weight = g.proj_w,
                        .d_bias = g.proj_b,
@@ -139,7 +142,7 @@ const float* attention_backward(const LayerContext& lc, const AttentionConfig& c
                                    .num_heads = NH,
                                    .head_dim = HS});
   }
-  const float* x = lc.region.enter(in, ws.gathered);  // the input again (SP: gathered again)
+  const float* x = lc.region.enter(args.in, ws.gathered);  // the input again (SP: gathered again)
   linear_backward(lc, {.d_in = ws.d_ln,
                        .d_weight = g.qkv_w,
                        .d_bias = g.qkv_b,

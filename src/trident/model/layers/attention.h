@@ -45,15 +45,26 @@ struct KvCache {
 };
 
 // out (local rows, C) = attention(in) where `in` is the normalized residual stream (local rows).
-// `layer` is the global layer index (dropout streams). With a cache the rows are new tokens of one
-// sample, appended to it.
+// With a cache the rows are new tokens of one sample, appended to it.
+struct AttentionForwardArgs {
+  float* out = nullptr;       // (local rows, C) written
+  const float* in = nullptr;  // (local rows, C)
+  AttentionSaved saved;
+  std::int64_t layer = 0;  // global layer index (dropout streams)
+  const KvCache* cache = nullptr;
+};
 void attention_forward(const LayerContext& lc, const AttentionConfig& cfg, const AttentionParams& p,
-                       const float* in, std::int64_t layer, const AttentionSaved& s, float* out,
-                       const KvCache* cache = nullptr);
-// d_out: the gradient of out (local rows). Returns the gradient of `in` (local rows, in a
-// workspace buffer, valid until the next layer call); grads +=.
+                       const AttentionForwardArgs& args);
+// Returns the gradient of `in` (local rows, in a workspace buffer, valid until the next layer
+// call); grads +=.
+struct AttentionBackwardArgs {
+  const float* d_out = nullptr;  // (local rows, C) the gradient of out
+  const float* in = nullptr;     // the forward's input
+  AttentionSaved saved;
+  std::int64_t layer = 0;
+  AttentionGrads grads;
+};
 const float* attention_backward(const LayerContext& lc, const AttentionConfig& cfg,
-                                const AttentionParams& p, const AttentionSaved& s, const float* in,
-                                std::int64_t layer, const float* d_out, const AttentionGrads& g);
+                                const AttentionParams& p, const AttentionBackwardArgs& args);
 
 }  // namespace trident::model::layers

@@ -7,32 +7,58 @@ namespace trident::model::layers {
 namespace k = trident::kernels;
 
 void block_forward(const LayerContext& lc, const BlockConfig& cfg, const BlockParams& p,
-                   const float* x, std::int64_t layer, const BlockSaved& s, const KvCache* cache) {
-  const std::int64_t R = lc.local_rows(), C = cfg.norm.hidden;
-  norm_forward(lc, cfg.norm, p.norm1, x, R, s.norm1);
-  attention_forward(lc, cfg.attention, p.attention, s.norm1.out, layer, s.attention, s.resid2,
-                    cache);
-  dropout_forward(lc, s.resid2, C, layer, DropSite::kAttentionOut);
-  // resid2 = resid2 + x and its norm in one pass (and, under --bf16, the MLP input's BF16 copy).
+                   const BlockForwardArgs& args) {
+  const BlockSaved& s = args.saved;
+  const std::int64_t R = lc.local_rows(), C = cfg.norm.hidden, layer = args.layer;
+  // Under --bf16 the fused residual + norm also writes the MLP input's BF16 copy.
   core::bf16* norm2_bf16 = p.mlp.fc_w.bf16 && !lc.region.sp() ? lc.ws.bf16_in : nullptr;
-  residual_norm_forward(lc, cfg.norm, p.norm2, s.resid2, s.resid2, x, R, s.norm2, norm2_bf16);
-  mlp_forward(lc, cfg.mlp, p.mlp, s.norm2.out, s.mlp, s.out, norm2_bf16);
+
+  norm_forward(lc, cfg.norm, p.norm1, {.in = args.x, .rows = R, .saved = s.norm1});
+  attention_forward(lc, cfg.attention, p.attention,
+                    {.out = s.resid2,
+                     .in = s.norm1.out,
+                     .saved = s.attention,
+                     .layer = layer,
+                     .cache = args.cache});
+  dropout_forward(lc, s.resid2, C, layer, DropSite::kAttentionOut);
+  residual_norm_forward(  // resid2 = x + resid2, norm2 = norm(resid2)
+      lc, cfg.norm, p.norm2,
+      {.resid = s.resid2,
+       .a = s.resid2,
+       .b = args.x,
+       .rows = R,
+       .saved = s.norm2,
+       .out_bf16 = norm2_bf16});
+  mlp_forward(lc, cfg.mlp, p.mlp,
+              {.out = s.out, .in = s.norm2.out, .in_bf16 = norm2_bf16, .saved = s.mlp});
   dropout_forward(lc, s.out, C, layer, DropSite::kMlpOut);
-  k::add_forward(lc.ctx, s.out, s.out, s.resid2, R * C);
+  k::add_forward(lc.ctx, s.out, s.out, s.resid2, R * C);  // out = resid2 + out
 }
 
 void block_backward(const LayerContext& lc, const BlockConfig& cfg, const BlockParams& p,
-                    const BlockSaved& s, const float* x, std::int64_t layer, const BlockGrads& g,
-                    float* d_x) {
-  const std::int64_t R = lc.local_rows(), C = cfg.norm.hidden;
-  // The residual adds pass d_x through; each branch adds its input gradient into it.
+                    const BlockBackwardArgs& args) {
+  const BlockSaved& s = args.saved;
+  const BlockGrads& g = args.grads;
+  const std::int64_t R = lc.local_rows(), C = cfg.norm.hidden, layer = args.layer;
+  float* d_x = args.d_x;  // the residual adds pass it through; each branch adds into it
+
   const float* d = dropout_backward(lc, d_x, C, layer, DropSite::kMlpOut);
-  d = mlp_backward(lc, cfg.mlp, p.mlp, s.mlp, s.norm2.out, d, g.mlp);
-  residual_norm_backward(lc, cfg.norm, p.norm2, s.norm2, s.resid2, d, R, g.norm2, d_x);
+  d = mlp_backward(lc, cfg.mlp, p.mlp,
+                   {.d_out = d, .in = s.norm2.out, .saved = s.mlp, .grads = g.mlp});
+  residual_norm_backward(lc, cfg.norm, p.norm2,
+                         {.d_resid = d_x,
+                          .d_out = d,
+                          .resid = s.resid2,
+                          .rows = R,
+                          .saved = s.norm2,
+                          .grads = g.norm2});
   d = dropout_backward(lc, d_x, C, layer, DropSite::kAttentionOut);
-  d = attention_backward(lc, cfg.attention, p.attention, s.attention, s.norm1.out, layer, d,
-                         g.attention);
-  norm_backward(lc, cfg.norm, p.norm1, s.norm1, x, d, R, g.norm1, d_x);
+  d = attention_backward(
+      lc, cfg.attention, p.attention,
+      {.d_out = d, .in = s.norm1.out, .saved = s.attention, .layer = layer, .grads = g.attention});
+  norm_backward(
+      lc, cfg.norm, p.norm1,
+      {.d_in = d_x, .d_out = d, .in = args.x, .rows = R, .saved = s.norm1, .grads = g.norm1});
 }
 
 }  // namespace trident::model::layers

@@ -38,13 +38,22 @@ struct BlockSaved {
   float* out = nullptr;  // (local rows, C) the block's output
 };
 
-// `layer`: the global layer index (dropout streams). cache: generation's KV cache, or null.
+struct BlockForwardArgs {
+  const float* x = nullptr;        // (local rows, C) the block's input
+  std::int64_t layer = 0;          // global layer index (dropout streams)
+  BlockSaved saved;                // saved.out is the block's output
+  const KvCache* cache = nullptr;  // generation's KV cache, or null
+};
 void block_forward(const LayerContext& lc, const BlockConfig& cfg, const BlockParams& p,
-                   const float* x, std::int64_t layer, const BlockSaved& s,
-                   const KvCache* cache = nullptr);
-// d_x: on entry the gradient of out, on exit the gradient of x (local rows); grads +=.
+                   const BlockForwardArgs& args);
+struct BlockBackwardArgs {
+  float* d_x = nullptr;  // on entry the gradient of out, on exit the gradient of x (local rows)
+  const float* x = nullptr;
+  std::int64_t layer = 0;
+  BlockSaved saved;
+  BlockGrads grads;  // +=
+};
 void block_backward(const LayerContext& lc, const BlockConfig& cfg, const BlockParams& p,
-                    const BlockSaved& s, const float* x, std::int64_t layer, const BlockGrads& g,
-                    float* d_x);
+                    const BlockBackwardArgs& args);
 
 }  // namespace trident::model::layers

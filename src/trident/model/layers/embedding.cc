@@ -9,16 +9,17 @@ namespace trident::model::layers {
 namespace k = trident::kernels;
 
 void embedding_forward(const LayerContext& lc, const EmbeddingConfig& cfg, const EmbeddingParams& p,
-                       const std::int32_t* tokens, std::int64_t position, const EmbeddingSaved& s,
-                       float* out) {
+                       const EmbeddingForwardArgs& args) {
+  const EmbeddingSaved& s = args.saved;
+  const std::int64_t position = args.position;
   TRIDENT_CHECK(p.wpe == nullptr || position + lc.seq_len <= cfg.max_positions, "sequence of ",
                 position + lc.seq_len, " tokens is longer than the ", cfg.max_positions,
                 " learned positions (--max-position-embeddings); ALiBi models have no such limit");
-  float* dst = cfg.norm ? s.raw : out;
+  float* dst = cfg.norm ? s.raw : args.out;
   float* partial = lc.region.partial_of(dst, lc.ws.gathered);
   const float* wpe = p.wpe ? p.wpe + position * cfg.hidden : nullptr;
   k::embedding_forward(lc.ctx, {.out = partial,
-                                .tokens = tokens,
+                                .tokens = args.tokens,
                                 .wte = p.wte,
                                 .wpe = lc.tp_rank() == 0 ? wpe : nullptr,  // once
                                 .batch = lc.batch,
@@ -27,17 +28,26 @@ void embedding_forward(const LayerContext& lc, const EmbeddingConfig& cfg, const
                                 .vocab_start = lc.tp_rank() * cfg.vocab_local,
                                 .vocab_local = cfg.vocab_local});
   lc.region.leave(partial, dst);  // each token's row lives on one tp rank
-  if (cfg.norm) norm_forward(lc, cfg.norm_cfg, p.norm, s.raw, lc.local_rows(), s.norm);
+  if (cfg.norm) {
+    norm_forward(lc, cfg.norm_cfg, p.norm, {.in = s.raw, .rows = lc.local_rows(), .saved = s.norm});
+  }
 }
 
 void embedding_backward(const LayerContext& lc, const EmbeddingConfig& cfg,
-                        const EmbeddingParams& p, const EmbeddingSaved& s,
-                        const std::int32_t* tokens, const float* d_out, const EmbeddingGrads& g) {
-  const float* d = d_out;
+                        const EmbeddingParams& p, const EmbeddingBackwardArgs& args) {
+  const EmbeddingSaved& s = args.saved;
+  const EmbeddingGrads& g = args.grads;
+  const float* d = args.d_out;
   if (cfg.norm) {
     float* d_raw = lc.ws.d_ln;  // free here; the LayerNorm accumulates into it
     k::fill(lc.ctx, {.out = d_raw, .value = 0.0f, .n = lc.local_rows() * cfg.hidden});
-    norm_backward(lc, cfg.norm_cfg, p.norm, s.norm, s.raw, d, lc.local_rows(), g.norm, d_raw);
+    norm_backward(lc, cfg.norm_cfg, p.norm,
+                  {.d_in = d_raw,
+                   .d_out = d,
+                   .in = s.raw,
+                   .rows = lc.local_rows(),
+                   .saved = s.norm,
+                   .grads = g.norm});
     d = d_raw;
   }
   // The forward reduction's backward: every rank scatters the full gradient into its own
@@ -46,7 +56,7 @@ void embedding_backward(const LayerContext& lc, const EmbeddingConfig& cfg,
   k::embedding_backward(lc.ctx, {.d_wte = g.wte,
                                  .d_wpe = g.wpe,
                                  .d_out = d_full,
-                                 .tokens = tokens,
+                                 .tokens = args.tokens,
                                  .batch = lc.batch,
                                  .seq_len = lc.seq_len,
                                  .hidden = cfg.hidden,

@@ -35,12 +35,22 @@ struct EmbeddingSaved {
 };
 
 // out (local rows, C) = embedding of tokens (B*T), their positions starting at `position`.
+struct EmbeddingForwardArgs {
+  float* out = nullptr;                  // (local rows, C) written
+  const std::int32_t* tokens = nullptr;  // (B*T)
+  std::int64_t position = 0;             // position of each sample's first token (generation)
+  EmbeddingSaved saved;
+};
 void embedding_forward(const LayerContext& lc, const EmbeddingConfig& cfg, const EmbeddingParams& p,
-                       const std::int32_t* tokens, std::int64_t position, const EmbeddingSaved& s,
-                       float* out);
-// d_out: the gradient of out (local rows); grads += (each rank its own vocabulary rows).
+                       const EmbeddingForwardArgs& args);
+// grads += (each rank its own vocabulary rows).
+struct EmbeddingBackwardArgs {
+  const float* d_out = nullptr;  // (local rows, C) the gradient of out
+  const std::int32_t* tokens = nullptr;
+  EmbeddingSaved saved;
+  EmbeddingGrads grads;
+};
 void embedding_backward(const LayerContext& lc, const EmbeddingConfig& cfg,
-                        const EmbeddingParams& p, const EmbeddingSaved& s,
-                        const std::int32_t* tokens, const float* d_out, const EmbeddingGrads& g);
+                        const EmbeddingParams& p, const EmbeddingBackwardArgs& args);
 
 }  // namespace trident::model::layers

@@ -9,8 +9,9 @@ namespace trident::model::layers {
 namespace k = trident::kernels;
 
 void lm_head_forward(const LayerContext& lc, const LmHeadConfig& cfg, const LmHeadParams& p,
-                     const float* in, const LmHeadSaved& s) {
-  norm_forward(lc, cfg.norm, p.norm, in, lc.local_rows(), s.norm);
+                     const LmHeadForwardArgs& args) {
+  const LmHeadSaved& s = args.saved;
+  norm_forward(lc, cfg.norm, p.norm, {.in = args.in, .rows = lc.local_rows(), .saved = s.norm});
   const float* x = lc.region.enter(s.norm.out, lc.ws.gathered);  // f (SP: all-gather)
   linear(lc, {.out = s.logits,
               .in = x,
@@ -21,8 +22,12 @@ void lm_head_forward(const LayerContext& lc, const LmHeadConfig& cfg, const LmHe
               .out_features = cfg.vocab_local});
 }
 
-TokenLoss lm_head_loss(const LayerContext& lc, const LmHeadConfig& cfg, const std::int32_t* targets,
-                       bool with_grad, float d_scale, const LmHeadSaved& s) {
+TokenLoss lm_head_loss(const LayerContext& lc, const LmHeadConfig& cfg,
+                       const LmHeadLossArgs& args) {
+  const LmHeadSaved& s = args.saved;
+  const std::int32_t* targets = args.targets;
+  const bool with_grad = args.with_grad;
+  const float d_scale = args.d_scale;
   const std::int64_t BT = lc.rows();
   const parallel::TpGroup& tp = lc.region.group();
   if (!tp.active()) {
@@ -68,11 +73,13 @@ TokenLoss lm_head_loss(const LayerContext& lc, const LmHeadConfig& cfg, const st
 }
 
 void lm_head_backward(const LayerContext& lc, const LmHeadConfig& cfg, const LmHeadParams& p,
-                      const LmHeadSaved& s, const float* in, const LmHeadGrads& g, float* d_in) {
+                      const LmHeadBackwardArgs& args) {
+  const LmHeadSaved& s = args.saved;
+  float* d_in = args.d_in;
   // SP gathers the norm output again rather than keeping a full copy.
   const float* x = lc.region.enter(s.norm.out, lc.ws.gathered);
   linear_backward(lc, {.d_in = lc.ws.d_ln,
-                       .d_weight = g.out_w,
+                       .d_weight = args.grads.out_w,
                        .d_bias = nullptr,
                        .d_out = s.logits,
                        .in = x,
@@ -82,7 +89,13 @@ void lm_head_backward(const LayerContext& lc, const LmHeadConfig& cfg, const LmH
                        .out_features = cfg.vocab_local});
   const float* d_norm = lc.region.enter_backward(lc.ws.d_ln);  // each rank held a partial
   k::fill(lc.ctx, {.out = d_in, .value = 0.0f, .n = lc.local_rows() * cfg.hidden});
-  norm_backward(lc, cfg.norm, p.norm, s.norm, in, d_norm, lc.local_rows(), g.norm, d_in);
+  norm_backward(lc, cfg.norm, p.norm,
+                {.d_in = d_in,
+                 .d_out = d_norm,
+                 .in = args.in,
+                 .rows = lc.local_rows(),
+                 .saved = s.norm,
+                 .grads = args.grads.norm});
 }
 
 }  // namespace trident::model::layers

@@ -38,14 +38,29 @@ struct TokenLoss {
 };
 
 // s.logits = out_w @ norm(in) (in: local rows).
+struct LmHeadForwardArgs {
+  const float* in = nullptr;  // (local rows, C) the last block's output
+  LmHeadSaved saved;
+};
 void lm_head_forward(const LayerContext& lc, const LmHeadConfig& cfg, const LmHeadParams& p,
-                     const float* in, const LmHeadSaved& s);
+                     const LmHeadForwardArgs& args);
 // Cross-entropy of s.logits against targets (B*T; negative = ignored). With with_grad
 // s.logits is overwritten with d_scale * dloss/dlogits.
-TokenLoss lm_head_loss(const LayerContext& lc, const LmHeadConfig& cfg, const std::int32_t* targets,
-                       bool with_grad, float d_scale, const LmHeadSaved& s);
+struct LmHeadLossArgs {
+  const std::int32_t* targets = nullptr;  // (B*T), negative = ignored
+  bool with_grad = false;
+  float d_scale = 1.0f;  // dL/dloss of each token
+  LmHeadSaved saved;
+};
+TokenLoss lm_head_loss(const LayerContext& lc, const LmHeadConfig& cfg, const LmHeadLossArgs& args);
 // From s.logits holding d_logits: d_in (local rows) = the input gradient (=); grads +=.
+struct LmHeadBackwardArgs {
+  float* d_in = nullptr;      // (local rows, C) written (=)
+  const float* in = nullptr;  // the forward's input
+  LmHeadSaved saved;
+  LmHeadGrads grads;
+};
 void lm_head_backward(const LayerContext& lc, const LmHeadConfig& cfg, const LmHeadParams& p,
-                      const LmHeadSaved& s, const float* in, const LmHeadGrads& g, float* d_in);
+                      const LmHeadBackwardArgs& args);
 
 }  // namespace trident::model::layers

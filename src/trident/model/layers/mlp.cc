@@ -6,14 +6,15 @@ namespace trident::model::layers {
 
 namespace k = trident::kernels;
 
-void mlp_forward(const LayerContext& lc, const MlpConfig& cfg, const MlpParams& p, const float* in,
-                 const MlpSaved& s, float* out, const core::bf16* in_bf16) {
+void mlp_forward(const LayerContext& lc, const MlpConfig& cfg, const MlpParams& p,
+                 const MlpForwardArgs& args) {
+  const MlpSaved& s = args.saved;
   const std::int64_t BT = lc.rows(), C = cfg.hidden, F = cfg.ffn / lc.region.group().size();
-  const float* x = lc.region.enter(in, lc.ws.gathered);  // f (SP: all-gather)
+  const float* x = lc.region.enter(args.in, lc.ws.gathered);  // f (SP: all-gather)
   // The up-projection without its bias: the fused bias-GeLU adds it.
   linear(lc, {.out = s.fc,
               .in = x,
-              .in_bf16 = lc.region.sp() ? nullptr : in_bf16,
+              .in_bf16 = lc.region.sp() ? nullptr : args.in_bf16,
               .weight = p.fc_w,
               .bias = nullptr,
               .rows = BT,
@@ -24,7 +25,7 @@ void mlp_forward(const LayerContext& lc, const MlpConfig& cfg, const MlpParams& 
   k::bias_gelu_forward(
       lc.ctx,
       {.out = s.gelu, .out_bf16 = gelu16, .in = s.fc, .bias = p.fc_b, .rows = BT, .cols = F});
-  float* partial = lc.region.partial_of(out, lc.ws.gathered);
+  float* partial = lc.region.partial_of(args.out, lc.ws.gathered);
   linear(lc, {.out = partial,
               .in = s.gelu,
               .in_bf16 = gelu16,
@@ -33,15 +34,16 @@ void mlp_forward(const LayerContext& lc, const MlpConfig& cfg, const MlpParams& 
               .rows = BT,
               .in_features = F,
               .out_features = C});
-  lc.region.leave(partial, out);  // g (SP: reduce-scatter)
+  lc.region.leave(partial, args.out);  // g (SP: reduce-scatter)
 }
 
 const float* mlp_backward(const LayerContext& lc, const MlpConfig& cfg, const MlpParams& p,
-                          const MlpSaved& s, const float* in, const float* d_out,
-                          const MlpGrads& g) {
+                          const MlpBackwardArgs& args) {
+  const MlpSaved& s = args.saved;
+  const MlpGrads& g = args.grads;
   const std::int64_t BT = lc.rows(), C = cfg.hidden, F = cfg.ffn / lc.region.group().size();
   const Workspace& ws = lc.ws;
-  const float* d = lc.region.leave_backward(d_out, ws.d_full);  // g backward (SP: all-gather)
+  const float* d = lc.region.leave_backward(args.d_out, ws.d_full);  // g backward (SP: all-gather)
   linear_backward(lc, {.d_in = ws.d_fc,
                        .d_weight = g.fc2_w,
                        .d_bias = g.fc2_b,
@@ -59,7 +61,7 @@ const float* mlp_backward(const LayerContext& lc, const MlpConfig& cfg, const Ml
                                  .rows = BT,
                                  .cols = F,
                                  .scratch = ws.fused_scratch});
-  const float* x = lc.region.enter(in, ws.gathered);  // the input again (SP: gathered again)
+  const float* x = lc.region.enter(args.in, ws.gathered);  // the input again (SP: gathered again)
   linear_backward(lc, {.d_in = ws.d_ln,
                        .d_weight = g.fc_w,
                        .d_bias = nullptr,  // summed by bias_gelu_backward

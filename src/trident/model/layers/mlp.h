@@ -30,13 +30,24 @@ struct MlpSaved {
   float* gelu = nullptr;  // (B*T, F/tp)
 };
 
-// out (local rows, C) = mlp(in), `in` the normalized residual stream (local rows). in_bf16: its
-// BF16 copy when the producer wrote one (BF16 weights, no sequence parallelism), or null.
-void mlp_forward(const LayerContext& lc, const MlpConfig& cfg, const MlpParams& p, const float* in,
-                 const MlpSaved& s, float* out, const core::bf16* in_bf16 = nullptr);
+// out (local rows, C) = mlp(in), `in` the normalized residual stream (local rows).
+struct MlpForwardArgs {
+  float* out = nullptr;       // (local rows, C) written
+  const float* in = nullptr;  // (local rows, C)
+  // in's BF16 copy when its producer wrote one (BF16 weights; ignored with SP), or null.
+  const core::bf16* in_bf16 = nullptr;
+  MlpSaved saved;
+};
+void mlp_forward(const LayerContext& lc, const MlpConfig& cfg, const MlpParams& p,
+                 const MlpForwardArgs& args);
 // Returns the gradient of `in` (local rows, in a workspace buffer); grads +=.
+struct MlpBackwardArgs {
+  const float* d_out = nullptr;  // (local rows, C) the gradient of out
+  const float* in = nullptr;     // the forward's input
+  MlpSaved saved;
+  MlpGrads grads;
+};
 const float* mlp_backward(const LayerContext& lc, const MlpConfig& cfg, const MlpParams& p,
-                          const MlpSaved& s, const float* in, const float* d_out,
-                          const MlpGrads& g);
+                          const MlpBackwardArgs& args);
 
 }  // namespace trident::model::layers

@@ -27,24 +27,50 @@ struct NormSaved {
   float* rstd = nullptr;  // (rows)
 };
 
-// s.out = norm(in) over `rows` rows.
+// saved.out = norm(in) over `rows` rows.
+struct NormForwardArgs {
+  const float* in = nullptr;  // (rows, C)
+  std::int64_t rows = 0;
+  NormSaved saved;
+};
 void norm_forward(const LayerContext& lc, const NormConfig& cfg, const NormParams& p,
-                  const float* in, std::int64_t rows, const NormSaved& s);
+                  const NormForwardArgs& args);
 // d_in += the input gradient (the residual stream's gradient accumulates here); grads +=.
+struct NormBackwardArgs {
+  float* d_in = nullptr;         // (rows, C) +=
+  const float* d_out = nullptr;  // (rows, C)
+  const float* in = nullptr;     // the forward's input
+  std::int64_t rows = 0;
+  NormSaved saved;
+  NormGrads grads;
+};
 void norm_backward(const LayerContext& lc, const NormConfig& cfg, const NormParams& p,
-                   const NormSaved& s, const float* in, const float* d_out, std::int64_t rows,
-                   const NormGrads& g, float* d_in);
+                   const NormBackwardArgs& args);
 
 // The residual add of a pre-norm block fused into the norm after it (one pass over each row):
-// resid = a + b (written; may alias a or b), s.out = norm(resid), and under --bf16 out_bf16 (or
-// null) gets the BF16 copy of s.out for the next BF16 matmul.
+// resid = a + b (written; may alias a or b), saved.out = norm(resid), and under --bf16 out_bf16
+// (or null) gets the BF16 copy of saved.out for the next BF16 matmul.
+struct ResidualNormForwardArgs {
+  float* resid = nullptr;  // (rows, C) written
+  const float* a = nullptr;
+  const float* b = nullptr;
+  std::int64_t rows = 0;
+  NormSaved saved;
+  core::bf16* out_bf16 = nullptr;
+};
 void residual_norm_forward(const LayerContext& lc, const NormConfig& cfg, const NormParams& p,
-                           float* resid, const float* a, const float* b, std::int64_t rows,
-                           const NormSaved& s, core::bf16* out_bf16);
+                           const ResidualNormForwardArgs& args);
 // norm_backward on the fused add's output (one pass): d_resid += the input gradient; the same
 // gradient reaches a and b.
+struct ResidualNormBackwardArgs {
+  float* d_resid = nullptr;      // (rows, C) +=
+  const float* d_out = nullptr;  // (rows, C)
+  const float* resid = nullptr;  // the forward's resid
+  std::int64_t rows = 0;
+  NormSaved saved;
+  NormGrads grads;
+};
 void residual_norm_backward(const LayerContext& lc, const NormConfig& cfg, const NormParams& p,
-                            const NormSaved& s, const float* resid, const float* d_out,
-                            std::int64_t rows, const NormGrads& g, float* d_resid);
+                            const ResidualNormBackwardArgs& args);
 
 }  // namespace trident::model::layers
