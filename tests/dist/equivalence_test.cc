@@ -93,6 +93,7 @@ class Equivalence : public ::testing::Test {
            " --data-path " +
            (dir() / "corpus").string() + " --data-cache-path " + (dir() / "cache").string() +
            " --log-interval 1 --eval-interval 100 --eval-iters 0 --peak-tflops 1"
+           " --hidden-dropout 0 --attention-dropout 0"
            " --make-vocab-size-divisible-by " +
            std::to_string(128 / l.tp) + " --save " + out + "/ckpt --metrics-jsonl " + out +
            "/metrics.jsonl";

@@ -64,7 +64,9 @@ class TrainTest : public ::testing::Test {
         {"--eval-interval", "3"},
         {"--eval-iters", "1"},
         {"--peak-tflops", "1"},
-        {"--seed", "5"}};
+        {"--seed", "5"},
+        {"--hidden-dropout", "0"},
+        {"--attention-dropout", "0"}};
     for (std::size_t i = 0; i + 1 < flags.size(); i += 2) {
       bool replaced = false;
       for (auto& [k, v] : args) {
