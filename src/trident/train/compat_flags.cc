@@ -231,6 +231,8 @@ void add_compat_options(CLI::App& app, TrainConfig& cfg) {
   for (const CompatFlag& f : kTable) {
     if (f.status == FlagStatus::kImplemented) continue;
     const std::string name(f.name);
+    // A flag another part of trident registered itself (implemented there) wins.
+    if (app.get_option_no_throw(name) != nullptr) continue;
     const std::string help = str("[", flag_status_name(f.status), "] ", f.meaning, ": ", f.note);
     auto store = [&cfg, name](const std::vector<std::string>& v) { cfg.compat[name] = v; };
     CLI::Option* o = nullptr;

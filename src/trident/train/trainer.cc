@@ -407,7 +407,8 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
     log::info("ckpt: saved iteration ", it, " to ", cfg.save, " (", t.elapsed_s(), " s)");
   };
 
-  double interval_loss = 0, interval_ms = 0, interval_busy = 0, interval_pipe = 0;
+  double interval_loss = 0, interval_loss_all = 0, interval_ms = 0, interval_busy = 0,
+         interval_pipe = 0;
   double interval_cpu0 = process_cpu_ms();  // CPU time per iteration: timing on a shared machine
   double interval_flops = 0, interval_tokens = 0;
   std::int64_t interval_iters = 0, interval_skipped = 0, interval_nan = 0, interval_advanced = 0;
@@ -465,6 +466,7 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
       }
     }
     const double iter_ms = timer.elapsed_ms();
+    interval_loss_all += lm_loss;  // --metrics-jsonl: every iteration of the interval
     if (!step.skipped && std::isfinite(lm_loss)) {
       interval_loss += lm_loss;  // Megatron averages over the iterations that advanced
       ++interval_advanced;
@@ -531,7 +533,7 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
       nlohmann::json record = {
           {"iteration", iteration},
           {"consumed_samples", consumed},
-          {"lm_loss", avg_loss},
+          {"lm_loss", interval_loss_all / static_cast<double>(interval_iters)},
           {"lr", lr},
           {"grad_norm", step.grad_norm},
           {"iter_ms", avg_ms},
@@ -566,7 +568,8 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
                   pipeline_schedule_name(schedule_kind), ", ", micro_batches, " micro-batches)");
       }
       metrics.write(record);
-      interval_loss = interval_ms = interval_busy = interval_pipe = interval_flops = 0;
+      interval_loss = interval_loss_all = interval_ms = interval_busy = interval_pipe =
+          interval_flops = 0;
       interval_cpu0 = process_cpu_ms();
       interval_tokens = 0;
       interval_iters = interval_skipped = interval_nan = interval_advanced = 0;
