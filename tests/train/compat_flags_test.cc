@@ -327,3 +327,34 @@ TEST(LogLines, MegatronAndMegatronDeepSpeedFormats) {
 
 }  // namespace
 }  // namespace trident::train
+
+namespace trident::train {
+namespace {
+
+TEST(CompatFlags, PretrainedFromHfAndVirtualStages) {
+  const fs::path d = fs::temp_directory_path() / ("trident_hf_" + std::to_string(::getpid()));
+  fs::create_directories(d);
+  std::ofstream(d / "tokenizer.json") << "{}";
+  TrainConfig c =
+      parse(with({"--tokenizer-type", "PretrainedFromHF", "--tokenizer-name-or-path", d.string()}));
+  EXPECT_EQ(c.tokenizer_type, "HuggingFaceTokenizer");
+  EXPECT_EQ(c.tokenizer_model, (d / "tokenizer.json").string());
+  EXPECT_NE(error_of(with({"--tokenizer-type", "PretrainedFromHF", "--tokenizer-name-or-path",
+                           (d / "missing").string()}))
+                .find("no "),
+            std::string::npos);
+  fs::remove_all(d);
+  // 8 layers, pp 2, 2 virtual stages per rank: 2 layers per virtual stage, interleaved.
+  c = parse({"--num-layers", "8", "--hidden-size", "64", "--num-attention-heads", "4",
+             "--data-path", "corpus", "--pipeline-model-parallel-size", "2",
+             "--virtual-pipeline-model-parallel-size", "2"},
+            2);
+  EXPECT_EQ(c.num_layers_per_virtual_pipeline_stage, 2);
+  EXPECT_EQ(c.pipeline_schedule, "interleaved");
+  EXPECT_NE(error_of(with({"--no-pipeline-parallel", "--pipeline-model-parallel-size", "2"}), 2)
+                .find("--no-pipeline-parallel"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace trident::train
