@@ -68,12 +68,12 @@ class PlanRss : public ::testing::Test {
 
   // Peak RSS per rank from `trident train`'s closing log line.
   static std::vector<double> train_rss(int np, const std::string& flags) {
-    const std::string log =
-        run(launcher(np) + TRIDENT_CLI + " train " + flags +
-            " --train-iters 1 --log-interval 1 --eval-iters 0 "
-            "--peak-tflops 1 --tokenizer-type NullTokenizer --vocab-size 1000"
-            " --data-path " +
-            (dir() / "corpus").string() + " --data-cache-path " + (dir() / "cache").string());
+    const std::string log = run(
+        launcher(np) + TRIDENT_CLI + " train " + flags +
+        " --train-iters 1 --log-interval 1 --eval-iters 0 --hidden-dropout 0 --attention-dropout 0 "
+        "--peak-tflops 1 --tokenizer-type NullTokenizer --vocab-size 1000"
+        " --data-path " +
+        (dir() / "corpus").string() + " --data-cache-path " + (dir() / "cache").string());
     std::smatch m;
     EXPECT_TRUE(std::regex_search(log, m, std::regex("peak RSS per rank \\[([0-9 ]+)\\] B")))
         << log;
@@ -88,7 +88,9 @@ class PlanRss : public ::testing::Test {
   static std::vector<double> plan_peak(int np, const std::string& flags) {
     const std::string out =
         run(std::string(TRIDENT_CLI) + " plan --gpu A100-80GB --num-gpus " + std::to_string(np) +
-            " --format json --tokenizer-type NullTokenizer --vocab-size 1000 " + flags);
+            " --format json --tokenizer-type NullTokenizer --vocab-size 1000"
+            " --hidden-dropout 0 --attention-dropout 0 " +
+            flags);
     const auto j = nlohmann::json::parse(out.substr(out.find('{')));
     std::vector<double> peaks;
     for (const auto& s : j["memory"]) peaks.push_back(s["peak"].get<double>());

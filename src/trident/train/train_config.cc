@@ -98,7 +98,22 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
   app.add_option("--lr-warmup-init", c.lr.init_lr, "Learning rate at the start of warm-up")
       ->capture_default_str();
   app.add_option("--train-tokens", c.train_tokens,
-                 "Also stop once this many tokens were consumed (Megatron-DeepSpeed)");
+                 "Also stop once this many tokens were consumed (Megatron-DeepSpeed); "
+                 "trident plan: estimate the time to train this many")
+      ->transform(CLI::Validator(
+          [](std::string& v) {
+            // 366e9: an exact integer written as a float.
+            try {
+              std::size_t used = 0;
+              const double d = std::stod(v, &used);
+              if (used == v.size() && d >= 0 && d < 9.2e18 &&
+                  d == static_cast<double>(static_cast<std::int64_t>(d)))
+                v = std::to_string(static_cast<std::int64_t>(d));
+            } catch (const std::exception&) {
+            }
+            return std::string();
+          },
+          "", "integer tokens"));
   app.add_option("--lr-warmup-tokens", c.lr_warmup_tokens,
                  "Warm-up in tokens (Megatron-DeepSpeed)");
   app.add_option("--lr-decay-tokens", c.lr_decay_tokens,
