@@ -8,6 +8,7 @@
 #include "trident/comm/mpi_communicator.h"
 #include "trident/comm/runtime.h"
 #include "trident/core/log.h"
+#include "trident/train/exit_codes.h"
 #include "trident/train/trainer.h"
 
 namespace trident::tools {
@@ -26,7 +27,8 @@ void register_train(CLI::App& app) {
       code = train::run_training(*cfg, *world);
     } catch (const std::exception& e) {
       if (mpi.world_size() > 1) {
-        comm::abort_job(1, core::str("trident train: error: ", e.what()));
+        // The exit code tells a supervisor whether a retry can help (exit_codes.h).
+        comm::abort_job(train::exit_code_for(e), core::str("trident train: error: ", e.what()));
       }
       throw;
     }

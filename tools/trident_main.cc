@@ -4,6 +4,7 @@
 
 #include "commands.h"
 #include "trident/core/error.h"
+#include "trident/train/exit_codes.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"trident: train GPT and BLOOM language models (Megatron-LM / DeepSpeed flags)"};
@@ -14,11 +15,15 @@ int main(int argc, char** argv) {
   trident::tools::register_plan(app);
   try {
     app.parse(argc, argv);
+  } catch (const CLI::RuntimeError& e) {
+    return e.get_exit_code();  // a subcommand's own exit code (trident train's stop codes)
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help is not an error; a wrong flag is bad input (exit code 2, never retried).
+    const int code = app.exit(e);
+    return code == 0 ? 0 : trident::train::kExitBadInput;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "trident: error: %s\n", e.what());
-    return 1;
+    return trident::train::exit_code_for(e);
   }
   return 0;
 }

@@ -133,6 +133,16 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
   app.add_option("--load", c.load, "Checkpoint directory to resume from");
   app.add_option("--save-interval", c.save_interval, "Iterations between checkpoints");
   app.add_option("--exit-interval", c.exit_interval, "Save (if --save) and exit at this iteration");
+  app.add_option("--save-retain", c.save_retain,
+                 "Keep only the newest N checkpoints in --save (0: keep all)");
+  app.add_flag("--async-save", c.async_save,
+               "Write checkpoints in the background while training continues");
+  app.add_flag("--exit-signal-handler", c.exit_signal_handler,
+               "On SIGTERM (or SIGUSR1) save (if --save) and exit after the iteration");
+  app.add_option("--exit-duration-in-mins", c.exit_duration_in_mins,
+                 "Save (if --save) and exit once the run has trained this many minutes");
+  app.add_option("--kill-switch-path", c.kill_switch_path,
+                 "Save (if --save) and exit when this file appears");
 
   app.add_option("--tensor-model-parallel-size", c.tensor_model_parallel_size, "TP size")
       ->capture_default_str();
@@ -269,6 +279,8 @@ void TrainConfig::finalize(int world_size) {
   TRIDENT_CHECK(log_interval > 0, "--log-interval must be positive");
   TRIDENT_CHECK(save_interval >= 0 && exit_interval >= 0, "intervals must be >= 0");
   TRIDENT_CHECK(save_interval == 0 || !save.empty(), "--save-interval needs --save DIR");
+  TRIDENT_CHECK(save_retain >= 0, "--save-retain must be >= 0 (0 keeps every checkpoint)");
+  TRIDENT_CHECK(exit_duration_in_mins >= 0, "--exit-duration-in-mins must be >= 0");
   TRIDENT_CHECK(dataloader_type == "single", "--dataloader-type: unknown type '", dataloader_type,
                 "' (use single)");
   TRIDENT_CHECK(rampup_batch_size.empty() || rampup_batch_size.size() == 3,

@@ -67,6 +67,12 @@ struct TrainConfig {
   std::string save, load;
   std::int64_t save_interval = 0;
   std::int64_t exit_interval = 0;
+  // Stopping cleanly and recovering (docs/failures-and-recovery.md).
+  int save_retain = 0;               // --save-retain N: keep the newest N checkpoints (0: all)
+  bool async_save = false;           // --async-save: write checkpoints in the background
+  bool exit_signal_handler = false;  // --exit-signal-handler: SIGTERM / SIGUSR1 save and exit
+  double exit_duration_in_mins = 0;  // --exit-duration-in-mins: save and exit after this long
+  std::string kill_switch_path;      // --kill-switch-path: save and exit when this file exists
 
   // Parallelism: data-parallel size = world size / (tp x pp).
   int tensor_model_parallel_size = 1;

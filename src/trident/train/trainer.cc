@@ -5,12 +5,14 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <optional>
 #include <vector>
 
 #include "trident/ckpt/checkpoint.h"
+#include "trident/ckpt/save_lock.h"
 #include "trident/core/arena.h"
 #include "trident/core/error.h"
 #include "trident/core/log.h"
@@ -24,9 +26,11 @@
 #include "trident/optim/loss_scaler.h"
 #include "trident/parallel/layout.h"
 #include "trident/parallel/parallel_context.h"
+#include "trident/train/exit_codes.h"
 #include "trident/train/metrics.h"
 #include "trident/train/pipeline.h"
 #include "trident/train/rank_model.h"
+#include "trident/train/stop_conditions.h"
 #include "trident/train/zero_optimizer.h"
 
 namespace trident::train {
@@ -106,6 +110,16 @@ void log_peak_rss(comm::Communicator& world) {
   log::info("memory: peak RSS per rank [", text, "] B");
 }
 
+// Fault injection for the tests of non-finite steps: TRIDENT_TEST_NAN_GRAD_ITER=k makes rank
+// TRIDENT_TEST_NAN_GRAD_RANK (default 0) seed iteration k's backward with NaN, so that every
+// gradient it computes is NaN, as a real numerical blow-up would make them.
+float test_gradient_poison(std::int64_t iteration, int rank) {
+  const char* at = std::getenv("TRIDENT_TEST_NAN_GRAD_ITER");
+  if (at == nullptr || std::atoll(at) != iteration) return 1.0f;
+  const char* on_rank = std::getenv("TRIDENT_TEST_NAN_GRAD_RANK");
+  return rank == (on_rank ? std::atoi(on_rank) : 0) ? NAN : 1.0f;
+}
+
 }  // namespace
 
 int run_training(TrainConfig cfg, comm::Communicator& world) {
@@ -120,6 +134,10 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
   log_settings.rank = world.rank();
   log_settings.coords = par.coords_string();
   log::configure(log_settings);
+  StopConditions stops(cfg);
+  // The save directory belongs to this job until it ends (a second job on it is refused).
+  std::unique_ptr<ckpt::SaveLock> save_lock;
+  if (!cfg.save.empty()) save_lock = ckpt::lock_save_dir(cfg.save, world);
 
   // Tokenizer: sets the vocabulary size.
   auto tokenizer = data::make_tokenizer({.type = cfg.tokenizer_type,
@@ -243,7 +261,7 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
   state.exp_avg_sq = slice(optimizer.exp_avg_sq_slice());
   std::int64_t iteration = 0, consumed = 0, consumed_valid = 0;
   std::int64_t skipped_iters = 0, nan_iters = 0;
-  if (!cfg.load.empty() && ckpt::latest_iteration(cfg.load) >= 0) {
+  if (!cfg.load.empty() && ckpt::has_checkpoint(cfg.load)) {
     ckpt::load_checkpoint(cfg.load, -1, state, world);
     iteration = state.iteration;
     consumed = state.consumed_train_samples;
@@ -331,8 +349,9 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
                            {"hysteresis_tracker", ls.hysteresis_tracker},
                            {"skipped_iterations", skipped_iters},
                            {"nan_iterations", nan_iters}};
-    ckpt::save_checkpoint(cfg.save, state, world);
-    log::info("ckpt: saved iteration ", it, " to ", cfg.save, " (", t.elapsed_s(), " s)");
+    ckpt::save_checkpoint(cfg.save, state, world, {.retain = cfg.save_retain});
+    log::info("ckpt: saved iteration ", it, " to ", cfg.save, " (training blocked ", t.elapsed_ms(),
+              " ms)");
   };
 
   double interval_loss = 0, interval_ms = 0, interval_busy = 0, interval_pipe = 0;
@@ -350,7 +369,8 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
     const std::int64_t tokens_per_iter = step_batch.running_global_batch_size * T;
     optimizer.begin_iteration();
     // Every token of the global batch weighs 1 / (tokens in the global batch).
-    const float d_scale = static_cast<float>(scaler.scale()) / static_cast<float>(tokens_per_iter);
+    const float d_scale = static_cast<float>(scaler.scale()) / static_cast<float>(tokens_per_iter) *
+                          test_gradient_poison(iteration + 1, world.rank());
     const PipelineStats ps = executor.train(
         ctx, optimizer.views(), d_scale,
         {.fill =
@@ -457,15 +477,17 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
       interval_iters = 0;
     }
     if (iteration % cfg.eval_interval == 0) evaluate(iteration);
-    const bool exiting = cfg.exit_interval > 0 && iteration % cfg.exit_interval == 0;
-    if ((cfg.save_interval > 0 && iteration % cfg.save_interval == 0) ||
-        (exiting && iteration != cfg.train_iters)) {
-      save(iteration);
-    }
-    if (exiting && iteration != cfg.train_iters) {
-      log::info("train: exiting at iteration ", iteration, " (--exit-interval)");
+    // Clean stops: save (when --save) and exit with the condition's code.
+    int stop = stops.check(world);
+    if (stop == 0 && cfg.exit_interval > 0 && iteration % cfg.exit_interval == 0)
+      stop = kExitIntervalStop;
+    if (iteration == cfg.train_iters) stop = 0;  // done anyway
+    if ((cfg.save_interval > 0 && iteration % cfg.save_interval == 0) || stop != 0) save(iteration);
+    if (stop != 0) {
+      log::info("train: exiting at iteration ", iteration, " with code ", stop, " (",
+                exit_code_name(stop), ")");
       log_peak_rss(world);
-      return 0;
+      return stop;
     }
   }
   if (cfg.train_iters % cfg.eval_interval != 0) evaluate(iteration);
