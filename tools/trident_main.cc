@@ -1,4 +1,4 @@
-// trident: one command with subcommands (preprocess, train, generate, plan).
+// trident: one command with subcommands (preprocess, train, generate, plan, supervise, convert).
 #include <cstdio>
 #include <exception>
 
@@ -13,6 +13,8 @@ int main(int argc, char** argv) {
   trident::tools::register_train(app);
   trident::tools::register_generate(app);
   trident::tools::register_plan(app);
+  trident::tools::register_supervise(app);
+  trident::tools::register_convert(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::RuntimeError& e) {

@@ -186,6 +186,13 @@ OptimizerStepResult ZeroOptimizer::step(const core::ExecContext& ctx, double lr,
 
 MemoryReport ZeroOptimizer::memory() const { return buffers_->memory(); }
 
+parallel::Range ZeroOptimizer::stored_range(int stage, bool moments, std::int64_t numel, int dp,
+                                            int dp_rank) {
+  if (stage == 0 || (!moments && stage < 3)) return {0, numel};
+  const Range s = parallel::build_shard_plan(numel, dp, kShardAlign).shard(dp_rank);
+  return {std::min(s.begin, numel), std::min(s.end, numel)};
+}
+
 ZeroOptimizer::TensorSlice ZeroOptimizer::params_slice() {
   const optim::ParamGradBuffers& b = *buffers_;
   if (b.full_params() != nullptr) return {b.full_params(), {0, layout_.numel()}};

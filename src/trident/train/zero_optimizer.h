@@ -100,6 +100,11 @@ class ZeroOptimizer {
   TensorSlice params_slice();
   TensorSlice exp_avg_slice();
   TensorSlice exp_avg_sq_slice();
+  // The range of a rank's flat buffer (numel elements) that data-parallel rank dp_rank of dp
+  // stores in checkpoints at `stage`: of the parameters (moments = false) or of the Adam moments.
+  // The same as the slices above, without an optimizer (`trident convert` writes other layouts).
+  static parallel::Range stored_range(int stage, bool moments, std::int64_t numel, int dp,
+                                      int dp_rank);
 
  private:
   void build_views();
