@@ -222,5 +222,45 @@ TEST_F(TrainTest, KillSwitchAndDurationSaveAndStop) {
   EXPECT_EQ(ckpt::latest_iteration(ckpt), 6);
 }
 
+// --async-save writes the same checkpoints as the synchronous path, byte for byte, finishes the
+// last one before the run ends, resumes bitwise, and a background write that fails is reported
+// with the same guarantees (exit code 3, temporary directory removed, earlier ones intact).
+TEST_F(TrainTest, AsyncSaveWritesTheSameCheckpoints) {
+  const std::string sync = (dir_ / "sync").string(), async = (dir_ / "async").string();
+  const std::string full = (dir_ / "full.jsonl").string(), part = (dir_ / "part.jsonl").string();
+  ASSERT_EQ(run(parse({"--train-iters", "6", "--save", sync, "--save-interval", "2",
+                       "--metrics-jsonl", full})),
+            0);
+  ASSERT_EQ(run(parse({"--train-iters", "6", "--save", async, "--save-interval", "2",
+                       "--async-save", "", "--exit-interval", "4", "--metrics-jsonl", part})),
+            kExitIntervalStop);
+  EXPECT_EQ(ckpt::latest_iteration(async), 4);  // the stop waited for the background save
+  ASSERT_EQ(run(parse({"--train-iters", "6", "--save", async, "--load", async, "--save-interval",
+                       "2", "--async-save", "", "--metrics-jsonl", part})),
+            0);
+  EXPECT_EQ(ckpt::latest_iteration(async), 6);
+  for (const char* it : {"iter_0000002", "iter_0000004", "iter_0000006"}) {
+    EXPECT_EQ(read_bytes(fs::path(sync) / it / "rank_00000.bin"),
+              read_bytes(fs::path(async) / it / "rank_00000.bin"))
+        << it;
+  }
+  const auto a = train_losses(read_metrics(full)), b = train_losses(read_metrics(part));
+  ASSERT_EQ(b.size(), 6u);
+  for (std::size_t i = 0; i < 6; ++i) EXPECT_EQ(a[i], b[i]) << "iteration " << i + 1;
+
+  const std::string failing = (dir_ / "failing").string();
+  ScopedEnv fail_at("TRIDENT_TEST_CKPT_FAIL_ITER", "4");
+  ScopedEnv limit("TRIDENT_TEST_CKPT_WRITE_LIMIT", "1000");
+  try {
+    run(parse(
+        {"--train-iters", "6", "--save", failing, "--save-interval", "2", "--async-save", ""}));
+    FAIL() << "no error";
+  } catch (const ckpt::SaveError& e) {
+    EXPECT_NE(std::string(e.what()).find("No space left on device"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(temp_dirs(failing).empty());
+  EXPECT_EQ(ckpt::latest_iteration(failing), 2);
+}
+
 }  // namespace
 }  // namespace trident::train

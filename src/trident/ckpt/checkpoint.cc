@@ -78,10 +78,16 @@ std::string errno_text() { return std::strerror(errno); }
 // Fault injection for the tests of failed saves: with TRIDENT_TEST_CKPT_FAIL_ITER=k, the save of
 // iteration k fails with ENOSPC after TRIDENT_TEST_CKPT_WRITE_LIMIT bytes (default 0) of a
 // rank's shard (on rank TRIDENT_TEST_CKPT_FAIL_RANK only, when set): as a disk filling up would.
+// With TRIDENT_TEST_CKPT_PAUSE_ITER=k, the save of iteration k stops for
+// TRIDENT_TEST_CKPT_PAUSE_S seconds (default 60) after the shard's parameters are written, so that
+// a test can kill the job in the middle of a save.
 thread_local std::int64_t t_write_budget = -1;
+thread_local bool t_pause = false;
 
 void arm_fault_injection(std::int64_t iteration, int rank) {
   t_write_budget = -1;
+  const char* pause = std::getenv("TRIDENT_TEST_CKPT_PAUSE_ITER");
+  t_pause = pause != nullptr && std::atoll(pause) == iteration;
   const char* it = std::getenv("TRIDENT_TEST_CKPT_FAIL_ITER");
   if (it == nullptr || std::atoll(it) != iteration) return;
   const char* on_rank = std::getenv("TRIDENT_TEST_CKPT_FAIL_RANK");
@@ -416,6 +422,10 @@ std::string write_shard(const std::string& tmp_dir, int rank, const CheckpointSt
                            {"bytes", bytes},
                            {"fnv1a64", str(std::hex, sums.back())}});
         offset += static_cast<std::int64_t>(bytes);
+        if (t == 0 && t_pause) {
+          const char* secs = std::getenv("TRIDENT_TEST_CKPT_PAUSE_S");
+          ::sleep(static_cast<unsigned>(secs ? std::atoi(secs) : 60));
+        }
       }
       if (::fsync(fd) != 0) {
         throw SaveError(str("checkpoint: fsync of ", shard_path, " failed: ", errno_text()));

@@ -26,6 +26,7 @@
 #include "trident/optim/loss_scaler.h"
 #include "trident/parallel/layout.h"
 #include "trident/parallel/parallel_context.h"
+#include "trident/train/async_saver.h"
 #include "trident/train/exit_codes.h"
 #include "trident/train/metrics.h"
 #include "trident/train/pipeline.h"
@@ -337,9 +338,9 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
     metrics.write({{"iteration", it}, {"split", "valid"}, {"lm_loss", loss}, {"ppl", ppl}});
     tp_traffic = training_traffic;
   };
+  CheckpointSaver saver(cfg.save, cfg.async_save, {.retain = cfg.save_retain});
   auto save = [&](std::int64_t it) {
     if (cfg.save.empty()) return;
-    core::Timer t;
     state.iteration = it;
     state.consumed_train_samples = consumed;
     state.consumed_valid_samples = consumed_valid;
@@ -349,9 +350,10 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
                            {"hysteresis_tracker", ls.hysteresis_tracker},
                            {"skipped_iterations", skipped_iters},
                            {"nan_iterations", nan_iters}};
-    ckpt::save_checkpoint(cfg.save, state, world, {.retain = cfg.save_retain});
-    log::info("ckpt: saved iteration ", it, " to ", cfg.save, " (training blocked ", t.elapsed_ms(),
-              " ms)");
+    const double blocked = saver.save(state, world);
+    log::info("ckpt: ", cfg.async_save ? "started saving" : "saved", " iteration ", it, " to ",
+              cfg.save, " (training blocked ", blocked, " ms", cfg.async_save ? ", async" : "",
+              ")");
   };
 
   double interval_loss = 0, interval_ms = 0, interval_busy = 0, interval_pipe = 0;
@@ -477,6 +479,7 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
       interval_iters = 0;
     }
     if (iteration % cfg.eval_interval == 0) evaluate(iteration);
+    saver.poll(world);  // finishes a background save once every rank has written its shard
     // Clean stops: save (when --save) and exit with the condition's code.
     int stop = stops.check(world);
     if (stop == 0 && cfg.exit_interval > 0 && iteration % cfg.exit_interval == 0)
@@ -484,6 +487,7 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
     if (iteration == cfg.train_iters) stop = 0;  // done anyway
     if ((cfg.save_interval > 0 && iteration % cfg.save_interval == 0) || stop != 0) save(iteration);
     if (stop != 0) {
+      saver.poll(world, /*block=*/true);
       log::info("train: exiting at iteration ", iteration, " with code ", stop, " (",
                 exit_code_name(stop), ")");
       log_peak_rss(world);
@@ -492,6 +496,7 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
   }
   if (cfg.train_iters % cfg.eval_interval != 0) evaluate(iteration);
   if (cfg.save_interval == 0 || cfg.train_iters % cfg.save_interval != 0) save(iteration);
+  saver.poll(world, /*block=*/true);
   log_peak_rss(world);
   return 0;
 }
