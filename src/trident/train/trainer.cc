@@ -260,6 +260,12 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
   state.params = slice(optimizer.params_slice());
   state.exp_avg = slice(optimizer.exp_avg_slice());
   state.exp_avg_sq = slice(optimizer.exp_avg_sq_slice());
+  // `trident convert` writes other layouts' shards from the same rule (zero_optimizer.h).
+  TRIDENT_ASSERT(ZeroOptimizer::stored_range(cfg.zero_stage, false, n, dp, dp_rank) ==
+                         optimizer.params_slice().range &&
+                     ZeroOptimizer::stored_range(cfg.zero_stage, true, n, dp, dp_rank) ==
+                         optimizer.exp_avg_slice().range,
+                 "checkpoint slices disagree with ZeroOptimizer::stored_range");
   std::int64_t iteration = 0, consumed = 0, consumed_valid = 0;
   std::int64_t skipped_iters = 0, nan_iters = 0;
   if (!cfg.load.empty() && ckpt::has_checkpoint(cfg.load)) {

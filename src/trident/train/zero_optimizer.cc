@@ -188,8 +188,10 @@ MemoryReport ZeroOptimizer::memory() const { return buffers_->memory(); }
 
 parallel::Range ZeroOptimizer::stored_range(int stage, bool moments, std::int64_t numel, int dp,
                                             int dp_rank) {
-  if (stage == 0 || (!moments && stage < 3)) return {0, numel};
-  const Range s = parallel::build_shard_plan(numel, dp, kShardAlign).shard(dp_rank);
+  const optim::ZeroPolicy policy = optim::zero_policy(stage);
+  if (!(moments ? policy.shards_optimizer() : policy.shards_parameters())) return {0, numel};
+  const parallel::Range s =
+      parallel::build_shard_plan(numel, dp, optim::kShardAlign).shard(dp_rank);
   return {std::min(s.begin, numel), std::min(s.end, numel)};
 }
 
