@@ -36,6 +36,7 @@ struct SuperviseArgs {
   double backoff = 5;
   double max_backoff = 300;
   std::string forward_signal;  // "", TERM, USR1, INT
+  double hang_timeout = 0;     // kill an attempt whose newest checkpoint has not moved this long
   std::vector<std::string> command;
 };
 
@@ -66,7 +67,10 @@ std::int64_t newest_checkpoint(const std::string& save) {
 }
 
 // Runs the command in its own process group; returns its exit code (128 + signal when killed).
-int run_once(const std::vector<std::string>& cmd) {
+// With hang_timeout > 0, an attempt whose newest checkpoint in `save` has not changed for that
+// many seconds is killed (SIGKILL to its group): a launcher that failed to tear a job down after
+// a rank died, or ranks stuck before their first collective, otherwise wait forever.
+int run_once(const std::vector<std::string>& cmd, const std::string& save, double hang_timeout) {
   const pid_t pid = ::fork();
   if (pid < 0) throw core::Error(core::str("supervise: fork failed: ", std::strerror(errno)));
   if (pid == 0) {
@@ -81,8 +85,27 @@ int run_once(const std::vector<std::string>& cmd) {
   ::setpgid(pid, pid);  // also from here, so the group exists before a signal is forwarded
   g_child_group = pid;
   int status = 0;
-  while (::waitpid(pid, &status, 0) < 0) {
-    if (errno != EINTR) throw core::Error(core::str("supervise: waitpid: ", std::strerror(errno)));
+  std::int64_t seen = newest_checkpoint(save);
+  auto last_change = std::chrono::steady_clock::now();
+  for (;;) {
+    const pid_t r = ::waitpid(pid, &status, hang_timeout > 0 ? WNOHANG : 0);
+    if (r == pid) break;
+    if (r < 0 && errno != EINTR) {
+      throw core::Error(core::str("supervise: waitpid: ", std::strerror(errno)));
+    }
+    if (hang_timeout <= 0) continue;
+    const std::int64_t now = newest_checkpoint(save);
+    if (now != seen) {
+      seen = now;
+      last_change = std::chrono::steady_clock::now();
+    } else if (std::chrono::duration<double>(std::chrono::steady_clock::now() - last_change)
+                   .count() > hang_timeout) {
+      log::error("supervise: no new checkpoint for ", hang_timeout,
+                 " s (--hang-timeout): killing the attempt");
+      ::kill(-pid, SIGKILL);
+      last_change = std::chrono::steady_clock::now();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
   g_child_group = 0;
   // Leftovers of the group (ranks of a launcher that died first) must not outlive the attempt.
@@ -136,7 +159,7 @@ int supervise(const SuperviseArgs& a) {
   for (int attempt = 1;; ++attempt) {
     log::info("supervise: attempt ", attempt, ": ", a.command.front(), " ... (newest checkpoint: ",
               progress >= 0 ? std::to_string(progress) : std::string("none"), ")");
-    const int code = run_once(a.command);
+    const int code = run_once(a.command, save, a.hang_timeout);
     const std::int64_t now = newest_checkpoint(save);
     if (g_signalled != 0) {
       log::info("supervise: stopped by signal ", g_signalled, "; the command exited with ", code,
@@ -185,6 +208,10 @@ void register_supervise(CLI::App& app) {
   sub->add_option("--forward-signal", a->forward_signal,
                   "Send this signal (TERM, USR1, USR2, INT) to the command when the supervisor "
                   "gets SIGTERM/SIGINT/SIGUSR1 (default: the same signal)");
+  sub->add_option("--hang-timeout", a->hang_timeout,
+                  "Kill an attempt whose newest checkpoint has not changed for this many seconds "
+                  "(0: never; set it well above the time between checkpoints)")
+      ->capture_default_str();
   sub->add_option("command", a->command, "The command, after --")->required();
   sub->callback([a] {
     const int code = supervise(*a);
