@@ -120,6 +120,25 @@ nlohmann::json parse_json_file(const std::string& path) {
   }
 }
 
+// A shard header holds only integers, strings and booleans. nlohmann converts a float such as
+// 1e300 to an integer with undefined behaviour, so a float anywhere in one is corruption.
+void require_no_floats(const nlohmann::json& j, const std::string& path) {
+  if (j.is_number_float()) {
+    throw DataError(str(path, ": unexpected number ", j.dump(),
+                        " where integers are expected"
+                        " (the checkpoint is corrupt; load an earlier iteration)"));
+  }
+  if (j.is_structured()) {
+    for (const nlohmann::json& v : j) require_no_floats(v, path);
+  }
+}
+
+nlohmann::json parse_shard_json(const std::string& path) {
+  nlohmann::json j = parse_json_file(path);
+  require_no_floats(j, path);
+  return j;
+}
+
 // Every rank learns whether every rank succeeded; the failures' messages are not shared, so each
 // failing rank reports its own and the others name the failing ranks' count.
 void agree_or_throw(comm::Communicator& world, const std::string& my_error, const char* what) {
@@ -137,7 +156,7 @@ void read_shard(const fs::path& it_dir, int rank, std::int64_t numel,
                 const CheckpointState::Slice* const slices[3]) {
   const std::string json_path = (it_dir / rank_name(rank, "json")).string();
   const std::string path = (it_dir / rank_name(rank, "bin")).string();
-  const nlohmann::json shard = parse_json_file(json_path);
+  const nlohmann::json shard = parse_shard_json(json_path);
   std::ifstream in(path, std::ios::binary);
   if (!in) throw DataError(str(path, ": missing shard file"));
   char magic[8];
@@ -176,6 +195,44 @@ void read_shard(const fs::path& it_dir, int rank, std::int64_t numel,
     }
   } catch (const nlohmann::json::exception& e) {
     throw DataError(str(json_path, ": malformed shard description (", e.what(), ")"));
+  }
+}
+
+// A shard header's parameter entry, before load_full_params indexes with it: its slice must be a
+// tensor-parallel slice of the model's parameter (global_shape == dst.shape was checked) that lies
+// in the rank's layout of n elements.
+void check_param_slice(const model::ParamSpec& src, const model::ParamSpec& dst,
+                       std::int64_t offset, std::int64_t n, int tp_rank, const std::string& where) {
+  const auto fail = [&](const char* what) {
+    throw DataError(str(where, ": parameter ", dst.name, ": ", what, " (shape ",
+                        nlohmann::json(src.shape).dump(), ", tp_split_dim ", src.tp_split_dim,
+                        ", tp_rank ", tp_rank, ", offset ", offset, ", numel ", src.numel,
+                        "); the checkpoint is corrupt"));
+  };
+  if (src.shape.size() != dst.shape.size()) fail("local and global shapes differ in rank");
+  std::int64_t numel = 1;
+  for (std::size_t d = 0; d < src.shape.size(); ++d) {
+    if (src.shape[d] < 1 || src.shape[d] > dst.shape[d]) fail("a local dimension out of range");
+    numel *= src.shape[d];  // <= dst.numel: no overflow
+  }
+  if (numel != src.numel) fail("numel is not the product of the shape");
+  if (offset < 0 || offset > n || src.numel > n - offset) fail("slice outside the rank's layout");
+  if (tp_rank < 0) fail("negative tp_rank");
+  const int split = src.tp_split_dim;
+  if (split < -1 || split >= static_cast<int>(src.shape.size()) || split > 1) {
+    fail("tp_split_dim is not -1, 0 or 1 of the shape");
+  }
+  for (std::size_t d = 0; d < src.shape.size(); ++d) {
+    if (static_cast<int>(d) != split && src.shape[d] != dst.shape[d]) {
+      fail("an unsplit dimension differs from the model's");
+    }
+  }
+  if (split >= 0) {
+    const std::int64_t local = src.shape[static_cast<std::size_t>(split)];
+    if (tp_rank >= dst.shape[static_cast<std::size_t>(split)] / local ||
+        dst.shape[static_cast<std::size_t>(split)] % local != 0) {
+      fail("the split dimension is not this tp_rank's slice of the model's");
+    }
   }
 }
 
@@ -342,9 +399,18 @@ nlohmann::json read_manifest(const std::string& dir, std::int64_t iteration) {
   const std::string path =
       (fs::path(dir) / iteration_dir_name(iteration) / "manifest.json").string();
   nlohmann::json m = parse_json_file(path);
-  if (m.value("format", "") != "trident-checkpoint" ||
-      m.value("format_version", -1) != kFormatVersion) {
+  if (!m.is_object() || !m.contains("format") || m["format"] != "trident-checkpoint" ||
+      !m.contains("format_version") || m["format_version"] != kFormatVersion) {
     throw DataError(str(path, ": not a trident checkpoint of format version ", kFormatVersion));
+  }
+  for (const char* key :
+       {"iteration", "world_size", "consumed_train_samples", "consumed_valid_samples"}) {
+    if (!m.contains(key)) continue;  // a missing key is reported where it is read
+    if (!m[key].is_number_integer()) {
+      throw DataError(str(path, ": \"", key, "\" is ", m[key].dump().substr(0, 40),
+                          ", not an integer (the checkpoint is corrupt; load an earlier "
+                          "iteration)"));
+    }
   }
   return m;
 }
@@ -370,7 +436,7 @@ nlohmann::json load_checkpoint(const std::string& dir, std::int64_t iteration, C
                           " on ", world.size(), " (resume with the same layout)"));
     }
     const nlohmann::json shard =
-        parse_json_file((it_dir / rank_name(world.rank(), "json")).string());
+        parse_shard_json((it_dir / rank_name(world.rank(), "json")).string());
     if (shard.at("tables") != tables_json(s.tables) || shard.at("numel") != s.numel) {
       throw DataError(str(it_dir.string(), "/", rank_name(world.rank(), "json"),
                           ": this rank's parameter tables differ from the run's model"));
@@ -399,12 +465,15 @@ nlohmann::json load_checkpoint(const std::string& dir, std::int64_t iteration, C
 nlohmann::json load_full_params(const std::string& dir, std::int64_t iteration,
                                 const model::ParamTable& full, float* flat) {
   const nlohmann::json m = read_manifest(dir, iteration);
+  if (!m.contains("iteration")) {
+    throw DataError(str(dir, ": malformed manifest (no \"iteration\")"));
+  }
   const fs::path it_dir = fs::path(dir) / iteration_dir_name(m.at("iteration").get<std::int64_t>());
   std::vector<char> filled(static_cast<std::size_t>(full.total_numel), 0);
   try {
     const int world = m.at("world_size");
     for (int r = 0; r < world; ++r) {
-      const nlohmann::json shard = parse_json_file((it_dir / rank_name(r, "json")).string());
+      const nlohmann::json shard = parse_shard_json((it_dir / rank_name(r, "json")).string());
       const std::int64_t n = shard.at("numel");
       // The parameter elements this rank stored (all of its layout, or its ZeRO-3 shard).
       std::int64_t begin = 0, end = n;
@@ -413,6 +482,17 @@ nlohmann::json load_full_params(const std::string& dir, std::int64_t iteration,
           begin = t.at("begin");
           end = t.at("end");
         }
+      }
+      // Validate before allocating: the header's ranges must fit the layout and the file.
+      const std::string bin_path = (it_dir / rank_name(r, "bin")).string();
+      std::error_code ec;
+      const auto bin_bytes = static_cast<std::int64_t>(fs::file_size(bin_path, ec));
+      if (n < 0 || begin < 0 || begin > end || end > n ||
+          (!ec && (end - begin) > (bin_bytes - 8) / 4)) {
+        throw DataError(str(it_dir.string(), "/", rank_name(r, "json"), ": params elements [",
+                            begin, ", ", end, ") of a layout of ", n, " elements",
+                            ec ? "" : str(" do not fit it or the ", bin_bytes, "-byte shard file"),
+                            " (the checkpoint is corrupt; load an earlier iteration)"));
       }
       std::vector<float> held(static_cast<std::size_t>(end - begin));
       const CheckpointState::Slice want{held.data(), begin, end}, none{};
@@ -434,6 +514,7 @@ nlohmann::json load_full_params(const std::string& dir, std::int64_t iteration,
                                 nlohmann::json(dst.shape).dump()));
           }
           const std::int64_t offset = p.at("offset");
+          check_param_slice(src, dst, offset, n, tp_rank, it_dir.string());
           for (std::int64_t i = 0; i < src.numel; ++i) {
             const std::int64_t at = offset + i;
             if (at < begin || at >= end) continue;  // another data-parallel rank's shard
