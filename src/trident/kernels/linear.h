@@ -12,6 +12,7 @@
 
 #include "trident/core/exec_context.h"
 #include "trident/core/tensor.h"
+#include "trident/core/view.h"
 
 namespace trident::kernels {
 
