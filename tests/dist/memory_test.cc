@@ -9,10 +9,10 @@
 // written every step) plus at most its staging buffers (the received reduce-scatter piece is
 // sized for a shard but filled a layer's piece at a time, so part of it is never touched):
 //   model state(3) - tol <= resident(3) <= model state(3) + staging(3) + tol.
-// tol = 2.5% of stage 0's model state (10 MB) covers what differs between two runs besides the
+// tol = 4% of stage 0's model state (16 MB) covers what differs between two runs besides the
 // model state: MPI's temporary collective buffers and allocator rounding (repeated runs differ by
-// 0.2 MB in resident(3), once 12 MB: the size of one layer's bucket, an MPI temporary). Measured:
-// resident(3) = 117-130 MB within [92, 164] MB. A rank that
+// 0.2 MB in resident(3), once by 12 MB: one layer bucket, an MPI temporary of the non-blocking
+// all-reduce). Measured: resident(3) = 117-130 MB within [86, 170] MB. A rank that
 // materialises the whole FP32 model at initialization, as it did before (4 psi = 103 MB; the peak
 // grows by 58 MB because the other buffers are not yet touched then), measured 187 MB and fails.
 // (The reduce-scatter piece is sized for the largest reduced range, at most a shard.)
@@ -112,7 +112,7 @@ TEST_F(Memory, Zero3OnFourRanksKeepsAQuarterOfTheModelState) {
   const double others = static_cast<double>(s0.peak_rss - s0.model_state());
   const double resident3 = static_cast<double>(s3.peak_rss) - others;
   const double quarter = s0.model_state() / 4.0;
-  const double tol = 0.025 * static_cast<double>(s0.model_state());
+  const double tol = 0.04 * static_cast<double>(s0.model_state());
   std::printf(
       "stage 0: model state %lld B, peak RSS %lld B; stage 3: model state %lld B, staging "
       "%lld B, peak RSS %lld B; stage 3 resident for the model %.0f B = %.3f x stage 0's "
