@@ -1,6 +1,6 @@
 // ZeRO-3 memory on real processes: `mpirun -np 4 trident train` at stage 0 and stage 3 (dp 4) on a
-// model whose layers dominate (8 layers, hidden 512: psi = 25.7 M parameters per rank, 16 psi =
-// 411 MB of model state at stage 0). The model-state bytes the optimizer allocates (its start-up
+// model whose layers dominate (8 layers, hidden 512: psi = 25.4 M parameters per rank, 16 psi =
+// 407 MB of model state at stage 0). The model-state bytes the optimizer allocates (its start-up
 // report) at stage 3 are a quarter of stage 0's, and the processes' peak resident set sizes show
 // it. Everything that is not model state (code, libraries, MPI, activations, data) is the same in
 // both runs, so
@@ -13,7 +13,7 @@
 // model state: MPI's temporary collective buffers and allocator rounding (repeated runs differ by
 // 0.2 MB in resident(3), once by 12 MB: one layer bucket, an MPI temporary of the non-blocking
 // all-reduce). Measured: resident(3) = 117-130 MB within [86, 170] MB. A rank that
-// materialises the whole FP32 model at initialization, as it did before (4 psi = 103 MB; the peak
+// materialises the whole FP32 model at initialization, as it did before (4 psi = 102 MB; the peak
 // grows by 58 MB because the other buffers are not yet touched then), measured 187 MB and fails.
 // (The reduce-scatter piece is sized for the largest reduced range, at most a shard.)
 #include <gtest/gtest.h>
