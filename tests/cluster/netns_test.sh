@@ -6,7 +6,9 @@
 #  2. The inter-host link's cost: the cross-host bytes per iteration (NIC counters), and the time
 #     per iteration with the NICs shaped to $RATE, with one gradient bucket (reduction after
 #     backward) and with per-layer buckets (reduction overlapped with backward).
-#  3. A hang names its culprit: rank 5 (host h1) is stopped (SIGSTOP) mid-training; the job ends
+#  3. --hierarchical-dp: DP4 over two hosts (two ranks each) gives the one-process losses and
+#     sends fewer bytes across the link than the flat all-reduce.
+#  4. A hang names its culprit: rank 5 (host h1) is stopped (SIGSTOP) mid-training; the job ends
 #     within seconds of --comm-timeout with one summary line naming rank 5 and host h1.
 # Usage: netns_test.sh TRIDENT_CLI. Prints the measurements; exit 77 if the kernel refuses netns.
 set -euo pipefail
@@ -61,6 +63,13 @@ for p in "r0 tp0 dp0 pp0 @h0" "r1 tp1 dp0 pp0 @h0" "r2 tp0 dp1 pp0 @h1" "r3 tp1 
          "r4 tp0 dp0 pp1 @h1" "r5 tp1 dp0 pp1 @h1" "r6 tp0 dp1 pp1 @h0" "r7 tp1 dp1 pp1 @h0"; do
   grep -qF "[$p]" "$work/hosts6.log" || { cat "$work/hosts6.log"; fail "no log line with prefix [$p]"; }
 done
+# Launch hygiene: each rank knows its host, its local rank there and the thread plan.
+grep -F "[r5 tp1 dp0 pp1 @h1] launch: 8 ranks; host h1: 4 ranks x 1 OpenMP thread = 4 threads on" \
+  "$work/hosts6.log" | grep -q "local rank 3," ||
+  fail "rank 5 is not local rank 3 of h1 (ranks 2-5)"
+grep -F "[r6 tp0 dp1 pp1 @h0] launch: 8 ranks; host h0: 4 ranks x 1 OpenMP thread = 4 threads on" \
+  "$work/hosts6.log" | grep -q "local rank 2," ||
+  fail "rank 6 is not local rank 2 of h0 (ranks 0, 1, 6, 7)"
 
 # --- 2. what the link costs ---------------------------------------------------------------------
 launch hosts3 3 > "$work/hosts3.log" 2>&1 || { cat "$work/hosts3.log"; fail "3-iteration run"; }
@@ -89,7 +98,43 @@ if cost < 0.5 * predicted:
              "the traffic did not cross the shaped NICs")
 PY
 
-# --- 3. a stopped rank is named -----------------------------------------------------------------
+# --- 3. hierarchy-aware data parallelism: DP4 over two hosts, two data-parallel ranks on each ----
+# launch4 RUN ITERS [flags...]: ranks 0-1 on h0, 2-3 on h1, no TP or PP: every gradient byte
+# that crosses the link is data-parallel.
+launch4() {
+  local run=$1 iters=$2
+  shift 2
+  local cmd=("$TRIDENT" $(train_args "$work" "$run" "$iters") "$@")
+  "$net/run-on" 0 mpirun --bind-to none --mca plm_rsh_agent "$net/rsh-agent" \
+    --mca btl tcp,self,vader --mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0 \
+    -np 2 -host 10.77.0.1:4 "${cmd[@]}" : -np 2 -host 10.77.0.2:4 "${cmd[@]}"
+}
+dp_bytes() {  # dp_bytes NAME [flags]: cross-host bytes per iteration (6 - 3 iterations)
+  local n=$1 a b c
+  shift
+  a=$(tx_bytes)
+  launch4 "${n}6" 6 "$@" > "$work/${n}6.log" 2>&1 || { cat "$work/${n}6.log"; fail "DP4 run $n"; }
+  b=$(tx_bytes)
+  launch4 "${n}3" 3 "$@" > "$work/${n}3.log" 2>&1 || { cat "$work/${n}3.log"; fail "DP4 run $n"; }
+  c=$(tx_bytes)
+  echo $(( ((b - a) - (c - b)) / 3 ))
+}
+flat_bytes=$(dp_bytes flat)
+hier_bytes=$(dp_bytes hier --hierarchical-dp)
+same_losses "$work/ref.jsonl" "$work/flat6.jsonl" 1e-6 || fail "DP4 over two hosts differs from one process"
+same_losses "$work/ref.jsonl" "$work/hier6.jsonl" 1e-6 || fail "--hierarchical-dp differs from one process"
+grep -q "all-reduces hierarchically: 2 hosts x 2 members" "$work/hier6.log" ||
+  { cat "$work/hier6.log"; fail "--hierarchical-dp did not build the hierarchy"; }
+python3 - "$flat_bytes" "$hier_bytes" <<'PY'
+import sys
+flat, hier = int(sys.argv[1]), int(sys.argv[2])
+print(f"DP4 over 2 hosts (2 ranks each): cross-host bytes per iteration {flat} flat, {hier} with "
+      f"--hierarchical-dp ({(1 - hier / flat) * 100:.0f}% less)")
+if not hier < 0.9 * flat:
+    sys.exit("--hierarchical-dp does not reduce the cross-host bytes by 10%")
+PY
+
+# --- 4. a stopped rank is named -----------------------------------------------------------------
 launch hang 100000 --comm-timeout 3 > "$work/hang.log" 2>&1 &
 launcher=$!
 for _ in $(seq 300); do

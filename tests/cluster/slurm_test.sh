@@ -31,6 +31,8 @@ for r in 0 1 2 3; do
   grep -q "\[r$r tp[01] dp[01] pp0 @$(hostname -s)\]" "$work/srun.log" ||
     { cat "$work/srun.log"; fail "no log line of rank $r with its host in the prefix"; }
 done
+grep "\[r3 .*\] launch: 4 ranks; host $(hostname -s): 4 ranks x 1 OpenMP thread" "$work/srun.log" |
+  grep -q "local rank 3," || { cat "$work/srun.log"; fail "rank 3 does not report local rank 3"; }
 
 # PMI2 does not reach Debian's Open MPI (built with PMIx only, no s1/s2 component): MPI_Init
 # fails in every task and the step fails (documented in docs/clusters.md).

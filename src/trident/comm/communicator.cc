@@ -185,13 +185,14 @@ bool Request::test() {
 }
 
 void Request::wait() {
-  if (test()) return;
-  using Clock = std::chrono::steady_clock;
-  const Clock::time_point start = Clock::now();
+  if (!impl_) return;
   detail::note_waiting(group_, rank_, op_);
   struct DoneWaiting {
     ~DoneWaiting() { detail::note_done_waiting(); }
   } done_waiting;
+  if (test()) return;
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
   for (;;) {
     const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
     if (elapsed >= policy_.timeout_s) {

@@ -357,6 +357,9 @@ void note_posted(const std::shared_ptr<GroupProgress>& g, int rank, OpDesc& op) 
   Board& b = board();
   std::lock_guard<std::mutex> lock(b.mu);
   if (op.kind != OpKind::kSend && op.kind != OpKind::kRecv) op.seq = ++g->posted;
+  // A timed-out rank stays flagged until its next operation (a library user may catch the error
+  // and go on): peers probing meanwhile see it timed out, not computing.
+  b.timed_out_at = 0;
   b.last_group = g;
   b.last_op = op;
   b.last_rank = rank;
@@ -385,16 +388,6 @@ void note_step(std::int64_t step) {
   b.step = std::max(b.step, step);
 }
 
-namespace {
-// A timed-out rank's flag lasts until its report is done (a library user may catch the error and
-// go on; its next timeout is a new episode).
-void end_episode() {
-  Board& b = board();
-  std::lock_guard<std::mutex> lock(b.mu);
-  b.timed_out_at = 0;
-}
-}  // namespace
-
 std::string on_timeout(const GroupInfo& group, int /*rank*/, const OpDesc& op) {
   if (!g_reporter) return "";
   const Reporter& r = *g_reporter;
@@ -418,7 +411,6 @@ std::string on_timeout(const GroupInfo& group, int /*rank*/, const OpDesc& op) {
     }
   }
   if (r.world_size > 1 && gone == r.world_size - 1) {
-    end_episode();
     return "every other rank has exited";
   }
 
@@ -506,7 +498,6 @@ std::string on_timeout(const GroupInfo& group, int /*rank*/, const OpDesc& op) {
       if (!s.answered || s.reported_at >= first) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
-    end_episode();
     return core::str(summary, " (rank ", reporter, " reports for the job)");
   }
   std::fflush(stdout);
@@ -522,7 +513,6 @@ std::string on_timeout(const GroupInfo& group, int /*rank*/, const OpDesc& op) {
     std::lock_guard<std::mutex> lock(b.mu);
     b.reported_at = unix_now();
   }
-  end_episode();
   return summary;
 }
 
