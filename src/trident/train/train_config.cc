@@ -185,6 +185,9 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
   app.add_option("--ddp-bucket-size", c.ddp_bucket_size,
                  "Elements per gradient bucket reduced while backward runs")
       ->capture_default_str();
+  app.add_flag("--hierarchical-dp", c.hierarchical_dp,
+               "Data-parallel all-reduce as reduce-scatter inside each host, all-reduce across "
+               "hosts, all-gather inside the host (ZeRO 0 gradients; docs/clusters.md)");
   app.add_flag("--sequence-parallel", c.sequence_parallel,
                "Split LayerNorm/dropout regions along the tokens across tensor-parallel ranks");
   app.add_option("--pipeline-schedule", c.pipeline_schedule, "gpipe, 1f1b or interleaved")

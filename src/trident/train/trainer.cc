@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "trident/ckpt/checkpoint.h"
+#include "trident/comm/launch.h"
 #include "trident/core/arena.h"
 #include "trident/core/error.h"
 #include "trident/core/log.h"
@@ -114,12 +115,21 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
   const auto layout = parallel::ParallelLayout::from_world_size(
       world.size(), cfg.tensor_model_parallel_size, cfg.pipeline_model_parallel_size);
   world.set_timeout(cfg.comm_timeout);
-  parallel::ParallelContext par(world, layout);
+  parallel::ParallelContext par(world, layout, cfg.hierarchical_dp);
   par.set_timeout(cfg.comm_timeout);
   log::Settings log_settings = log::settings();
   log_settings.rank = world.rank();
   log_settings.coords = par.coords_string();
   log::configure(log_settings);
+  // Where this rank runs and its OpenMP threads (docs/clusters.md): an error if they oversubscribe.
+  const comm::HostPlacement placement = comm::host_placement(world);
+  const comm::ThreadPlan thread_plan = comm::plan_threads(placement, comm::requested_threads());
+  omp_set_num_threads(thread_plan.threads);
+  log::info("launch: ", world.size(), " rank", world.size() == 1 ? "" : "s", "; ",
+            thread_plan.text);
+  if (thread_plan.oversubscribed && placement.local_rank == 0) {
+    log::warn("launch: more ranks than cores on this host, they share cores: ", thread_plan.text);
+  }
 
   // Tokenizer: sets the vocabulary size.
   auto tokenizer = data::make_tokenizer({.type = cfg.tokenizer_type,
