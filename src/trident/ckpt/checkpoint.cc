@@ -62,6 +62,29 @@ std::string rank_name(int rank, const char* ext) {
   return buf;
 }
 
+namespace {
+
+// A shard header holds only integers, strings and booleans. nlohmann converts a float such as
+// 1e300 to an integer with undefined behaviour, so a float anywhere in one is corruption.
+void require_no_floats(const nlohmann::json& j, const std::string& path) {
+  if (j.is_number_float()) {
+    throw CorruptCheckpoint(str(path, ": unexpected number ", j.dump(),
+                                " where integers are expected"
+                                " (the checkpoint is corrupt; load an earlier iteration)"));
+  }
+  if (j.is_structured()) {
+    for (const nlohmann::json& v : j) require_no_floats(v, path);
+  }
+}
+
+}  // namespace
+
+nlohmann::json parse_shard_json(const std::string& path) {
+  nlohmann::json j = parse_json_file(path);
+  require_no_floats(j, path);
+  return j;
+}
+
 }  // namespace detail
 
 namespace {
@@ -70,6 +93,7 @@ using detail::fnv1a;
 using detail::kShardMagic;
 using detail::kTensors;
 using detail::parse_json_file;
+using detail::parse_shard_json;
 using detail::rank_name;
 using detail::read_text;
 
@@ -180,7 +204,7 @@ void read_shard(const fs::path& it_dir, int rank, std::int64_t numel,
                 const CheckpointState::Slice* const slices[3]) {
   const std::string json_path = (it_dir / rank_name(rank, "json")).string();
   const std::string path = (it_dir / rank_name(rank, "bin")).string();
-  const nlohmann::json shard = parse_json_file(json_path);
+  const nlohmann::json shard = parse_shard_json(json_path);
   std::ifstream in(path, std::ios::binary);
   if (!in) throw CorruptCheckpoint(str(path, ": missing shard file"));
   char magic[8];
@@ -528,9 +552,18 @@ nlohmann::json read_manifest(const std::string& dir, std::int64_t iteration) {
   const std::string path =
       (fs::path(dir) / iteration_dir_name(iteration) / "manifest.json").string();
   nlohmann::json m = parse_json_file(path);
-  if (m.value("format", "") != "trident-checkpoint" ||
-      m.value("format_version", -1) != kFormatVersion) {
+  if (!m.is_object() || !m.contains("format") || m["format"] != "trident-checkpoint" ||
+      !m.contains("format_version") || m["format_version"] != kFormatVersion) {
     throw DataError(str(path, ": not a trident checkpoint of format version ", kFormatVersion));
+  }
+  for (const char* key :
+       {"iteration", "world_size", "consumed_train_samples", "consumed_valid_samples"}) {
+    if (!m.contains(key)) continue;  // a missing key is reported where it is read
+    if (!m[key].is_number_integer()) {
+      throw DataError(str(path, ": \"", key, "\" is ", m[key].dump().substr(0, 40),
+                          ", not an integer (the checkpoint is corrupt; load an earlier "
+                          "iteration)"));
+    }
   }
   return m;
 }
@@ -573,7 +606,7 @@ nlohmann::json load_one(const std::string& dir, std::int64_t it, CheckpointState
     }
     bool same_layout = m.at("layout") == s.layout && m.at("world_size").get<int>() == world_size;
     if (same_layout) {
-      const nlohmann::json shard = parse_json_file((it_dir / rank_name(rank, "json")).string());
+      const nlohmann::json shard = parse_shard_json((it_dir / rank_name(rank, "json")).string());
       same_layout = shard.at("tables") == tables_json(s.tables) && shard.at("numel") == s.numel;
     }
     if (same_layout) {
@@ -683,6 +716,9 @@ nlohmann::json load_checkpoint(const std::string& dir, std::int64_t iteration, C
 nlohmann::json load_full_params(const std::string& dir, std::int64_t iteration,
                                 const model::ParamTable& full, float* flat) {
   const nlohmann::json m = read_manifest(dir, iteration);
+  if (!m.contains("iteration")) {
+    throw DataError(str(dir, ": malformed manifest (no \"iteration\")"));
+  }
   const fs::path it_dir = fs::path(dir) / iteration_dir_name(m.at("iteration").get<std::int64_t>());
   CheckpointState s;
   s.tables.push_back({&full, 0});

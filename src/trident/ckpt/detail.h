@@ -17,5 +17,8 @@ std::uint64_t fnv1a(const void* data, std::size_t n, std::uint64_t h = kFnvBasis
 std::string read_text(const std::string& path);
 nlohmann::json parse_json_file(const std::string& path);
 std::string rank_name(int rank, const char* ext);  // "rank_00003.json"
+// A rank's shard header: parse_json_file, and CorruptCheckpoint for any float in it (headers hold
+// integers, strings and booleans only).
+nlohmann::json parse_shard_json(const std::string& path);
 
 }  // namespace trident::ckpt::detail

@@ -29,7 +29,9 @@ class SourceShard {
   SourceShard(const fs::path& it_dir, int rank) : rank_(rank) {
     json_path_ = (it_dir / detail::rank_name(rank, "json")).string();
     bin_path_ = (it_dir / detail::rank_name(rank, "bin")).string();
-    json_ = detail::parse_json_file(json_path_);
+    json_ = detail::parse_shard_json(json_path_);
+    std::error_code ec;
+    const auto bin_bytes = static_cast<std::int64_t>(fs::file_size(bin_path_, ec));
     try {
       tp_rank_ = json_.at("tp_rank");
       numel_ = json_.at("numel");
@@ -43,10 +45,21 @@ class SourceShard {
             x.bytes = t.at("bytes");
             x.sum = t.at("fnv1a64").get<std::string>();
             x.present = true;
-            if (x.begin < 0 || x.begin > x.end || x.end > numel_ ||
-                x.bytes != (x.end - x.begin) * 4)
+            // Validated here, before anything is mapped or indexed with them: the ranges must
+            // fit the rank's layout and the shard file.
+            if (numel_ < 0 || x.begin < 0 || x.begin > x.end || x.end > numel_ ||
+                (!ec && (x.end - x.begin) > (bin_bytes - 8) / 4)) {
               throw CorruptCheckpoint(
-                  str(json_path_, ": tensor ", detail::kTensors[k], " has inconsistent ranges"));
+                  str(json_path_, ": ", detail::kTensors[k], " elements [", x.begin, ", ", x.end,
+                      ") of a layout of ", numel_, " elements",
+                      ec ? "" : str(" do not fit it or the ", bin_bytes, "-byte shard file"),
+                      " (the checkpoint is corrupt; load an earlier iteration)"));
+            }
+            if (x.bytes != (x.end - x.begin) * 4) {
+              throw CorruptCheckpoint(str(json_path_, ": tensor ", detail::kTensors[k], " has ",
+                                          x.bytes, " bytes for ", x.end - x.begin,
+                                          " elements (the checkpoint is corrupt)"));
+            }
           }
         }
       }
@@ -62,6 +75,7 @@ class SourceShard {
 
   int rank() const { return rank_; }
   int tp_rank() const { return tp_rank_; }
+  std::int64_t numel() const { return numel_; }
   const nlohmann::json& json() const { return json_; }
   const std::string& json_path() const { return json_path_; }
   // Whether tensor k stores flat element `at` of the rank's layout.
@@ -135,6 +149,43 @@ struct SourceParam {
   std::int64_t offset = 0;
 };
 
+// A shard header's parameter entry, before load_resharded indexes with it: its slice must be a
+// tensor-parallel slice of the model's parameter of `global_shape` that lies in the rank's layout
+// of n elements.
+void check_param_slice(const model::ParamSpec& src, const std::vector<std::int64_t>& global_shape,
+                       std::int64_t offset, std::int64_t n, int tp_rank, const std::string& where) {
+  const auto fail = [&](const char* what) {
+    throw CorruptCheckpoint(str(where, ": parameter ", src.name, ": ", what, " (shape ",
+                                nlohmann::json(src.shape).dump(), ", tp_split_dim ",
+                                src.tp_split_dim, ", tp_rank ", tp_rank, ", offset ", offset,
+                                ", numel ", src.numel, "); the checkpoint is corrupt"));
+  };
+  if (src.shape.size() != global_shape.size()) fail("local and global shapes differ in rank");
+  std::int64_t numel = 1;
+  for (std::size_t d = 0; d < src.shape.size(); ++d) {
+    if (src.shape[d] < 1 || src.shape[d] > global_shape[d]) fail("a local dimension out of range");
+    numel *= src.shape[d];  // <= the global numel: no overflow
+  }
+  if (numel != src.numel) fail("numel is not the product of the shape");
+  if (offset < 0 || offset > n || src.numel > n - offset) fail("slice outside the rank's layout");
+  if (tp_rank < 0) fail("negative tp_rank");
+  const int split = src.tp_split_dim;
+  if (split < -1 || split >= static_cast<int>(src.shape.size()) || split > 1) {
+    fail("tp_split_dim is not -1, 0 or 1 of the shape");
+  }
+  for (std::size_t d = 0; d < src.shape.size(); ++d) {
+    if (static_cast<int>(d) != split && src.shape[d] != global_shape[d]) {
+      fail("an unsplit dimension differs from the model's");
+    }
+  }
+  if (split >= 0) {
+    const auto sd = static_cast<std::size_t>(split);
+    if (global_shape[sd] % src.shape[sd] != 0 || tp_rank >= global_shape[sd] / src.shape[sd]) {
+      fail("the split dimension is not this tp_rank's slice of the model's");
+    }
+  }
+}
+
 // The local index on tensor-parallel rank *tp of global flat index g (the inverse of
 // ParamSpec::global_index); *tp = -1 for a replicated parameter (every rank holds it).
 std::int64_t local_index(const model::ParamSpec& p, std::int64_t g, int* tp) {
@@ -207,6 +258,16 @@ void load_resharded(const fs::path& it_dir, const nlohmann::json& manifest,
                         "so that the vocabulary padded to a multiple of it times the tensor-"
                         "parallel size equals the checkpoint's)"
                       : ""));
+        }
+        for (const SourceParam& sp : cands) {
+          if (sp.spec.global_shape != p.global_shape) {
+            throw CorruptCheckpoint(
+                str(sp.shard->json_path(), ": parameter ", p.name, " has global shape ",
+                    nlohmann::json(sp.spec.global_shape).dump(), " where another rank's has ",
+                    nlohmann::json(cands.front().spec.global_shape).dump()));
+          }
+          check_param_slice(sp.spec, p.global_shape, sp.offset, sp.shard->numel(),
+                            sp.shard->tp_rank(), sp.shard->json_path());
         }
         std::size_t last = 0;  // the candidate that served the previous element
         for (std::int64_t at = lo; at < hi; ++at) {

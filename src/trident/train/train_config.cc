@@ -1,16 +1,55 @@
 #include "trident/train/train_config.h"
 
 #include <CLI/CLI.hpp>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "trident/core/error.h"
 
 namespace trident::train {
 
+namespace {
+
+using core::str;
+
+// Sets every option named in the TOML file `path` that the command line did not give. CLI11 2.1's
+// own set_config reads the file only for the main app, so `trident train --config F` (a
+// subcommand) silently ignored F (found by fuzz_train_config: no input changed its coverage).
+// This applies the file the way CLI11's config reader does, from the subcommand itself.
+void apply_config_file(CLI::App& app, const std::string& path) {
+  CLI::ConfigTOML format;
+  for (const CLI::ConfigItem& item : format.from_file(path)) {  // FileError when missing
+    if (item.name == "++" || item.name == "--" || !item.parents.empty()) {
+      throw CLI::ConfigError(str("--config ", path, ": sections ([", item.fullname(),
+                                 "]) are not supported; write the keys at the top level"));
+    }
+    CLI::Option* op = app.get_option_no_throw("--" + item.name);
+    if (op == nullptr || item.name == "config") {
+      throw CLI::ConfigError(str("--config ", path, ": '", item.name,
+                                 "' is not a `trident train` flag (keys are flag names without "
+                                 "the leading --, e.g. num-layers = 2)"));
+    }
+    if (op->count() > 0) continue;  // the command line overrides the file
+    if (op->get_expected_min() == 0) {
+      op->add_result(op->get_flag_value(item.name, format.to_flag(item)));
+    } else {
+      op->add_result(item.inputs);
+    }
+    op->run_callback();
+  }
+}
+
+}  // namespace
+
 void add_train_options(CLI::App& app, TrainConfig& c) {
   model::ModelConfig& m = c.model;
-  app.set_config("--config", "", "TOML file holding the same keys as the flags (flags override)");
-  app.allow_config_extras(false);
+  auto config_file = std::make_shared<std::string>();
+  app.add_option("--config", *config_file,
+                 "TOML file holding the same keys as the flags (flags override)");
+  app.parse_complete_callback([&app, config_file] {
+    if (!config_file->empty()) apply_config_file(app, *config_file);
+  });
   // As with argparse, a flag given twice keeps its last value (config file, then command line).
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 
@@ -156,6 +195,9 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
   app.add_option("--ddp-bucket-size", c.ddp_bucket_size,
                  "Elements per gradient bucket reduced while backward runs")
       ->capture_default_str();
+  app.add_flag("--hierarchical-dp", c.hierarchical_dp,
+               "Data-parallel all-reduce as reduce-scatter inside each host, all-reduce across "
+               "hosts, all-gather inside the host (ZeRO 0 gradients; docs/clusters.md)");
   app.add_flag("--sequence-parallel", c.sequence_parallel,
                "Split LayerNorm/dropout regions along the tokens across tensor-parallel ranks");
   app.add_option("--pipeline-schedule", c.pipeline_schedule, "gpipe, 1f1b or interleaved")

@@ -80,6 +80,8 @@ struct TrainConfig {
   bool sequence_parallel = false;
   int zero_stage = 0;  // --zero-stage (--use-distributed-optimizer = 1)
   bool use_distributed_optimizer = false;
+  // --hierarchical-dp: host-aware data-parallel all-reduce (docs/clusters.md)
+  bool hierarchical_dp = false;
   std::int64_t ddp_bucket_size = 40'000'000;  // elements per gradient bucket
   std::string pipeline_schedule = "1f1b";     // gpipe, 1f1b, interleaved
   std::int64_t num_layers_per_virtual_pipeline_stage = 0;

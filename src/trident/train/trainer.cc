@@ -13,6 +13,7 @@
 
 #include "trident/ckpt/checkpoint.h"
 #include "trident/ckpt/save_lock.h"
+#include "trident/comm/launch.h"
 #include "trident/core/arena.h"
 #include "trident/core/error.h"
 #include "trident/core/log.h"
@@ -129,7 +130,7 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
   const auto layout = parallel::ParallelLayout::from_world_size(
       world.size(), cfg.tensor_model_parallel_size, cfg.pipeline_model_parallel_size);
   world.set_timeout(cfg.comm_timeout);
-  parallel::ParallelContext par(world, layout);
+  parallel::ParallelContext par(world, layout, cfg.hierarchical_dp);
   par.set_timeout(cfg.comm_timeout);
   log::Settings log_settings = log::settings();
   log_settings.rank = world.rank();
@@ -139,6 +140,15 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
   // The save directory belongs to this job until it ends (a second job on it is refused).
   std::unique_ptr<ckpt::SaveLock> save_lock;
   if (!cfg.save.empty()) save_lock = ckpt::lock_save_dir(cfg.save, world);
+  // Where this rank runs and its OpenMP threads (docs/clusters.md): an error if they oversubscribe.
+  const comm::HostPlacement placement = comm::host_placement(world);
+  const comm::ThreadPlan thread_plan = comm::plan_threads(placement, comm::requested_threads());
+  omp_set_num_threads(thread_plan.threads);
+  log::info("launch: ", world.size(), " rank", world.size() == 1 ? "" : "s", "; ",
+            thread_plan.text);
+  if (thread_plan.oversubscribed && placement.local_rank == 0) {
+    log::warn("launch: more ranks than cores on this host, they share cores: ", thread_plan.text);
+  }
 
   // Tokenizer: sets the vocabulary size.
   auto tokenizer = data::make_tokenizer({.type = cfg.tokenizer_type,
