@@ -13,6 +13,7 @@
 #include "trident/core/log.h"
 #include "trident/train/compat_flags.h"
 #include "trident/train/launch_env.h"
+#include "trident/train/exit_codes.h"
 #include "trident/train/trainer.h"
 
 namespace trident::tools {
@@ -42,7 +43,8 @@ void register_train(CLI::App& app) {
       code = train::run_training(*cfg, *world);
     } catch (const std::exception& e) {
       if (mpi.world_size() > 1) {
-        comm::abort_job(1, core::str("trident train: error: ", e.what()));
+        // The exit code tells a supervisor whether a retry can help (exit_codes.h).
+        comm::abort_job(train::exit_code_for(e), core::str("trident train: error: ", e.what()));
       }
       throw;
     }

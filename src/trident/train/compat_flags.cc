@@ -162,12 +162,18 @@ void apply_mapped(TrainConfig& c, const CompatFlag& f, const std::vector<std::st
                                "(type:transformer; use --decoder-first/last-pipeline-num-layers "
                                "to move layers)"));
     }
-  } else if (n == "--exit-duration-in-mins" || n == "--kill-switch-path" ||
-             n == "--kill-switch-file" || n == "--exit-signal-handler" || n == "--exit-signal" ||
-             n == "--exit-signal-handler-for-training" ||
-             n == "--exit-signal-handler-for-dataloader") {
-    c.warnings.push_back(str(n, v.empty() ? "" : " ", joined(v),
-                             ": accepted, not implemented yet in this build (no effect)"));
+  } else if (n == "--kill-switch-file") {
+    c.kill_switch_path = one(n, v);
+  } else if (n == "--exit-signal-handler-for-training") {
+    c.exit_signal_handler = true;
+  } else if (n == "--exit-signal") {
+    const std::string sig = one(n, v);
+    if (sig != "SIGTERM" && sig != "SIGUSR1" && sig != "signal.SIGTERM" &&
+        sig != "signal.SIGUSR1") {
+      c.warnings.push_back(str(n, " ", sig,
+                               ": trident's --exit-signal-handler catches SIGTERM and SIGUSR1 "
+                               "only; send one of those"));
+    }
   } else if (n == "--norm-epsilon") {
     c.model.layernorm_epsilon = static_cast<float>(to_double(n, v));
   } else if (n == "--decoder-num-layers") {

@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "trident/core/error.h"
 #include "trident/data/data_loader.h"
@@ -18,10 +20,47 @@ TrainConfig::TrainConfig() {
   model.attention_dropout = 0.1f;
 }
 
+namespace {
+
+using core::str;
+
+// Sets every option named in the TOML file `path` that the command line did not give. CLI11 2.1's
+// own set_config reads the file only for the main app, so `trident train --config F` (a
+// subcommand) silently ignored F (found by fuzz_train_config: no input changed its coverage).
+// This applies the file the way CLI11's config reader does, from the subcommand itself.
+void apply_config_file(CLI::App& app, const std::string& path) {
+  CLI::ConfigTOML format;
+  for (const CLI::ConfigItem& item : format.from_file(path)) {  // FileError when missing
+    if (item.name == "++" || item.name == "--" || !item.parents.empty()) {
+      throw CLI::ConfigError(str("--config ", path, ": sections ([", item.fullname(),
+                                 "]) are not supported; write the keys at the top level"));
+    }
+    CLI::Option* op = app.get_option_no_throw("--" + item.name);
+    if (op == nullptr || item.name == "config") {
+      throw CLI::ConfigError(str("--config ", path, ": '", item.name,
+                                 "' is not a `trident train` flag (keys are flag names without "
+                                 "the leading --, e.g. num-layers = 2)"));
+    }
+    if (op->count() > 0) continue;  // the command line overrides the file
+    if (op->get_expected_min() == 0) {
+      op->add_result(op->get_flag_value(item.name, format.to_flag(item)));
+    } else {
+      op->add_result(item.inputs);
+    }
+    op->run_callback();
+  }
+}
+
+}  // namespace
+
 void add_train_options(CLI::App& app, TrainConfig& c) {
   model::ModelConfig& m = c.model;
-  app.set_config("--config", "", "TOML file holding the same keys as the flags (flags override)");
-  app.allow_config_extras(false);
+  auto config_file = std::make_shared<std::string>();
+  app.add_option("--config", *config_file,
+                 "TOML file holding the same keys as the flags (flags override)");
+  app.parse_complete_callback([&app, config_file] {
+    if (!config_file->empty()) apply_config_file(app, *config_file);
+  });
   // As with argparse, a flag given twice keeps its last value (config file, then command line).
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 
@@ -206,6 +245,16 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
                "Megatron-DeepSpeed: read batch sizes, ZeRO, precision, loss scaling and clipping "
                "from --deepspeed_config");
   app.add_option("--deepspeed_config", c.deepspeed_config, "DeepSpeed JSON file");
+  app.add_option("--save-retain", c.save_retain,
+                 "Keep only the newest N checkpoints in --save (0: keep all)");
+  app.add_flag("--async-save", c.async_save,
+               "Write checkpoints in the background while training continues");
+  app.add_flag("--exit-signal-handler", c.exit_signal_handler,
+               "On SIGTERM (or SIGUSR1) save (if --save) and exit after the iteration");
+  app.add_option("--exit-duration-in-mins", c.exit_duration_in_mins,
+                 "Save (if --save) and exit once the run has trained this many minutes");
+  app.add_option("--kill-switch-path", c.kill_switch_path,
+                 "Save (if --save) and exit when this file appears");
 
   app.add_option("--tensor-model-parallel-size", c.tensor_model_parallel_size, "TP size")
       ->capture_default_str();
@@ -219,6 +268,9 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
   app.add_option("--ddp-bucket-size", c.ddp_bucket_size,
                  "Elements per gradient bucket reduced while backward runs")
       ->capture_default_str();
+  app.add_flag("--hierarchical-dp", c.hierarchical_dp,
+               "Data-parallel all-reduce as reduce-scatter inside each host, all-reduce across "
+               "hosts, all-gather inside the host (ZeRO 0 gradients; docs/clusters.md)");
   app.add_flag("--sequence-parallel", c.sequence_parallel,
                "Split LayerNorm/dropout regions along the tokens across tensor-parallel ranks");
   app.add_option("--pipeline-schedule", c.pipeline_schedule, "gpipe, 1f1b or interleaved")
@@ -451,6 +503,9 @@ void TrainConfig::finalize(int world_size) {
   TRIDENT_CHECK(eval_iters >= 0, "--eval-iters must be >= 0");
   TRIDENT_CHECK(log_interval > 0, "--log-interval must be positive");
   TRIDENT_CHECK(save_interval >= 0 && exit_interval >= 0, "intervals must be >= 0");
+  TRIDENT_CHECK(save_interval == 0 || !save.empty(), "--save-interval needs --save DIR");
+  TRIDENT_CHECK(save_retain >= 0, "--save-retain must be >= 0 (0 keeps every checkpoint)");
+  TRIDENT_CHECK(exit_duration_in_mins >= 0, "--exit-duration-in-mins must be >= 0");
   TRIDENT_CHECK(dataloader_type == "single", "--dataloader-type: unknown type '", dataloader_type,
                 "' (use single)");
   TRIDENT_CHECK(pad_vocab_size_to >= 0, "--pad-vocab-size-to must be >= 0");

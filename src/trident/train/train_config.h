@@ -92,12 +92,21 @@ struct TrainConfig {
   bool deepspeed = false;
   std::string deepspeed_config;
 
+  // Stopping cleanly and recovering (docs/failures-and-recovery.md).
+  int save_retain = 0;               // --save-retain N: keep the newest N checkpoints (0: all)
+  bool async_save = false;           // --async-save: write checkpoints in the background
+  bool exit_signal_handler = false;  // --exit-signal-handler: SIGTERM / SIGUSR1 save and exit
+  double exit_duration_in_mins = 0;  // --exit-duration-in-mins: save and exit after this long
+  std::string kill_switch_path;      // --kill-switch-path: save and exit when this file exists
+
   // Parallelism: data-parallel size = world size / (tp x pp).
   int tensor_model_parallel_size = 1;
   int pipeline_model_parallel_size = 1;
   bool sequence_parallel = false;
   int zero_stage = 0;  // --zero-stage (--use-distributed-optimizer = 1)
   bool use_distributed_optimizer = false;
+  // --hierarchical-dp: host-aware data-parallel all-reduce (docs/clusters.md)
+  bool hierarchical_dp = false;
   std::int64_t ddp_bucket_size = 40'000'000;  // elements per gradient bucket
   std::string pipeline_schedule = "1f1b";     // gpipe, 1f1b, interleaved
   std::int64_t num_layers_per_virtual_pipeline_stage = 0;

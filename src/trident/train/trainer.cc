@@ -5,12 +5,15 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <optional>
 #include <vector>
 
 #include "trident/ckpt/checkpoint.h"
+#include "trident/ckpt/save_lock.h"
+#include "trident/comm/launch.h"
 #include "trident/core/arena.h"
 #include "trident/core/error.h"
 #include "trident/core/log.h"
@@ -24,10 +27,13 @@
 #include "trident/optim/loss_scaler.h"
 #include "trident/parallel/layout.h"
 #include "trident/parallel/parallel_context.h"
+#include "trident/train/async_saver.h"
+#include "trident/train/exit_codes.h"
 #include "trident/train/launch_env.h"
 #include "trident/train/metrics.h"
 #include "trident/train/pipeline.h"
 #include "trident/train/rank_model.h"
+#include "trident/train/stop_conditions.h"
 #include "trident/train/tensorboard_writer.h"
 #include "trident/train/zero_optimizer.h"
 
@@ -111,6 +117,16 @@ void log_peak_rss(comm::Communicator& world) {
   log::info("memory: peak RSS per rank [", text, "] B");
 }
 
+// Fault injection for the tests of non-finite steps: TRIDENT_TEST_NAN_GRAD_ITER=k makes rank
+// TRIDENT_TEST_NAN_GRAD_RANK (default 0) seed iteration k's backward with NaN, so that every
+// gradient it computes is NaN, as a real numerical blow-up would make them.
+float test_gradient_poison(std::int64_t iteration, int rank) {
+  const char* at = std::getenv("TRIDENT_TEST_NAN_GRAD_ITER");
+  if (at == nullptr || std::atoll(at) != iteration) return 1.0f;
+  const char* on_rank = std::getenv("TRIDENT_TEST_NAN_GRAD_RANK");
+  return rank == (on_rank ? std::atoi(on_rank) : 0) ? NAN : 1.0f;
+}
+
 }  // namespace
 
 int run_training(TrainConfig cfg, comm::Communicator& world) {
@@ -119,7 +135,7 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
   const auto layout = parallel::ParallelLayout::from_world_size(
       world.size(), cfg.tensor_model_parallel_size, cfg.pipeline_model_parallel_size);
   world.set_timeout(cfg.comm_timeout);
-  parallel::ParallelContext par(world, layout);
+  parallel::ParallelContext par(world, layout, cfg.hierarchical_dp);
   par.set_timeout(cfg.comm_timeout);
   log::Settings log_settings = log::settings();
   log_settings.rank = world.rank();
@@ -128,6 +144,19 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
   if (world.rank() == 0) {
     for (const std::string& w : cfg.warnings) log::warn(w);
     log::info("\n", cfg.arguments_table());
+  }
+  StopConditions stops(cfg);
+  // The save directory belongs to this job until it ends (a second job on it is refused).
+  std::unique_ptr<ckpt::SaveLock> save_lock;
+  if (!cfg.save.empty()) save_lock = ckpt::lock_save_dir(cfg.save, world);
+  // Where this rank runs and its OpenMP threads (docs/clusters.md): an error if they oversubscribe.
+  const comm::HostPlacement placement = comm::host_placement(world);
+  const comm::ThreadPlan thread_plan = comm::plan_threads(placement, comm::requested_threads());
+  omp_set_num_threads(thread_plan.threads);
+  log::info("launch: ", world.size(), " rank", world.size() == 1 ? "" : "s", "; ",
+            thread_plan.text);
+  if (thread_plan.oversubscribed && placement.local_rank == 0) {
+    log::warn("launch: more ranks than cores on this host, they share cores: ", thread_plan.text);
   }
 
   // Tokenizer: sets the vocabulary size.
@@ -262,6 +291,12 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
   state.params = slice(optimizer.params_slice());
   state.exp_avg = slice(optimizer.exp_avg_slice());
   state.exp_avg_sq = slice(optimizer.exp_avg_sq_slice());
+  // `trident convert` writes other layouts' shards from the same rule (zero_optimizer.h).
+  TRIDENT_ASSERT(ZeroOptimizer::stored_range(cfg.zero_stage, false, n, dp, dp_rank) ==
+                         optimizer.params_slice().range &&
+                     ZeroOptimizer::stored_range(cfg.zero_stage, true, n, dp, dp_rank) ==
+                         optimizer.exp_avg_slice().range,
+                 "checkpoint slices disagree with ZeroOptimizer::stored_range");
   std::int64_t iteration = 0, consumed = 0, consumed_valid = 0;
   std::int64_t skipped_iters = 0, nan_iters = 0;
   if (!cfg.load.empty()) {
@@ -269,7 +304,7 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
     const std::string foreign = describe_foreign_checkpoint(cfg.load);
     TRIDENT_CHECK(foreign.empty(), "--load ", cfg.load, ": ", foreign);
   }
-  const bool have_checkpoint = !cfg.load.empty() && ckpt::latest_iteration(cfg.load) >= 0;
+  const bool have_checkpoint = !cfg.load.empty() && ckpt::has_checkpoint(cfg.load);
   TRIDENT_CHECK(have_checkpoint || !cfg.exit_on_missing_checkpoint, "--load ", cfg.load,
                 ": no trident checkpoint there (--exit-on-missing-checkpoint)");
   if (have_checkpoint) {
@@ -387,9 +422,9 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
     }
     tp_traffic = training_traffic;
   };
+  CheckpointSaver saver(cfg.save, cfg.async_save, {.retain = cfg.save_retain});
   auto save = [&](std::int64_t it) {
     if (cfg.save.empty()) return;
-    core::Timer t;
     state.iteration = it;
     state.consumed_train_samples = consumed;
     state.consumed_valid_samples = consumed_valid;
@@ -403,8 +438,10 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
                            {"lr_num_tokens", lr_sched.state().num_tokens}};
     if (lr_sched.state().warmup_tokens)
       state.trainer_state["lr_warmup_tokens"] = *lr_sched.state().warmup_tokens;
-    ckpt::save_checkpoint(cfg.save, state, world);
-    log::info("ckpt: saved iteration ", it, " to ", cfg.save, " (", t.elapsed_s(), " s)");
+    const double blocked = saver.save(state, world);
+    log::info("ckpt: ", cfg.async_save ? "started saving" : "saved", " iteration ", it, " to ",
+              cfg.save, " (training blocked ", blocked, " ms", cfg.async_save ? ", async" : "",
+              ")");
   };
 
   double interval_loss = 0, interval_loss_all = 0, interval_ms = 0, interval_busy = 0,
@@ -425,7 +462,8 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
     const std::int64_t tokens_per_iter = step_batch.running_global_batch_size * T;
     optimizer.begin_iteration();
     // Every token of the global batch weighs 1 / (tokens in the global batch).
-    const float d_scale = static_cast<float>(scaler.scale()) / static_cast<float>(tokens_per_iter);
+    const float d_scale = static_cast<float>(scaler.scale()) / static_cast<float>(tokens_per_iter) *
+                          test_gradient_poison(iteration + 1, world.rank());
     const PipelineStats ps = executor.train(
         ctx, optimizer.views(), d_scale,
         {.fill =
@@ -575,21 +613,26 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
       interval_iters = interval_skipped = interval_nan = interval_advanced = 0;
     }
     if (iteration % cfg.eval_interval == 0) evaluate(iteration);
-    const bool exiting = cfg.exit_interval > 0 && iteration % cfg.exit_interval == 0;
-    if ((cfg.save_interval > 0 && iteration % cfg.save_interval == 0) ||
-        (exiting && iteration != cfg.train_iters)) {
-      save(iteration);
-    }
-    if (exiting && iteration != cfg.train_iters) {
-      log::info("train: exiting at iteration ", iteration, " (--exit-interval)");
+    saver.poll(world);  // finishes a background save once every rank has written its shard
+    // Clean stops: save (when --save) and exit with the condition's code.
+    int stop = stops.check(world);
+    if (stop == 0 && cfg.exit_interval > 0 && iteration % cfg.exit_interval == 0)
+      stop = kExitIntervalStop;
+    if (iteration == cfg.train_iters) stop = 0;  // done anyway
+    if ((cfg.save_interval > 0 && iteration % cfg.save_interval == 0) || stop != 0) save(iteration);
+    if (stop != 0) {
+      saver.poll(world, /*block=*/true);
+      log::info("train: exiting at iteration ", iteration, " with code ", stop, " (",
+                exit_code_name(stop), ")");
       log_peak_rss(world);
-      return 0;
+      return stop;
     }
   }
   // As Megatron's pretrain(): validation and test at the end of training.
   evaluate(iteration, " on validation set");
   evaluate(iteration, " on test set", /*test=*/true);
   if (cfg.save_interval == 0 || cfg.train_iters % cfg.save_interval != 0) save(iteration);
+  saver.poll(world, /*block=*/true);
   log_peak_rss(world);
   return 0;
 }
