@@ -175,9 +175,12 @@ void register_plan(CLI::App& app) {
   sub->add_flag("--search", opt->search, "Rank the layouts that fit by predicted throughput");
   sub->add_option("--top", opt->top, "Layouts --search prints (default 5)");
   sub->add_option("--format", opt->format, "text or json");
-  sub->add_option("--train-tokens", opt->train_tokens,
-                  "Also estimate the days and GPU-hours to train this many tokens");
-  sub->callback([cfg, opt] { run_plan(*cfg, *opt); });
+  // --train-tokens (registered by add_train_options, Megatron-DeepSpeed's flag): also estimate the
+  // days and GPU-hours to train this many tokens.
+  sub->callback([cfg, opt] {
+    opt->train_tokens = static_cast<double>(cfg->train_tokens);
+    run_plan(*cfg, *opt);
+  });
 }
 
 }  // namespace trident::tools

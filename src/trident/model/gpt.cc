@@ -68,10 +68,6 @@ parallel::TpGroup tp_group_of(const ModelRuntime& rt) {
   return parallel::TpGroup(rt.tp, rt.tp_traffic);
 }
 
-void call(const std::function<void(std::int64_t)>& hook, std::int64_t layer) {
-  if (hook) hook(layer);
-}
-
 // The activation layout, shared by the size computation and the allocation so they never drift.
 template <class Alloc>
 void layout_activations(const ModelConfig& cfg, const ModelShard& shard, std::int64_t B,
@@ -318,13 +314,25 @@ struct Transformer {
   const float* input_of(std::int64_t l) const {
     return l > 0 ? a.layers[static_cast<std::size_t>(l - 1)].out : a.encoded;
   }
-  // Per-layer weights, read right after the layer's before_* hook (ZeRO-3 gathers them there).
+  // Layer l's weights: from the runtime's provider (asked right before the layer runs), else the
+  // views.
   layers::EmbeddingParams embedding_params() const {
     return {.wte = p.wte, .wpe = p.wpe, .norm = {p.emb_ln_w, p.emb_ln_b}};
   }
-  layers::BlockParams block(std::int64_t l) const {
+  layers::BlockParams block(const LayerWeights& w) const {
+    return block_params(*w.params, w.params_bf16);
+  }
+  LayerWeights resident(std::int64_t l) const {
     const auto i = static_cast<std::size_t>(l);
-    return block_params(p.layers[i], rt.params_bf16 ? &rt.params_bf16->layers[i] : nullptr);
+    return {&p.layers[i], rt.params_bf16 ? &rt.params_bf16->layers[i] : nullptr};
+  }
+  LayerWeights forward_weights(std::int64_t l) const {
+    return rt.layer_weights ? rt.layer_weights->forward(l) : resident(l);
+  }
+  LayerBackwardWeights backward_weights(std::int64_t l, const GptGrads& g) const {
+    return rt.layer_weights
+               ? rt.layer_weights->backward(l)
+               : LayerBackwardWeights{resident(l), &g.layers[static_cast<std::size_t>(l)]};
   }
   layers::LmHeadParams head_params() const {
     return {.norm = {p.lnf_w, p.lnf_b},
@@ -356,24 +364,21 @@ void gpt_forward(const core::ExecContext& ctx, const ModelConfig& cfg, const Mod
   TRIDENT_ASSERT(kv.caches.empty() || std::ssize(kv.caches) == m.layers(), "KV caches for ",
                  kv.caches.size(), " layers, the shard has ", m.layers());
   if (rt.shard.has_embedding) {
-    call(rt.before_forward, -1);
     layers::embedding_forward(
         m.lc, m.arch.embedding, m.embedding_params(),
         {.out = a.encoded, .tokens = tokens, .position = kv.position, .saved = a.embedding});
     layers::dropout_forward(m.lc, a.encoded, C, -1, layers::DropSite::kEmbedding);
   }
   for (std::int64_t l = 0; l < m.layers(); ++l) {
-    call(rt.before_forward, l);
     const layers::KvCache* cache =
         kv.caches.empty() ? nullptr : &kv.caches[static_cast<std::size_t>(l)];
-    layers::block_forward(m.lc, m.arch.block, m.block(l),
+    layers::block_forward(m.lc, m.arch.block, m.block(m.forward_weights(l)),
                           {.x = m.input_of(l),
                            .layer = m.global(l),
                            .saved = m.saved_for_forward(l),
                            .cache = cache});
   }
   if (rt.shard.has_head) {
-    call(rt.before_forward, m.layers());
     layers::lm_head_forward(m.lc, m.arch.head, m.head_params(),
                             {.in = a.output(), .saved = a.head});
   }
@@ -397,18 +402,16 @@ void gpt_backward(const core::ExecContext& ctx, const ModelConfig& cfg, const Mo
                   GptActivations& a) {
   const Transformer m(ctx, cfg, rt, p, a);
   if (rt.shard.has_head) {
-    call(rt.before_backward, m.layers());
     layers::lm_head_backward(m.lc, m.arch.head, m.head_params(),
                              {.d_in = a.d_x,
                               .in = a.output(),
                               .saved = a.head,
                               .grads = {.norm = {g.lnf_w, g.lnf_b}, .out_w = g.wte}});
-    call(rt.after_backward, m.layers());
   }
   // d_x holds the gradient of the residual stream at the top (this rank's rows): walk down.
   for (std::int64_t l = m.layers() - 1; l >= 0; --l) {
-    call(rt.before_backward, l);
-    const layers::BlockParams w = m.block(l);
+    const LayerBackwardWeights lw = m.backward_weights(l, g);
+    const layers::BlockParams w = m.block(lw.weights);
     layers::BlockSaved s = a.layers[static_cast<std::size_t>(l)];
     if (cfg.recomputes(l)) {  // full recomputation: the same forward (same masks) into scratch
       s = a.scratch;
@@ -420,11 +423,10 @@ void gpt_backward(const core::ExecContext& ctx, const ModelConfig& cfg, const Mo
                             .x = m.input_of(l),
                             .layer = m.global(l),
                             .saved = s,
-                            .grads = block_grads(g.layers[static_cast<std::size_t>(l)])});
-    call(rt.after_backward, l);
+                            .grads = block_grads(*lw.grads)});
+    if (rt.layer_weights) rt.layer_weights->backward_done(l);
   }
   if (rt.shard.has_embedding) {
-    call(rt.before_backward, -1);
     const float* d =
         layers::dropout_backward(m.lc, a.d_x, cfg.hidden_size, -1, layers::DropSite::kEmbedding);
     layers::embedding_backward(
@@ -433,7 +435,6 @@ void gpt_backward(const core::ExecContext& ctx, const ModelConfig& cfg, const Mo
          .tokens = tokens,
          .saved = a.embedding,
          .grads = {.wte = g.wte, .wpe = g.wpe, .norm = {g.emb_ln_w, g.emb_ln_b}}});
-    call(rt.after_backward, -1);
   }
 }
 

@@ -53,7 +53,7 @@ class PipelineExecutor {
   }
 
   // One training iteration: every step of the schedule; gradients accumulate (+=) into the
-  // views' gradients. `views` is read at every layer (the optimizer may re-point it).
+  // views' gradients (or the gradient buffers the runtimes' layer-weight providers hand out).
   PipelineStats train(const core::ExecContext& ctx, const ModelViews& views, float d_scale,
                       const MicroBatches& batches);
   // Forward only (no dropout) over `num_microbatches` micro-batches (evaluation); returns the
