@@ -85,6 +85,21 @@ TEST(SentencePieceTokenizer, MatchesSpmEncodeAndDecode) {
   EXPECT_THROW(SentencePieceTokenizer(tmp / "absent.model"), core::DataError);
 }
 
+// Found by fuzz_sentencepiece: a model with a zero-length piece made libsentencepiece's trie
+// builder throw a bare std::exception that named no file.
+TEST(SentencePieceTokenizer, CorruptModelIsADataErrorNamingTheFile) {
+  const std::string path = std::string(TRIDENT_SOURCE_DIR) +
+                           "/tests/fuzz/regressions/fuzz_sentencepiece/zero-length-piece";
+  try {
+    SentencePieceTokenizer tok(path);
+    ADD_FAILURE() << "the corrupt model loaded";
+  } catch (const core::DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot load SentencePiece model " + path),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(NullTokenizer, ParsesIdsLikeMegatron) {
   const NullTokenizer tok(1000);
   EXPECT_EQ(tok.encode(" 1 2  3\n4\t999 1000 "),

@@ -150,6 +150,19 @@ TEST_F(TrainTest, SaveRetainKeepsTheNewest) {
   EXPECT_THROW(parse({"--save-retain", "-1"}).finalize(1), core::InvalidArgument);
 }
 
+// Found by fuzz_train_args: a flag value that is not UTF-8 made the config's JSON dump (the
+// checkpoint manifest) throw a bare nlohmann error after the run had started.
+TEST_F(TrainTest, NonUtf8FlagValueIsRefusedUpFrontNamingTheFlag) {
+  try {
+    parse({"--save", (dir_ / "ckpt\x8b").string()}).finalize(1);
+    FAIL() << "no error";
+  } catch (const core::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("--save: the value is not valid UTF-8"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_NO_THROW(parse({"--save", (dir_ / "ckpt-\xc3\xa9").string()}).finalize(1));
+}
+
 TEST_F(TrainTest, SecondJobOnALockedSaveDirIsRefused) {
   const std::string ckpt = (dir_ / "ckpt").string();
   {

@@ -4,6 +4,8 @@
 
 #include <sentencepiece_processor.h>
 
+#include <exception>
+
 #include "trident/core/error.h"
 
 namespace trident::data {
@@ -14,7 +16,14 @@ using core::str;
 
 SentencePieceTokenizer::SentencePieceTokenizer(const std::string& model_file)
     : sp_(std::make_unique<sentencepiece::SentencePieceProcessor>()), path_(model_file) {
-  const auto status = sp_->Load(model_file);
+  sentencepiece::util::Status status;
+  try {
+    status = sp_->Load(model_file);
+  } catch (const std::exception& e) {
+    // libsentencepiece's trie builder throws on some corrupt models (a zero-length piece).
+    throw DataError(str("cannot load SentencePiece model ", model_file, ": ", e.what(),
+                        " (the model file is corrupt)"));
+  }
   if (!status.ok()) {
     throw DataError(str("cannot load SentencePiece model ", model_file, ": ", status.ToString()));
   }

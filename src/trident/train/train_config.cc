@@ -10,6 +10,7 @@
 
 #include "trident/core/error.h"
 #include "trident/data/data_loader.h"
+#include "trident/data/utf8.h"
 #include "trident/train/compat_flags.h"
 #include "trident/train/deepspeed_config.h"
 
@@ -48,6 +49,26 @@ void apply_config_file(CLI::App& app, const std::string& path) {
       op->add_result(item.inputs);
     }
     op->run_callback();
+  }
+}
+
+// Every string setting is written into checkpoint manifests and logs as JSON, which must be
+// UTF-8: a byte string that is not (a flag value in a Latin-1 shell, say) is refused up front,
+// naming the setting, instead of failing inside a save after the run has started.
+void require_utf8(const nlohmann::json& j, const std::string& key) {
+  if (j.is_string()) {
+    const std::string& v = j.get_ref<const std::string&>();
+    if (!data::utf8::is_valid(v)) {
+      std::string flag = "--" + key;
+      std::replace(flag.begin(), flag.end(), '_', '-');
+      throw core::InvalidArgument(str(flag, ": the value is not valid UTF-8 (byte ",
+                                      data::utf8::valid_prefix(v),
+                                      " of it); give paths and names in UTF-8"));
+    }
+  } else if (j.is_object()) {
+    for (const auto& [k, v] : j.items()) require_utf8(v, k);
+  } else if (j.is_array()) {
+    for (const nlohmann::json& v : j) require_utf8(v, key);
   }
 }
 
@@ -510,6 +531,7 @@ void TrainConfig::finalize(int world_size) {
                 "' (use single)");
   TRIDENT_CHECK(pad_vocab_size_to >= 0, "--pad-vocab-size-to must be >= 0");
   TRIDENT_CHECK(tensorboard_log_interval > 0, "--tensorboard-log-interval must be positive");
+  require_utf8(to_json(), "");
 }
 
 nlohmann::json TrainConfig::to_json() const {
