@@ -24,8 +24,7 @@ struct Dims {
   float scale;
 };
 
-Dims check_dims(const char* op, std::int64_t B, std::int64_t T, std::int64_t NH,
-                std::int64_t HS) {
+Dims check_dims(const char* op, std::int64_t B, std::int64_t T, std::int64_t NH, std::int64_t HS) {
   TRIDENT_CHECK(B >= 0 && T >= 0 && NH > 0 && HS > 0, op,
                 ": need batch, seq_len >= 0 and num_heads, head_dim > 0, got batch=", B,
                 " seq_len=", T, " num_heads=", NH, " head_dim=", HS);
@@ -73,7 +72,8 @@ __global__ void probs_v_kernel(float* out, const float* probs, const float* qkv,
   const std::int64_t n = d.B * d.T * d.C;
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const std::int64_t j = i % d.HS, h = (i / d.HS) % d.NH, q = (i / d.C) % d.T, b = i / (d.C * d.T);
+    const std::int64_t j = i % d.HS, h = (i / d.HS) % d.NH, q = (i / d.C) % d.T,
+                       b = i / (d.C * d.T);
     const float* p = probs + ((b * d.NH + h) * d.T + q) * d.T;
     float acc = 0.0f;
     for (std::int64_t k = 0; k <= q; ++k) {
@@ -124,7 +124,8 @@ __global__ void attention_dqkv_kernel(float* d_qkv, const float* ds, const float
       for (std::int64_t k = 0; k <= t; ++k) acc += row[k] * base[k * d.ld + d.HS + j];
       acc *= d.scale;
     } else if (part == 1) {
-      for (std::int64_t q = t; q < d.T; ++q) acc += ds[(bh * d.T + q) * d.T + t] * base[q * d.ld + j];
+      for (std::int64_t q = t; q < d.T; ++q)
+        acc += ds[(bh * d.T + q) * d.T + t] * base[q * d.ld + j];
       acc *= d.scale;
     } else {
       for (std::int64_t q = t; q < d.T; ++q) {
@@ -151,9 +152,8 @@ __device__ __forceinline__ std::uint64_t dropout_index(const Flash& f, std::int6
                                                        std::int64_t h, std::int64_t q,
                                                        std::int64_t k) {
   const std::int64_t heads = f.drop.total_heads > 0 ? f.drop.total_heads : f.d.NH;
-  return static_cast<std::uint64_t>(((f.drop.first_sample + b) * heads + f.drop.head_offset + h) *
-                                        f.d.T * f.d.T +
-                                    q * f.d.T + k);
+  return static_cast<std::uint64_t>(
+      ((f.drop.first_sample + b) * heads + f.drop.head_offset + h) * f.d.T * f.d.T + q * f.d.T + k);
 }
 
 // Loads HS elements spread over the lanes: element lane + 32 i.
@@ -180,7 +180,8 @@ __device__ __forceinline__ float dot_row(const float (&r)[kMaxPerLane], const fl
 __global__ void flash_forward_kernel(float* out, float* lse, const float* qkv, Flash f) {
   const Dims& d = f.d;
   const int lane = threadIdx.x & 31;
-  const std::int64_t w = static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  const std::int64_t w =
+      static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (w >= d.B * d.NH * d.T) return;
   const std::int64_t q = w % d.T, h = (w / d.T) % d.NH, b = w / (d.T * d.NH);
   const float* base = qkv + b * d.T * d.ld + h * 3 * d.HS;
@@ -191,8 +192,8 @@ __global__ void flash_forward_kernel(float* out, float* lse, const float* qkv, F
   for (int i = 0; i < kMaxPerLane; ++i) acc[i] = 0.0f;
   float m = -INFINITY, l = 0.0f;
   for (std::int64_t k = 0; k <= q; ++k) {
-    const float s = dot_row(qv, base + k * d.ld + d.HS, d.HS, lane) * d.scale +
-                    slope * static_cast<float>(k);
+    const float s =
+        dot_row(qv, base + k * d.ld + d.HS, d.HS, lane) * d.scale + slope * static_cast<float>(k);
     const float m_new = fmaxf(m, s);
     const float corr = expf(m - m_new);  // 0 on the first key (m = -inf)
     const float p = expf(s - m_new);
@@ -224,7 +225,8 @@ __global__ void flash_forward_kernel(float* out, float* lse, const float* qkv, F
 // delta[b,h,t] = d_out[b,t,h,:] . out[b,t,h,:]
 __global__ void flash_delta_kernel(float* delta, const float* out, const float* d_out, Dims d) {
   const int lane = threadIdx.x & 31;
-  const std::int64_t w = static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  const std::int64_t w =
+      static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (w >= d.B * d.NH * d.T) return;
   const std::int64_t t = w % d.T, h = (w / d.T) % d.NH, b = w / (d.T * d.NH);
   const float* o = out + (b * d.T + t) * d.C + h * d.HS;
@@ -240,7 +242,8 @@ __global__ void flash_dq_kernel(float* d_qkv, const float* qkv, const float* d_o
                                 const float* lse, const float* delta, Flash f) {
   const Dims& d = f.d;
   const int lane = threadIdx.x & 31;
-  const std::int64_t w = static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  const std::int64_t w =
+      static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (w >= d.B * d.NH * d.T) return;
   const std::int64_t q = w % d.T, h = (w / d.T) % d.NH, b = w / (d.T * d.NH);
   const float* base = qkv + b * d.T * d.ld + h * 3 * d.HS;
@@ -253,8 +256,8 @@ __global__ void flash_dq_kernel(float* d_qkv, const float* qkv, const float* d_o
   const float row_lse = lse[w], row_delta = delta[w];
   for (std::int64_t k = 0; k <= q; ++k) {
     const float* kv = base + k * d.ld + d.HS;
-    const float p = expf(dot_row(qv, kv, d.HS, lane) * d.scale + slope * static_cast<float>(k) -
-                         row_lse);
+    const float p =
+        expf(dot_row(qv, kv, d.HS, lane) * d.scale + slope * static_cast<float>(k) - row_lse);
     float dp = dot_row(go, kv + d.HS, d.HS, lane);
     if (f.drop.p > 0.0f) {
       dp = dropout_keep(f.drop.seed, f.drop.stream, dropout_index(f, b, h, q, k), f.drop.p)
@@ -281,7 +284,8 @@ __global__ void flash_dkv_kernel(float* d_qkv, const float* qkv, const float* d_
                                  const float* lse, const float* delta, Flash f) {
   const Dims& d = f.d;
   const int lane = threadIdx.x & 31;
-  const std::int64_t w = static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  const std::int64_t w =
+      static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (w >= d.B * d.NH * d.T) return;
   const std::int64_t k = w % d.T, h = (w / d.T) % d.NH, b = w / (d.T * d.NH);
   const std::int64_t bh = b * d.NH + h;
@@ -371,11 +375,11 @@ void attention_backward(const ExecContext& ctx, const AttentionBackwardArgs& arg
 }
 
 void flash_attention_forward(const ExecContext& ctx, const FlashAttentionForwardArgs& a) {
-  const Dims d =
-      check_dims("flash_attention_forward", a.batch, a.seq_len, a.num_heads, a.head_dim);
+  const Dims d = check_dims("flash_attention_forward", a.batch, a.seq_len, a.num_heads, a.head_dim);
   const Flash f = make_flash("flash_attention_forward", d, a.alibi, a.dropout);
   if (d.B == 0 || d.T == 0) return;
-  TRIDENT_CHECK(a.out && a.lse && a.qkv, "flash_attention_forward: out, lse and qkv must be non-null");
+  TRIDENT_CHECK(a.out && a.lse && a.qkv,
+                "flash_attention_forward: out, lse and qkv must be non-null");
   flash_forward_kernel<<<warp_blocks(d.B * d.NH * d.T), 32 * kWarpsPerBlock, 0, stream_of(ctx)>>>(
       a.out, a.lse, a.qkv, f);
   TRIDENT_CUDA_LAUNCH_CHECK("flash_attention_forward");

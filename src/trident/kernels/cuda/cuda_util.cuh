@@ -16,12 +16,11 @@ namespace trident::kernels::cuda {
 // naming the call that failed and the CUDA error text.
 void throw_cuda_error(cudaError_t err, const char* what, const char* file, int line);
 
-#define TRIDENT_CUDA_CHECK(expr)                                                     \
-  do {                                                                               \
-    const cudaError_t trident_cuda_err_ = (expr);                                    \
-    if (trident_cuda_err_ != cudaSuccess)                                            \
-      ::trident::kernels::cuda::throw_cuda_error(trident_cuda_err_, #expr, __FILE__, \
-                                                 __LINE__);                          \
+#define TRIDENT_CUDA_CHECK(expr)                                                                \
+  do {                                                                                          \
+    const cudaError_t trident_cuda_err_ = (expr);                                               \
+    if (trident_cuda_err_ != cudaSuccess)                                                       \
+      ::trident::kernels::cuda::throw_cuda_error(trident_cuda_err_, #expr, __FILE__, __LINE__); \
   } while (0)
 
 // After a kernel launch: launch errors (bad configuration) surface here; faults inside the kernel
@@ -163,8 +162,8 @@ void column_sums(cudaStream_t stream, float* out0, float* out1, F value, std::in
                   static_cast<unsigned>(chunks));
   column_partials_kernel<kOut><<<grid, kThreads, 0, stream>>>(partials, value, rows, cols);
   TRIDENT_CUDA_LAUNCH_CHECK("column_partials");
-  add_partials_kernel<kOut><<<grid_for(cols, kThreads), kThreads, 0, stream>>>(
-      out0, out1, partials, chunks, cols);
+  add_partials_kernel<kOut>
+      <<<grid_for(cols, kThreads), kThreads, 0, stream>>>(out0, out1, partials, chunks, cols);
   TRIDENT_CUDA_LAUNCH_CHECK("add_partials");
 }
 
@@ -172,7 +171,8 @@ void column_sums(cudaStream_t stream, float* out0, float* out1, F value, std::in
 // stream sync and returns the code (0: no error).
 class DeviceFlag {
  public:
-  explicit DeviceFlag(cudaStream_t stream) : scratch_(sizeof(long long) * 2, stream), stream_(stream) {
+  explicit DeviceFlag(cudaStream_t stream)
+      : scratch_(sizeof(long long) * 2, stream), stream_(stream) {
     TRIDENT_CUDA_CHECK(cudaMemsetAsync(scratch_.as<long long>(), 0, sizeof(long long) * 2, stream));
   }
   long long* ptr() const { return scratch_.as<long long>(); }

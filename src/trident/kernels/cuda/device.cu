@@ -15,11 +15,13 @@ void throw_cuda_error(cudaError_t err, const char* what, const char* file, int l
   const std::string msg = core::str("CUDA error in ", what, " (", file, ":", line,
                                     "): ", cudaGetErrorName(err), ": ", cudaGetErrorString(err));
   if (err == cudaErrorMemoryAllocation) {
-    throw core::Unavailable(core::str(msg, "; the GPU is out of memory: use a smaller micro-batch, "
+    throw core::Unavailable(core::str(msg,
+                                      "; the GPU is out of memory: use a smaller micro-batch, "
                                       "more model parallelism, ZeRO or activation recomputation"));
   }
   if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver) {
-    throw core::Unavailable(core::str(msg, "; no usable NVIDIA GPU (check nvidia-smi and "
+    throw core::Unavailable(core::str(msg,
+                                      "; no usable NVIDIA GPU (check nvidia-smi and "
                                       "CUDA_VISIBLE_DEVICES), or run on the CPU"));
   }
   throw core::InternalError(msg);
@@ -80,8 +82,8 @@ void copy_to_host(void* dst, const void* src, std::int64_t bytes, void* stream) 
 
 void copy_device_to_device(void* dst, const void* src, std::int64_t bytes, void* stream) {
   if (bytes <= 0) return;
-  TRIDENT_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes),
-                                     cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream)));
+  TRIDENT_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice,
+                                     static_cast<cudaStream_t>(stream)));
 }
 
 void fill_zero(void* dst, std::int64_t bytes, void* stream) {
@@ -103,10 +105,11 @@ void* device_alloc(std::int64_t bytes) {
     size_t free_b = 0, total_b = 0;
     cudaGetLastError();
     cudaMemGetInfo(&free_b, &total_b);
-    throw core::Unavailable(core::str(
-        "cudaMalloc of ", bytes, " bytes failed (", cudaGetErrorString(err), "); the GPU has ",
-        free_b, " of ", total_b, " bytes free: use a smaller micro-batch, more model parallelism, "
-        "ZeRO or activation recomputation"));
+    throw core::Unavailable(
+        core::str("cudaMalloc of ", bytes, " bytes failed (", cudaGetErrorString(err),
+                  "); the GPU has ", free_b, " of ", total_b,
+                  " bytes free: use a smaller micro-batch, more model parallelism, "
+                  "ZeRO or activation recomputation"));
   }
   const std::int64_t now = g_in_use.fetch_add(bytes) + bytes;
   std::int64_t peak = g_peak.load();

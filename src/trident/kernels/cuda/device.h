@@ -67,9 +67,9 @@ class DeviceBuffer {
 };
 
 // core::Arena on the GPU: one zero-filled allocation of `capacity_bytes` on the current device,
-// handing out kAlign-aligned views (device = {kCuda, device index}). Throws core::InternalError when
-// the arena is too small (the size table was wrong) and core::Unavailable when the GPU has not the
-// memory (naming both sizes).
+// handing out kAlign-aligned views (device = {kCuda, device index}). Throws core::InternalError
+// when the arena is too small (the size table was wrong) and core::Unavailable when the GPU has not
+// the memory (naming both sizes).
 class DeviceArena {
  public:
   static constexpr std::int64_t kAlign = 256;  // cuBLASLt and vector loads like 256-byte alignment

@@ -131,9 +131,9 @@ __global__ void bias_gelu_forward_kernel(float* out, std::uint16_t* out_bf16, co
   }
 }
 
-__global__ void bias_gelu_backward_kernel(float* d_in, std::uint16_t* d_in_bf16,
-                                          const float* d_out, const float* in, const float* bias,
-                                          std::int64_t rows, std::int64_t cols) {
+__global__ void bias_gelu_backward_kernel(float* d_in, std::uint16_t* d_in_bf16, const float* d_out,
+                                          const float* in, const float* bias, std::int64_t rows,
+                                          std::int64_t cols) {
   const std::int64_t n = rows * cols;
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
@@ -187,10 +187,10 @@ void layernorm_backward(const ExecContext& ctx, const LayerNormBackwardArgs& arg
 void residual_layernorm_forward(const ExecContext& ctx, const ResidualLayerNormForwardArgs& args) {
   check_sizes("residual_layernorm_forward", args.rows, args.cols);
   if (args.rows == 0) return;
-  TRIDENT_CHECK(args.resid_out && args.mean && args.rstd && args.a && args.b && args.weight &&
-                    args.bias,
-                "residual_layernorm_forward: resid_out, mean, rstd, a, b, weight and bias must be "
-                "non-null");
+  TRIDENT_CHECK(
+      args.resid_out && args.mean && args.rstd && args.a && args.b && args.weight && args.bias,
+      "residual_layernorm_forward: resid_out, mean, rstd, a, b, weight and bias must be "
+      "non-null");
   TRIDENT_CHECK(args.out || args.out_bf16,
                 "residual_layernorm_forward: at least one of out and out_bf16 must be non-null");
   TRIDENT_CHECK(args.eps >= 0.0f, "residual_layernorm_forward: eps must be >= 0, got ", args.eps);
@@ -240,9 +240,9 @@ void bias_gelu_backward(const ExecContext& ctx, const BiasGeluBackwardArgs& args
                 "bias_gelu_backward: at least one of d_in and d_in_bf16 must be non-null");
   cudaStream_t s = stream_of(ctx);
   // The bias sum first: d_in may alias d_out.
-  column_sums<1>(s, args.d_bias, nullptr,
-                 BiasGeluGrad{args.d_out, args.in, args.bias, args.cols}, args.rows, args.cols,
-                 args.scratch.data(), static_cast<std::int64_t>(args.scratch.size()));
+  column_sums<1>(s, args.d_bias, nullptr, BiasGeluGrad{args.d_out, args.in, args.bias, args.cols},
+                 args.rows, args.cols, args.scratch.data(),
+                 static_cast<std::int64_t>(args.scratch.size()));
   const std::int64_t n = args.rows * args.cols;
   bias_gelu_backward_kernel<<<grid_for(n, 256), 256, 0, s>>>(
       args.d_in, reinterpret_cast<std::uint16_t*>(args.d_in_bf16), args.d_out, args.in, args.bias,

@@ -16,14 +16,14 @@ namespace trident::kernels::cuda {
 
 namespace {
 
-#define TRIDENT_CUBLAS_CHECK(expr)                                                       \
-  do {                                                                                   \
-    const cublasStatus_t st_ = (expr);                                                   \
-    if (st_ != CUBLAS_STATUS_SUCCESS) {                                                  \
+#define TRIDENT_CUBLAS_CHECK(expr)                                                         \
+  do {                                                                                     \
+    const cublasStatus_t st_ = (expr);                                                     \
+    if (st_ != CUBLAS_STATUS_SUCCESS) {                                                    \
       throw core::InternalError(core::str("cuBLASLt call ", #expr, " failed with status ", \
-                                          static_cast<int>(st_), " (",                    \
-                                          cublasGetStatusString(st_), ")"));              \
-    }                                                                                    \
+                                          static_cast<int>(st_), " (",                     \
+                                          cublasLtGetStatusString(st_), ")"));             \
+    }                                                                                      \
   } while (0)
 
 constexpr std::int64_t kWorkspaceBytes = 32ll << 20;  // cuBLASLt's recommendation for Hopper
@@ -75,12 +75,14 @@ void lt_matmul(cudaStream_t stream, cudaDataType_t operand, const Product& p) {
   // X = B as column-major, Y = A as column-major (see the file comment).
   const cublasOperation_t op_x = p.trans_b == Trans::kYes ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_y = p.trans_a == Trans::kYes ? CUBLAS_OP_T : CUBLAS_OP_N;
-  TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(o.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_x,
-                                                      sizeof(op_x)));
-  TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(o.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_y,
-                                                      sizeof(op_y)));
-  const std::uint64_t x_rows = op_x == CUBLAS_OP_N ? p.n : p.k, x_cols = op_x == CUBLAS_OP_N ? p.k : p.n;
-  const std::uint64_t y_rows = op_y == CUBLAS_OP_N ? p.k : p.m, y_cols = op_y == CUBLAS_OP_N ? p.m : p.k;
+  TRIDENT_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(o.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_x, sizeof(op_x)));
+  TRIDENT_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(o.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_y, sizeof(op_y)));
+  const std::uint64_t x_rows = op_x == CUBLAS_OP_N ? p.n : p.k,
+                      x_cols = op_x == CUBLAS_OP_N ? p.k : p.n;
+  const std::uint64_t y_rows = op_y == CUBLAS_OP_N ? p.k : p.m,
+                      y_cols = op_y == CUBLAS_OP_N ? p.m : p.k;
   TRIDENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&o.x, operand, x_rows, x_cols, p.ldb));
   TRIDENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&o.y, operand, y_rows, y_cols, p.lda));
   TRIDENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&o.c, CUDA_R_32F, p.n, p.m, p.ldc));
@@ -91,8 +93,8 @@ void lt_matmul(cudaStream_t stream, cudaDataType_t operand, const Product& p) {
   cublasLtHandle_t handle = lt_handle();
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  TRIDENT_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, o.desc, o.x, o.y, o.c, o.c, o.pref,
-                                                      1, &result, &found));
+  TRIDENT_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, o.desc, o.x, o.y, o.c, o.c, o.pref, 1,
+                                                      &result, &found));
   TRIDENT_CHECK(found > 0, "cuBLASLt has no algorithm for a ", p.m, "x", p.n, "x", p.k,
                 " product (lda=", p.lda, " ldb=", p.ldb, " ldc=", p.ldc,
                 "); check the strides and 16-byte alignment of the operands");
@@ -106,8 +108,8 @@ void lt_matmul(cudaStream_t stream, cudaDataType_t operand, const Product& p) {
 __global__ void prefill_kernel(float* c, std::int64_t ldc, const float* bias, float beta,
                                std::int64_t m, std::int64_t n) {
   const std::int64_t total = m * n;
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-       i < total; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t r = i / n, j = i - r * n;
     float* cij = c + r * ldc + j;
     *cij = (beta == 0.0f ? 0.0f : beta * *cij) + (bias ? bias[j] : 0.0f);
@@ -169,10 +171,10 @@ void linear_forward_any(const ExecContext& ctx, cudaDataType_t operand, const ch
   if (rows == 0) return;
   TRIDENT_CHECK(out && in && weight, op, ": out, in and weight must be non-null");
   // out(rows,out) = in(rows,in) @ weight(out,in)^T
-  product(stream_of(ctx), operand,
-          {Trans::kNo, Trans::kYes, rows, out_f, in_f, 1.0f, in, in_f, weight, in_f, 0.0f, out,
-           out_f},
-          bias);
+  product(
+      stream_of(ctx), operand,
+      {Trans::kNo, Trans::kYes, rows, out_f, in_f, 1.0f, in, in_f, weight, in_f, 0.0f, out, out_f},
+      bias);
 }
 
 template <class T>
@@ -184,8 +186,7 @@ void linear_backward_any(const ExecContext& ctx, cudaDataType_t operand, const c
   if (rows == 0) return;
   TRIDENT_CHECK(d_weight && d_out && in && weight, op,
                 ": d_weight, d_out, in and weight must be non-null");
-  TRIDENT_CHECK(d_bias == nullptr || d_out_f32 != nullptr, op,
-                ": d_bias needs the FP32 d_out");
+  TRIDENT_CHECK(d_bias == nullptr || d_out_f32 != nullptr, op, ": d_bias needs the FP32 d_out");
   cudaStream_t s = stream_of(ctx);
   if (d_in) {  // d_in(rows,in) = d_out(rows,out) @ weight(out,in)
     product(s, operand,
@@ -195,8 +196,8 @@ void linear_backward_any(const ExecContext& ctx, cudaDataType_t operand, const c
   }
   // d_weight(out,in) += d_out(rows,out)^T @ in(rows,in)
   product(s, operand,
-          {Trans::kYes, Trans::kNo, out_f, in_f, rows, 1.0f, d_out, out_f, in, in_f, 1.0f,
-           d_weight, in_f},
+          {Trans::kYes, Trans::kNo, out_f, in_f, rows, 1.0f, d_out, out_f, in, in_f, 1.0f, d_weight,
+           in_f},
           nullptr);
   if (d_bias) column_sums<1>(s, d_bias, nullptr, ColumnOf{d_out_f32, out_f}, rows, out_f);
 }
@@ -204,15 +205,15 @@ void linear_backward_any(const ExecContext& ctx, cudaDataType_t operand, const c
 }  // namespace
 
 void gemm(const ExecContext& ctx, const GemmArgs& g) {
-  const Product p{g.trans_a, g.trans_b, g.m, g.n, g.k, g.alpha, g.a, g.lda,
-                  g.b,       g.ldb,     g.beta, g.c, g.ldc};
+  const Product p{g.trans_a, g.trans_b, g.m,   g.n,    g.k, g.alpha, g.a,
+                  g.lda,     g.b,       g.ldb, g.beta, g.c, g.ldc};
   check_product("gemm", p);
   product(stream_of(ctx), CUDA_R_32F, p, nullptr);
 }
 
 void gemm_bf16(const ExecContext& ctx, const GemmBf16Args& g) {
-  const Product p{g.trans_a, g.trans_b, g.m, g.n, g.k, 1.0f, g.a, g.lda,
-                  g.b,       g.ldb,     g.beta, g.c, g.ldc};
+  const Product p{g.trans_a, g.trans_b, g.m,   g.n,    g.k, 1.0f, g.a,
+                  g.lda,     g.b,       g.ldb, g.beta, g.c, g.ldc};
   check_product("gemm_bf16", p);
   product(stream_of(ctx), CUDA_R_16BF, p, g.bias);
 }
@@ -228,14 +229,13 @@ void linear_backward(const ExecContext& ctx, const LinearBackwardArgs& a) {
 }
 
 void linear_forward_bf16(const ExecContext& ctx, const LinearForwardBf16Args& a) {
-  linear_forward_any(ctx, CUDA_R_16BF, "linear_forward_bf16", a.out, a.in, a.weight, a.bias,
-                     a.rows, a.in_features, a.out_features);
+  linear_forward_any(ctx, CUDA_R_16BF, "linear_forward_bf16", a.out, a.in, a.weight, a.bias, a.rows,
+                     a.in_features, a.out_features);
 }
 
 void linear_backward_bf16(const ExecContext& ctx, const LinearBackwardBf16Args& a) {
   linear_backward_any(ctx, CUDA_R_16BF, "linear_backward_bf16", a.d_in, a.d_weight, a.d_bias,
-                      a.d_out, a.d_out_bf16, a.in, a.weight, a.rows, a.in_features,
-                      a.out_features);
+                      a.d_out, a.d_out_bf16, a.in, a.weight, a.rows, a.in_features, a.out_features);
 }
 
 }  // namespace trident::kernels::cuda

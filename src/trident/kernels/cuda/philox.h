@@ -23,8 +23,10 @@ TRIDENT_HD Philox4 philox4x32_10(std::uint32_t c0, std::uint32_t c1, std::uint32
   for (int round = 0; round < 10; ++round) {
     const std::uint64_t p0 = static_cast<std::uint64_t>(0xD2511F53u) * c0;
     const std::uint64_t p1 = static_cast<std::uint64_t>(0xCD9E8D57u) * c2;
-    const std::uint32_t hi0 = static_cast<std::uint32_t>(p0 >> 32), lo0 = static_cast<std::uint32_t>(p0);
-    const std::uint32_t hi1 = static_cast<std::uint32_t>(p1 >> 32), lo1 = static_cast<std::uint32_t>(p1);
+    const std::uint32_t hi0 = static_cast<std::uint32_t>(p0 >> 32),
+                        lo0 = static_cast<std::uint32_t>(p0);
+    const std::uint32_t hi1 = static_cast<std::uint32_t>(p1 >> 32),
+                        lo1 = static_cast<std::uint32_t>(p1);
     const std::uint32_t n0 = hi1 ^ c1 ^ k0, n1 = lo1, n2 = hi0 ^ c3 ^ k1, n3 = lo0;
     c0 = n0;
     c1 = n1;
@@ -38,12 +40,10 @@ TRIDENT_HD Philox4 philox4x32_10(std::uint32_t c0, std::uint32_t c1, std::uint32
 
 // core::philox_uniform: uniform in (0, 1] from 53 bits of the block for (seed, stream, index).
 TRIDENT_HD double philox_uniform(std::uint64_t seed, std::uint64_t stream, std::uint64_t index) {
-  const Philox4 r = philox4x32_10(static_cast<std::uint32_t>(index),
-                                  static_cast<std::uint32_t>(index >> 32),
-                                  static_cast<std::uint32_t>(stream),
-                                  static_cast<std::uint32_t>(stream >> 32),
-                                  static_cast<std::uint32_t>(seed),
-                                  static_cast<std::uint32_t>(seed >> 32));
+  const Philox4 r =
+      philox4x32_10(static_cast<std::uint32_t>(index), static_cast<std::uint32_t>(index >> 32),
+                    static_cast<std::uint32_t>(stream), static_cast<std::uint32_t>(stream >> 32),
+                    static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32));
   const std::uint64_t bits = (static_cast<std::uint64_t>(r.x[0]) << 21) ^ (r.x[1] >> 11);
   return (static_cast<double>(bits & ((1ull << 53) - 1)) + 1.0) * 0x1.0p-53;
 }
