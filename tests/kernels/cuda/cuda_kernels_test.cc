@@ -22,12 +22,14 @@
 #include "trident/kernels/cuda/device.h"
 #include "trident/kernels/elementwise.h"
 #include "trident/kernels/embedding.h"
+#include "trident/kernels/fill.h"
 #include "trident/kernels/flash_attention.h"
 #include "trident/kernels/fused_bias_gelu.h"
 #include "trident/kernels/fused_residual_layernorm.h"
 #include "trident/kernels/layernorm.h"
 #include "trident/kernels/matmul.h"
 #include "trident/kernels/matmul_bf16.h"
+#include "trident/kernels/overflow.h"
 #include "trident/kernels/ref/fused_ref.h"
 #include "trident/kernels/ref/ref.h"
 
@@ -131,6 +133,24 @@ TEST_F(Cuda, ElementwiseMatchReferenceAndCpu) {
   bad[n - 7] = std::nanf("");
   auto dnan = dev(bad);
   EXPECT_FALSE(all_finite(gpu_, dnan.p(), n));
+}
+
+TEST_F(Cuda, FillCopyAndOverflowCountMatchTheCpu) {
+  const std::int64_t n = 70001;
+  auto x = randn(n, 40, 1e4);
+  x[3] = std::nanf("");
+  x[99] = -std::numeric_limits<float>::infinity();
+  auto gx = dev(x), gy = dev(std::vector<float>(n, 1.0f));
+  fill(gpu_, {gy.p(), -2.5f, n - 1});
+  auto want = std::vector<float>(n, -2.5f);
+  want[n - 1] = 1.0f;
+  EXPECT_TRUE(all_equal("fill", gy.host(), want));
+  copy(gpu_, {gy.p(), gx.p(), n});
+  EXPECT_TRUE(all_equal("copy", gy.host(), x));
+  for (float t : {0.0f, 65504.0f, std::numeric_limits<float>::infinity()}) {
+    EXPECT_EQ(overflow_count(gpu_, {gx.p(), t, n}), overflow_count(cpu_, {x.data(), t, n}))
+        << "threshold " << t;
+  }
 }
 
 TEST_F(Cuda, Bf16ConversionsAreTheCpusBits) {

@@ -17,12 +17,14 @@
 #include "trident/kernels/attention.h"
 #include "trident/kernels/cross_entropy.h"
 #include "trident/kernels/embedding.h"
+#include "trident/kernels/fill.h"
 #include "trident/kernels/flash_attention.h"
 #include "trident/kernels/fused_bias_gelu.h"
 #include "trident/kernels/fused_residual_layernorm.h"
 #include "trident/kernels/layernorm.h"
 #include "trident/kernels/matmul.h"
 #include "trident/kernels/matmul_bf16.h"
+#include "trident/kernels/overflow.h"
 
 namespace trident::kernels::cuda {
 
@@ -38,6 +40,11 @@ void scale_inplace(const ExecContext& ctx, float* x, float s, std::int64_t n);
 // Bitwise reproducible: a fixed grid of contiguous ranges, each summed in double, added in order.
 double sum_squares(const ExecContext& ctx, const float* x, std::int64_t n);
 bool all_finite(const ExecContext& ctx, const float* x, std::int64_t n);
+
+// fill.h and overflow.h
+void fill(const ExecContext& ctx, const FillArgs& args);
+void copy(const ExecContext& ctx, const CopyArgs& args);
+std::int64_t overflow_count(const ExecContext& ctx, const OverflowCountArgs& args);
 
 // bf16.h (bit for bit the CPU's rounding, core/bf16.h)
 void convert_f32_to_bf16(const ExecContext& ctx, core::bf16* dst, const float* src, std::int64_t n);

@@ -108,6 +108,24 @@ __global__ void bf16_to_f32_kernel(float* dst, const std::uint16_t* src, std::in
   }
 }
 
+__global__ void fill_kernel(float* out, float value, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    out[i] = value;
+  }
+}
+
+__global__ void overflow_kernel(unsigned long long* count, const float* x, float threshold,
+                                std::int64_t n) {
+  unsigned long long local = 0;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    local += !(fabsf(x[i]) <= threshold) ? 1ull : 0ull;  // NaN compares false: counted
+  }
+  local = warp_sum(local);
+  if ((threadIdx.x & 31) == 0 && local != 0) atomicAdd(count, local);
+}
+
 struct AdamWScalars {
   float step_size, inv_sqrt_bc2, decay, b1, b2, one_minus_b1, one_minus_b2, eps, grad_scale;
 };
@@ -187,6 +205,40 @@ bool all_finite(const ExecContext& ctx, const float* x, std::int64_t n) {
       cudaMemcpyAsync(&bad, flag.as<unsigned>(), sizeof(unsigned), cudaMemcpyDeviceToHost, s));
   TRIDENT_CUDA_CHECK(cudaStreamSynchronize(s));
   return bad == 0;
+}
+
+void fill(const ExecContext& ctx, const FillArgs& args) {
+  check_n("fill", args.n, args.out != nullptr);
+  if (args.n == 0) return;
+  fill_kernel<<<grid_for(args.n, kThreads), kThreads, 0, stream_of(ctx)>>>(args.out, args.value,
+                                                                           args.n);
+  TRIDENT_CUDA_LAUNCH_CHECK("fill");
+}
+
+void copy(const ExecContext& ctx, const CopyArgs& args) {
+  check_n("copy", args.n, args.out && args.in);
+  if (args.n == 0) return;
+  TRIDENT_CUDA_CHECK(cudaMemcpyAsync(args.out, args.in, static_cast<size_t>(args.n) * sizeof(float),
+                                     cudaMemcpyDeviceToDevice, stream_of(ctx)));
+}
+
+std::int64_t overflow_count(const ExecContext& ctx, const OverflowCountArgs& args) {
+  check_n("overflow_count", args.n, args.x != nullptr);
+  TRIDENT_CHECK(args.threshold >= 0.0f, "overflow_count: threshold must be >= 0, got ",
+                args.threshold);
+  if (args.n == 0) return 0;
+  cudaStream_t s = stream_of(ctx);
+  StreamScratch count(sizeof(unsigned long long), s);
+  TRIDENT_CUDA_CHECK(
+      cudaMemsetAsync(count.as<unsigned long long>(), 0, sizeof(unsigned long long), s));
+  overflow_kernel<<<grid_for(args.n, kThreads, 4096), kThreads, 0, s>>>(
+      count.as<unsigned long long>(), args.x, args.threshold, args.n);
+  TRIDENT_CUDA_LAUNCH_CHECK("overflow_count");
+  unsigned long long host = 0;
+  TRIDENT_CUDA_CHECK(cudaMemcpyAsync(&host, count.as<unsigned long long>(), sizeof(host),
+                                     cudaMemcpyDeviceToHost, s));
+  TRIDENT_CUDA_CHECK(cudaStreamSynchronize(s));
+  return static_cast<std::int64_t>(host);
 }
 
 void convert_f32_to_bf16(const ExecContext& ctx, core::bf16* dst, const float* src,
