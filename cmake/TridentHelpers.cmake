@@ -6,6 +6,25 @@ if(TRIDENT_WERROR)
   list(APPEND TRIDENT_WARNINGS -Werror)
 endif()
 
+# Global sanitizer / fuzzing instrumentation (called once from the top CMakeLists, before any
+# target): TRIDENT_SANITIZE adds -fsanitize=<list> to every compile and link, with every report
+# fatal; TRIDENT_BUILD_FUZZ adds libFuzzer's coverage instrumentation (-fsanitize=fuzzer-no-link)
+# so that the fuzz targets of tests/fuzz see the edges of the libraries they call.
+macro(trident_sanitizer_flags)
+  if(TRIDENT_SANITIZE)
+    add_compile_options(-fsanitize=${TRIDENT_SANITIZE} -fno-sanitize-recover=all
+                        -fno-omit-frame-pointer -g)
+    add_link_options(-fsanitize=${TRIDENT_SANITIZE})
+  endif()
+  if(TRIDENT_BUILD_FUZZ)
+    if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+      message(FATAL_ERROR "TRIDENT_BUILD_FUZZ needs clang (libFuzzer): configure with "
+                          "-DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_C_COMPILER=clang-14")
+    endif()
+    add_compile_options(-fsanitize=fuzzer-no-link)
+  endif()
+endmacro()
+
 function(trident_target_defaults target)
   target_compile_options(${target} PRIVATE ${TRIDENT_WARNINGS})
   if(TRIDENT_NATIVE)
@@ -17,7 +36,7 @@ endfunction()
 
 # trident_add_module(NAME SOURCES ... DEPS ...): one static library per module of src/trident.
 # A module may depend only on modules to its left in
-# core -> kernels -> comm -> parallel -> model -> optim -> data -> ckpt -> train.
+# core -> kernels -> comm -> parallel -> model -> optim -> data -> ckpt -> train -> plan.
 function(trident_add_module name)
   cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
   add_library(trident_${name} STATIC ${ARG_SOURCES})

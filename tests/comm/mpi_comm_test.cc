@@ -128,7 +128,8 @@ TEST(MpiCommunicator, MessageSizeMismatchIsACommError) {
 }
 
 // The last rank joins 2.5 s late; the timeout is 1 s. Every other rank must throw CommError after
-// about 1 s naming the collective, the group, its global ranks and the step. The late rank then
+// about 1 s naming the collective, the group, its global ranks and the step, and the hang report
+// (asked over the side channel) names the late rank as the culprit. The late rank then
 // joins; the early ranks' abandoned operation is still posted in MPI (collectives cannot be
 // cancelled), so it completes, and the buffers are kept alive until then.
 TEST(MpiCommunicator, TimeoutNamesCollectiveGroupRanksAndStep) {
@@ -160,6 +161,15 @@ TEST(MpiCommunicator, TimeoutNamesCollectiveGroupRanksAndStep) {
         << error;
     EXPECT_NE(error.find("at step 1234"), std::string::npos) << error;
     EXPECT_NE(error.find("timed out after 1 s"), std::string::npos) << error;
+    // The hang report (side channel): the late rank, busy outside any operation, is the culprit.
+    EXPECT_NE(error.find(core::str("hang report: culprit: rank ", dp->group().global_ranks[late],
+                                   " (host ")),
+              std::string::npos)
+        << error;
+    EXPECT_NE(error.find("not waiting in any operation (computing)"), std::string::npos) << error;
+    EXPECT_NE(error.find(core::str("NOT reached by rank ", dp->group().global_ranks[late])),
+              std::string::npos)
+        << error;
     EXPECT_GE(waited, 1.0);
     EXPECT_LT(waited, 2.4);  // the late rank arrives at 2.5 s
   } else {

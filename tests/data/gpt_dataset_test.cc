@@ -478,6 +478,60 @@ TEST(GPTDatasetCache, StaleOrCorruptCacheIsRebuilt) {
   write_npy(stem + "shuffle_index.npy",
             IndexArray::from_vector(std::vector<std::uint32_t>{0, 1, 2}, {3}));
   rebuild_and_check("wrong shuffle index length");
+  // Arrays of the right shapes whose values point outside the dataset (found while writing
+  // fuzz_gpt_cache, tests/fuzz: only shapes were checked, so such a cache was loaded and sample()
+  // then indexed the mapped arrays and the dataset with the bad values).
+  const auto n = static_cast<std::size_t>(g.num_samples());
+  std::vector<std::uint32_t> shuffle(n);
+  for (std::size_t i = 0; i < n; ++i) shuffle[i] = static_cast<std::uint32_t>(i);
+  shuffle[3] = static_cast<std::uint32_t>(n + 1000000);
+  write_npy(stem + "shuffle_index.npy",
+            IndexArray::from_vector(shuffle, {static_cast<std::int64_t>(n)}));
+  rebuild_and_check("shuffle index value out of range");
+  shuffle[3] = 4;  // a repeated row: not a permutation
+  write_npy(stem + "shuffle_index.npy",
+            IndexArray::from_vector(shuffle, {static_cast<std::int64_t>(n)}));
+  rebuild_and_check("shuffle index with a repeated sample");
+  {
+    const IndexArray doc = IndexArray::map_npy(stem + "document_index.npy");
+    std::vector<std::int32_t> bad(static_cast<std::size_t>(doc.numel()));
+    for (std::size_t k = 0; k < bad.size(); ++k) bad[k] = static_cast<std::int32_t>(doc.at(k));
+    bad.back() = 1 << 30;  // no such sequence
+    write_npy(stem + "document_index.npy", IndexArray::from_vector(bad, doc.shape()));
+  }
+  rebuild_and_check("document index value out of range");
+  {
+    const IndexArray sample = IndexArray::map_npy(stem + "sample_index.npy");
+    std::vector<std::int64_t> rows(static_cast<std::size_t>(sample.numel()));
+    for (std::size_t k = 0; k < rows.size(); ++k) rows[k] = sample.at(static_cast<std::int64_t>(k));
+    rows[2 * 5 + 1] += 100000;  // an offset past its sequence's end
+    std::vector<std::int32_t> narrow(rows.begin(), rows.end());
+    write_npy(stem + "sample_index.npy", sample.dtype() == IndexDType::kI32
+                                             ? IndexArray::from_vector(narrow, sample.shape())
+                                             : IndexArray::from_vector(rows, sample.shape()));
+  }
+  rebuild_and_check("sample index offset out of range");
+  {
+    // The same corruption on a load-only rank is an error naming the file, not a rebuild.
+    const IndexArray sample = IndexArray::map_npy(stem + "sample_index.npy");
+    std::vector<std::int64_t> rows(static_cast<std::size_t>(sample.numel()));
+    for (std::size_t k = 0; k < rows.size(); ++k) rows[k] = sample.at(static_cast<std::int64_t>(k));
+    rows[2 * 5] = -7;
+    std::vector<std::int32_t> narrow(rows.begin(), rows.end());
+    write_npy(stem + "sample_index.npy", sample.dtype() == IndexDType::kI32
+                                             ? IndexArray::from_vector(narrow, sample.shape())
+                                             : IndexArray::from_vector(rows, sample.shape()));
+    DatasetBuildConfig corrupt_load_only = cfg;
+    corrupt_load_only.cache_mode = CacheMode::kLoadOnly;
+    try {
+      build_train_valid_test_datasets(corrupt_load_only);
+      ADD_FAILURE() << "a corrupt cache was accepted by a load-only rank";
+    } catch (const core::DataError& e) {
+      EXPECT_NE(std::string(e.what()).find("no valid cached indices"), std::string::npos)
+          << e.what();
+    }
+    rebuild_and_check("sample index position out of range");
+  }
   // A missing file is a plain miss.
   fs::remove(stem + "document_index.npy");
   rebuild_and_check("missing document index");

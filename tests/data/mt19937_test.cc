@@ -136,5 +136,43 @@ TEST(IndexCache, NpyRoundTripAndCorruption) {
   EXPECT_THROW(IndexArray::map_npy(path), core::DataError);
 }
 
+// A shape that is no tuple made the header parser throw std::out_of_range (found by fuzz_npy,
+// tests/fuzz), and a shape whose element count overflows int64 could wrap to the file size and
+// map an array larger than the file (found while fixing the first). Both must be DataError naming
+// the file.
+TEST(IndexCache, NpyHeaderShapeIsValidated) {
+  const TempDir tmp;
+  const std::string path = tmp / "h.npy";
+  auto write_header = [&](const std::string& dict, std::size_t data_bytes) {
+    std::string header = dict;
+    while ((10 + header.size() + 1) % 64 != 0) header += ' ';
+    header += '\n';
+    std::string file = std::string("\x93NUMPY\x01\x00", 8);
+    file += static_cast<char>(header.size() & 0xff);
+    file += static_cast<char>(header.size() >> 8);
+    file += header + std::string(data_bytes, '\0');
+    std::ofstream(path, std::ios::binary) << file;
+  };
+  auto error_of = [&] {
+    try {
+      IndexArray::map_npy(path);
+    } catch (const core::DataError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  write_header("{'descr': '<i4', 'fortran_order': False, 'shape': }", 16);
+  EXPECT_NE(error_of().find("is not a tuple"), std::string::npos) << error_of();
+  write_header("{'descr': '<i4', 'fortran_order': False, 'shape': 7, }", 28);
+  EXPECT_NE(error_of().find("is not a tuple"), std::string::npos) << error_of();
+  // 2^62 * 4 elements of 4 bytes wrap to 0 bytes in 64 bits.
+  write_header("{'descr': '<i4', 'fortran_order': False, 'shape': (4611686018427387904, 4), }", 0);
+  EXPECT_NE(error_of().find("holds more elements than the"), std::string::npos) << error_of();
+  write_header("{'descr': '<i4', 'fortran_order': Maybe, 'shape': (2,), }", 8);
+  EXPECT_NE(error_of().find("is not True/False"), std::string::npos) << error_of();
+  write_header("{'descr': '<i4', 'fortran_order': False, 'shape': (0, 4611686018427387904), }", 0);
+  EXPECT_EQ(IndexArray::map_npy(path).numel(), 0);  // an empty array is fine
+}
+
 }  // namespace
 }  // namespace trident::data

@@ -263,6 +263,14 @@ TEST(Gpt2Bpe, FileErrorsNameFileAndLine) {
                                 {"unknown_merge.txt:2:", "zz"});
   write_bytes(dir / "no_eod.json", R"({"a": 0})");
   expect_error<core::DataError>([&] { GPT2BPETokenizer(dir / "no_eod.json", m); }, {"no_eod.json"});
+  // An id of 2e9 made the tokenizer allocate tables for 2e9 tokens (out of memory); found with
+  // inputs mutated from the fuzz seeds (tests/fuzz). Ids above 2^24 - 1 are rejected, naming the
+  // token.
+  nlohmann::json huge = nlohmann::json::parse(read_bytes(v));
+  huge["<|endoftext|>"] = 2000000000;
+  write_bytes(dir / "huge_id.json", huge.dump());
+  expect_error<core::DataError>([&] { GPT2BPETokenizer(dir / "huge_id.json", m); },
+                                {"huge_id.json", "<|endoftext|>", "2000000000", "16777215"});
 }
 
 }  // namespace

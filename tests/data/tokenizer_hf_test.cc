@@ -152,5 +152,39 @@ TEST(HuggingFaceTokenizer, UnsupportedPartsAndBadFilesAreNamed) {
                                 {"absent.json"});
 }
 
+// Ids that are not small non-negative integers (found with inputs derived from fuzz_hf_tokenizer's
+// seeds, tests/fuzz): a float id (1e300, 3e9) was converted to int with undefined behaviour, a huge
+// id sized the decode tables by it (2e9 ids: 64 GB, out of memory), and a template id outside the
+// vocabulary was silently emitted by encode().
+TEST(HuggingFaceTokenizer, BadTokenIdsAreNamed) {
+  TempDir tmp;
+  const json t = json::parse(read_bytes(gpt2_json()));
+  auto expect_bad = [&](const char* name, const json& j, std::vector<std::string> parts) {
+    write_bytes(tmp / name, j.dump());
+    parts.insert(parts.begin(), name);
+    expect_error<core::DataError>([&] { HuggingFaceTokenizer x(tmp / name); }, parts);
+  };
+  json float_added = t;
+  float_added["added_tokens"][0]["id"] = 1e300;
+  expect_bad("float_added.json", float_added, {"added_tokens id", "is not a token id"});
+  json float_vocab = t;
+  float_vocab["model"]["vocab"]["hello"] = 3e9;
+  expect_bad("float_vocab.json", float_vocab, {"model.vocab[\"hello\"]", "is not a token id"});
+  json huge_added = t;
+  huge_added["added_tokens"][0]["id"] = 2000000000;
+  expect_bad("huge_added.json", huge_added, {"2000000000", "0..16777215"});
+  json negative = t;
+  negative["model"]["vocab"]["hello"] = -1;
+  expect_bad("negative.json", negative, {"model.vocab", "is not a token id"});
+  json tmpl = t;
+  tmpl["post_processor"] = {
+      {"type", "TemplateProcessing"},
+      {"single",
+       {{{"SpecialToken", {{"id", "X"}, {"type_id", 0}}}},
+        {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+      {"special_tokens", {{"X", {{"id", "X"}, {"ids", {9999999}}, {"tokens", {"X"}}}}}}};
+  expect_bad("template.json", tmpl, {"special token X", "9999999", "neither in model.vocab"});
+}
+
 }  // namespace
 }  // namespace trident::data

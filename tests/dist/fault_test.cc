@@ -58,6 +58,7 @@ class Fault : public ::testing::Test {
         " --tokenizer-type NullTokenizer --vocab-size 300 --data-path " +
         (dir_ / "corpus").string() +
         " --log-interval 1 --eval-iters 0 --peak-tflops 1 --comm-timeout 3"
+        " --hidden-dropout 0 --attention-dropout 0"
         " --metrics-jsonl " +
         (dir_ / "m.jsonl").string() + "; echo EXIT=$? >> " + log;
     std::system(("(" + cmd + ") > " + log + " 2>&1 &").c_str());

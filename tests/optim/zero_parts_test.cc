@@ -250,8 +250,9 @@ TEST_P(Zero3GatherTest, GathersEachLayerOnceWithPrefetch) {
         for (const Range& r : m.layout.rest()) {
           for (std::int64_t i = r.begin; i < r.end; ++i, ++c) {
             ASSERT_EQ(b.rest_params()[c], weight_value(i)) << i;
-            if (bf16)
+            if (bf16) {
               ASSERT_EQ(b.bf16_params()[c].bits, core::bf16::from_float(weight_value(i)).bits);
+            }
           }
         }
         EXPECT_EQ(cc.dp_bytes, dp > 1 ? ring_bytes(m.layout.rest_numel(), dp) : 0.0);
@@ -273,7 +274,9 @@ TEST_P(Zero3GatherTest, GathersEachLayerOnceWithPrefetch) {
         // Forward: each layer gathered once (the next one prefetched while this one runs).
         for (int u = 0; u < U; ++u) check(u, g.acquire(kCtx, u, u % 2, u + 1 < U ? u + 1 : -1));
         const double after_forward = cc.dp_bytes;
-        if (dp > 1) EXPECT_DOUBLE_EQ(after_forward, ring_bytes(m.layout.rest_numel() + layers, dp));
+        if (dp > 1) {
+          EXPECT_DOUBLE_EQ(after_forward, ring_bytes(m.layout.rest_numel() + layers, dp));
+        }
         // Backward: the last two layers of the forward are still in their slots; the others are
         // gathered once more each.
         for (int u = U - 1; u >= 0; --u) check(u, g.acquire(kCtx, u, u % 2, u - 1));
@@ -484,7 +487,9 @@ TEST(GradFinalizer, SequenceParallelLayerNormsSumOverTensorParallel) {
             }
             if (p.spec->sequence_parallel) summed += p.end - p.begin;
           }
-          if (dp == 1) EXPECT_GT(summed, 0);
+          if (dp == 1) {
+            EXPECT_GT(summed, 0);
+          }
         },
         kWait);
   }

@@ -1,17 +1,23 @@
 #include "trident/ckpt/checkpoint.h"
 
 #include <fcntl.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <vector>
 
+#include "trident/ckpt/detail.h"
+#include "trident/ckpt/reshard.h"
 #include "trident/core/error.h"
 #include "trident/core/log.h"
 
@@ -22,12 +28,9 @@ using core::DataError;
 using core::Error;
 using core::str;
 
-namespace {
+namespace detail {
 
-constexpr char kShardMagic[8] = {'T', 'R', 'C', 'K', 'P', 'T', '0', '1'};
-const char* const kTensors[] = {"params", "exp_avg", "exp_avg_sq"};
-
-std::uint64_t fnv1a(const void* data, std::size_t n, std::uint64_t h = 1469598103934665603ull) {
+std::uint64_t fnv1a(const void* data, std::size_t n, std::uint64_t h) {
   const unsigned char* p = static_cast<const unsigned char*>(data);
   // Eight independent lanes would be faster; one lane is ~1 GB/s, enough next to disk speed.
   for (std::size_t i = 0; i < n; ++i) {
@@ -37,18 +40,102 @@ std::uint64_t fnv1a(const void* data, std::size_t n, std::uint64_t h = 146959810
   return h;
 }
 
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw CorruptCheckpoint(str("checkpoint: cannot read ", path));
+  std::ostringstream os;
+  os << in.rdbuf();
+  return os.str();
+}
+
+nlohmann::json parse_json_file(const std::string& path) {
+  try {
+    return nlohmann::json::parse(read_text(path));
+  } catch (const nlohmann::json::exception& e) {
+    throw CorruptCheckpoint(str(path, ": corrupt JSON (", e.what(), ")"));
+  }
+}
+
+std::string rank_name(int rank, const char* ext) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "rank_%05d.%s", rank, ext);
+  return buf;
+}
+
+namespace {
+
+// A shard header holds only integers, strings and booleans. nlohmann converts a float such as
+// 1e300 to an integer with undefined behaviour, so a float anywhere in one is corruption.
+void require_no_floats(const nlohmann::json& j, const std::string& path) {
+  if (j.is_number_float()) {
+    throw CorruptCheckpoint(str(path, ": unexpected number ", j.dump(),
+                                " where integers are expected"
+                                " (the checkpoint is corrupt; load an earlier iteration)"));
+  }
+  if (j.is_structured()) {
+    for (const nlohmann::json& v : j) require_no_floats(v, path);
+  }
+}
+
+}  // namespace
+
+nlohmann::json parse_shard_json(const std::string& path) {
+  nlohmann::json j = parse_json_file(path);
+  require_no_floats(j, path);
+  return j;
+}
+
+}  // namespace detail
+
+namespace {
+
+using detail::fnv1a;
+using detail::kShardMagic;
+using detail::kTensors;
+using detail::parse_json_file;
+using detail::parse_shard_json;
+using detail::rank_name;
+using detail::read_text;
+
 std::string errno_text() { return std::strerror(errno); }
 
-// Writes `n` bytes or throws naming the file (ENOSPC says the disk is full).
+// Fault injection for the tests of failed saves: with TRIDENT_TEST_CKPT_FAIL_ITER=k, the save of
+// iteration k fails with ENOSPC after TRIDENT_TEST_CKPT_WRITE_LIMIT bytes (default 0) of a
+// rank's shard (on rank TRIDENT_TEST_CKPT_FAIL_RANK only, when set): as a disk filling up would.
+// With TRIDENT_TEST_CKPT_PAUSE_ITER=k, the save of iteration k stops for
+// TRIDENT_TEST_CKPT_PAUSE_S seconds (default 60) after the shard's parameters are written, so that
+// a test can kill the job in the middle of a save.
+thread_local std::int64_t t_write_budget = -1;
+thread_local bool t_pause = false;
+
+void arm_fault_injection(std::int64_t iteration, int rank) {
+  t_write_budget = -1;
+  const char* pause = std::getenv("TRIDENT_TEST_CKPT_PAUSE_ITER");
+  t_pause = pause != nullptr && std::atoll(pause) == iteration;
+  const char* it = std::getenv("TRIDENT_TEST_CKPT_FAIL_ITER");
+  if (it == nullptr || std::atoll(it) != iteration) return;
+  const char* on_rank = std::getenv("TRIDENT_TEST_CKPT_FAIL_RANK");
+  if (on_rank != nullptr && std::atoi(on_rank) != rank) return;
+  const char* limit = std::getenv("TRIDENT_TEST_CKPT_WRITE_LIMIT");
+  t_write_budget = limit ? std::atoll(limit) : 0;
+}
+
+// Writes `n` bytes or throws SaveError naming the file (ENOSPC says the disk is full).
 void write_all(int fd, const void* data, std::size_t n, const std::string& path) {
   const char* p = static_cast<const char*>(data);
   while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
+    std::size_t chunk = n;
+    std::int64_t& budget = t_write_budget;
+    if (budget >= 0 && static_cast<std::int64_t>(chunk) > budget) chunk = budget;
+    ssize_t w = chunk > 0 ? ::write(fd, p, chunk) : -1;
+    if (chunk == 0) errno = ENOSPC;
     if (w < 0) {
       if (errno == EINTR) continue;
-      throw Error(str("checkpoint: writing ", path, " failed: ", errno_text(),
-                      errno == ENOSPC ? " (the disk is full: free space or change --save)" : ""));
+      throw SaveError(
+          str("checkpoint: writing ", path, " failed: ", errno_text(),
+              errno == ENOSPC ? " (the disk is full: free space or change --save)" : ""));
     }
+    if (budget >= 0) budget -= w;
     p += w;
     n -= static_cast<std::size_t>(w);
   }
@@ -56,34 +143,28 @@ void write_all(int fd, const void* data, std::size_t n, const std::string& path)
 
 void fsync_path(const std::string& path, bool directory) {
   const int fd = ::open(path.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
-  if (fd < 0) throw Error(str("checkpoint: cannot open ", path, " to sync: ", errno_text()));
+  if (fd < 0) throw SaveError(str("checkpoint: cannot open ", path, " to sync: ", errno_text()));
   if (::fsync(fd) != 0) {
     ::close(fd);
-    throw Error(str("checkpoint: fsync of ", path, " failed: ", errno_text()));
+    throw SaveError(str("checkpoint: fsync of ", path, " failed: ", errno_text()));
   }
   ::close(fd);
 }
 
 void write_file(const std::string& path, const std::string& text) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) throw Error(str("checkpoint: cannot create ", path, ": ", errno_text()));
+  if (fd < 0) throw SaveError(str("checkpoint: cannot create ", path, ": ", errno_text()));
   try {
     write_all(fd, text.data(), text.size(), path);
     if (::fsync(fd) != 0)
-      throw Error(str("checkpoint: fsync of ", path, " failed: ", errno_text()));
+      throw SaveError(str("checkpoint: fsync of ", path, " failed: ", errno_text()));
   } catch (...) {
     ::close(fd);
     throw;
   }
-  if (::close(fd) != 0) throw Error(str("checkpoint: closing ", path, " failed: ", errno_text()));
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw DataError(str("checkpoint: cannot read ", path));
-  std::ostringstream os;
-  os << in.rdbuf();
-  return os.str();
+  if (::close(fd) != 0) {
+    throw SaveError(str("checkpoint: closing ", path, " failed: ", errno_text()));
+  }
 }
 
 nlohmann::json table_json(const model::ParamTable& t, std::int64_t base) {
@@ -106,29 +187,15 @@ nlohmann::json tables_json(const std::vector<TableRef>& tables) {
   return j;
 }
 
-std::string rank_name(int rank, const char* ext) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "rank_%05d.%s", rank, ext);
-  return buf;
-}
-
-nlohmann::json parse_json_file(const std::string& path) {
-  try {
-    return nlohmann::json::parse(read_text(path));
-  } catch (const nlohmann::json::exception& e) {
-    throw DataError(str(path, ": corrupt JSON (", e.what(), ")"));
-  }
-}
-
 // Every rank learns whether every rank succeeded; the failures' messages are not shared, so each
-// failing rank reports its own and the others name the failing ranks' count.
+// failing rank reports its own and the others name the failing ranks' count. `E` is thrown.
+template <class E>
 void agree_or_throw(comm::Communicator& world, const std::string& my_error, const char* what) {
   std::int64_t failed = my_error.empty() ? 0 : 1;
   if (world.size() > 1) world.all_reduce(&failed, 1, comm::Datatype::kI64, comm::ReduceOp::kSum);
-  if (!my_error.empty()) throw Error(my_error);
+  if (!my_error.empty()) throw E(my_error);
   if (failed > 0) {
-    throw Error(
-        str("checkpoint: ", what, " failed on ", failed, " other rank(s); see their errors"));
+    throw E(str("checkpoint: ", what, " failed on ", failed, " other rank(s); see their errors"));
   }
 }
 
@@ -137,13 +204,13 @@ void read_shard(const fs::path& it_dir, int rank, std::int64_t numel,
                 const CheckpointState::Slice* const slices[3]) {
   const std::string json_path = (it_dir / rank_name(rank, "json")).string();
   const std::string path = (it_dir / rank_name(rank, "bin")).string();
-  const nlohmann::json shard = parse_json_file(json_path);
+  const nlohmann::json shard = parse_shard_json(json_path);
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw DataError(str(path, ": missing shard file"));
+  if (!in) throw CorruptCheckpoint(str(path, ": missing shard file"));
   char magic[8];
   in.read(magic, 8);
   if (!in || std::memcmp(magic, kShardMagic, 8) != 0) {
-    throw DataError(str(path, ": bad magic at byte 0 (expected TRCKPT01)"));
+    throw CorruptCheckpoint(str(path, ": bad magic at byte 0 (expected TRCKPT01)"));
   }
   try {
     for (const nlohmann::json& t : shard.at("tensors")) {
@@ -151,32 +218,117 @@ void read_shard(const fs::path& it_dir, int rank, std::int64_t numel,
       int which = -1;
       for (int k = 0; k < 3; ++k)
         if (tensor == kTensors[k]) which = k;
-      if (which < 0) throw DataError(str(path, ": unknown tensor '", tensor, "'"));
+      if (which < 0) throw CorruptCheckpoint(str(path, ": unknown tensor '", tensor, "'"));
       const CheckpointState::Slice& slice = *slices[which];
       if (slice.data == nullptr) continue;  // not wanted (e.g. generation skips Adam state)
       const std::int64_t begin = t.at("begin"), end = t.at("end");
       const std::int64_t bytes = t.at("bytes"), offset = t.at("file_offset");
       if (begin < 0 || end > numel || begin > end || bytes != (end - begin) * 4 ||
           begin != slice.begin || end != slice.end) {
-        throw DataError(str(path, ": tensor ", tensor, " holds elements [", begin, ", ", end,
-                            ") of the rank's ", numel, "; this run expects [", slice.begin, ", ",
-                            slice.end, ")"));
+        throw CorruptCheckpoint(str(path, ": tensor ", tensor, " holds elements [", begin, ", ",
+                                    end, ") of the rank's ", numel, "; this run expects [",
+                                    slice.begin, ", ", slice.end, ")"));
       }
       in.seekg(offset);
       in.read(reinterpret_cast<char*>(slice.data), bytes);
       if (!in) {
-        throw DataError(str(path, ": truncated: tensor ", tensor, " needs ", bytes,
-                            " bytes at offset ", offset));
+        throw CorruptCheckpoint(str(path, ": truncated: tensor ", tensor, " needs ", bytes,
+                                    " bytes at offset ", offset));
       }
       const std::string sum = str(std::hex, fnv1a(slice.data, static_cast<std::size_t>(bytes)));
       if (sum != t.at("fnv1a64").get<std::string>()) {
-        throw DataError(str(path, ": checksum mismatch in tensor ", tensor,
-                            " (the file is corrupt; load an earlier iteration)"));
+        throw CorruptCheckpoint(str(path, ": checksum mismatch in tensor ", tensor,
+                                    " (the file is corrupt; load an earlier iteration)"));
       }
     }
   } catch (const nlohmann::json::exception& e) {
-    throw DataError(str(json_path, ": malformed shard description (", e.what(), ")"));
+    throw CorruptCheckpoint(str(json_path, ": malformed shard description (", e.what(), ")"));
   }
+}
+
+// Reads `path` back and checks that bytes [offset, offset + bytes) hash to `sum`.
+void verify_written(int fd, const std::string& path, std::int64_t offset, std::int64_t bytes,
+                    std::uint64_t sum) {
+  std::vector<char> buf(std::size_t{1} << 20);
+  std::uint64_t h = detail::kFnvBasis;
+  while (bytes > 0) {
+    const std::size_t want = static_cast<std::size_t>(std::min<std::int64_t>(bytes, buf.size()));
+    const ssize_t r = ::pread(fd, buf.data(), want, offset);
+    if (r <= 0) {
+      if (r < 0 && errno == EINTR) continue;
+      throw SaveError(str("checkpoint: reading back ", path,
+                          " failed: ", r < 0 ? errno_text() : std::string("short file")));
+    }
+    h = fnv1a(buf.data(), static_cast<std::size_t>(r), h);
+    offset += r;
+    bytes -= r;
+  }
+  if (h != sum) {
+    throw SaveError(str("checkpoint: ", path,
+                        " reads back different bytes than were written (broken storage)"));
+  }
+}
+
+std::string tracker_path(const std::string& dir) {
+  return (fs::path(dir) / "latest_checkpointed_iteration.txt").string();
+}
+
+// Rank 0, after the tracker names `saved`: keeps `saved` and the retain - 1 newest older
+// checkpoints, deletes the older rest. Newer directories (an abandoned timeline) are left alone.
+void apply_retention(const std::string& dir, std::int64_t saved, int retain) {
+  if (retain <= 0) return;
+  std::vector<std::int64_t> older;
+  for (std::int64_t it : list_iterations(dir))
+    if (it < saved) older.push_back(it);
+  const std::int64_t keep_older = retain - 1;
+  const std::int64_t drop = static_cast<std::int64_t>(older.size()) - keep_older;
+  for (std::int64_t i = 0; i < drop; ++i) {
+    const fs::path victim = fs::path(dir) / iteration_dir_name(older[static_cast<std::size_t>(i)]);
+    std::error_code ec;
+    fs::remove_all(victim, ec);
+    if (ec) {
+      log::warn("ckpt: --save-retain: could not delete ", victim.string(), ": ", ec.message());
+    } else {
+      log::info("ckpt: --save-retain ", retain, ": deleted ", victim.string());
+    }
+  }
+}
+
+void finish_on_rank0(const std::string& dir, const std::string& tmp_dir, const CheckpointState& s,
+                     int world_size, const SaveOptions& options) {
+  const std::string final_dir = (fs::path(dir) / iteration_dir_name(s.iteration)).string();
+  try {
+    nlohmann::json manifest;
+    manifest["format"] = "trident-checkpoint";
+    manifest["format_version"] = kFormatVersion;
+    manifest["iteration"] = s.iteration;
+    manifest["consumed_train_samples"] = s.consumed_train_samples;
+    manifest["consumed_valid_samples"] = s.consumed_valid_samples;
+    manifest["config"] = s.config;
+    manifest["layout"] = s.layout;
+    manifest["world_size"] = world_size;
+    manifest["trainer_state"] = s.trainer_state;
+    write_file((fs::path(tmp_dir) / "manifest.json").string(), manifest.dump(1));
+    fsync_path(tmp_dir, true);
+    // Replace an existing checkpoint of the same iteration only once the new one is complete.
+    const std::string old_dir = tmp_dir + ".old";
+    const bool had_old = fs::exists(final_dir);
+    if (had_old) fs::rename(final_dir, old_dir);
+    fs::rename(tmp_dir, final_dir);
+    fsync_path(dir, true);
+    std::error_code ec;
+    if (had_old) fs::remove_all(old_dir, ec);
+    const std::string tracker = tracker_path(dir);
+    write_file(tracker + ".tmp", std::to_string(s.iteration) + "\n");
+    fs::rename(tracker + ".tmp", tracker);
+    fsync_path(dir, true);
+  } catch (const std::exception& e) {
+    std::error_code ec;
+    fs::remove_all(tmp_dir, ec);
+    fs::remove(tracker_path(dir) + ".tmp", ec);
+    throw SaveError(str("checkpoint: finishing ", final_dir, " failed: ", e.what()));
+  }
+  apply_retention(dir, s.iteration, options.retain);
 }
 
 }  // namespace
@@ -188,15 +340,10 @@ std::string iteration_dir_name(std::int64_t iteration) {
 }
 
 bool architecture_matches(const nlohmann::json& a, const nlohmann::json& b, std::string* why) {
-  static const char* const kKeys[] = {"num_layers",
-                                      "hidden_size",
-                                      "num_attention_heads",
-                                      "ffn_hidden_size",
-                                      "seq_length",
-                                      "max_position_embeddings",
-                                      "vocab_size",
-                                      "make_vocab_size_divisible_by",
-                                      "position_embedding_type",
+  static const char* const kKeys[] = {"num_layers",          "hidden_size",
+                                      "num_attention_heads", "ffn_hidden_size",
+                                      "seq_length",          "max_position_embeddings",
+                                      "vocab_size",          "position_embedding_type",
                                       "embed_layernorm"};
   std::ostringstream diff;
   for (const char* key : kKeys) {
@@ -209,107 +356,170 @@ bool architecture_matches(const nlohmann::json& a, const nlohmann::json& b, std:
   return diff.str().empty();
 }
 
-void save_checkpoint(const std::string& dir, const CheckpointState& s, comm::Communicator& world) {
+std::int64_t shard_bytes(const CheckpointState& s) {
+  std::int64_t elements = 0;
+  for (const CheckpointState::Slice* sl : {&s.params, &s.exp_avg, &s.exp_avg_sq})
+    elements += sl->end - sl->begin;
+  return static_cast<std::int64_t>(sizeof(kShardMagic)) + elements * 4;
+}
+
+std::string begin_save(const std::string& dir, const CheckpointState& s,
+                       comm::Communicator& world) {
   TRIDENT_ASSERT(s.params.data && s.exp_avg.data && s.exp_avg_sq.data,
                  "incomplete checkpoint state");
-  const std::string name = iteration_dir_name(s.iteration);
-  const std::string final_dir = (fs::path(dir) / name).string();
+  const std::string final_dir = (fs::path(dir) / iteration_dir_name(s.iteration)).string();
   // One temporary name for the whole job: rank 0's pid, broadcast.
   std::int64_t token = ::getpid();
   if (world.size() > 1) world.broadcast(&token, 1, comm::Datatype::kI64, 0);
   const std::string tmp_dir = final_dir + ".tmp." + std::to_string(token);
-  std::error_code ec;
+  // The bytes of the whole checkpoint (every shard, plus a margin for the JSON files).
+  std::int64_t needed = shard_bytes(s) + (std::int64_t{1} << 16);
+  if (world.size() > 1) world.all_reduce(&needed, 1, comm::Datatype::kI64, comm::ReduceOp::kSum);
 
   std::string error;
   if (world.rank() == 0) {
     try {
       fs::create_directories(dir);
-      fs::remove_all(tmp_dir);
-      fs::create_directories(tmp_dir);
+      // Temporary directories of saves that died (kill -9 during a save): this job holds the
+      // save directory's lock, so nobody else is writing them.
+      static const std::regex tmp_name(R"(iter_\d{7}\.tmp\.\d+(\.old)?)");
+      for (const fs::directory_entry& e : fs::directory_iterator(dir)) {
+        const std::string name = e.path().filename().string();
+        if (std::regex_match(name, tmp_name) && e.path().string() != tmp_dir) {
+          log::warn("ckpt: removing ", e.path().string(), ", left behind by a save that died");
+          fs::remove_all(e.path());
+        }
+      }
+      struct statvfs st {};
+      if (::statvfs(dir.c_str(), &st) == 0) {
+        const std::int64_t free_bytes =
+            static_cast<std::int64_t>(st.f_bavail) * static_cast<std::int64_t>(st.f_frsize);
+        if (free_bytes < needed) {
+          error = str("checkpoint: not enough space in ", dir, " for ", final_dir, ": it needs ",
+                      needed, " bytes, ", free_bytes,
+                      " are free (free space, point --save elsewhere, or keep fewer checkpoints "
+                      "with --save-retain)");
+        } else if (free_bytes - needed < needed) {
+          log::warn("ckpt: ", dir, " has ", free_bytes, " bytes free; after this checkpoint (",
+                    needed,
+                    " bytes) the next one will not fit unless older ones are removed "
+                    "(--save-retain)");
+        }
+      }
+      if (error.empty()) {
+        fs::remove_all(tmp_dir);
+        fs::create_directories(tmp_dir);
+      }
     } catch (const fs::filesystem_error& e) {
       error = str("checkpoint: cannot create ", tmp_dir, " (--save ", dir, "): ", e.what());
     }
   }
-  agree_or_throw(world, error, "creating the checkpoint directory");
+  agree_or_throw<SaveError>(world, error, "creating the checkpoint directory");
+  return tmp_dir;
+}
 
-  // Every rank writes its shard.
+std::string write_shard(const std::string& tmp_dir, int rank, const CheckpointState& s) {
+  arm_fault_injection(s.iteration, rank);
   try {
     const std::int64_t n = s.numel;
-    const std::string shard_path = (fs::path(tmp_dir) / rank_name(world.rank(), "bin")).string();
-    const int fd = ::open(shard_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) throw Error(str("checkpoint: cannot create ", shard_path, ": ", errno_text()));
+    const std::string shard_path = (fs::path(tmp_dir) / rank_name(rank, "bin")).string();
+    const int fd = ::open(shard_path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) {
+      throw SaveError(str("checkpoint: cannot create ", shard_path, ": ", errno_text()));
+    }
     nlohmann::json tensors = nlohmann::json::array();
     try {
       write_all(fd, kShardMagic, sizeof(kShardMagic), shard_path);
       std::int64_t offset = sizeof(kShardMagic);
       const CheckpointState::Slice* slices[] = {&s.params, &s.exp_avg, &s.exp_avg_sq};
+      std::vector<std::uint64_t> sums;
       for (int t = 0; t < 3; ++t) {
         const CheckpointState::Slice& sl = *slices[t];
         TRIDENT_ASSERT(0 <= sl.begin && sl.begin <= sl.end && sl.end <= n, "bad slice");
         const std::size_t bytes = static_cast<std::size_t>(sl.end - sl.begin) * sizeof(float);
         write_all(fd, sl.data, bytes, shard_path);
+        sums.push_back(fnv1a(sl.data, bytes));
         tensors.push_back({{"tensor", kTensors[t]},
                            {"begin", sl.begin},
                            {"end", sl.end},
                            {"file_offset", offset},
                            {"bytes", bytes},
-                           {"fnv1a64", str(std::hex, fnv1a(sl.data, bytes))}});
+                           {"fnv1a64", str(std::hex, sums.back())}});
         offset += static_cast<std::int64_t>(bytes);
+        if (t == 0 && t_pause) {
+          const char* secs = std::getenv("TRIDENT_TEST_CKPT_PAUSE_S");
+          ::sleep(static_cast<unsigned>(secs ? std::atoi(secs) : 60));
+        }
       }
       if (::fsync(fd) != 0) {
-        throw Error(str("checkpoint: fsync of ", shard_path, " failed: ", errno_text()));
+        throw SaveError(str("checkpoint: fsync of ", shard_path, " failed: ", errno_text()));
+      }
+      // Read back what the storage holds: a checkpoint is verified before it replaces anything.
+      for (int t = 0; t < 3; ++t) {
+        verify_written(fd, shard_path, tensors[t]["file_offset"], tensors[t]["bytes"],
+                       sums[static_cast<std::size_t>(t)]);
       }
     } catch (...) {
       ::close(fd);
       throw;
     }
     if (::close(fd) != 0) {
-      throw Error(str("checkpoint: closing ", shard_path, " failed: ", errno_text()));
+      throw SaveError(str("checkpoint: closing ", shard_path, " failed: ", errno_text()));
     }
-    nlohmann::json shard = {{"rank", world.rank()},
+    nlohmann::json shard = {{"rank", rank},
                             {"coords", s.coords},
                             {"tp_rank", s.tp_rank},
                             {"numel", s.numel},
                             {"tables", tables_json(s.tables)},
-                            {"file", rank_name(world.rank(), "bin")},
+                            {"file", rank_name(rank, "bin")},
                             {"tensors", tensors}};
-    write_file((fs::path(tmp_dir) / rank_name(world.rank(), "json")).string(), shard.dump(1));
+    write_file((fs::path(tmp_dir) / rank_name(rank, "json")).string(), shard.dump(1));
   } catch (const std::exception& e) {
-    error = e.what();
+    t_write_budget = -1;
+    return e.what();
   }
-  agree_or_throw(world, error, "writing a shard");
+  t_write_budget = -1;
+  return {};
+}
 
-  if (world.rank() == 0) {
-    try {
-      nlohmann::json manifest;
-      manifest["format"] = "trident-checkpoint";
-      manifest["format_version"] = kFormatVersion;
-      manifest["iteration"] = s.iteration;
-      manifest["consumed_train_samples"] = s.consumed_train_samples;
-      manifest["consumed_valid_samples"] = s.consumed_valid_samples;
-      manifest["config"] = s.config;
-      manifest["layout"] = s.layout;
-      manifest["world_size"] = world.size();
-      manifest["trainer_state"] = s.trainer_state;
-      write_file((fs::path(tmp_dir) / "manifest.json").string(), manifest.dump(1));
-      fsync_path(tmp_dir, true);
-      // Replace an existing checkpoint of the same iteration only once the new one is complete.
-      const std::string old_dir = final_dir + ".old." + std::to_string(token);
-      const bool had_old = fs::exists(final_dir);
-      if (had_old) fs::rename(final_dir, old_dir);
-      fs::rename(tmp_dir, final_dir);
-      fsync_path(dir, true);
-      if (had_old) fs::remove_all(old_dir, ec);
-      const std::string tracker = (fs::path(dir) / "latest_checkpointed_iteration.txt").string();
-      write_file(tracker + ".tmp", std::to_string(s.iteration) + "\n");
-      fs::rename(tracker + ".tmp", tracker);
-      fsync_path(dir, true);
-    } catch (const std::exception& e) {
-      error = str("checkpoint: finishing ", final_dir, " failed: ", e.what());
+void finish_save(const std::string& dir, const std::string& tmp_dir, const CheckpointState& s,
+                 comm::Communicator& world, const std::string& shard_error,
+                 const SaveOptions& options) {
+  std::int64_t failed = shard_error.empty() ? 0 : 1;
+  if (world.size() > 1) world.all_reduce(&failed, 1, comm::Datatype::kI64, comm::ReduceOp::kSum);
+  std::string error;
+  if (failed > 0) {
+    // Some rank could not write its shard: the save is abandoned and its directory removed.
+    if (world.rank() == 0) {
+      std::error_code ec;
       fs::remove_all(tmp_dir, ec);
+      if (ec) log::warn("ckpt: could not remove ", tmp_dir, ": ", ec.message());
+    }
+    error = shard_error.empty() ? str("checkpoint: writing a shard failed on ", failed,
+                                      " other rank(s); see their errors")
+                                : shard_error;
+    error += str(" [", tmp_dir, " removed; the checkpoints before iteration ", s.iteration,
+                 " and the tracker are intact]");
+  } else if (world.rank() == 0) {
+    try {
+      finish_on_rank0(dir, tmp_dir, s, world.size(), options);
+    } catch (const std::exception& e) {
+      error = e.what();
     }
   }
-  agree_or_throw(world, error, "finishing the checkpoint");
+  agree_or_throw<SaveError>(world, error, "finishing the checkpoint");
+}
+
+void finish_save_local(const std::string& dir, const std::string& tmp_dir,
+                       const CheckpointState& state, int world_size, const SaveOptions& options) {
+  finish_on_rank0(dir, tmp_dir, state, world_size, options);
+}
+
+void save_checkpoint(const std::string& dir, const CheckpointState& s, comm::Communicator& world,
+                     const SaveOptions& options) {
+  const std::string tmp_dir = begin_save(dir, s, world);
+  const std::string error = write_shard(tmp_dir, world.rank(), s);
+  finish_save(dir, tmp_dir, s, world, error, options);
 }
 
 std::int64_t latest_iteration(const std::string& dir) {
@@ -342,118 +552,179 @@ nlohmann::json read_manifest(const std::string& dir, std::int64_t iteration) {
   const std::string path =
       (fs::path(dir) / iteration_dir_name(iteration) / "manifest.json").string();
   nlohmann::json m = parse_json_file(path);
-  if (m.value("format", "") != "trident-checkpoint" ||
-      m.value("format_version", -1) != kFormatVersion) {
+  if (!m.is_object() || !m.contains("format") || m["format"] != "trident-checkpoint" ||
+      !m.contains("format_version") || m["format_version"] != kFormatVersion) {
     throw DataError(str(path, ": not a trident checkpoint of format version ", kFormatVersion));
+  }
+  for (const char* key :
+       {"iteration", "world_size", "consumed_train_samples", "consumed_valid_samples"}) {
+    if (!m.contains(key)) continue;  // a missing key is reported where it is read
+    if (!m[key].is_number_integer()) {
+      throw DataError(str(path, ": \"", key, "\" is ", m[key].dump().substr(0, 40),
+                          ", not an integer (the checkpoint is corrupt; load an earlier "
+                          "iteration)"));
+    }
   }
   return m;
 }
 
-nlohmann::json load_checkpoint(const std::string& dir, std::int64_t iteration, CheckpointState& s,
-                               comm::Communicator& world) {
-  TRIDENT_ASSERT(s.params.data, "incomplete checkpoint state");
-  std::string error;
-  nlohmann::json m;
+std::vector<std::int64_t> list_iterations(const std::string& dir) {
+  std::vector<std::int64_t> out;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return out;
+  static const std::regex name_re(R"(iter_(\d{7,}))");
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    std::smatch m;
+    const std::string name = e.path().filename().string();
+    if (e.is_directory(ec) && std::regex_match(name, m, name_re)) out.push_back(std::stoll(m[1]));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+bool has_checkpoint(const std::string& dir) {
+  return fs::exists(tracker_path(dir)) || !list_iterations(dir).empty();
+}
+
+namespace {
+
+// Loads iteration `it` into this rank's buffers (no communication). Throws CorruptCheckpoint or
+// DataError.
+nlohmann::json load_one(const std::string& dir, std::int64_t it, CheckpointState& s, int rank,
+                        int world_size) {
+  const nlohmann::json m = read_manifest(dir, it);
   try {
-    m = read_manifest(dir, iteration);
-    const std::int64_t it = m.at("iteration");
     const fs::path it_dir = fs::path(dir) / iteration_dir_name(it);
     const std::string manifest_path = (it_dir / "manifest.json").string();
+    if (m.at("iteration").get<std::int64_t>() != it) {
+      throw CorruptCheckpoint(str(manifest_path, ": names iteration ", m.at("iteration").dump()));
+    }
     std::string why;
     if (!architecture_matches(m.at("config"), s.config, &why)) {
       throw DataError(str(manifest_path, ": the checkpoint's model differs from this run's:", why,
                           " (use the checkpoint's settings)"));
     }
-    if (m.at("layout") != s.layout || m.at("world_size").get<int>() != world.size()) {
-      throw DataError(str(manifest_path, ": saved with layout ", m.at("layout").dump(), " on ",
-                          m.at("world_size").get<int>(), " ranks; this run has ", s.layout.dump(),
-                          " on ", world.size(), " (resume with the same layout)"));
+    bool same_layout = m.at("layout") == s.layout && m.at("world_size").get<int>() == world_size;
+    if (same_layout) {
+      const nlohmann::json shard = parse_shard_json((it_dir / rank_name(rank, "json")).string());
+      same_layout = shard.at("tables") == tables_json(s.tables) && shard.at("numel") == s.numel;
     }
-    const nlohmann::json shard =
-        parse_json_file((it_dir / rank_name(world.rank(), "json")).string());
-    if (shard.at("tables") != tables_json(s.tables) || shard.at("numel") != s.numel) {
-      throw DataError(str(it_dir.string(), "/", rank_name(world.rank(), "json"),
-                          ": this rank's parameter tables differ from the run's model"));
+    if (same_layout) {
+      const CheckpointState::Slice* slices[] = {&s.params, &s.exp_avg, &s.exp_avg_sq};
+      read_shard(it_dir, rank, s.numel, slices);
+    } else {
+      if (rank == 0) {
+        log::info("ckpt: resharding ", it_dir.string(), " from layout ", m.at("layout").dump(),
+                  " on ", m.at("world_size").get<int>(), " ranks to ", s.layout.dump(), " on ",
+                  world_size);
+      }
+      load_resharded(it_dir, m, s);
     }
-    const CheckpointState::Slice* slices[] = {&s.params, &s.exp_avg, &s.exp_avg_sq};
-    read_shard(it_dir, world.rank(), s.numel, slices);
-    s.iteration = it;
-    s.consumed_train_samples = m.at("consumed_train_samples");
-    s.consumed_valid_samples = m.value("consumed_valid_samples", 0);
-    s.trainer_state = m.value("trainer_state", nlohmann::json::object());
   } catch (const nlohmann::json::exception& e) {
-    error = str("--load ", dir, ": malformed manifest (", e.what(), ")");
-  } catch (const std::exception& e) {
-    error = e.what();
+    throw CorruptCheckpoint(str("--load ", dir, ": malformed manifest (", e.what(), ")"));
   }
-  try {
-    agree_or_throw(world, error, "loading");
-  } catch (const Error& e) {
-    throw DataError(e.what());
-  }
-  log::info("ckpt: loaded ", dir, "/", iteration_dir_name(s.iteration), " (iteration ", s.iteration,
-            ")");
   return m;
+}
+
+}  // namespace
+
+nlohmann::json load_checkpoint(const std::string& dir, std::int64_t iteration, CheckpointState& s,
+                               comm::Communicator& world) {
+  TRIDENT_ASSERT(s.params.data, "incomplete checkpoint state");
+  if (!fs::is_directory(dir)) throw DataError(str("--load ", dir, ": no such directory"));
+  // The candidates, newest first, decided by rank 0: the one asked for; or the tracker's, then
+  // every older complete checkpoint (fallback when the newest is incomplete or corrupt).
+  std::vector<std::int64_t> cands;
+  std::string tracker_problem;
+  if (world.rank() == 0) {
+    if (iteration >= 0) {
+      cands.push_back(iteration);
+    } else {
+      std::int64_t latest = -1;
+      try {
+        latest = latest_iteration(dir);
+      } catch (const DataError& e) {
+        tracker_problem = e.what();
+      }
+      const std::vector<std::int64_t> all = list_iterations(dir);
+      if (latest >= 0) cands.push_back(latest);
+      for (auto it = all.rbegin(); it != all.rend(); ++it) {
+        if (latest < 0 || *it < latest) cands.push_back(*it);
+      }
+      if (!tracker_problem.empty()) {
+        log::error("ckpt: ", tracker_problem, "; trying the newest complete checkpoint instead");
+      }
+    }
+  }
+  std::int64_t count = static_cast<std::int64_t>(cands.size());
+  if (world.size() > 1) world.broadcast(&count, 1, comm::Datatype::kI64, 0);
+  cands.resize(static_cast<std::size_t>(count));
+  if (world.size() > 1 && count > 0) world.broadcast(cands.data(), count, comm::Datatype::kI64, 0);
+  if (count == 0) {
+    throw DataError(str("--load ", dir,
+                        ": no checkpoint (no latest_checkpointed_iteration.txt and no iter_* "
+                        "directory; not a checkpoint directory, or no checkpoint finished)"));
+  }
+
+  nlohmann::json m;
+  for (std::size_t c = 0; c < cands.size(); ++c) {
+    const std::int64_t it = cands[c];
+    std::string error;
+    std::int64_t kind = 0;  // 0 loaded, 1 incomplete or corrupt, 2 a mismatch (bad input)
+    try {
+      m = load_one(dir, it, s, world.rank(), world.size());
+    } catch (const CorruptCheckpoint& e) {
+      error = e.what();
+      kind = 1;
+    } catch (const std::exception& e) {
+      error = e.what();
+      kind = 2;
+    }
+    std::int64_t worst = kind;
+    if (world.size() > 1) world.all_reduce(&worst, 1, comm::Datatype::kI64, comm::ReduceOp::kMax);
+    if (worst == 0) {
+      s.iteration = it;
+      s.consumed_train_samples = m.at("consumed_train_samples");
+      s.consumed_valid_samples = m.value("consumed_valid_samples", 0);
+      s.trainer_state = m.value("trainer_state", nlohmann::json::object());
+      if (c > 0) {
+        log::warn("ckpt: *** resumed from ", dir, "/", iteration_dir_name(it),
+                  ", NOT the newest checkpoint (", iteration_dir_name(cands[0]),
+                  " is incomplete or corrupt); iterations after ", it, " are trained again ***");
+      } else {
+        log::info("ckpt: loaded ", dir, "/", iteration_dir_name(it), " (iteration ", it, ")");
+      }
+      return m;
+    }
+    const bool last = c + 1 == cands.size() || iteration >= 0 || worst == 2;
+    if (!error.empty()) {
+      if (kind == 1) {
+        log::error("ckpt: *** CHECKPOINT ", dir, "/", iteration_dir_name(it),
+                   " IS INCOMPLETE OR CORRUPT: ", error, " ***",
+                   last ? "" : str(" falling back to ", iteration_dir_name(cands[c + 1])));
+      }
+      if (last) throw DataError(error);
+    }
+    if (last) {
+      throw DataError(str("--load ", dir, "/", iteration_dir_name(it),
+                          ": loading failed on other rank(s); see their errors"));
+    }
+  }
+  TRIDENT_ASSERT(false, "unreachable");
 }
 
 nlohmann::json load_full_params(const std::string& dir, std::int64_t iteration,
                                 const model::ParamTable& full, float* flat) {
   const nlohmann::json m = read_manifest(dir, iteration);
+  if (!m.contains("iteration")) {
+    throw DataError(str(dir, ": malformed manifest (no \"iteration\")"));
+  }
   const fs::path it_dir = fs::path(dir) / iteration_dir_name(m.at("iteration").get<std::int64_t>());
-  std::vector<char> filled(static_cast<std::size_t>(full.total_numel), 0);
-  try {
-    const int world = m.at("world_size");
-    for (int r = 0; r < world; ++r) {
-      const nlohmann::json shard = parse_json_file((it_dir / rank_name(r, "json")).string());
-      const std::int64_t n = shard.at("numel");
-      // The parameter elements this rank stored (all of its layout, or its ZeRO-3 shard).
-      std::int64_t begin = 0, end = n;
-      for (const nlohmann::json& t : shard.at("tensors")) {
-        if (t.at("tensor") == "params") {
-          begin = t.at("begin");
-          end = t.at("end");
-        }
-      }
-      std::vector<float> held(static_cast<std::size_t>(end - begin));
-      const CheckpointState::Slice want{held.data(), begin, end}, none{};
-      const CheckpointState::Slice* slices[] = {&want, &none, &none};
-      read_shard(it_dir, r, n, slices);
-      const int tp_rank = shard.at("tp_rank");
-      for (const nlohmann::json& table : shard.at("tables")) {
-        for (const nlohmann::json& p : table.at("params")) {
-          const std::string name = p.at("name");
-          const model::ParamSpec& dst = full.find(name);
-          model::ParamSpec src;
-          src.shape = p.at("shape").get<std::vector<std::int64_t>>();
-          src.global_shape = p.at("global_shape").get<std::vector<std::int64_t>>();
-          src.tp_split_dim = p.at("tp_split_dim");
-          src.numel = p.at("numel");
-          if (src.global_shape != dst.shape) {
-            throw DataError(str(it_dir.string(), ": parameter ", name, " has global shape ",
-                                p.at("global_shape").dump(), ", the model expects ",
-                                nlohmann::json(dst.shape).dump()));
-          }
-          const std::int64_t offset = p.at("offset");
-          for (std::int64_t i = 0; i < src.numel; ++i) {
-            const std::int64_t at = offset + i;
-            if (at < begin || at >= end) continue;  // another data-parallel rank's shard
-            const std::int64_t g = src.global_index(i, tp_rank);
-            flat[dst.offset + g] = held[static_cast<std::size_t>(at - begin)];
-            filled[static_cast<std::size_t>(dst.offset + g)] = 1;
-          }
-        }
-      }
-    }
-  } catch (const nlohmann::json::exception& e) {
-    throw DataError(str(it_dir.string(), ": malformed shard description (", e.what(), ")"));
-  }
-  for (const model::ParamSpec& p : full.params) {
-    for (std::int64_t i = 0; i < p.numel; ++i) {
-      if (!filled[static_cast<std::size_t>(p.offset + i)]) {
-        throw DataError(str(it_dir.string(), ": no shard holds element ", i, " of ", p.name));
-      }
-    }
-  }
+  CheckpointState s;
+  s.tables.push_back({&full, 0});
+  s.numel = full.total_numel;
+  s.params = {flat, 0, full.total_numel};
+  load_resharded(it_dir, m, s);
   return m;
 }
 

@@ -12,6 +12,7 @@
 #include <thread>
 #include <utility>
 
+#include "trident/comm/hang_report.h"
 #include "trident/core/log.h"
 
 namespace trident::comm {
@@ -114,6 +115,7 @@ std::string describe(const GroupInfo& group, int rank, const OpDesc& op) {
   s += core::str(" on group '", group.name, "' (global ranks ", format_ranks(group.global_ranks),
                  "; this rank: ", rank, " = global ", global, ")");
   s += op.step >= 0 ? core::str(" at step ", op.step) : std::string(" before the first step");
+  if (op.seq > 0) s += core::str(" (collective #", op.seq, " of the group)");
   return s;
 }
 
@@ -183,6 +185,11 @@ bool Request::test() {
 }
 
 void Request::wait() {
+  if (!impl_) return;
+  detail::note_waiting(group_, rank_, op_);
+  struct DoneWaiting {
+    ~DoneWaiting() { detail::note_done_waiting(); }
+  } done_waiting;
   if (test()) return;
   using Clock = std::chrono::steady_clock;
   const Clock::time_point start = Clock::now();
@@ -192,9 +199,13 @@ void Request::wait() {
       const std::string what = op_.kind == OpKind::kSend   ? "the peer has not posted the recv"
                                : op_.kind == OpKind::kRecv ? "the peer has not posted the send"
                                                            : "a rank of the group has not joined";
-      const std::string msg = core::str(
-          "comm: ", describe(*group_, rank_, op_), " timed out after ", policy_.timeout_s,
-          " s (--comm-timeout): ", what, " (it is slower, stuck in another operation, or dead)");
+      std::string msg = core::str("comm: ", describe(*group_, rank_, op_), " timed out after ",
+                                  policy_.timeout_s, " s (--comm-timeout): ", what,
+                                  " (it is slower, stuck in another operation, or dead)");
+      // Ask every rank where it is (side channel), before giving up on the operation.
+      if (const std::string report = detail::on_timeout(*group_, rank_, op_); !report.empty()) {
+        msg += "; hang report: " + report;
+      }
       impl_->abandon();
       impl_.reset();
       throw core::CommError(msg);
@@ -232,6 +243,12 @@ Communicator::Communicator(GroupInfo group, int rank, const WaitPolicy& policy)
   TRIDENT_ASSERT(rank >= 0 && rank < size(), "communicator '", name(), "': rank ", rank,
                  " outside [0, ", size(), ")");
   set_wait_policy(policy);
+  progress_ = detail::track_group(*group_);
+}
+
+void Communicator::set_step(std::int64_t step) {
+  step_ = step;
+  detail::note_step(step);
 }
 
 void Communicator::set_wait_policy(const WaitPolicy& policy) {
@@ -261,7 +278,9 @@ OpDesc Communicator::desc(OpKind kind, std::int64_t count, Datatype dtype, Reduc
 // Posts through `post`, adding the operation's context to a CommError raised while posting
 // (an MPI error, or the thread world aborted by a failed rank).
 template <class Post>
-Request Communicator::start(const OpDesc& op, Post&& post) {
+Request Communicator::start(const OpDesc& posted, Post&& post) {
+  OpDesc op = posted;
+  detail::note_posted(progress_, rank_, op);
   ImplPtr impl;
   try {
     impl = post();
@@ -276,7 +295,9 @@ Request Communicator::make_request(ImplPtr impl, const OpDesc& op) {
   return Request(std::move(impl), group_, rank_, op, policy_);
 }
 
-void Communicator::wait_for(ImplPtr impl, const OpDesc& op) {
+void Communicator::wait_for(ImplPtr impl, const OpDesc& posted) {
+  OpDesc op = posted;
+  detail::note_posted(progress_, rank_, op);
   make_request(std::move(impl), op).wait();
 }
 

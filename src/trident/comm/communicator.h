@@ -60,6 +60,7 @@ struct OpDesc {
   int peer = -1;                 // group rank of the peer (send/recv) or root (broadcast)
   int tag = 0;                   // send/recv only
   std::int64_t step = -1;        // the communicator's step when the operation was posted
+  std::int64_t seq = 0;          // collectives: 1, 2, ... per group, equal on every member
 };
 
 // "all_reduce(count=8, f32, sum) on group 'dp' (global ranks [0, 2]; this rank: 1 = global 2)
@@ -67,6 +68,7 @@ struct OpDesc {
 std::string describe(const GroupInfo& group, int rank, const OpDesc& op);
 
 namespace detail {
+struct GroupProgress;  // hang_report.h
 // The implementation side of a Request. test() never blocks; it returns true once the operation
 // is complete (output buffers written, input buffers free again) and throws CommError if it failed.
 class RequestImpl {
@@ -148,7 +150,7 @@ class Communicator {
   int global_rank() const { return group_->global_ranks[static_cast<std::size_t>(rank_)]; }
 
   // The training iteration named in error messages; set it at the top of every step.
-  void set_step(std::int64_t step) { step_ = step; }
+  void set_step(std::int64_t step);
   std::int64_t step() const { return step_; }
   void set_wait_policy(const WaitPolicy& policy);
   void set_timeout(double seconds);
@@ -295,6 +297,7 @@ class Communicator {
   int rank_ = 0;
   std::int64_t step_ = -1;
   WaitPolicy policy_{};
+  std::shared_ptr<detail::GroupProgress> progress_;  // sequence numbers for hang reports
 };
 
 }  // namespace trident::comm

@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "trident/comm/hang_report.h"
+
 namespace trident::comm {
 
 namespace {
@@ -171,8 +173,11 @@ std::unique_ptr<MpiCommunicator> MpiCommunicator::world(const MpiRuntime& runtim
   Request(std::move(impl), std::make_shared<const GroupInfo>(info), runtime.world_rank(),
           OpDesc{.kind = OpKind::kSplit}, policy)
       .wait();
-  return std::unique_ptr<MpiCommunicator>(
+  auto world = std::unique_ptr<MpiCommunicator>(
       new MpiCommunicator(dup, std::move(info), runtime.world_rank(), policy));
+  // The side channel for hang reports (once per process; collective over the world).
+  start_hang_reporter(*world);
+  return world;
 }
 
 void MpiCommunicator::set_max_message_elems(std::int64_t n) {

@@ -1,8 +1,11 @@
 #include "trident/core/log.h"
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <mutex>
 
@@ -18,6 +21,9 @@ Settings& mutable_settings() {
       if (v == "warn") d.min_level = Level::kWarn;
       if (v == "error") d.min_level = Level::kError;
     }
+    if (const char* all = std::getenv("TRIDENT_LOG_ALL_RANKS")) {
+      d.all_ranks = std::strcmp(all, "0") != 0 && *all != '\0';
+    }
     return d;
   }();
   return s;
@@ -28,10 +34,19 @@ std::mutex& log_mutex() {
 }
 }  // namespace
 
+std::string short_hostname() {
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "?";
+  std::string s = name;
+  if (const auto dot = s.find('.'); dot != std::string::npos && dot > 0) s.resize(dot);
+  return s.empty() ? "?" : s;
+}
+
 void configure(const Settings& s) {
-  const Level keep = mutable_settings().min_level;
+  const Settings old = mutable_settings();
   mutable_settings() = s;
-  if (std::getenv("TRIDENT_LOG_LEVEL")) mutable_settings().min_level = keep;
+  if (std::getenv("TRIDENT_LOG_LEVEL")) mutable_settings().min_level = old.min_level;
+  if (std::getenv("TRIDENT_LOG_ALL_RANKS")) mutable_settings().all_ranks = old.all_ranks;
 }
 const Settings& settings() { return mutable_settings(); }
 
@@ -51,7 +66,9 @@ void write(Level level, const std::string& msg) {
                    : level == Level::kInfo ? 'I'
                    : level == Level::kWarn ? 'W'
                                            : 'E';
-  const std::string coords = s.coords.empty() ? core::str("r", s.rank) : s.coords;
+  static const std::string this_host = short_hostname();
+  const std::string coords = core::str(s.coords.empty() ? core::str("r", s.rank) : s.coords, " @",
+                                       s.host.empty() ? this_host : s.host);
   std::FILE* out = level >= Level::kWarn ? stderr : stdout;
   std::lock_guard<std::mutex> lock(log_mutex());
   std::fprintf(out, "%s.%03dZ %c [%s] %s\n", stamp, static_cast<int>(ms), tag, coords.c_str(),

@@ -309,6 +309,11 @@ ByteLevelBpe::ByteLevelBpe(std::unordered_map<std::string, std::int32_t> vocab,
     if (id < 0) {
       throw DataError(str(vocab_source, ": token '", token, "' has negative id ", id));
     }
+    if (id > kMaxTokenId) {
+      throw DataError(str(vocab_source, ": token '", token, "' has id ", id,
+                          ", above the largest supported id ", kMaxTokenId,
+                          " (ids must number the vocabulary 0..N-1)"));
+    }
     max_id_ = std::max(max_id_, id);
   }
   decoded_.resize(static_cast<std::size_t>(max_id_ + 1));
@@ -362,7 +367,7 @@ std::optional<std::int32_t> ByteLevelBpe::bytes_token_id(std::string_view bytes)
 }
 
 void ByteLevelBpe::add_token(std::int32_t id, const std::string& content) {
-  TRIDENT_CHECK(id >= 0, "token id must be non-negative, got ", id);
+  TRIDENT_CHECK(id >= 0 && id <= kMaxTokenId, "token id must be in 0..", kMaxTokenId, ", got ", id);
   if (id > max_id_) {
     max_id_ = id;
     decoded_.resize(static_cast<std::size_t>(id + 1));

@@ -64,6 +64,10 @@ struct BpeMerge {
 // encode_word() is thread-safe and caches results per pre-token (bounded size).
 class ByteLevelBpe {
  public:
+  // Ids are indices into dense tables (and, later, rows of the embedding): larger ones in a file
+  // are rejected instead of allocating gigabytes for a typo (real vocabularies stay below 2^18).
+  static constexpr std::int32_t kMaxTokenId = (1 << 24) - 1;
+
   // `vocab_source` / `merges_source` name the files (and fields) for DataError messages. Every
   // merge's parts and result must be in the vocab, and the vocab must hold all 256 byte tokens.
   ByteLevelBpe(std::unordered_map<std::string, std::int32_t> vocab,
@@ -82,6 +86,10 @@ class ByteLevelBpe {
   std::optional<std::int32_t> bytes_token_id(std::string_view bytes) const;
   std::int64_t num_tokens() const { return static_cast<std::int64_t>(vocab_.size()); }
   std::int32_t max_id() const { return max_id_; }
+  // Whether `id` is a token of the vocab or an added token.
+  bool has_token(std::int32_t id) const {
+    return id >= 0 && id <= max_id_ && has_id_[static_cast<std::size_t>(id)];
+  }
   // Registers an extra token (an HF added token) for decoding.
   void add_token(std::int32_t id, const std::string& content);
 

@@ -261,6 +261,10 @@ bool GPTDataset::try_load_cache() {
         shuffle.shape() != std::vector<std::int64_t>{num_samples_}) {
       return stale(str("shuffle_index is not (", num_samples_, ",) uint32/int64"));
     }
+    // The values too: a cache is used only if every sample it describes lies in this split.
+    if (const std::string bad = check_cached_values(doc, sample, shuffle); !bad.empty()) {
+      return stale(bad);
+    }
     document_index_ = std::move(doc);
     sample_index_ = std::move(sample);
     shuffle_index_ = std::move(shuffle);
@@ -268,6 +272,52 @@ bool GPTDataset::try_load_cache() {
     return stale(e.what());
   }
   return true;
+}
+
+std::string GPTDataset::check_cached_values(const IndexArray& doc, const IndexArray& sample,
+                                            const IndexArray& shuffle) const {
+  const std::int64_t doc_len = doc.numel();
+  for (std::int64_t k = 0; k < doc_len; ++k) {
+    const std::int64_t seq = doc.at(k);
+    if (seq < begin_ || seq >= end_) {
+      return str("document_index[", k, "] = ", seq, " is not a sequence of the split [", begin_,
+                 ", ", end_, ")");
+    }
+  }
+  std::vector<char> seen(static_cast<std::size_t>(num_samples_), 0);
+  for (std::int64_t i = 0; i < num_samples_; ++i) {
+    const std::int64_t row = shuffle.at(i);
+    if (row < 0 || row >= num_samples_ || seen[static_cast<std::size_t>(row)]) {
+      return str("shuffle_index[", i, "] = ", row, " is not a permutation of [0, ", num_samples_,
+                 ")");
+    }
+    seen[static_cast<std::size_t>(row)] = 1;
+  }
+  // Sample r runs from row r to row r + 1 of the sample index, as sample() reads it; rows never go
+  // back, so this walks the document index once.
+  const std::int64_t want = cfg_.sequence_length + kExtra;
+  for (std::int64_t r = 0; r < num_samples_; ++r) {
+    const std::int64_t beg_pos = sample.at(2 * r), beg_off = sample.at(2 * r + 1);
+    const std::int64_t end_pos = sample.at(2 * r + 2), end_off = sample.at(2 * r + 3);
+    const auto bad_row = [&] {
+      return str("sample_index rows ", r, " and ", r + 1, " ([", beg_pos, ", ", beg_off, "], [",
+                 end_pos, ", ", end_off, "]) do not describe a sample of ", want,
+                 " tokens or fewer within the document index of length ", doc_len);
+    };
+    if (beg_pos < 0 || end_pos < beg_pos || end_pos >= doc_len) return bad_row();
+    std::int64_t tokens = 0;
+    for (std::int64_t p = beg_pos; p <= end_pos; ++p) {
+      const std::int64_t len = dataset_->sequence_length(doc.at(p));
+      const std::int64_t offset = p == beg_pos ? beg_off : 0;
+      const std::int64_t count = p < end_pos ? len - offset : end_off + kExtra - offset;
+      if (offset < 0 || offset > len || count < 0 || count > len - offset ||
+          tokens + count > want) {
+        return bad_row();
+      }
+      tokens += count;
+    }
+  }
+  return "";
 }
 
 void GPTDataset::build_indices() {

@@ -82,6 +82,11 @@ class GPTDataset : public SampleDataset {
 
  private:
   bool try_load_cache();
+  // Why cached arrays of the right shapes cannot be this dataset's indices ("" when they can):
+  // sequence ids outside the split, a shuffle that is no permutation, samples whose rows leave
+  // the document index or the sequences, or hold more than seq_length + 1 tokens.
+  std::string check_cached_values(const IndexArray& doc, const IndexArray& sample,
+                                  const IndexArray& shuffle) const;
   void build_indices();
   void save_cache() const;
 

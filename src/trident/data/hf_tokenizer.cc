@@ -35,6 +35,17 @@ std::string regex_escape(std::string_view literal) {
   return out;
 }
 
+// A token id from the file: an integer in 0..kMaxTokenId (a float such as 1e300 or 3e9 would
+// otherwise be converted with undefined behaviour, and a huge id would size tables by it).
+std::int32_t token_id_field(const json& v, const std::string& path, std::string_view field) {
+  if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<std::uint64_t>() > INT32_MAX) ||
+      v.get<std::int64_t>() < 0 || v.get<std::int64_t>() > ByteLevelBpe::kMaxTokenId) {
+    throw DataError(str("tokenizer file ", path, ": ", field, " = ", v.dump().substr(0, 40),
+                        " is not a token id (an integer in 0..", ByteLevelBpe::kMaxTokenId, ")"));
+  }
+  return static_cast<std::int32_t>(v.get<std::int64_t>());
+}
+
 bool get_bool(const json& j, const char* key, bool fallback) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return fallback;
@@ -116,7 +127,8 @@ void HuggingFaceTokenizer::load_model(const json& model) {
   ignore_merges_ = get_bool(model, "ignore_merges", false);
   std::unordered_map<std::string, std::int32_t> vocab;
   for (auto it = model.at("vocab").begin(); it != model.at("vocab").end(); ++it) {
-    vocab.emplace(it.key(), it.value().get<std::int32_t>());
+    vocab.emplace(it.key(),
+                  token_id_field(it.value(), path_, str("model.vocab[\"", it.key(), "\"]")));
   }
   const json& jm = model.at("merges");
   std::vector<BpeMerge> merges;
@@ -150,7 +162,7 @@ void HuggingFaceTokenizer::load_added_tokens(const json& root) {
   if (root.contains("added_tokens") && root["added_tokens"].is_array()) {
     for (const json& t : root["added_tokens"]) {
       AddedToken a;
-      a.id = t.at("id").get<std::int32_t>();
+      a.id = token_id_field(t.at("id"), path_, "added_tokens id");
       a.content = t.at("content").get<std::string>();
       a.special = get_bool(t, "special", false);
       a.single_word = get_bool(t, "single_word", false);
@@ -230,7 +242,12 @@ void HuggingFaceTokenizer::load_post_step(const json& pj) {
     const std::string name = item.at("SpecialToken").at("id").get<std::string>();
     auto& dst = seen_sequence ? suffix_ids_ : prefix_ids_;
     for (const json& id : pj.at("special_tokens").at(name).at("ids")) {
-      dst.push_back(id.get<std::int32_t>());
+      const std::int32_t v = token_id_field(id, path_, str("post_processor special_tokens ", name));
+      if (!bpe_->has_token(v)) {
+        throw DataError(str("tokenizer file ", path_, ": post_processor special token ", name,
+                            " has id ", v, ", which is neither in model.vocab nor an added token"));
+      }
+      dst.push_back(v);
     }
   }
 }

@@ -144,8 +144,14 @@ NpyHeader parse_npy_header(const std::string& path, const std::string& h) {
     throw DataError(str(path, ": .npy header is not a numpy array header: ", h));
   }
   out.descr = *descr;
+  if (*fortran != "True" && *fortran != "False") {
+    throw DataError(str(path, ": fortran_order ", *fortran, " in .npy header is not True/False"));
+  }
   out.fortran_order = (*fortran == "True");
   // shape: "(N,)" or "(N, M)" or "()"
+  if (shape->size() < 2 || shape->front() != '(' || shape->back() != ')') {
+    throw DataError(str(path, ": shape ", *shape, " in .npy header is not a tuple"));
+  }
   std::string s = shape->substr(1, shape->size() - 2);
   std::size_t p = 0;
   while (p < s.size()) {
@@ -160,6 +166,12 @@ NpyHeader parse_npy_header(const std::string& path, const std::string& h) {
     p = static_cast<std::size_t>(ptr - s.data());
   }
   return out;
+}
+
+std::string shape_text(const std::vector<std::int64_t>& shape) {
+  std::string t = "(";
+  for (std::size_t i = 0; i < shape.size(); ++i) t += (i ? ", " : "") + std::to_string(shape[i]);
+  return t + (shape.size() == 1 ? ",)" : ")");
 }
 
 std::optional<IndexDType> dtype_from_descr(const std::string& d) {
@@ -245,10 +257,28 @@ IndexArray IndexArray::map_npy(const std::string& path) {
   if (h.shape.size() != 1 && h.shape.size() != 2) {
     throw DataError(str(path, ": expected a 1-D or 2-D array, found rank ", h.shape.size()));
   }
+  // The element count, without overflow: a shape with more elements than the file has bytes is
+  // corrupt whatever the product would wrap to.
+  std::uint64_t elements = 1;
+  for (const std::int64_t d : h.shape) {
+    if (d == 0) {
+      elements = 0;
+      break;
+    }
+  }
+  for (const std::int64_t d : h.shape) {
+    if (elements == 0) break;
+    if (static_cast<std::uint64_t>(d) > file_bytes / elements) {
+      throw DataError(str(path, ": shape ", shape_text(h.shape), " holds more elements than the ",
+                          file_bytes, "-byte file (truncated or corrupt cache file)"));
+    }
+    elements *= static_cast<std::uint64_t>(d);
+  }
   IndexArray a;
   a.dtype_ = *dtype;
   a.shape_ = h.shape;
-  const std::size_t data_bytes = static_cast<std::size_t>(a.numel() * index_dtype_size(*dtype));
+  const std::size_t data_bytes =
+      static_cast<std::size_t>(elements) * static_cast<std::size_t>(index_dtype_size(*dtype));
   if (prefix + header_len + data_bytes != file_bytes) {
     throw DataError(str(path, ": file has ", file_bytes, " bytes, expected ",
                         prefix + header_len + data_bytes, " for shape and dtype ", h.descr,

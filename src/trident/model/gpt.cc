@@ -67,10 +67,6 @@ parallel::TpGroup tp_group_of(const ModelRuntime& rt) {
   return parallel::TpGroup(rt.tp, rt.tp_traffic);
 }
 
-void call(const std::function<void(std::int64_t)>& hook, std::int64_t layer) {
-  if (hook) hook(layer);
-}
-
 // The activation layout, shared by the size computation and the allocation so they never drift.
 template <class Alloc>
 void layout_activations(const ModelConfig& cfg, const ModelShard& shard, std::int64_t B,
@@ -314,13 +310,25 @@ struct Transformer {
   const float* input_of(std::int64_t l) const {
     return l > 0 ? a.layers[static_cast<std::size_t>(l - 1)].out : a.encoded;
   }
-  // Per-layer weights, read right after the layer's before_* hook (ZeRO-3 gathers them there).
+  // Layer l's weights: from the runtime's provider (asked right before the layer runs), else the
+  // views.
   layers::EmbeddingParams embedding_params() const {
     return {.wte = p.wte, .wpe = p.wpe, .norm = {p.emb_ln_w, p.emb_ln_b}};
   }
-  layers::BlockParams block(std::int64_t l) const {
+  layers::BlockParams block(const LayerWeights& w) const {
+    return block_params(*w.params, w.params_bf16);
+  }
+  LayerWeights resident(std::int64_t l) const {
     const auto i = static_cast<std::size_t>(l);
-    return block_params(p.layers[i], rt.params_bf16 ? &rt.params_bf16->layers[i] : nullptr);
+    return {&p.layers[i], rt.params_bf16 ? &rt.params_bf16->layers[i] : nullptr};
+  }
+  LayerWeights forward_weights(std::int64_t l) const {
+    return rt.layer_weights ? rt.layer_weights->forward(l) : resident(l);
+  }
+  LayerBackwardWeights backward_weights(std::int64_t l, const GptGrads& g) const {
+    return rt.layer_weights
+               ? rt.layer_weights->backward(l)
+               : LayerBackwardWeights{resident(l), &g.layers[static_cast<std::size_t>(l)]};
   }
   layers::LmHeadParams head_params() const {
     return {.norm = {p.lnf_w, p.lnf_b},
@@ -352,20 +360,17 @@ void gpt_forward(const core::ExecContext& ctx, const ModelConfig& cfg, const Mod
   TRIDENT_ASSERT(kv.caches.empty() || std::ssize(kv.caches) == m.layers(), "KV caches for ",
                  kv.caches.size(), " layers, the shard has ", m.layers());
   if (rt.shard.has_embedding) {
-    call(rt.before_forward, -1);
     layers::embedding_forward(m.lc, m.arch.embedding, m.embedding_params(), tokens, kv.position,
                               a.embedding, a.encoded);
     layers::dropout_forward(m.lc, a.encoded, C, -1, layers::DropSite::kEmbedding);
   }
   for (std::int64_t l = 0; l < m.layers(); ++l) {
-    call(rt.before_forward, l);
     const layers::KvCache* cache =
         kv.caches.empty() ? nullptr : &kv.caches[static_cast<std::size_t>(l)];
-    layers::block_forward(m.lc, m.arch.block, m.block(l), m.input_of(l), m.global(l),
-                          m.saved_for_forward(l), cache);
+    layers::block_forward(m.lc, m.arch.block, m.block(m.forward_weights(l)), m.input_of(l),
+                          m.global(l), m.saved_for_forward(l), cache);
   }
   if (rt.shard.has_head) {
-    call(rt.before_forward, m.layers());
     layers::lm_head_forward(m.lc, m.arch.head, m.head_params(), a.output(), a.head);
   }
 }
@@ -385,31 +390,27 @@ void gpt_backward(const core::ExecContext& ctx, const ModelConfig& cfg, const Mo
                   GptActivations& a) {
   const Transformer m(ctx, cfg, rt, p, a);
   if (rt.shard.has_head) {
-    call(rt.before_backward, m.layers());
     layers::lm_head_backward(m.lc, m.arch.head, m.head_params(), a.head, a.output(),
                              {.norm = {g.lnf_w, g.lnf_b}, .out_w = g.wte}, a.d_x);
-    call(rt.after_backward, m.layers());
   }
   // d_x holds the gradient of the residual stream at the top (this rank's rows): walk down.
   for (std::int64_t l = m.layers() - 1; l >= 0; --l) {
-    call(rt.before_backward, l);
-    const layers::BlockParams w = m.block(l);
+    const LayerBackwardWeights lw = m.backward_weights(l, g);
+    const layers::BlockParams w = m.block(lw.weights);
     layers::BlockSaved s = a.layers[static_cast<std::size_t>(l)];
     if (cfg.recomputes(l)) {  // full recomputation: the same forward (same masks) into scratch
       s = a.scratch;
       layers::block_forward(m.lc, m.arch.block, w, m.input_of(l), m.global(l), s);
     }
     layers::block_backward(m.lc, m.arch.block, w, s, m.input_of(l), m.global(l),
-                           block_grads(g.layers[static_cast<std::size_t>(l)]), a.d_x);
-    call(rt.after_backward, l);
+                           block_grads(*lw.grads), a.d_x);
+    if (rt.layer_weights) rt.layer_weights->backward_done(l);
   }
   if (rt.shard.has_embedding) {
-    call(rt.before_backward, -1);
     const float* d =
         layers::dropout_backward(m.lc, a.d_x, cfg.hidden_size, -1, layers::DropSite::kEmbedding);
     layers::embedding_backward(m.lc, m.arch.embedding, m.embedding_params(), a.embedding, tokens, d,
                                {.wte = g.wte, .wpe = g.wpe, .norm = {g.emb_ln_w, g.emb_ln_b}});
-    call(rt.after_backward, -1);
   }
 }
 

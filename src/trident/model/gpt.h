@@ -75,9 +75,32 @@ GptGrads gpt_grad_views(const ModelConfig& cfg, const ParamTable& table,
 // reductions included.
 using TpTraffic = parallel::TpTraffic;
 
-// How the model talks to its tensor-parallel group, and optional per-layer callbacks (ZeRO-3
-// parameter gathers, gradient-bucket launches). Layer ids: -1 = embedding, 0..L-1 = the shard's
-// layers (local index), L = the head (final LayerNorm and output layer).
+// The weights one transformer layer runs with: its FP32 views and, under --bf16, the matmuls'
+// BF16 copies (null: FP32 matmuls).
+struct LayerWeights {
+  const LayerTensors<const float*>* params = nullptr;
+  const LayerTensors<const core::bf16*>* params_bf16 = nullptr;
+};
+struct LayerBackwardWeights {
+  LayerWeights weights;
+  const LayerTensors<float*>* grads = nullptr;  // where the layer's gradients accumulate (+=)
+};
+
+// Where the layers get each transformer layer's weights and gradient buffers when they are not
+// fixed views (ZeRO-3 gathers a layer into a staging slot just before it runs, ZeRO 2-3 hand out
+// a zeroed gradient slot per backward, ZeRO 0-1 start bucket reductions as layers finish). The
+// model asks right before it runs layer `layer` (local index, 0..L-1) and uses the answer for that
+// run only; the provider is told when the layer's backward is done.
+class LayerWeightsProvider {
+ public:
+  virtual ~LayerWeightsProvider() = default;
+  virtual LayerWeights forward(std::int64_t layer) = 0;
+  virtual LayerBackwardWeights backward(std::int64_t layer) = 0;
+  // The layer's gradients of this backward are complete.
+  virtual void backward_done(std::int64_t layer) = 0;
+};
+
+// How the model talks to its tensor-parallel group, and where its layers' weights come from.
 struct ModelRuntime {
   ModelShard shard;
   comm::Communicator* tp = nullptr;  // null or size 1: no tensor parallelism
@@ -87,9 +110,10 @@ struct ModelRuntime {
   const GptParamsBf16* params_bf16 = nullptr;
   TpTraffic* tp_traffic = nullptr;  // counts the model's tensor-parallel collectives when set
   std::uint64_t dropout_seed = 0;
-  std::function<void(std::int64_t layer)> before_forward;   // parameters of `layer` are needed
-  std::function<void(std::int64_t layer)> before_backward;  // parameters of `layer` are needed
-  std::function<void(std::int64_t layer)> after_backward;   // gradients of `layer` are final
+  // Null: every layer runs with the GptParams / GptGrads (and params_bf16) views it is given.
+  // Set: the transformer layers take their weights and gradient buffers from the provider; the
+  // embedding and head still use the views.
+  LayerWeightsProvider* layer_weights = nullptr;
 };
 
 // Saved activations of one layer for one micro-batch; row = one token (B*T rows, or this rank's

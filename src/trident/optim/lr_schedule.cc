@@ -28,19 +28,59 @@ const char* lr_decay_style_name(LrDecayStyle s) {
   return "?";
 }
 
-double LrSchedule::at(std::int64_t steps) const {
+namespace {
+
+double decay(const LrSchedule& s, double ratio) {
+  const double clamped = std::clamp(ratio, 0.0, 1.0);
+  const double coeff = s.decay_style == LrDecayStyle::kLinear
+                           ? 1.0 - clamped
+                           : 0.5 * (std::cos(std::numbers::pi * clamped) + 1.0);
+  return s.min_lr + coeff * (s.lr - s.min_lr);
+}
+
+}  // namespace
+
+double LrSchedule::at(double steps) const {
   if (warmup_iters > 0 && steps <= warmup_iters) {
-    return lr * static_cast<double>(steps) / static_cast<double>(warmup_iters);
+    return init_lr + (lr - init_lr) * steps / warmup_iters;
   }
   if (decay_style == LrDecayStyle::kConstant) return lr;
   if (steps > decay_iters) return min_lr;
-  const double span = static_cast<double>(decay_iters - warmup_iters);
-  const double ratio = span > 0 ? static_cast<double>(steps - warmup_iters) / span : 1.0;
-  const double clamped = std::clamp(ratio, 0.0, 1.0);
-  const double coeff = decay_style == LrDecayStyle::kLinear
-                           ? 1.0 - clamped
-                           : 0.5 * (std::cos(std::numbers::pi * clamped) + 1.0);
-  return min_lr + coeff * (lr - min_lr);
+  const double span = decay_iters - warmup_iters;
+  return decay(*this, span > 0 ? (steps - warmup_iters) / span : 1.0);
+}
+
+MegatronLrScheduler::MegatronLrScheduler(Config c) : c_(c) { lr_ = compute(); }
+
+void MegatronLrScheduler::set_state(const State& s) {
+  state_ = s;
+  lr_ = compute();
+}
+
+void MegatronLrScheduler::step(double increment_samples, double tokens_before_iteration) {
+  state_.num_tokens = tokens_before_iteration;
+  state_.num_steps += increment_samples;
+  lr_ = compute();
+}
+
+double MegatronLrScheduler::compute() {
+  const LrSchedule& s = c_.samples;
+  if (!c_.decay_tokens) return s.at(state_.num_steps);
+  // Megatron-DeepSpeed's token-based decay (optimizer_param_scheduler.py).
+  std::optional<double> warm_tok = c_.warmup_tokens ? c_.warmup_tokens : state_.warmup_tokens;
+  if (!warm_tok) {
+    if (s.warmup_iters > 0 && state_.num_steps <= s.warmup_iters) {
+      if (state_.num_steps == s.warmup_iters) state_.warmup_tokens = state_.num_tokens;
+      return s.init_lr + (s.lr - s.init_lr) * state_.num_steps / s.warmup_iters;
+    }
+  } else if (*warm_tok > 0 && state_.num_tokens <= *warm_tok) {
+    return s.init_lr + (s.lr - s.init_lr) * state_.num_tokens / *warm_tok;
+  }
+  if (s.decay_style == LrDecayStyle::kConstant) return s.lr;
+  if (state_.num_tokens > *c_.decay_tokens) return s.min_lr;
+  const double w = warm_tok.value_or(0.0);
+  const double span = *c_.decay_tokens - w;
+  return decay(s, span > 0 ? (state_.num_tokens - w) / span : 1.0);
 }
 
 }  // namespace trident::optim

@@ -1,9 +1,11 @@
-// Learning-rate schedule of Megatron's OptimizerParamScheduler: linear warm-up from 0 to lr over
-// lr_warmup_iters, then constant / linear / cosine decay to min_lr at lr_decay_iters, min_lr
-// after. Iteration k (1-based) uses the rate at step k - 1, as Megatron does.
+// Learning-rate schedule of Megatron's OptimizerParamScheduler: linear warm-up from init_lr to lr
+// over warmup_iters steps, then constant / linear / cosine decay to min_lr at decay_iters steps,
+// min_lr after. A "step" is whatever the caller counts: Megatron counts samples (iterations are
+// converted to iterations x global batch size), Megatron-DeepSpeed can also count tokens.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace trident::optim {
@@ -16,11 +18,40 @@ struct LrSchedule {
   double lr = 1e-4;
   double min_lr = 0.0;
   LrDecayStyle decay_style = LrDecayStyle::kLinear;
-  std::int64_t warmup_iters = 0;
-  std::int64_t decay_iters = 0;  // 0 -> train_iters (set by the trainer)
+  double warmup_iters = 0;  // in the caller's steps
+  double decay_iters = 0;   // 0 -> train_iters (set by the trainer)
+  double init_lr = 0.0;     // --lr-warmup-init
 
-  // Learning rate after `steps` completed optimizer steps.
-  double at(std::int64_t steps) const;
+  // Learning rate after `steps` completed steps.
+  double at(double steps) const;
+};
+
+// Megatron's scheduler state, stepped after every successful optimizer step (a skipped step does
+// not advance it): num_steps counts samples, num_tokens the tokens consumed before the iteration
+// (Megatron-DeepSpeed passes consumed_train_tokens, updated after the step). With decay_tokens
+// set, warm-up and decay are measured in tokens as Megatron-DeepSpeed does; a warm-up given in
+// samples then ends at the token count reached when it ends.
+class MegatronLrScheduler {
+ public:
+  struct Config {
+    LrSchedule samples;  // warm-up and decay in samples
+    std::optional<double> warmup_tokens, decay_tokens;
+  };
+  struct State {
+    double num_steps = 0, num_tokens = 0;
+    std::optional<double> warmup_tokens;  // set when a sample warm-up meets a token decay
+  };
+  explicit MegatronLrScheduler(Config c);
+  double lr() const { return lr_; }  // the rate the next iteration uses
+  void step(double increment_samples, double tokens_before_iteration);
+  const State& state() const { return state_; }
+  void set_state(const State& s);
+
+ private:
+  double compute();
+  Config c_;
+  State state_;
+  double lr_ = 0;
 };
 
 }  // namespace trident::optim

@@ -1,5 +1,7 @@
 #include "trident/optim/model_state.h"
 
+#include <algorithm>
+
 #include "trident/core/arena.h"
 
 namespace trident::optim {
@@ -30,7 +32,11 @@ BufferSizes buffer_sizes(const FlatLayout& layout, const parallel::ShardPlan& pl
     s.grad_shard = S;
     s.rest_grads = layout.rest_numel();
     s.grad_slot = layout.max_unit();
-    s.rs_piece = S;
+    // A rank's piece of any reduced range (a layer, a non-layer range) is at most that range and
+    // at most a shard.
+    std::int64_t largest = layout.max_unit();
+    for (const Range& r : layout.rest()) largest = std::max(largest, r.size());
+    s.rs_piece = std::min(S, largest);
   } else {
     s.full_grads = Np;
   }

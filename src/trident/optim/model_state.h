@@ -23,7 +23,8 @@ struct BufferSizes {
   std::int64_t grad_shard = 0;   // stages 2-3: this rank's shard of the gradient
   std::int64_t rest_grads = 0;   // stages 2-3: embedding/head gradients, whole for an iteration
   std::int64_t grad_slot = 0;    // stages 2-3: one layer's gradient (the largest layer)
-  std::int64_t rs_piece = 0;     // stages 2-3: the received piece of a reduce-scatter
+  std::int64_t rs_piece = 0;     // stages 2-3: the received piece of a reduce-scatter (the
+                                 // largest layer or rest range, at most a shard)
   std::int64_t param_slot = 0;   // stage 3: each of the two layer-weight staging buffers
   std::int64_t moment = 0;       // each of the two Adam moments
   std::int64_t bf16_params = 0;  // --bf16: the matmuls' copies (all weights; stage 3 the rest)

@@ -55,7 +55,7 @@ class ParamGradBuffers {
   float* grad_shard() const { return grad_shard_; }  // (shard) stages 2-3
   float* rest_grads() const { return rest_grads_; }  // (rest) stages 2-3
   float* grad_slot() const { return grad_slot_; }    // (max unit) stages 2-3
-  float* rs_piece() const { return rs_piece_; }      // (shard) stages 2-3
+  float* rs_piece() const { return rs_piece_; }      // (<= shard) stages 2-3
   // Where the whole (not yet data-parallel reduced) gradient of non-layer flat index `flat` is.
   float* rest_grad_at(std::int64_t flat) const;
 

@@ -1,6 +1,7 @@
 // ParallelContext: four splits of the world communicator, in a fixed order on every rank.
 #include "trident/parallel/parallel_context.h"
 
+#include "trident/comm/hierarchical_communicator.h"
 #include "trident/core/error.h"
 
 namespace trident::parallel {
@@ -16,7 +17,8 @@ void check_group(const comm::Communicator& c, const std::vector<int>& expected, 
 
 }  // namespace
 
-ParallelContext::ParallelContext(comm::Communicator& world, const ParallelLayout& layout)
+ParallelContext::ParallelContext(comm::Communicator& world, const ParallelLayout& layout,
+                                 bool hierarchical_dp)
     : world_(&world), layout_(layout) {
   layout_.validate();
   TRIDENT_CHECK(world.size() == layout_.world_size(), "layout ", layout_, " needs ",
@@ -24,7 +26,12 @@ ParallelContext::ParallelContext(comm::Communicator& world, const ParallelLayout
   const int r = world.rank();
   coord_ = layout_.coord_of(r);
   tp_ = world.split(layout_.group_index(r, Axis::kTp), r, "tp");
-  dp_ = world.split(layout_.group_index(r, Axis::kDp), r, "dp");
+  if (hierarchical_dp) {
+    dp_ = comm::HierarchicalCommunicator::create(
+        world.split(layout_.group_index(r, Axis::kDp), r, "dp-flat"), "dp");
+  } else {
+    dp_ = world.split(layout_.group_index(r, Axis::kDp), r, "dp");
+  }
   pp_ = world.split(layout_.group_index(r, Axis::kPp), r, "pp");
   const bool in_embedding = !layout_.embedding_group_of(r).empty();
   embedding_ =

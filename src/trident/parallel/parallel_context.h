@@ -18,7 +18,9 @@ class ParallelContext {
   // rank's tp, dp, pp and embedding groups (named "tp", "dp", "pp", "embedding"); the rank of
   // this process in each group equals its coordinate along that axis. `world` must have
   // layout.world_size() ranks (else InvalidArgument) and must outlive the context.
-  ParallelContext(comm::Communicator& world, const ParallelLayout& layout);
+  // hierarchical_dp: the dp group is a comm::HierarchicalCommunicator (host-aware all_reduce).
+  ParallelContext(comm::Communicator& world, const ParallelLayout& layout,
+                  bool hierarchical_dp = false);
 
   const ParallelLayout& layout() const { return layout_; }
   const Coord& coord() const { return coord_; }

@@ -109,6 +109,17 @@ int max_in_flight(const std::vector<PipeStep>& steps) {
   return peak;
 }
 
+std::vector<int> max_in_flight_per_chunk(const std::vector<PipeStep>& steps, int num_chunks) {
+  std::vector<int> live(static_cast<std::size_t>(num_chunks), 0), peak(live.size(), 1);
+  for (const PipeStep& st : steps) {
+    int& l = live[static_cast<std::size_t>(st.chunk)];
+    l += st.op == PipeOp::kForward ? 1 : -1;
+    peak[static_cast<std::size_t>(st.chunk)] =
+        std::max(peak[static_cast<std::size_t>(st.chunk)], l);
+  }
+  return peak;
+}
+
 std::string simulate_pipeline(PipelineScheduleKind kind, const PipelineShape& s) {
   const int P = s.num_stages, v = s.num_chunks, m = s.num_microbatches;
   std::vector<std::vector<PipeStep>> sched(static_cast<std::size_t>(P));

@@ -41,6 +41,9 @@ std::vector<PipeStep> build_pipeline_schedule(PipelineScheduleKind kind, const P
 // Largest number of micro-batch activations held at once by `steps` (forwards whose backward has
 // not run yet), counting each (micro-batch, chunk) pair.
 int max_in_flight(const std::vector<PipeStep>& steps);
+// The same per model chunk (0 .. num_chunks - 1), at least 1 each: the activation slots the
+// executor allocates for each chunk (train/pipeline.cc) and the planner counts.
+std::vector<int> max_in_flight_per_chunk(const std::vector<PipeStep>& steps, int num_chunks);
 
 // Simulates all stages executing their schedules with blocking receives and non-blocking sends
 // (the executor's semantics) and returns "" when every step ran, or a description of the

@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <cmath>
 #include <cstring>
+#include <ctime>
 #include <vector>
 
 #include "trident/core/error.h"
@@ -31,6 +34,60 @@ void MetricsWriter::write(const nlohmann::json& record) {
     throw core::Error(
         core::str("--metrics-jsonl: writing ", path_, " failed: ", std::strerror(errno)));
   }
+}
+
+namespace {
+
+template <class... A>
+std::string fmt(const char* f, A... a) {
+  char buf[256];
+  std::snprintf(buf, sizeof(buf), f, a...);
+  return buf;
+}
+
+}  // namespace
+
+std::string iteration_log_line(const IterationLog& l) {
+  std::string s;
+  const auto ll = [](std::int64_t x) { return static_cast<long long>(x); };
+  if (l.megatron_deepspeed) {
+    s += fmt(" iteration %8lld/%8lld |", ll(l.iteration), ll(l.train_iters));
+    s += fmt(" consumed samples: %12lld |", ll(l.consumed_samples));
+    s += fmt(" consumed tokens: %12lld |", ll(l.consumed_tokens));
+    s += fmt(" elapsed time per iteration (s): %.2f |", l.iter_ms / 1e3);
+    s += fmt(" learning rate: %.3E |", l.lr);
+    s += fmt(" global batch size: %5lld |", ll(l.global_batch_size));
+    if (l.lm_loss > 0) s += fmt(" lm loss: %.6E |", l.lm_loss);
+    s += fmt(" loss scale: %.1f |", l.loss_scale);
+    if (l.grad_norm) s += fmt(" grad norm: %.3f |", *l.grad_norm);
+    s += fmt(" number of skipped iterations: %3lld |", ll(l.skipped));
+    s += fmt(" number of nan iterations: %3lld |", ll(l.nan));
+    s += fmt(" samples per second: %.3f |", l.samples_per_s);
+    s += fmt(" TFLOPs: %.2f |", l.tflops_per_rank);
+    return s;
+  }
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t t = std::chrono::system_clock::to_time_t(now);
+  const auto us =
+      std::chrono::duration_cast<std::chrono::microseconds>(now.time_since_epoch()).count() %
+      1000000;
+  std::tm tm{};
+  localtime_r(&t, &tm);
+  char date[32];
+  std::strftime(date, sizeof(date), "%Y-%m-%d %H:%M:%S", &tm);
+  s += fmt(" [%s.%06lld]", date, static_cast<long long>(us));
+  s += fmt(" iteration %8lld/%8lld |", ll(l.iteration), ll(l.train_iters));
+  s += fmt(" consumed samples: %12lld |", ll(l.consumed_samples));
+  s += fmt(" elapsed time per iteration (ms): %.1f |", l.iter_ms);
+  if (l.log_throughput) s += fmt(" throughput per GPU (TFLOP/s/GPU): %.1f |", l.tflops_per_rank);
+  s += fmt(" learning rate: %.6E |", l.lr);
+  s += fmt(" global batch size: %5lld |", ll(l.global_batch_size));
+  if (l.lm_loss >= 0) s += fmt(" lm loss: %.6E |", l.lm_loss);
+  s += fmt(" loss scale: %.1f |", l.loss_scale);
+  if (l.grad_norm) s += fmt(" grad norm: %.3f |", *l.grad_norm);
+  s += fmt(" number of skipped iterations: %3lld |", ll(l.skipped));
+  s += fmt(" number of nan iterations: %3lld |", ll(l.nan));
+  return s;
 }
 
 double measure_peak_tflops() {

@@ -43,13 +43,7 @@ void PipelineExecutor::build(int num_microbatches) {
     }
   }
   // Activation slots: enough for the most (micro-batch, chunk) pairs alive at once on a chunk.
-  std::vector<int> live(static_cast<std::size_t>(num_chunks_), 0), peak(live.size(), 1);
-  for (const parallel::PipeStep& st : schedule_) {
-    int& l = live[static_cast<std::size_t>(st.chunk)];
-    l += st.op == parallel::PipeOp::kForward ? 1 : -1;
-    peak[static_cast<std::size_t>(st.chunk)] =
-        std::max(peak[static_cast<std::size_t>(st.chunk)], l);
-  }
+  const std::vector<int> peak = parallel::max_in_flight_per_chunk(schedule_, num_chunks_);
   slots_ = std::max(slots_, *std::max_element(peak.begin(), peak.end()));
   const model::ModelConfig& cfg = model_.config();
   for (int c = 0; c < num_chunks_; ++c) {

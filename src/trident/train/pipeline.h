@@ -53,7 +53,7 @@ class PipelineExecutor {
   }
 
   // One training iteration: every step of the schedule; gradients accumulate (+=) into the
-  // views' gradients. `views` is read at every layer (the optimizer may re-point it).
+  // views' gradients (or the gradient buffers the runtimes' layer-weight providers hand out).
   PipelineStats train(const core::ExecContext& ctx, const ModelViews& views, float d_scale,
                       const MicroBatches& batches);
   // Forward only (no dropout) over `num_microbatches` micro-batches (evaluation); returns the
@@ -63,6 +63,10 @@ class PipelineExecutor {
 
   std::int64_t activation_bytes_per_slot(int chunk) const;
   int slots_per_chunk() const { return slots_; }
+  // Activation slots allocated for `chunk` (what trident plan predicts).
+  int slots_of(int chunk) const {
+    return static_cast<int>(slots_by_chunk_[static_cast<std::size_t>(chunk)].size());
+  }
   const std::vector<parallel::PipeStep>& schedule() const { return schedule_; }
 
  private:

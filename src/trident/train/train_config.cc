@@ -1,16 +1,66 @@
 #include "trident/train/train_config.h"
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "trident/core/error.h"
+#include "trident/data/data_loader.h"
+#include "trident/train/compat_flags.h"
+#include "trident/train/deepspeed_config.h"
 
 namespace trident::train {
 
+TrainConfig::TrainConfig() {
+  model.hidden_dropout = 0.1f;  // Megatron's defaults
+  model.attention_dropout = 0.1f;
+}
+
+namespace {
+
+using core::str;
+
+// Sets every option named in the TOML file `path` that the command line did not give. CLI11 2.1's
+// own set_config reads the file only for the main app, so `trident train --config F` (a
+// subcommand) silently ignored F (found by fuzz_train_config: no input changed its coverage).
+// This applies the file the way CLI11's config reader does, from the subcommand itself.
+void apply_config_file(CLI::App& app, const std::string& path) {
+  CLI::ConfigTOML format;
+  for (const CLI::ConfigItem& item : format.from_file(path)) {  // FileError when missing
+    if (item.name == "++" || item.name == "--" || !item.parents.empty()) {
+      throw CLI::ConfigError(str("--config ", path, ": sections ([", item.fullname(),
+                                 "]) are not supported; write the keys at the top level"));
+    }
+    CLI::Option* op = app.get_option_no_throw("--" + item.name);
+    if (op == nullptr || item.name == "config") {
+      throw CLI::ConfigError(str("--config ", path, ": '", item.name,
+                                 "' is not a `trident train` flag (keys are flag names without "
+                                 "the leading --, e.g. num-layers = 2)"));
+    }
+    if (op->count() > 0) continue;  // the command line overrides the file
+    if (op->get_expected_min() == 0) {
+      op->add_result(op->get_flag_value(item.name, format.to_flag(item)));
+    } else {
+      op->add_result(item.inputs);
+    }
+    op->run_callback();
+  }
+}
+
+}  // namespace
+
 void add_train_options(CLI::App& app, TrainConfig& c) {
   model::ModelConfig& m = c.model;
-  app.set_config("--config", "", "TOML file holding the same keys as the flags (flags override)");
-  app.allow_config_extras(false);
+  auto config_file = std::make_shared<std::string>();
+  app.add_option("--config", *config_file,
+                 "TOML file holding the same keys as the flags (flags override)");
+  app.parse_complete_callback([&app, config_file] {
+    if (!config_file->empty()) apply_config_file(app, *config_file);
+  });
   // As with argparse, a flag given twice keeps its last value (config file, then command line).
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 
@@ -75,7 +125,38 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
   app.add_option("--global-batch-size", c.global_batch_size,
                  "Sequences per iteration (micro x accumulation x data-parallel)");
 
-  app.add_option("--train-iters", c.train_iters, "Training iterations")->capture_default_str();
+  app.add_option("--train-iters", c.train_iters,
+                 "Training iterations (default: from --train-samples, else 100)");
+  app.add_option("--train-samples", c.train_samples,
+                 "Training length in samples; the schedule counts samples (Megatron)");
+  app.add_option("--lr-warmup-samples", c.lr_warmup_samples, "Warm-up in samples");
+  app.add_option("--lr-decay-samples", c.lr_decay_samples,
+                 "Decay length in samples (default --train-samples)");
+  app.add_option("--lr-warmup-fraction", c.lr_warmup_fraction,
+                 "Warm-up as a fraction of the decay length");
+  app.add_option("--lr-warmup-init", c.lr.init_lr, "Learning rate at the start of warm-up")
+      ->capture_default_str();
+  app.add_option("--train-tokens", c.train_tokens,
+                 "Also stop once this many tokens were consumed (Megatron-DeepSpeed); "
+                 "trident plan: estimate the time to train this many")
+      ->transform(CLI::Validator(
+          [](std::string& v) {
+            // 366e9: an exact integer written as a float.
+            try {
+              std::size_t used = 0;
+              const double d = std::stod(v, &used);
+              if (used == v.size() && d >= 0 && d < 9.2e18 &&
+                  d == static_cast<double>(static_cast<std::int64_t>(d)))
+                v = std::to_string(static_cast<std::int64_t>(d));
+            } catch (const std::exception&) {
+            }
+            return std::string();
+          },
+          "", "integer tokens"));
+  app.add_option("--lr-warmup-tokens", c.lr_warmup_tokens,
+                 "Warm-up in tokens (Megatron-DeepSpeed)");
+  app.add_option("--lr-decay-tokens", c.lr_decay_tokens,
+                 "Decay length in tokens: the schedule counts tokens (Megatron-DeepSpeed)");
   app.add_option("--lr", c.lr.lr, "Peak learning rate")->capture_default_str();
   app.add_option("--min-lr", c.lr.min_lr, "Final learning rate")->capture_default_str();
   app.add_option("--lr-decay-style", c.lr_decay_style, "constant, linear or cosine")
@@ -118,6 +199,12 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
   app.add_option("--merge-file", c.merge_file, "Tokenizer merges (merges.txt)");
   app.add_option("--tokenizer-model", c.tokenizer_model, "Tokenizer model file");
   app.add_option("--vocab-size", c.null_tokenizer_vocab_size, "Vocabulary size (NullTokenizer)");
+  app.add_option("--tokenizer-name-or-path", c.tokenizer_name_or_path,
+                 "PretrainedFromHF: a Hugging Face tokenizer directory or its tokenizer.json");
+  app.add_option("--pad-vocab-size-to", c.pad_vocab_size_to,
+                 "Pad the vocabulary to exactly this size (a multiple of tensor-parallel size)");
+  app.add_flag("--eod-mask-loss", c.eod_mask_loss,
+               "No loss where the input token is end-of-document");
   app.add_option("--dataloader-type", c.dataloader_type, "single (Megatron's sampler)")
       ->capture_default_str();
 
@@ -127,12 +214,47 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
   app.add_option("--log-interval", c.log_interval, "Iterations between log lines")
       ->capture_default_str();
   app.add_option("--metrics-jsonl", c.metrics_jsonl, "Write metrics as JSON lines here");
+  app.add_flag("--megatron-deepspeed-log", c.megatron_deepspeed_log,
+               "Log Megatron-DeepSpeed's iteration line (seconds, samples per second, TFLOPs)");
+  app.add_option("--tensorboard-dir", c.tensorboard_dir, "Write TensorBoard event files here");
+  app.add_option("--tensorboard-log-interval", c.tensorboard_log_interval,
+                 "Iterations between TensorBoard scalars")
+      ->capture_default_str();
+  app.add_flag("--log-timers-to-tensorboard", c.log_timers_to_tensorboard,
+               "Iteration time in TensorBoard");
+  app.add_flag("--log-batch-size-to-tensorboard", c.log_batch_size_to_tensorboard,
+               "Batch size in TensorBoard");
+  app.add_flag("--log-validation-ppl-to-tensorboard", c.log_validation_ppl_to_tensorboard,
+               "Validation perplexity in TensorBoard");
+  app.add_flag("--log-memory-to-tensorboard", c.log_memory_to_tensorboard,
+               "Memory per rank in TensorBoard");
+  app.add_flag("--log-world-size-to-tensorboard", c.log_world_size_to_tensorboard,
+               "World size in TensorBoard");
+  app.add_flag("--log-throughput", c.log_throughput, "Throughput in TensorBoard");
+  app.add_flag("--no-log-loss-scale-to-tensorboard", c.no_log_loss_scale_to_tensorboard,
+               "No loss scale in TensorBoard");
+  app.add_flag("--no-log-learnig-rate-to-tensorboard", c.no_log_learning_rate_to_tensorboard,
+               "No learning rate in TensorBoard (Megatron's spelling)");
   app.add_option("--peak-tflops", c.peak_tflops, "Machine peak for MFU (default: measured)");
 
   app.add_option("--save", c.save, "Checkpoint directory to write");
   app.add_option("--load", c.load, "Checkpoint directory to resume from");
   app.add_option("--save-interval", c.save_interval, "Iterations between checkpoints");
   app.add_option("--exit-interval", c.exit_interval, "Save (if --save) and exit at this iteration");
+  app.add_flag("--deepspeed", c.deepspeed,
+               "Megatron-DeepSpeed: read batch sizes, ZeRO, precision, loss scaling and clipping "
+               "from --deepspeed_config");
+  app.add_option("--deepspeed_config", c.deepspeed_config, "DeepSpeed JSON file");
+  app.add_option("--save-retain", c.save_retain,
+                 "Keep only the newest N checkpoints in --save (0: keep all)");
+  app.add_flag("--async-save", c.async_save,
+               "Write checkpoints in the background while training continues");
+  app.add_flag("--exit-signal-handler", c.exit_signal_handler,
+               "On SIGTERM (or SIGUSR1) save (if --save) and exit after the iteration");
+  app.add_option("--exit-duration-in-mins", c.exit_duration_in_mins,
+                 "Save (if --save) and exit once the run has trained this many minutes");
+  app.add_option("--kill-switch-path", c.kill_switch_path,
+                 "Save (if --save) and exit when this file appears");
 
   app.add_option("--tensor-model-parallel-size", c.tensor_model_parallel_size, "TP size")
       ->capture_default_str();
@@ -146,6 +268,9 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
   app.add_option("--ddp-bucket-size", c.ddp_bucket_size,
                  "Elements per gradient bucket reduced while backward runs")
       ->capture_default_str();
+  app.add_flag("--hierarchical-dp", c.hierarchical_dp,
+               "Data-parallel all-reduce as reduce-scatter inside each host, all-reduce across "
+               "hosts, all-gather inside the host (ZeRO 0 gradients; docs/clusters.md)");
   app.add_flag("--sequence-parallel", c.sequence_parallel,
                "Split LayerNorm/dropout regions along the tokens across tensor-parallel ranks");
   app.add_option("--pipeline-schedule", c.pipeline_schedule, "gpipe, 1f1b or interleaved")
@@ -159,6 +284,25 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
   app.add_option("--comm-timeout", c.comm_timeout,
                  "Seconds a rank may wait in a collective before the job ends")
       ->capture_default_str();
+
+  add_compat_options(app, c);
+  // Integers written with '_' (9_765_625), as Python's int() accepts; and the set of flags given
+  // explicitly, for the DeepSpeed JSON's contradiction checks.
+  const CLI::Validator underscores(
+      [](std::string& v) {
+        v = strip_digit_underscores(v);
+        return std::string();
+      },
+      "", "digit underscores");
+  for (CLI::Option* o : app.get_options()) {
+    if (o->get_items_expected_max() > 0) o->transform(underscores);
+  }
+}
+
+void record_given_flags(const CLI::App& app, TrainConfig& c) {
+  for (const CLI::Option* o : app.get_options()) {
+    if (o->count() > 0 && !o->get_lnames().empty()) c.given.insert("--" + o->get_lnames()[0]);
+  }
 }
 
 int TrainConfig::data_parallel_size(int world_size) const {
@@ -175,7 +319,61 @@ std::int64_t TrainConfig::num_micro_batches(int world_size) const {
   return global_batch_size / (micro_batch_size * data_parallel_size(world_size));
 }
 
+namespace {
+
+// Megatron's update_train_iters: the iterations --train-samples takes, the ramp counted step by
+// step (a partial last batch is dropped).
+std::int64_t train_iters_from_samples(const TrainConfig& c, int dp) {
+  if (c.rampup_batch_size.empty()) return c.train_samples / c.global_batch_size;
+  const data::BatchSchedule sched(
+      {.global_batch_size = c.global_batch_size,
+       .micro_batch_size = c.micro_batch_size,
+       .data_parallel_size = dp,
+       .rampup = data::RampupBatchSize{c.rampup_batch_size[0], c.rampup_batch_size[1],
+                                       c.rampup_batch_size[2]},
+       .decrease_batch_size_if_needed = c.decrease_batch_size_if_needed});
+  std::int64_t iterations = 0, consumed = 0;
+  while (consumed <= c.rampup_batch_size[2] && consumed <= c.train_samples) {
+    consumed += sched.at(consumed).global_batch_size;
+    ++iterations;
+  }
+  if (c.train_samples > consumed) iterations += (c.train_samples - consumed) / c.global_batch_size;
+  return iterations;
+}
+
+}  // namespace
+
 void TrainConfig::finalize(int world_size) {
+  apply_compat_flags(*this);
+  apply_deepspeed_config(*this, world_size);
+  if (tokenizer_type == "PretrainedFromHF") {
+    TRIDENT_CHECK(!tokenizer_name_or_path.empty(),
+                  "--tokenizer-type PretrainedFromHF needs --tokenizer-name-or-path DIR (a Hugging "
+                  "Face tokenizer directory holding tokenizer.json, or the file itself)");
+    tokenizer_type = "HuggingFaceTokenizer";
+    tokenizer_model =
+        std::filesystem::is_directory(tokenizer_name_or_path)
+            ? (std::filesystem::path(tokenizer_name_or_path) / "tokenizer.json").string()
+            : tokenizer_name_or_path;
+    TRIDENT_CHECK(std::filesystem::exists(tokenizer_model), "--tokenizer-name-or-path ",
+                  tokenizer_name_or_path, ": no ", tokenizer_model,
+                  " (trident reads the fast tokenizer's tokenizer.json; no download from the Hub)");
+  }
+  if (virtual_pipeline_model_parallel_size > 0) {
+    const std::int64_t per = pipeline_model_parallel_size * virtual_pipeline_model_parallel_size;
+    TRIDENT_CHECK(model.num_layers % per == 0, "--virtual-pipeline-model-parallel-size ",
+                  virtual_pipeline_model_parallel_size, ": --num-layers ", model.num_layers,
+                  " is not divisible by pp x virtual stages = ", per);
+    if (virtual_pipeline_model_parallel_size > 1)
+      num_layers_per_virtual_pipeline_stage = model.num_layers / per;
+  }
+  TRIDENT_CHECK(!no_pipeline_parallel || pipeline_model_parallel_size == 1,
+                "--no-pipeline-parallel with --pipeline-model-parallel-size ",
+                pipeline_model_parallel_size, ": Megatron-DeepSpeed needs pipeline size 1 there");
+  if (save_interval > 0 && save.empty()) {
+    warnings.push_back("--save-interval without --save: nothing is saved (as Megatron)");
+    save_interval = 0;
+  }
   TRIDENT_CHECK(model_preset == "gpt" || model_preset == "bloom", "--model: unknown model '",
                 model_preset, "' (use gpt or bloom)");
   if (model_preset == "bloom") {
@@ -250,13 +448,50 @@ void TrainConfig::finalize(int world_size) {
   TRIDENT_CHECK(global_batch_size % (micro_batch_size * dp) == 0, "--global-batch-size (",
                 global_batch_size, ") must be a multiple of --micro-batch-size (", micro_batch_size,
                 ") x data-parallel size (", dp, ")");
-  TRIDENT_CHECK(train_iters > 0, "--train-iters must be positive, got ", train_iters);
+  TRIDENT_CHECK(rampup_batch_size.empty() || rampup_batch_size.size() == 3,
+                "--rampup-batch-size takes START INCREMENT SAMPLES");
+  // The schedule, counted in samples as Megatron's OptimizerParamScheduler counts it.
+  TRIDENT_CHECK(train_iters >= 0 && train_samples >= 0 && train_tokens >= 0,
+                "--train-iters / --train-samples / --train-tokens must be positive");
+  TRIDENT_CHECK(train_iters == 0 || train_samples == 0,
+                "give --train-iters or --train-samples, not both");
+  TRIDENT_CHECK(lr.warmup_iters >= 0 && lr_warmup_samples >= 0, "warm-up must be >= 0");
+  TRIDENT_CHECK(lr_warmup_fraction < 0 || (lr.warmup_iters == 0 && lr_warmup_samples == 0),
+                "give one of --lr-warmup-fraction and --lr-warmup-iters / --lr-warmup-samples");
+  TRIDENT_CHECK(lr_warmup_fraction < 0 || lr_warmup_fraction <= 1,
+                "--lr-warmup-fraction must be in [0, 1]");
+  optim::LrSchedule s = lr;
+  s.decay_style = lr.decay_style;
+  if (train_samples > 0) {
+    TRIDENT_CHECK(lr.warmup_iters == 0 && lr.decay_iters == 0,
+                  "with --train-samples give the schedule in samples (--lr-warmup-samples, "
+                  "--lr-decay-samples or --lr-warmup-fraction), not iterations");
+    train_iters = train_iters_from_samples(*this, dp);
+    TRIDENT_CHECK(train_iters > 0, "--train-samples ", train_samples,
+                  " is less than one global batch");
+    s.decay_iters = static_cast<double>(lr_decay_samples > 0 ? lr_decay_samples : train_samples);
+    s.warmup_iters = lr_warmup_fraction >= 0 ? lr_warmup_fraction * s.decay_iters
+                                             : static_cast<double>(lr_warmup_samples);
+  } else {
+    TRIDENT_CHECK(lr_warmup_samples == 0 && lr_decay_samples == 0,
+                  "--lr-warmup-samples / --lr-decay-samples need --train-samples (or give "
+                  "--lr-warmup-iters / --lr-decay-iters)");
+    if (train_iters == 0) train_iters = 100;
+    if (lr.decay_iters == 0) lr.decay_iters = static_cast<double>(train_iters);
+    const double gbs = static_cast<double>(global_batch_size);
+    s.decay_iters = lr.decay_iters * gbs;
+    s.warmup_iters =
+        lr_warmup_fraction >= 0 ? lr_warmup_fraction * s.decay_iters : lr.warmup_iters * gbs;
+  }
+  lr_steps = s;
   TRIDENT_CHECK(lr.lr >= 0 && lr.min_lr >= 0 && lr.min_lr <= lr.lr, "--min-lr (", lr.min_lr,
                 ") must be between 0 and --lr (", lr.lr, ")");
-  TRIDENT_CHECK(lr.warmup_iters >= 0, "--lr-warmup-iters must be >= 0");
-  if (lr.decay_iters == 0) lr.decay_iters = train_iters;
-  TRIDENT_CHECK(lr.decay_iters >= lr.warmup_iters, "--lr-decay-iters (", lr.decay_iters,
-                ") must be >= --lr-warmup-iters (", lr.warmup_iters, ")");
+  TRIDENT_CHECK(lr_steps.decay_iters >= lr_steps.warmup_iters,
+                "the decay (--lr-decay-iters / --lr-decay-samples) must be at least the warm-up");
+  TRIDENT_CHECK(lr_warmup_tokens < 0 || lr_decay_tokens > 0,
+                "--lr-warmup-tokens needs --lr-decay-tokens (Megatron-DeepSpeed)");
+  TRIDENT_CHECK(lr_decay_tokens == 0 || lr_warmup_tokens <= lr_decay_tokens,
+                "--lr-decay-tokens must be at least --lr-warmup-tokens");
   TRIDENT_CHECK(adamw.beta1 >= 0 && adamw.beta1 < 1, "--adam-beta1 must be in [0, 1)");
   TRIDENT_CHECK(adamw.beta2 >= 0 && adamw.beta2 < 1, "--adam-beta2 must be in [0, 1)");
   TRIDENT_CHECK(adamw.eps > 0, "--adam-eps must be positive");
@@ -269,10 +504,12 @@ void TrainConfig::finalize(int world_size) {
   TRIDENT_CHECK(log_interval > 0, "--log-interval must be positive");
   TRIDENT_CHECK(save_interval >= 0 && exit_interval >= 0, "intervals must be >= 0");
   TRIDENT_CHECK(save_interval == 0 || !save.empty(), "--save-interval needs --save DIR");
+  TRIDENT_CHECK(save_retain >= 0, "--save-retain must be >= 0 (0 keeps every checkpoint)");
+  TRIDENT_CHECK(exit_duration_in_mins >= 0, "--exit-duration-in-mins must be >= 0");
   TRIDENT_CHECK(dataloader_type == "single", "--dataloader-type: unknown type '", dataloader_type,
                 "' (use single)");
-  TRIDENT_CHECK(rampup_batch_size.empty() || rampup_batch_size.size() == 3,
-                "--rampup-batch-size takes START INCREMENT SAMPLES");
+  TRIDENT_CHECK(pad_vocab_size_to >= 0, "--pad-vocab-size-to must be >= 0");
+  TRIDENT_CHECK(tensorboard_log_interval > 0, "--tensorboard-log-interval must be positive");
 }
 
 nlohmann::json TrainConfig::to_json() const {
@@ -330,7 +567,67 @@ nlohmann::json TrainConfig::to_json() const {
   j["num_layers_per_virtual_pipeline_stage"] = num_layers_per_virtual_pipeline_stage;
   j["decoder_first_pipeline_num_layers"] = decoder_first_pipeline_num_layers;
   j["decoder_last_pipeline_num_layers"] = decoder_last_pipeline_num_layers;
+  j["train_samples"] = train_samples;
+  j["lr_warmup_samples"] = lr_warmup_samples;
+  j["lr_decay_samples"] = lr_decay_samples;
+  j["lr_warmup_fraction"] = lr_warmup_fraction;
+  j["lr_warmup_init"] = lr.init_lr;
+  j["train_tokens"] = train_tokens;
+  j["lr_warmup_tokens"] = lr_warmup_tokens;
+  j["lr_decay_tokens"] = lr_decay_tokens;
+  j["lr_warmup_steps_in_samples"] = lr_steps.warmup_iters;
+  j["lr_decay_steps_in_samples"] = lr_steps.decay_iters;
+  j["micro_batch_size"] = micro_batch_size;
+  j["eval_interval"] = eval_interval;
+  j["eval_iters"] = eval_iters;
+  j["log_interval"] = log_interval;
+  j["save"] = save;
+  j["load"] = load;
+  j["save_interval"] = save_interval;
+  j["exit_interval"] = exit_interval;
+  j["loss_scale"] = loss_scale;
+  j["initial_loss_scale"] = initial_loss_scale;
+  j["min_loss_scale"] = min_loss_scale;
+  j["loss_scale_window"] = loss_scale_window;
+  j["hysteresis"] = hysteresis;
+  j["ddp_bucket_size"] = ddp_bucket_size;
+  j["deepspeed"] = deepspeed;
+  j["deepspeed_config"] = deepspeed_config;
+  j["tensorboard_dir"] = tensorboard_dir;
+  j["eod_mask_loss"] = eod_mask_loss;
+  j["pad_vocab_size_to"] = pad_vocab_size_to;
+  j["data_cache_path"] = data_cache_path;
+  j["decrease_batch_size_if_needed"] = decrease_batch_size_if_needed;
+  j["dataloader_type"] = dataloader_type;
+  j["comm_timeout"] = comm_timeout;
+  j["model"] = model_preset;
   return j;
+}
+
+std::string TrainConfig::arguments_table() const {
+  const nlohmann::json j = to_json();  // keys sorted
+  std::string s = "------------------------ arguments ------------------------\n";
+  for (const auto& [k, v] : j.items()) {
+    std::string value = v.is_string() ? v.get<std::string>() : v.dump();
+    if (v.is_number_float()) {
+      char buf[32];
+      std::snprintf(buf, sizeof(buf), "%.8g", v.get<double>());
+      value = buf;
+    }
+    s += "  " + k + " " + std::string(k.size() < 48 ? 48 - k.size() : 1, '.') + " " + value + "\n";
+  }
+  for (const auto& [k, v] : compat) {
+    std::string value;
+    for (const std::string& x : v) value += (value.empty() ? "" : " ") + x;
+    s += "  " + k + " " + std::string(k.size() < 48 ? 48 - k.size() : 1, '.') + " " +
+         (value.empty() ? "True" : value) + "   [" +
+         (find_compat_flag(k)->status == FlagStatus::kRefused
+              ? "accepted value"
+              : flag_status_name(find_compat_flag(k)->status)) +
+         "]\n";
+  }
+  s += "-------------------- end of arguments ---------------------";
+  return s;
 }
 
 }  // namespace trident::train

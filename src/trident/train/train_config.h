@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <nlohmann/json_fwd.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -19,6 +21,7 @@ class App;
 namespace trident::train {
 
 struct TrainConfig {
+  TrainConfig();  // Megatron's defaults: dropout 0.1 / 0.1
   model::ModelConfig model;
   std::string model_preset = "gpt";          // --model gpt|bloom
   bool fp16 = false;                         // --fp16: loss scaling (see docs)
@@ -36,9 +39,15 @@ struct TrainConfig {
   std::int64_t micro_batch_size = 4;
   std::int64_t global_batch_size = 0;  // 0 -> micro_batch_size * data-parallel size
 
-  // Schedule and optimizer.
-  std::int64_t train_iters = 100;
-  optim::LrSchedule lr;
+  // Schedule and optimizer. Megatron's scheduler counts samples: --lr-*-iters are converted to
+  // iterations x global batch size; --train-samples / --lr-*-samples give samples directly;
+  // Megatron-DeepSpeed's --train-tokens / --lr-*-tokens count tokens. 0 / negative: not given.
+  std::int64_t train_iters = 0;  // 0: from --train-samples, else 100
+  std::int64_t train_samples = 0, lr_warmup_samples = 0, lr_decay_samples = 0;
+  std::int64_t train_tokens = 0, lr_warmup_tokens = -1, lr_decay_tokens = 0;
+  double lr_warmup_fraction = -1;
+  optim::LrSchedule lr;        // as given (iterations)
+  optim::LrSchedule lr_steps;  // set by finalize: warm-up and decay in samples
   std::string lr_decay_style = "linear";
   optim::AdamWConfig adamw;
   std::uint64_t seed = 1234;
@@ -53,13 +62,23 @@ struct TrainConfig {
   bool decrease_batch_size_if_needed = false;
   std::string tokenizer_type = "GPT2BPETokenizer";
   std::string vocab_file, merge_file, tokenizer_model;
+  std::string tokenizer_name_or_path;  // PretrainedFromHF: a directory or tokenizer.json
+  std::int64_t pad_vocab_size_to = 0;  // 0: --make-vocab-size-divisible-by
+  bool eod_mask_loss = false;
   std::int64_t null_tokenizer_vocab_size = 0;  // --vocab-size, for NullTokenizer
   std::string dataloader_type = "single";      // Megatron's pretraining sampler
 
   // Evaluation and logging.
   std::int64_t eval_interval = 1000;
-  std::int64_t eval_iters = 10;
+  std::int64_t eval_iters = 100;
   std::int64_t log_interval = 100;
+  bool megatron_deepspeed_log = false;  // Megatron-DeepSpeed's iteration line
+  std::string tensorboard_dir;
+  std::int64_t tensorboard_log_interval = 1;
+  bool log_timers_to_tensorboard = false, log_batch_size_to_tensorboard = false;
+  bool log_validation_ppl_to_tensorboard = false, log_memory_to_tensorboard = false;
+  bool log_world_size_to_tensorboard = false, log_throughput = false;
+  bool no_log_loss_scale_to_tensorboard = false, no_log_learning_rate_to_tensorboard = false;
   std::string metrics_jsonl;
   double peak_tflops = 0;  // 0 -> measured at start-up (FP32 GEMM)
 
@@ -67,6 +86,18 @@ struct TrainConfig {
   std::string save, load;
   std::int64_t save_interval = 0;
   std::int64_t exit_interval = 0;
+  bool exit_on_missing_checkpoint = false;
+
+  // DeepSpeed: with --deepspeed, --deepspeed_config FILE is read (docs/training.md).
+  bool deepspeed = false;
+  std::string deepspeed_config;
+
+  // Stopping cleanly and recovering (docs/failures-and-recovery.md).
+  int save_retain = 0;               // --save-retain N: keep the newest N checkpoints (0: all)
+  bool async_save = false;           // --async-save: write checkpoints in the background
+  bool exit_signal_handler = false;  // --exit-signal-handler: SIGTERM / SIGUSR1 save and exit
+  double exit_duration_in_mins = 0;  // --exit-duration-in-mins: save and exit after this long
+  std::string kill_switch_path;      // --kill-switch-path: save and exit when this file exists
 
   // Parallelism: data-parallel size = world size / (tp x pp).
   int tensor_model_parallel_size = 1;
@@ -74,12 +105,22 @@ struct TrainConfig {
   bool sequence_parallel = false;
   int zero_stage = 0;  // --zero-stage (--use-distributed-optimizer = 1)
   bool use_distributed_optimizer = false;
+  // --hierarchical-dp: host-aware data-parallel all-reduce (docs/clusters.md)
+  bool hierarchical_dp = false;
   std::int64_t ddp_bucket_size = 40'000'000;  // elements per gradient bucket
   std::string pipeline_schedule = "1f1b";     // gpipe, 1f1b, interleaved
   std::int64_t num_layers_per_virtual_pipeline_stage = 0;
   std::int64_t decoder_first_pipeline_num_layers = -1;
   std::int64_t decoder_last_pipeline_num_layers = -1;
   double comm_timeout = 300;  // seconds; a collective waiting longer ends the job
+  std::int64_t virtual_pipeline_model_parallel_size = 0;  // mapped from Megatron's flag
+  bool no_pipeline_parallel = false;
+
+  // Megatron / DeepSpeed flags trident maps or accepts (docs/flags.md), by name, with values;
+  // the flags given explicitly (command line or --config); warnings to print at start-up.
+  std::map<std::string, std::vector<std::string>> compat;
+  std::set<std::string> given;
+  std::vector<std::string> warnings;
 
   // Fill derived defaults and throw InvalidArgument naming the flag for inconsistent settings.
   // world_size = number of processes.
@@ -89,9 +130,14 @@ struct TrainConfig {
   std::int64_t num_micro_batches(int world_size) const;
 
   nlohmann::json to_json() const;
+  // Megatron's start-up table: "------ arguments ------", one "  name ..... value" line per
+  // setting, sorted.
+  std::string arguments_table() const;
 };
 
 // Registers every flag on `app` (the `train` subcommand), writing into cfg, and --config FILE.
 void add_train_options(CLI::App& app, TrainConfig& cfg);
+// After parsing: notes in cfg.given which flags were given (the command line or --config).
+void record_given_flags(const CLI::App& app, TrainConfig& cfg);
 
 }  // namespace trident::train

@@ -31,17 +31,36 @@ ZeroOptimizer::ZeroOptimizer(const RankModel& model, const parallel::ParallelCon
   }
   finalizer_ = std::make_unique<optim::GradFinalizer>(layout_, par, adamw.clip_grad);
   adamw_ = std::make_unique<optim::DistributedAdamW>(*buffers_, dp, comm_, adamw);
-  build_views();
+  build_chunk_views();
+  build_slot_views();
 }
 
-void ZeroOptimizer::build_views() {
+class ZeroOptimizer::ChunkWeights final : public model::LayerWeightsProvider {
+ public:
+  ChunkWeights(ZeroOptimizer& opt, int chunk) : opt_(opt), chunk_(chunk) {}
+  model::LayerWeights forward(std::int64_t layer) override {
+    return opt_.layer_weights(chunk_, layer, true);
+  }
+  model::LayerBackwardWeights backward(std::int64_t layer) override {
+    return opt_.layer_backward(chunk_, layer);
+  }
+  void backward_done(std::int64_t layer) override { opt_.layer_backward_done(chunk_, layer); }
+
+ private:
+  ZeroOptimizer& opt_;
+  int chunk_;
+};
+
+ZeroOptimizer::~ZeroOptimizer() = default;
+
+void ZeroOptimizer::build_chunk_views() {
   const model::ModelConfig& cfg = model_.config();
   const optim::ParamGradBuffers& b = *buffers_;
   const bool bf16 = b.bf16_params() != nullptr;
   for (int c = 0; c < static_cast<int>(model_.chunks().size()); ++c) {
     const ModelChunk& ch = model_.chunks()[static_cast<std::size_t>(c)];
-    // Where a non-layer tensor lives when the stage keeps those compact (ZeRO 2-3); layer
-    // tensors are pointed at their staging slot by the hooks.
+    // Where a non-layer tensor lives when the stage keeps those compact (ZeRO 2-3); layer tensors
+    // are then not resident (null).
     const auto in_rest = [&](auto* compact, std::int64_t offset) -> decltype(compact) {
       const std::int64_t i = layout_.rest_index(ch.base + offset);
       return i >= 0 ? compact + i : nullptr;
@@ -69,8 +88,14 @@ void ZeroOptimizer::build_views() {
       views_.grads.push_back(model::gpt_grad_views(
           cfg, ch.table, [&](std::int64_t o) { return in_rest(b.rest_grads(), o); }));
     }
+    providers_.push_back(std::make_unique<ChunkWeights>(*this, c));
   }
-  // Each layer unit's views inside the staging slots.
+}
+
+void ZeroOptimizer::build_slot_views() {
+  // Each layer unit's views inside the staging slots, built once.
+  const model::ModelConfig& cfg = model_.config();
+  const optim::ParamGradBuffers& b = *buffers_;
   for (const optim::LayerUnit& u : layout_.units()) {
     const ModelChunk& ch = model_.chunks()[static_cast<std::size_t>(u.chunk)];
     const auto layer = static_cast<std::size_t>(u.layer);
@@ -100,41 +125,45 @@ void ZeroOptimizer::build_views() {
   }
 }
 
-void ZeroOptimizer::before_pass(int chunk, std::int64_t layer, bool forward) {
-  const int u = layout_.unit_of(chunk, layer);
-  if (u < 0) return;  // embedding or head: gathered for the whole iteration
-  const int slot = static_cast<int>(layer % 2);
-  const int next = layout_.unit_of(chunk, forward ? layer + 1 : layer - 1);
-  const optim::StagedLayer staged = gatherer_->acquire(hook_ctx_, u, slot, next);
+model::LayerWeights ZeroOptimizer::layer_weights(int chunk, std::int64_t layer, bool forward) {
   const auto c = static_cast<std::size_t>(chunk), l = static_cast<std::size_t>(layer);
-  views_.params[c].layers[l] = slot_param_views_[staged.slot][static_cast<std::size_t>(u)];
-  if (staged.params_bf16 != nullptr) {
-    views_.params_bf16[c].layers[l] = slot_bf16_views_[staged.slot][static_cast<std::size_t>(u)];
+  if (!gatherer_) {
+    return {&views_.params[c].layers[l],
+            views_.params_bf16.empty() ? nullptr : &views_.params_bf16[c].layers[l]};
   }
+  // Stage 3: gather into the slot of the layer's parity, prefetch the layer the pass visits next.
+  const int u = layout_.unit_of(chunk, layer);
+  const int next = layout_.unit_of(chunk, forward ? layer + 1 : layer - 1);
+  const optim::StagedLayer staged =
+      gatherer_->acquire(hook_ctx_, u, static_cast<int>(layer % 2), next);
+  const auto su = static_cast<std::size_t>(u);
+  return {&slot_param_views_[staged.slot][su],
+          staged.params_bf16 != nullptr ? &slot_bf16_views_[staged.slot][su] : nullptr};
 }
 
-void ZeroOptimizer::before_backward(int chunk, std::int64_t layer) {
-  if (gatherer_) before_pass(chunk, layer, false);
+model::LayerBackwardWeights ZeroOptimizer::layer_backward(int chunk, std::int64_t layer) {
+  model::LayerBackwardWeights w{layer_weights(chunk, layer, false), nullptr};
   const int u = layout_.unit_of(chunk, layer);
-  if (u < 0 || !sync_->stages_layer_grads()) return;
-  sync_->layer_grads(hook_ctx_, u);  // the zeroed staging slot
-  views_.grads[static_cast<std::size_t>(chunk)].layers[static_cast<std::size_t>(layer)] =
-      slot_grad_views_[static_cast<std::size_t>(u)];
+  if (sync_->stages_layer_grads()) {
+    sync_->layer_grads(hook_ctx_, u);  // zeroes the staging slot
+    w.grads = &slot_grad_views_[static_cast<std::size_t>(u)];
+  } else {
+    w.grads =
+        &views_.grads[static_cast<std::size_t>(chunk)].layers[static_cast<std::size_t>(layer)];
+  }
+  return w;
 }
 
-void ZeroOptimizer::after_backward(int chunk, std::int64_t layer) {
-  const int u = layout_.unit_of(chunk, layer);
-  if (u >= 0) sync_->layer_done(hook_ctx_, u);
+void ZeroOptimizer::layer_backward_done(int chunk, std::int64_t layer) {
+  sync_->layer_done(hook_ctx_, layout_.unit_of(chunk, layer));
 }
 
 void ZeroOptimizer::install_hooks(std::vector<model::ModelRuntime>& runtimes) {
-  for (int c = 0; c < static_cast<int>(runtimes.size()); ++c) {
-    model::ModelRuntime& rt = runtimes[static_cast<std::size_t>(c)];
-    if (gatherer_) rt.before_forward = [this, c](std::int64_t l) { before_pass(c, l, true); };
-    rt.before_backward = [this, c](std::int64_t l) { before_backward(c, l); };
-    rt.after_backward = [this, c](std::int64_t l) { after_backward(c, l); };
-    if (!views_.params_bf16.empty())
-      rt.params_bf16 = &views_.params_bf16[static_cast<std::size_t>(c)];
+  TRIDENT_ASSERT(runtimes.size() == providers_.size(), runtimes.size(), " runtimes for ",
+                 providers_.size(), " chunks");
+  for (std::size_t c = 0; c < runtimes.size(); ++c) {
+    runtimes[c].layer_weights = providers_[c].get();
+    if (!views_.params_bf16.empty()) runtimes[c].params_bf16 = &views_.params_bf16[c];
   }
 }
 
@@ -185,6 +214,15 @@ OptimizerStepResult ZeroOptimizer::step(const core::ExecContext& ctx, double lr,
 }
 
 MemoryReport ZeroOptimizer::memory() const { return buffers_->memory(); }
+
+parallel::Range ZeroOptimizer::stored_range(int stage, bool moments, std::int64_t numel, int dp,
+                                            int dp_rank) {
+  const optim::ZeroPolicy policy = optim::zero_policy(stage);
+  if (!(moments ? policy.shards_optimizer() : policy.shards_parameters())) return {0, numel};
+  const parallel::Range s =
+      parallel::build_shard_plan(numel, dp, optim::kShardAlign).shard(dp_rank);
+  return {std::min(s.begin, numel), std::min(s.end, numel)};
+}
 
 ZeroOptimizer::TensorSlice ZeroOptimizer::params_slice() {
   const optim::ParamGradBuffers& b = *buffers_;

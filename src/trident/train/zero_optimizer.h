@@ -9,8 +9,10 @@
 //                             overflow check, clipping coefficient
 //   optim::DistributedAdamW   AdamW on this rank's range, the Adam moments, the all-gather
 //
-// This class only wires them to the model: it builds the views the model reads weights and
-// gradients through, and installs the per-layer hooks that tell the parts what the model does.
+// This class only wires them to the model: it builds the views of the resident weights and
+// gradients, and gives each chunk's layers a model::LayerWeightsProvider that hands out each
+// layer's weights (gathered at stage 3) and gradient buffer (a staging slot at stages 2-3) just
+// before the layer runs, and tells the gradient sync when a layer's backward is done.
 // See docs/3d-parallelism.md for what each stage keeps and moves.
 #pragma once
 
@@ -38,8 +40,9 @@ using optim::CommCounters;
 using optim::GradScaling;
 using optim::MemoryReport;
 
-// What the model reads parameters and gradients through, per chunk. At ZeRO 2-3 the hooks
-// point a layer's entry at its staging slot before the layer runs.
+// The resident weights and gradients, per chunk. Entries of tensors that are not resident (the
+// layers' weights at stage 3, their gradients at stages 2-3) are null: the layers get those from
+// the chunk's LayerWeightsProvider.
 struct ModelViews {
   std::vector<model::GptParams> params;
   std::vector<model::GptGrads> grads;
@@ -64,9 +67,10 @@ class ZeroOptimizer {
  public:
   ZeroOptimizer(const RankModel& model, const parallel::ParallelContext& par,
                 const optim::AdamWConfig& adamw, const ZeroConfig& zero);
+  ~ZeroOptimizer();
 
-  ModelViews& views() { return views_; }
-  // Installs the per-layer hooks into the chunks' runtimes.
+  const ModelViews& views() const { return views_; }
+  // Gives the chunks' runtimes their layer-weight providers (and BF16 views).
   void install_hooks(std::vector<model::ModelRuntime>& runtimes);
   // Layout-independent initial weights (seed) into this rank's buffers; at stage 3 only the
   // elements of its shard are computed and written.
@@ -100,12 +104,19 @@ class ZeroOptimizer {
   TensorSlice params_slice();
   TensorSlice exp_avg_slice();
   TensorSlice exp_avg_sq_slice();
+  // The range of a rank's flat buffer (numel elements) that data-parallel rank dp_rank of dp
+  // stores in checkpoints at `stage`: of the parameters (moments = false) or of the Adam moments.
+  // The same as the slices above, without an optimizer (`trident convert` writes other layouts).
+  static parallel::Range stored_range(int stage, bool moments, std::int64_t numel, int dp,
+                                      int dp_rank);
 
  private:
-  void build_views();
-  void before_pass(int chunk, std::int64_t layer, bool forward);
-  void before_backward(int chunk, std::int64_t layer);
-  void after_backward(int chunk, std::int64_t layer);
+  class ChunkWeights;  // the LayerWeightsProvider of one chunk
+  void build_chunk_views();
+  void build_slot_views();
+  model::LayerWeights layer_weights(int chunk, std::int64_t layer, bool forward);
+  model::LayerBackwardWeights layer_backward(int chunk, std::int64_t layer);
+  void layer_backward_done(int chunk, std::int64_t layer);
 
   const RankModel& model_;
   const parallel::ParallelContext& par_;
@@ -120,6 +131,7 @@ class ZeroOptimizer {
   core::ExecContext hook_ctx_;  // kernels run from the hooks
 
   ModelViews views_;
+  std::vector<std::unique_ptr<ChunkWeights>> providers_;
   // Views of each layer unit inside the staging slots, built once: gradient slot (stages 2-3),
   // weight slots 0/1 and their BF16 copies (stage 3).
   std::vector<model::LayerTensors<float*>> slot_grad_views_;

@@ -2,6 +2,7 @@
 
 #include "trident/kernels/bf16.h"
 #include "trident/kernels/dropout.h"
+#include "trident/kernels/linear.h"
 #include "trident/kernels/matmul.h"
 #include "trident/kernels/matmul_bf16.h"
 
@@ -17,55 +18,52 @@ std::uint64_t drop_stream(std::int64_t iteration, std::int64_t layer, DropSite s
 // The one place a precision is picked: by the weight view. When kernels take typed views this
 // becomes a single kernels::linear call.
 void linear(const LayerContext& lc, const LinearArgs& a) {
+  const core::Device dev = lc.ctx.device;
+  const core::TensorView out = core::view(a.out, {a.rows, a.out_features}, dev);
+  const core::TensorView bias =
+      a.bias != nullptr ? core::view(a.bias, {a.out_features}, dev) : core::TensorView{};
   if (a.weight.bf16 == nullptr) {
-    return k::linear_forward(lc.ctx, {.out = a.out,
-                                      .in = a.in,
-                                      .weight = a.weight.f32,
-                                      .bias = a.bias,
-                                      .rows = a.rows,
-                                      .in_features = a.in_features,
-                                      .out_features = a.out_features});
+    return k::linear(lc.ctx,
+                     {.out = out,
+                      .in = core::view(a.in, {a.rows, a.in_features}, dev),
+                      .weight = core::view(a.weight.f32, {a.out_features, a.in_features}, dev),
+                      .bias = bias});
   }
   const core::bf16* in16 = a.in_bf16;
   if (in16 == nullptr) {
     k::convert_f32_to_bf16(lc.ctx, lc.ws.bf16_in, a.in, a.rows * a.in_features);
     in16 = lc.ws.bf16_in;
   }
-  k::linear_forward_bf16(lc.ctx, {.out = a.out,
-                                  .in = in16,
-                                  .weight = a.weight.bf16,
-                                  .bias = a.bias,
-                                  .rows = a.rows,
-                                  .in_features = a.in_features,
-                                  .out_features = a.out_features,
-                                  .scratch = lc.ws.gemm_scratch});
+  k::linear(lc.ctx, {.out = out,
+                     .in = core::view(in16, {a.rows, a.in_features}, dev),
+                     .weight = core::view(a.weight.bf16, {a.out_features, a.in_features}, dev),
+                     .bias = bias,
+                     .scratch = lc.ws.gemm_scratch});
 }
 
 void linear_backward(const LayerContext& lc, const LinearBackwardArgs& a) {
+  const core::Device dev = lc.ctx.device;
+  const core::Shape in_shape{a.rows, a.in_features}, out_shape{a.rows, a.out_features};
+  const core::Shape w_shape{a.out_features, a.in_features};
+  k::LinearBackwardViews v{
+      .d_in = a.d_in != nullptr ? core::view(a.d_in, in_shape, dev) : core::TensorView{},
+      .d_weight = core::view(a.d_weight, w_shape, dev),
+      .d_bias =
+          a.d_bias != nullptr ? core::view(a.d_bias, {a.out_features}, dev) : core::TensorView{},
+      .d_out = core::view(a.d_out, out_shape, dev),
+  };
   if (a.weight.bf16 == nullptr) {
-    return k::linear_backward(lc.ctx, {.d_in = a.d_in,
-                                       .d_weight = a.d_weight,
-                                       .d_bias = a.d_bias,
-                                       .d_out = a.d_out,
-                                       .in = a.in,
-                                       .weight = a.weight.f32,
-                                       .rows = a.rows,
-                                       .in_features = a.in_features,
-                                       .out_features = a.out_features});
+    v.in = core::view(a.in, in_shape, dev);
+    v.weight = core::view(a.weight.f32, w_shape, dev);
+    return k::linear_backward(lc.ctx, v);
   }
   k::convert_f32_to_bf16(lc.ctx, lc.ws.bf16_in, a.in, a.rows * a.in_features);
   k::convert_f32_to_bf16(lc.ctx, lc.ws.bf16_dout, a.d_out, a.rows * a.out_features);
-  k::linear_backward_bf16(lc.ctx, {.d_in = a.d_in,
-                                   .d_weight = a.d_weight,
-                                   .d_bias = a.d_bias,
-                                   .d_out = a.d_out,
-                                   .d_out_bf16 = lc.ws.bf16_dout,
-                                   .in = lc.ws.bf16_in,
-                                   .weight = a.weight.bf16,
-                                   .rows = a.rows,
-                                   .in_features = a.in_features,
-                                   .out_features = a.out_features,
-                                   .scratch = lc.ws.gemm_scratch});
+  v.in = core::view(lc.ws.bf16_in, in_shape, dev);
+  v.d_out_bf16 = core::view(lc.ws.bf16_dout, out_shape, dev);
+  v.weight = core::view(a.weight.bf16, w_shape, dev);
+  v.scratch = lc.ws.gemm_scratch;
+  k::linear_backward(lc.ctx, v);
 }
 
 namespace {

@@ -1,0 +1,130 @@
+// The typed-view linear layer (linear.h): checks the views, picks the product from the weight's
+// dtype, dispatches on the device.
+#include "trident/kernels/linear.h"
+
+#include "trident/core/error.h"
+#include "trident/kernels/backend.h"
+#include "trident/kernels/matmul.h"
+#include "trident/kernels/matmul_bf16.h"
+
+namespace trident::kernels {
+
+namespace {
+
+struct Sizes {
+  std::int64_t rows = 0, in_features = 0, out_features = 0;
+};
+
+void check_view(const char* op, const char* name, const core::TensorView& v, core::DType dtype,
+                std::initializer_list<std::int64_t> shape, const core::ExecContext& ctx) {
+  const core::Shape want(shape);
+  TRIDENT_CHECK(!v.empty(), op, ": view `", name, "` is empty; it must hold ",
+                core::to_string(want), " ", core::dtype_name(dtype));
+  TRIDENT_CHECK(v.dtype == dtype, op, ": view `", name, "` holds ", core::dtype_name(v.dtype),
+                ", the op needs ", core::dtype_name(dtype),
+                dtype == core::DType::kBF16 ? " (the weight is BF16)" : "");
+  TRIDENT_CHECK(v.shape == want, op, ": view `", name, "` has shape ", core::to_string(v.shape),
+                ", the op needs ", core::to_string(want));
+  TRIDENT_CHECK(v.device == ctx.device, op, ": view `", name,
+                "` is on another device than the execution context");
+}
+
+Sizes sizes_of(const char* op, const core::TensorView& in, const core::TensorView& weight) {
+  TRIDENT_CHECK(in.shape.rank == 2 && weight.shape.rank == 2, op,
+                ": in and weight must be 2-D, got ", core::to_string(in.shape), " and ",
+                core::to_string(weight.shape));
+  TRIDENT_CHECK(weight.dtype == core::DType::kF32 || weight.dtype == core::DType::kBF16, op,
+                ": the weight must be f32 or bf16, got ", core::dtype_name(weight.dtype));
+  return {in.shape[0], in.shape[1], weight.shape[0]};
+}
+
+void cpu_linear(const core::ExecContext& ctx, const LinearViews& v, const Sizes& s) {
+  const float* bias = v.bias.empty() ? nullptr : v.bias.as<float>();
+  if (v.weight.dtype == core::DType::kF32) {
+    return linear_forward(ctx, {.out = v.out.as<float>(),
+                                .in = v.in.as<float>(),
+                                .weight = v.weight.as<float>(),
+                                .bias = bias,
+                                .rows = s.rows,
+                                .in_features = s.in_features,
+                                .out_features = s.out_features});
+  }
+  linear_forward_bf16(ctx, {.out = v.out.as<float>(),
+                            .in = v.in.as<core::bf16>(),
+                            .weight = v.weight.as<core::bf16>(),
+                            .bias = bias,
+                            .rows = s.rows,
+                            .in_features = s.in_features,
+                            .out_features = s.out_features,
+                            .scratch = v.scratch});
+}
+
+void cpu_linear_backward(const core::ExecContext& ctx, const LinearBackwardViews& v,
+                         const Sizes& s) {
+  float* d_in = v.d_in.empty() ? nullptr : v.d_in.as<float>();
+  float* d_bias = v.d_bias.empty() ? nullptr : v.d_bias.as<float>();
+  if (v.weight.dtype == core::DType::kF32) {
+    return linear_backward(ctx, LinearBackwardArgs{.d_in = d_in,
+                                                   .d_weight = v.d_weight.as<float>(),
+                                                   .d_bias = d_bias,
+                                                   .d_out = v.d_out.as<float>(),
+                                                   .in = v.in.as<float>(),
+                                                   .weight = v.weight.as<float>(),
+                                                   .rows = s.rows,
+                                                   .in_features = s.in_features,
+                                                   .out_features = s.out_features});
+  }
+  linear_backward_bf16(ctx, {.d_in = d_in,
+                             .d_weight = v.d_weight.as<float>(),
+                             .d_bias = d_bias,
+                             .d_out = v.d_out.as<float>(),
+                             .d_out_bf16 = v.d_out_bf16.as<core::bf16>(),
+                             .in = v.in.as<core::bf16>(),
+                             .weight = v.weight.as<core::bf16>(),
+                             .rows = s.rows,
+                             .in_features = s.in_features,
+                             .out_features = s.out_features,
+                             .scratch = v.scratch});
+}
+
+}  // namespace
+
+void linear(const core::ExecContext& ctx, const LinearViews& v) {
+  constexpr const char* op = "linear";
+  const Sizes s = sizes_of(op, v.in, v.weight);
+  const core::DType wt = v.weight.dtype;
+  check_view(op, "weight", v.weight, wt, {s.out_features, s.in_features}, ctx);
+  check_view(op, "in", v.in, wt, {s.rows, s.in_features}, ctx);
+  check_view(op, "out", v.out, core::DType::kF32, {s.rows, s.out_features}, ctx);
+  if (!v.bias.empty()) check_view(op, "bias", v.bias, core::DType::kF32, {s.out_features}, ctx);
+  switch (ctx.device.kind) {
+    case core::DeviceKind::kCpu:
+      return cpu_linear(ctx, v, s);
+    case core::DeviceKind::kCuda:
+      no_cuda_backend(op);
+  }
+}
+
+void linear_backward(const core::ExecContext& ctx, const LinearBackwardViews& v) {
+  constexpr const char* op = "linear_backward";
+  const Sizes s = sizes_of(op, v.in, v.weight);
+  const core::DType wt = v.weight.dtype;
+  constexpr core::DType f32 = core::DType::kF32;
+  check_view(op, "weight", v.weight, wt, {s.out_features, s.in_features}, ctx);
+  check_view(op, "in", v.in, wt, {s.rows, s.in_features}, ctx);
+  check_view(op, "d_out", v.d_out, f32, {s.rows, s.out_features}, ctx);
+  check_view(op, "d_weight", v.d_weight, f32, {s.out_features, s.in_features}, ctx);
+  if (!v.d_in.empty()) check_view(op, "d_in", v.d_in, f32, {s.rows, s.in_features}, ctx);
+  if (!v.d_bias.empty()) check_view(op, "d_bias", v.d_bias, f32, {s.out_features}, ctx);
+  if (wt == core::DType::kBF16) {
+    check_view(op, "d_out_bf16", v.d_out_bf16, core::DType::kBF16, {s.rows, s.out_features}, ctx);
+  }
+  switch (ctx.device.kind) {
+    case core::DeviceKind::kCpu:
+      return cpu_linear_backward(ctx, v, s);
+    case core::DeviceKind::kCuda:
+      no_cuda_backend(op);
+  }
+}
+
+}  // namespace trident::kernels

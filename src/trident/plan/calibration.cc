@@ -1,0 +1,538 @@
+#include "trident/plan/calibration.h"
+
+#include <omp.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <vector>
+
+#include "trident/core/error.h"
+#include "trident/core/exec_context.h"
+#include "trident/kernels/adamw.h"
+#include "trident/kernels/attention.h"
+#include "trident/kernels/cross_entropy.h"
+#include "trident/kernels/elementwise.h"
+#include "trident/kernels/embedding.h"
+#include "trident/kernels/flash_attention.h"
+#include "trident/kernels/fused_bias_gelu.h"
+#include "trident/kernels/layernorm.h"
+#include "trident/kernels/matmul.h"
+
+namespace trident::plan {
+
+namespace {
+
+namespace k = kernels;
+using Clock = std::chrono::steady_clock;
+
+// The clock calibration times with: with one thread, the thread's CPU time, so that a machine
+// shared with other jobs (its cores time-sliced) still measures the kernels' own speed; with
+// several, the wall clock (CPU time would hide their synchronisation).
+int g_threads = 1;
+double now_s() {
+  if (g_threads == 1) {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+  }
+  return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+}
+
+// Best of a few batches of calls, each batch at least `min_s` long: seconds per call.
+template <class F>
+double time_call(F&& f, double min_s = 0.01, int batches = 3) {
+  f();  // warm-up (first-touch, oneDNN's JIT)
+  double best = 1e30;
+  for (int b = 0; b < batches; ++b) {
+    int n = 0;
+    const double t0 = now_s();
+    double el = 0;
+    do {
+      f();
+      ++n;
+      el = now_s() - t0;
+    } while (el < min_s && n < 1000);
+    best = std::min(best, el / n);
+  }
+  return best;
+}
+
+std::vector<float> filled(std::int64_t n, float v) {
+  return std::vector<float>(static_cast<std::size_t>(std::max<std::int64_t>(n, 1)), v);
+}
+
+// Activation-like values: N(0, std). Some kernels' speed depends on the values (the GeLU's
+// exponential saturates for large inputs), so constants would time them wrongly.
+std::vector<float> normal(std::int64_t n, float std, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, std);
+  std::vector<float> v(static_cast<std::size_t>(std::max<std::int64_t>(n, 1)));
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+// Fits overhead + per-element cost from a small and a large call.
+template <class F>
+LinearCost fit(F&& run, std::int64_t small, std::int64_t large) {
+  const double ts = time_call([&] { run(small); });
+  const double tl = time_call([&] { run(large); });
+  LinearCost c;
+  c.per_element_s = std::max(0.0, (tl - ts) / static_cast<double>(large - small));
+  c.overhead_s = std::max(0.0, ts - c.per_element_s * static_cast<double>(small));
+  return c;
+}
+
+constexpr double kFlopCap = 2147483648.0;  // rows * in * out above this is not measured
+
+std::size_t idx3(std::size_t n, std::size_t r, std::size_t i, std::size_t o) {
+  return (r * n + i) * n + o;
+}
+
+// log-linear interpolation of time along one sorted grid axis; beyond the ends the time scales
+// linearly with the size above (the rate is saturated) and stays constant below.
+struct AxisPos {
+  std::size_t lo = 0, hi = 0;
+  double w = 0;      // weight of hi
+  double scale = 1;  // factor for sizes beyond the last point
+};
+AxisPos locate(const std::vector<std::int64_t>& g, double x) {
+  AxisPos p;
+  const std::size_t n = g.size();
+  if (x <= static_cast<double>(g.front())) return p;
+  if (x >= static_cast<double>(g.back())) {
+    p.lo = p.hi = n - 1;
+    p.scale = x / static_cast<double>(g.back());
+    return p;
+  }
+  std::size_t j = 0;
+  while (static_cast<double>(g[j + 1]) < x) ++j;
+  p.lo = j;
+  p.hi = j + 1;
+  p.w = (std::log(x) - std::log(static_cast<double>(g[j]))) /
+        (std::log(static_cast<double>(g[j + 1])) - std::log(static_cast<double>(g[j])));
+  return p;
+}
+
+double interp3(const std::vector<std::int64_t>& g, const std::vector<double>& t, double r, double i,
+               double o) {
+  const AxisPos a = locate(g, r), b = locate(g, i), c = locate(g, o);
+  double acc = 0;
+  for (int da = 0; da < 2; ++da)
+    for (int db = 0; db < 2; ++db)
+      for (int dc = 0; dc < 2; ++dc) {
+        const double w = (da ? a.w : 1 - a.w) * (db ? b.w : 1 - b.w) * (dc ? c.w : 1 - c.w);
+        if (w == 0) continue;
+        const double v = t[idx3(g.size(), da ? a.hi : a.lo, db ? b.hi : b.lo, dc ? c.hi : c.lo)];
+        acc += w * std::log(v);
+      }
+  return std::exp(acc) * a.scale * b.scale * c.scale;
+}
+
+double interp2(const std::vector<std::int64_t>& ga, const std::vector<std::int64_t>& gb,
+               const std::vector<double>& t, double x, double y, bool quadratic_a) {
+  AxisPos a = locate(ga, x);
+  const AxisPos b = locate(gb, y);
+  if (quadratic_a) a.scale *= a.scale;  // attention grows with seq_len^2
+  double acc = 0;
+  for (int da = 0; da < 2; ++da)
+    for (int db = 0; db < 2; ++db) {
+      const double w = (da ? a.w : 1 - a.w) * (db ? b.w : 1 - b.w);
+      if (w == 0) continue;
+      acc += w * std::log(t[(da ? a.hi : a.lo) * gb.size() + (db ? b.hi : b.lo)]);
+    }
+  return std::exp(acc) * a.scale * b.scale;
+}
+
+}  // namespace
+
+std::string linear_key(std::int64_t r, std::int64_t i, std::int64_t o) {
+  return std::to_string(r) + "," + std::to_string(i) + "," + std::to_string(o);
+}
+std::string attention_key(bool flash, std::int64_t bh, std::int64_t t, std::int64_t hs) {
+  return std::string(flash ? "1," : "0,") + std::to_string(bh) + "," + std::to_string(t) + "," +
+         std::to_string(hs);
+}
+
+double Calibration::linear_forward_s(std::int64_t rows, std::int64_t in, std::int64_t out) const {
+  if (auto it = linear_exact.find(linear_key(rows, in, out)); it != linear_exact.end())
+    return it->second.first;
+  return interp3(grid, linear_fwd_s, static_cast<double>(rows), static_cast<double>(in),
+                 static_cast<double>(out));
+}
+double Calibration::linear_backward_s(std::int64_t rows, std::int64_t in, std::int64_t out) const {
+  if (auto it = linear_exact.find(linear_key(rows, in, out)); it != linear_exact.end())
+    return it->second.second;
+  return interp3(grid, linear_bwd_s, static_cast<double>(rows), static_cast<double>(in),
+                 static_cast<double>(out));
+}
+double Calibration::attention_forward_s(bool flash, std::int64_t bh, std::int64_t seq,
+                                        std::int64_t head_dim) const {
+  return static_cast<double>(bh) *
+         interp2(attn_seq, attn_head_dim, flash ? flash_fwd_s : attn_fwd_s,
+                 static_cast<double>(seq), static_cast<double>(head_dim), true);
+}
+double Calibration::attention_backward_s(bool flash, std::int64_t bh, std::int64_t seq,
+                                         std::int64_t head_dim) const {
+  return static_cast<double>(bh) *
+         interp2(attn_seq, attn_head_dim, flash ? flash_bwd_s : attn_bwd_s,
+                 static_cast<double>(seq), static_cast<double>(head_dim), true);
+}
+
+namespace {
+
+// Seconds of linear_forward and linear_backward (d_in, d_weight, d_bias) for one shape.
+std::pair<double, double> time_linear(const core::ExecContext& ctx, std::int64_t R, std::int64_t I,
+                                      std::int64_t O) {
+  const std::vector<float> x = normal(R * I, 1.0f, 5), w = normal(O * I, 0.02f, 6),
+                           bias = normal(O, 0.02f, 7), dy = normal(R * O, 1e-3f, 8);
+  std::vector<float> y = filled(R * O, 0.0f), dx = filled(R * I, 0.0f), dw = filled(O * I, 0.0f),
+                     db = filled(O, 0.0f);
+  const double f = time_call([&] {
+    k::linear_forward(ctx, {.out = y.data(),
+                            .in = x.data(),
+                            .weight = w.data(),
+                            .bias = bias.data(),
+                            .rows = R,
+                            .in_features = I,
+                            .out_features = O});
+  });
+  const double b = time_call([&] {
+    k::linear_backward(ctx, {.d_in = dx.data(),
+                             .d_weight = dw.data(),
+                             .d_bias = db.data(),
+                             .d_out = dy.data(),
+                             .in = x.data(),
+                             .weight = w.data(),
+                             .rows = R,
+                             .in_features = I,
+                             .out_features = O});
+  });
+  return {f, b};
+}
+
+// Seconds of one attention forward and backward call over bh = batch x heads (batch 1).
+std::pair<double, double> time_attention(const core::ExecContext& ctx, bool flash, std::int64_t NH,
+                                         std::int64_t T, std::int64_t HS) {
+  const std::int64_t B = 1, C = NH * HS;
+  const std::vector<float> qkv = normal(B * T * 3 * C, 1.0f, 9),
+                           dout = normal(B * T * C, 1e-3f, 10);
+  std::vector<float> out = filled(B * T * C, 0.0f), dqkv = filled(B * T * 3 * C, 0.0f),
+                     lse = filled(B * NH * T, 0.0f);
+  if (flash) {
+    const double f = time_call([&] {
+      k::flash_attention_forward(ctx, {.out = out.data(),
+                                       .lse = lse.data(),
+                                       .qkv = qkv.data(),
+                                       .alibi = nullptr,
+                                       .dropout = {},
+                                       .batch = B,
+                                       .seq_len = T,
+                                       .num_heads = NH,
+                                       .head_dim = HS});
+    });
+    const double b = time_call([&] {
+      k::flash_attention_backward(ctx, {.d_qkv = dqkv.data(),
+                                        .d_out = dout.data(),
+                                        .qkv = qkv.data(),
+                                        .out = out.data(),
+                                        .lse = lse.data(),
+                                        .alibi = nullptr,
+                                        .dropout = {},
+                                        .batch = B,
+                                        .seq_len = T,
+                                        .num_heads = NH,
+                                        .head_dim = HS});
+    });
+    return {f, b};
+  }
+  std::vector<float> probs = filled(B * NH * T * T, 0.0f), dprobs = probs;
+  const double f = time_call([&] {
+    k::attention_forward(ctx, {.out = out.data(),
+                               .probs = probs.data(),
+                               .qkv = qkv.data(),
+                               .batch = B,
+                               .seq_len = T,
+                               .num_heads = NH,
+                               .head_dim = HS});
+  });
+  const double b = time_call([&] {
+    k::attention_backward(ctx, {.d_qkv = dqkv.data(),
+                                .d_probs = dprobs.data(),
+                                .d_out = dout.data(),
+                                .qkv = qkv.data(),
+                                .probs = probs.data(),
+                                .batch = B,
+                                .seq_len = T,
+                                .num_heads = NH,
+                                .head_dim = HS});
+  });
+  return {f, b};
+}
+
+Calibration calibrate_grid(int threads, const core::ExecContext& ctx) {
+  Calibration c;
+  c.threads = threads;
+  c.cores = static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+
+  // Linear layers on the grid.
+  c.grid = {8, 32, 128, 512, 2048};
+  const std::size_t n = c.grid.size();
+  c.linear_fwd_s.assign(n * n * n, 0.0);
+  c.linear_bwd_s.assign(n * n * n, 0.0);
+  for (std::size_t r = 0; r < n; ++r)
+    for (std::size_t i = 0; i < n; ++i)
+      for (std::size_t o = 0; o < n; ++o) {
+        const std::int64_t R = c.grid[r], I = c.grid[i], O = c.grid[o];
+        if (static_cast<double>(R) * static_cast<double>(I) * static_cast<double>(O) > kFlopCap)
+          continue;
+        const auto [f, b] = time_linear(ctx, R, I, O);
+        c.linear_fwd_s[idx3(n, r, i, o)] = f;
+        c.linear_bwd_s[idx3(n, r, i, o)] = b;
+        c.peak_tflops = std::max(c.peak_tflops, 2.0 * static_cast<double>(R * I * O) / f / 1e12);
+      }
+  // Unmeasured (large) points: the point with its largest dimension stepped down until measured,
+  // scaled linearly (the rate is saturated there).
+  for (std::size_t r = 0; r < n; ++r)
+    for (std::size_t i = 0; i < n; ++i)
+      for (std::size_t o = 0; o < n; ++o) {
+        if (c.linear_fwd_s[idx3(n, r, i, o)] > 0) continue;
+        std::size_t d[3] = {r, i, o};
+        double scale = 1;
+        while (c.linear_fwd_s[idx3(n, d[0], d[1], d[2])] <= 0) {
+          std::size_t* big = std::max_element(d, d + 3);
+          scale *= static_cast<double>(c.grid[*big]) / static_cast<double>(c.grid[*big - 1]);
+          --*big;
+        }
+        c.linear_fwd_s[idx3(n, r, i, o)] = scale * c.linear_fwd_s[idx3(n, d[0], d[1], d[2])];
+        c.linear_bwd_s[idx3(n, r, i, o)] = scale * c.linear_bwd_s[idx3(n, d[0], d[1], d[2])];
+      }
+
+  // Attention kernels: seconds per (batch x head) at each (seq_len, head_dim).
+  c.attn_seq = {16, 64, 256, 1024};
+  c.attn_head_dim = {8, 32, 128};
+  for (std::int64_t T : c.attn_seq)
+    for (std::int64_t HS : c.attn_head_dim) {
+      const std::int64_t NH = std::clamp<std::int64_t>((1 << 22) / (T * T * HS), 1, 8);
+      const double bh = static_cast<double>(NH);
+      const auto [af, ab] = time_attention(ctx, false, NH, T, HS);
+      const auto [ff, fb] = time_attention(ctx, true, NH, T, HS);
+      c.attn_fwd_s.push_back(af / bh);
+      c.attn_bwd_s.push_back(ab / bh);
+      c.flash_fwd_s.push_back(ff / bh);
+      c.flash_bwd_s.push_back(fb / bh);
+    }
+
+  // Element-wise kernels: rows of 256 columns, from 8 rows to 8192 rows.
+  const std::int64_t cols = 256, big = 8192 * cols;
+  // Inputs never written (gradients go to their own buffers, so repeated calls see the same
+  // values).
+  const std::vector<float> a = normal(big, 1.0f, 1), b = normal(big, 1e-3f, 2),
+                           gw = normal(cols, 0.02f, 3), gb = normal(cols, 0.02f, 4);
+  std::vector<float> o2 = filled(big, 0.0f), mean = filled(8192, 0), rstd = filled(8192, 1),
+                     dgw = filled(cols, 0), dgb = filled(cols, 0);
+  std::vector<std::byte> scratch(
+      static_cast<std::size_t>(k::bias_gelu_backward_scratch_bytes(8192, cols)));
+  c.layernorm_fwd = fit(
+      [&](std::int64_t e) {
+        k::layernorm_forward(ctx, {.out = o2.data(),
+                                   .mean = mean.data(),
+                                   .rstd = rstd.data(),
+                                   .in = a.data(),
+                                   .weight = gw.data(),
+                                   .bias = gb.data(),
+                                   .rows = e / cols,
+                                   .cols = cols});
+      },
+      8 * cols, big);
+  c.layernorm_bwd = fit(
+      [&](std::int64_t e) {
+        k::layernorm_backward(ctx, {.d_in = o2.data(),
+                                    .d_weight = dgw.data(),
+                                    .d_bias = dgb.data(),
+                                    .d_out = b.data(),
+                                    .in = a.data(),
+                                    .weight = gw.data(),
+                                    .mean = mean.data(),
+                                    .rstd = rstd.data(),
+                                    .rows = e / cols,
+                                    .cols = cols});
+      },
+      8 * cols, big);
+  c.bias_gelu_fwd = fit(
+      [&](std::int64_t e) {
+        k::bias_gelu_forward(
+            ctx,
+            {.out = o2.data(), .in = a.data(), .bias = gb.data(), .rows = e / cols, .cols = cols});
+      },
+      8 * cols, big);
+  c.bias_gelu_bwd = fit(
+      [&](std::int64_t e) {
+        k::bias_gelu_backward(ctx, {.d_in = o2.data(),
+                                    .d_bias = dgb.data(),
+                                    .d_out = b.data(),
+                                    .in = a.data(),
+                                    .bias = gb.data(),
+                                    .rows = e / cols,
+                                    .cols = cols,
+                                    .scratch = scratch});
+      },
+      8 * cols, big);
+  c.add = fit([&](std::int64_t e) { k::add_forward(ctx, o2.data(), a.data(), b.data(), e); },
+              8 * cols, big);
+  std::vector<std::int32_t> targets(8192, 1);
+  c.cross_entropy = fit(
+      [&](std::int64_t e) {
+        k::cross_entropy_forward_backward(ctx, {.losses = mean.data(),
+                                                .d_logits = o2.data(),
+                                                .logits = a.data(),
+                                                .targets = targets.data(),
+                                                .rows = e / cols,
+                                                .vocab = cols,
+                                                .vocab_padded = cols});
+      },
+      8 * cols, big);
+  std::vector<float> m = filled(big, 0), v = filled(big, 0);
+  c.adamw = fit(
+      [&](std::int64_t e) {
+        k::adamw_update(
+            ctx, {}, {.param = o2.data(), .m = m.data(), .v = v.data(), .grad = b.data(), .n = e});
+      },
+      8 * cols, big);
+  c.embedding = c.add;
+  // Memory bandwidth: a 64 MiB copy.
+  const std::size_t bytes = 64u << 20;
+  std::vector<char> src(bytes, 1), dst(bytes, 0);
+  c.memory_bw = static_cast<double>(bytes) /
+                time_call([&] { std::memcpy(dst.data(), src.data(), bytes); }, 0.05);
+  return c;
+}
+
+}  // namespace
+
+Calibration calibrate(int threads, const KernelShapes& shapes, const Calibration* base) {
+  TRIDENT_CHECK(threads >= 1, "--calibrate needs at least one thread per rank, got ", threads);
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(threads);
+  g_threads = threads;
+  const core::ExecContext ctx{.num_threads = threads};
+  Calibration c = base != nullptr ? *base : calibrate_grid(threads, ctx);
+  for (const auto& [r, i, o] : shapes.linear) {
+    const std::string key = linear_key(r, i, o);
+    if (!c.linear_exact.count(key)) c.linear_exact[key] = time_linear(ctx, r, i, o);
+  }
+  for (const auto& [flash, bh, t, hs] : shapes.attention) {
+    const std::string key = attention_key(flash, bh, t, hs);
+    if (!c.attention_exact.count(key))
+      c.attention_exact[key] = time_attention(ctx, flash, bh, t, hs);
+  }
+  omp_set_num_threads(saved);
+  return c;
+}
+
+std::string default_calibration_path() {
+  if (const char* p = std::getenv("TRIDENT_PLAN_CACHE"); p && *p) return p;
+  const char* home = std::getenv("HOME");
+  return std::string(home && *home ? home : "/tmp") + "/.cache/trident/plan-cpu.json";
+}
+
+namespace {
+nlohmann::json cost_json(const LinearCost& c) { return {c.overhead_s, c.per_element_s}; }
+LinearCost cost_of(const nlohmann::json& j) {
+  return {j.at(0).get<double>(), j.at(1).get<double>()};
+}
+}  // namespace
+
+void save_calibration(const std::string& path, const Calibration& c) {
+  nlohmann::json all = nlohmann::json::object();
+  if (std::ifstream in(path); in) {
+    try {
+      in >> all;
+    } catch (const std::exception&) {
+      all = nlohmann::json::object();
+    }
+  }
+  nlohmann::json j = {{"threads", c.threads},
+                      {"cores", c.cores},
+                      {"grid", c.grid},
+                      {"linear_fwd_s", c.linear_fwd_s},
+                      {"linear_bwd_s", c.linear_bwd_s},
+                      {"attn_seq", c.attn_seq},
+                      {"attn_head_dim", c.attn_head_dim},
+                      {"attn_fwd_s", c.attn_fwd_s},
+                      {"attn_bwd_s", c.attn_bwd_s},
+                      {"flash_fwd_s", c.flash_fwd_s},
+                      {"flash_bwd_s", c.flash_bwd_s},
+                      {"layernorm_fwd", cost_json(c.layernorm_fwd)},
+                      {"layernorm_bwd", cost_json(c.layernorm_bwd)},
+                      {"bias_gelu_fwd", cost_json(c.bias_gelu_fwd)},
+                      {"bias_gelu_bwd", cost_json(c.bias_gelu_bwd)},
+                      {"add", cost_json(c.add)},
+                      {"cross_entropy", cost_json(c.cross_entropy)},
+                      {"adamw", cost_json(c.adamw)},
+                      {"embedding", cost_json(c.embedding)},
+                      {"linear_exact", c.linear_exact},
+                      {"attention_exact", c.attention_exact},
+                      {"memory_bw", c.memory_bw},
+                      {"peak_tflops", c.peak_tflops}};
+  all[std::to_string(c.threads)] = j;
+  const std::filesystem::path p(path);
+  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
+  std::ofstream out(path);
+  TRIDENT_CHECK(static_cast<bool>(out), "cannot write the calibration cache ", path,
+                " (set TRIDENT_PLAN_CACHE to a writable file)");
+  out << all.dump(1) << "\n";
+}
+
+bool load_calibration(const std::string& path, int threads, Calibration& c) {
+  std::ifstream in(path);
+  if (!in) return false;
+  nlohmann::json all;
+  try {
+    in >> all;
+  } catch (const std::exception& e) {
+    throw core::InvalidArgument(core::str("the calibration cache ", path, " is not JSON (",
+                                          e.what(),
+                                          "); delete it and run trident plan --calibrate"));
+  }
+  const std::string key = std::to_string(threads);
+  if (!all.contains(key)) return false;
+  const nlohmann::json& j = all[key];
+  c.threads = j.at("threads");
+  c.cores = j.at("cores");
+  c.grid = j.at("grid").get<std::vector<std::int64_t>>();
+  c.linear_fwd_s = j.at("linear_fwd_s").get<std::vector<double>>();
+  c.linear_bwd_s = j.at("linear_bwd_s").get<std::vector<double>>();
+  c.attn_seq = j.at("attn_seq").get<std::vector<std::int64_t>>();
+  c.attn_head_dim = j.at("attn_head_dim").get<std::vector<std::int64_t>>();
+  c.attn_fwd_s = j.at("attn_fwd_s").get<std::vector<double>>();
+  c.attn_bwd_s = j.at("attn_bwd_s").get<std::vector<double>>();
+  c.flash_fwd_s = j.at("flash_fwd_s").get<std::vector<double>>();
+  c.flash_bwd_s = j.at("flash_bwd_s").get<std::vector<double>>();
+  c.layernorm_fwd = cost_of(j.at("layernorm_fwd"));
+  c.layernorm_bwd = cost_of(j.at("layernorm_bwd"));
+  c.bias_gelu_fwd = cost_of(j.at("bias_gelu_fwd"));
+  c.bias_gelu_bwd = cost_of(j.at("bias_gelu_bwd"));
+  c.add = cost_of(j.at("add"));
+  c.cross_entropy = cost_of(j.at("cross_entropy"));
+  c.adamw = cost_of(j.at("adamw"));
+  c.embedding = cost_of(j.at("embedding"));
+  if (j.contains("linear_exact")) {
+    c.linear_exact = j["linear_exact"].get<std::map<std::string, std::pair<double, double>>>();
+    c.attention_exact =
+        j["attention_exact"].get<std::map<std::string, std::pair<double, double>>>();
+  }
+  c.memory_bw = j.at("memory_bw");
+  c.peak_tflops = j.at("peak_tflops");
+  return true;
+}
+
+}  // namespace trident::plan

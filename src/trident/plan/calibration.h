@@ -1,0 +1,70 @@
+// Calibration of `--gpu cpu`: a short run of trident's own kernels on this machine (FP32 GEMMs of
+// the linear layers on a grid of shapes, both attention kernels, the element-wise kernels, AdamW
+// and a memory copy), cached in a JSON file and read by the time model (plan/time_model.h).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace trident::plan {
+
+// Cost of an element-wise kernel: a fixed overhead per call plus a time per element.
+struct LinearCost {
+  double overhead_s = 0;
+  double per_element_s = 0;
+  double at(double n) const { return overhead_s + per_element_s * n; }
+};
+
+// Shapes a configuration runs (from the time model), timed exactly by --calibrate.
+struct KernelShapes {
+  std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>> linear;  // rows, in, out
+  std::vector<std::tuple<bool, std::int64_t, std::int64_t, std::int64_t>>
+      attention;  // flash,
+                  // batch x heads, seq, hs
+};
+
+struct Calibration {
+  int threads = 1;  // OpenMP / oneDNN threads per rank this was measured with
+  // GEMM grid: every dimension takes the values of `grid`; seconds of linear_forward and
+  // linear_backward (d_in, d_weight, d_bias) for rows x in_features -> out_features, indexed
+  // [r][i][o] flattened. Points above the measured flop cap hold 0 (extrapolated at the
+  // neighbouring rate).
+  std::vector<std::int64_t> grid;
+  std::vector<double> linear_fwd_s, linear_bwd_s;
+  // Attention per (seq_len, head_dim) grid point, seconds per (batch x head): unfused and flash.
+  std::vector<std::int64_t> attn_seq, attn_head_dim;
+  std::vector<double> attn_fwd_s, attn_bwd_s, flash_fwd_s, flash_bwd_s;
+  LinearCost layernorm_fwd, layernorm_bwd, bias_gelu_fwd, bias_gelu_bwd, add, cross_entropy, adamw,
+      embedding;
+  // Exact timings of the shapes a configuration runs (key "rows,in,out" and
+  // "flash,bh,seq,head_dim"): seconds forward and backward; used instead of the grid.
+  std::map<std::string, std::pair<double, double>> linear_exact, attention_exact;
+  double memory_bw = 0;    // bytes/s of a large copy (what shared-memory MPI moves at)
+  double peak_tflops = 0;  // best FP32 GEMM rate seen
+  int cores = 1;           // hardware threads of the machine
+
+  double linear_forward_s(std::int64_t rows, std::int64_t in, std::int64_t out) const;
+  double linear_backward_s(std::int64_t rows, std::int64_t in, std::int64_t out) const;
+  // One call over batch x heads (local heads).
+  double attention_forward_s(bool flash, std::int64_t bh, std::int64_t seq,
+                             std::int64_t head_dim) const;
+  double attention_backward_s(bool flash, std::int64_t bh, std::int64_t seq,
+                              std::int64_t head_dim) const;
+};
+
+// Runs the kernels with `threads` threads (about 10-30 s on a 2-core machine), then times the
+// given shapes exactly. With `base` (a cached calibration for the same thread count) only the
+// shapes it lacks are timed.
+Calibration calibrate(int threads, const KernelShapes& shapes = {},
+                      const Calibration* base = nullptr);
+
+// The cache: one calibration per thread count, in a JSON file.
+std::string default_calibration_path();  // $TRIDENT_PLAN_CACHE or ~/.cache/trident/plan-cpu.json
+void save_calibration(const std::string& path, const Calibration& c);
+// Returns false when the file has no calibration for `threads`.
+bool load_calibration(const std::string& path, int threads, Calibration& out);
+
+}  // namespace trident::plan

@@ -1,0 +1,79 @@
+// Memory per rank from trident's own size tables (see plan.h).
+#include <algorithm>
+#include <exception>
+
+#include "trident/core/arena.h"
+#include "trident/model/gpt.h"
+#include "trident/optim/model_state.h"
+#include "trident/parallel/pipeline_schedule.h"
+#include "trident/plan/plan.h"
+#include "trident/train/rank_model.h"
+#include "trident/train/zero_optimizer.h"
+
+namespace trident::plan {
+
+namespace {
+
+// model::activation_bytes. With --bf16 it asks oneDNN for its BF16 matmul workspace, which fails
+// on a CPU without BF16 matmuls (planning for a GPU from such a machine): then the BF16 operand
+// buffers are counted as gpt.cc lays them out (the widest matmul input and output of the shard,
+// two bytes an element) and the oneDNN workspace, a CPU-only buffer, as zero.
+std::int64_t slot_activation_bytes(const model::ModelConfig& mc, const model::ModelShard& shard,
+                                   std::int64_t B, std::int64_t T, bool bf16) {
+  if (!bf16) return model::activation_bytes(mc, shard, B, T, false);
+  try {
+    return model::activation_bytes(mc, shard, B, T, true);
+  } catch (const std::exception&) {
+    const std::int64_t BT = B * T, C = mc.hidden_size, tp = shard.tp_size;
+    const std::int64_t F = mc.ffn() / tp, Vl = mc.padded_vocab_size(tp) / tp;
+    const std::int64_t in = std::max(C, F), out = std::max({3 * C / tp, C, F, Vl});
+    return model::activation_bytes(mc, shard, B, T, false) +
+           core::Arena::footprint(core::DType::kF32, {(BT * in + 1) / 2}) +
+           core::Arena::footprint(core::DType::kF32, {(BT * out + 1) / 2});
+  }
+}
+
+}  // namespace
+
+MemoryPlan predict_memory(const train::TrainConfig& cfg, int world_size) {
+  const model::ModelConfig& mc = cfg.model;
+  const int tp = cfg.tensor_model_parallel_size, pp = cfg.pipeline_model_parallel_size;
+  const int dp = cfg.data_parallel_size(world_size);
+  const int v = cfg.virtual_pipeline_chunks();
+  const train::PipelineSplit split{.pp_size = pp,
+                                   .num_chunks = v,
+                                   .first_stage_layers = cfg.decoder_first_pipeline_num_layers,
+                                   .last_stage_layers = cfg.decoder_last_pipeline_num_layers};
+  const auto kind = parallel::parse_pipeline_schedule(cfg.pipeline_schedule);
+  const int m = static_cast<int>(cfg.num_micro_batches(world_size));
+  const std::int64_t B = cfg.micro_batch_size, T = mc.seq_length;
+  MemoryPlan plan;
+  for (int stage = 0; stage < pp; ++stage) {
+    const train::RankModel rm(mc, split, tp, 0, stage, cfg.sequence_parallel);
+    // The optimizer's buffers as ParamGradBuffers and DistributedAdamW allocate them.
+    const optim::MemoryReport states =
+        optim::model_state_memory(train::flat_layout_of(rm), cfg.zero_stage, dp, cfg.bf16);
+    RankMemory r;
+    r.pp_rank = stage;
+    r.num_parameters = rm.num_parameters();
+    r.parameters = states.param_bytes;  // FP32 weights and the BF16 copies
+    r.gradients = states.grad_bytes;
+    r.optimizer = states.optimizer_bytes;
+    r.staging = states.staging_bytes;
+    const auto steps = parallel::build_pipeline_schedule(kind, {pp, m, v}, stage);
+    r.slots_per_chunk = parallel::max_in_flight_per_chunk(steps, v);
+    for (std::size_t c = 0; c < rm.chunks().size(); ++c) {
+      const std::int64_t bytes = slot_activation_bytes(mc, rm.chunks()[c].shard, B, T, cfg.bf16);
+      r.slot_bytes.push_back(bytes);
+      // Each slot also holds the micro-batch's token ids and labels (2 x B x T int32).
+      r.activations += r.slots_per_chunk[c] * (bytes + 2 * B * T * std::int64_t{4});
+    }
+    plan.stages.push_back(std::move(r));
+  }
+  for (std::size_t s = 0; s < plan.stages.size(); ++s) {
+    if (plan.stages[s].peak() > plan.worst().peak()) plan.worst_stage = static_cast<int>(s);
+  }
+  return plan;
+}
+
+}  // namespace trident::plan

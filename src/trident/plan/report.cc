@@ -1,0 +1,310 @@
+// make_plan, --search and the text / JSON output of `trident plan`.
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "trident/core/error.h"
+#include "trident/plan/plan.h"
+
+namespace trident::plan {
+
+namespace {
+
+// Bytes in GiB, MiB or KiB, whichever reads best.
+std::string gib(double bytes) {
+  char b[32];
+  const double k = 1024.0;
+  if (bytes >= k * k * k) {
+    std::snprintf(b, sizeof(b), "%.3f GiB", bytes / (k * k * k));
+  } else if (bytes >= k * k) {
+    std::snprintf(b, sizeof(b), "%.3f MiB", bytes / (k * k));
+  } else {
+    std::snprintf(b, sizeof(b), "%.3f KiB", bytes / k);
+  }
+  return b;
+}
+std::string ms(double s) {
+  char b[32];
+  std::snprintf(b, sizeof(b), "%10.3f ms", s * 1e3);
+  return b;
+}
+std::string fmt(const char* f, double x) {
+  char b[64];
+  std::snprintf(b, sizeof(b), f, x);
+  return b;
+}
+
+nlohmann::json memory_json(const RankMemory& r) {
+  return {{"pp_rank", r.pp_rank},
+          {"parameters_held", r.num_parameters},
+          {"parameters", r.parameters},
+          {"gradients", r.gradients},
+          {"optimizer", r.optimizer},
+          {"staging", r.staging},
+          {"activation_slots", r.slots_per_chunk},
+          {"activation_slot_bytes", r.slot_bytes},
+          {"activations", r.activations},
+          {"total", r.total()},
+          {"peak", r.peak()}};
+}
+
+nlohmann::json time_json(const TimeBreakdown& t) {
+  return {{"iteration_s", t.iteration},
+          {"forward_s", t.forward},
+          {"backward_s", t.backward},
+          {"recompute_s", t.recompute},
+          {"gemm_s", t.gemm},
+          {"attention_s", t.attention},
+          {"elementwise_s", t.elementwise},
+          {"tp_comm_s", t.tp_comm},
+          {"pp_comm_s", t.pp_comm},
+          {"bubble_s", t.bubble},
+          {"dp_comm_s", t.dp_comm},
+          {"dp_exposed_s", t.dp_exposed},
+          {"optimizer_s", t.optimizer},
+          {"oversubscription_s", t.oversubscription},
+          {"model_flops", t.model_flops},
+          {"tflops_per_gpu", t.tflops_per_gpu},
+          {"mfu", t.mfu},
+          {"tokens_per_s", t.tokens_per_s},
+          {"micro_batches", t.micro_batches}};
+}
+
+}  // namespace
+
+Plan make_plan(const train::TrainConfig& cfg, const Cluster& cluster) {
+  Plan p;
+  p.memory = predict_memory(cfg, cluster.num_gpus);
+  p.time = predict_time(cfg, cluster);
+  p.capacity_bytes = cluster.hw.memory_bytes - cluster.hw.reserved_bytes;
+  if (cluster.hw.is_cpu) {
+    // Ranks of one machine share its memory.
+    p.capacity_bytes = std::min<double>(cluster.num_gpus, cluster.hw.gpus_per_node) > 0
+                           ? p.capacity_bytes / std::min(cluster.num_gpus, cluster.hw.gpus_per_node)
+                           : p.capacity_bytes;
+  }
+  p.fits = static_cast<double>(p.memory.worst().peak()) <= p.capacity_bytes;
+  return p;
+}
+
+std::string layout_flags(const train::TrainConfig& c) {
+  std::ostringstream o;
+  o << "--tensor-model-parallel-size " << c.tensor_model_parallel_size
+    << " --pipeline-model-parallel-size " << c.pipeline_model_parallel_size;
+  if (c.num_layers_per_virtual_pipeline_stage > 0)
+    o << " --num-layers-per-virtual-pipeline-stage " << c.num_layers_per_virtual_pipeline_stage;
+  else if (c.pipeline_model_parallel_size > 1)
+    o << " --pipeline-schedule " << c.pipeline_schedule;
+  o << " --micro-batch-size " << c.micro_batch_size << " --global-batch-size "
+    << c.global_batch_size;
+  if (c.zero_stage > 0) o << " --zero-stage " << c.zero_stage;
+  if (c.sequence_parallel) o << " --sequence-parallel";
+  if (!c.recompute_granularity.empty()) {
+    o << " --recompute-granularity " << c.recompute_granularity;
+    if (c.recompute_granularity == "full") o << " --recompute-method uniform";
+  }
+  if (c.bf16) o << " --bf16";
+  return o.str();
+}
+
+SearchResult search_layouts(const train::TrainConfig& base, const Cluster& cluster,
+                            std::size_t keep) {
+  SearchResult res;
+  const int world = cluster.num_gpus;
+  const model::ModelConfig& mc = base.model;
+  const std::int64_t gbs = base.global_batch_size;
+  std::vector<int> tps, pps;
+  for (int t = 1; t <= world; ++t)
+    if (world % t == 0 && t <= std::max(1, cluster.hw.gpus_per_node) &&
+        mc.num_attention_heads % t == 0 && mc.ffn() % t == 0)
+      tps.push_back(t);
+  for (int p = 1; p <= world; ++p)
+    if (world % p == 0 && mc.num_layers % p == 0) pps.push_back(p);
+  const std::vector<std::string> recomputes = {"", "selective", "full"};
+  for (int tp : tps)
+    for (int pp : pps) {
+      if (world % (tp * pp) != 0) continue;
+      const int dp = world / (tp * pp);
+      for (int v : {1, 2, 3, 4, 6, 8}) {
+        if (v > 1 && (pp == 1 || mc.num_layers % (pp * v) != 0)) continue;
+        for (std::int64_t mbs : {1, 2, 4, 8, 16}) {
+          if (gbs % (mbs * dp) != 0) continue;
+          const std::int64_t m = gbs / (mbs * dp);
+          if (v > 1 && m % pp != 0) continue;
+          for (int zero = 0; zero <= 3; ++zero) {
+            if (dp == 1 && zero > 0) continue;
+            for (bool sp : {false, true}) {
+              if (sp && (tp == 1 || (mbs * mc.seq_length) % tp != 0)) continue;
+              for (const std::string& rc : recomputes) {
+                // Selective recomputation only drops the unfused attention's probabilities.
+                if (rc == "selective" && mc.flash_attention()) continue;
+                train::TrainConfig c = base;
+                c.tensor_model_parallel_size = tp;
+                c.pipeline_model_parallel_size = pp;
+                c.num_layers_per_virtual_pipeline_stage = v > 1 ? mc.num_layers / (pp * v) : 0;
+                c.pipeline_schedule = v > 1 ? "interleaved" : "1f1b";
+                c.decoder_first_pipeline_num_layers = c.decoder_last_pipeline_num_layers = -1;
+                c.micro_batch_size = mbs;
+                c.zero_stage = zero;
+                c.use_distributed_optimizer = false;
+                c.sequence_parallel = sp;
+                c.recompute_granularity = rc;
+                c.recompute_method = "uniform";
+                c.model.recompute_num_layers = 1;
+                c.model.make_vocab_size_divisible_by = base.model.make_vocab_size_divisible_by;
+                ++res.evaluated;
+                try {
+                  c.finalize(world);
+                  Plan p = make_plan(c, cluster);
+                  if (!p.fits) {
+                    ++res.rejected_memory;
+                    continue;
+                  }
+                  res.ranked.push_back({c, std::move(p), layout_flags(c)});
+                } catch (const core::InvalidArgument&) {
+                  ++res.invalid;
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  std::stable_sort(res.ranked.begin(), res.ranked.end(),
+                   [](const Candidate& a, const Candidate& b) {
+                     return a.plan.time.tokens_per_s > b.plan.time.tokens_per_s;
+                   });
+  if (res.ranked.size() > keep) res.ranked.resize(keep);
+  return res;
+}
+
+std::string format_plan(const train::TrainConfig& cfg, const Cluster& cluster, const Plan& plan,
+                        double train_tokens) {
+  std::ostringstream o;
+  const model::ModelConfig& mc = cfg.model;
+  const int world = cluster.num_gpus;
+  o << "trident plan: GPT " << mc.num_layers << " layers, hidden " << mc.hidden_size << ", heads "
+    << mc.num_attention_heads << ", seq " << mc.seq_length << ", vocab " << mc.vocab_size << " ("
+    << mc.num_parameters() << " parameters)\n";
+  o << "cluster: " << world << " x " << cluster.hw.name << " (" << cluster.num_nodes()
+    << " node(s) of " << cluster.hw.gpus_per_node << ")";
+  if (cluster.hw.is_cpu) o << ", " << cluster.threads_per_rank << " thread(s) per rank";
+  o << "\nlayout: tp " << cfg.tensor_model_parallel_size << " x pp "
+    << cfg.pipeline_model_parallel_size << " x dp " << cfg.data_parallel_size(world) << ", "
+    << cfg.virtual_pipeline_chunks() << " chunk(s) per stage, " << cfg.pipeline_schedule
+    << ", micro-batch " << cfg.micro_batch_size << " x " << plan.time.micro_batches << ", ZeRO "
+    << cfg.zero_stage << (cfg.sequence_parallel ? ", SP" : "")
+    << (cfg.recompute_granularity.empty() ? "" : ", recompute " + cfg.recompute_granularity)
+    << (cfg.bf16 ? ", bf16" : ", fp32") << "\n\n";
+  o << "memory per rank (bytes as trident allocates them)\n";
+  o << "  stage  parameters      gradients       optimizer       staging         activations "
+       "(slots)   total\n";
+  for (const RankMemory& r : plan.memory.stages) {
+    std::string slots;
+    for (int s : r.slots_per_chunk) slots += (slots.empty() ? "" : "+") + std::to_string(s);
+    char line[512];
+    std::snprintf(line, sizeof(line), "  %5d  %-15s %-15s %-15s %-15s %-15s (%s)  %-15s%s\n",
+                  r.pp_rank, gib(static_cast<double>(r.parameters)).c_str(),
+                  gib(static_cast<double>(r.gradients)).c_str(),
+                  gib(static_cast<double>(r.optimizer)).c_str(),
+                  gib(static_cast<double>(r.staging)).c_str(),
+                  gib(static_cast<double>(r.activations)).c_str(), slots.c_str(),
+                  gib(static_cast<double>(r.total())).c_str(),
+                  r.pp_rank == plan.memory.worst_stage ? "  <- most" : "");
+    o << line;
+  }
+  o << "  capacity per rank " << gib(plan.capacity_bytes)
+    << (cluster.hw.reserved_bytes > 0
+            ? " (after " + gib(cluster.hw.reserved_bytes) + " reserved for the runtime)"
+            : std::string())
+    << ": " << (plan.fits ? "fits" : "DOES NOT FIT") << "\n\n";
+  const TimeBreakdown& t = plan.time;
+  o << "time per iteration (slowest stage)\n";
+  o << "  forward        " << ms(t.forward) << "\n  backward       " << ms(t.backward)
+    << "\n  recompute      " << ms(t.recompute) << "\n    (GEMM " << ms(t.gemm) << ", attention "
+    << ms(t.attention) << ", element-wise " << ms(t.elementwise) << ")\n  TP comm        "
+    << ms(t.tp_comm) << "\n  PP comm        " << ms(t.pp_comm) << "\n  pipeline bubble"
+    << ms(t.bubble) << "\n  DP/ZeRO comm   " << ms(t.dp_comm) << " (exposed " << ms(t.dp_exposed)
+    << ")\n  optimizer      " << ms(t.optimizer) << "\n";
+  if (t.oversubscription > 0) o << "  cores shared   " << ms(t.oversubscription) << "\n";
+  o << "  iteration      " << ms(t.iteration) << "\n\n";
+  o << "throughput: " << fmt("%.3f", t.tflops_per_gpu) << " TFLOP/s per "
+    << (cluster.hw.is_cpu ? "rank" : "GPU") << " (Megatron's formula), MFU "
+    << fmt("%.1f%%", 100 * t.mfu) << ", " << fmt("%.0f", t.tokens_per_s) << " tokens/s\n";
+  if (train_tokens > 0) {
+    const TrainingEstimate e = estimate_training(t, cluster, train_tokens);
+    o << "training " << fmt("%.4g", train_tokens) << " tokens: " << fmt("%.2f", e.seconds / 86400)
+      << " days, " << fmt("%.0f", e.gpu_hours) << " GPU-hours\n";
+  }
+  return o.str();
+}
+
+std::string format_search(const Cluster& cluster, const SearchResult& r, std::size_t top) {
+  std::ostringstream o;
+  o << "search: " << r.evaluated << " layouts on " << cluster.num_gpus << " x " << cluster.hw.name
+    << "; " << r.invalid << " invalid, " << r.rejected_memory << " do not fit\n";
+  std::size_t i = 0;
+  for (const Candidate& c : r.ranked) {
+    if (i++ >= top) break;
+    const TimeBreakdown& t = c.plan.time;
+    o << "\n#" << i << "  " << fmt("%.0f", t.tokens_per_s) << " tokens/s, "
+      << fmt("%.1f", t.tflops_per_gpu) << " TFLOP/s/GPU, MFU " << fmt("%.1f%%", 100 * t.mfu)
+      << ", iteration " << fmt("%.3f", t.iteration) << " s, peak memory "
+      << gib(static_cast<double>(c.plan.memory.worst().peak())) << "\n";
+    o << "    compute " << fmt("%.3f", t.forward + t.backward + t.recompute) << " s, TP "
+      << fmt("%.3f", t.tp_comm) << " s, PP " << fmt("%.3f", t.pp_comm) << " s, bubble "
+      << fmt("%.3f", t.bubble) << " s, DP exposed " << fmt("%.3f", t.dp_exposed) << " s, optimizer "
+      << fmt("%.3f", t.optimizer) << " s\n";
+    o << "    trident train " << c.flags << "\n";
+  }
+  if (r.ranked.empty()) o << "no layout fits: add GPUs or memory, or shorten the sequence\n";
+  return o.str();
+}
+
+nlohmann::json plan_json(const train::TrainConfig& cfg, const Cluster& cluster, const Plan& plan,
+                         double train_tokens) {
+  nlohmann::json j;
+  j["gpu"] = cluster.hw.name;
+  j["num_gpus"] = cluster.num_gpus;
+  j["layout"] = {{"tp", cfg.tensor_model_parallel_size},
+                 {"pp", cfg.pipeline_model_parallel_size},
+                 {"dp", cfg.data_parallel_size(cluster.num_gpus)},
+                 {"virtual_chunks", cfg.virtual_pipeline_chunks()},
+                 {"schedule", cfg.pipeline_schedule},
+                 {"micro_batch_size", cfg.micro_batch_size},
+                 {"global_batch_size", cfg.global_batch_size},
+                 {"zero_stage", cfg.zero_stage},
+                 {"sequence_parallel", cfg.sequence_parallel},
+                 {"recompute", cfg.recompute_granularity},
+                 {"bf16", cfg.bf16},
+                 {"flags", layout_flags(cfg)}};
+  j["memory"] = nlohmann::json::array();
+  for (const RankMemory& r : plan.memory.stages) j["memory"].push_back(memory_json(r));
+  j["worst_stage"] = plan.memory.worst_stage;
+  j["capacity_bytes"] = plan.capacity_bytes;
+  j["fits"] = plan.fits;
+  j["time"] = time_json(plan.time);
+  if (train_tokens > 0) {
+    const TrainingEstimate e = estimate_training(plan.time, cluster, train_tokens);
+    j["training"] = {{"tokens", e.tokens}, {"seconds", e.seconds}, {"gpu_hours", e.gpu_hours}};
+  }
+  return j;
+}
+
+nlohmann::json search_json(const Cluster& cluster, const SearchResult& r, std::size_t top) {
+  nlohmann::json j;
+  j["evaluated"] = r.evaluated;
+  j["invalid"] = r.invalid;
+  j["rejected_memory"] = r.rejected_memory;
+  j["ranked"] = nlohmann::json::array();
+  std::size_t i = 0;
+  for (const Candidate& c : r.ranked) {
+    if (i++ >= top) break;
+    j["ranked"].push_back(plan_json(c.cfg, cluster, c.plan, 0));
+  }
+  return j;
+}
+
+}  // namespace trident::plan

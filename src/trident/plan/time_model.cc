@@ -1,0 +1,409 @@
+// Time per iteration: a per-op model of the slowest pipeline stage (see plan.h, docs/plan.md).
+#include <algorithm>
+#include <cmath>
+
+#include "trident/core/error.h"
+#include "trident/plan/plan.h"
+#include "trident/train/rank_model.h"
+#include "trident/train/zero_optimizer.h"
+
+namespace trident::plan {
+
+namespace {
+
+enum class Ew { kLnFwd, kLnBwd, kGeluFwd, kGeluBwd, kAdd, kCrossEntropy, kEmbedding };
+
+// Cost of single kernels on one rank.
+class Costs {
+ public:
+  explicit Costs(const Cluster& c, KernelShapes* record = nullptr)
+      : c_(c), cal_(c.calibration && !record ? &*c.calibration : nullptr), rec_(record) {
+    // trident keeps activations in FP32; the GPU model follows Megatron's BF16 activations.
+    act_bytes_ = c.hw.is_cpu ? 4.0 : 2.0;
+  }
+  double act_bytes() const { return act_bytes_; }
+
+  double gemm_fwd(std::int64_t rows, std::int64_t in, std::int64_t out) const {
+    if (rec_) return rec_->linear.emplace_back(rows, in, out), 1e-9;
+    if (cal_) return cal_->linear_forward_s(rows, in, out);
+    return gpu_gemm(rows, in, out);
+  }
+  // d_in and d_weight (and d_bias).
+  double gemm_bwd(std::int64_t rows, std::int64_t in, std::int64_t out) const {
+    if (rec_) return rec_->linear.emplace_back(rows, in, out), 1e-9;
+    if (cal_) return cal_->linear_backward_s(rows, in, out);
+    return gpu_gemm(rows, out, in) + gpu_gemm(out, rows, in);
+  }
+  double attn_fwd(bool flash, std::int64_t bh, std::int64_t T, std::int64_t hs) const {
+    if (rec_) return rec_->attention.emplace_back(flash, bh, T, hs), 1e-9;
+    if (cal_) return cal_->attention_forward_s(flash, bh, T, hs);
+    // q k^T and p v over the causal half (flash kernels skip the masked blocks).
+    const double flops = 4.0 * static_cast<double>(bh) * T * T * hs * (flash ? 0.5 : 1.0);
+    return flops / (c_.hw.peak_tflops * 1e12 * c_.hw.attention_efficiency);
+  }
+  double attn_bwd(bool flash, std::int64_t bh, std::int64_t T, std::int64_t hs) const {
+    if (rec_) return rec_->attention.emplace_back(flash, bh, T, hs), 1e-9;
+    if (cal_) return cal_->attention_backward_s(flash, bh, T, hs);
+    return 2.5 * attn_fwd(flash, bh, T, hs);  // two GEMMs per forward one, plus the recompute
+  }
+  double ew(Ew kind, double elements) const {
+    if (cal_) {
+      switch (kind) {
+        case Ew::kLnFwd:
+          return cal_->layernorm_fwd.at(elements);
+        case Ew::kLnBwd:
+          return cal_->layernorm_bwd.at(elements);
+        case Ew::kGeluFwd:
+          return cal_->bias_gelu_fwd.at(elements);
+        case Ew::kGeluBwd:
+          return cal_->bias_gelu_bwd.at(elements);
+        case Ew::kAdd:
+          return cal_->add.at(elements);
+        case Ew::kCrossEntropy:
+          return cal_->cross_entropy.at(elements);
+        case Ew::kEmbedding:
+          return cal_->embedding.at(elements);
+      }
+    }
+    // Bytes moved per element: reads and writes of the kernel.
+    double passes = 2;
+    double bytes = act_bytes_;
+    switch (kind) {
+      case Ew::kLnFwd:
+        passes = 2;
+        break;
+      case Ew::kLnBwd:
+        passes = 4;
+        break;
+      case Ew::kGeluFwd:
+        passes = 2;
+        break;
+      case Ew::kGeluBwd:
+        passes = 3;
+        break;
+      case Ew::kAdd:
+        passes = 3;
+        break;
+      case Ew::kCrossEntropy:
+        passes = 3, bytes = 4;
+        break;  // FP32 logits
+      case Ew::kEmbedding:
+        passes = 2;
+        break;
+    }
+    return passes * bytes * elements / (c_.hw.memory_bw * c_.hw.bandwidth_efficiency) + 3e-6;
+  }
+  // AdamW over n elements and the reads of the gradient norm and zeroing over n_grad.
+  double optimizer(double n, double n_grad, bool bf16) const {
+    if (cal_) return cal_->adamw.at(n) + 2 * cal_->add.at(n_grad) + (bf16 ? cal_->add.at(n) : 0);
+    const double bytes = 28.0 * n + 8.0 * n_grad + (bf16 ? 6.0 * n : 0.0);
+    return bytes / (c_.hw.memory_bw * c_.hw.bandwidth_efficiency);
+  }
+
+  // Ring collectives over a group of n ranks (`across_nodes`: the group spans nodes).
+  double link_bw(bool across_nodes) const {
+    if (c_.hw.is_cpu) return c_.hw.intra_bw;
+    return (across_nodes ? c_.hw.inter_bw : c_.hw.intra_bw) * c_.hw.comm_efficiency;
+  }
+  double latency(bool across_nodes) const {
+    return across_nodes ? c_.hw.inter_latency : c_.hw.intra_latency;
+  }
+  double all_reduce(double bytes, int n, bool across) const {
+    if (n <= 1) return 0;
+    return 2.0 * (n - 1) / n * bytes / link_bw(across) + 2.0 * (n - 1) * latency(across);
+  }
+  double all_gather(double bytes, int n, bool across) const {  // bytes: the gathered total
+    if (n <= 1) return 0;
+    return static_cast<double>(n - 1) / n * bytes / link_bw(across) + (n - 1) * latency(across);
+  }
+  double p2p(double bytes, bool across) const { return bytes / link_bw(across) + latency(across); }
+
+ private:
+  double gpu_gemm(std::int64_t m, std::int64_t k, std::int64_t n) const {
+    const double h = c_.hw.gemm_half_size;
+    auto sat = [h](double x) { return x / (x + h); };
+    const double eff = c_.hw.gemm_efficiency * sat(static_cast<double>(m)) *
+                       sat(static_cast<double>(n)) * sat(static_cast<double>(k));
+    return 2.0 * static_cast<double>(m) * k * n / (c_.hw.peak_tflops * 1e12 * eff) + 4e-6;
+  }
+
+  const Cluster& c_;
+  const Calibration* cal_;
+  KernelShapes* rec_;
+  double act_bytes_ = 4;
+};
+
+struct Pass {  // one micro-batch through one chunk
+  double gemm = 0, attn = 0, ew = 0, tp = 0;
+  double compute() const { return gemm + attn + ew; }
+  Pass& operator+=(const Pass& o) {
+    gemm += o.gemm, attn += o.attn, ew += o.ew, tp += o.tp;
+    return *this;
+  }
+};
+
+struct ChunkCost {
+  Pass fwd, bwd, recompute;
+};
+
+ChunkCost chunk_cost(const train::TrainConfig& cfg, const model::ModelShard& shard, const Costs& k,
+                     bool tp_across) {
+  const model::ModelConfig& mc = cfg.model;
+  const int tp = shard.tp_size;
+  const bool sp = shard.sequence_parallel && tp > 1;
+  const std::int64_t B = cfg.micro_batch_size, T = mc.seq_length, rows = B * T;
+  const std::int64_t C = mc.hidden_size, Cl = C / tp, Fl = mc.ffn() / tp;
+  const std::int64_t NHl = mc.num_attention_heads / tp, HS = mc.head_dim();
+  const std::int64_t R = sp ? rows / tp : rows;
+  const std::int64_t Vl = mc.padded_vocab_size(tp) / tp;
+  const bool flash = mc.flash_attention();
+  const double act = k.act_bytes();
+  const double full_bytes = static_cast<double>(rows * C) * act;
+  // The two collectives of a tensor-parallel region each way: all-reduce, or with SP an
+  // all-gather plus a reduce-scatter (each moving (tp-1)/tp of the full rows).
+  const double region = tp <= 1 ? 0
+                        : sp    ? 2 * k.all_gather(full_bytes, tp, tp_across)
+                                : k.all_reduce(full_bytes, tp, tp_across);
+  const double drop = mc.hidden_dropout > 0 ? 1 : 0;
+
+  Pass lf;  // one layer forward
+  lf.ew = 2 * k.ew(Ew::kLnFwd, static_cast<double>(R * C)) +
+          (2 + 2 * drop) * k.ew(Ew::kAdd, static_cast<double>(R * C)) +
+          k.ew(Ew::kGeluFwd, static_cast<double>(rows * Fl));
+  lf.gemm = k.gemm_fwd(rows, C, 3 * Cl) + k.gemm_fwd(rows, Cl, C) + k.gemm_fwd(rows, C, Fl) +
+            k.gemm_fwd(rows, Fl, C);
+  lf.attn = k.attn_fwd(flash, B * NHl, T, HS);
+  lf.tp = 2 * region;
+  Pass lb;  // one layer backward
+  lb.ew = 2 * k.ew(Ew::kLnBwd, static_cast<double>(R * C)) +
+          (2 + 2 * drop) * k.ew(Ew::kAdd, static_cast<double>(R * C)) +
+          k.ew(Ew::kGeluBwd, static_cast<double>(rows * Fl));
+  lb.gemm = k.gemm_bwd(rows, C, 3 * Cl) + k.gemm_bwd(rows, Cl, C) + k.gemm_bwd(rows, C, Fl) +
+            k.gemm_bwd(rows, Fl, C);
+  lb.attn = k.attn_bwd(flash, B * NHl, T, HS);
+  lb.tp = 2 * region;
+
+  ChunkCost cc;
+  const std::int64_t L = shard.layers(mc);
+  for (std::int64_t l = 0; l < L; ++l) {
+    cc.fwd += lf;
+    cc.bwd += lb;
+    if (mc.recomputes(l)) {
+      cc.recompute += lf;
+    } else if (mc.recompute == model::Recompute::kSelective && !flash) {
+      Pass a;
+      a.attn = k.attn_fwd(false, B * NHl, T, HS);
+      cc.recompute += a;
+    }
+  }
+  if (shard.has_embedding) {
+    Pass e;
+    e.ew = k.ew(Ew::kEmbedding, static_cast<double>(rows * C)) +
+           (mc.embed_layernorm ? k.ew(Ew::kLnFwd, static_cast<double>(rows * C)) : 0);
+    cc.fwd += e;
+    Pass eb;
+    eb.ew = k.ew(Ew::kEmbedding, static_cast<double>(rows * C)) +
+            (mc.embed_layernorm ? k.ew(Ew::kLnBwd, static_cast<double>(rows * C)) : 0);
+    eb.tp = tp > 1 ? k.all_reduce(full_bytes, tp, tp_across) : 0;  // vocab-parallel embedding
+    cc.bwd += eb;
+    cc.fwd.tp += tp > 1 ? k.all_reduce(full_bytes, tp, tp_across) : 0;
+  }
+  if (shard.has_head) {
+    Pass h;
+    h.ew = k.ew(Ew::kLnFwd, static_cast<double>(R * C)) +
+           k.ew(Ew::kCrossEntropy, static_cast<double>(rows * Vl));
+    h.gemm = k.gemm_fwd(rows, C, Vl);
+    // SP gathers the final LayerNorm output; the vocab-parallel loss reduces three row stats.
+    h.tp = (sp ? k.all_gather(full_bytes, tp, tp_across) : 0) +
+           (tp > 1 ? 2 * k.all_reduce(static_cast<double>(rows) * 4 * 1.5, tp, tp_across) : 0);
+    cc.fwd += h;
+    Pass hb;
+    hb.ew = k.ew(Ew::kLnBwd, static_cast<double>(R * C));
+    hb.gemm = k.gemm_bwd(rows, C, Vl);
+    hb.tp = tp > 1 ? (sp ? k.all_gather(full_bytes, tp, tp_across)
+                         : k.all_reduce(full_bytes, tp, tp_across))
+                   : 0;
+    cc.bwd += hb;
+  }
+  return cc;
+}
+
+}  // namespace
+
+namespace {
+TimeBreakdown predict(const train::TrainConfig& cfg, const Cluster& cluster, KernelShapes* rec);
+}  // namespace
+
+TimeBreakdown predict_time(const train::TrainConfig& cfg, const Cluster& cluster) {
+  TRIDENT_CHECK(!cluster.hw.is_cpu || cluster.calibration.has_value(),
+                "--gpu cpu needs a calibration: run trident plan --gpu cpu --calibrate first");
+  return predict(cfg, cluster, nullptr);
+}
+
+KernelShapes kernel_shapes(const train::TrainConfig& cfg, const Cluster& cluster) {
+  KernelShapes shapes;
+  Cluster c = cluster;
+  c.calibration.reset();
+  if (c.hw.memory_bw <= 0) c.hw.memory_bw = 1e9;  // element-wise costs are not needed here
+  if (c.hw.intra_bw <= 0) c.hw.intra_bw = c.hw.inter_bw = 1e9;
+  predict(cfg, c, &shapes);
+  std::sort(shapes.linear.begin(), shapes.linear.end());
+  shapes.linear.erase(std::unique(shapes.linear.begin(), shapes.linear.end()), shapes.linear.end());
+  std::sort(shapes.attention.begin(), shapes.attention.end());
+  shapes.attention.erase(std::unique(shapes.attention.begin(), shapes.attention.end()),
+                         shapes.attention.end());
+  return shapes;
+}
+
+namespace {
+TimeBreakdown predict(const train::TrainConfig& cfg, const Cluster& cluster, KernelShapes* rec) {
+  const Hardware& hw = cluster.hw;
+  const Costs k(cluster, rec);
+  const model::ModelConfig& mc = cfg.model;
+  const int world = cluster.num_gpus;
+  const int tp = cfg.tensor_model_parallel_size, pp = cfg.pipeline_model_parallel_size;
+  const int dp = cfg.data_parallel_size(world);
+  const int v = cfg.virtual_pipeline_chunks();
+  const int g = hw.gpus_per_node;
+  const bool tp_across = tp > g;
+  const bool dp_across = static_cast<std::int64_t>(tp) * dp > g;
+  const bool pp_across = static_cast<std::int64_t>(tp) * dp >= g;
+  const std::int64_t m = cfg.num_micro_batches(world);
+  const train::PipelineSplit split{.pp_size = pp,
+                                   .num_chunks = v,
+                                   .first_stage_layers = cfg.decoder_first_pipeline_num_layers,
+                                   .last_stage_layers = cfg.decoder_last_pipeline_num_layers};
+  const std::int64_t rows_local =
+      cfg.micro_batch_size * mc.seq_length / (cfg.sequence_parallel && tp > 1 ? tp : 1);
+  const double p2p_bytes = static_cast<double>(rows_local * mc.hidden_size) * k.act_bytes();
+
+  struct Stage {
+    double fwd = 0, bwd = 0, rec = 0, gemm = 0, attn = 0, ew = 0, tp = 0, p2p = 0;
+    double per_micro() const { return fwd + bwd + rec + tp + p2p; }
+    std::int64_t numel = 0;
+    double embed_bytes = 0;
+  };
+  std::vector<Stage> stages;
+  for (int s = 0; s < pp; ++s) {
+    const train::RankModel rm(mc, split, tp, 0, s, cfg.sequence_parallel);
+    Stage st;
+    st.numel = rm.total_numel();
+    for (std::size_t c = 0; c < rm.chunks().size(); ++c) {
+      const model::ModelShard& sh = rm.chunks()[c].shard;
+      const ChunkCost cc = chunk_cost(cfg, sh, k, tp_across);
+      st.fwd += cc.fwd.compute();
+      st.bwd += cc.bwd.compute();
+      st.rec += cc.recompute.compute();
+      st.gemm += cc.fwd.gemm + cc.bwd.gemm + cc.recompute.gemm;
+      st.attn += cc.fwd.attn + cc.bwd.attn + cc.recompute.attn;
+      st.ew += cc.fwd.ew + cc.bwd.ew + cc.recompute.ew;
+      st.tp += cc.fwd.tp + cc.bwd.tp + cc.recompute.tp;
+      const int u = static_cast<int>(c) * pp + s;
+      if (u > 0) st.p2p += k.p2p(p2p_bytes, pp_across);           // receive the input
+      if (u < pp * v - 1) st.p2p += k.p2p(p2p_bytes, pp_across);  // receive its gradient
+      if ((sh.has_embedding || sh.has_head) && pp > 1) {
+        st.embed_bytes = static_cast<double>(mc.padded_vocab_size(tp) / tp * mc.hidden_size) * 4;
+      }
+    }
+    stages.push_back(st);
+  }
+  std::size_t worst = 0;
+  double sum = 0;
+  for (std::size_t s = 0; s < stages.size(); ++s) {
+    sum += stages[s].per_micro();
+    if (stages[s].per_micro() > stages[worst].per_micro()) worst = s;
+  }
+  const Stage& w = stages[worst];
+  TimeBreakdown t;
+  t.micro_batches = m;
+  const double md = static_cast<double>(m);
+  t.forward = md * w.fwd;
+  t.backward = md * w.bwd;
+  t.recompute = md * w.rec;
+  t.gemm = md * w.gemm;
+  t.attention = md * w.attn;
+  t.elementwise = md * w.ew;
+  t.tp_comm = md * w.tp;
+  t.pp_comm = md * w.p2p;
+  // Fill and drain: every other stage's share of one micro-batch, spread over v chunks.
+  t.bubble = (sum - w.per_micro()) / v;
+  const double pipe = md * w.per_micro() + t.bubble;
+
+  // Data-parallel / ZeRO traffic of the largest stage's buffer (FP32 gradients and weights).
+  double max_numel = 0, embed_bytes = 0;
+  for (const Stage& s : stages) {
+    max_numel = std::max(max_numel, static_cast<double>(s.numel));
+    embed_bytes = std::max(embed_bytes, s.embed_bytes);
+  }
+  const double bytes = 4.0 * max_numel;
+  const double rs = k.all_gather(bytes, dp, dp_across);  // reduce-scatter costs the same
+  const int stage_z = cfg.zero_stage;
+  double window = 0;  // backward compute the reduction can run under
+  const double one_bwd = w.bwd + w.rec;
+  const std::int64_t buckets =
+      std::max<std::int64_t>(1, static_cast<std::int64_t>(max_numel) / cfg.ddp_bucket_size);
+  switch (stage_z) {
+    case 0:
+      t.dp_comm = k.all_reduce(bytes, dp, dp_across) +
+                  (buckets - 1) * 2.0 * (dp - 1) * k.latency(dp_across);
+      window = one_bwd;
+      break;
+    case 1:
+      t.dp_comm = 2 * rs;
+      window = one_bwd;
+      break;
+    case 2:
+      t.dp_comm = (md + 1) * rs;
+      window = md * one_bwd;
+      break;
+    default:
+      t.dp_comm = 3 * md * rs;
+      window = md * (w.fwd + one_bwd);
+  }
+  if (dp <= 1) t.dp_comm = 0;
+  // On the CPU the MPI library moves data only inside its calls: nothing overlaps.
+  if (hw.is_cpu) window = 0;
+  const double tail = t.dp_comm / static_cast<double>(buckets + 1);  // the last piece is exposed
+  t.dp_exposed = std::max(tail, t.dp_comm - window);
+  // The tied embedding's gradient is summed over the first and last stage.
+  if (pp > 1) t.dp_exposed += k.all_reduce(embed_bytes, 2, pp_across || dp_across);
+  const double n_opt = stage_z == 0 ? max_numel : max_numel / dp;
+  t.optimizer = k.optimizer(n_opt, stage_z >= 2 ? max_numel / dp : max_numel, cfg.bf16);
+  t.iteration = pipe + t.dp_exposed + t.optimizer;
+
+  if (hw.is_cpu && cluster.calibration) {
+    // Ranks share the cores: the total work over all ranks bounds the iteration from below.
+    const double cores = cluster.calibration->cores;
+    const double threads = static_cast<double>(world) * cluster.threads_per_rank;
+    if (threads > cores) {
+      double work = 0;
+      for (const Stage& s : stages) work += md * (s.fwd + s.bwd + s.rec) + t.optimizer;
+      work *= static_cast<double>(tp) * dp * cluster.threads_per_rank / cores;
+      const double shared = work + t.tp_comm + t.pp_comm + t.dp_exposed;
+      if (shared > t.iteration) {
+        t.oversubscription = shared - t.iteration;
+        t.iteration = shared;
+      }
+    }
+  }
+  const std::int64_t tokens = cfg.global_batch_size * mc.seq_length;
+  t.model_flops = mc.flops_per_iteration(tokens);
+  t.tflops_per_gpu = t.model_flops / t.iteration / world / 1e12;
+  const double peak =
+      hw.is_cpu && cluster.calibration ? cluster.calibration->peak_tflops : hw.peak_tflops;
+  t.mfu = t.tflops_per_gpu / peak;
+  t.tokens_per_s = static_cast<double>(tokens) / t.iteration;
+  return t;
+}
+
+}  // namespace
+
+TrainingEstimate estimate_training(const TimeBreakdown& t, const Cluster& c, double tokens) {
+  TrainingEstimate e;
+  e.tokens = tokens;
+  e.seconds = tokens / t.tokens_per_s;
+  e.gpu_hours = e.seconds / 3600.0 * c.num_gpus;
+  return e;
+}
+
+}  // namespace trident::plan

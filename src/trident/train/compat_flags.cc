@@ -1,0 +1,322 @@
+#include "trident/train/compat_flags.h"
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <cmath>
+#include <limits>
+#include <map>
+
+#include "trident/core/error.h"
+#include "trident/train/train_config.h"
+
+namespace trident::train {
+
+namespace {
+
+using core::str;
+
+constexpr CompatFlag kTable[] = {
+#include "trident/train/megatron_flags_table.inc"
+};
+
+std::string joined(const std::vector<std::string>& v) {
+  std::string s;
+  for (const std::string& x : v) s += (s.empty() ? "" : " ") + x;
+  return s;
+}
+
+std::string one(const std::string& flag, const std::vector<std::string>& v) {
+  TRIDENT_CHECK(v.size() == 1, flag, " takes one value, got '", joined(v), "'");
+  return v[0];
+}
+
+std::int64_t to_int(const std::string& flag, const std::vector<std::string>& v) {
+  const std::string s = strip_digit_underscores(one(flag, v));
+  std::size_t pos = 0;
+  std::int64_t x = 0;
+  try {
+    x = std::stoll(s, &pos);
+  } catch (const std::exception&) {
+    pos = 0;
+  }
+  TRIDENT_CHECK(pos == s.size() && !s.empty(), flag, ": '", s, "' is not an integer");
+  return x;
+}
+
+double to_double(const std::string& flag, const std::vector<std::string>& v) {
+  const std::string s = strip_digit_underscores(one(flag, v));
+  std::size_t pos = 0;
+  double x = 0;
+  try {
+    x = std::stod(s, &pos);
+  } catch (const std::exception&) {
+    pos = 0;
+  }
+  TRIDENT_CHECK(pos == s.size() && !s.empty(), flag, ": '", s, "' is not a number");
+  return x;
+}
+
+[[noreturn]] void refuse(const CompatFlag& f, const std::vector<std::string>& v) {
+  throw core::InvalidArgument(str(f.name, v.empty() ? "" : " ", joined(v),
+                                  ": not supported by trident (", f.note,
+                                  "); remove it from the launch script. See docs/flags.md"));
+}
+
+// Refused flags that are accepted with the value that says what trident does anyway.
+bool accepted_value(const TrainConfig& c, std::string_view name,
+                    const std::vector<std::string>& v) {
+  auto is = [&](std::initializer_list<const char*> ok) {
+    if (v.size() != 1) return false;
+    for (const char* o : ok)
+      if (v[0] == o) return true;
+    return false;
+  };
+  auto is_num = [&](double want) {
+    if (v.size() != 1) return false;
+    try {
+      return std::stod(strip_digit_underscores(v[0])) == want;
+    } catch (const std::exception&) {
+      return false;
+    }
+  };
+  if (name == "--data-impl") return is({"mmap", "infer"});
+  if (name == "--normalization") return is({"LayerNorm"});
+  if (name == "--softmax-type") return is({"vanilla"});
+  if (name == "--remote-device") return is({"none"});
+  if (name == "--mlp-type") return is({"standard"});
+  if (name == "--recompute-modules") return is({"core_attn"});
+  if (name == "--weight-decay-incr-style" || name == "--wd-incr-style") return is({"constant"});
+  if (name == "--main-grads-dtype" || name == "--main-params-dtype" || name == "--exp-avg-dtype" ||
+      name == "--exp-avg-sq-dtype")
+    return is({"fp32"});
+  if (name == "--context-parallel-size" || name == "--ds-sequence-parallel-size" ||
+      name == "--expert-model-parallel-size" || name == "--expert-tensor-parallel-size" ||
+      name == "--moe-expert-parallel-size" || name == "--num-distributed-optimizer-instances")
+    return is_num(1);
+  if (name == "--num-experts") return is_num(0) || is_num(1);
+  if (name == "--sample-rate") return is_num(1.0);
+  if (name == "--start-weight-decay" || name == "--end-weight-decay" || name == "--start-wd" ||
+      name == "--end-wd")
+    return is_num(c.adamw.weight_decay);
+  if (name == "--kv-channels") {
+    return c.model.num_attention_heads > 0 &&
+           is_num(static_cast<double>(c.model.hidden_size / c.model.num_attention_heads)) &&
+           c.model.hidden_size % c.model.num_attention_heads == 0;
+  }
+  if (name == "--microbatch-group-size-per-virtual-pipeline-stage")
+    return is_num(c.pipeline_model_parallel_size);
+  return false;
+}
+
+void apply_mapped(TrainConfig& c, const CompatFlag& f, const std::vector<std::string>& v) {
+  const std::string n(f.name);
+  if (n == "--checkpoint-activations") {
+    c.recompute_granularity = "full";
+    c.recompute_method = "uniform";
+    c.model.recompute_num_layers = 1;
+  } else if (n == "--recompute-activations") {
+    c.recompute_granularity = "selective";
+  } else if (n == "--activations-checkpoint-method" || n == "--checkpoint-method") {
+    c.recompute_method = one(n, v);
+  } else if (n == "--activations-checkpoint-num-layers" || n == "--checkpoint-num-layers") {
+    c.model.recompute_num_layers = to_int(n, v);
+  } else if (n == "--checkpoint-granularity") {
+    c.recompute_granularity = one(n, v);
+  } else if (n == "--optimizer") {
+    const std::string o = one(n, v);
+    TRIDENT_CHECK(o == "adam" || o == "adamw", "--optimizer ", o,
+                  ": trident has AdamW only (Megatron's --optimizer adam is AdamW); use adam");
+  } else if (n == "--override-lr-scheduler" || n == "--override-opt_param-scheduler" ||
+             n == "--override-opt-param-scheduler" || n == "--no-load-lr-state") {
+    // trident's schedule always comes from the flags.
+  } else if (n == "--no-pipeline-parallel") {
+    c.no_pipeline_parallel = true;
+  } else if (n == "--model-parallel-size") {
+    c.tensor_model_parallel_size = static_cast<int>(to_int(n, v));
+  } else if (n == "--batch-size") {
+    c.micro_batch_size = to_int(n, v);
+  } else if (n == "--warmup") {
+    c.lr_warmup_fraction = to_double(n, v);
+  } else if (n == "--dataloader_type") {
+    c.dataloader_type = one(n, v);
+  } else if (n == "--min-scale") {
+    c.min_loss_scale = to_double(n, v);
+  } else if (n == "--virtual-pipeline-model-parallel-size" ||
+             n == "--num-virtual-stages-per-pipeline-rank") {
+    c.virtual_pipeline_model_parallel_size = to_int(n, v);
+  } else if (n == "--distributed-timeout-minutes") {
+    c.comm_timeout = 60.0 * to_double(n, v);
+  } else if (n == "--deepscale") {
+    c.deepspeed = true;
+  } else if (n == "--deepscale_config") {
+    c.deepspeed_config = one(n, v);
+  } else if (n == "--zero-reduce-bucket-size" || n == "--zero-allgather-bucket-size") {
+    c.ddp_bucket_size = to_int(n, v);
+  } else if (n == "--pp-partition-method") {
+    const std::string m = one(n, v);
+    if (m != "type:transformer") {
+      c.warnings.push_back(str(n, " ", m,
+                               ": trident splits the transformer layers evenly over the stages "
+                               "(type:transformer; use --decoder-first/last-pipeline-num-layers "
+                               "to move layers)"));
+    }
+  } else if (n == "--kill-switch-file") {
+    c.kill_switch_path = one(n, v);
+  } else if (n == "--exit-signal-handler-for-training") {
+    c.exit_signal_handler = true;
+  } else if (n == "--exit-signal") {
+    const std::string sig = one(n, v);
+    if (sig != "SIGTERM" && sig != "SIGUSR1" && sig != "signal.SIGTERM" &&
+        sig != "signal.SIGUSR1") {
+      c.warnings.push_back(str(n, " ", sig,
+                               ": trident's --exit-signal-handler catches SIGTERM and SIGUSR1 "
+                               "only; send one of those"));
+    }
+  } else if (n == "--norm-epsilon") {
+    c.model.layernorm_epsilon = static_cast<float>(to_double(n, v));
+  } else if (n == "--decoder-num-layers") {
+    c.model.num_layers = to_int(n, v);
+  } else if (n == "--use-flash-attn-v1" || n == "--use-flash-attn-v2" ||
+             n == "--use-flash-attn-triton" || n == "--use-flash-attn-builder") {
+    c.model.use_flash_attention = true;
+  } else if (n == "--exit-on-missing-checkpoint") {
+    c.exit_on_missing_checkpoint = true;
+  } else {
+    throw core::Error(str("internal: mapped flag ", n, " has no mapping"));
+  }
+}
+
+}  // namespace
+
+const char* flag_status_name(FlagStatus s) {
+  switch (s) {
+    case FlagStatus::kImplemented:
+      return "implemented";
+    case FlagStatus::kMapped:
+      return "mapped";
+    case FlagStatus::kNoOp:
+      return "no-op";
+    case FlagStatus::kRefused:
+      return "refused";
+  }
+  return "?";
+}
+
+std::span<const CompatFlag> megatron_flag_table() { return kTable; }
+
+const CompatFlag* find_compat_flag(std::string_view name) {
+  for (const CompatFlag& f : kTable)
+    if (f.name == name) return &f;
+  return nullptr;
+}
+
+std::string strip_digit_underscores(const std::string& s) {
+  if (s.find('_') == std::string::npos) return s;
+  for (char ch : s) {
+    if (!std::isdigit(static_cast<unsigned char>(ch)) && ch != '_' && ch != '.' && ch != 'e' &&
+        ch != 'E' && ch != '+' && ch != '-')
+      return s;
+  }
+  std::string out;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '_') {
+      const bool between = i > 0 && i + 1 < s.size() &&
+                           std::isdigit(static_cast<unsigned char>(s[i - 1])) &&
+                           std::isdigit(static_cast<unsigned char>(s[i + 1]));
+      if (!between) return s;  // Python refuses it too; let the parser report it
+      continue;
+    }
+    out += s[i];
+  }
+  return out;
+}
+
+void add_compat_options(CLI::App& app, TrainConfig& cfg) {
+  for (const CompatFlag& f : kTable) {
+    if (f.status == FlagStatus::kImplemented) continue;
+    const std::string name(f.name);
+    // A flag another part of trident registered itself (implemented there) wins.
+    if (app.get_option_no_throw(name) != nullptr) continue;
+    const std::string help = str("[", flag_status_name(f.status), "] ", f.meaning, ": ", f.note);
+    auto store = [&cfg, name](const std::vector<std::string>& v) { cfg.compat[name] = v; };
+    CLI::Option* o = nullptr;
+    if (f.values == 0) {
+      o = app.add_flag_callback(
+          name, [&cfg, name] { cfg.compat[name] = {}; }, help);
+    } else {
+      o = app.add_option_function<std::vector<std::string>>(name, store, help);
+      constexpr int kMany = CLI::detail::expected_max_vector_size;
+      switch (f.values) {
+        case -1:
+          o->expected(1, kMany);
+          break;
+        case -2:
+          o->expected(0, kMany);
+          break;
+        case -3:
+          o->expected(0, 1);
+          break;
+        default:
+          o->expected(f.values);
+      }
+      o->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+    }
+    o->group("Megatron / DeepSpeed compatibility (docs/flags.md)");
+  }
+}
+
+void apply_compat_flags(TrainConfig& cfg) {
+  // Refusals first, so that a refused flag is reported even next to a warning.
+  for (const auto& [name, v] : cfg.compat) {
+    const CompatFlag* f = find_compat_flag(name);
+    TRIDENT_CHECK(f != nullptr, "internal: unknown compatibility flag ", name);
+    if (f->status == FlagStatus::kRefused && !accepted_value(cfg, name, v)) refuse(*f, v);
+  }
+  for (const auto& [name, v] : cfg.compat) {
+    const CompatFlag* f = find_compat_flag(name);
+    if (f->status == FlagStatus::kMapped) apply_mapped(cfg, *f, v);
+    if (f->status == FlagStatus::kNoOp) {
+      cfg.warnings.push_back(str(name, v.empty() ? "" : " ", joined(v),
+                                 ": accepted, no effect in trident (", f->note, ")"));
+    }
+  }
+}
+
+std::string flag_table_markdown() {
+  std::map<FlagStatus, int> count;
+  for (const CompatFlag& f : kTable) ++count[f.status];
+  std::string s =
+      "# Megatron-LM / Megatron-DeepSpeed / DeepSpeed flags in `trident train`\n\n"
+      "Every argument that `pretrain_gpt.py` of Megatron-LM (every revision of "
+      "`megatron/arguments.py` and `megatron/training/arguments.py`, 2021-2026) and of "
+      "Megatron-DeepSpeed (microsoft and bigscience-workshop forks) accepts, and DeepSpeed's "
+      "launcher arguments, with what trident does with it:\n\n"
+      "- **implemented**: a trident flag of the same name and meaning "
+      "(`trident train --help`);\n"
+      "- **mapped**: translated into trident's settings as the note says;\n"
+      "- **no-op**: accepted, no effect on what trident computes; one warning line at start-up "
+      "names it;\n"
+      "- **refused**: an error giving the reason (for some, the value that says what trident "
+      "does anyway is accepted, as the note says).\n\n"
+      "Integers may be written with `_` (`9_765_625`), as Python accepts them. This file is "
+      "generated: `trident train --print-flag-table > docs/flags.md` (a test compares them).\n\n";
+  s += str("Counts: ", kTable[0].name.empty() ? 0 : static_cast<int>(std::size(kTable)),
+           " flags: ", count[FlagStatus::kImplemented], " implemented, ",
+           count[FlagStatus::kMapped], " mapped, ", count[FlagStatus::kNoOp], " no-op, ",
+           count[FlagStatus::kRefused], " refused.\n\n");
+  s += "| flag | values | meaning | status | trident |\n|---|---|---|---|---|\n";
+  for (const CompatFlag& f : kTable) {
+    const std::string values = f.values == 0    ? "-"
+                               : f.values == -1 ? "1+"
+                               : f.values == -2 ? "0+"
+                               : f.values == -3 ? "0-1"
+                                                : str(f.values);
+    s += str("| `", f.name, "` | ", values, " | ", f.meaning, " | ", flag_status_name(f.status),
+             " | ", f.note, " |\n");
+  }
+  return s;
+}
+
+}  // namespace trident::train

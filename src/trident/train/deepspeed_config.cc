@@ -1,0 +1,272 @@
+#include "trident/train/deepspeed_config.h"
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "trident/core/error.h"
+#include "trident/train/train_config.h"
+
+namespace trident::train {
+
+namespace {
+
+using core::str;
+using nlohmann::json;
+
+struct Reader {
+  TrainConfig& c;
+  std::string src;
+
+  std::string where(const std::string& key) const { return str(src, ": \"", key, "\""); }
+
+  double number(const json& j, const std::string& key) const {
+    if (j.is_string() && j.get<std::string>() == "auto") {
+      throw core::InvalidArgument(str(where(key),
+                                      " is \"auto\": only the Hugging Face "
+                                      "integration fills those in; give the number"));
+    }
+    TRIDENT_CHECK(j.is_number() || j.is_boolean(), where(key), " must be a number, got ", j.dump());
+    return j.get<double>();
+  }
+  std::int64_t integer(const json& j, const std::string& key) const {
+    const double v = number(j, key);
+    TRIDENT_CHECK(v == std::floor(v), where(key), " must be an integer, got ", j.dump());
+    return static_cast<std::int64_t>(v);
+  }
+  bool boolean(const json& j, const std::string& key) const {
+    TRIDENT_CHECK(j.is_boolean(), where(key), " must be true or false, got ", j.dump());
+    return j.get<bool>();
+  }
+  void ignored(const std::string& key, const json& v, const std::string& why) {
+    c.warnings.push_back(str(where(key), " = ", v.dump(), ": ignored (", why, ")"));
+  }
+  // A JSON value against a flag: the flag given explicitly with another value is a contradiction.
+  template <class T, class U>
+  void set(T& field, U json_value, const std::string& key, const char* flag) {
+    const T value = static_cast<T>(json_value);
+    if (c.given.contains(flag) && field != value) {
+      throw core::InvalidArgument(str(where(key), " = ", json_value, " contradicts ", flag, " ",
+                                      field, ": make them agree (or drop the flag)"));
+    }
+    field = value;
+  }
+};
+
+}  // namespace
+
+void apply_deepspeed_json(TrainConfig& c, const json& ds, int world_size, const char* source) {
+  TRIDENT_CHECK(ds.is_object(), source, ": the DeepSpeed config must be a JSON object");
+  Reader r{c, source};
+  const int dp = c.data_parallel_size(world_size);
+
+  // Batch sizes: train_batch_size = micro x gradient_accumulation_steps x dp (DeepSpeed derives
+  // the missing one).
+  std::int64_t tbs = 0, mbs = 0, gas = 0;
+  if (ds.contains("train_batch_size")) tbs = r.integer(ds["train_batch_size"], "train_batch_size");
+  if (ds.contains("train_micro_batch_size_per_gpu"))
+    mbs = r.integer(ds["train_micro_batch_size_per_gpu"], "train_micro_batch_size_per_gpu");
+  if (ds.contains("gradient_accumulation_steps"))
+    gas = r.integer(ds["gradient_accumulation_steps"], "gradient_accumulation_steps");
+  if (tbs == 0 && mbs > 0 && gas > 0) tbs = mbs * gas * dp;
+  if (mbs == 0 && tbs > 0 && gas > 0) {
+    TRIDENT_CHECK(tbs % (gas * dp) == 0, r.where("train_batch_size"), " ", tbs,
+                  " is not divisible by gradient_accumulation_steps ", gas, " x data-parallel ",
+                  dp);
+    mbs = tbs / (gas * dp);
+  }
+  if (gas > 0 && mbs > 0 && tbs > 0) {
+    TRIDENT_CHECK(tbs == mbs * gas * dp, source, ": train_batch_size ", tbs,
+                  " != train_micro_batch_size_per_gpu ", mbs, " x gradient_accumulation_steps ",
+                  gas, " x data-parallel size ", dp, " (world ", world_size,
+                  " / (tp x pp)); fix the JSON or the parallel sizes");
+  }
+  if (mbs > 0)
+    r.set(c.micro_batch_size, mbs, "train_micro_batch_size_per_gpu", "--micro-batch-size");
+  if (tbs > 0) r.set(c.global_batch_size, tbs, "train_batch_size", "--global-batch-size");
+
+  if (ds.contains("gradient_clipping")) {
+    const double clip = r.number(ds["gradient_clipping"], "gradient_clipping");
+    r.set(c.adamw.clip_grad, clip, "gradient_clipping", "--clip-grad");
+  } else if (c.adamw.clip_grad > 0) {
+    c.warnings.push_back(str("--clip-grad ", c.adamw.clip_grad, " under --deepspeed: ", source,
+                             " has no \"gradient_clipping\", so DeepSpeed does not clip; "
+                             "trident does the same (clipping off)"));
+    c.adamw.clip_grad = 0;
+  }
+
+  // Precision and DeepSpeed's loss scaler (deepspeed/runtime/fp16/loss_scaler.py defaults).
+  const bool json_fp16 = ds.contains("fp16") && ds["fp16"].value("enabled", false);
+  const bool json_bf16 = (ds.contains("bf16") && ds["bf16"].value("enabled", false)) ||
+                         (ds.contains("bfloat16") && ds["bfloat16"].value("enabled", false));
+  TRIDENT_CHECK(!(json_fp16 && json_bf16), source, ": fp16 and bf16 are both enabled");
+  TRIDENT_CHECK(!(c.bf16 && json_fp16), "--bf16 contradicts ", source,
+                ": \"fp16\": {\"enabled\": true}; make them agree");
+  TRIDENT_CHECK(!(c.fp16 && json_bf16), "--fp16 contradicts ", source,
+                ": \"bf16\": {\"enabled\": true}; make them agree");
+  TRIDENT_CHECK(!c.fp16 || json_fp16, "--fp16 under --deepspeed needs ", source,
+                " to enable it: \"fp16\": {\"enabled\": true}");
+  TRIDENT_CHECK(!c.bf16 || json_bf16 || json_fp16 || !ds.contains("bf16"), "--bf16 contradicts ",
+                source, ": \"bf16\": {\"enabled\": false}");
+  if (json_bf16) c.bf16 = true;
+  if (c.given.contains("--loss-scale")) {
+    c.warnings.push_back(str("--loss-scale ", c.loss_scale,
+                             " ignored under --deepspeed: the loss scale comes from ", source,
+                             " (fp16.loss_scale 0 = dynamic, starting at 2^initial_scale_power)"));
+  }
+  c.loss_scale = 0;
+  if (json_fp16) {
+    c.fp16 = true;
+    const json& f = ds["fp16"];
+    // DeepSpeed's defaults, which replace Megatron's under --deepspeed.
+    c.initial_loss_scale = std::ldexp(1.0, 16);
+    c.loss_scale_window = 1000;
+    c.hysteresis = 2;
+    c.min_loss_scale = 1;
+    for (const auto& [k, v] : f.items()) {
+      const std::string key = "fp16." + k;
+      if (k == "enabled") continue;
+      if (k == "loss_scale") {
+        c.loss_scale = r.number(v, key);
+      } else if (k == "initial_scale_power") {
+        c.initial_loss_scale = std::ldexp(1.0, static_cast<int>(r.integer(v, key)));
+      } else if (k == "loss_scale_window") {
+        c.loss_scale_window = r.integer(v, key);
+      } else if (k == "hysteresis") {
+        c.hysteresis = r.integer(v, key);
+      } else if (k == "min_loss_scale") {
+        c.min_loss_scale = r.number(v, key);
+      } else if (k == "consecutive_hysteresis") {
+        TRIDENT_CHECK(!r.boolean(v, key), r.where(key),
+                      " = true is not supported: trident's hysteresis counts overflows without "
+                      "refilling on clean steps (DeepSpeed's default, false)");
+      } else {
+        r.ignored(key, v, "not read by trident");
+      }
+    }
+  }
+  if (ds.contains("bf16")) {
+    for (const auto& [k, v] : ds["bf16"].items())
+      if (k != "enabled") r.ignored("bf16." + k, v, "not read by trident");
+  }
+
+  if (ds.contains("zero_optimization")) {
+    const json& z = ds["zero_optimization"];
+    TRIDENT_CHECK(z.is_object(), r.where("zero_optimization"), " must be an object");
+    for (const auto& [k, v] : z.items()) {
+      const std::string key = "zero_optimization." + k;
+      if (k == "stage") {
+        r.set(c.zero_stage, static_cast<int>(r.integer(v, key)), key, "--zero-stage");
+      } else if (k == "reduce_bucket_size") {
+        c.ddp_bucket_size = r.integer(v, key);
+      } else if (k == "allgather_bucket_size" || k == "stage3_prefetch_bucket_size" ||
+                 k == "stage3_param_persistence_threshold" || k == "stage3_max_live_parameters" ||
+                 k == "stage3_max_reuse_distance" || k == "sub_group_size") {
+        r.ignored(key, v, "trident gathers parameters in --ddp-bucket-size buckets");
+      } else if (k == "contiguous_gradients" || k == "overlap_comm" || k == "reduce_scatter" ||
+                 k == "allgather_partitions" || k == "round_robin_gradients" ||
+                 k == "stage3_gather_16bit_weights_on_model_save" ||
+                 k == "stage3_gather_fp16_weights_on_model_save" || k == "elastic_checkpoint") {
+        r.ignored(key, v, "trident's ZeRO always works this way or has no such switch");
+      } else if (k == "offload_optimizer" || k == "offload_param" || k == "cpu_offload") {
+        const std::string dev = v.is_object() ? v.value("device", "none")
+                                              : (v.is_boolean() && v.get<bool>() ? "cpu" : "none");
+        TRIDENT_CHECK(dev == "none" || dev == "cpu", r.where(key), " device ", dev,
+                      ": trident has no NVMe offload; use \"cpu\" or \"none\"");
+        r.ignored(key, v, "trident's state is in host memory already");
+      } else {
+        r.ignored(key, v, "not read by trident");
+      }
+    }
+  }
+
+  if (ds.contains("optimizer")) {
+    const json& o = ds["optimizer"];
+    const std::string type = o.value("type", "");
+    TRIDENT_CHECK(type == "Adam" || type == "AdamW" || type == "adam" || type == "adamw" ||
+                      type == "FusedAdam",
+                  r.where("optimizer.type"), " ", type,
+                  ": trident has AdamW only (DeepSpeed's Adam with adam_w_mode true)");
+    if (o.contains("params")) {
+      for (const auto& [k, v] : o["params"].items()) {
+        const std::string key = "optimizer.params." + k;
+        if (k == "betas") {
+          TRIDENT_CHECK(v.is_array() && v.size() == 2, r.where(key), " must be [beta1, beta2]");
+          r.set(c.adamw.beta1, r.number(v[0], key), key, "--adam-beta1");
+          r.set(c.adamw.beta2, r.number(v[1], key), key, "--adam-beta2");
+        } else if (k == "eps") {
+          r.set(c.adamw.eps, r.number(v, key), key, "--adam-eps");
+        } else if (k == "adam_w_mode") {
+          TRIDENT_CHECK(r.boolean(v, key), r.where(key),
+                        " = false (Adam with L2 regularisation) is not supported: trident has "
+                        "AdamW");
+        } else if (k == "lr" || k == "weight_decay") {
+          r.ignored(key, v,
+                    "Megatron's scheduler sets the learning rate and weight decay every step "
+                    "from --lr and --weight-decay");
+        } else {
+          r.ignored(key, v, "not read by trident");
+        }
+      }
+    }
+  }
+  if (ds.contains("scheduler")) {
+    throw core::InvalidArgument(str(r.where("scheduler"),
+                                    ": DeepSpeed versions differ on whether this block or "
+                                    "Megatron's scheduler runs; trident runs Megatron's schedule "
+                                    "from the --lr* flags. Remove the block"));
+  }
+
+  static const std::set<std::string> kHandled = {"train_batch_size",
+                                                 "train_micro_batch_size_per_gpu",
+                                                 "gradient_accumulation_steps",
+                                                 "gradient_clipping",
+                                                 "fp16",
+                                                 "bf16",
+                                                 "bfloat16",
+                                                 "zero_optimization",
+                                                 "optimizer",
+                                                 "scheduler"};
+  for (const auto& [k, v] : ds.items()) {
+    if (kHandled.contains(k)) continue;
+    if (k == "steps_per_print" || k == "wall_clock_breakdown" || k == "tensorboard" ||
+        k == "wandb" || k == "flops_profiler" || k == "comms_logger" || k == "memory_breakdown" ||
+        k == "csv_monitor" || k == "dump_state") {
+      r.ignored(k, v,
+                "DeepSpeed's own logging; trident logs with --log-interval, "
+                "--tensorboard-dir");
+    } else {
+      r.ignored(k, v, "not read by trident");
+    }
+  }
+}
+
+void apply_deepspeed_config(TrainConfig& c, int world_size) {
+  if (!c.deepspeed) {
+    if (!c.deepspeed_config.empty()) {
+      c.warnings.push_back(str("--deepspeed_config ", c.deepspeed_config,
+                               " ignored without --deepspeed (as Megatron-DeepSpeed)"));
+    }
+    return;
+  }
+  TRIDENT_CHECK(!c.deepspeed_config.empty(),
+                "--deepspeed needs --deepspeed_config FILE.json (DeepSpeed's configuration)");
+  std::ifstream in(c.deepspeed_config);
+  TRIDENT_CHECK(in.good(), "--deepspeed_config ", c.deepspeed_config, ": cannot open the file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  json ds;
+  try {
+    ds = json::parse(ss.str());
+  } catch (const json::exception& e) {
+    throw core::InvalidArgument(
+        str("--deepspeed_config ", c.deepspeed_config, ": not valid JSON: ", e.what()));
+  }
+  const std::string src = str("--deepspeed_config ", c.deepspeed_config);
+  apply_deepspeed_json(c, ds, world_size, src.c_str());
+}
+
+}  // namespace trident::train

@@ -1,0 +1,360 @@
+// Megatron / DeepSpeed compatibility: the flag table, old names mapped to their meaning, no-ops
+// warned about by name, refusals with reasons, integers with '_', the DeepSpeed JSON, sample-based
+// schedules, launcher environments and foreign checkpoint directories.
+#include "trident/train/compat_flags.h"
+
+#include <gtest/gtest.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "trident/core/error.h"
+#include "trident/optim/lr_schedule.h"
+#include "trident/train/deepspeed_config.h"
+#include "trident/train/launch_env.h"
+#include "trident/train/metrics.h"
+#include "trident/train/train_config.h"
+
+namespace trident::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Parses `args` as `trident train` does (program name first) and finalizes for `world` ranks.
+TrainConfig parse(std::vector<std::string> args, int world = 1, bool finalize = true) {
+  TrainConfig cfg;
+  CLI::App app;
+  add_train_options(app, cfg);
+  std::vector<const char*> argv = {"train"};
+  for (const std::string& a : args) argv.push_back(a.c_str());
+  app.parse(static_cast<int>(argv.size()), argv.data());
+  record_given_flags(app, cfg);
+  if (finalize) cfg.finalize(world);
+  return cfg;
+}
+
+const std::vector<std::string> kBase = {"--num-layers",          "2",     "--hidden-size", "64",
+                                        "--num-attention-heads", "4",     "--seq-length",  "32",
+                                        "--data-path",           "corpus"};
+
+std::vector<std::string> with(std::vector<std::string> extra) {
+  std::vector<std::string> v = kBase;
+  v.insert(v.end(), extra.begin(), extra.end());
+  return v;
+}
+
+bool warned(const TrainConfig& c, const std::string& what) {
+  return std::any_of(c.warnings.begin(), c.warnings.end(),
+                     [&](const std::string& w) { return w.find(what) != std::string::npos; });
+}
+
+std::string error_of(const std::vector<std::string>& args, int world = 1) {
+  try {
+    parse(args, world);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(CompatFlags, TableIsConsistentWithTheRegisteredFlags) {
+  TrainConfig cfg;
+  CLI::App app;
+  add_train_options(app, cfg);
+  std::set<std::string_view> names;
+  std::map<FlagStatus, int> count;
+  for (const CompatFlag& f : megatron_flag_table()) {
+    EXPECT_TRUE(names.insert(f.name).second) << "twice: " << f.name;
+    ++count[f.status];
+    EXPECT_FALSE(f.meaning.empty()) << f.name;
+    if (f.status != FlagStatus::kImplemented) EXPECT_FALSE(f.note.empty()) << f.name;
+    // Every flag of the table is accepted by `trident train` (implemented ones natively).
+    EXPECT_NO_THROW(app.get_option(std::string(f.name))) << f.name;
+  }
+  // The table is the union of Megatron-LM's pretrain_gpt.py flags 2021-2026 and
+  // Megatron-DeepSpeed's: a thousand and more. Spot-check names from both.
+  EXPECT_GT(names.size(), 1000u);
+  for (const char* n :
+       {"--train-samples", "--rampup-batch-size", "--DDP-impl", "--deepspeed_config",
+        "--pp-partition-method", "--fp8-format", "--num-experts",
+        "--use-rotary-position-embeddings", "--swiglu", "--tensorboard-dir", "--local_rank"}) {
+    EXPECT_TRUE(names.contains(n)) << n;
+  }
+  EXPECT_GT(count[FlagStatus::kImplemented], 80);
+}
+
+TEST(CompatFlags, DocsTableIsTheGeneratedOne) {
+  std::ifstream in("docs/flags.md");
+  ASSERT_TRUE(in.good()) << "docs/flags.md missing (tests run in the source directory)";
+  std::stringstream ss;
+  ss << in.rdbuf();
+  EXPECT_EQ(ss.str(), flag_table_markdown())
+      << "docs/flags.md is stale: build/tools/trident train --print-flag-table > docs/flags.md";
+}
+
+TEST(CompatFlags, OldNamesMapToTheirMeaning) {
+  const TrainConfig c =
+      parse(with({"--checkpoint-activations", "--DDP-impl", "local", "--distributed-backend",
+                  "nccl", "--data-impl", "mmap", "--num-workers", "2", "--optimizer", "adam",
+                  "--override-lr-scheduler", "--model-parallel-size", "1",
+                  "--distributed-timeout-minutes", "2", "--local_rank=0"}));
+  EXPECT_EQ(c.recompute_granularity, "full");
+  EXPECT_EQ(c.recompute_method, "uniform");
+  EXPECT_DOUBLE_EQ(c.comm_timeout, 120.0);
+  // Each no-op gets one warning naming it (and its value).
+  EXPECT_TRUE(warned(c, "--DDP-impl local: accepted, no effect"));
+  EXPECT_TRUE(warned(c, "--distributed-backend nccl"));
+  EXPECT_TRUE(warned(c, "--num-workers 2"));
+  EXPECT_TRUE(warned(c, "--local_rank 0"));
+  EXPECT_FALSE(warned(c, "--data-impl"));  // mmap is what trident reads: nothing to say
+  EXPECT_EQ(std::count_if(c.warnings.begin(), c.warnings.end(),
+                          [](const std::string& w) { return w.find("--DDP-impl") == 0; }),
+            1);
+}
+
+TEST(CompatFlags, RefusedFlagsNameTheReason) {
+  EXPECT_NE(error_of(with({"--swiglu"})).find("trident's MLP is GeLU"), std::string::npos);
+  EXPECT_NE(error_of(with({"--fp8-format", "hybrid"})).find("no FP8"), std::string::npos);
+  EXPECT_NE(error_of(with({"--normalization", "RMSNorm"})).find("LayerNorm only"),
+            std::string::npos);
+  EXPECT_EQ(error_of(with({"--normalization", "LayerNorm"})), "");
+  EXPECT_NE(error_of(with({"--optimizer", "sgd"})).find("AdamW only"), std::string::npos);
+  EXPECT_NE(error_of(with({"--data-impl", "lazy"})).find("--data-impl lazy"), std::string::npos);
+  EXPECT_EQ(error_of(with({"--context-parallel-size", "1"})), "");
+  EXPECT_NE(error_of(with({"--context-parallel-size", "2"})).find("context parallelism"),
+            std::string::npos);
+  EXPECT_EQ(error_of(with({"--kv-channels", "16"})), "");  // 64 / 4
+  EXPECT_NE(error_of(with({"--kv-channels", "32"})), "");
+}
+
+TEST(CompatFlags, IntegersWithUnderscores) {
+  EXPECT_EQ(strip_digit_underscores("9_765_625"), "9765625");
+  EXPECT_EQ(strip_digit_underscores("1_0.5e-3"), "10.5e-3");
+  EXPECT_EQ(strip_digit_underscores("a_b"), "a_b");
+  EXPECT_EQ(strip_digit_underscores("1__0"), "1__0");  // Python refuses it too
+  const TrainConfig c =
+      parse(with({"--train-samples", "1_000", "--global-batch-size", "1_0", "--micro-batch-size",
+                  "2", "--rampup-batch-size", "2", "2", "1_00"}));
+  EXPECT_EQ(c.train_samples, 1000);
+  EXPECT_EQ(c.global_batch_size, 10);
+  EXPECT_EQ(c.rampup_batch_size, (std::vector<std::int64_t>{2, 2, 100}));
+}
+
+TEST(CompatFlags, MegatronDefaults) {
+  const TrainConfig c = parse(kBase);
+  EXPECT_FLOAT_EQ(c.model.hidden_dropout, 0.1f);
+  EXPECT_FLOAT_EQ(c.model.attention_dropout, 0.1f);
+  EXPECT_EQ(c.eval_iters, 100);
+  const std::string table = c.arguments_table();
+  EXPECT_NE(table.find("------------------------ arguments ------------------------"),
+            std::string::npos);
+  EXPECT_TRUE(std::regex_search(table, std::regex(R"(\n  hidden_dropout \.+ 0\.1\n)"))) << table;
+}
+
+TEST(SampleSchedule, TrainSamplesWithRampCountsAsMegatron) {
+  // No ramp: train_samples // global batch.
+  TrainConfig c = parse(with({"--train-samples", "100", "--global-batch-size", "8",
+                              "--micro-batch-size", "1", "--lr-warmup-samples", "10"}));
+  EXPECT_EQ(c.train_iters, 12);
+  EXPECT_DOUBLE_EQ(c.lr_steps.warmup_iters, 10);
+  EXPECT_DOUBLE_EQ(c.lr_steps.decay_iters, 100);
+  // Iterations are converted to samples: warm-up 5 iterations x 8.
+  c = parse(with({"--train-iters", "20", "--global-batch-size", "8", "--micro-batch-size", "1",
+                  "--lr-warmup-iters", "5"}));
+  EXPECT_DOUBLE_EQ(c.lr_steps.warmup_iters, 40);
+  EXPECT_DOUBLE_EQ(c.lr_steps.decay_iters, 160);
+  c = parse(with({"--train-iters", "20", "--global-batch-size", "8", "--micro-batch-size", "1",
+                  "--lr-warmup-fraction", "0.25"}));
+  EXPECT_DOUBLE_EQ(c.lr_steps.warmup_iters, 40);
+  EXPECT_NE(error_of(with({"--train-iters", "20", "--train-samples", "100"})).find("not both"),
+            std::string::npos);
+  EXPECT_NE(error_of(with({"--train-samples", "100", "--lr-warmup-iters", "5"})).find("samples"),
+            std::string::npos);
+}
+
+TEST(SampleSchedule, SkippedStepsDoNotAdvanceTheScheduler) {
+  optim::LrSchedule s{.lr = 1.0, .min_lr = 0.0, .warmup_iters = 10, .decay_iters = 20};
+  optim::MegatronLrScheduler sched({.samples = s});
+  EXPECT_DOUBLE_EQ(sched.lr(), 0.0);
+  sched.step(4, 0);
+  EXPECT_DOUBLE_EQ(sched.lr(), 0.4);
+  // A skipped step: the trainer does not call step(); the rate stays.
+  EXPECT_DOUBLE_EQ(sched.lr(), 0.4);
+  sched.step(6, 0);
+  EXPECT_DOUBLE_EQ(sched.lr(), 1.0);
+  sched.step(5, 0);
+  EXPECT_DOUBLE_EQ(sched.lr(), 0.5);
+}
+
+TEST(DeepSpeedJson, BatchSizesClippingZeroAndTheFp16Scaler) {
+  TrainConfig c = parse(with({"--fp16", "--loss-scale", "12", "--clip-grad", "1.0"}), 4, false);
+  apply_deepspeed_json(c, nlohmann::json::parse(R"({
+      "train_batch_size": 32, "gradient_accumulation_steps": 2,
+      "gradient_clipping": 1.0, "zero_optimization": {"stage": 1, "reduce_bucket_size": 5e8},
+      "fp16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 12,
+               "loss_scale_window": 500, "hysteresis": 2, "min_loss_scale": 1},
+      "optimizer": {"type": "Adam", "params": {"lr": 1e-4, "betas": [0.9, 0.95], "eps": 1e-8}},
+      "steps_per_print": 10, "flops_profiler": {"enabled": false}})"),
+                       4, "ds.json");
+  EXPECT_EQ(c.micro_batch_size, 4);  // 32 / (2 x dp 4)
+  EXPECT_EQ(c.global_batch_size, 32);
+  EXPECT_EQ(c.zero_stage, 1);
+  EXPECT_EQ(c.ddp_bucket_size, 500000000);
+  EXPECT_DOUBLE_EQ(c.initial_loss_scale, 4096.0);
+  EXPECT_EQ(c.loss_scale_window, 500);
+  // --loss-scale 12 under --deepspeed: DeepSpeed's dynamic scale from 2^12, not a static 12.
+  EXPECT_DOUBLE_EQ(c.loss_scale, 0.0);
+  EXPECT_TRUE(warned(c, "--loss-scale 12 ignored under --deepspeed"));
+  EXPECT_FLOAT_EQ(c.adamw.beta2, 0.95f);
+  EXPECT_TRUE(warned(c, "\"steps_per_print\""));
+  EXPECT_TRUE(warned(c, "\"flops_profiler\""));
+  EXPECT_TRUE(warned(c, "\"optimizer.params.lr\""));
+}
+
+TEST(DeepSpeedJson, ContradictionsAreRefused) {
+  auto err = [](std::vector<std::string> flags, const char* json) {
+    TrainConfig c = parse(with(flags), 2, false);
+    try {
+      apply_deepspeed_json(c, nlohmann::json::parse(json), 2, "ds.json");
+    } catch (const core::InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(err({"--global-batch-size", "16"}, R"({"train_batch_size": 32})")
+                .find("contradicts --global-batch-size 16"),
+            std::string::npos);
+  EXPECT_NE(err({"--zero-stage", "2"}, R"({"zero_optimization": {"stage": 1}})")
+                .find("contradicts --zero-stage"),
+            std::string::npos);
+  EXPECT_NE(err({"--bf16"}, R"({"fp16": {"enabled": true}})").find("--bf16 contradicts"),
+            std::string::npos);
+  EXPECT_NE(err({}, R"({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4,
+                        "gradient_accumulation_steps": 4})")
+                .find("!= train_micro_batch_size_per_gpu"),
+            std::string::npos);
+  EXPECT_NE(err({}, R"({"scheduler": {"type": "WarmupLR"}})").find("Remove the block"),
+            std::string::npos);
+  EXPECT_EQ(err({"--global-batch-size", "32"}, R"({"train_batch_size": 32})"), "");
+}
+
+TEST(DeepSpeedJson, ClipGradWithoutGradientClippingIsOff) {
+  TrainConfig c = parse(with({"--clip-grad", "1.0"}), 1, false);
+  apply_deepspeed_json(c, nlohmann::json::parse("{}"), 1, "ds.json");
+  EXPECT_FLOAT_EQ(c.adamw.clip_grad, 0.0f);
+  EXPECT_TRUE(warned(c, "DeepSpeed does not clip"));
+}
+
+const char* fake_env(const char* name) {
+  static const std::map<std::string, const char*> env = {
+      {"WORLD_SIZE", "8"}, {"RANK", "3"}, {"TORCHELASTIC_RUN_ID", "x"}};
+  auto it = env.find(name);
+  return it == env.end() ? nullptr : it->second;
+}
+const char* no_env(const char*) { return nullptr; }
+
+TEST(LaunchEnv, TorchrunEnvironmentAroundAnMpiWorldOfOne) {
+  const std::string msg = launcher_mismatch(1, fake_env);
+  EXPECT_NE(msg.find("torchrun"), std::string::npos);
+  EXPECT_NE(msg.find("mpirun -np 8"), std::string::npos);
+  EXPECT_EQ(launcher_mismatch(8, fake_env), "");  // MPI started 8: fine
+  EXPECT_EQ(launcher_mismatch(1, no_env), "");
+}
+
+TEST(LaunchEnv, ForeignCheckpointDirectories) {
+  const fs::path d = fs::temp_directory_path() / ("trident_foreign_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d / "megatron" / "iter_0000010" / "mp_rank_00");
+  std::ofstream(d / "megatron" / "latest_checkpointed_iteration.txt") << "10";
+  std::ofstream(d / "megatron" / "iter_0000010" / "mp_rank_00" / "model_optim_rng.pt") << "x";
+  EXPECT_NE(describe_foreign_checkpoint((d / "megatron").string()).find("Megatron-LM checkpoint"),
+            std::string::npos);
+  fs::create_directories(d / "mds" / "global_step10");
+  std::ofstream(d / "mds" / "latest_checkpointed_iteration.txt") << "10";
+  std::ofstream(d / "mds" / "global_step10" / "layer_01-model_00-model_states.pt") << "x";
+  EXPECT_NE(describe_foreign_checkpoint((d / "mds").string()).find("Megatron-DeepSpeed"),
+            std::string::npos);
+  fs::create_directories(d / "ds");
+  std::ofstream(d / "ds" / "latest") << "global_step10";
+  EXPECT_NE(describe_foreign_checkpoint((d / "ds").string()).find("DeepSpeed checkpoint"),
+            std::string::npos);
+  fs::create_directories(d / "trident" / "iter_0000010");
+  std::ofstream(d / "trident" / "latest_checkpointed_iteration.txt") << "10";
+  std::ofstream(d / "trident" / "iter_0000010" / "manifest.json") << "{}";
+  EXPECT_EQ(describe_foreign_checkpoint((d / "trident").string()), "");
+  EXPECT_EQ(describe_foreign_checkpoint((d / "empty").string()), "");
+  fs::remove_all(d);
+}
+
+TEST(LogLines, MegatronAndMegatronDeepSpeedFormats) {
+  IterationLog l{.iteration = 10,
+                 .train_iters = 200,
+                 .consumed_samples = 160,
+                 .consumed_tokens = 160 * 1024,
+                 .iter_ms = 850.12,
+                 .tflops_per_rank = 1.5,
+                 .lr = 5e-4,
+                 .global_batch_size = 16,
+                 .lm_loss = 7.901234,
+                 .loss_scale = 1.0,
+                 .grad_norm = 1.2345,
+                 .skipped = 0,
+                 .nan = 0,
+                 .samples_per_s = 18.8,
+                 .seq_length = 1024};
+  EXPECT_TRUE(std::regex_match(
+      iteration_log_line(l),
+      std::regex(
+          R"( \[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6}\] iteration       10/     200 \| consumed samples:          160 \| elapsed time per iteration \(ms\): 850\.1 \| learning rate: 5\.000000E-04 \| global batch size:    16 \| lm loss: 7\.901234E\+00 \| loss scale: 1\.0 \| grad norm: 1\.234 \| number of skipped iterations:   0 \| number of nan iterations:   0 \|)")))
+      << iteration_log_line(l);
+  l.megatron_deepspeed = true;
+  EXPECT_EQ(iteration_log_line(l),
+            " iteration       10/     200 | consumed samples:          160 | consumed tokens:  "
+            "     163840 | elapsed time per iteration (s): 0.85 | learning rate: 5.000E-04 | "
+            "global batch size:    16 | lm loss: 7.901234E+00 | loss scale: 1.0 | grad norm: "
+            "1.234 | number of skipped iterations:   0 | number of nan iterations:   0 | "
+            "samples per second: 18.800 | TFLOPs: 1.50 |");
+}
+
+}  // namespace
+}  // namespace trident::train
+
+namespace trident::train {
+namespace {
+
+TEST(CompatFlags, PretrainedFromHfAndVirtualStages) {
+  const fs::path d = fs::temp_directory_path() / ("trident_hf_" + std::to_string(::getpid()));
+  fs::create_directories(d);
+  std::ofstream(d / "tokenizer.json") << "{}";
+  TrainConfig c =
+      parse(with({"--tokenizer-type", "PretrainedFromHF", "--tokenizer-name-or-path", d.string()}));
+  EXPECT_EQ(c.tokenizer_type, "HuggingFaceTokenizer");
+  EXPECT_EQ(c.tokenizer_model, (d / "tokenizer.json").string());
+  EXPECT_NE(error_of(with({"--tokenizer-type", "PretrainedFromHF", "--tokenizer-name-or-path",
+                           (d / "missing").string()}))
+                .find("no "),
+            std::string::npos);
+  fs::remove_all(d);
+  // 8 layers, pp 2, 2 virtual stages per rank: 2 layers per virtual stage, interleaved.
+  c = parse({"--num-layers", "8", "--hidden-size", "64", "--num-attention-heads", "4",
+             "--data-path", "corpus", "--pipeline-model-parallel-size", "2",
+             "--virtual-pipeline-model-parallel-size", "2"},
+            2);
+  EXPECT_EQ(c.num_layers_per_virtual_pipeline_stage, 2);
+  EXPECT_EQ(c.pipeline_schedule, "interleaved");
+  EXPECT_NE(error_of(with({"--no-pipeline-parallel", "--pipeline-model-parallel-size", "2"}), 2)
+                .find("--no-pipeline-parallel"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace trident::train

@@ -1,0 +1,192 @@
+// `trident convert --load A --save B [layout flags]`: reshards a trident checkpoint offline into
+// another parallel layout (TP, PP with uneven or interleaved splits, DP, ZeRO stage, sequence
+// parallelism), without training: every target rank's shard (weights, FP32 master weights, Adam
+// moments) is assembled by global parameter names and indices (ckpt/reshard.h), and the
+// iteration, consumed samples, data position and loss-scaler state are carried over. Layout flags
+// not given keep the source's values. The result loads bitwise-directly into a run of the new
+// layout (it could also be loaded resharded on the fly: --load reshards any layout by itself).
+//
+// Conversion to and from other formats plugs in as other sources and sinks of the same command
+// (--from-hf / --to-hf: their own issue); this file is the trident-to-trident path.
+#include <unistd.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "trident/ckpt/checkpoint.h"
+#include "trident/ckpt/reshard.h"
+#include "trident/ckpt/save_lock.h"
+#include "trident/core/error.h"
+#include "trident/core/log.h"
+#include "trident/parallel/layout.h"
+#include "trident/train/rank_model.h"
+#include "trident/train/zero_optimizer.h"
+
+namespace trident::tools {
+
+namespace {
+
+namespace fs = std::filesystem;
+using core::str;
+
+struct ConvertArgs {
+  std::string load, save;
+  std::int64_t iteration = -1;
+  // Target layout; -2 (or "") keeps the source's value.
+  int tp = -2, pp = -2, dp = -2, zero_stage = -2;
+  std::int64_t layers_per_virtual_stage = -2, first_stage_layers = -2, last_stage_layers = -2;
+  std::string sequence_parallel;  // "", "on", "off"
+};
+
+// The architecture of a checkpoint's model, from its manifest's config (TrainConfig::to_json).
+model::ModelConfig model_config_from(const nlohmann::json& c) {
+  model::ModelConfig m;
+  m.num_layers = c.at("num_layers");
+  m.hidden_size = c.at("hidden_size");
+  m.num_attention_heads = c.at("num_attention_heads");
+  m.ffn_hidden_size = c.at("ffn_hidden_size");
+  m.seq_length = c.at("seq_length");
+  m.max_position_embeddings = c.at("max_position_embeddings");
+  m.vocab_size = c.at("vocab_size");
+  m.make_vocab_size_divisible_by = c.at("make_vocab_size_divisible_by");
+  m.position_embedding = c.at("position_embedding_type") == "alibi"
+                             ? model::PositionEmbedding::kAlibi
+                             : model::PositionEmbedding::kLearnedAbsolute;
+  m.embed_layernorm = c.at("embed_layernorm");
+  return m;
+}
+
+void convert(const ConvertArgs& a) {
+  TRIDENT_CHECK(!a.load.empty() && !a.save.empty(), "convert needs --load DIR and --save DIR");
+  TRIDENT_CHECK(fs::weakly_canonical(a.load) != fs::weakly_canonical(a.save),
+                "convert: --save must differ from --load (", a.load, ")");
+  const nlohmann::json src = ckpt::read_manifest(a.load, a.iteration);
+  const std::int64_t it = src.at("iteration");
+  const nlohmann::json& sl = src.at("layout");
+  nlohmann::json config = src.at("config");
+  auto keep = [](auto v, const nlohmann::json& old) {
+    return v == -2 ? old.get<decltype(v)>() : v;
+  };
+  const int tp = keep(a.tp, sl.at("tp")), pp = keep(a.pp, sl.at("pp"));
+  const int dp = keep(a.dp, sl.at("dp")), stage = keep(a.zero_stage, sl.at("zero_stage"));
+  const std::int64_t per_virtual =
+      keep(a.layers_per_virtual_stage, config.at("num_layers_per_virtual_pipeline_stage"));
+  const std::int64_t first = keep(a.first_stage_layers, sl.at("first_stage_layers"));
+  const std::int64_t last = keep(a.last_stage_layers, sl.at("last_stage_layers"));
+  const bool sp = a.sequence_parallel.empty() ? config.value("sequence_parallel", false)
+                                              : a.sequence_parallel == "on";
+  TRIDENT_CHECK(
+      a.sequence_parallel.empty() || a.sequence_parallel == "on" || a.sequence_parallel == "off",
+      "--sequence-parallel takes on or off");
+  TRIDENT_CHECK(tp >= 1 && pp >= 1 && dp >= 1, "parallel sizes must be >= 1");
+  TRIDENT_CHECK(stage >= 0 && stage <= 3, "--zero-stage must be 0, 1, 2 or 3");
+  model::ModelConfig mc = model_config_from(config);
+  // The padded vocabulary stays the checkpoint's (its rows are trained weights): the target's
+  // --make-vocab-size-divisible-by is chosen to give the same padding at the new TP size.
+  const std::int64_t padded = mc.padded_vocab_size(sl.at("tp").get<int>());
+  TRIDENT_CHECK(padded % tp == 0, "convert: the checkpoint's padded vocabulary of ", padded,
+                " rows does not split over --tensor-model-parallel-size ", tp);
+  mc.make_vocab_size_divisible_by = padded / tp;
+  config["make_vocab_size_divisible_by"] = mc.make_vocab_size_divisible_by;
+  const int chunks = per_virtual > 0 ? static_cast<int>(mc.num_layers / (per_virtual * pp)) : 1;
+  TRIDENT_CHECK(per_virtual <= 0 || per_virtual * pp * chunks == mc.num_layers,
+                "--num-layers-per-virtual-pipeline-stage ", per_virtual, " x pp ", pp,
+                " does not divide the ", mc.num_layers, " layers");
+  const parallel::ParallelLayout layout{.tp_size = tp, .dp_size = dp, .pp_size = pp};
+  const train::PipelineSplit split{
+      .pp_size = pp, .num_chunks = chunks, .first_stage_layers = first, .last_stage_layers = last};
+  config["tensor_model_parallel_size"] = tp;
+  config["pipeline_model_parallel_size"] = pp;
+  config["zero_stage"] = stage;
+  config["sequence_parallel"] = sp;
+  config["num_layers_per_virtual_pipeline_stage"] = per_virtual;
+  config["decoder_first_pipeline_num_layers"] = first;
+  config["decoder_last_pipeline_num_layers"] = last;
+  if (chunks > 1) config["pipeline_schedule"] = "interleaved";
+  // The same keys as the trainer's layout record (trainer.cc), so the result loads directly.
+  const nlohmann::json layout_json = {{"tp", tp},
+                                      {"pp", pp},
+                                      {"dp", dp},
+                                      {"virtual_chunks", chunks},
+                                      {"first_stage_layers", first},
+                                      {"last_stage_layers", last},
+                                      {"zero_stage", stage}};
+
+  ckpt::SaveLock lock(a.save);
+  const fs::path it_dir = fs::path(a.load) / ckpt::iteration_dir_name(it);
+  const std::string tmp_dir =
+      (fs::path(a.save) / (ckpt::iteration_dir_name(it) + ".tmp." + std::to_string(::getpid())))
+          .string();
+  fs::remove_all(tmp_dir);
+  fs::create_directories(tmp_dir);
+  log::info("convert: ", a.load, " iteration ", it, " (layout ", sl.dump(), ") -> ", a.save,
+            " (layout ", layout_json.dump(), ")");
+  ckpt::CheckpointState state;
+  try {
+    for (int r = 0; r < layout.world_size(); ++r) {
+      const parallel::Coord c = layout.coord_of(r);
+      const train::RankModel rank_model(mc, split, tp, c.tp, c.pp, sp);
+      const std::int64_t n = rank_model.total_numel();
+      state = {};
+      state.iteration = it;
+      state.consumed_train_samples = src.at("consumed_train_samples");
+      state.consumed_valid_samples = src.value("consumed_valid_samples", 0);
+      state.config = config;
+      state.layout = layout_json;
+      state.trainer_state = src.value("trainer_state", nlohmann::json::object());
+      state.coords = {{"tp", c.tp}, {"pp", c.pp}, {"dp", c.dp}};
+      state.tp_rank = c.tp;
+      for (const train::ModelChunk& ch : rank_model.chunks())
+        state.tables.push_back({&ch.table, ch.base});
+      state.numel = n;
+      const parallel::Range pr = train::ZeroOptimizer::stored_range(stage, false, n, dp, c.dp);
+      const parallel::Range mr = train::ZeroOptimizer::stored_range(stage, true, n, dp, c.dp);
+      std::vector<float> params(static_cast<std::size_t>(pr.size()));
+      std::vector<float> m(static_cast<std::size_t>(mr.size())), v(m.size());
+      state.params = {params.data(), pr.begin, pr.end};
+      state.exp_avg = {m.data(), mr.begin, mr.end};
+      state.exp_avg_sq = {v.data(), mr.begin, mr.end};
+      ckpt::load_resharded(it_dir, src, state);
+      const std::string error = ckpt::write_shard(tmp_dir, r, state);
+      if (!error.empty()) throw ckpt::SaveError(error);
+      state.tables.clear();  // they point into rank_model
+    }
+    ckpt::finish_save_local(a.save, tmp_dir, state, layout.world_size());
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(tmp_dir, ec);
+    throw;
+  }
+  log::info("convert: wrote ", a.save, "/", ckpt::iteration_dir_name(it), " for ",
+            layout.world_size(), " ranks (tp ", tp, " x pp ", pp, " x dp ", dp, ", ZeRO stage ",
+            stage, chunks > 1 ? str(", ", chunks, " virtual stages") : std::string(),
+            sp ? ", sequence parallel" : "", ")");
+}
+
+}  // namespace
+
+void register_convert(CLI::App& app) {
+  auto a = std::make_shared<ConvertArgs>();
+  CLI::App* sub = app.add_subcommand(
+      "convert", "Reshard a checkpoint into another parallel layout (offline, no training)");
+  sub->add_option("--load", a->load, "Checkpoint directory to read")->required();
+  sub->add_option("--save", a->save, "Checkpoint directory to write")->required();
+  sub->add_option("--iteration", a->iteration, "Iteration to convert (default: the latest)");
+  sub->add_option("--tensor-model-parallel-size", a->tp, "Target TP size");
+  sub->add_option("--pipeline-model-parallel-size", a->pp, "Target PP size");
+  sub->add_option("--data-parallel-size", a->dp, "Target DP size");
+  sub->add_option("--zero-stage", a->zero_stage, "Target ZeRO stage (0-3)");
+  sub->add_option("--num-layers-per-virtual-pipeline-stage", a->layers_per_virtual_stage,
+                  "Target interleaved split (0: not interleaved)");
+  sub->add_option("--decoder-first-pipeline-num-layers", a->first_stage_layers,
+                  "Target layers of the first stage (-1: even split)");
+  sub->add_option("--decoder-last-pipeline-num-layers", a->last_stage_layers,
+                  "Target layers of the last stage (-1: even split)");
+  sub->add_option("--sequence-parallel", a->sequence_parallel, "on or off");
+  sub->callback([a] { convert(*a); });
+}
+
+}  // namespace trident::tools
