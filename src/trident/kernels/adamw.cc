@@ -3,6 +3,9 @@
 #include "trident/kernels/adamw.h"
 
 #include "trident/kernels/backend.h"
+#ifdef TRIDENT_HAVE_CUDA
+#include "trident/kernels/cuda/cuda_ops.h"
+#endif
 
 namespace trident::kernels {
 
@@ -11,7 +14,11 @@ void adamw_update(const core::ExecContext& ctx, const AdamWHyper& hp, const Adam
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).adamw_update(ctx, hp, args);
     case core::DeviceKind::kCuda:
+#ifdef TRIDENT_HAVE_CUDA
+      return cuda::adamw_update(ctx, hp, args);
+#else
       no_cuda_backend("adamw_update");
+#endif
   }
 }
 

@@ -3,6 +3,9 @@
 #include "trident/kernels/attention.h"
 
 #include "trident/kernels/backend.h"
+#ifdef TRIDENT_HAVE_CUDA
+#include "trident/kernels/cuda/cuda_ops.h"
+#endif
 
 namespace trident::kernels {
 
@@ -11,7 +14,11 @@ void attention_forward(const core::ExecContext& ctx, const AttentionForwardArgs&
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).attention_forward(ctx, args);
     case core::DeviceKind::kCuda:
+#ifdef TRIDENT_HAVE_CUDA
+      return cuda::attention_forward(ctx, args);
+#else
       no_cuda_backend("attention_forward");
+#endif
   }
 }
 
@@ -20,7 +27,11 @@ void attention_backward(const core::ExecContext& ctx, const AttentionBackwardArg
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).attention_backward(ctx, args);
     case core::DeviceKind::kCuda:
+#ifdef TRIDENT_HAVE_CUDA
+      return cuda::attention_backward(ctx, args);
+#else
       no_cuda_backend("attention_backward");
+#endif
   }
 }
 

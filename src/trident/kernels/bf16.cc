@@ -8,6 +8,9 @@
 #include <bit>
 
 #include "trident/kernels/backend.h"
+#ifdef TRIDENT_HAVE_CUDA
+#include "trident/kernels/cuda/cuda_ops.h"
+#endif
 
 namespace trident::kernels {
 
@@ -80,7 +83,11 @@ void convert_f32_to_bf16(const core::ExecContext& ctx, core::bf16* dst, const fl
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).convert_f32_to_bf16(ctx, dst, src, n);
     case core::DeviceKind::kCuda:
+#ifdef TRIDENT_HAVE_CUDA
+      return cuda::convert_f32_to_bf16(ctx, dst, src, n);
+#else
       no_cuda_backend("convert_f32_to_bf16");
+#endif
   }
 }
 
@@ -90,7 +97,11 @@ void convert_bf16_to_f32(const core::ExecContext& ctx, float* dst, const core::b
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).convert_bf16_to_f32(ctx, dst, src, n);
     case core::DeviceKind::kCuda:
+#ifdef TRIDENT_HAVE_CUDA
+      return cuda::convert_bf16_to_f32(ctx, dst, src, n);
+#else
       no_cuda_backend("convert_bf16_to_f32");
+#endif
   }
 }
 

@@ -3,6 +3,9 @@
 #include "trident/kernels/cross_entropy.h"
 
 #include "trident/kernels/backend.h"
+#ifdef TRIDENT_HAVE_CUDA
+#include "trident/kernels/cuda/cuda_ops.h"
+#endif
 
 namespace trident::kernels {
 
@@ -11,7 +14,11 @@ void cross_entropy_forward_backward(const core::ExecContext& ctx, const CrossEnt
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).cross_entropy_forward_backward(ctx, args);
     case core::DeviceKind::kCuda:
+#ifdef TRIDENT_HAVE_CUDA
+      return cuda::cross_entropy_forward_backward(ctx, args);
+#else
       no_cuda_backend("cross_entropy_forward_backward");
+#endif
   }
 }
 

@@ -3,6 +3,9 @@
 #include "trident/kernels/elementwise.h"
 
 #include "trident/kernels/backend.h"
+#ifdef TRIDENT_HAVE_CUDA
+#include "trident/kernels/cuda/cuda_ops.h"
+#endif
 
 namespace trident::kernels {
 
@@ -11,7 +14,11 @@ void gelu_forward(const core::ExecContext& ctx, float* out, const float* in, std
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).gelu_forward(ctx, out, in, n);
     case core::DeviceKind::kCuda:
+#ifdef TRIDENT_HAVE_CUDA
+      return cuda::gelu_forward(ctx, out, in, n);
+#else
       no_cuda_backend("gelu_forward");
+#endif
   }
 }
 
@@ -21,7 +28,11 @@ void gelu_backward(const core::ExecContext& ctx, float* d_in, const float* d_out
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).gelu_backward(ctx, d_in, d_out, in, n);
     case core::DeviceKind::kCuda:
+#ifdef TRIDENT_HAVE_CUDA
+      return cuda::gelu_backward(ctx, d_in, d_out, in, n);
+#else
       no_cuda_backend("gelu_backward");
+#endif
   }
 }
 
@@ -31,7 +42,11 @@ void add_forward(const core::ExecContext& ctx, float* out, const float* a, const
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).add_forward(ctx, out, a, b, n);
     case core::DeviceKind::kCuda:
+#ifdef TRIDENT_HAVE_CUDA
+      return cuda::add_forward(ctx, out, a, b, n);
+#else
       no_cuda_backend("add_forward");
+#endif
   }
 }
 
@@ -40,7 +55,11 @@ void scale_inplace(const core::ExecContext& ctx, float* x, float s, std::int64_t
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).scale_inplace(ctx, x, s, n);
     case core::DeviceKind::kCuda:
+#ifdef TRIDENT_HAVE_CUDA
+      return cuda::scale_inplace(ctx, x, s, n);
+#else
       no_cuda_backend("scale_inplace");
+#endif
   }
 }
 
@@ -49,7 +68,11 @@ double sum_squares(const core::ExecContext& ctx, const float* x, std::int64_t n)
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).sum_squares(ctx, x, n);
     case core::DeviceKind::kCuda:
+#ifdef TRIDENT_HAVE_CUDA
+      return cuda::sum_squares(ctx, x, n);
+#else
       no_cuda_backend("sum_squares");
+#endif
   }
   unknown_device("sum_squares");
 }
@@ -59,7 +82,11 @@ bool all_finite(const core::ExecContext& ctx, const float* x, std::int64_t n) {
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).all_finite(ctx, x, n);
     case core::DeviceKind::kCuda:
+#ifdef TRIDENT_HAVE_CUDA
+      return cuda::all_finite(ctx, x, n);
+#else
       no_cuda_backend("all_finite");
+#endif
   }
   unknown_device("all_finite");
 }

@@ -3,6 +3,9 @@
 #include "trident/kernels/embedding.h"
 
 #include "trident/kernels/backend.h"
+#ifdef TRIDENT_HAVE_CUDA
+#include "trident/kernels/cuda/cuda_ops.h"
+#endif
 
 namespace trident::kernels {
 
@@ -11,7 +14,11 @@ void embedding_forward(const core::ExecContext& ctx, const EmbeddingForwardArgs&
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).embedding_forward(ctx, args);
     case core::DeviceKind::kCuda:
+#ifdef TRIDENT_HAVE_CUDA
+      return cuda::embedding_forward(ctx, args);
+#else
       no_cuda_backend("embedding_forward");
+#endif
   }
 }
 
@@ -20,7 +27,11 @@ void embedding_backward(const core::ExecContext& ctx, const EmbeddingBackwardArg
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).embedding_backward(ctx, args);
     case core::DeviceKind::kCuda:
+#ifdef TRIDENT_HAVE_CUDA
+      return cuda::embedding_backward(ctx, args);
+#else
       no_cuda_backend("embedding_backward");
+#endif
   }
 }
 

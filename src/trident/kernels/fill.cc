@@ -3,6 +3,9 @@
 #include "trident/kernels/fill.h"
 
 #include "trident/kernels/backend.h"
+#ifdef TRIDENT_HAVE_CUDA
+#include "trident/kernels/cuda/cuda_ops.h"
+#endif
 
 namespace trident::kernels {
 
@@ -11,7 +14,11 @@ void fill(const core::ExecContext& ctx, const FillArgs& args) {
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).fill(ctx, args);
     case core::DeviceKind::kCuda:
+#ifdef TRIDENT_HAVE_CUDA
+      return cuda::fill(ctx, args);
+#else
       no_cuda_backend("fill");
+#endif
   }
 }
 
@@ -20,7 +27,11 @@ void copy(const core::ExecContext& ctx, const CopyArgs& args) {
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).copy(ctx, args);
     case core::DeviceKind::kCuda:
+#ifdef TRIDENT_HAVE_CUDA
+      return cuda::copy(ctx, args);
+#else
       no_cuda_backend("copy");
+#endif
   }
 }
 

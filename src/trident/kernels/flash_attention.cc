@@ -8,6 +8,9 @@
 #include "trident/core/error.h"
 #include "trident/core/rng.h"
 #include "trident/kernels/backend.h"
+#ifdef TRIDENT_HAVE_CUDA
+#include "trident/kernels/cuda/cuda_ops.h"
+#endif
 
 namespace trident::kernels {
 
@@ -41,7 +44,11 @@ void flash_attention_forward(const core::ExecContext& ctx, const FlashAttentionF
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).flash_attention_forward(ctx, args);
     case core::DeviceKind::kCuda:
+#ifdef TRIDENT_HAVE_CUDA
+      return cuda::flash_attention_forward(ctx, args);
+#else
       no_cuda_backend("flash_attention_forward");
+#endif
   }
 }
 
@@ -51,7 +58,11 @@ void flash_attention_backward(const core::ExecContext& ctx,
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).flash_attention_backward(ctx, args);
     case core::DeviceKind::kCuda:
+#ifdef TRIDENT_HAVE_CUDA
+      return cuda::flash_attention_backward(ctx, args);
+#else
       no_cuda_backend("flash_attention_backward");
+#endif
   }
 }
 

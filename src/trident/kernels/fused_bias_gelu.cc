@@ -4,6 +4,9 @@
 
 #include "trident/core/error.h"
 #include "trident/kernels/backend.h"
+#ifdef TRIDENT_HAVE_CUDA
+#include "trident/kernels/cuda/cuda_ops.h"
+#endif
 #include "trident/kernels/row_partials.h"
 
 namespace trident::kernels {
@@ -20,7 +23,11 @@ void bias_gelu_forward(const core::ExecContext& ctx, const BiasGeluForwardArgs& 
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).bias_gelu_forward(ctx, args);
     case core::DeviceKind::kCuda:
+#ifdef TRIDENT_HAVE_CUDA
+      return cuda::bias_gelu_forward(ctx, args);
+#else
       no_cuda_backend("bias_gelu_forward");
+#endif
   }
 }
 
@@ -29,7 +36,11 @@ void bias_gelu_backward(const core::ExecContext& ctx, const BiasGeluBackwardArgs
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).bias_gelu_backward(ctx, args);
     case core::DeviceKind::kCuda:
+#ifdef TRIDENT_HAVE_CUDA
+      return cuda::bias_gelu_backward(ctx, args);
+#else
       no_cuda_backend("bias_gelu_backward");
+#endif
   }
 }
 

@@ -5,6 +5,9 @@
 
 #include "trident/core/error.h"
 #include "trident/kernels/backend.h"
+#ifdef TRIDENT_HAVE_CUDA
+#include "trident/kernels/cuda/cuda_ops.h"
+#endif
 #include "trident/kernels/row_partials.h"
 
 namespace trident::kernels {
@@ -22,7 +25,11 @@ void residual_layernorm_forward(const core::ExecContext& ctx,
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).residual_layernorm_forward(ctx, args);
     case core::DeviceKind::kCuda:
+#ifdef TRIDENT_HAVE_CUDA
+      return cuda::residual_layernorm_forward(ctx, args);
+#else
       no_cuda_backend("residual_layernorm_forward");
+#endif
   }
 }
 
@@ -32,7 +39,11 @@ void residual_layernorm_backward(const core::ExecContext& ctx,
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).residual_layernorm_backward(ctx, args);
     case core::DeviceKind::kCuda:
+#ifdef TRIDENT_HAVE_CUDA
+      return cuda::residual_layernorm_backward(ctx, args);
+#else
       no_cuda_backend("residual_layernorm_backward");
+#endif
   }
 }
 

@@ -3,6 +3,9 @@
 #include "trident/kernels/layernorm.h"
 
 #include "trident/kernels/backend.h"
+#ifdef TRIDENT_HAVE_CUDA
+#include "trident/kernels/cuda/cuda_ops.h"
+#endif
 
 namespace trident::kernels {
 
@@ -11,7 +14,11 @@ void layernorm_forward(const core::ExecContext& ctx, const LayerNormForwardArgs&
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).layernorm_forward(ctx, args);
     case core::DeviceKind::kCuda:
+#ifdef TRIDENT_HAVE_CUDA
+      return cuda::layernorm_forward(ctx, args);
+#else
       no_cuda_backend("layernorm_forward");
+#endif
   }
 }
 
@@ -20,7 +27,11 @@ void layernorm_backward(const core::ExecContext& ctx, const LayerNormBackwardArg
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).layernorm_backward(ctx, args);
     case core::DeviceKind::kCuda:
+#ifdef TRIDENT_HAVE_CUDA
+      return cuda::layernorm_backward(ctx, args);
+#else
       no_cuda_backend("layernorm_backward");
+#endif
   }
 }
 

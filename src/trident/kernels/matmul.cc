@@ -7,6 +7,9 @@
 #include <algorithm>
 
 #include "trident/kernels/backend.h"
+#ifdef TRIDENT_HAVE_CUDA
+#include "trident/kernels/cuda/cuda_ops.h"
+#endif
 #include "trident/kernels/cpu_util.h"
 
 namespace trident::kernels {
@@ -61,15 +64,26 @@ void check_linear_sizes(const char* op, std::int64_t rows, std::int64_t in_featu
 }  // namespace
 
 void gemm(const core::ExecContext& ctx, const GemmArgs& args) {
-  if (ctx.device.kind != core::DeviceKind::kCpu) no_cuda_backend("gemm");  // CPU only (oneDNN)
+  if (ctx.device.kind == core::DeviceKind::kCuda) {
+#ifdef TRIDENT_HAVE_CUDA
+    return cuda::gemm(ctx, args);
+#else
+    no_cuda_backend("gemm");
+#endif
+  }
   check_gemm_args(args);
   detail::OmpThreadsScope threads(ctx.num_threads);
   detail::sgemm(args);
 }
 
 void linear_forward(const core::ExecContext& ctx, const LinearForwardArgs& args) {
-  if (ctx.device.kind != core::DeviceKind::kCpu)
-    no_cuda_backend("linear_forward");  // CPU only (oneDNN)
+  if (ctx.device.kind == core::DeviceKind::kCuda) {
+#ifdef TRIDENT_HAVE_CUDA
+    return cuda::linear_forward(ctx, args);
+#else
+    no_cuda_backend("linear_forward");
+#endif
+  }
   const std::int64_t rows = args.rows, in_f = args.in_features, out_f = args.out_features;
   check_linear_sizes("linear_forward", rows, in_f, out_f);
   if (rows == 0) return;
@@ -103,8 +117,13 @@ void linear_forward(const core::ExecContext& ctx, const LinearForwardArgs& args)
 }
 
 void linear_backward(const core::ExecContext& ctx, const LinearBackwardArgs& args) {
-  if (ctx.device.kind != core::DeviceKind::kCpu)
-    no_cuda_backend("linear_backward");  // CPU only (oneDNN)
+  if (ctx.device.kind == core::DeviceKind::kCuda) {
+#ifdef TRIDENT_HAVE_CUDA
+    return cuda::linear_backward(ctx, args);
+#else
+    no_cuda_backend("linear_backward");
+#endif
+  }
   const std::int64_t rows = args.rows, in_f = args.in_features, out_f = args.out_features;
   check_linear_sizes("linear_backward", rows, in_f, out_f);
   if (rows == 0) return;

@@ -10,6 +10,9 @@
 #include <unordered_map>
 
 #include "trident/kernels/backend.h"
+#ifdef TRIDENT_HAVE_CUDA
+#include "trident/kernels/cuda/cuda_ops.h"
+#endif
 #include "trident/kernels/cpu_util.h"
 
 namespace trident::kernels {
@@ -368,7 +371,13 @@ GemmBf16Args backward_weight_product(std::int64_t rows, std::int64_t in_f, std::
 }  // namespace
 
 void gemm_bf16(const core::ExecContext& ctx, const GemmBf16Args& args) {
-  if (ctx.device.kind != core::DeviceKind::kCpu) no_cuda_backend("gemm_bf16");  // CPU only (oneDNN)
+  if (ctx.device.kind == core::DeviceKind::kCuda) {
+#ifdef TRIDENT_HAVE_CUDA
+    return cuda::gemm_bf16(ctx, args);
+#else
+    no_cuda_backend("gemm_bf16");
+#endif
+  }
   check_gemm_shape(args);
   if (args.m == 0 || args.n == 0) return;
   TRIDENT_CHECK(args.c != nullptr, "gemm_bf16: c is null for a ", args.m, "x", args.n, " product");
@@ -378,8 +387,13 @@ void gemm_bf16(const core::ExecContext& ctx, const GemmBf16Args& args) {
 }
 
 std::int64_t gemm_bf16_scratch_bytes(const core::ExecContext& ctx, const GemmBf16Args& args) {
-  if (ctx.device.kind != core::DeviceKind::kCpu)
-    no_cuda_backend("gemm_bf16_scratch_bytes");  // CPU only (oneDNN)
+  if (ctx.device.kind == core::DeviceKind::kCuda) {
+#ifdef TRIDENT_HAVE_CUDA
+    return 0;  // cuBLASLt takes its workspace from the stream pool
+#else
+    no_cuda_backend("gemm_bf16_scratch_bytes");
+#endif
+  }
   check_gemm_shape(args);
   if (args.m == 0 || args.n == 0 || args.k == 0) return 0;
   detail::OmpThreadsScope threads(ctx.num_threads);
@@ -387,8 +401,13 @@ std::int64_t gemm_bf16_scratch_bytes(const core::ExecContext& ctx, const GemmBf1
 }
 
 std::string gemm_bf16_implementation(const core::ExecContext& ctx, const GemmBf16Args& args) {
-  if (ctx.device.kind != core::DeviceKind::kCpu)
-    no_cuda_backend("gemm_bf16_implementation");  // CPU only (oneDNN)
+  if (ctx.device.kind == core::DeviceKind::kCuda) {
+#ifdef TRIDENT_HAVE_CUDA
+    return "cublasLt";
+#else
+    no_cuda_backend("gemm_bf16_implementation");
+#endif
+  }
   check_gemm_shape(args);
   if (args.m == 0 || args.n == 0 || args.k == 0) return "none (empty product)";
   detail::OmpThreadsScope threads(ctx.num_threads);
@@ -411,8 +430,13 @@ std::int64_t linear_bf16_scratch_bytes(const core::ExecContext& ctx, std::int64_
 }
 
 void linear_forward_bf16(const core::ExecContext& ctx, const LinearForwardBf16Args& args) {
-  if (ctx.device.kind != core::DeviceKind::kCpu)
-    no_cuda_backend("linear_forward_bf16");  // CPU only (oneDNN)
+  if (ctx.device.kind == core::DeviceKind::kCuda) {
+#ifdef TRIDENT_HAVE_CUDA
+    return cuda::linear_forward_bf16(ctx, args);
+#else
+    no_cuda_backend("linear_forward_bf16");
+#endif
+  }
   const std::int64_t rows = args.rows, in_f = args.in_features, out_f = args.out_features;
   check_linear_sizes("linear_forward_bf16", rows, in_f, out_f);
   if (rows == 0) return;
@@ -428,8 +452,13 @@ void linear_forward_bf16(const core::ExecContext& ctx, const LinearForwardBf16Ar
 }
 
 void linear_backward_bf16(const core::ExecContext& ctx, const LinearBackwardBf16Args& args) {
-  if (ctx.device.kind != core::DeviceKind::kCpu)
-    no_cuda_backend("linear_backward_bf16");  // CPU only (oneDNN)
+  if (ctx.device.kind == core::DeviceKind::kCuda) {
+#ifdef TRIDENT_HAVE_CUDA
+    return cuda::linear_backward_bf16(ctx, args);
+#else
+    no_cuda_backend("linear_backward_bf16");
+#endif
+  }
   const std::int64_t rows = args.rows, in_f = args.in_features, out_f = args.out_features;
   check_linear_sizes("linear_backward_bf16", rows, in_f, out_f);
   if (rows == 0) return;

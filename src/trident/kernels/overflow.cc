@@ -3,6 +3,9 @@
 #include "trident/kernels/overflow.h"
 
 #include "trident/kernels/backend.h"
+#ifdef TRIDENT_HAVE_CUDA
+#include "trident/kernels/cuda/cuda_ops.h"
+#endif
 
 namespace trident::kernels {
 
@@ -11,7 +14,11 @@ std::int64_t overflow_count(const core::ExecContext& ctx, const OverflowCountArg
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).overflow_count(ctx, args);
     case core::DeviceKind::kCuda:
+#ifdef TRIDENT_HAVE_CUDA
+      return cuda::overflow_count(ctx, args);
+#else
       no_cuda_backend("overflow_count");
+#endif
   }
   unknown_device("overflow_count");
 }

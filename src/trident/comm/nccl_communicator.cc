@@ -1,0 +1,471 @@
+// NcclCommunicator and HostStagedCommunicator: see nccl_communicator.h. Compiled in CUDA builds.
+#include "trident/comm/nccl_communicator.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <vector>
+
+#include "trident/core/error.h"
+
+namespace trident::comm {
+
+namespace {
+
+void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    throw core::CommError(
+        core::str(what, " failed: ", cudaGetErrorName(e), ": ", cudaGetErrorString(e)));
+  }
+}
+
+void check_nccl(ncclResult_t r, const char* what) {
+  if (r != ncclSuccess) {
+    throw core::CommError(core::str(what, " failed: ", ncclGetErrorString(r)));
+  }
+}
+
+// NCCL's type for a datatype, and how many NCCL elements one element is (kU16 moves as bytes).
+struct NcclType {
+  ncclDataType_t type;
+  std::int64_t scale;
+};
+
+NcclType nccl_type(Datatype t, bool reduction) {
+  switch (t) {
+    case Datatype::kF32:
+      return {ncclFloat32, 1};
+    case Datatype::kF64:
+      return {ncclFloat64, 1};
+    case Datatype::kBF16:
+      return {ncclBfloat16, 1};
+    case Datatype::kF16:
+      return {ncclFloat16, 1};
+    case Datatype::kI32:
+      return {ncclInt32, 1};
+    case Datatype::kI64:
+      return {ncclInt64, 1};
+    case Datatype::kU8:
+      return {ncclUint8, 1};
+    case Datatype::kU16:
+      if (reduction) {
+        throw core::InvalidArgument("NCCL has no 16-bit unsigned reductions; use i32");
+      }
+      return {ncclUint8, 2};
+  }
+  throw core::InternalError("nccl_type: unknown datatype");
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kMax:
+      return ncclMax;
+    case ReduceOp::kMin:
+      return ncclMin;
+  }
+  throw core::InternalError("nccl_op: unknown reduction");
+}
+
+const char* at(const void* p, std::int64_t elems, Datatype t) {
+  return static_cast<const char*>(p) + elems * size_of(t);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// NcclCommunicator
+
+struct NcclCommunicator::State {
+  ncclComm_t comm = nullptr;
+  std::atomic<bool> aborted{false};
+  explicit State(ncclComm_t c) : comm(c) {}
+  ~State() {
+    if (comm != nullptr && !aborted.load()) ncclCommDestroy(comm);
+  }
+  // The watchdog's action: frees every rank of this communicator from a stuck operation.
+  void abort() noexcept {
+    if (!aborted.exchange(true) && comm != nullptr) ncclCommAbort(comm);
+  }
+};
+
+namespace {
+
+class NcclRequest final : public detail::RequestImpl {
+ public:
+  NcclRequest(cudaEvent_t ev, std::shared_ptr<NcclCommunicator::State> state)
+      : ev_(ev), state_(std::move(state)) {}
+  ~NcclRequest() override { cudaEventDestroy(ev_); }
+  bool test() override;
+  void abandon() noexcept override;
+
+ private:
+  cudaEvent_t ev_;
+  std::shared_ptr<NcclCommunicator::State> state_;
+};
+
+}  // namespace
+
+bool NcclRequest::test() {
+  if (state_->aborted.load()) {
+    throw core::CommError("the NCCL communicator was aborted (an earlier operation timed out)");
+  }
+  const cudaError_t e = cudaEventQuery(ev_);
+  if (e == cudaSuccess) return true;
+  if (e != cudaErrorNotReady) check_cuda(e, "the NCCL operation's stream");
+  ncclResult_t async = ncclSuccess;
+  check_nccl(ncclCommGetAsyncError(state_->comm, &async), "ncclCommGetAsyncError");
+  if (async != ncclSuccess && async != ncclInProgress) {
+    throw core::CommError(
+        core::str("NCCL reported an asynchronous error: ", ncclGetErrorString(async)));
+  }
+  return false;
+}
+
+void NcclRequest::abandon() noexcept { state_->abort(); }
+
+std::unique_ptr<NcclCommunicator> NcclCommunicator::create(std::unique_ptr<Communicator> host,
+                                                           int device) {
+  TRIDENT_CHECK(host != nullptr, "NcclCommunicator::create: host communicator is null");
+  check_cuda(cudaSetDevice(device), "cudaSetDevice");
+  ncclUniqueId id{};
+  if (host->rank() == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+  host->broadcast(&id, static_cast<std::int64_t>(sizeof(id)), Datatype::kU8, 0);
+  ncclComm_t comm = nullptr;
+  const ncclResult_t r = ncclCommInitRank(&comm, host->size(), id, host->rank());
+  if (r != ncclSuccess) {
+    throw core::CommError(core::str("NCCL could not start on group '", host->name(), "' (",
+                                    host->size(), " ranks, this rank ", host->rank(), " on GPU ",
+                                    device, "): ", ncclGetErrorString(r),
+                                    "; ranks that share a GPU need the host-staged communicator"));
+  }
+  return std::unique_ptr<NcclCommunicator>(
+      new NcclCommunicator(std::move(host), std::make_shared<State>(comm), device));
+}
+
+NcclCommunicator::NcclCommunicator(std::unique_ptr<Communicator> host, std::shared_ptr<State> state,
+                                   int device)
+    : Communicator(host->group(), host->rank(), host->wait_policy()),
+      host_(std::move(host)),
+      state_(std::move(state)),
+      device_(device) {
+  cudaStream_t s = nullptr;
+  check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+  comm_stream_ = s;
+  check_cuda(cudaMalloc(&barrier_buf_, sizeof(float)), "cudaMalloc");
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  if (comm_stream_) {
+    cudaStreamSynchronize(static_cast<cudaStream_t>(comm_stream_));
+    cudaStreamDestroy(static_cast<cudaStream_t>(comm_stream_));
+  }
+  if (barrier_buf_) cudaFree(barrier_buf_);
+}
+
+void NcclCommunicator::before_op() {
+  if (state_->aborted.load()) {
+    throw core::CommError("the NCCL communicator was aborted (an earlier operation timed out)");
+  }
+  check_cuda(cudaSetDevice(device_), "cudaSetDevice");
+  if (compute_stream_ != nullptr) {
+    cudaEvent_t ev = nullptr;
+    check_cuda(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
+    check_cuda(cudaEventRecord(ev, static_cast<cudaStream_t>(compute_stream_)), "cudaEventRecord");
+    check_cuda(cudaStreamWaitEvent(static_cast<cudaStream_t>(comm_stream_), ev, 0),
+               "cudaStreamWaitEvent");
+    cudaEventDestroy(ev);  // released once the wait is satisfied
+  }
+}
+
+Communicator::ImplPtr NcclCommunicator::after_op(const char* what) {
+  (void)what;
+  cudaEvent_t ev = nullptr;
+  check_cuda(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
+  check_cuda(cudaEventRecord(ev, static_cast<cudaStream_t>(comm_stream_)), "cudaEventRecord");
+  return std::make_unique<NcclRequest>(ev, state_);
+}
+
+Communicator::ImplPtr NcclCommunicator::post_all_reduce(void* buf, std::int64_t count,
+                                                        Datatype dtype, ReduceOp op) {
+  before_op();
+  const NcclType t = nccl_type(dtype, true);
+  check_nccl(ncclAllReduce(buf, buf, static_cast<size_t>(count), t.type, nccl_op(op), state_->comm,
+                           static_cast<cudaStream_t>(comm_stream_)),
+             "ncclAllReduce");
+  return after_op("all_reduce");
+}
+
+Communicator::ImplPtr NcclCommunicator::post_reduce_scatter(const void* in, void* out,
+                                                            std::int64_t count, Datatype dtype,
+                                                            ReduceOp op) {
+  before_op();
+  const NcclType t = nccl_type(dtype, true);
+  check_nccl(ncclReduceScatter(in, out, static_cast<size_t>(count), t.type, nccl_op(op),
+                               state_->comm, static_cast<cudaStream_t>(comm_stream_)),
+             "ncclReduceScatter");
+  return after_op("reduce_scatter");
+}
+
+Communicator::ImplPtr NcclCommunicator::post_reduce_scatter_v(const void* in, void* out,
+                                                              std::span<const std::int64_t> counts,
+                                                              Datatype dtype, ReduceOp op) {
+  before_op();
+  const NcclType t = nccl_type(dtype, true);
+  // One reduce per block, rooted at the block's owner, fused into one NCCL group.
+  check_nccl(ncclGroupStart(), "ncclGroupStart");
+  std::int64_t offset = 0;
+  for (int r = 0; r < size(); ++r) {
+    const std::int64_t c = counts[static_cast<std::size_t>(r)];
+    const void* src = at(in, offset, dtype);
+    void* dst = r == rank() ? out : const_cast<void*>(src);  // recvbuff is used at the root only
+    check_nccl(ncclReduce(src, dst, static_cast<size_t>(c), t.type, nccl_op(op), r, state_->comm,
+                          static_cast<cudaStream_t>(comm_stream_)),
+               "ncclReduce");
+    offset += c;
+  }
+  check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+  return after_op("reduce_scatter_v");
+}
+
+Communicator::ImplPtr NcclCommunicator::post_all_gather(const void* in, void* out,
+                                                        std::int64_t count, Datatype dtype) {
+  before_op();
+  const NcclType t = nccl_type(dtype, false);
+  check_nccl(ncclAllGather(in, out, static_cast<size_t>(count * t.scale), t.type, state_->comm,
+                           static_cast<cudaStream_t>(comm_stream_)),
+             "ncclAllGather");
+  return after_op("all_gather");
+}
+
+Communicator::ImplPtr NcclCommunicator::post_all_gather_v(const void* in, void* out,
+                                                          std::span<const std::int64_t> counts,
+                                                          Datatype dtype) {
+  before_op();
+  const NcclType t = nccl_type(dtype, false);
+  check_nccl(ncclGroupStart(), "ncclGroupStart");
+  std::int64_t offset = 0;
+  for (int r = 0; r < size(); ++r) {
+    const std::int64_t c = counts[static_cast<std::size_t>(r)];
+    void* dst = const_cast<char*>(at(out, offset, dtype));
+    check_nccl(ncclBroadcast(r == rank() ? in : dst, dst, static_cast<size_t>(c * t.scale), t.type,
+                             r, state_->comm, static_cast<cudaStream_t>(comm_stream_)),
+               "ncclBroadcast");
+    offset += c;
+  }
+  check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+  return after_op("all_gather_v");
+}
+
+Communicator::ImplPtr NcclCommunicator::post_broadcast(void* buf, std::int64_t count,
+                                                       Datatype dtype, int root) {
+  before_op();
+  const NcclType t = nccl_type(dtype, false);
+  check_nccl(ncclBroadcast(buf, buf, static_cast<size_t>(count * t.scale), t.type, root,
+                           state_->comm, static_cast<cudaStream_t>(comm_stream_)),
+             "ncclBroadcast");
+  return after_op("broadcast");
+}
+
+Communicator::ImplPtr NcclCommunicator::post_send(const void* buf, std::int64_t count,
+                                                  Datatype dtype, int peer, int /*tag*/) {
+  before_op();
+  const NcclType t = nccl_type(dtype, false);
+  check_nccl(ncclSend(buf, static_cast<size_t>(count * t.scale), t.type, peer, state_->comm,
+                      static_cast<cudaStream_t>(comm_stream_)),
+             "ncclSend");
+  return after_op("send");
+}
+
+Communicator::ImplPtr NcclCommunicator::post_recv(void* buf, std::int64_t count, Datatype dtype,
+                                                  int peer, int /*tag*/) {
+  before_op();
+  const NcclType t = nccl_type(dtype, false);
+  check_nccl(ncclRecv(buf, static_cast<size_t>(count * t.scale), t.type, peer, state_->comm,
+                      static_cast<cudaStream_t>(comm_stream_)),
+             "ncclRecv");
+  return after_op("recv");
+}
+
+Communicator::ImplPtr NcclCommunicator::post_barrier() {
+  before_op();
+  check_nccl(ncclAllReduce(barrier_buf_, barrier_buf_, 1, ncclFloat32, ncclSum, state_->comm,
+                           static_cast<cudaStream_t>(comm_stream_)),
+             "ncclAllReduce (barrier)");
+  return after_op("barrier");
+}
+
+std::unique_ptr<Communicator> NcclCommunicator::do_split(int color, int key,
+                                                         const std::string& new_name) {
+  host_->set_step(step());
+  std::unique_ptr<Communicator> host_child = host_->split(color, key, new_name);
+  ncclComm_t child = nullptr;
+  check_cuda(cudaSetDevice(device_), "cudaSetDevice");
+  check_nccl(ncclCommSplit(state_->comm, color == kNoColor ? NCCL_SPLIT_NOCOLOR : color, key,
+                           &child, nullptr),
+             "ncclCommSplit");
+  if (host_child == nullptr) return nullptr;
+  return std::unique_ptr<Communicator>(
+      new NcclCommunicator(std::move(host_child), std::make_shared<State>(child), device_));
+}
+
+// ---------------------------------------------------------------------------------------------
+// HostStagedCommunicator
+
+HostStagedCommunicator::HostStagedCommunicator(std::unique_ptr<Communicator> host)
+    : Communicator(host->group(), host->rank(), host->wait_policy()), host_(std::move(host)) {}
+
+HostStagedCommunicator::~HostStagedCommunicator() {
+  if (staging_) cudaFreeHost(staging_);
+}
+
+void* HostStagedCommunicator::staging(std::int64_t bytes) {
+  if (bytes > staging_bytes_) {
+    if (staging_) cudaFreeHost(staging_);
+    staging_ = nullptr;
+    staging_bytes_ = 0;
+    check_cuda(cudaHostAlloc(&staging_, static_cast<size_t>(bytes), cudaHostAllocDefault),
+               "cudaHostAlloc (host-staged communicator)");
+    staging_bytes_ = bytes;
+  }
+  return staging_;
+}
+
+void HostStagedCommunicator::sync_host_step() {
+  host_->set_step(step());
+  host_->set_wait_policy(wait_policy());
+  // Device work of every stream must be done before its buffers are read.
+  check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+}
+
+namespace {
+void d2h(void* dst, const void* src, std::int64_t bytes) {
+  if (bytes > 0)
+    check_cuda(cudaMemcpy(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost),
+               "cudaMemcpy D2H");
+}
+void h2d(void* dst, const void* src, std::int64_t bytes) {
+  if (bytes > 0)
+    check_cuda(cudaMemcpy(dst, src, static_cast<size_t>(bytes), cudaMemcpyHostToDevice),
+               "cudaMemcpy H2D");
+}
+std::int64_t total(std::span<const std::int64_t> counts) {
+  std::int64_t s = 0;
+  for (std::int64_t c : counts) s += c;
+  return s;
+}
+}  // namespace
+
+Communicator::ImplPtr HostStagedCommunicator::post_all_reduce(void* buf, std::int64_t count,
+                                                              Datatype dtype, ReduceOp op) {
+  sync_host_step();
+  const std::int64_t bytes = count * size_of(dtype);
+  void* h = staging(bytes);
+  d2h(h, buf, bytes);
+  host_->all_reduce(h, count, dtype, op);
+  h2d(buf, h, bytes);
+  return nullptr;
+}
+
+Communicator::ImplPtr HostStagedCommunicator::post_reduce_scatter(const void* in, void* out,
+                                                                  std::int64_t count,
+                                                                  Datatype dtype, ReduceOp op) {
+  sync_host_step();
+  const std::int64_t bytes = count * size_of(dtype) * size();
+  char* h = static_cast<char*>(staging(bytes));
+  d2h(h, in, bytes);
+  char* mine = h + rank() * count * size_of(dtype);  // the in-place pattern on the host
+  host_->reduce_scatter(h, mine, count, dtype, op);
+  h2d(out, mine, count * size_of(dtype));
+  return nullptr;
+}
+
+Communicator::ImplPtr HostStagedCommunicator::post_reduce_scatter_v(
+    const void* in, void* out, std::span<const std::int64_t> counts, Datatype dtype, ReduceOp op) {
+  sync_host_step();
+  const std::int64_t bytes = total(counts) * size_of(dtype);
+  char* h = static_cast<char*>(staging(bytes));
+  d2h(h, in, bytes);
+  std::int64_t offset = 0;
+  for (int r = 0; r < rank(); ++r) offset += counts[static_cast<std::size_t>(r)];
+  char* mine = h + offset * size_of(dtype);
+  host_->reduce_scatter_v(h, mine, counts, dtype, op);
+  h2d(out, mine, counts[static_cast<std::size_t>(rank())] * size_of(dtype));
+  return nullptr;
+}
+
+Communicator::ImplPtr HostStagedCommunicator::post_all_gather(const void* in, void* out,
+                                                              std::int64_t count, Datatype dtype) {
+  sync_host_step();
+  const std::int64_t block = count * size_of(dtype);
+  char* h = static_cast<char*>(staging(block * size()));
+  char* mine = h + rank() * block;
+  d2h(mine, in, block);
+  host_->all_gather(mine, h, count, dtype);
+  h2d(out, h, block * size());
+  return nullptr;
+}
+
+Communicator::ImplPtr HostStagedCommunicator::post_all_gather_v(
+    const void* in, void* out, std::span<const std::int64_t> counts, Datatype dtype) {
+  sync_host_step();
+  const std::int64_t bytes = total(counts) * size_of(dtype);
+  char* h = static_cast<char*>(staging(bytes));
+  std::int64_t offset = 0;
+  for (int r = 0; r < rank(); ++r) offset += counts[static_cast<std::size_t>(r)];
+  char* mine = h + offset * size_of(dtype);
+  d2h(mine, in, counts[static_cast<std::size_t>(rank())] * size_of(dtype));
+  host_->all_gather_v(mine, h, counts, dtype);
+  h2d(out, h, bytes);
+  return nullptr;
+}
+
+Communicator::ImplPtr HostStagedCommunicator::post_broadcast(void* buf, std::int64_t count,
+                                                             Datatype dtype, int root) {
+  sync_host_step();
+  const std::int64_t bytes = count * size_of(dtype);
+  void* h = staging(bytes);
+  if (rank() == root) d2h(h, buf, bytes);
+  host_->broadcast(h, count, dtype, root);
+  if (rank() != root) h2d(buf, h, bytes);
+  return nullptr;
+}
+
+Communicator::ImplPtr HostStagedCommunicator::post_send(const void* buf, std::int64_t count,
+                                                        Datatype dtype, int peer, int tag) {
+  sync_host_step();
+  const std::int64_t bytes = count * size_of(dtype);
+  void* h = staging(bytes);
+  d2h(h, buf, bytes);
+  host_->send(h, count, dtype, peer, tag);
+  return nullptr;
+}
+
+Communicator::ImplPtr HostStagedCommunicator::post_recv(void* buf, std::int64_t count,
+                                                        Datatype dtype, int peer, int tag) {
+  sync_host_step();
+  const std::int64_t bytes = count * size_of(dtype);
+  void* h = staging(bytes);
+  host_->recv(h, count, dtype, peer, tag);
+  h2d(buf, h, bytes);
+  return nullptr;
+}
+
+Communicator::ImplPtr HostStagedCommunicator::post_barrier() {
+  sync_host_step();
+  host_->barrier();
+  return nullptr;
+}
+
+std::unique_ptr<Communicator> HostStagedCommunicator::do_split(int color, int key,
+                                                               const std::string& new_name) {
+  host_->set_step(step());
+  std::unique_ptr<Communicator> child = host_->split(color, key, new_name);
+  if (child == nullptr) return nullptr;
+  return std::make_unique<HostStagedCommunicator>(std::move(child));
+}
+
+}  // namespace trident::comm

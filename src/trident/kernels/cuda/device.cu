@@ -1,0 +1,173 @@
+// Device memory, streams, copies and CUDA error reporting. See device.h and cuda_util.cuh.
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <string>
+
+#include "trident/core/error.h"
+#include "trident/kernels/cuda/cuda_util.cuh"
+#include "trident/kernels/cuda/device.h"
+
+namespace trident::kernels::cuda {
+
+void throw_cuda_error(cudaError_t err, const char* what, const char* file, int line) {
+  cudaGetLastError();  // clear a sticky launch error so that the next call starts clean
+  const std::string msg = core::str("CUDA error in ", what, " (", file, ":", line,
+                                    "): ", cudaGetErrorName(err), ": ", cudaGetErrorString(err));
+  if (err == cudaErrorMemoryAllocation) {
+    throw core::Unavailable(core::str(msg,
+                                      "; the GPU is out of memory: use a smaller micro-batch, "
+                                      "more model parallelism, ZeRO or activation recomputation"));
+  }
+  if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver) {
+    throw core::Unavailable(core::str(msg,
+                                      "; no usable NVIDIA GPU (check nvidia-smi and "
+                                      "CUDA_VISIBLE_DEVICES), or run on the CPU"));
+  }
+  throw core::InternalError(msg);
+}
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+std::string no_device_reason() {
+  int n = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return core::str("no CUDA device: ", cudaGetErrorName(err), ": ", cudaGetErrorString(err));
+  }
+  return n == 0 ? "no CUDA device: the CUDA runtime reports 0 GPUs" : "";
+}
+
+std::string device_name(int device) {
+  cudaDeviceProp prop{};
+  TRIDENT_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  return prop.name;
+}
+
+void set_device(int device) { TRIDENT_CUDA_CHECK(cudaSetDevice(device)); }
+
+void* create_stream() {
+  cudaStream_t s = nullptr;
+  TRIDENT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  return s;
+}
+
+void destroy_stream(void* stream) {
+  if (stream) cudaStreamDestroy(static_cast<cudaStream_t>(stream));
+}
+
+void synchronize(void* stream) {
+  TRIDENT_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+}
+
+void copy_to_device(void* dst, const void* src, std::int64_t bytes, void* stream) {
+  if (bytes <= 0) return;
+  TRIDENT_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyHostToDevice,
+                                     static_cast<cudaStream_t>(stream)));
+}
+
+void copy_to_host(void* dst, const void* src, std::int64_t bytes, void* stream) {
+  if (bytes <= 0) return;
+  TRIDENT_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost,
+                                     static_cast<cudaStream_t>(stream)));
+}
+
+void copy_device_to_device(void* dst, const void* src, std::int64_t bytes, void* stream) {
+  if (bytes <= 0) return;
+  TRIDENT_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice,
+                                     static_cast<cudaStream_t>(stream)));
+}
+
+void fill_zero(void* dst, std::int64_t bytes, void* stream) {
+  if (bytes <= 0) return;
+  TRIDENT_CUDA_CHECK(
+      cudaMemsetAsync(dst, 0, static_cast<size_t>(bytes), static_cast<cudaStream_t>(stream)));
+}
+
+namespace {
+std::atomic<std::int64_t> g_in_use{0}, g_peak{0};
+}
+
+void* device_alloc(std::int64_t bytes) {
+  TRIDENT_CHECK(bytes >= 0, "device_alloc: negative size ", bytes);
+  if (bytes == 0) return nullptr;
+  void* p = nullptr;
+  const cudaError_t err = cudaMalloc(&p, static_cast<size_t>(bytes));
+  if (err != cudaSuccess) {
+    size_t free_b = 0, total_b = 0;
+    cudaGetLastError();
+    cudaMemGetInfo(&free_b, &total_b);
+    throw core::Unavailable(
+        core::str("cudaMalloc of ", bytes, " bytes failed (", cudaGetErrorString(err),
+                  "); the GPU has ", free_b, " of ", total_b,
+                  " bytes free: use a smaller micro-batch, more model parallelism, "
+                  "ZeRO or activation recomputation"));
+  }
+  const std::int64_t now = g_in_use.fetch_add(bytes) + bytes;
+  std::int64_t peak = g_peak.load();
+  while (now > peak && !g_peak.compare_exchange_weak(peak, now)) {
+  }
+  return p;
+}
+
+namespace {
+void free_counted(void* p, std::int64_t bytes) {
+  if (!p) return;
+  cudaFree(p);
+  g_in_use.fetch_sub(bytes);
+}
+}  // namespace
+
+void device_free(void* p) {
+  if (p) cudaFree(p);  // uncounted: callers of the raw API track their own sizes
+}
+
+std::int64_t peak_device_bytes() { return g_peak.load(); }
+
+DeviceBuffer::DeviceBuffer(std::int64_t bytes) : data_(device_alloc(bytes)), bytes_(bytes) {}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    free_counted(data_, bytes_);
+    data_ = o.data_;
+    bytes_ = o.bytes_;
+    o.data_ = nullptr;
+    o.bytes_ = 0;
+  }
+  return *this;
+}
+
+DeviceBuffer::~DeviceBuffer() { free_counted(data_, bytes_); }
+
+DeviceArena::DeviceArena(std::int64_t capacity_bytes) : buffer_(capacity_bytes) {
+  int dev = 0;
+  TRIDENT_CUDA_CHECK(cudaGetDevice(&dev));
+  device_ = {core::DeviceKind::kCuda, dev};
+  if (capacity_bytes > 0) {
+    TRIDENT_CUDA_CHECK(cudaMemset(buffer_.data(), 0, static_cast<size_t>(capacity_bytes)));
+  }
+}
+
+core::TensorView DeviceArena::alloc(core::DType dtype, const core::Shape& shape) {
+  const std::int64_t need = footprint(dtype, shape);
+  TRIDENT_ASSERT(used_ + need <= capacity(), "DeviceArena: out of space: asked for ", need,
+                 " bytes with ", capacity() - used_, " of ", capacity(),
+                 " left (the size table is wrong)");
+  core::TensorView v;
+  v.data = static_cast<char*>(buffer_.data()) + used_;
+  v.dtype = dtype;
+  v.device = device_;
+  v.shape = shape;
+  used_ += need;
+  return v;
+}
+
+}  // namespace trident::kernels::cuda

@@ -1,0 +1,106 @@
+// Device memory for the CUDA backend: the GPU count, copies between host and device, and
+// DeviceArena, core::Arena's counterpart for device memory (one cudaMalloc, bump-allocated
+// TensorViews on core::DeviceKind::kCuda), sized from the same size tables as the host arenas.
+// Plain C++ interface (no CUDA header needed).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "trident/core/exec_context.h"
+#include "trident/core/tensor.h"
+
+namespace trident::kernels::cuda {
+
+// GPUs the CUDA runtime sees; 0 (never an exception) when there is no driver or no device.
+int device_count();
+// Why device_count() is 0 (the CUDA runtime's error text), or "" when there is a device.
+std::string no_device_reason();
+// "NVIDIA H200" etc.
+std::string device_name(int device);
+// Makes `device` current on the calling thread.
+void set_device(int device);
+
+// A stream on the current device (non-blocking with respect to the legacy default stream).
+void* create_stream();
+void destroy_stream(void* stream);
+void synchronize(void* stream);
+
+// Stream-ordered copies (cudaMemcpyAsync with the direction inferred); the host side may be
+// pageable memory. Call synchronize() before reading a device-to-host result.
+void copy_to_device(void* dst, const void* src, std::int64_t bytes, void* stream);
+void copy_to_host(void* dst, const void* src, std::int64_t bytes, void* stream);
+void copy_device_to_device(void* dst, const void* src, std::int64_t bytes, void* stream);
+void fill_zero(void* dst, std::int64_t bytes, void* stream);
+
+void* device_alloc(std::int64_t bytes);  // cudaMalloc on the current device; throws on failure
+void device_free(void* p);
+
+// The largest device memory in use since the process started or the last reset (bytes), from the
+// arenas and DeviceBuffers; for the benchmark table.
+std::int64_t peak_device_bytes();
+
+// One device allocation, freed with the object.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(std::int64_t bytes);
+  DeviceBuffer(DeviceBuffer&& o) noexcept : data_(o.data_), bytes_(o.bytes_) {
+    o.data_ = nullptr;
+    o.bytes_ = 0;
+  }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer();
+
+  void* data() const { return data_; }
+  std::int64_t bytes() const { return bytes_; }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
+
+ private:
+  void* data_ = nullptr;
+  std::int64_t bytes_ = 0;
+};
+
+// core::Arena on the GPU: one zero-filled allocation of `capacity_bytes` on the current device,
+// handing out kAlign-aligned views (device = {kCuda, device index}). Throws core::InternalError
+// when the arena is too small (the size table was wrong) and core::Unavailable when the GPU has not
+// the memory (naming both sizes).
+class DeviceArena {
+ public:
+  static constexpr std::int64_t kAlign = 256;  // cuBLASLt and vector loads like 256-byte alignment
+
+  DeviceArena() = default;
+  explicit DeviceArena(std::int64_t capacity_bytes);
+
+  core::TensorView alloc(core::DType dtype, const core::Shape& shape);
+  void reset() { used_ = 0; }
+  std::int64_t capacity() const { return buffer_.bytes(); }
+  std::int64_t used() const { return used_; }
+  void* base() const { return buffer_.data(); }
+  core::Device device() const { return device_; }
+
+  static std::int64_t footprint(core::DType dtype, const core::Shape& shape) {
+    const std::int64_t b = shape.numel() * core::size_of(dtype);
+    return (b + kAlign - 1) / kAlign * kAlign;
+  }
+
+ private:
+  DeviceBuffer buffer_;
+  std::int64_t used_ = 0;
+  core::Device device_{core::DeviceKind::kCuda, 0};
+};
+
+// An ExecContext for `device` queued on `stream`.
+inline core::ExecContext cuda_context(int device, void* stream = nullptr) {
+  core::ExecContext ctx;
+  ctx.device = {core::DeviceKind::kCuda, device};
+  ctx.stream = stream;
+  return ctx;
+}
+
+}  // namespace trident::kernels::cuda

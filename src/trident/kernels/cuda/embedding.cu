@@ -1,0 +1,196 @@
+// CUDA embedding forward/backward (embedding.h) and fused softmax cross-entropy
+// (cross_entropy.h). Token ids and targets live on the device, so their checks run in the kernels
+// and are reported after a stream sync with the CPU backend's error.
+#include <cuda_runtime.h>
+
+#include <cfloat>
+
+#include "trident/kernels/cuda/cuda_ops.h"
+#include "trident/kernels/cuda/cuda_util.cuh"
+
+namespace trident::kernels::cuda {
+
+namespace {
+
+void check_sizes(const char* op, std::int64_t batch, std::int64_t seq_len, std::int64_t hidden,
+                 std::int64_t vocab_start, std::int64_t vocab_local) {
+  TRIDENT_CHECK(batch >= 0 && seq_len >= 0 && hidden > 0, op,
+                ": need batch, seq_len >= 0 and hidden > 0, got batch=", batch,
+                " seq_len=", seq_len, " hidden=", hidden);
+  TRIDENT_CHECK(vocab_start >= 0 && vocab_local > 0, op,
+                ": need vocab_start >= 0 and vocab_local > 0, got vocab_start=", vocab_start,
+                " vocab_local=", vocab_local);
+}
+
+__device__ void report(long long* flag, long long index) {
+  if (atomicCAS(reinterpret_cast<unsigned long long*>(flag), 0ull, 1ull) == 0ull) flag[1] = index;
+}
+
+__global__ void check_tokens_kernel(long long* flag, const std::int32_t* tokens, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    if (tokens[i] < 0) report(flag, i);
+  }
+}
+
+void check_tokens(const char* op, cudaStream_t s, const std::int32_t* tokens, std::int64_t n) {
+  DeviceFlag flag(s);
+  check_tokens_kernel<<<grid_for(n, 256, 1024), 256, 0, s>>>(flag.ptr(), tokens, n);
+  TRIDENT_CUDA_LAUNCH_CHECK(op);
+  long long code = 0, index = 0;
+  flag.read(code, index);
+  TRIDENT_CHECK(code == 0, op, ": tokens[", index,
+                "] is negative; token ids must be >= 0 (check the dataset and tokenizer)");
+}
+
+__global__ void embedding_forward_kernel(float* out, const std::int32_t* tokens, const float* wte,
+                                         const float* wpe, std::int64_t rows, std::int64_t T,
+                                         std::int64_t C, std::int64_t vocab_start,
+                                         std::int64_t vocab_local, std::int64_t pos0) {
+  const std::int64_t n = rows * C;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t row = i / C, c = i - row * C;
+    const std::int64_t local = tokens[row] - vocab_start;
+    float v = 0.0f;
+    const bool owned = local >= 0 && local < vocab_local;
+    if (owned) v = wte[local * C + c];
+    if (wpe) v = owned ? v + wpe[(pos0 + row % T) * C + c] : wpe[(pos0 + row % T) * C + c];
+    out[i] = v;
+  }
+}
+
+// One thread per column walks every row in order (the CPU's order): deterministic, no atomics.
+__global__ void embedding_backward_wte_kernel(float* d_wte, const float* d_out,
+                                              const std::int32_t* tokens, std::int64_t rows,
+                                              std::int64_t C, std::int64_t vocab_start,
+                                              std::int64_t vocab_local) {
+  const std::int64_t c = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= C) return;
+  for (std::int64_t row = 0; row < rows; ++row) {
+    const std::int64_t local = tokens[row] - vocab_start;
+    if (local < 0 || local >= vocab_local) continue;
+    d_wte[local * C + c] += d_out[row * C + c];
+  }
+}
+
+__global__ void embedding_backward_wpe_kernel(float* d_wpe, const float* d_out, std::int64_t B,
+                                              std::int64_t T, std::int64_t C) {
+  const std::int64_t n = T * C;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t t = i / C, c = i - t * C;
+    float w = d_wpe[i];
+    for (std::int64_t b = 0; b < B; ++b) w += d_out[(b * T + t) * C + c];
+    d_wpe[i] = w;
+  }
+}
+
+constexpr int kCeThreads = 512;
+
+__global__ void check_targets_kernel(long long* flag, const std::int32_t* targets,
+                                     std::int64_t rows, std::int64_t V) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < rows;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    if (targets[i] >= V) report(flag, i);
+  }
+}
+
+__global__ void cross_entropy_kernel(float* losses, float* d_logits, const float* logits,
+                                     const std::int32_t* targets, float d_scale, std::int64_t V,
+                                     std::int64_t Vp) {
+  const std::int64_t r = blockIdx.x;
+  const float* x = logits + r * Vp;
+  float* dx = d_logits ? d_logits + r * Vp : nullptr;  // may alias x
+  const std::int32_t target = targets[r];
+  if (target < 0) {
+    if (threadIdx.x == 0) losses[r] = 0.0f;
+    if (dx)
+      for (std::int64_t c = threadIdx.x; c < Vp; c += blockDim.x) dx[c] = 0.0f;
+    return;
+  }
+  float m = -FLT_MAX;
+  for (std::int64_t c = threadIdx.x; c < V; c += blockDim.x) m = fmaxf(m, x[c]);
+  const float row_max = block_max(m);
+  double sum = 0.0;
+  for (std::int64_t c = threadIdx.x; c < V; c += blockDim.x) sum += expf(x[c] - row_max);
+  sum = block_sum(sum);
+  const float x_target = x[target];
+  __syncthreads();  // every thread has read x[target] before dx (maybe x) is written
+  if (threadIdx.x == 0) {
+    losses[r] = static_cast<float>(static_cast<double>(row_max) + log(sum) - x_target);
+  }
+  if (!dx) return;
+  const float coef = static_cast<float>(d_scale / sum);
+  for (std::int64_t c = threadIdx.x; c < Vp; c += blockDim.x) {
+    dx[c] = c < V ? expf(x[c] - row_max) * coef : 0.0f;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) dx[target] -= d_scale;
+}
+
+}  // namespace
+
+void embedding_forward(const ExecContext& ctx, const EmbeddingForwardArgs& args) {
+  check_sizes("embedding_forward", args.batch, args.seq_len, args.hidden, args.vocab_start,
+              args.vocab_local);
+  const std::int64_t rows = args.batch * args.seq_len, C = args.hidden;
+  if (rows == 0) return;
+  TRIDENT_CHECK(args.out && args.tokens && args.wte,
+                "embedding_forward: out, tokens and wte must be non-null");
+  TRIDENT_CHECK(args.position_offset >= 0, "embedding_forward: position_offset must be >= 0, got ",
+                args.position_offset);
+  cudaStream_t s = stream_of(ctx);
+  check_tokens("embedding_forward", s, args.tokens, rows);
+  embedding_forward_kernel<<<grid_for(rows * C, 256), 256, 0, s>>>(
+      args.out, args.tokens, args.wte, args.wpe, rows, args.seq_len, C, args.vocab_start,
+      args.vocab_local, args.position_offset);
+  TRIDENT_CUDA_LAUNCH_CHECK("embedding_forward");
+}
+
+void embedding_backward(const ExecContext& ctx, const EmbeddingBackwardArgs& args) {
+  check_sizes("embedding_backward", args.batch, args.seq_len, args.hidden, args.vocab_start,
+              args.vocab_local);
+  const std::int64_t rows = args.batch * args.seq_len, C = args.hidden;
+  if (rows == 0) return;
+  TRIDENT_CHECK(args.d_wte && args.d_out && args.tokens,
+                "embedding_backward: d_wte, d_out and tokens must be non-null");
+  cudaStream_t s = stream_of(ctx);
+  check_tokens("embedding_backward", s, args.tokens, rows);
+  embedding_backward_wte_kernel<<<grid_for(C, 128), 128, 0, s>>>(
+      args.d_wte, args.d_out, args.tokens, rows, C, args.vocab_start, args.vocab_local);
+  TRIDENT_CUDA_LAUNCH_CHECK("embedding_backward");
+  if (args.d_wpe) {
+    embedding_backward_wpe_kernel<<<grid_for(args.seq_len * C, 256), 256, 0, s>>>(
+        args.d_wpe, args.d_out, args.batch, args.seq_len, C);
+    TRIDENT_CUDA_LAUNCH_CHECK("embedding_backward");
+  }
+}
+
+void cross_entropy_forward_backward(const ExecContext& ctx, const CrossEntropyArgs& args) {
+  const std::int64_t rows = args.rows, V = args.vocab, Vp = args.vocab_padded;
+  TRIDENT_CHECK(rows >= 0 && V > 0 && Vp >= V,
+                "cross_entropy_forward_backward: need rows >= 0 and 0 < vocab <= vocab_padded, "
+                "got rows=",
+                rows, " vocab=", V, " vocab_padded=", Vp);
+  if (rows == 0) return;
+  TRIDENT_CHECK(args.losses && args.logits && args.targets,
+                "cross_entropy_forward_backward: losses, logits and targets must be non-null");
+  TRIDENT_CHECK(rows <= 0x7fffffff, "cross_entropy_forward_backward: too many rows");
+  cudaStream_t s = stream_of(ctx);
+  {
+    DeviceFlag flag(s);
+    check_targets_kernel<<<grid_for(rows, 256, 1024), 256, 0, s>>>(flag.ptr(), args.targets, rows,
+                                                                   V);
+    TRIDENT_CUDA_LAUNCH_CHECK("cross_entropy_forward_backward");
+    long long code = 0, index = 0;
+    flag.read(code, index);
+    TRIDENT_ASSERT(code == 0, "cross_entropy_forward_backward: targets[", index,
+                   "] is outside the real vocabulary [0, ", V, ") (a padding column or beyond)");
+  }
+  cross_entropy_kernel<<<static_cast<unsigned>(rows), kCeThreads, 0, s>>>(
+      args.losses, args.d_logits, args.logits, args.targets, args.d_scale, V, Vp);
+  TRIDENT_CUDA_LAUNCH_CHECK("cross_entropy_forward_backward");
+}
+
+}  // namespace trident::kernels::cuda
