@@ -2,10 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include "trident/core/error.h"
 #include "trident/core/rng.h"
+#include "trident/kernels/fill.h"
+#include "trident/kernels/init_normal.h"
 
 namespace trident::model {
 
@@ -131,7 +132,8 @@ void init_params_range(const ModelConfig& cfg, const ParamTable& table, std::uin
                        std::int64_t begin, std::int64_t end, float* out, int tp_rank) {
   TRIDENT_CHECK(0 <= begin && begin <= end && end <= table.total_numel, "init range [", begin, ", ",
                 end, ") outside the table's ", table.total_numel, " elements");
-  std::memset(out, 0, static_cast<std::size_t>(end - begin) * sizeof(float));
+  const core::ExecContext ctx;
+  kernels::fill(ctx, {.out = out, .value = 0.0f, .n = end - begin});
   const double std_normal = cfg.init_method_std;
   const double std_scaled =
       cfg.init_method_std / std::sqrt(2.0 * static_cast<double>(cfg.num_layers));
@@ -145,18 +147,22 @@ void init_params_range(const ModelConfig& cfg, const ParamTable& table, std::uin
       case InitRule::kZeros:
         break;
       case InitRule::kOnes:
-        for (std::int64_t i = lo; i < hi; ++i) dst[i - lo] = 1.0f;
+        kernels::fill(ctx, {.out = dst, .value = 1.0f, .n = hi - lo});
         break;
       case InitRule::kNormal:
       case InitRule::kScaledNormal: {
-        const double std = p.init == InitRule::kNormal ? std_normal : std_scaled;
-        const std::uint64_t stream = core::fnv1a64(p.name.c_str());
-#pragma omp parallel for schedule(static)
-        for (std::int64_t i = lo; i < hi; ++i) {
-          const std::int64_t g = p.global_index(i, tp_rank);
-          dst[i - lo] = static_cast<float>(
-              std * core::philox_normal(seed, stream, static_cast<std::uint64_t>(g)));
-        }
+        // Keyed by the global element index (ParamSpec::global_index, as the kernel's formula).
+        const bool by_cols = p.tp_split_dim == 1;
+        kernels::init_normal(ctx, {.out = dst,
+                                   .begin = lo,
+                                   .end = hi,
+                                   .seed = seed,
+                                   .stream = core::fnv1a64(p.name.c_str()),
+                                   .stddev = p.init == InitRule::kNormal ? std_normal : std_scaled,
+                                   .base = p.tp_split_dim == 0 ? tp_rank * p.numel : 0,
+                                   .local_cols = by_cols ? p.shape[1] : 1,
+                                   .global_cols = by_cols ? p.global_shape[1] : 1,
+                                   .col_offset = by_cols ? tp_rank * p.shape[1] : 0});
         break;
       }
     }

@@ -25,6 +25,7 @@
 #include "trident/kernels/flash_attention.h"
 #include "trident/kernels/fused_bias_gelu.h"
 #include "trident/kernels/fused_residual_layernorm.h"
+#include "trident/kernels/init_normal.h"
 #include "trident/kernels/kv_cache_attention.h"
 #include "trident/kernels/layernorm.h"
 #include "trident/kernels/overflow.h"
@@ -69,6 +70,7 @@ struct CpuOps {
   void (*vocab_parallel_ce_loss)(const ExecContext&, const VocabParallelCeLossArgs&);
   TokenLossSum (*sum_token_losses)(const ExecContext&, const float*, const std::int32_t*,
                                    std::int64_t);
+  void (*init_normal)(const ExecContext&, const InitNormalArgs&);
 };
 
 namespace cpu_x86_64 {
@@ -131,5 +133,6 @@ void vocab_parallel_ce_sum_target(const ExecContext& ctx, const VocabParallelCeS
 void vocab_parallel_ce_loss(const ExecContext& ctx, const VocabParallelCeLossArgs& args);
 TokenLossSum sum_token_losses(const ExecContext& ctx, const float* losses,
                               const std::int32_t* targets, std::int64_t rows);
+void init_normal(const ExecContext& ctx, const InitNormalArgs& args);
 }  // namespace trident::kernels::TRIDENT_CPU_ISA
 #endif

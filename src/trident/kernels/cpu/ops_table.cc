@@ -40,6 +40,7 @@ const CpuOps kOps = {
     .vocab_parallel_ce_sum_target = &vocab_parallel_ce_sum_target,
     .vocab_parallel_ce_loss = &vocab_parallel_ce_loss,
     .sum_token_losses = &sum_token_losses,
+    .init_normal = &init_normal,
 };
 
 }  // namespace trident::kernels::TRIDENT_CPU_ISA

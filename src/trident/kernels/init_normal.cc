@@ -1,0 +1,22 @@
+// Backend dispatch of init_normal.h; the CPU bodies are in kernels/cpu/init_normal.cc (one per
+// instruction-set variant), the reference in kernels/ref/.
+#include "trident/kernels/init_normal.h"
+
+#include "trident/core/error.h"
+#include "trident/kernels/backend.h"
+
+namespace trident::kernels {
+
+void init_normal(const core::ExecContext& ctx, const InitNormalArgs& a) {
+  TRIDENT_CHECK(0 <= a.begin && a.begin <= a.end && a.local_cols > 0 && a.global_cols > 0,
+                "init_normal: bad range [", a.begin, ", ", a.end, ") or column counts ",
+                a.local_cols, " / ", a.global_cols);
+  switch (ctx.device.kind) {
+    case core::DeviceKind::kCpu:
+      return cpu_ops(ctx).init_normal(ctx, a);
+    case core::DeviceKind::kCuda:
+      no_cuda_backend("init_normal");
+  }
+}
+
+}  // namespace trident::kernels

@@ -1,0 +1,87 @@
+// Normal initialization against its reference (exactly: the same Philox draw and one rounding),
+// and layout independence: tp shards along dim 0 and dim 1, and sub-ranges of a shard, reassemble
+// the values of the unsplit parameter; the sample moments are those of N(0, stddev^2).
+#include "trident/kernels/init_normal.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "kernel_test_util.h"
+
+namespace trident::kernels {
+namespace {
+
+using testing::all_equal;
+
+constexpr std::int64_t kRows = 24, kCols = 40;
+
+std::vector<float> whole(double stddev) {
+  std::vector<float> v(kRows * kCols);
+  init_normal(testing::backend_ctx(), {.out = v.data(),
+                                       .begin = 0,
+                                       .end = kRows * kCols,
+                                       .seed = 3,
+                                       .stream = 99,
+                                       .stddev = stddev,
+                                       .local_cols = kCols,
+                                       .global_cols = kCols});
+  return v;
+}
+
+TEST(InitNormal, MatchesReferenceAndMoments) {
+  const std::vector<float> got = whole(0.02);
+  std::vector<float> want(got.size());
+  ref::init_normal({.out = want.data(),
+                    .begin = 0,
+                    .end = kRows * kCols,
+                    .seed = 3,
+                    .stream = 99,
+                    .stddev = 0.02,
+                    .local_cols = kCols,
+                    .global_cols = kCols});
+  EXPECT_TRUE(all_equal("init", got, want));
+  double sum = 0, sq = 0;
+  for (float x : got) {
+    sum += x;
+    sq += static_cast<double>(x) * x;
+  }
+  const double n = static_cast<double>(got.size()), mean = sum / n;
+  EXPECT_NEAR(mean, 0.0, 0.004);  // ~5 standard errors of the mean
+  EXPECT_NEAR(std::sqrt(sq / n - mean * mean), 0.02, 0.002);
+}
+
+TEST(InitNormal, ShardsReassembleTheWholeParameter) {
+  const std::vector<float> ref = whole(1.0);
+  const int tp = 4;
+  for (int dim : {0, 1}) {
+    std::vector<float> joined(ref.size());
+    for (int r = 0; r < tp; ++r) {
+      const std::int64_t rows = dim == 0 ? kRows / tp : kRows, cols = dim == 0 ? kCols : kCols / tp;
+      std::vector<float> shard(rows * cols);
+      // Two sub-ranges (as a ZeRO shard boundary would cut it).
+      const std::int64_t cut = rows * cols / 3;
+      for (auto [b, e] : {std::pair<std::int64_t, std::int64_t>{0, cut}, {cut, rows * cols}}) {
+        init_normal(testing::backend_ctx(), {.out = shard.data() + b,
+                                             .begin = b,
+                                             .end = e,
+                                             .seed = 3,
+                                             .stream = 99,
+                                             .stddev = 1.0,
+                                             .base = dim == 0 ? r * rows * cols : 0,
+                                             .local_cols = cols,
+                                             .global_cols = kCols,
+                                             .col_offset = dim == 1 ? r * cols : 0});
+      }
+      for (std::int64_t i = 0; i < rows * cols; ++i) {
+        const std::int64_t row = i / cols + (dim == 0 ? r * rows : 0);
+        const std::int64_t col = i % cols + (dim == 1 ? r * cols : 0);
+        joined[row * kCols + col] = shard[i];
+      }
+    }
+    EXPECT_TRUE(all_equal("reassembled", joined, ref)) << "split dim " << dim;
+  }
+}
+
+}  // namespace
+}  // namespace trident::kernels
