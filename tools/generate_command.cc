@@ -34,10 +34,24 @@ model::ModelConfig model_config_from(const nlohmann::json& c) {
   m.vocab_size = c.at("vocab_size");
   m.make_vocab_size_divisible_by = c.at("make_vocab_size_divisible_by");
   m.layernorm_epsilon = c.at("layernorm_epsilon");
-  if (c.value("position_embedding_type", std::string("learned_absolute")) == "alibi") {
-    m.position_embedding = model::PositionEmbedding::kAlibi;
-  }
+  const std::string pos = c.value("position_embedding_type", std::string("learned_absolute"));
+  if (pos == "alibi") m.position_embedding = model::PositionEmbedding::kAlibi;
+  if (pos == "rope") m.position_embedding = model::PositionEmbedding::kRope;
   m.embed_layernorm = c.value("embed_layernorm", false);
+  if (c.value("normalization", std::string("LayerNorm")) == "RMSNorm") {
+    m.normalization = model::Normalization::kRmsNorm;
+  }
+  m.swiglu = c.value("swiglu", false);
+  m.num_query_groups = c.value("num_query_groups", std::int64_t{0});
+  m.untie_embeddings_and_output_weights = c.value("untie_embeddings_and_output_weights", false);
+  m.add_bias_linear = c.value("add_bias_linear", true);
+  m.rotary_base = c.value("rotary_base", 10000.0f);
+  m.rope_scaling = c.value("use_rope_scaling", false);
+  m.rope_scaling_factor = c.value("rope_scaling_factor", 8.0f);
+  m.rope_low_freq_factor = c.value("rope_low_freq_factor", 1.0f);
+  m.rope_high_freq_factor = c.value("rope_high_freq_factor", 4.0f);
+  m.rope_original_max_positions =
+      c.value("rope_original_max_position_embeddings", std::int64_t{8192});
   return m;
 }
 

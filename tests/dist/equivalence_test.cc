@@ -127,6 +127,14 @@ class Equivalence : public ::testing::Test {
       c.position_embedding = model::PositionEmbedding::kAlibi;
       c.embed_layernorm = true;
     }
+    if (model_flags.find("--model llama") != std::string::npos) {  // as kLlama below
+      c.normalization = model::Normalization::kRmsNorm;
+      c.position_embedding = model::PositionEmbedding::kRope;
+      c.swiglu = true;
+      c.untie_embeddings_and_output_weights = true;
+      c.add_bias_linear = false;
+      c.num_query_groups = 2;
+    }
     c.num_layers = 4;
     c.hidden_size = 32;
     c.num_attention_heads = 4;
@@ -339,6 +347,31 @@ TEST_F(Equivalence, BloomThreeD) {
                      2,
                      "--model bloom"});
 }
+// Llama (RMSNorm, rotary with Llama 3 scaling, SwiGLU, 2 key/value groups for 4 query heads split
+// across tp ranks, untied output layer, no biases): the same layout equivalence as GPT, in 3D, with
+// ZeRO-3 and sequence parallelism, and interleaved pipelining with full recomputation.
+constexpr const char* kLlama =
+    "--model llama --group-query-attention --num-query-groups 2 --use-rope-scaling "
+    "--rope-scaling-factor 4";
+TEST_F(Equivalence, LlamaLayouts) {
+  expect_equivalent({"llama_tp2pp2dp2",
+                     8,
+                     {"--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2"},
+                     2,
+                     kLlama});
+  expect_equivalent({"llama_tp2dp2zero3sp",
+                     4,
+                     {"--tensor-model-parallel-size 2 --zero-stage 3 --sequence-parallel"},
+                     2,
+                     kLlama});
+  expect_equivalent({"llama_pp2v2recompute",
+                     2,
+                     {"--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1 "
+                      "--recompute-granularity full"},
+                     1,
+                     kLlama});
+}
+
 // `trident generate` reassembles a TP x PP checkpoint and decodes greedily the same tokens as from
 // the one-process checkpoint.
 TEST_F(Equivalence, GenerateFromThreeDCheckpoint) {
