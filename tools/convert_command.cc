@@ -17,6 +17,7 @@
 
 #include "commands.h"
 #include "trident/ckpt/checkpoint.h"
+#include "trident/ckpt/model_config_json.h"
 #include "trident/ckpt/reshard.h"
 #include "trident/ckpt/save_lock.h"
 #include "trident/core/error.h"
@@ -40,24 +41,6 @@ struct ConvertArgs {
   std::int64_t layers_per_virtual_stage = -2, first_stage_layers = -2, last_stage_layers = -2;
   std::string sequence_parallel;  // "", "on", "off"
 };
-
-// The architecture of a checkpoint's model, from its manifest's config (TrainConfig::to_json).
-model::ModelConfig model_config_from(const nlohmann::json& c) {
-  model::ModelConfig m;
-  m.num_layers = c.at("num_layers");
-  m.hidden_size = c.at("hidden_size");
-  m.num_attention_heads = c.at("num_attention_heads");
-  m.ffn_hidden_size = c.at("ffn_hidden_size");
-  m.seq_length = c.at("seq_length");
-  m.max_position_embeddings = c.at("max_position_embeddings");
-  m.vocab_size = c.at("vocab_size");
-  m.make_vocab_size_divisible_by = c.at("make_vocab_size_divisible_by");
-  m.position_embedding = c.at("position_embedding_type") == "alibi"
-                             ? model::PositionEmbedding::kAlibi
-                             : model::PositionEmbedding::kLearnedAbsolute;
-  m.embed_layernorm = c.at("embed_layernorm");
-  return m;
-}
 
 void convert(const ConvertArgs& a) {
   TRIDENT_CHECK(!a.load.empty() && !a.save.empty(), "convert needs --load DIR and --save DIR");
@@ -83,7 +66,7 @@ void convert(const ConvertArgs& a) {
       "--sequence-parallel takes on or off");
   TRIDENT_CHECK(tp >= 1 && pp >= 1 && dp >= 1, "parallel sizes must be >= 1");
   TRIDENT_CHECK(stage >= 0 && stage <= 3, "--zero-stage must be 0, 1, 2 or 3");
-  model::ModelConfig mc = model_config_from(config);
+  model::ModelConfig mc = ckpt::model_config_from_json(config);
   // The padded vocabulary stays the checkpoint's (its rows are trained weights): the target's
   // --make-vocab-size-divisible-by is chosen to give the same padding at the new TP size.
   const std::int64_t padded = mc.padded_vocab_size(sl.at("tp").get<int>());

@@ -6,6 +6,7 @@
 
 #include "commands.h"
 #include "trident/ckpt/checkpoint.h"
+#include "trident/ckpt/model_config_json.h"
 #include "trident/core/arena.h"
 #include "trident/core/error.h"
 #include "trident/data/tokenizer.h"
@@ -23,42 +24,10 @@ struct GenerateOptions {
   model::SamplingConfig sampling;
 };
 
-model::ModelConfig model_config_from(const nlohmann::json& c) {
-  model::ModelConfig m;
-  m.num_layers = c.at("num_layers");
-  m.hidden_size = c.at("hidden_size");
-  m.num_attention_heads = c.at("num_attention_heads");
-  m.ffn_hidden_size = c.at("ffn_hidden_size");
-  m.seq_length = c.at("seq_length");
-  m.max_position_embeddings = c.at("max_position_embeddings");
-  m.vocab_size = c.at("vocab_size");
-  m.make_vocab_size_divisible_by = c.at("make_vocab_size_divisible_by");
-  m.layernorm_epsilon = c.at("layernorm_epsilon");
-  const std::string pos = c.value("position_embedding_type", std::string("learned_absolute"));
-  if (pos == "alibi") m.position_embedding = model::PositionEmbedding::kAlibi;
-  if (pos == "rope") m.position_embedding = model::PositionEmbedding::kRope;
-  m.embed_layernorm = c.value("embed_layernorm", false);
-  if (c.value("normalization", std::string("LayerNorm")) == "RMSNorm") {
-    m.normalization = model::Normalization::kRmsNorm;
-  }
-  m.swiglu = c.value("swiglu", false);
-  m.num_query_groups = c.value("num_query_groups", std::int64_t{0});
-  m.untie_embeddings_and_output_weights = c.value("untie_embeddings_and_output_weights", false);
-  m.add_bias_linear = c.value("add_bias_linear", true);
-  m.rotary_base = c.value("rotary_base", 10000.0f);
-  m.rope_scaling = c.value("use_rope_scaling", false);
-  m.rope_scaling_factor = c.value("rope_scaling_factor", 8.0f);
-  m.rope_low_freq_factor = c.value("rope_low_freq_factor", 1.0f);
-  m.rope_high_freq_factor = c.value("rope_high_freq_factor", 4.0f);
-  m.rope_original_max_positions =
-      c.value("rope_original_max_position_embeddings", std::int64_t{8192});
-  return m;
-}
-
 void run_generate(const GenerateOptions& o) {
   const nlohmann::json manifest = ckpt::read_manifest(o.load, o.iteration);
   const nlohmann::json& config = manifest.at("config");
-  model::ModelConfig mc = model_config_from(config);
+  model::ModelConfig mc = ckpt::model_config_from_json(config);
   // A tensor-parallel run padded the vocabulary to a multiple of divisible-by x tp: keep that
   // padding so every parameter has its trained shape.
   mc.make_vocab_size_divisible_by *= manifest.at("layout").value("tp", 1);
