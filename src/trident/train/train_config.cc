@@ -282,6 +282,9 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
 
   app.add_option("--save", c.save, "Checkpoint directory to write");
   app.add_option("--load", c.load, "Checkpoint directory to resume from");
+  app.add_flag("--finetune", c.finetune,
+               "With --load: take the weights only (iteration 0, data from the start, fresh "
+               "optimizer and loss scaler), as Megatron");
   app.add_option("--save-interval", c.save_interval, "Iterations between checkpoints");
   app.add_option("--exit-interval", c.exit_interval, "Save (if --save) and exit at this iteration");
   app.add_flag("--deepspeed", c.deepspeed,

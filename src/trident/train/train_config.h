@@ -87,6 +87,7 @@ struct TrainConfig {
 
   // Checkpoints.
   std::string save, load;
+  bool finetune = false;  // --finetune: load weights only; iteration, data and optimizer restart
   std::int64_t save_interval = 0;
   std::int64_t exit_interval = 0;
   bool exit_on_missing_checkpoint = false;

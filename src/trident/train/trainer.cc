@@ -308,10 +308,21 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
   TRIDENT_CHECK(have_checkpoint || !cfg.exit_on_missing_checkpoint, "--load ", cfg.load,
                 ": no trident checkpoint there (--exit-on-missing-checkpoint)");
   if (have_checkpoint) {
-    ckpt::load_checkpoint(cfg.load, -1, state, world);
-    iteration = state.iteration;
-    consumed = state.consumed_train_samples;
-    consumed_valid = state.consumed_valid_samples;
+    if (cfg.finetune) {  // weights only: the moments stay zero (null data skips a tensor)
+      const ckpt::CheckpointState::Slice m = state.exp_avg, v = state.exp_avg_sq;
+      state.exp_avg.data = state.exp_avg_sq.data = nullptr;
+      ckpt::load_checkpoint(cfg.load, -1, state, world);
+      state.exp_avg = m;
+      state.exp_avg_sq = v;
+      state.trainer_state = nlohmann::json::object();
+      log::info("train: --finetune: weights of ", cfg.load, " iteration ", state.iteration,
+                "; starting at iteration 0 with a fresh optimizer");
+    } else {
+      ckpt::load_checkpoint(cfg.load, -1, state, world);
+      iteration = state.iteration;
+      consumed = state.consumed_train_samples;
+      consumed_valid = state.consumed_valid_samples;
+    }
     skipped_iters = state.trainer_state.value("skipped_iterations", std::int64_t{0});
     nan_iters = state.trainer_state.value("nan_iterations", std::int64_t{0});
   } else {
