@@ -25,8 +25,10 @@ def main(argv):
     m = AutoModelForCausalLM.from_pretrained(a.model).eval()
     ids = torch.tensor([[int(t) for t in a.prompt.split()]])
     with torch.no_grad():
+        # synced_gpus given: otherwise generate() imports torch.distributed.fsdp, which Debian's
+        # torch 1.13 cannot import under Python 3.11 (a dataclass with a mutable default).
         gen = m.generate(ids, max_new_tokens=a.max_new_tokens, min_new_tokens=a.max_new_tokens,
-                         do_sample=False, num_beams=1, pad_token_id=0)
+                         do_sample=False, num_beams=1, pad_token_id=0, synced_gpus=False)
         logits = m.double()(ids).logits[0]
     print(f"{type(m).__name__}: generated {gen.shape[1] - ids.shape[1]} tokens")
     write_tensor_file(a.output, [("logits", logits.contiguous()),

@@ -107,13 +107,16 @@ def main(argv):
         it = int(f.read())
     manifest = json.load(open(os.path.join(ckpt, "iter_%07d" % it, "manifest.json")))
     print("trident layout:", manifest["layout"])
-    m2 = AutoModelForCausalLM.from_pretrained(out).eval()
+    # Both directories loaded the same way (CPU torch has no FP16 LayerNorm: FP16 runs in FP32).
+    dtype = torch.float32 if a.dtype == "float16" else "auto"
+    m1 = AutoModelForCausalLM.from_pretrained(src, torch_dtype=dtype).eval()
+    m2 = AutoModelForCausalLM.from_pretrained(out, torch_dtype=dtype).eval()
     tok2 = AutoTokenizer.from_pretrained(out)
     text = "the lazy fox jumps 12 times"
     ids = tok(text, return_tensors="pt").input_ids
     assert torch.equal(ids, tok2(text, return_tensors="pt").input_ids), "tokenizer differs"
     with torch.no_grad():
-        l1, l2 = m(ids).logits, m2(ids).logits
+        l1, l2 = m1(ids).logits, m2(ids).logits
     assert l2.dtype == l1.dtype and torch.equal(l1, l2), \
         f"logits differ: max {float((l1.float() - l2.float()).abs().max())}"
     print(f"{type(m2).__name__} loads from the export; logits on {ids.shape[1]} tokens identical")
