@@ -175,7 +175,11 @@ void init_params_range(const ModelConfig& cfg, const ParamTable& table, std::uin
       case InitRule::kNormal:
       case InitRule::kScaledNormal: {
         // Keyed by the global element index (ParamSpec::global_index, as the kernel's formula).
+        // Split along dim 1: each row of dim 0 holds local_cols = numel / shape[0] elements of
+        // global_cols (SwiGLU's (2, F, C) up-projection: rows are gate and up, columns F x C).
         const bool by_cols = p.tp_split_dim == 1;
+        const std::int64_t local_cols = by_cols ? p.numel / p.shape[0] : 1;
+        const std::int64_t global_cols = by_cols ? local_cols / p.shape[1] * p.global_shape[1] : 1;
         kernels::init_normal(ctx, {.out = dst,
                                    .begin = lo,
                                    .end = hi,
@@ -183,9 +187,9 @@ void init_params_range(const ModelConfig& cfg, const ParamTable& table, std::uin
                                    .stream = core::fnv1a64(p.name.c_str()),
                                    .stddev = p.init == InitRule::kNormal ? std_normal : std_scaled,
                                    .base = p.tp_split_dim == 0 ? tp_rank * p.numel : 0,
-                                   .local_cols = by_cols ? p.shape[1] : 1,
-                                   .global_cols = by_cols ? p.global_shape[1] : 1,
-                                   .col_offset = by_cols ? tp_rank * p.shape[1] : 0});
+                                   .local_cols = local_cols,
+                                   .global_cols = global_cols,
+                                   .col_offset = by_cols ? tp_rank * local_cols : 0});
         break;
       }
     }
