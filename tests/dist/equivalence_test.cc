@@ -44,6 +44,7 @@ struct Layout {
   int tp = 1;
   // Model flags shared with the single-process reference run it is compared with.
   std::string model_flags;
+  std::string shell_prefix;  // np = 1: before the command (e.g. a ulimit)
 };
 
 class Equivalence : public ::testing::Test {
@@ -87,7 +88,7 @@ class Equivalence : public ::testing::Test {
                 "OMP_NUM_THREADS=1 ") +
             TRIDENT_MPIEXEC + " -np " + std::to_string(l.np) + " ";
     } else {
-      cmd = "OMP_NUM_THREADS=1 ";
+      cmd = l.shell_prefix + "OMP_NUM_THREADS=1 ";
     }
     cmd += std::string(TRIDENT_CLI) +
            " train --num-layers 4 --hidden-size 32 --num-attention-heads 4 --seq-length 16"
@@ -503,6 +504,103 @@ TEST_F(Equivalence, ThreeDSequenceParallelInterleaved) {
                      {"--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
                       "--sequence-parallel --num-layers-per-virtual-pipeline-stage 1"},
                      2});
+}
+
+// --offload-optimizer nvme (docs/offload.md): the Adam moments streamed from files through a
+// window of 4096-element chunks (several per rank, boundaries inside parameters) give bitwise the
+// losses and the final checkpoint (weights and both moments) of the same layout in memory.
+class Offload : public Equivalence {
+ protected:
+  static std::string offload_flags(const std::string& name) {
+    const std::string disk = run_dir(name + "_disk");
+    fs::create_directories(disk);
+    return "--offload-optimizer nvme --offload-path " + disk + " --offload-window-mib 0.1";
+  }
+  // The run without offload (once per suite: later tests reuse it).
+  static void baseline(const Layout& l) {
+    if (!fs::exists(run_dir(l.name) + "/metrics.jsonl")) {
+      ASSERT_EQ(train(l), 0) << l.name;
+    }
+  }
+  static std::string read_bytes(const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  }
+  static void expect_same_checkpoint(const std::string& a, const std::string& b) {
+    const fs::path da = fs::path(run_dir(a)) / "ckpt" / "iter_0000010";
+    const fs::path db = fs::path(run_dir(b)) / "ckpt" / "iter_0000010";
+    int shards = 0;
+    for (const auto& e : fs::directory_iterator(da)) {
+      if (e.path().extension() != ".bin") continue;
+      ++shards;
+      const std::string x = read_bytes(e.path()), y = read_bytes(db / e.path().filename());
+      EXPECT_GT(x.size(), 8u);
+      EXPECT_TRUE(x == y) << b << ": " << e.path().filename() << " differs from " << a;
+    }
+    EXPECT_GT(shards, 0) << da;
+  }
+  static void expect_bitwise(const Layout& l) {
+    baseline(l);
+    Layout o = l;
+    o.name = l.name + "_offload";
+    o.flags.push_back(offload_flags(o.name));
+    ASSERT_EQ(train(o), 0) << o.name;
+    const std::vector<double> a = losses(l.name), b = losses(o.name);
+    ASSERT_EQ(a.size(), 10u);
+    ASSERT_EQ(b.size(), 10u);
+    for (std::size_t i = 0; i < a.size(); ++i)
+      EXPECT_EQ(a[i], b[i]) << o.name << " iteration " << i + 1;
+    expect_same_checkpoint(l.name, o.name);
+    // The log names the window and the I/O rates; the files are gone after the run.
+    const std::string log = read_bytes(run_dir(o.name) + "/log.txt");
+    EXPECT_NE(log.find("offload: Adam moments of"), std::string::npos) << log;
+    EXPECT_NE(log.find("MiB/s), waiting for I/O"), std::string::npos) << log;
+    EXPECT_TRUE(fs::is_empty(run_dir(o.name + "_disk")));
+  }
+};
+
+TEST_F(Offload, OneProcess) { expect_bitwise({"reference", 1, {}, 1}); }
+TEST_F(Offload, Zero1DataParallel2) {
+  expect_bitwise({"zero1dp2", 2, {"--zero-stage 1 --ddp-bucket-size 5000"}, 1});
+}
+TEST_F(Offload, Zero3DataParallel2) { expect_bitwise({"zero3dp2", 2, {"--zero-stage 3"}, 1}); }
+TEST_F(Offload, TensorParallel2DataParallel2) {
+  expect_bitwise({"tp2dp2", 4, {"--tensor-model-parallel-size 2"}, 2});
+}
+TEST_F(Offload, PipelineZero2) {
+  expect_bitwise({"pp2dp2zero2", 4, {"--pipeline-model-parallel-size 2 --zero-stage 2"}, 1});
+}
+
+TEST_F(Offload, Bf16Zero1) { expect_bitwise({"bf16zero1dp2", 2, {"--bf16 --zero-stage 1"}, 1}); }
+
+// Saved at iteration 5 with the moments on disk (the shard streamed from the mapped files),
+// resumed with them on disk again: bitwise the uninterrupted run without offload.
+TEST_F(Offload, ResumeIsBitwise) {
+  const Layout full{"zero1dp2", 2, {"--zero-stage 1 --ddp-bucket-size 5000"}, 1};
+  baseline(full);
+  const std::string flags = "--zero-stage 1 --ddp-bucket-size 5000 " + offload_flags("resume");
+  ASSERT_EQ(WEXITSTATUS(train({"offload_resume", 2, {flags + " --exit-interval 5"}, 1})), 13);
+  ASSERT_EQ(
+      train({"offload_resume", 2, {flags + " --load " + run_dir("offload_resume") + "/ckpt"}, 1}),
+      0);
+  const auto a = losses("zero1dp2"), b = losses("offload_resume");
+  ASSERT_EQ(a.size(), 10u);
+  ASSERT_EQ(b.size(), 10u);
+  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "iteration " << i + 1;
+  expect_same_checkpoint("zero1dp2", "offload_resume");
+}
+
+// A disk that cannot hold the moments (the file size limit stands in for a full disk) stops the
+// run before the first step with the reason and the fix.
+TEST_F(Offload, FullDiskIsAClearError) {
+  Layout l{"offload_full", 1, {offload_flags("offload_full")}, 1};
+  // (PMIx's hash store: its default shared-memory store would hit the limit first.)
+  l.shell_prefix = "ulimit -f 64; PMIX_MCA_gds=hash ";
+  const int rc = train(l);
+  EXPECT_NE(rc, 0);
+  const std::string log = read_bytes(run_dir("offload_full") + "/log.txt");
+  EXPECT_NE(log.find("cannot reserve"), std::string::npos) << log;
+  EXPECT_NE(log.find("--offload-path"), std::string::npos) << log;
 }
 
 }  // namespace

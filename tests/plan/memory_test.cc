@@ -64,9 +64,11 @@ std::vector<Actual> allocate(const train::TrainConfig& cfg, int world) {
             .last_stage_layers = cfg.decoder_last_pipeline_num_layers};
         const train::RankModel rm(cfg.model, split, layout.tp_size, par.coord().tp, par.coord().pp,
                                   cfg.sequence_parallel);
-        train::ZeroOptimizer opt(
-            rm, par, cfg.adamw,
-            {.stage = cfg.zero_stage, .bucket_size = cfg.ddp_bucket_size, .bf16 = cfg.bf16});
+        train::ZeroOptimizer opt(rm, par, cfg.adamw,
+                                 {.stage = cfg.zero_stage,
+                                  .bucket_size = cfg.ddp_bucket_size,
+                                  .bf16 = cfg.bf16,
+                                  .offload = {}});
         std::vector<model::ModelRuntime> runtimes;
         for (const train::ModelChunk& ch : rm.chunks()) {
           model::ModelRuntime rt;

@@ -252,6 +252,57 @@ TEST(DeepSpeedJson, ContradictionsAreRefused) {
   EXPECT_EQ(err({"--global-batch-size", "32"}, R"({"train_batch_size": 32})"), "");
 }
 
+// ZeRO-Offload / ZeRO-Infinity blocks map onto --offload-optimizer / --offload-path; parameter
+// offload to NVMe is refused by name (not implemented), to the CPU is the identity.
+TEST(DeepSpeedJson, OffloadBlocks) {
+  TrainConfig c = parse(with({}), 2, false);
+  apply_deepspeed_json(c, nlohmann::json::parse(R"({"zero_optimization": {"stage": 2,
+      "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp", "pin_memory": true,
+                            "buffer_count": 4},
+      "offload_param": {"device": "cpu"}}})"),
+                       2, "ds.json");
+  c.finalize(2);
+  EXPECT_EQ(c.offload.device, optim::OffloadDevice::kNvme);
+  EXPECT_EQ(c.offload.path, "/tmp");
+  EXPECT_TRUE(warned(c, "\"zero_optimization.offload_optimizer.buffer_count\""));
+  EXPECT_EQ(c.offload_params, "none");
+
+  TrainConfig legacy = parse(with({}), 2, false);
+  apply_deepspeed_json(legacy,
+                       nlohmann::json::parse(R"({"zero_optimization": {"cpu_offload": true}})"), 2,
+                       "ds.json");
+  legacy.finalize(2);
+  EXPECT_EQ(legacy.offload.device, optim::OffloadDevice::kCpu);
+
+  auto err = [](std::vector<std::string> flags, const char* json) {
+    TrainConfig t = parse(with(flags), 2, false);
+    try {
+      apply_deepspeed_json(t, nlohmann::json::parse(json), 2, "ds.json");
+      t.finalize(2);
+    } catch (const core::InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(err({}, R"({"zero_optimization": {"offload_param": {"device": "nvme",
+                        "nvme_path": "/tmp"}}})")
+                .find("parameter offload is not implemented yet"),
+            std::string::npos);
+  EXPECT_NE(err({}, R"({"zero_optimization": {"offload_optimizer": {"device": "nvme"}}})")
+                .find("needs --offload-path"),
+            std::string::npos);
+  EXPECT_NE(err({"--offload-optimizer", "cpu"},
+                R"({"zero_optimization": {"offload_optimizer": {"device": "nvme"}}})")
+                .find("contradicts --offload-optimizer cpu"),
+            std::string::npos);
+  EXPECT_NE(err({}, R"({"zero_optimization": {"offload_optimizer": {"device": "disk"}}})")
+                .find("must be none, cpu or nvme"),
+            std::string::npos);
+  EXPECT_NE(err({"--offload-optimizer", "nvme", "--offload-path", "/tmp", "--async-save"}, "{}")
+                .find("drop --async-save"),
+            std::string::npos);
+}
+
 TEST(DeepSpeedJson, ClipGradWithoutGradientClippingIsOff) {
   TrainConfig c = parse(with({"--clip-grad", "1.0"}), 1, false);
   apply_deepspeed_json(c, nlohmann::json::parse("{}"), 1, "ds.json");

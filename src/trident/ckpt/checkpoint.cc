@@ -1,6 +1,7 @@
 #include "trident/ckpt/checkpoint.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -199,6 +200,19 @@ void agree_or_throw(comm::Communicator& world, const std::string& my_error, cons
   }
 }
 
+// Mapped slices (offloaded optimizer state) are read and written in pieces of this many bytes,
+// each piece's pages dropped from the process afterwards: no copy of the state stays resident.
+constexpr std::int64_t kMappedPiece = 32ll << 20;
+
+void drop_mapped(const char* p, std::int64_t n, bool written) {
+  const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto lo = reinterpret_cast<std::uintptr_t>(p) & ~(page - 1);
+  const auto hi = reinterpret_cast<std::uintptr_t>(p + n);
+  // The pages of a shared file mapping: dropping them keeps their contents in the file.
+  if (written) ::msync(reinterpret_cast<void*>(lo), hi - lo, MS_ASYNC);
+  ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+}
+
 // Reads this rank's shard (json + bin) into the given buffers; checks sizes and checksums.
 void read_shard(const fs::path& it_dir, int rank, std::int64_t numel,
                 const CheckpointState::Slice* const slices[3]) {
@@ -230,12 +244,20 @@ void read_shard(const fs::path& it_dir, int rank, std::int64_t numel,
                                     slice.begin, ", ", slice.end, ")"));
       }
       in.seekg(offset);
-      in.read(reinterpret_cast<char*>(slice.data), bytes);
-      if (!in) {
-        throw CorruptCheckpoint(str(path, ": truncated: tensor ", tensor, " needs ", bytes,
-                                    " bytes at offset ", offset));
+      std::uint64_t h = detail::kFnvBasis;
+      for (std::int64_t at = 0; at < bytes;) {
+        const std::int64_t piece = slice.mapped ? std::min(bytes - at, kMappedPiece) : bytes;
+        char* p = reinterpret_cast<char*>(slice.data) + at;
+        in.read(p, piece);
+        if (!in) {
+          throw CorruptCheckpoint(str(path, ": truncated: tensor ", tensor, " needs ", bytes,
+                                      " bytes at offset ", offset));
+        }
+        h = fnv1a(p, static_cast<std::size_t>(piece), h);
+        if (slice.mapped) drop_mapped(p, piece, /*written=*/true);
+        at += piece;
       }
-      const std::string sum = str(std::hex, fnv1a(slice.data, static_cast<std::size_t>(bytes)));
+      const std::string sum = str(std::hex, h);
       if (sum != t.at("fnv1a64").get<std::string>()) {
         throw CorruptCheckpoint(str(path, ": checksum mismatch in tensor ", tensor,
                                     " (the file is corrupt; load an earlier iteration)"));
@@ -462,8 +484,17 @@ std::string write_shard(const std::string& tmp_dir, int rank, const CheckpointSt
         const CheckpointState::Slice& sl = *slices[t];
         TRIDENT_ASSERT(0 <= sl.begin && sl.begin <= sl.end && sl.end <= n, "bad slice");
         const std::size_t bytes = static_cast<std::size_t>(sl.end - sl.begin) * sizeof(float);
-        write_all(fd, sl.data, bytes, shard_path);
-        sums.push_back(fnv1a(sl.data, bytes));
+        std::uint64_t h = detail::kFnvBasis;
+        for (std::size_t at = 0; at < bytes;) {
+          const std::size_t piece =
+              sl.mapped ? std::min(bytes - at, static_cast<std::size_t>(kMappedPiece)) : bytes;
+          const char* p = reinterpret_cast<const char*>(sl.data) + at;
+          write_all(fd, p, piece, shard_path);
+          h = fnv1a(p, piece, h);
+          if (sl.mapped) drop_mapped(p, static_cast<std::int64_t>(piece), /*written=*/false);
+          at += piece;
+        }
+        sums.push_back(h);
         tensors.push_back({{"tensor", kTensors[t]},
                            {"begin", sl.begin},
                            {"end", sl.end},

@@ -59,6 +59,9 @@ struct CheckpointState {
   struct Slice {
     float* data = nullptr;
     std::int64_t begin = 0, end = 0;
+    // data is a shared mapping of a file (--offload-optimizer nvme): saves and loads of the same
+    // layout go through it in pieces and drop each piece's pages from memory after it.
+    bool mapped = false;
   };
   Slice params, exp_avg, exp_avg_sq;
 };

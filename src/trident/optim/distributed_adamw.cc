@@ -7,12 +7,21 @@
 namespace trident::optim {
 
 DistributedAdamW::DistributedAdamW(ParamGradBuffers& buffers, comm::Communicator& dp,
-                                   CommCounters& counters, const AdamWConfig& cfg)
+                                   CommCounters& counters, const AdamWConfig& cfg,
+                                   const OffloadConfig& offload, const std::string& offload_prefix)
     : buf_(buffers), dp_(dp), counters_(counters), cfg_(cfg) {
   range_ =
       buffers.policy().shards_optimizer() ? buffers.shard() : Range{0, buffers.layout().numel()};
   const std::int64_t n = buffers.sizes().moment;
   TRIDENT_ASSERT(n == range_.size(), "moment size ", n, " for a range of ", range_.size());
+  if (offload.device == OffloadDevice::kNvme) {
+    // Zeros, like the Arena's moments; read and written by the streamed update.
+    store_ = std::make_unique<OffloadStore>(offload, offload_prefix,
+                                            std::vector<std::string>{"exp_avg", "exp_avg_sq"}, n);
+    m_ = store_->mapped(0);
+    v_ = store_->mapped(1);
+    return;
+  }
   moments_ = core::Arena(2 * core::Arena::footprint(core::DType::kF32, {n}));
   if (n > 0) {
     m_ = moments_.alloc(core::DType::kF32, {n}).as<float>();
@@ -24,20 +33,33 @@ Range DistributedAdamW::stored() const {
   return {range_.begin, std::min(range_.end, buf_.layout().numel())};
 }
 
-void DistributedAdamW::step(const core::ExecContext& ctx, double lr, std::int64_t step,
-                            float grad_scale, const float* grads) {
+void DistributedAdamW::update(const core::ExecContext& ctx, double lr, std::int64_t step,
+                              float grad_scale, const float* grads, std::int64_t first,
+                              std::int64_t last, float* m, float* v) {
   const FlatSpan<float> params = buf_.master_weights(range_);
+  const Range part{range_.begin + first, range_.begin + last};
   for (const LayoutChunk& ch : buf_.layout().chunks()) {
-    const std::int64_t lo = std::max(range_.begin, ch.base);
-    const std::int64_t hi = std::min(range_.end, ch.base + ch.table->total_numel);
+    const std::int64_t lo = std::max(part.begin, ch.base);
+    const std::int64_t hi = std::min(part.end, ch.base + ch.table->total_numel);
     if (lo >= hi) continue;
     const std::int64_t at = lo - range_.begin;
     adamw_step(ctx, *ch.table, cfg_, lr, step, grad_scale,
                {.range = {lo - ch.base, hi - ch.base},
                 .params = params.data + at,
                 .grads = grads + at,
-                .m = m_ + at,
-                .v = v_ + at});
+                .m = m + (lo - part.begin),
+                .v = v + (lo - part.begin)});
+  }
+}
+
+void DistributedAdamW::step(const core::ExecContext& ctx, double lr, std::int64_t step,
+                            float grad_scale, const float* grads) {
+  if (store_) {
+    store_->stream([&](std::int64_t lo, std::int64_t hi, float* const* mv) {
+      update(ctx, lr, step, grad_scale, grads, lo, hi, mv[0], mv[1]);
+    });
+  } else {
+    update(ctx, lr, step, grad_scale, grads, 0, range_.size(), m_, v_);
   }
   if (buf_.policy().gathers_updated_parameters() && dp_.size() > 1) {
     // Every rank updated its shard: gather the whole updated weights.

@@ -2,15 +2,20 @@
 // this rank updates — everything at ZeRO stage 0, its shard at stages 1-3 — with the Adam moments
 // kept only for that range; at stages 1-2 the updated shards are then all-gathered into every
 // rank's whole weights (stage 3 keeps only the master shard; stage 0 updated everything).
+// With --offload-optimizer nvme the moments live in files (optim/offload.h) and the update streams
+// them chunk by chunk; the arithmetic, element by element, is the same.
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <string>
 
 #include "trident/comm/communicator.h"
 #include "trident/core/arena.h"
 #include "trident/core/exec_context.h"
 #include "trident/optim/adamw_optimizer.h"
 #include "trident/optim/comm_counters.h"
+#include "trident/optim/offload.h"
 #include "trident/optim/param_buffers.h"
 
 namespace trident::optim {
@@ -18,7 +23,8 @@ namespace trident::optim {
 class DistributedAdamW {
  public:
   DistributedAdamW(ParamGradBuffers& buffers, comm::Communicator& dp, CommCounters& counters,
-                   const AdamWConfig& cfg);
+                   const AdamWConfig& cfg, const OffloadConfig& offload = {},
+                   const std::string& offload_prefix = "rank");
   DistributedAdamW(const DistributedAdamW&) = delete;
   DistributedAdamW& operator=(const DistributedAdamW&) = delete;
 
@@ -31,13 +37,22 @@ class DistributedAdamW {
             const float* grads);
   const AdamWConfig& config() const { return cfg_; }
 
-  // The moments this rank keeps, over updated_range() clipped to the unpadded numel.
+  // The moments this rank keeps, over updated_range() clipped to the unpadded numel (offloaded:
+  // the shared mappings of their files; call release_pages() after reading or writing them).
   FlatSpan<float> exp_avg() const { return {m_, stored()}; }
   FlatSpan<float> exp_avg_sq() const { return {v_, stored()}; }
-  std::int64_t bytes() const { return moments_.capacity(); }
+  std::int64_t bytes() const { return moments_.capacity(); }  // resident (0 when offloaded)
+  // The offloaded moments, or null.
+  const OffloadStore* offload() const { return store_.get(); }
+  void release_pages(bool written) {
+    if (store_) store_->release_pages(written);
+  }
 
  private:
   Range stored() const;
+  // AdamW on elements [lo, hi) of updated_range() (offsets into it); m and v address element lo.
+  void update(const core::ExecContext& ctx, double lr, std::int64_t step, float grad_scale,
+              const float* grads, std::int64_t lo, std::int64_t hi, float* m, float* v);
 
   ParamGradBuffers& buf_;
   comm::Communicator& dp_;
@@ -47,6 +62,7 @@ class DistributedAdamW {
   core::Arena moments_;
   float* m_ = nullptr;
   float* v_ = nullptr;
+  std::unique_ptr<OffloadStore> store_;
 };
 
 }  // namespace trident::optim

@@ -41,6 +41,8 @@ struct MemoryReport {
   // parameters, whole for an iteration, plus one layer-gradient buffer, the received
   // reduce-scatter piece and two layer-parameter buffers.
   std::int64_t staging_bytes = 0;
+  // --offload-optimizer nvme: the moments' bytes on disk (optimizer_bytes is then the window).
+  std::int64_t offloaded_bytes = 0;
   // The ZeRO paper's formulas for this rank's psi parameters (FP32 training: 4 bytes of weights,
   // 4 of gradients, 8 of Adam moments per parameter): stage 0 16 psi, 1 8 psi + 8 psi/dp,
   // 2 4 psi + 12 psi/dp, 3 16 psi/dp.

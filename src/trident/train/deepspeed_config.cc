@@ -172,11 +172,37 @@ void apply_deepspeed_json(TrainConfig& c, const json& ds, int world_size, const 
                  k == "stage3_gather_fp16_weights_on_model_save" || k == "elastic_checkpoint") {
         r.ignored(key, v, "trident's ZeRO always works this way or has no such switch");
       } else if (k == "offload_optimizer" || k == "offload_param" || k == "cpu_offload") {
-        const std::string dev = v.is_object() ? v.value("device", "none")
-                                              : (v.is_boolean() && v.get<bool>() ? "cpu" : "none");
-        TRIDENT_CHECK(dev == "none" || dev == "cpu", r.where(key), " device ", dev,
-                      ": trident has no NVMe offload; use \"cpu\" or \"none\"");
-        r.ignored(key, v, "trident's state is in host memory already");
+        // ZeRO-Offload / ZeRO-Infinity (docs/offload.md): {"device": "none" | "cpu" | "nvme",
+        // "nvme_path": DIR, ...}; the legacy "cpu_offload": true is offload_optimizer cpu.
+        const bool params = k == "offload_param";
+        TRIDENT_CHECK(v.is_object() || v.is_boolean(), r.where(key),
+                      " must be an object {\"device\": ...} (or true/false for cpu_offload)");
+        const std::string dev =
+            v.is_object() ? v.value("device", "none") : (v.get<bool>() ? "cpu" : "none");
+        TRIDENT_CHECK(dev == "none" || dev == "cpu" || dev == "nvme", r.where(key + ".device"),
+                      " = ", dev, ": must be none, cpu or nvme");
+        if (params) {
+          // cpu: the CPU backend's parameters are in host memory already; nvme is refused by
+          // --offload-params (not implemented).
+          if (dev == "nvme") r.set(c.offload_params, dev, key + ".device", "--offload-params");
+        } else {
+          r.set(c.offload_optimizer, dev, key + ".device", "--offload-optimizer");
+        }
+        if (v.is_object()) {
+          for (const auto& [sk, sv] : v.items()) {
+            const std::string skey = key + "." + sk;
+            if (sk == "device") continue;
+            if (sk == "nvme_path" && !params) {
+              TRIDENT_CHECK(sv.is_string(), r.where(skey), " must be a directory path");
+              if (dev == "nvme")
+                r.set(c.offload.path, sv.get<std::string>(), skey, "--offload-path");
+            } else {
+              r.ignored(skey, sv,
+                        "trident's offload streams through --offload-window-mib of buffers with "
+                        "--offload-io; see docs/offload.md");
+            }
+          }
+        }
       } else {
         r.ignored(key, v, "not read by trident");
       }

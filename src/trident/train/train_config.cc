@@ -314,6 +314,25 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
   app.add_option("--ddp-bucket-size", c.ddp_bucket_size,
                  "Elements per gradient bucket reduced while backward runs")
       ->capture_default_str();
+  app.add_option("--offload-optimizer", c.offload_optimizer,
+                 "Where the Adam moments live: none, cpu (host memory) or nvme (files under "
+                 "--offload-path, streamed through a bounded window; docs/offload.md)")
+      ->capture_default_str();
+  app.add_option("--offload-path", c.offload.path,
+                 "Directory (on a fast disk) for --offload-optimizer nvme's files");
+  app.add_option("--offload-params", c.offload_params,
+                 "ZeRO-3 parameter shards on disk: none (nvme is not implemented yet)")
+      ->capture_default_str();
+  app.add_option("--offload-window-mib", c.offload_window_mib,
+                 "--offload-optimizer nvme: MiB of host buffers the moments stream through")
+      ->capture_default_str();
+  app.add_option("--offload-io", c.offload_io,
+                 "--offload-optimizer nvme: asynchronous I/O engine, uring (io_uring) or threads "
+                 "(pread/pwrite on a thread pool)")
+      ->capture_default_str();
+  app.add_flag("--offload-buffered", c.offload_buffered,
+               "--offload-optimizer nvme: go through the page cache (file systems without "
+               "O_DIRECT)");
   app.add_flag("--hierarchical-dp", c.hierarchical_dp,
                "Data-parallel all-reduce as reduce-scatter inside each host, all-reduce across "
                "hosts, all-gather inside the host (ZeRO 0 gradients; docs/clusters.md)");
@@ -483,6 +502,25 @@ void TrainConfig::finalize(int world_size) {
   TRIDENT_CHECK(zero_stage >= 0 && zero_stage <= 3, "--zero-stage must be 0, 1, 2 or 3, got ",
                 zero_stage);
   TRIDENT_CHECK(ddp_bucket_size > 0, "--ddp-bucket-size must be positive");
+  offload.device = optim::parse_offload_device(offload_optimizer);
+  offload.io = optim::parse_offload_io(offload_io);
+  offload.direct = !offload_buffered;
+  TRIDENT_CHECK(offload_window_mib >= 0.1, "--offload-window-mib must be >= 0.1, got ",
+                offload_window_mib);
+  offload.window_bytes = static_cast<std::int64_t>(offload_window_mib * 1024 * 1024);
+  TRIDENT_CHECK(offload.device != optim::OffloadDevice::kNvme || !offload.path.empty(),
+                "--offload-optimizer nvme needs --offload-path DIR (a directory on the disk that "
+                "holds the optimizer state)");
+  TRIDENT_CHECK(offload.device == optim::OffloadDevice::kNvme || offload.path.empty(),
+                "--offload-path is given but --offload-optimizer is ", offload_optimizer,
+                ": add --offload-optimizer nvme");
+  TRIDENT_CHECK(offload_params == "none", "--offload-params ", offload_params,
+                ": parameter offload is not implemented yet; only none (--offload-optimizer nvme "
+                "moves the Adam moments to disk)");
+  TRIDENT_CHECK(!(async_save && offload.device == optim::OffloadDevice::kNvme),
+                "--async-save copies the optimizer state into host memory, which "
+                "--offload-optimizer nvme keeps on disk: drop --async-save (saves then stream "
+                "from the offload files)");
   if (sequence_parallel && tensor_model_parallel_size == 1)
     sequence_parallel = false;  // as Megatron
   TRIDENT_CHECK(
@@ -641,6 +679,8 @@ nlohmann::json TrainConfig::to_json() const {
   j["pipeline_schedule"] = pipeline_schedule;
   j["sequence_parallel"] = sequence_parallel;
   j["zero_stage"] = zero_stage;
+  j["offload_optimizer"] = offload_optimizer;
+  if (!offload.path.empty()) j["offload_path"] = offload.path;
   j["fp16"] = fp16;
   j["bf16"] = bf16;
   j["num_layers_per_virtual_pipeline_stage"] = num_layers_per_virtual_pipeline_stage;

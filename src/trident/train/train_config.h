@@ -12,6 +12,7 @@
 
 #include "trident/model/config.h"
 #include "trident/optim/adamw_optimizer.h"
+#include "trident/optim/offload.h"
 #include "trident/optim/lr_schedule.h"
 
 namespace CLI {
@@ -112,6 +113,14 @@ struct TrainConfig {
   // --hierarchical-dp: host-aware data-parallel all-reduce (docs/clusters.md)
   bool hierarchical_dp = false;
   std::int64_t ddp_bucket_size = 40'000'000;  // elements per gradient bucket
+  // Optimizer-state offload (docs/offload.md): --offload-optimizer {none,cpu,nvme},
+  // --offload-path DIR, --offload-window-mib, --offload-io {uring,threads}, --offload-buffered.
+  std::string offload_optimizer = "none";
+  std::string offload_params = "none";  // --offload-params: ZeRO-3 parameter shards (none only)
+  std::string offload_io = "uring";
+  double offload_window_mib = 48;
+  bool offload_buffered = false;
+  optim::OffloadConfig offload;  // the above, parsed by finalize() (path: --offload-path)
   std::string pipeline_schedule = "1f1b";     // gpipe, 1f1b, interleaved
   std::int64_t num_layers_per_virtual_pipeline_stage = 0;
   std::int64_t decoder_first_pipeline_num_layers = -1;

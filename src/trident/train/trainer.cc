@@ -28,6 +28,7 @@
 #include "trident/parallel/layout.h"
 #include "trident/parallel/parallel_context.h"
 #include "trident/train/async_saver.h"
+#include "trident/train/offload_report.h"
 #include "trident/train/exit_codes.h"
 #include "trident/train/launch_env.h"
 #include "trident/train/metrics.h"
@@ -234,7 +235,11 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
   // Parameters, gradients and Adam moments, sharded over data-parallel ranks by ZeRO stage.
   ZeroOptimizer optimizer(
       rank_model, par, cfg.adamw,
-      {.stage = cfg.zero_stage, .bucket_size = cfg.ddp_bucket_size, .bf16 = cfg.bf16});
+      {.stage = cfg.zero_stage,
+       .bucket_size = cfg.ddp_bucket_size,
+       .bf16 = cfg.bf16,
+       .offload = cfg.offload});
+  OffloadReporter offload_report(optimizer, cfg);
 
   const std::int64_t B = cfg.micro_batch_size, T = mc.seq_length;
   std::int64_t micro_batches = cfg.num_micro_batches(world.size());
@@ -291,6 +296,7 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
   state.params = slice(optimizer.params_slice());
   state.exp_avg = slice(optimizer.exp_avg_slice());
   state.exp_avg_sq = slice(optimizer.exp_avg_sq_slice());
+  state.exp_avg.mapped = state.exp_avg_sq.mapped = optimizer.offload() != nullptr;
   // `trident convert` writes other layouts' shards from the same rule (zero_optimizer.h).
   TRIDENT_ASSERT(ZeroOptimizer::stored_range(cfg.zero_stage, false, n, dp, dp_rank) ==
                          optimizer.params_slice().range &&
@@ -323,6 +329,7 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
       consumed = state.consumed_train_samples;
       consumed_valid = state.consumed_valid_samples;
     }
+    optimizer.checkpoint_io_done(/*written=*/true);
     skipped_iters = state.trainer_state.value("skipped_iterations", std::int64_t{0});
     nan_iters = state.trainer_state.value("nan_iterations", std::int64_t{0});
   } else {
@@ -450,6 +457,7 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
     if (lr_sched.state().warmup_tokens)
       state.trainer_state["lr_warmup_tokens"] = *lr_sched.state().warmup_tokens;
     const double blocked = saver.save(state, world);
+    optimizer.checkpoint_io_done(/*written=*/false);
     log::info("ckpt: ", cfg.async_save ? "started saving" : "saved", " iteration ", it, " to ",
               cfg.save, " (training blocked ", blocked, " ms", cfg.async_save ? ", async" : "",
               ")");
@@ -598,6 +606,7 @@ int run_training(TrainConfig cfg, comm::Communicator& world) {
       record["dp_comm_bytes_per_iteration"] =
           optimizer.comm().dp_bytes / static_cast<double>(interval_iters);
       optimizer.reset_comm();
+      offload_report.interval(record, interval_iters);
       if (layout.tp_size > 1) {
         const double iters = static_cast<double>(interval_iters);
         record["tp_comm_bytes_per_iteration"] = tp_traffic.bytes / iters;

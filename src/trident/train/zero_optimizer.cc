@@ -1,5 +1,7 @@
 #include "trident/train/zero_optimizer.h"
 
+#include <unistd.h>
+
 #include "trident/core/error.h"
 #include "trident/kernels/bf16.h"
 #include "trident/kernels/fill.h"
@@ -30,7 +32,9 @@ ZeroOptimizer::ZeroOptimizer(const RankModel& model, const parallel::ParallelCon
     gatherer_ = std::make_unique<optim::Zero3ParamGatherer>(*buffers_, dp, comm_);
   }
   finalizer_ = std::make_unique<optim::GradFinalizer>(layout_, par, adamw.clip_grad);
-  adamw_ = std::make_unique<optim::DistributedAdamW>(*buffers_, dp, comm_, adamw);
+  adamw_ = std::make_unique<optim::DistributedAdamW>(
+      *buffers_, dp, comm_, adamw, zero.offload,
+      core::str("trident.", ::getpid(), ".rank", par.rank()));
   build_chunk_views();
   build_slot_views();
 }
@@ -213,7 +217,14 @@ OptimizerStepResult ZeroOptimizer::step(const core::ExecContext& ctx, double lr,
   return {f.grad_norm, false};
 }
 
-MemoryReport ZeroOptimizer::memory() const { return buffers_->memory(); }
+MemoryReport ZeroOptimizer::memory() const {
+  MemoryReport m = buffers_->memory();
+  if (const optim::OffloadStore* o = adamw_->offload()) {
+    m.offloaded_bytes = o->file_bytes();
+    m.optimizer_bytes = o->window_bytes();  // resident: the streaming window only
+  }
+  return m;
+}
 
 parallel::Range ZeroOptimizer::stored_range(int stage, bool moments, std::int64_t numel, int dp,
                                             int dp_rank) {

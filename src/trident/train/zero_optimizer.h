@@ -53,6 +53,7 @@ struct ZeroConfig {
   int stage = 0;
   std::int64_t bucket_size = 40'000'000;  // --ddp-bucket-size, elements
   bool bf16 = false;  // keep BF16 copies of the weights for the matmuls (refreshed every step)
+  optim::OffloadConfig offload;  // --offload-optimizer: where the Adam moments live
 };
 
 struct OptimizerStepResult {
@@ -104,6 +105,11 @@ class ZeroOptimizer {
   TensorSlice params_slice();
   TensorSlice exp_avg_slice();
   TensorSlice exp_avg_sq_slice();
+  // After a checkpoint save (written = false) or load (true) went through the slices: offloaded
+  // moments are synced to their files and their mapped pages dropped from memory.
+  void checkpoint_io_done(bool written) { adamw_->release_pages(written); }
+  // The offloaded moments, or null.
+  const optim::OffloadStore* offload() const { return adamw_->offload(); }
   // The range of a rank's flat buffer (numel elements) that data-parallel rank dp_rank of dp
   // stores in checkpoints at `stage`: of the parameters (moments = false) or of the Adam moments.
   // The same as the slices above, without an optimizer (`trident convert` writes other layouts).

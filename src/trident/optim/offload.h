@@ -1,0 +1,114 @@
+// Optimizer-state offload (ZeRO-Offload / ZeRO-Infinity, docs/offload.md): the Adam moments of the
+// range a rank updates live in files under --offload-path and are streamed, chunk by chunk,
+// through a bounded window of three chunk buffers per array: while the update runs on chunk k in
+// one, chunk k + 1 is read into the next (double buffering of the reads) and chunk k - 1 written
+// back from the third, with asynchronous I/O (io_uring, or pread/pwrite on a thread pool) on files
+// opened with O_DIRECT.
+//
+// The files are also mapped (MAP_SHARED) for checkpoints: a save writes the checkpoint shard from
+// the mapping and a load reads into it, so neither holds a copy of the state in anonymous memory;
+// release_pages() drops the mapped pages from the process afterwards.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "trident/core/error.h"
+
+namespace trident::optim {
+
+// --offload-optimizer: none; cpu (host memory: the identity on the CPU backend, where the state is
+// in host memory already); nvme (files under --offload-path).
+enum class OffloadDevice { kNone, kCpu, kNvme };
+OffloadDevice parse_offload_device(std::string_view name);
+const char* offload_device_name(OffloadDevice d);
+
+// --offload-io: the asynchronous I/O engine.
+enum class OffloadIo { kUring, kThreads };
+OffloadIo parse_offload_io(std::string_view name);
+const char* offload_io_name(OffloadIo io);
+
+struct OffloadConfig {
+  OffloadDevice device = OffloadDevice::kNone;
+  std::string path;                        // --offload-path: the directory of the files (nvme)
+  std::int64_t window_bytes = 48ll << 20;  // --offload-window-mib: all buffers of all arrays
+  OffloadIo io = OffloadIo::kUring;        // --offload-io
+  bool direct = true;                      // O_DIRECT (bypass the page cache); --offload-buffered
+};
+
+// The offload disk failed: full, removed, an I/O error. The message names the file and the fix.
+class OffloadError : public core::Error {
+ public:
+  using core::Error::Error;
+};
+
+struct OffloadStats {
+  std::int64_t bytes_read = 0, bytes_written = 0, chunks = 0, passes = 0;
+  double wall_s = 0;     // inside stream()
+  double wait_s = 0;     // waiting for I/O (what the overlap did not hide)
+  double compute_s = 0;  // in the callback
+};
+
+namespace detail {
+class IoEngine;
+}
+
+// Arrays of `n` FP32 elements, one file each, streamed through the window.
+class OffloadStore {
+ public:
+  // Creates <cfg.path>/<prefix>.<array>.bin for each array, reserves their space (a full disk is
+  // an error here, not in the middle of a step) and fills them with zeros.
+  OffloadStore(const OffloadConfig& cfg, const std::string& prefix,
+               const std::vector<std::string>& arrays, std::int64_t n);
+  ~OffloadStore();  // removes the files
+  OffloadStore(const OffloadStore&) = delete;
+  OffloadStore& operator=(const OffloadStore&) = delete;
+
+  std::int64_t size() const { return n_; }
+  std::int64_t chunk_elements() const { return chunk_; }
+  std::int64_t window_bytes() const;  // the buffers, as allocated
+  std::int64_t file_bytes() const;    // on disk, all arrays
+  const std::vector<std::string>& paths() const { return paths_; }
+  const OffloadStats& stats() const { return stats_; }
+
+  // For every chunk [begin, end) of [0, n) in order: data[k] holds array k's elements of the chunk
+  // (read from the files); fn updates them in place and they are written back. Reads of the next
+  // chunk and the write of the previous one run while fn runs. Throws OffloadError on I/O failure.
+  using ChunkFn = std::function<void(std::int64_t begin, std::int64_t end, float* const* data)>;
+  void stream(const ChunkFn& fn);
+
+  // Array k as a shared mapping of its file (checkpoints read and write through it).
+  float* mapped(int k) const { return maps_[static_cast<std::size_t>(k)]; }
+  // After a checkpoint touched the mappings: writes dirty pages to the files (when `written`) and
+  // drops the mapped pages from this process's memory.
+  void release_pages(bool written);
+
+ private:
+  void check_files() const;
+  void close_all();
+
+  OffloadConfig cfg_;
+  std::int64_t n_ = 0, chunk_ = 0, file_bytes_each_ = 0;
+  std::vector<std::string> paths_;
+  std::vector<int> fds_;
+  std::vector<float*> maps_;
+  std::vector<std::vector<float*>> slot_bufs_;  // [slot][array]: the window's chunk buffers
+  void* window_ = nullptr;
+  std::int64_t window_bytes_ = 0;
+  std::unique_ptr<detail::IoEngine> io_;
+  OffloadStats stats_;
+};
+
+// Sequential bandwidth of a directory's disk, for the log and the benchmark: writes then reads a
+// file of `bytes` with O_DIRECT in `chunk`-byte requests, `depth` in flight. Bytes per second.
+struct DiskBandwidth {
+  double write_bps = 0, read_bps = 0;
+};
+DiskBandwidth measure_disk_bandwidth(const std::string& dir, std::int64_t bytes, std::int64_t chunk,
+                                     int depth, OffloadIo io, bool direct);
+
+}  // namespace trident::optim

@@ -1,0 +1,50 @@
+#include "trident/train/offload_report.h"
+
+#include "trident/core/log.h"
+
+namespace trident::train {
+
+namespace {
+double mib(double bytes) { return bytes / (1024.0 * 1024.0); }
+}  // namespace
+
+OffloadReporter::OffloadReporter(const ZeroOptimizer& optimizer, const TrainConfig& cfg)
+    : opt_(optimizer) {
+  if (cfg.offload.device == optim::OffloadDevice::kCpu) {
+    log::info(
+        "offload: --offload-optimizer cpu: the optimizer state is in host memory, where the "
+        "CPU backend keeps it already (no copies)");
+  }
+  const optim::OffloadStore* o = opt_.offload();
+  if (o == nullptr) return;
+  log::info("offload: Adam moments of ", o->size(), " elements in ", o->paths().size(),
+            " files under ", cfg.offload.path, " (", mib(static_cast<double>(o->file_bytes())),
+            " MiB on disk); window ", mib(static_cast<double>(o->window_bytes())), " MiB = 3 x ",
+            o->paths().size(), " buffers of ", o->chunk_elements(), " elements; I/O ",
+            optim::offload_io_name(cfg.offload.io),
+            cfg.offload.direct ? ", O_DIRECT" : ", buffered");
+}
+
+void OffloadReporter::interval(nlohmann::json& record, std::int64_t iterations) {
+  const optim::OffloadStore* o = opt_.offload();
+  if (o == nullptr || iterations <= 0) return;
+  const optim::OffloadStats& s = o->stats();
+  const double wall = s.wall_s - last_.wall_s, wait = s.wait_s - last_.wait_s;
+  const double rd = static_cast<double>(s.bytes_read - last_.bytes_read);
+  const double wr = static_cast<double>(s.bytes_written - last_.bytes_written);
+  const double it = static_cast<double>(iterations);
+  const double read_mibs = wall > 0 ? mib(rd) / wall : 0,
+               write_mibs = wall > 0 ? mib(wr) / wall : 0;
+  log::info("offload: window ", mib(static_cast<double>(o->window_bytes())), " MiB; update ",
+            1e3 * wall / it, " ms/iteration streaming ", mib(rd / it), " MiB in + ", mib(wr / it),
+            " MiB out (", read_mibs, " + ", write_mibs, " MiB/s), waiting for I/O ",
+            1e3 * wait / it, " ms/iteration");
+  record["offload_update_ms"] = 1e3 * wall / it;
+  record["offload_io_wait_ms"] = 1e3 * wait / it;
+  record["offload_read_mib_per_s"] = read_mibs;
+  record["offload_write_mib_per_s"] = write_mibs;
+  record["offload_window_bytes"] = o->window_bytes();
+  last_ = s;
+}
+
+}  // namespace trident::train
