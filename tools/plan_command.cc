@@ -21,6 +21,7 @@ struct PlanOptions {
   std::string gpu = "A100-80GB";
   int num_gpus = 0, num_nodes = 0, gpus_per_node = 0;
   double intra_bw_gbs = 0, intra_latency_us = -1, inter_bw_gbs = 0, inter_latency_us = -1;
+  double offload_disk_gbs = 0;
   double memory_gib = 0;
   bool calibrate = false, recalibrate = false;
   std::string calibration_file;
@@ -117,6 +118,7 @@ void run_plan(train::TrainConfig cfg, const PlanOptions& o) {
     cl.hw.memory_bytes = pages * static_cast<double>(sysconf(_SC_PAGESIZE));
   }
   if (o.intra_bw_gbs > 0) cl.hw.intra_bw = o.intra_bw_gbs * 1e9;
+  if (o.offload_disk_gbs > 0) cl.hw.offload_disk_bw = o.offload_disk_gbs * 1e9;
   if (o.inter_bw_gbs > 0) cl.hw.inter_bw = o.inter_bw_gbs * 1e9;
   if (o.intra_latency_us >= 0) cl.hw.intra_latency = o.intra_latency_us * 1e-6;
   if (o.inter_latency_us >= 0) cl.hw.inter_latency = o.inter_latency_us * 1e-6;
@@ -163,6 +165,9 @@ void register_plan(CLI::App& app) {
   sub->add_option("--inter-node-bandwidth", opt->inter_bw_gbs,
                   "GB/s per GPU and direction between nodes (default: the DGX InfiniBand)");
   sub->add_option("--inter-node-latency", opt->inter_latency_us, "Microseconds per message step");
+  sub->add_option("--offload-disk-bandwidth", opt->offload_disk_gbs,
+                  "--offload-optimizer nvme: GB/s of the offload disk, reads and writes together "
+                  "(default 2; measure with bench/offload/trident_disk_bandwidth)");
   sub->add_option("--memory-gib", opt->memory_gib, "Memory per GPU (default: the datasheet's)");
   sub->add_flag("--calibrate", opt->calibrate,
                 "--gpu cpu: time trident's kernels on this machine and cache the result");

@@ -68,7 +68,7 @@ std::vector<Actual> allocate(const train::TrainConfig& cfg, int world) {
                                  {.stage = cfg.zero_stage,
                                   .bucket_size = cfg.ddp_bucket_size,
                                   .bf16 = cfg.bf16,
-                                  .offload = {}});
+                                  .offload = cfg.offload});
         std::vector<model::ModelRuntime> runtimes;
         for (const train::ModelChunk& ch : rm.chunks()) {
           model::ModelRuntime rt;
@@ -120,6 +120,7 @@ TEST_P(PlanMemory, EqualsTheTrainersAllocation) {
     EXPECT_EQ(p.parameters, a.mem.param_bytes);
     EXPECT_EQ(p.gradients, a.mem.grad_bytes);
     EXPECT_EQ(p.optimizer, a.mem.optimizer_bytes);
+    EXPECT_EQ(p.offloaded, a.mem.offloaded_bytes);
     EXPECT_EQ(p.staging, a.mem.staging_bytes);
     EXPECT_EQ(p.slots_per_chunk, a.slots);
     EXPECT_EQ(p.slot_bytes, a.slot_bytes);
@@ -164,6 +165,16 @@ INSTANTIATE_TEST_SUITE_P(
              "--make-vocab-size-divisible-by 64 --tensor-model-parallel-size 2 "
              "--pipeline-model-parallel-size 2 --zero-stage 1"},
         Case{"pp2dp2zero2", 4, "--pipeline-model-parallel-size 2 --zero-stage 2"},
+        // --offload-optimizer nvme: the window in memory, the moments' files on disk.
+        Case{"offload_single", 1,
+             "--make-vocab-size-divisible-by 128 --offload-optimizer nvme --offload-path /tmp "
+             "--offload-window-mib 0.1"},
+        Case{"offload_zero3dp2", 2,
+             "--zero-stage 3 --offload-optimizer nvme --offload-path /tmp --offload-window-mib 1"},
+        Case{"offload_tp2pp2dp2zero1", 8,
+             "--make-vocab-size-divisible-by 64 --tensor-model-parallel-size 2 "
+             "--pipeline-model-parallel-size 2 --zero-stage 1 --offload-optimizer nvme "
+             "--offload-path /tmp"},
         Case{"tp2pp2dp2zero3sp", 8,
              "--make-vocab-size-divisible-by 64 --tensor-model-parallel-size 2 "
              "--pipeline-model-parallel-size 2 --zero-stage 3 --sequence-parallel"},

@@ -19,6 +19,8 @@
 #include <mutex>
 #include <thread>
 
+#include "trident/core/log.h"
+
 namespace trident::optim {
 
 using core::str;
@@ -280,8 +282,12 @@ int open_file(const std::string& path, bool direct, bool create) {
   if (direct) flags |= O_DIRECT;
   int fd = ::open(path.c_str(), flags, 0600);
   if (fd < 0 && direct && errno == EINVAL) {
-    throw OffloadError(str("offload: ", path, ": the file system does not support O_DIRECT; ",
-                           "use --offload-buffered"));
+    // The file system has no O_DIRECT: through the page cache (the same bytes, more memory
+    // pressure outside the process).
+    log::warn("offload: ", path,
+              ": the file system does not support O_DIRECT; using buffered "
+              "I/O (--offload-buffered)");
+    fd = ::open(path.c_str(), flags & ~O_DIRECT, 0600);
   }
   if (fd < 0) {
     const int e = errno;
@@ -302,6 +308,20 @@ void reserve(int fd, const std::string& path, std::int64_t bytes) {
 
 }  // namespace
 
+OffloadFootprint offload_footprint(std::int64_t window_bytes, int arrays, std::int64_t n) {
+  const std::int64_t k = arrays;
+  OffloadFootprint f;
+  // Chunk: the window split into kSlots buffers per array, a multiple of the O_DIRECT alignment,
+  // at most the (aligned) arrays.
+  f.chunk_elements = std::max<std::int64_t>(
+      kAlignElems, window_bytes / (4 * kSlots * k) / kAlignElems * kAlignElems);
+  f.chunk_elements =
+      std::min(f.chunk_elements, std::max<std::int64_t>(kAlignElems, round_up(n, kAlignElems)));
+  f.window_bytes = kSlots * k * f.chunk_elements * 4;
+  f.file_bytes = k * round_up(std::max<std::int64_t>(n, 1) * 4, kAlign);
+  return f;
+}
+
 OffloadStore::OffloadStore(const OffloadConfig& cfg, const std::string& prefix,
                            const std::vector<std::string>& arrays, std::int64_t n)
     : cfg_(cfg), n_(n) {
@@ -313,12 +333,10 @@ OffloadStore::OffloadStore(const OffloadConfig& cfg, const std::string& prefix,
   // An exceeded file size limit is an error to report, not a signal that kills the process.
   std::signal(SIGXFSZ, SIG_IGN);
   const auto k = static_cast<std::int64_t>(arrays.size());
-  // Chunk: the window split into kSlots buffers per array, a multiple of the O_DIRECT alignment.
-  chunk_ = std::max<std::int64_t>(kAlignElems,
-                                  cfg.window_bytes / (4 * kSlots * k) / kAlignElems * kAlignElems);
-  chunk_ = std::min(chunk_, std::max<std::int64_t>(kAlignElems, round_up(n, kAlignElems)));
-  file_bytes_each_ = round_up(std::max<std::int64_t>(n, 1) * 4, kAlign);
-  window_bytes_ = kSlots * k * chunk_ * 4;
+  const OffloadFootprint f = offload_footprint(cfg.window_bytes, static_cast<int>(k), n);
+  chunk_ = f.chunk_elements;
+  file_bytes_each_ = f.file_bytes / k;
+  window_bytes_ = f.window_bytes;
   if (::posix_memalign(&window_, kAlign, static_cast<std::size_t>(window_bytes_)) != 0) {
     throw std::bad_alloc();
   }

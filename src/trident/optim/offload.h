@@ -53,6 +53,14 @@ struct OffloadStats {
   double compute_s = 0;  // in the callback
 };
 
+// What an OffloadStore of `arrays` arrays of n elements allocates (trident plan reports it).
+struct OffloadFootprint {
+  std::int64_t chunk_elements = 0;
+  std::int64_t window_bytes = 0;  // resident: the chunk buffers
+  std::int64_t file_bytes = 0;    // on disk, all arrays
+};
+OffloadFootprint offload_footprint(std::int64_t window_bytes, int arrays, std::int64_t n);
+
 namespace detail {
 class IoEngine;
 }

@@ -29,6 +29,9 @@ struct Hardware {
   double bandwidth_efficiency = 0.8;
   double comm_efficiency = 0.8;  // achieved fraction of the link rate in ring collectives
   double reserved_bytes = 0;     // runtime context, library workspaces (not trident's tables)
+  // --offload-optimizer nvme: the offload disk's bytes/s, reads and writes together (a PCIe 3
+  // NVMe's order; plan --offload-disk-bandwidth).
+  double offload_disk_bw = 2e9;
   std::string source;
 };
 

@@ -5,6 +5,7 @@
 #include "trident/core/arena.h"
 #include "trident/model/gpt.h"
 #include "trident/optim/model_state.h"
+#include "trident/optim/offload.h"
 #include "trident/parallel/pipeline_schedule.h"
 #include "trident/plan/plan.h"
 #include "trident/train/rank_model.h"
@@ -59,6 +60,20 @@ MemoryPlan predict_memory(const train::TrainConfig& cfg, int world_size) {
     r.parameters = states.param_bytes;  // FP32 weights and the BF16 copies
     r.gradients = states.grad_bytes;
     r.optimizer = states.optimizer_bytes;
+    if (cfg.offload.device == optim::OffloadDevice::kNvme) {
+      // The moments of the updated range live on disk; the window stays (optim/offload.h).
+      const std::int64_t n =
+          states.optimizer_bytes > 0
+              ? optim::buffer_sizes(
+                    train::flat_layout_of(rm),
+                    parallel::build_shard_plan(rm.total_numel(), dp, optim::kShardAlign),
+                    optim::zero_policy(cfg.zero_stage), cfg.bf16)
+                    .moment
+              : 0;
+      const optim::OffloadFootprint f = optim::offload_footprint(cfg.offload.window_bytes, 2, n);
+      r.optimizer = f.window_bytes;
+      r.offloaded = f.file_bytes;
+    }
     r.staging = states.staging_bytes;
     const auto steps = parallel::build_pipeline_schedule(kind, {pp, m, v}, stage);
     r.slots_per_chunk = parallel::max_in_flight_per_chunk(steps, v);

@@ -42,6 +42,7 @@ nlohmann::json memory_json(const RankMemory& r) {
           {"parameters", r.parameters},
           {"gradients", r.gradients},
           {"optimizer", r.optimizer},
+          {"offloaded", r.offloaded},
           {"staging", r.staging},
           {"activation_slots", r.slots_per_chunk},
           {"activation_slot_bytes", r.slot_bytes},
@@ -64,6 +65,7 @@ nlohmann::json time_json(const TimeBreakdown& t) {
           {"dp_comm_s", t.dp_comm},
           {"dp_exposed_s", t.dp_exposed},
           {"optimizer_s", t.optimizer},
+          {"offload_io_s", t.offload_io},
           {"oversubscription_s", t.oversubscription},
           {"model_flops", t.model_flops},
           {"tflops_per_gpu", t.tflops_per_gpu},
@@ -215,6 +217,10 @@ std::string format_plan(const train::TrainConfig& cfg, const Cluster& cluster, c
                   r.pp_rank == plan.memory.worst_stage ? "  <- most" : "");
     o << line;
   }
+  if (plan.memory.worst().offloaded > 0) {
+    o << "  Adam moments on disk (--offload-optimizer nvme, not counted above): "
+      << gib(static_cast<double>(plan.memory.worst().offloaded)) << " per rank\n";
+  }
   o << "  capacity per rank " << gib(plan.capacity_bytes)
     << (cluster.hw.reserved_bytes > 0
             ? " (after " + gib(cluster.hw.reserved_bytes) + " reserved for the runtime)"
@@ -228,6 +234,10 @@ std::string format_plan(const train::TrainConfig& cfg, const Cluster& cluster, c
     << ms(t.tp_comm) << "\n  PP comm        " << ms(t.pp_comm) << "\n  pipeline bubble"
     << ms(t.bubble) << "\n  DP/ZeRO comm   " << ms(t.dp_comm) << " (exposed " << ms(t.dp_exposed)
     << ")\n  optimizer      " << ms(t.optimizer) << "\n";
+  if (t.offload_io > 0) {
+    o << "    (offload I/O " << ms(t.offload_io) << " at "
+      << fmt("%.1f", cluster.hw.offload_disk_bw / 1e9) << " GB/s, overlapped with AdamW)\n";
+  }
   if (t.oversubscription > 0) o << "  cores shared   " << ms(t.oversubscription) << "\n";
   o << "  iteration      " << ms(t.iteration) << "\n\n";
   o << "throughput: " << fmt("%.3f", t.tflops_per_gpu) << " TFLOP/s per "

@@ -369,6 +369,12 @@ TimeBreakdown predict(const train::TrainConfig& cfg, const Cluster& cluster, Ker
   if (pp > 1) t.dp_exposed += k.all_reduce(embed_bytes, 2, pp_across || dp_across);
   const double n_opt = stage_z == 0 ? max_numel : max_numel / dp;
   t.optimizer = k.optimizer(n_opt, stage_z >= 2 ? max_numel / dp : max_numel, cfg.bf16);
+  if (cfg.offload.device == optim::OffloadDevice::kNvme) {
+    // Both moments read and written back per step; the streamed update overlaps the transfers
+    // with AdamW, so the slower of the two sets the pace.
+    t.offload_io = 16.0 * n_opt / hw.offload_disk_bw;
+    t.optimizer = std::max(t.optimizer, t.offload_io);
+  }
   t.iteration = pipe + t.dp_exposed + t.optimizer;
 
   if (hw.is_cpu && cluster.calibration) {
