@@ -204,7 +204,8 @@ class Trainer {
 
   TrainConfig cfg_;
   comm::Communicator& world_;
-  const core::ExecContext ctx_;
+  core::Workspace workspace_;  // the kernels' scratch: grown in the first iteration, then reused
+  const core::ExecContext ctx_{.workspace = &workspace_};
   const parallel::ParallelLayout layout_;
   parallel::ParallelContext par_;
   const int dp_, dp_rank_;
