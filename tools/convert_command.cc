@@ -6,8 +6,8 @@
 // not given keep the source's values. The result loads bitwise-directly into a run of the new
 // layout (it could also be loaded resharded on the fly: --load reshards any layout by itself).
 //
-// Conversion to and from other formats plugs in as other sources and sinks of the same command
-// (--from-hf / --to-hf: their own issue); this file is the trident-to-trident path.
+// Hugging Face model directories are other sources and sinks of the same command: --from-hf DIR
+// (with --save and, optionally, the layout flags) and --to-hf DIR (with --load); convert_hf.cc.
 #include <unistd.h>
 
 #include <filesystem>
@@ -16,7 +16,9 @@
 #include <vector>
 
 #include "commands.h"
+#include "convert_hf.h"
 #include "trident/ckpt/checkpoint.h"
+#include "trident/ckpt/model_config_json.h"
 #include "trident/ckpt/reshard.h"
 #include "trident/ckpt/save_lock.h"
 #include "trident/core/error.h"
@@ -40,24 +42,6 @@ struct ConvertArgs {
   std::int64_t layers_per_virtual_stage = -2, first_stage_layers = -2, last_stage_layers = -2;
   std::string sequence_parallel;  // "", "on", "off"
 };
-
-// The architecture of a checkpoint's model, from its manifest's config (TrainConfig::to_json).
-model::ModelConfig model_config_from(const nlohmann::json& c) {
-  model::ModelConfig m;
-  m.num_layers = c.at("num_layers");
-  m.hidden_size = c.at("hidden_size");
-  m.num_attention_heads = c.at("num_attention_heads");
-  m.ffn_hidden_size = c.at("ffn_hidden_size");
-  m.seq_length = c.at("seq_length");
-  m.max_position_embeddings = c.at("max_position_embeddings");
-  m.vocab_size = c.at("vocab_size");
-  m.make_vocab_size_divisible_by = c.at("make_vocab_size_divisible_by");
-  m.position_embedding = c.at("position_embedding_type") == "alibi"
-                             ? model::PositionEmbedding::kAlibi
-                             : model::PositionEmbedding::kLearnedAbsolute;
-  m.embed_layernorm = c.at("embed_layernorm");
-  return m;
-}
 
 void convert(const ConvertArgs& a) {
   TRIDENT_CHECK(!a.load.empty() && !a.save.empty(), "convert needs --load DIR and --save DIR");
@@ -83,7 +67,7 @@ void convert(const ConvertArgs& a) {
       "--sequence-parallel takes on or off");
   TRIDENT_CHECK(tp >= 1 && pp >= 1 && dp >= 1, "parallel sizes must be >= 1");
   TRIDENT_CHECK(stage >= 0 && stage <= 3, "--zero-stage must be 0, 1, 2 or 3");
-  model::ModelConfig mc = model_config_from(config);
+  model::ModelConfig mc = ckpt::model_config_from_json(config);
   // The padded vocabulary stays the checkpoint's (its rows are trained weights): the target's
   // --make-vocab-size-divisible-by is chosen to give the same padding at the new TP size.
   const std::int64_t padded = mc.padded_vocab_size(sl.at("tp").get<int>());
@@ -172,8 +156,21 @@ void register_convert(CLI::App& app) {
   auto a = std::make_shared<ConvertArgs>();
   CLI::App* sub = app.add_subcommand(
       "convert", "Reshard a checkpoint into another parallel layout (offline, no training)");
-  sub->add_option("--load", a->load, "Checkpoint directory to read")->required();
-  sub->add_option("--save", a->save, "Checkpoint directory to write")->required();
+  auto hf_in = std::make_shared<HfImportArgs>();
+  auto hf_out = std::make_shared<HfExportArgs>();
+  sub->add_option("--load", a->load, "Checkpoint directory to read");
+  sub->add_option("--save", a->save, "Checkpoint directory to write");
+  sub->add_option("--from-hf", hf_in->from_hf,
+                  "Hugging Face model directory to read (config.json, safetensors, tokenizer)");
+  sub->add_option("--to-hf", hf_out->to_hf,
+                  "Hugging Face model directory to write from the --load checkpoint");
+  sub->add_option("--seq-length", hf_in->seq_length,
+                  "--from-hf: the training sequence length to record (default: the model's "
+                  "max_position_embeddings; BLOOM 2048)");
+  sub->add_option("--max-shard-size", hf_out->max_shard_bytes,
+                  "--to-hf: bytes per safetensors shard (default 5 GiB)");
+  sub->add_option("--hf-dtype", hf_out->dtype,
+                  "--to-hf: float32, bfloat16 or float16 (default: as imported, else float32)");
   sub->add_option("--iteration", a->iteration, "Iteration to convert (default: the latest)");
   sub->add_option("--tensor-model-parallel-size", a->tp, "Target TP size");
   sub->add_option("--pipeline-model-parallel-size", a->pp, "Target PP size");
@@ -186,7 +183,40 @@ void register_convert(CLI::App& app) {
   sub->add_option("--decoder-last-pipeline-num-layers", a->last_stage_layers,
                   "Target layers of the last stage (-1: even split)");
   sub->add_option("--sequence-parallel", a->sequence_parallel, "on or off");
-  sub->callback([a] { convert(*a); });
+  sub->callback([a, hf_in, hf_out] {
+    TRIDENT_CHECK(hf_in->from_hf.empty() || hf_out->to_hf.empty(),
+                  "convert: --from-hf and --to-hf exclude each other");
+    if (!hf_out->to_hf.empty()) {
+      TRIDENT_CHECK(!a->load.empty() && a->save.empty(),
+                    "convert --to-hf DIR needs --load CHECKPOINT (and no --save)");
+      hf_out->load = a->load;
+      hf_out->iteration = a->iteration;
+      return export_to_hf(*hf_out);
+    }
+    if (hf_in->from_hf.empty()) return convert(*a);
+    TRIDENT_CHECK(!a->save.empty() && a->load.empty(),
+                  "convert --from-hf DIR needs --save CHECKPOINT (and no --load)");
+    const bool relayout = a->tp != -2 || a->pp != -2 || a->dp != -2 || a->zero_stage != -2 ||
+                          a->layers_per_virtual_stage != -2 || a->first_stage_layers != -2 ||
+                          a->last_stage_layers != -2 || !a->sequence_parallel.empty();
+    hf_in->save = a->save;
+    if (!relayout) return import_from_hf(*hf_in);
+    // Import as one rank, then reshard into the layout asked for.
+    const std::string one_rank = a->save + ".hf-import." + std::to_string(::getpid());
+    hf_in->save = one_rank;
+    hf_in->tokenizer_dir = a->save + "/hf_tokenizer";
+    try {
+      import_from_hf(*hf_in);
+      ConvertArgs c = *a;
+      c.load = one_rank;
+      convert(c);
+    } catch (...) {
+      std::error_code ec;
+      fs::remove_all(one_rank, ec);
+      throw;
+    }
+    fs::remove_all(one_rank);
+  });
 }
 
 }  // namespace trident::tools

@@ -6,6 +6,7 @@
 
 #include "commands.h"
 #include "trident/ckpt/checkpoint.h"
+#include "trident/ckpt/model_config_json.h"
 #include "trident/core/arena.h"
 #include "trident/core/error.h"
 #include "trident/data/tokenizer.h"
@@ -23,28 +24,10 @@ struct GenerateOptions {
   model::SamplingConfig sampling;
 };
 
-model::ModelConfig model_config_from(const nlohmann::json& c) {
-  model::ModelConfig m;
-  m.num_layers = c.at("num_layers");
-  m.hidden_size = c.at("hidden_size");
-  m.num_attention_heads = c.at("num_attention_heads");
-  m.ffn_hidden_size = c.at("ffn_hidden_size");
-  m.seq_length = c.at("seq_length");
-  m.max_position_embeddings = c.at("max_position_embeddings");
-  m.vocab_size = c.at("vocab_size");
-  m.make_vocab_size_divisible_by = c.at("make_vocab_size_divisible_by");
-  m.layernorm_epsilon = c.at("layernorm_epsilon");
-  if (c.value("position_embedding_type", std::string("learned_absolute")) == "alibi") {
-    m.position_embedding = model::PositionEmbedding::kAlibi;
-  }
-  m.embed_layernorm = c.value("embed_layernorm", false);
-  return m;
-}
-
 void run_generate(const GenerateOptions& o) {
   const nlohmann::json manifest = ckpt::read_manifest(o.load, o.iteration);
   const nlohmann::json& config = manifest.at("config");
-  model::ModelConfig mc = model_config_from(config);
+  model::ModelConfig mc = ckpt::model_config_from_json(config);
   // A tensor-parallel run padded the vocabulary to a multiple of divisible-by x tp: keep that
   // padding so every parameter has its trained shape.
   mc.make_vocab_size_divisible_by *= manifest.at("layout").value("tp", 1);

@@ -21,11 +21,15 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "support/tensor_file.h"
 #include "trident/ckpt/checkpoint.h"
+#include "trident/ckpt/model_config_json.h"
 #include "trident/data/indexed_dataset.h"
+#include "trident/model/generate.h"
 #include "trident/model/param_table.h"
 
 namespace trident {
@@ -126,6 +130,14 @@ class Equivalence : public ::testing::Test {
     if (model_flags.find("--model bloom") != std::string::npos) {
       c.position_embedding = model::PositionEmbedding::kAlibi;
       c.embed_layernorm = true;
+    }
+    if (model_flags.find("--model llama") != std::string::npos) {  // as kLlama below
+      c.normalization = model::Normalization::kRmsNorm;
+      c.position_embedding = model::PositionEmbedding::kRope;
+      c.swiglu = true;
+      c.untie_embeddings_and_output_weights = true;
+      c.add_bias_linear = false;
+      c.num_query_groups = 2;
     }
     c.num_layers = 4;
     c.hidden_size = 32;
@@ -339,6 +351,130 @@ TEST_F(Equivalence, BloomThreeD) {
                      2,
                      "--model bloom"});
 }
+// Llama (RMSNorm, rotary with Llama 3 scaling, SwiGLU, 2 key/value groups for 4 query heads split
+// across tp ranks, untied output layer, no biases): the same layout equivalence as GPT, in 3D, with
+// ZeRO-3 and sequence parallelism, and interleaved pipelining with full recomputation.
+constexpr const char* kLlama =
+    "--model llama --group-query-attention --num-query-groups 2 --use-rope-scaling "
+    "--rope-scaling-factor 4";
+TEST_F(Equivalence, LlamaLayouts) {
+  expect_equivalent({"llama_tp2pp2dp2",
+                     8,
+                     {"--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2"},
+                     2,
+                     kLlama});
+  expect_equivalent({"llama_tp2dp2zero3sp",
+                     4,
+                     {"--tensor-model-parallel-size 2 --zero-stage 3 --sequence-parallel"},
+                     2,
+                     kLlama});
+  expect_equivalent({"llama_pp2v2recompute",
+                     2,
+                     {"--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1 "
+                      "--recompute-granularity full"},
+                     1,
+                     kLlama});
+}
+
+// The acceptance test: a tiny Llama trained by trident in TP2 x PP2, exported with
+// `trident convert --to-hf`, loads in transformers (AutoModelForCausalLM.from_pretrained, as it
+// is) and gives trident's logits of a prompt (within 1e-5 of the largest, transformers in float64)
+// and the same 50 greedy tokens (transformers' generate() in float32 against trident's KV-cache
+// generation, model/generate.h, as `trident generate` runs it).
+TEST_F(Equivalence, LlamaTrainedInThreeDLoadsInTransformers) {
+  const std::string run = "llama_export";
+  ASSERT_EQ(train({run,
+                   4,
+                   {"--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2"},
+                   2,
+                   std::string(kLlama) + " --max-position-embeddings 64"}),
+            0);
+  const std::string ckpt_dir = run_dir(run) + "/ckpt", hf = run_dir(run) + "/hf";
+  const std::string convert = std::string(TRIDENT_CLI) + " convert --load " + ckpt_dir +
+                              " --to-hf " + hf + " > " + run_dir(run) + "/convert.txt 2>&1";
+  ASSERT_EQ(std::system(convert.c_str()), 0) << convert;
+  const std::vector<std::int32_t> prompt = {5, 6, 7, 8, 9, 10, 11, 12};
+  const std::int64_t new_tokens = 50;
+  const std::string out = run_dir(run) + "/transformers.trtf";
+  const std::string check = std::string(TRIDENT_HF_PYTHON) + " " + TRIDENT_SOURCE_DIR +
+                            "/tests/reference/hf_check_export.py --model " + hf +
+                            " --prompt '5 6 7 8 9 10 11 12' --max-new-tokens 50 --output " + out;
+  ASSERT_EQ(std::system(check.c_str()), 0) << check;
+  const auto ref = testing::read_tensor_file(out);
+
+  // trident on the same checkpoint (any layout reassembles into one rank).
+  const nlohmann::json manifest = ckpt::read_manifest(ckpt_dir, -1);
+  model::ModelConfig mc = ckpt::model_config_from_json(manifest.at("config"));
+  mc.make_vocab_size_divisible_by *= manifest.at("layout").value("tp", 1);
+  ASSERT_EQ(mc.position_embedding, model::PositionEmbedding::kRope);
+  ASSERT_EQ(mc.query_groups(), 2);
+  const model::ParamTable table = model::build_gpt_param_table(mc);
+  std::vector<float> flat(static_cast<std::size_t>(table.total_numel));
+  ckpt::load_full_params(ckpt_dir, -1, table, flat.data());
+  const model::GptParams params = model::gpt_param_views(mc, table, flat.data());
+  const core::ExecContext ctx;
+  model::GptActivations acts;
+  model::ModelRuntime rt;
+  rt.training = false;
+  const auto T = static_cast<std::int64_t>(prompt.size());
+  model::make_activations(mc, rt.shard, 1, T, acts);
+  model::gpt_forward(ctx, mc, rt, params, prompt.data(), acts);
+  const std::vector<double> hf_logits = testing::find_tensor(ref, "logits").to_f64();
+  ASSERT_EQ(static_cast<std::int64_t>(hf_logits.size()), T * mc.vocab_size);
+  double diff = 0, scale = 0;
+  for (std::int64_t t = 0; t < T; ++t) {
+    for (std::int64_t v = 0; v < mc.vocab_size; ++v) {
+      const double want = hf_logits[static_cast<std::size_t>(t * mc.vocab_size + v)];
+      diff = std::max(diff, std::abs(acts.logits[t * mc.padded_vocab_size() + v] - want));
+      scale = std::max(scale, std::abs(want));
+    }
+  }
+  EXPECT_LE(diff / scale, 1e-5) << "logits of trident vs transformers";
+  std::printf("exported Llama: logits max rel diff %.2e\n", diff / scale);
+
+  model::Generator gen(mc, params);
+  const float* logits = nullptr;
+  for (std::int32_t id : prompt) logits = gen.step(ctx, id);
+  std::vector<std::int64_t> mine;
+  const model::SamplingConfig greedy{.temperature = 0.0f};
+  for (std::int64_t i = 0; i < new_tokens; ++i) {
+    const std::int32_t next =
+        model::sample_token(logits, mc.vocab_size, greedy, static_cast<std::uint64_t>(i));
+    mine.push_back(next);
+    logits = gen.step(ctx, next);
+  }
+  const std::vector<std::int64_t> theirs = testing::find_tensor(ref, "generated").i64();
+  EXPECT_EQ(mine, theirs) << "greedy tokens of trident vs transformers' generate()";
+  std::set<std::int64_t> distinct(mine.begin(), mine.end());
+  EXPECT_GT(distinct.size(), 3u) << "a degenerate generation proves little";
+
+  // Fine-tuning from Hugging Face: the export imported again (`convert --from-hf`, into TP2) and
+  // trained with --finetune gives, iteration by iteration, the losses of --finetune from the
+  // trained checkpoint itself (the same weights, bitwise, after trident -> HF -> trident), starting
+  // at iteration 1 with fresh data order and optimizer, below the untrained run's first loss.
+  const std::string imported = run_dir(run) + "/imported";
+  const std::string import_cmd =
+      std::string(TRIDENT_CLI) + " convert --from-hf " + hf + " --save " + imported +
+      " --seq-length 16 --tensor-model-parallel-size 2 > " + run_dir(run) + "/import.txt 2>&1";
+  ASSERT_EQ(std::system(import_cmd.c_str()), 0) << import_cmd;
+  const std::string llama = std::string(kLlama) + " --max-position-embeddings 64";
+  for (const auto& [name, from] :
+       {std::pair{"finetune_direct", ckpt_dir}, std::pair{"finetune_imported", imported}}) {
+    ASSERT_EQ(
+        train({name, 2, {"--tensor-model-parallel-size 2 --finetune --load " + from}, 2, llama}), 0)
+        << name;
+  }
+  const std::vector<double> direct = losses("finetune_direct"),
+                            via_hf = losses("finetune_imported"), scratch = losses(run);
+  ASSERT_EQ(direct.size(), 10u) << "--finetune restarts at iteration 1";
+  ASSERT_EQ(via_hf.size(), 10u);
+  for (std::size_t i = 0; i < direct.size(); ++i) {
+    EXPECT_EQ(direct[i], via_hf[i]) << "iteration " << i + 1;
+  }
+  EXPECT_LT(direct.front(), scratch.front()) << "the fine-tuning run did not start from the "
+                                                "trained weights";
+}
+
 // `trident generate` reassembles a TP x PP checkpoint and decodes greedily the same tokens as from
 // the one-process checkpoint.
 TEST_F(Equivalence, GenerateFromThreeDCheckpoint) {

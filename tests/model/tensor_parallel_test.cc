@@ -1,5 +1,7 @@
 // Tensor parallelism inside one process: ranks as threads (ThreadCommunicator). For TP = 2 and 4,
-// with and without sequence parallelism,
+// with and without sequence parallelism, for GPT-2 and for Llama (RMSNorm, rotary with Llama 3
+// scaling, SwiGLU, grouped-query attention with the key/value groups split across ranks, untied
+// output layer, no biases),
 // each rank's initial weights are exactly its slice of the TP = 1 weights, and the loss, every
 // gradient (gathered by global index) and the global gradient norm equal the single-rank ones.
 // Tolerance: FP32 with different summation orders, max |tp - ref| / max |ref| <= 2e-5.
@@ -25,11 +27,22 @@ struct Result {
   std::vector<float> params, grads;  // flat, of the table used
 };
 
-ModelConfig tiny(int tp) {
+ModelConfig tiny(int tp, bool llama = false) {
   ModelConfig c;
+  if (llama) {
+    c.normalization = Normalization::kRmsNorm;
+    c.position_embedding = PositionEmbedding::kRope;
+    c.rope_scaling = true;
+    c.rope_original_max_positions = 4;  // so that the scaling changes the low frequencies
+    c.rope_scaling_factor = 4.0f;
+    c.swiglu = true;
+    c.num_query_groups = 4;
+    c.untie_embeddings_and_output_weights = true;
+    c.add_bias_linear = false;
+  }
   c.num_layers = 2;
   c.hidden_size = 32;
-  c.num_attention_heads = 4;
+  c.num_attention_heads = llama ? 8 : 4;  // Llama: 8 query heads in 4 groups
   c.ffn_hidden_size = 64;
   c.seq_length = 8;
   c.vocab_size = 250;
@@ -94,13 +107,14 @@ double rel_err(const std::vector<double>& a, const std::vector<double>& b) {
   return ref > 0 ? diff / ref : diff;
 }
 
-class TensorParallel : public ::testing::TestWithParam<std::tuple<int, bool>> {};
+class TensorParallel : public ::testing::TestWithParam<std::tuple<int, bool, bool>> {};
 
 TEST_P(TensorParallel, MatchesOneRank) {
   const int tp = std::get<0>(GetParam());
   const bool sp = std::get<1>(GetParam());
-  const ModelConfig cfg = tiny(tp);
-  const ModelConfig ref_cfg = tiny(1);  // same architecture and padded vocabulary, one rank
+  const bool llama = std::get<2>(GetParam());
+  const ModelConfig cfg = tiny(tp, llama);
+  const ModelConfig ref_cfg = tiny(1, llama);  // same architecture and padded vocabulary, 1 rank
   ASSERT_EQ(cfg.padded_vocab_size(tp), ref_cfg.padded_vocab_size(1));
   const ParamTable ref_table = build_gpt_param_table(ref_cfg);
   const Result ref = run_shard(ref_cfg, {}, nullptr);
@@ -142,7 +156,8 @@ TEST_P(TensorParallel, MatchesOneRank) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Sizes, TensorParallel,
-                         ::testing::Combine(::testing::Values(2, 4), ::testing::Bool()));
+                         ::testing::Combine(::testing::Values(2, 4), ::testing::Bool(),
+                                            ::testing::Bool()));
 
 TEST(TensorParallelLayout, HeadsAndFfnMustDivide) {
   ModelConfig cfg = tiny(4);
@@ -154,6 +169,15 @@ TEST(TensorParallelLayout, HeadsAndFfnMustDivide) {
   cfg = tiny(4);
   cfg.ffn_hidden_size = 66;
   EXPECT_THROW(build_gpt_param_table(cfg, shard), core::InvalidArgument);
+  // Key/value groups are split across ranks, never replicated: 2 groups on 4 ranks is refused.
+  cfg = tiny(4, true);
+  cfg.num_query_groups = 2;
+  try {
+    build_gpt_param_table(cfg, shard);
+    ADD_FAILURE() << "2 query groups on 4 tensor-parallel ranks were accepted";
+  } catch (const core::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("--num-query-groups"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

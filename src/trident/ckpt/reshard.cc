@@ -197,10 +197,15 @@ std::int64_t local_index(const model::ParamSpec& p, std::int64_t g, int* tp) {
     *tp = static_cast<int>(g / p.numel);
     return g % p.numel;
   }
-  const std::int64_t local_cols = p.shape[1], global_cols = p.global_shape[1];
-  const std::int64_t r = g / global_cols, c = g % global_cols;
-  *tp = static_cast<int>(c / local_cols);
-  return r * local_cols + c % local_cols;
+  // Split along dim d (a matrix's columns, or SwiGLU's (2, F, C) along F): global (o, j, k) is
+  // rank j / local_d's (o, j % local_d, k).
+  const auto d = static_cast<std::size_t>(p.tp_split_dim);
+  std::int64_t inner = 1;
+  for (std::size_t k = d + 1; k < p.shape.size(); ++k) inner *= p.shape[k];
+  const std::int64_t local_d = p.shape[d], global_d = p.global_shape[d];
+  const std::int64_t o = g / (global_d * inner), j = g / inner % global_d, k = g % inner;
+  *tp = static_cast<int>(j / local_d);
+  return (o * local_d + j % local_d) * inner + k;
 }
 
 }  // namespace

@@ -25,6 +25,22 @@ void ModelConfig::validate() const {
   TRIDENT_CHECK(make_vocab_size_divisible_by > 0,
                 "--make-vocab-size-divisible-by must be positive");
   TRIDENT_CHECK(init_method_std > 0, "--init-method-std must be positive, got ", init_method_std);
+  TRIDENT_CHECK(num_query_groups >= 0 && num_attention_heads % query_groups() == 0,
+                "--num-query-groups (", num_query_groups, ") must divide --num-attention-heads (",
+                num_attention_heads, ")");
+  TRIDENT_CHECK(position_embedding != PositionEmbedding::kRope || head_dim() % 2 == 0,
+                "--position-embedding-type rope needs an even head dimension (--hidden-size / "
+                "--num-attention-heads = ",
+                head_dim(), ")");
+  TRIDENT_CHECK(rotary_base > 0, "--rotary-base must be positive, got ", rotary_base);
+  TRIDENT_CHECK(!rope_scaling || (rope_scaling_factor > 0 && rope_low_freq_factor > 0 &&
+                                  rope_high_freq_factor > rope_low_freq_factor &&
+                                  rope_original_max_positions > 0),
+                "--rope-scaling-factor must be positive (and the low/high frequency factors "
+                "positive, low < high)");
+  TRIDENT_CHECK(add_bias_linear || swiglu,
+                "--disable-bias-linear is supported with --swiglu only (the GeLU MLP's bias is "
+                "fused into its activation); add --swiglu or drop --disable-bias-linear");
   TRIDENT_CHECK(hidden_dropout >= 0 && hidden_dropout < 1,
                 "--hidden-dropout must be in [0, 1), got ", hidden_dropout);
   TRIDENT_CHECK(attention_dropout >= 0 && attention_dropout < 1,
@@ -37,18 +53,23 @@ double ModelConfig::flops_per_iteration(std::int64_t tokens) const {
   const double h = static_cast<double>(hidden_size), f = static_cast<double>(ffn());
   const double s = static_cast<double>(seq_length), L = static_cast<double>(num_layers);
   const double V = static_cast<double>(padded_vocab_size());
-  const double per_token = L * (8.0 * h * h + 4.0 * h * f + 4.0 * s * h) + 2.0 * h * V;
+  // GQA shrinks the key/value projections, SwiGLU adds a third MLP matrix.
+  const double qkv = 2.0 * h * static_cast<double>(qkv_rows()), mlp = (swiglu ? 6.0 : 4.0) * h * f;
+  const double per_token = L * (qkv + 2.0 * h * h + mlp + 4.0 * s * h) + 2.0 * h * V;
   return 3.0 * per_token * static_cast<double>(tokens);
 }
 
 std::int64_t ModelConfig::num_parameters() const {
-  const std::int64_t h = hidden_size, f = ffn();
+  const std::int64_t h = hidden_size, f = ffn(), q = qkv_rows(), fc = fc_rows();
+  const std::int64_t norm = normalization == Normalization::kRmsNorm ? h : 2 * h;
+  const std::int64_t b = add_bias_linear ? 1 : 0;
   const std::int64_t per_layer =
-      4 * h + (3 * h * h + 3 * h) + (h * h + h) + (f * h + f) + (h * f + h);
+      2 * norm + (q * h + b * q) + (h * h + b * h) + (fc * h + b * fc) + (h * f + b * h);
   const std::int64_t pos =
       position_embedding == PositionEmbedding::kLearnedAbsolute ? max_positions() * h : 0;
-  return padded_vocab_size() * h + pos + num_layers * per_layer + 2 * h +
-         (embed_layernorm ? 2 * h : 0);
+  const std::int64_t out = tied_output() ? 0 : padded_vocab_size() * h;
+  return padded_vocab_size() * h + pos + num_layers * per_layer + norm + out +
+         (embed_layernorm ? norm : 0);
 }
 
 }  // namespace trident::model

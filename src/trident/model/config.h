@@ -1,4 +1,5 @@
-// ModelConfig: the architecture of a GPT-2 / BLOOM style decoder, with Megatron's flag names.
+// ModelConfig: the architecture of a GPT-2 / BLOOM / Llama style decoder, with Megatron's flag
+// names.
 #pragma once
 
 #include <cstdint>
@@ -6,7 +7,10 @@
 
 namespace trident::model {
 
-enum class PositionEmbedding : std::uint8_t { kLearnedAbsolute, kAlibi };
+// --position-embedding-type: learned_absolute (GPT-2), alibi (BLOOM) or rope (Llama).
+enum class PositionEmbedding : std::uint8_t { kLearnedAbsolute, kAlibi, kRope };
+// --normalization: LayerNorm (GPT-2, BLOOM) or RMSNorm (Llama; no bias, no centring).
+enum class Normalization : std::uint8_t { kLayerNorm, kRmsNorm };
 
 // Activation recomputation (Megatron's --recompute-granularity / -method / -num-layers):
 // full recomputes a layer's forward in backward, keeping only its output; selective recomputes
@@ -27,7 +31,21 @@ struct ModelConfig {
   float layernorm_epsilon = 1e-5f;
   PositionEmbedding position_embedding = PositionEmbedding::kLearnedAbsolute;
   bool embed_layernorm = false;  // BLOOM: LayerNorm right after the word embedding
-  float hidden_dropout = 0.0f;   // embedding output and both residual branches
+  Normalization normalization = Normalization::kLayerNorm;
+  // Rotary positions (--position-embedding-type rope): --rotary-base, and Llama-3's frequency
+  // scaling (--use-rope-scaling, --rope-scaling-factor; the other three as Megatron and Llama 3.1:
+  // transformers' rope_scaling {"rope_type": "llama3", ...}).
+  float rotary_base = 10000.0f;
+  bool rope_scaling = false;
+  float rope_scaling_factor = 8.0f;
+  float rope_low_freq_factor = 1.0f;
+  float rope_high_freq_factor = 4.0f;
+  std::int64_t rope_original_max_positions = 8192;
+  bool swiglu = false;                // --swiglu: gated SiLU MLP (two up-projections)
+  std::int64_t num_query_groups = 0;  // --group-query-attention --num-query-groups; 0: heads
+  bool untie_embeddings_and_output_weights = false;  // own output layer (not the embedding)
+  bool add_bias_linear = true;  // --disable-bias-linear: no bias in any linear layer
+  float hidden_dropout = 0.0f;  // embedding output and both residual branches
   float attention_dropout = 0.0f;
   // Attention kernel: the fused flash-style one (no (T x T) probabilities kept) or the unfused
   // one; ALiBi and attention dropout need the fused kernel.
@@ -51,6 +69,14 @@ struct ModelConfig {
     return max_position_embeddings > 0 ? max_position_embeddings : seq_length;
   }
   std::int64_t head_dim() const { return hidden_size / num_attention_heads; }
+  std::int64_t query_groups() const {
+    return num_query_groups > 0 ? num_query_groups : num_attention_heads;
+  }
+  // Rows of the fused QKV weight: every query head plus a key and a value head per group.
+  std::int64_t qkv_rows() const { return (num_attention_heads + 2 * query_groups()) * head_dim(); }
+  // Columns of the MLP's up-projection output (SwiGLU: gate and up).
+  std::int64_t fc_rows() const { return swiglu ? 2 * ffn() : ffn(); }
+  bool tied_output() const { return !untie_embeddings_and_output_weights; }
   // Megatron's rule: vocab padded up to a multiple of make_vocab_size_divisible_by * tp_size.
   std::int64_t padded_vocab_size(std::int64_t tp_size = 1) const;
   // Throws InvalidArgument naming the flag for inconsistent sizes.
@@ -59,7 +85,7 @@ struct ModelConfig {
   // recomputation), Megatron's formula (training.py, mid-2024 form for MHA):
   //   72 * tokens * L * h^2 * (1 + s/(6h) + V/(12 L h))  [with f = 4h; the general f is used]
   double flops_per_iteration(std::int64_t tokens) const;
-  // Parameter count (padded vocab, tied output layer counted once).
+  // Parameter count (padded vocab, a tied output layer counted once).
   std::int64_t num_parameters() const;
 
   friend bool operator==(const ModelConfig&, const ModelConfig&) = default;

@@ -1,6 +1,7 @@
 #include "trident/model/gpt.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "trident/core/error.h"
 #include "trident/kernels/flash_attention.h"
@@ -29,8 +30,11 @@ GptTensors<P> views(const ModelConfig& cfg, const ParamTable& table, const Locat
   }
   if (has("embedding.word_embeddings_layernorm.weight")) {
     t.emb_ln_w = at("embedding.word_embeddings_layernorm.weight");
-    t.emb_ln_b = at("embedding.word_embeddings_layernorm.bias");
+    if (has("embedding.word_embeddings_layernorm.bias")) {
+      t.emb_ln_b = at("embedding.word_embeddings_layernorm.bias");
+    }
   }
+  auto opt = [&](const std::string& name) -> P { return has(name) ? at(name) : P{}; };
   std::int64_t first = -1, last = -1;
   for (const ParamSpec& p : table.params) {
     if (p.layer < 0) continue;
@@ -41,23 +45,24 @@ GptTensors<P> views(const ModelConfig& cfg, const ParamTable& table, const Locat
     const std::string p = core::str("layers.", l, ".");
     LayerTensors<P> lt;
     lt.ln1_w = at(p + "input_layernorm.weight");
-    lt.ln1_b = at(p + "input_layernorm.bias");
+    lt.ln1_b = opt(p + "input_layernorm.bias");
     lt.qkv_w = at(p + "self_attention.query_key_value.weight");
-    lt.qkv_b = at(p + "self_attention.query_key_value.bias");
+    lt.qkv_b = opt(p + "self_attention.query_key_value.bias");
     lt.proj_w = at(p + "self_attention.dense.weight");
-    lt.proj_b = at(p + "self_attention.dense.bias");
+    lt.proj_b = opt(p + "self_attention.dense.bias");
     lt.ln2_w = at(p + "post_attention_layernorm.weight");
-    lt.ln2_b = at(p + "post_attention_layernorm.bias");
+    lt.ln2_b = opt(p + "post_attention_layernorm.bias");
     lt.fc_w = at(p + "mlp.dense_h_to_4h.weight");
-    lt.fc_b = at(p + "mlp.dense_h_to_4h.bias");
+    lt.fc_b = opt(p + "mlp.dense_h_to_4h.bias");
     lt.fc2_w = at(p + "mlp.dense_4h_to_h.weight");
-    lt.fc2_b = at(p + "mlp.dense_4h_to_h.bias");
+    lt.fc2_b = opt(p + "mlp.dense_4h_to_h.bias");
     t.layers.push_back(lt);
   }
   if (has("final_layernorm.weight")) {
     t.lnf_w = at("final_layernorm.weight");
-    t.lnf_b = at("final_layernorm.bias");
+    t.lnf_b = opt("final_layernorm.bias");
   }
+  t.out_w = opt("output_layer.weight");
   (void)cfg;
   return t;
 }
@@ -68,6 +73,13 @@ parallel::TpGroup tp_group_of(const ModelRuntime& rt) {
   return parallel::TpGroup(rt.tp, rt.tp_traffic);
 }
 
+// Whether attention runs the rotary / grouped-query expansion of the QKV projection (rope.h):
+// its output then lands in a workspace buffer and the expanded copy is what attention keeps.
+bool expands_qkv(const ModelConfig& cfg) {
+  return cfg.position_embedding == PositionEmbedding::kRope ||
+         cfg.query_groups() != cfg.num_attention_heads;
+}
+
 // The activation layout, shared by the size computation and the allocation so they never drift.
 template <class Alloc>
 void layout_activations(const ModelConfig& cfg, const ModelShard& shard, std::int64_t B,
@@ -75,6 +87,8 @@ void layout_activations(const ModelConfig& cfg, const ModelShard& shard, std::in
   const std::int64_t tp = shard.tp_size;
   const std::int64_t BT = B * T, C = cfg.hidden_size, F = cfg.ffn() / tp;
   const std::int64_t NH = cfg.num_attention_heads / tp, Cl = C / tp;
+  const std::int64_t Ql = cfg.qkv_rows() / tp, FCl = cfg.fc_rows() / tp;  // projection outputs
+  const bool grouped = expands_qkv(cfg);
   const std::int64_t Vl = cfg.padded_vocab_size(tp) / tp;
   const std::int64_t R = shard.sequence_parallel ? BT / tp : BT;  // residual-stream rows
   GptActivations dummy;
@@ -94,7 +108,7 @@ void layout_activations(const ModelConfig& cfg, const ModelShard& shard, std::in
       s.attention.attn = take(BT * Cl);
       s.resid2 = take(R * C);
       s.norm2 = norm_saved();
-      s.mlp.fc = take(BT * F);
+      s.mlp.fc = take(BT * FCl);
       s.mlp.gelu = take(BT * F);
     }
     s.out = take(R * C);  // every layer keeps its output: the next layer's input
@@ -134,18 +148,20 @@ void layout_activations(const ModelConfig& cfg, const ModelShard& shard, std::in
   ws.d_ln = take(BT * C);
   ws.d_attn = take(BT * Cl);
   ws.d_qkv = take(BT * 3 * Cl);
-  ws.d_fc = take(BT * F);
+  ws.d_fc = take(BT * FCl);
+  ws.qkv_grouped = grouped ? take(BT * Ql) : nullptr;
+  ws.d_act = cfg.swiglu ? take(BT * F) : nullptr;
   ws.d_probs = unfused ? take(B * NH * T * T) : nullptr;
   if (bf16) {
     // The widest matmul input and output of the shard, in bf16 (two per float), and the largest
     // oneDNN workspace any of its matmuls needs.
     const std::int64_t widest_in = std::max(C, F);
-    const std::int64_t widest_out = std::max({3 * Cl, C, F, Vl});
+    const std::int64_t widest_out = std::max({3 * Cl, Ql, C, FCl, Vl});
     ws.bf16_in = reinterpret_cast<core::bf16*>(take((BT * widest_in + 1) / 2));
     ws.bf16_dout = reinterpret_cast<core::bf16*>(take((BT * widest_out + 1) / 2));
     const core::ExecContext ctx;
     std::int64_t bytes = 0;
-    for (auto [in, out] : {std::pair{C, 3 * Cl}, std::pair{Cl, C}, std::pair{C, F}, std::pair{F, C},
+    for (auto [in, out] : {std::pair{C, Ql}, std::pair{Cl, C}, std::pair{C, FCl}, std::pair{F, C},
                            std::pair{C, Vl}}) {
       bytes = std::max(bytes, k::linear_bf16_scratch_bytes(ctx, BT, in, out));
     }
@@ -155,6 +171,30 @@ void layout_activations(const ModelConfig& cfg, const ModelShard& shard, std::in
 }
 
 }  // namespace
+
+std::vector<float> rotary_inv_freq(const ModelConfig& cfg) {
+  // As transformers (LlamaRotaryEmbedding, _compute_llama3_parameters): in FP32,
+  // inv_freq[i] = 1 / base^(2i / HS), then Llama 3's scaling by wavelength.
+  const std::int64_t HS = cfg.head_dim();
+  std::vector<float> f(static_cast<std::size_t>(HS / 2));
+  for (std::size_t i = 0; i < f.size(); ++i) {
+    const float e = static_cast<float>(2 * static_cast<std::int64_t>(i)) / static_cast<float>(HS);
+    f[i] = 1.0f / std::pow(cfg.rotary_base, e);
+  }
+  if (!cfg.rope_scaling) return f;
+  const float factor = cfg.rope_scaling_factor, lo = cfg.rope_low_freq_factor,
+              hi = cfg.rope_high_freq_factor;
+  const float old_len = static_cast<float>(cfg.rope_original_max_positions);
+  const float low_wavelen = old_len / lo, high_wavelen = old_len / hi;
+  for (float& x : f) {
+    const float wavelen = 2.0f * static_cast<float>(M_PI) / x;
+    const float scaled = wavelen > low_wavelen ? x / factor : x;
+    const float smooth = (old_len / wavelen - lo) / (hi - lo);
+    const bool medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+    x = medium ? (1.0f - smooth) * scaled / factor + smooth * scaled : scaled;
+  }
+  return f;
+}
 
 GptParamsBf16 gpt_param_views_bf16(const ModelConfig& cfg, const ParamTable& table,
                                    const core::bf16* flat) {
@@ -225,26 +265,39 @@ struct Architecture {
   layers::LmHeadConfig head;
   std::vector<float> alibi;  // slopes of every head (ALiBi), or empty
 
+  std::vector<float> inv_freq;  // rotary inverse frequencies (head_dim / 2), or empty
+
   Architecture(const ModelConfig& cfg, int tp, int tp_rank) {
     const std::int64_t C = cfg.hidden_size, Vl = cfg.padded_vocab_size(tp) / tp;
-    const layers::NormConfig norm{.hidden = C, .eps = cfg.layernorm_epsilon};
+    const layers::NormConfig norm{.kind = cfg.normalization == Normalization::kRmsNorm
+                                              ? layers::NormKind::kRmsNorm
+                                              : layers::NormKind::kLayerNorm,
+                                  .hidden = C,
+                                  .eps = cfg.layernorm_epsilon};
     if (cfg.position_embedding == PositionEmbedding::kAlibi) {
       alibi.resize(static_cast<std::size_t>(cfg.num_attention_heads));
       k::alibi_slopes(cfg.num_attention_heads, alibi.data());
     }
+    if (cfg.position_embedding == PositionEmbedding::kRope) inv_freq = rotary_inv_freq(cfg);
     embedding = {.hidden = C,
                  .vocab_local = Vl,
                  .max_positions = cfg.max_positions(),
                  .norm = cfg.embed_layernorm,
                  .norm_cfg = norm};
     const std::int64_t local_heads = cfg.num_attention_heads / tp;
-    block = {.norm = norm,
-             .attention = {.hidden = C,
-                           .heads = cfg.num_attention_heads,
-                           .head_dim = cfg.head_dim(),
-                           .flash = cfg.flash_attention(),
-                           .alibi = alibi.empty() ? nullptr : alibi.data() + tp_rank * local_heads},
-             .mlp = {.hidden = C, .ffn = cfg.ffn()}};
+    block = {
+        .norm = norm,
+        .attention = {.hidden = C,
+                      .heads = cfg.num_attention_heads,
+                      .head_dim = cfg.head_dim(),
+                      .flash = cfg.flash_attention(),
+                      .alibi = alibi.empty() ? nullptr : alibi.data() + tp_rank * local_heads,
+                      .query_groups = cfg.query_groups(),
+                      .expand_qkv = expands_qkv(cfg),
+                      .inv_freq = inv_freq.empty() ? nullptr : inv_freq.data()},
+        .mlp = {.activation = cfg.swiglu ? layers::Activation::kSwiGlu : layers::Activation::kGelu,
+                .hidden = C,
+                .ffn = cfg.ffn()}};
     head = {.hidden = C, .vocab = cfg.vocab_size, .vocab_local = Vl, .norm = norm};
   }
 };
@@ -335,6 +388,10 @@ struct Transformer {
                : LayerBackwardWeights{resident(l), &g.layers[static_cast<std::size_t>(l)]};
   }
   layers::LmHeadParams head_params() const {
+    if (p.out_w != nullptr) {  // an untied output layer
+      return {.norm = {p.lnf_w, p.lnf_b},
+              .out_w = weight(p.out_w, rt.params_bf16 ? rt.params_bf16->out_w : nullptr)};
+    }
     return {.norm = {p.lnf_w, p.lnf_b},
             .out_w = weight(p.wte, rt.params_bf16 ? rt.params_bf16->wte : nullptr)};  // tied
   }
@@ -402,11 +459,12 @@ void gpt_backward(const core::ExecContext& ctx, const ModelConfig& cfg, const Mo
                   GptActivations& a) {
   const Transformer m(ctx, cfg, rt, p, a);
   if (rt.shard.has_head) {
-    layers::lm_head_backward(m.lc, m.arch.head, m.head_params(),
-                             {.d_in = a.d_x,
-                              .in = a.output(),
-                              .saved = a.head,
-                              .grads = {.norm = {g.lnf_w, g.lnf_b}, .out_w = g.wte}});
+    layers::lm_head_backward(
+        m.lc, m.arch.head, m.head_params(),
+        {.d_in = a.d_x,
+         .in = a.output(),
+         .saved = a.head,
+         .grads = {.norm = {g.lnf_w, g.lnf_b}, .out_w = g.out_w ? g.out_w : g.wte}});
   }
   // d_x holds the gradient of the residual stream at the top (this rank's rows): walk down.
   for (std::int64_t l = m.layers() - 1; l >= 0; --l) {

@@ -36,14 +36,16 @@ namespace trident::model {
 // Pointers into a flat buffer laid out by the ParamTable. P = const float* for parameters,
 // float* for gradients (same shapes; every gradient ACCUMULATES (+=) across micro-batches).
 // Shapes are the local (tensor-parallel) ones.
+// Biases are null under --disable-bias-linear, norm biases null with RMSNorm.
 template <class P>
 struct LayerTensors {
-  P ln1_w, ln1_b;    // (C)
-  P qkv_w, qkv_b;    // (3C/tp, C), (3C/tp): rows interleaved per head (NH/tp, 3, HS)
-  P proj_w, proj_b;  // (C, C/tp), (C)
-  P ln2_w, ln2_b;    // (C)
-  P fc_w, fc_b;      // (F/tp, C), (F/tp)
-  P fc2_w, fc2_b;    // (C, F/tp), (C)
+  P ln1_w = nullptr, ln1_b = nullptr;    // (C)
+  P qkv_w = nullptr, qkv_b = nullptr;    // (Q/tp, C), (Q/tp), Q = (NH + 2G) HS: rows per query
+                                         // group (G/tp, NH/G + 2, HS); MHA: (NH/tp, 3, HS)
+  P proj_w = nullptr, proj_b = nullptr;  // (C, C/tp), (C)
+  P ln2_w = nullptr, ln2_b = nullptr;    // (C)
+  P fc_w = nullptr, fc_b = nullptr;      // (F/tp, C), (F/tp); SwiGLU: (2, F/tp, C), (2, F/tp)
+  P fc2_w = nullptr, fc2_b = nullptr;    // (C, F/tp), (C)
 };
 template <class P>
 struct GptTensors {
@@ -52,6 +54,7 @@ struct GptTensors {
   P emb_ln_w = nullptr, emb_ln_b = nullptr;  // (C), --embed-layernorm (BLOOM), first stage only
   std::vector<LayerTensors<P>> layers;       // the shard's layers, in order
   P lnf_w = nullptr, lnf_b = nullptr;        // (C), last stage only
+  P out_w = nullptr;  // (Vp/tp, C), last stage, untied output layer only (else wte is used)
 };
 using GptParams = GptTensors<const float*>;
 using GptGrads = GptTensors<float*>;
@@ -70,6 +73,10 @@ GptParams gpt_param_views(const ModelConfig& cfg, const ParamTable& table,
                           const std::function<const float*(std::int64_t offset)>& locate);
 GptGrads gpt_grad_views(const ModelConfig& cfg, const ParamTable& table,
                         const std::function<float*(std::int64_t offset)>& locate);
+
+// The rotary inverse frequencies (head_dim / 2) of a --position-embedding-type rope model, with
+// Llama 3's scaling under --use-rope-scaling; computed in FP32 as transformers does.
+std::vector<float> rotary_inv_freq(const ModelConfig& cfg);
 
 // Tensor-parallel traffic of the model's own collectives (parallel/tp_ops.h), the loss's
 // reductions included.

@@ -25,10 +25,14 @@ std::int64_t ParamTable::num_parameters() const {
 std::int64_t ParamSpec::global_index(std::int64_t i, int tp_rank) const {
   if (tp_split_dim < 0) return i;
   if (tp_split_dim == 0) return static_cast<std::int64_t>(tp_rank) * numel + i;
-  // Split along dim 1 of a matrix: row r, local column c.
-  const std::int64_t local_cols = shape[1], global_cols = global_shape[1];
-  const std::int64_t r = i / local_cols, c = i % local_cols;
-  return r * global_cols + static_cast<std::int64_t>(tp_rank) * local_cols + c;
+  // Split along dim d: local index (outer o, j along d, inner k) sits at global (o, rank * local_d
+  // + j, k). A matrix split along dim 1 has inner = 1; SwiGLU's (2, F, C) up-projection splits F.
+  const auto d = static_cast<std::size_t>(tp_split_dim);
+  std::int64_t inner = 1;
+  for (std::size_t k = d + 1; k < shape.size(); ++k) inner *= shape[k];
+  const std::int64_t local_d = shape[d], global_d = global_shape[d];
+  const std::int64_t o = i / (local_d * inner), j = i / inner % local_d, k = i % inner;
+  return (o * global_d + static_cast<std::int64_t>(tp_rank) * local_d + j) * inner + k;
 }
 
 namespace {
@@ -67,6 +71,10 @@ ParamTable build_gpt_param_table(const ModelConfig& cfg, const ModelShard& shard
   TRIDENT_CHECK(cfg.num_attention_heads % tp == 0, "--num-attention-heads (",
                 cfg.num_attention_heads, ") must be divisible by --tensor-model-parallel-size (",
                 tp, ")");
+  TRIDENT_CHECK(cfg.query_groups() % tp == 0, "--num-query-groups (", cfg.query_groups(),
+                ") must be divisible by --tensor-model-parallel-size (", tp,
+                "): each tensor-parallel rank holds whole key/value groups (replicating key/value "
+                "heads across ranks is not supported)");
   TRIDENT_CHECK(cfg.ffn() % tp == 0, "--ffn-hidden-size (", cfg.ffn(),
                 ") must be divisible by --tensor-model-parallel-size (", tp, ")");
   const std::int64_t L = shard.layers(cfg);
@@ -75,6 +83,7 @@ ParamTable build_gpt_param_table(const ModelConfig& cfg, const ModelShard& shard
                 ") do not fit a model of ", cfg.num_layers, " layers");
   const std::int64_t C = cfg.hidden_size, F = cfg.ffn(), Vp = cfg.padded_vocab_size(tp);
   ParamTable t;
+  t.tied_output = cfg.tied_output();
   auto add_p = [&](std::string name, std::vector<std::int64_t> shape, int split, InitRule init,
                    bool wd, int layer) {
     add(t, shard, std::move(name), std::move(shape), split, init, wd, layer);
@@ -87,32 +96,46 @@ ParamTable build_gpt_param_table(const ModelConfig& cfg, const ModelShard& shard
     }
     if (cfg.embed_layernorm) {
       add_p("embedding.word_embeddings_layernorm.weight", {C}, -1, InitRule::kOnes, false, -1);
-      add_p("embedding.word_embeddings_layernorm.bias", {C}, -1, InitRule::kZeros, false, -1);
+      if (cfg.normalization == Normalization::kLayerNorm) {
+        add_p("embedding.word_embeddings_layernorm.bias", {C}, -1, InitRule::kZeros, false, -1);
+      }
     }
   }
+  const bool ln = cfg.normalization == Normalization::kLayerNorm, bias = cfg.add_bias_linear;
+  auto add_norm = [&](const std::string& name, int layer) {
+    add_p(name + ".weight", {C}, -1, InitRule::kOnes, false, layer);
+    if (ln) add_p(name + ".bias", {C}, -1, InitRule::kZeros, false, layer);
+  };
   for (std::int64_t li = shard.first_layer; li < shard.first_layer + L; ++li) {
     const int l = static_cast<int>(li);
     const std::string p = core::str("layers.", l, ".");
-    add_p(p + "input_layernorm.weight", {C}, -1, InitRule::kOnes, false, l);
-    add_p(p + "input_layernorm.bias", {C}, -1, InitRule::kZeros, false, l);
+    add_norm(p + "input_layernorm", l);
     // Column-parallel (split along the output rows): whole heads per rank, since the rows are
-    // interleaved per head (NH, 3, HS).
-    add_p(p + "self_attention.query_key_value.weight", {3 * C, C}, 0, InitRule::kNormal, true, l);
-    add_p(p + "self_attention.query_key_value.bias", {3 * C}, 0, InitRule::kZeros, false, l);
+    // interleaved per query group (G, NH/G + 2, HS): the group's query heads, its key and value
+    // head (multi-head attention: (NH, 3, HS)).
+    const std::int64_t Q = cfg.qkv_rows();
+    add_p(p + "self_attention.query_key_value.weight", {Q, C}, 0, InitRule::kNormal, true, l);
+    if (bias) add_p(p + "self_attention.query_key_value.bias", {Q}, 0, InitRule::kZeros, false, l);
     // Row-parallel (split along the input columns); its bias is added once, after the reduction.
     add_p(p + "self_attention.dense.weight", {C, C}, 1, InitRule::kScaledNormal, true, l);
-    add_p(p + "self_attention.dense.bias", {C}, -1, InitRule::kZeros, false, l);
-    add_p(p + "post_attention_layernorm.weight", {C}, -1, InitRule::kOnes, false, l);
-    add_p(p + "post_attention_layernorm.bias", {C}, -1, InitRule::kZeros, false, l);
-    add_p(p + "mlp.dense_h_to_4h.weight", {F, C}, 0, InitRule::kNormal, true, l);
-    add_p(p + "mlp.dense_h_to_4h.bias", {F}, 0, InitRule::kZeros, false, l);
+    if (bias) add_p(p + "self_attention.dense.bias", {C}, -1, InitRule::kZeros, false, l);
+    add_norm(p + "post_attention_layernorm", l);
+    if (cfg.swiglu) {
+      // (gate, up) x F x C, split along F: each rank's rows are its gate block then its up block.
+      add_p(p + "mlp.dense_h_to_4h.weight", {2, F, C}, 1, InitRule::kNormal, true, l);
+      if (bias) add_p(p + "mlp.dense_h_to_4h.bias", {2, F}, 1, InitRule::kZeros, false, l);
+    } else {
+      add_p(p + "mlp.dense_h_to_4h.weight", {F, C}, 0, InitRule::kNormal, true, l);
+      if (bias) add_p(p + "mlp.dense_h_to_4h.bias", {F}, 0, InitRule::kZeros, false, l);
+    }
     add_p(p + "mlp.dense_4h_to_h.weight", {C, F}, 1, InitRule::kScaledNormal, true, l);
-    add_p(p + "mlp.dense_4h_to_h.bias", {C}, -1, InitRule::kZeros, false, l);
+    if (bias) add_p(p + "mlp.dense_4h_to_h.bias", {C}, -1, InitRule::kZeros, false, l);
   }
   if (shard.has_head) {
-    add_p("final_layernorm.weight", {C}, -1, InitRule::kOnes, false, -1);
-    add_p("final_layernorm.bias", {C}, -1, InitRule::kZeros, false, -1);
-    if (!shard.has_embedding) {
+    add_norm("final_layernorm", -1);
+    if (!cfg.tied_output()) {
+      add_p("output_layer.weight", {Vp, C}, 0, InitRule::kNormal, true, -1);
+    } else if (!shard.has_embedding) {
       // The output layer is tied to the word embedding; a last stage without the embedding holds
       // a copy, initialized identically (same RNG keys), whose gradient is summed with the
       // first stage's every step.
@@ -152,7 +175,11 @@ void init_params_range(const ModelConfig& cfg, const ParamTable& table, std::uin
       case InitRule::kNormal:
       case InitRule::kScaledNormal: {
         // Keyed by the global element index (ParamSpec::global_index, as the kernel's formula).
+        // Split along dim 1: each row of dim 0 holds local_cols = numel / shape[0] elements of
+        // global_cols (SwiGLU's (2, F, C) up-projection: rows are gate and up, columns F x C).
         const bool by_cols = p.tp_split_dim == 1;
+        const std::int64_t local_cols = by_cols ? p.numel / p.shape[0] : 1;
+        const std::int64_t global_cols = by_cols ? local_cols / p.shape[1] * p.global_shape[1] : 1;
         kernels::init_normal(ctx, {.out = dst,
                                    .begin = lo,
                                    .end = hi,
@@ -160,9 +187,9 @@ void init_params_range(const ModelConfig& cfg, const ParamTable& table, std::uin
                                    .stream = core::fnv1a64(p.name.c_str()),
                                    .stddev = p.init == InitRule::kNormal ? std_normal : std_scaled,
                                    .base = p.tp_split_dim == 0 ? tp_rank * p.numel : 0,
-                                   .local_cols = by_cols ? p.shape[1] : 1,
-                                   .global_cols = by_cols ? p.global_shape[1] : 1,
-                                   .col_offset = by_cols ? tp_rank * p.shape[1] : 0});
+                                   .local_cols = local_cols,
+                                   .global_cols = global_cols,
+                                   .col_offset = by_cols ? tp_rank * local_cols : 0});
         break;
       }
     }

@@ -17,6 +17,7 @@ void GradFinalizer::sum_tied_embeddings(const GradSync& sync) {
   if (par_.layout().pp_size == 1 || !par_.in_embedding_group()) return;
   for (int c = 0; c < static_cast<int>(layout_.chunks().size()); ++c) {
     const model::ParamTable& t = *layout_.chunks()[static_cast<std::size_t>(c)].table;
+    if (!t.tied_output) return;  // an untied output layer: nothing is shared between stages
     const bool holds = std::any_of(t.params.begin(), t.params.end(), [](const model::ParamSpec& p) {
       return p.name == "embedding.word_embeddings.weight";
     });

@@ -82,7 +82,6 @@ bool accepted_value(const TrainConfig& c, std::string_view name,
     }
   };
   if (name == "--data-impl") return is({"mmap", "infer"});
-  if (name == "--normalization") return is({"LayerNorm"});
   if (name == "--softmax-type") return is({"vanilla"});
   if (name == "--remote-device") return is({"none"});
   if (name == "--mlp-type") return is({"standard"});
@@ -174,6 +173,13 @@ void apply_mapped(TrainConfig& c, const CompatFlag& f, const std::vector<std::st
                                ": trident's --exit-signal-handler catches SIGTERM and SIGUSR1 "
                                "only; send one of those"));
     }
+  } else if (n == "--use-rotary-position-embeddings") {
+    c.position_embedding_type = "rope";
+  } else if (n == "--num-key-value-heads") {
+    c.group_query_attention = true;
+    c.model.num_query_groups = to_int(n, v);
+  } else if (n == "--rotary-position-embeddings-theta") {
+    c.model.rotary_base = static_cast<float>(to_double(n, v));
   } else if (n == "--norm-epsilon") {
     c.model.layernorm_epsilon = static_cast<float>(to_double(n, v));
   } else if (n == "--decoder-num-layers") {

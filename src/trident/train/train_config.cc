@@ -109,8 +109,29 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
                "Fused attention that keeps no (T x T) probabilities (always on with ALiBi or "
                "attention dropout)");
   app.add_option("--position-embedding-type", c.position_embedding_type,
-                 "learned_absolute or alibi")
+                 "learned_absolute, alibi or rope")
       ->capture_default_str();
+  app.add_option("--normalization", c.normalization, "LayerNorm or RMSNorm")->capture_default_str();
+  app.add_option("--rotary-base", m.rotary_base, "Base of the rotary frequencies (rope)")
+      ->capture_default_str();
+  app.add_option("--rotary-percent", c.rotary_percent,
+                 "Fraction of each head rotated (rope); only 1.0 is supported");
+  app.add_flag("--use-rope-scaling", m.rope_scaling,
+               "Llama 3.1's frequency scaling of the rotary embedding");
+  app.add_option("--rope-scaling-factor", m.rope_scaling_factor,
+                 "Factor of --use-rope-scaling (low/high frequency factors 1 and 4, original "
+                 "context 8192, as Megatron)")
+      ->capture_default_str();
+  app.add_flag("--swiglu", m.swiglu, "SwiGLU MLP: silu(gate) * up, two up-projections");
+  app.add_flag("--group-query-attention", c.group_query_attention,
+               "Grouped-query attention (with --num-query-groups)");
+  app.add_option("--num-query-groups", m.num_query_groups,
+                 "Key/value heads with --group-query-attention (1: multi-query)");
+  app.add_flag("--untie-embeddings-and-output-weights", m.untie_embeddings_and_output_weights,
+               "Own output layer instead of the word embedding");
+  app.add_flag(
+      "--disable-bias-linear", [&m](std::int64_t) { m.add_bias_linear = false; },
+      "No biases in the attention and MLP linear layers");
   app.add_flag("--embed-layernorm", m.embed_layernorm,
                "LayerNorm after the word embedding (BLOOM)");
   app.add_flag("--bf16", c.bf16,
@@ -138,8 +159,9 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
                  "Layers per stage to recompute with --recompute-method block")
       ->capture_default_str();
   app.add_option("--model", c.model_preset,
-                 "gpt (default) or bloom: bloom = --position-embedding-type alibi "
-                 "--embed-layernorm");
+                 "gpt (default), bloom or llama: bloom = --position-embedding-type alibi "
+                 "--embed-layernorm; llama = --normalization RMSNorm --position-embedding-type "
+                 "rope --swiglu --untie-embeddings-and-output-weights --disable-bias-linear");
 
   app.add_option("--micro-batch-size", c.micro_batch_size, "Sequences per micro-batch")
       ->capture_default_str();
@@ -260,6 +282,9 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
 
   app.add_option("--save", c.save, "Checkpoint directory to write");
   app.add_option("--load", c.load, "Checkpoint directory to resume from");
+  app.add_flag("--finetune", c.finetune,
+               "With --load: take the weights only (iteration 0, data from the start, fresh "
+               "optimizer and loss scaler), as Megatron");
   app.add_option("--save-interval", c.save_interval, "Iterations between checkpoints");
   app.add_option("--exit-interval", c.exit_interval, "Save (if --save) and exit at this iteration");
   app.add_flag("--deepspeed", c.deepspeed,
@@ -395,15 +420,35 @@ void TrainConfig::finalize(int world_size) {
     warnings.push_back("--save-interval without --save: nothing is saved (as Megatron)");
     save_interval = 0;
   }
-  TRIDENT_CHECK(model_preset == "gpt" || model_preset == "bloom", "--model: unknown model '",
-                model_preset, "' (use gpt or bloom)");
+  TRIDENT_CHECK(model_preset == "gpt" || model_preset == "bloom" || model_preset == "llama",
+                "--model: unknown model '", model_preset, "' (use gpt, bloom or llama)");
   if (model_preset == "bloom") {
     position_embedding_type = "alibi";
     model.embed_layernorm = true;
   }
-  TRIDENT_CHECK(position_embedding_type == "learned_absolute" || position_embedding_type == "alibi",
+  if (model_preset == "llama") {
+    position_embedding_type = "rope";
+    normalization = "RMSNorm";
+    model.swiglu = true;
+    model.untie_embeddings_and_output_weights = true;
+    model.add_bias_linear = false;
+  }
+  TRIDENT_CHECK(position_embedding_type == "learned_absolute" ||
+                    position_embedding_type == "alibi" || position_embedding_type == "rope",
                 "--position-embedding-type: unknown type '", position_embedding_type,
-                "' (use learned_absolute or alibi)");
+                "' (use learned_absolute, alibi or rope)");
+  TRIDENT_CHECK(normalization == "LayerNorm" || normalization == "RMSNorm",
+                "--normalization: unknown value '", normalization, "' (use LayerNorm or RMSNorm)");
+  model.normalization = normalization == "RMSNorm" ? model::Normalization::kRmsNorm
+                                                   : model::Normalization::kLayerNorm;
+  TRIDENT_CHECK(rotary_percent == 1.0f, "--rotary-percent ", rotary_percent,
+                " is not supported: trident rotates whole heads (use 1.0)");
+  TRIDENT_CHECK(group_query_attention || model.num_query_groups == 0 ||
+                    model.num_query_groups == model.num_attention_heads,
+                "--num-query-groups needs --group-query-attention (as Megatron)");
+  TRIDENT_CHECK(!group_query_attention || model.num_query_groups > 0,
+                "--group-query-attention needs --num-query-groups N (key/value heads)");
+  if (!group_query_attention) model.num_query_groups = 0;
   TRIDENT_CHECK(recompute_granularity.empty() || recompute_granularity == "full" ||
                     recompute_granularity == "selective",
                 "--recompute-granularity: unknown value '", recompute_granularity,
@@ -421,8 +466,9 @@ void TrainConfig::finalize(int world_size) {
                 "--recompute-method uniform recomputes each layer from its own input in trident "
                 "(Megatron's --recompute-num-layers 1); use --recompute-num-layers 1, or "
                 "--recompute-method block to recompute only the first N layers of each stage");
-  model.position_embedding = position_embedding_type == "alibi"
-                                 ? model::PositionEmbedding::kAlibi
+  model.position_embedding = position_embedding_type == "alibi" ? model::PositionEmbedding::kAlibi
+                             : position_embedding_type == "rope"
+                                 ? model::PositionEmbedding::kRope
                                  : model::PositionEmbedding::kLearnedAbsolute;
   lr.decay_style = optim::parse_lr_decay_style(lr_decay_style);
   TRIDENT_CHECK(tensor_model_parallel_size >= 1 && pipeline_model_parallel_size >= 1,
@@ -553,6 +599,17 @@ nlohmann::json TrainConfig::to_json() const {
   j["layernorm_epsilon"] = model.layernorm_epsilon;
   j["position_embedding_type"] = position_embedding_type;
   j["embed_layernorm"] = model.embed_layernorm;
+  j["normalization"] = normalization;
+  j["swiglu"] = model.swiglu;
+  j["num_query_groups"] = model.query_groups();
+  j["untie_embeddings_and_output_weights"] = model.untie_embeddings_and_output_weights;
+  j["add_bias_linear"] = model.add_bias_linear;
+  j["rotary_base"] = model.rotary_base;
+  j["use_rope_scaling"] = model.rope_scaling;
+  j["rope_scaling_factor"] = model.rope_scaling_factor;
+  j["rope_low_freq_factor"] = model.rope_low_freq_factor;
+  j["rope_high_freq_factor"] = model.rope_high_freq_factor;
+  j["rope_original_max_position_embeddings"] = model.rope_original_max_positions;
   j["hidden_dropout"] = model.hidden_dropout;
   j["attention_dropout"] = model.attention_dropout;
   j["use_flash_attn"] = model.use_flash_attention;

@@ -23,7 +23,7 @@ namespace trident::train {
 struct TrainConfig {
   TrainConfig();  // Megatron's defaults: dropout 0.1 / 0.1
   model::ModelConfig model;
-  std::string model_preset = "gpt";          // --model gpt|bloom
+  std::string model_preset = "gpt";          // --model gpt|bloom|llama
   bool fp16 = false;                         // --fp16: loss scaling (see docs)
   bool bf16 = false;                         // --bf16: BF16 matmuls, FP32 master
   double loss_scale = 0;                     // --loss-scale (0: dynamic)
@@ -34,6 +34,9 @@ struct TrainConfig {
   std::string recompute_granularity;         // "", full, selective
   std::string recompute_method = "uniform";  // uniform, block
   std::string position_embedding_type = "learned_absolute";
+  std::string normalization = "LayerNorm";  // --normalization LayerNorm|RMSNorm
+  bool group_query_attention = false;       // --group-query-attention (with --num-query-groups)
+  float rotary_percent = 1.0f;              // --rotary-percent: only 1.0
 
   // Batches.
   std::int64_t micro_batch_size = 4;
@@ -84,6 +87,7 @@ struct TrainConfig {
 
   // Checkpoints.
   std::string save, load;
+  bool finetune = false;  // --finetune: load weights only; iteration, data and optimizer restart
   std::int64_t save_interval = 0;
   std::int64_t exit_interval = 0;
   bool exit_on_missing_checkpoint = false;

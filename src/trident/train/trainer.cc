@@ -449,10 +449,21 @@ void Trainer::resume_or_initialise() {
   TRIDENT_CHECK(have_checkpoint_ || !cfg_.exit_on_missing_checkpoint, "--load ", cfg_.load,
                 ": no trident checkpoint there (--exit-on-missing-checkpoint)");
   if (have_checkpoint_) {
-    ckpt::load_checkpoint(cfg_.load, -1, state_, world_);
-    progress_.iteration = state_.iteration;
-    progress_.consumed = state_.consumed_train_samples;
-    progress_.consumed_valid = state_.consumed_valid_samples;
+    if (cfg_.finetune) {  // weights only: the moments stay zero (null data skips a tensor)
+      const ckpt::CheckpointState::Slice m = state_.exp_avg, v = state_.exp_avg_sq;
+      state_.exp_avg.data = state_.exp_avg_sq.data = nullptr;
+      ckpt::load_checkpoint(cfg_.load, -1, state_, world_);
+      state_.exp_avg = m;
+      state_.exp_avg_sq = v;
+      state_.trainer_state = nlohmann::json::object();
+      log::info("train: --finetune: weights of ", cfg_.load, " iteration ", state_.iteration,
+                "; starting at iteration 0 with a fresh optimizer");
+    } else {
+      ckpt::load_checkpoint(cfg_.load, -1, state_, world_);
+      progress_.iteration = state_.iteration;
+      progress_.consumed = state_.consumed_train_samples;
+      progress_.consumed_valid = state_.consumed_valid_samples;
+    }
     progress_.skipped_iters = state_.trainer_state.value("skipped_iterations", std::int64_t{0});
     progress_.nan_iters = state_.trainer_state.value("nan_iterations", std::int64_t{0});
   } else {

@@ -29,6 +29,9 @@
 #include "trident/kernels/kv_cache_attention.h"
 #include "trident/kernels/layernorm.h"
 #include "trident/kernels/overflow.h"
+#include "trident/kernels/rmsnorm.h"
+#include "trident/kernels/rope.h"
+#include "trident/kernels/swiglu.h"
 #include "trident/kernels/vocab_parallel_cross_entropy.h"
 
 namespace trident::kernels {
@@ -71,6 +74,12 @@ struct CpuOps {
   TokenLossSum (*sum_token_losses)(const ExecContext&, const float*, const std::int32_t*,
                                    std::int64_t);
   void (*init_normal)(const ExecContext&, const InitNormalArgs&);
+  void (*rmsnorm_forward)(const ExecContext&, const RmsNormForwardArgs&);
+  void (*rmsnorm_backward)(const ExecContext&, const RmsNormBackwardArgs&);
+  void (*rope_qkv_forward)(const ExecContext&, const RopeQkvForwardArgs&);
+  void (*rope_qkv_backward)(const ExecContext&, const RopeQkvBackwardArgs&);
+  void (*swiglu_forward)(const ExecContext&, const SwiGluForwardArgs&);
+  void (*swiglu_backward)(const ExecContext&, const SwiGluBackwardArgs&);
 };
 
 namespace cpu_x86_64 {
@@ -134,5 +143,11 @@ void vocab_parallel_ce_loss(const ExecContext& ctx, const VocabParallelCeLossArg
 TokenLossSum sum_token_losses(const ExecContext& ctx, const float* losses,
                               const std::int32_t* targets, std::int64_t rows);
 void init_normal(const ExecContext& ctx, const InitNormalArgs& args);
+void rmsnorm_forward(const ExecContext& ctx, const RmsNormForwardArgs& args);
+void rmsnorm_backward(const ExecContext& ctx, const RmsNormBackwardArgs& args);
+void rope_qkv_forward(const ExecContext& ctx, const RopeQkvForwardArgs& args);
+void rope_qkv_backward(const ExecContext& ctx, const RopeQkvBackwardArgs& args);
+void swiglu_forward(const ExecContext& ctx, const SwiGluForwardArgs& args);
+void swiglu_backward(const ExecContext& ctx, const SwiGluBackwardArgs& args);
 }  // namespace trident::kernels::TRIDENT_CPU_ISA
 #endif

@@ -41,6 +41,12 @@ const CpuOps kOps = {
     .vocab_parallel_ce_loss = &vocab_parallel_ce_loss,
     .sum_token_losses = &sum_token_losses,
     .init_normal = &init_normal,
+    .rmsnorm_forward = &rmsnorm_forward,
+    .rmsnorm_backward = &rmsnorm_backward,
+    .rope_qkv_forward = &rope_qkv_forward,
+    .rope_qkv_backward = &rope_qkv_backward,
+    .swiglu_forward = &swiglu_forward,
+    .swiglu_backward = &swiglu_backward,
 };
 
 }  // namespace trident::kernels::TRIDENT_CPU_ISA

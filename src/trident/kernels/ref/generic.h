@@ -101,4 +101,33 @@ struct CrossEntropy {
 template <class T>
 void cross_entropy_forward_backward(const CrossEntropy<T>& a);
 
+// RMSNorm, SwiGLU and rotary QKV (rmsnorm.h, swiglu.h, rope.h) over the storage type T.
+template <class T>
+struct RmsNormForward {
+  T* out = nullptr;
+  T* rstd = nullptr;
+  const T* in = nullptr;
+  const T* weight = nullptr;
+  std::int64_t rows = 0, cols = 0;
+  double eps = 1e-5;
+};
+template <class T>
+void rmsnorm_forward(const RmsNormForward<T>& a);
+template <class T>
+struct RmsNormBackward {
+  T* d_in = nullptr;      // +=
+  T* d_weight = nullptr;  // +=
+  const T* d_out = nullptr;
+  const T* in = nullptr;
+  const T* weight = nullptr;
+  const T* rstd = nullptr;
+  std::int64_t rows = 0, cols = 0;
+};
+template <class T>
+void rmsnorm_backward(const RmsNormBackward<T>& a);
+template <class T>
+void swiglu_forward(T* out, const T* in, std::int64_t rows, std::int64_t cols);
+template <class T>
+void swiglu_backward(T* d_in, const T* d_out, const T* in, std::int64_t rows, std::int64_t cols);
+
 }  // namespace trident::kernels::ref::generic

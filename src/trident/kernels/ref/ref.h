@@ -11,6 +11,9 @@
 #include "trident/kernels/layernorm.h"
 #include "trident/kernels/matmul.h"
 #include "trident/kernels/overflow.h"
+#include "trident/kernels/rmsnorm.h"
+#include "trident/kernels/rope.h"
+#include "trident/kernels/swiglu.h"
 
 namespace trident::kernels::ref {
 
@@ -30,5 +33,11 @@ void adamw_update(const AdamWHyper& hp, const AdamWArgs& args);
 void fill(const FillArgs& args);
 void copy(const CopyArgs& args);
 std::int64_t overflow_count(const OverflowCountArgs& args);
+void rmsnorm_forward(const RmsNormForwardArgs& args);
+void rmsnorm_backward(const RmsNormBackwardArgs& args);
+void rope_qkv_forward(const RopeQkvForwardArgs& args);
+void rope_qkv_backward(const RopeQkvBackwardArgs& args);
+void swiglu_forward(const SwiGluForwardArgs& args);
+void swiglu_backward(const SwiGluBackwardArgs& args);
 
 }  // namespace trident::kernels::ref

@@ -3,6 +3,7 @@
 #include "trident/kernels/attention.h"
 #include "trident/kernels/flash_attention.h"
 #include "trident/kernels/kv_cache_attention.h"
+#include "trident/kernels/rope.h"
 
 namespace trident::model::layers {
 
@@ -16,6 +17,19 @@ struct Local {
 Local local_of(const LayerContext& lc, const AttentionConfig& cfg) {
   const std::int64_t tp = lc.region.group().size();
   return {cfg.heads / tp, cfg.head_dim, cfg.hidden / tp};
+}
+
+// The rotary / grouped-query expansion of this rank's rows (rope.h).
+k::RopeQkvShape rope_shape(const LayerContext& lc, const AttentionConfig& cfg,
+                           std::int64_t position) {
+  const std::int64_t tp = lc.region.group().size();
+  return {.rows = lc.rows(),
+          .seq_len = lc.seq_len,
+          .position = position,
+          .groups = cfg.query_groups / tp,
+          .heads_per_group = cfg.heads / cfg.query_groups,
+          .head_dim = cfg.head_dim,
+          .inv_freq = cfg.inv_freq};
 }
 
 k::AttentionDropout attention_dropout(const LayerContext& lc, const AttentionConfig& cfg,
@@ -75,13 +89,17 @@ void attention_forward(const LayerContext& lc, const AttentionConfig& cfg, const
   const auto [NH, HS, Cl] = local_of(lc, cfg);
   const std::int64_t BT = lc.rows(), C = cfg.hidden;
   const float* x = lc.region.enter(args.in, lc.ws.gathered);  // f (SP: all-gather)
-  linear(lc, {.out = s.qkv,
+  const k::RopeQkvShape rs = rope_shape(lc, cfg, args.cache ? args.cache->position : 0);
+  linear(lc, {.out = cfg.expand_qkv ? lc.ws.qkv_grouped : s.qkv,
               .in = x,
               .weight = p.qkv_w,
               .bias = p.qkv_b,
               .rows = BT,
               .in_features = C,
-              .out_features = 3 * Cl});
+              .out_features = cfg.expand_qkv ? rs.in_cols() : 3 * Cl});
+  if (cfg.expand_qkv) {
+    k::rope_qkv_forward(lc.ctx, {.out = s.qkv, .in = lc.ws.qkv_grouped, .shape = rs});
+  }
   // Selective recomputation keeps no probabilities: they go to the shared scratch.
   core_forward(lc, cfg, s, s.probs ? s.probs : lc.ws.probs, args.layer, args.cache);
   float* partial = lc.region.partial_of(out, lc.ws.gathered);
@@ -142,16 +160,24 @@ const float* attention_backward(const LayerContext& lc, const AttentionConfig& c
                                    .num_heads = NH,
                                    .head_dim = HS});
   }
+  const float* d_proj = ws.d_qkv;
+  std::int64_t proj_cols = 3 * Cl;
+  if (cfg.expand_qkv) {
+    const k::RopeQkvShape rs = rope_shape(lc, cfg, 0);
+    k::rope_qkv_backward(lc.ctx, {.d_in = ws.qkv_grouped, .d_out = ws.d_qkv, .shape = rs});
+    d_proj = ws.qkv_grouped;
+    proj_cols = rs.in_cols();
+  }
   const float* x = lc.region.enter(args.in, ws.gathered);  // the input again (SP: gathered again)
   linear_backward(lc, {.d_in = ws.d_ln,
                        .d_weight = g.qkv_w,
                        .d_bias = g.qkv_b,
-                       .d_out = ws.d_qkv,
+                       .d_out = d_proj,
                        .in = x,
                        .weight = p.qkv_w,
                        .rows = BT,
                        .in_features = C,
-                       .out_features = 3 * Cl});
+                       .out_features = proj_cols});
   return lc.region.enter_backward(ws.d_ln);  // f backward (SP: reduce-scatter)
 }
 

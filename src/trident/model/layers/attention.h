@@ -5,8 +5,11 @@
 //
 // Variants (AttentionConfig): the fused flash-style core (keeps the row log-sum-exp) or the
 // unfused one (keeps the (T x T) probabilities, or none under selective recomputation); ALiBi
-// slopes or none; generation's KV cache. Room for grouped-query heads (kv_heads) and rotary
-// positions (applied to q and k after the QKV projection).
+// slopes or none; generation's KV cache; grouped-query heads (query_groups < heads: the QKV
+// projection has a key and a value head per group) and rotary positions (inv_freq). With either,
+// the projection's output (in Megatron's grouped layout) goes through kernels/rope.h, which
+// rotates q and k and expands every group's key and value to its query heads, so the attention
+// cores always see (NH/tp, 3, HS) rows. Biases are optional (--disable-bias-linear).
 #pragma once
 
 #include "trident/model/layers/layer.h"
@@ -14,15 +17,18 @@
 namespace trident::model::layers {
 
 struct AttentionConfig {
-  std::int64_t hidden = 0;       // C
-  std::int64_t heads = 0;        // NH of the whole model; this rank runs heads / tp
-  std::int64_t head_dim = 0;     // HS
-  bool flash = true;             // fused core (ALiBi and attention dropout need it)
-  const float* alibi = nullptr;  // this rank's slopes (heads / tp), or null
+  std::int64_t hidden = 0;          // C
+  std::int64_t heads = 0;           // NH of the whole model; this rank runs heads / tp
+  std::int64_t head_dim = 0;        // HS
+  bool flash = true;                // fused core (ALiBi and attention dropout need it)
+  const float* alibi = nullptr;     // this rank's slopes (heads / tp), or null
+  std::int64_t query_groups = 0;    // G of the whole model (== heads: multi-head attention)
+  bool expand_qkv = false;          // rotary or grouped-query: run kernels/rope.h
+  const float* inv_freq = nullptr;  // rotary inverse frequencies (head_dim / 2), or null
 };
 struct AttentionParams {
-  Weight qkv_w;                   // (3C/tp, C), rows interleaved per head (NH/tp, 3, HS)
-  const float* qkv_b = nullptr;   // (3C/tp)
+  Weight qkv_w;                   // (Q/tp, C), rows per query group (G/tp, NH/G + 2, HS)
+  const float* qkv_b = nullptr;   // (Q/tp) or null
   Weight proj_w;                  // (C, C/tp)
   const float* proj_b = nullptr;  // (C), added once (tp rank 0) before the reduction
 };
@@ -30,7 +36,7 @@ struct AttentionGrads {
   float *qkv_w = nullptr, *qkv_b = nullptr, *proj_w = nullptr, *proj_b = nullptr;
 };
 struct AttentionSaved {
-  float* qkv = nullptr;    // (B*T, 3C/tp)
+  float* qkv = nullptr;    // (B*T, 3C/tp) per head (NH/tp, 3, HS), rotated and expanded
   float* probs = nullptr;  // (B, NH/tp, T, T) unfused core; null: recomputed (selective)
   float* lse = nullptr;    // (B, NH/tp, T) fused core
   float* attn = nullptr;   // (B*T, C/tp) before the projection

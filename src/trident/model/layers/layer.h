@@ -35,9 +35,12 @@ struct Workspace {
   float* d_ln = nullptr;      // (B*T, C): a layer's input gradient before its tp reduction
   float* d_attn = nullptr;    // (B*T, C/tp)
   float* d_qkv = nullptr;     // (B*T, 3C/tp)
-  float* d_fc = nullptr;      // (B*T, F/tp)
-  float* d_probs = nullptr;   // (B, NH/tp, T, T) unfused attention
-  float* probs = nullptr;     // (B, NH/tp, T, T) selective recomputation's probabilities
+  float* d_fc = nullptr;      // (B*T, F/tp); SwiGLU: (B*T, 2F/tp)
+  float* d_act = nullptr;     // (B*T, F/tp) SwiGLU: the gradient of the activation's output
+  float* qkv_grouped = nullptr;          // (B*T, Q/tp) rotary / grouped-query: the QKV projection's
+                                         // output before the expansion, and its gradient
+  float* d_probs = nullptr;              // (B, NH/tp, T, T) unfused attention
+  float* probs = nullptr;                // (B, NH/tp, T, T) selective recomputation's probabilities
   core::bf16* bf16_in = nullptr;         // --bf16: a matmul input in BF16 (widest input)
   core::bf16* bf16_dout = nullptr;       // --bf16: a matmul's upstream gradient in BF16
   std::span<std::byte> gemm_scratch{};   // oneDNN's BF16 workspace

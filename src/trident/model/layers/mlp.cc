@@ -1,6 +1,7 @@
 #include "trident/model/layers/mlp.h"
 
 #include "trident/kernels/fused_bias_gelu.h"
+#include "trident/kernels/swiglu.h"
 
 namespace trident::model::layers {
 
@@ -11,6 +12,26 @@ void mlp_forward(const LayerContext& lc, const MlpConfig& cfg, const MlpParams& 
   const MlpSaved& s = args.saved;
   const std::int64_t BT = lc.rows(), C = cfg.hidden, F = cfg.ffn / lc.region.group().size();
   const float* x = lc.region.enter(args.in, lc.ws.gathered);  // f (SP: all-gather)
+  if (cfg.activation == Activation::kSwiGlu) {
+    linear(lc, {.out = s.fc,
+                .in = x,
+                .in_bf16 = lc.region.sp() ? nullptr : args.in_bf16,
+                .weight = p.fc_w,
+                .bias = p.fc_b,
+                .rows = BT,
+                .in_features = C,
+                .out_features = 2 * F});
+    k::swiglu_forward(lc.ctx, {.out = s.gelu, .in = s.fc, .rows = BT, .cols = F});
+    float* partial = lc.region.partial_of(args.out, lc.ws.gathered);
+    linear(lc, {.out = partial,
+                .in = s.gelu,
+                .weight = p.fc2_w,
+                .bias = lc.tp_rank() == 0 ? p.fc2_b : nullptr,
+                .rows = BT,
+                .in_features = F,
+                .out_features = C});
+    return lc.region.leave(partial, args.out);  // g (SP: reduce-scatter)
+  }
   // The up-projection without its bias: the fused bias-GeLU adds it.
   linear(lc, {.out = s.fc,
               .in = x,
@@ -44,6 +65,30 @@ const float* mlp_backward(const LayerContext& lc, const MlpConfig& cfg, const Ml
   const std::int64_t BT = lc.rows(), C = cfg.hidden, F = cfg.ffn / lc.region.group().size();
   const Workspace& ws = lc.ws;
   const float* d = lc.region.leave_backward(args.d_out, ws.d_full);  // g backward (SP: all-gather)
+  if (cfg.activation == Activation::kSwiGlu) {
+    linear_backward(lc, {.d_in = ws.d_act,
+                         .d_weight = g.fc2_w,
+                         .d_bias = g.fc2_b,
+                         .d_out = d,
+                         .in = s.gelu,
+                         .weight = p.fc2_w,
+                         .rows = BT,
+                         .in_features = F,
+                         .out_features = C});
+    k::swiglu_backward(lc.ctx,
+                       {.d_in = ws.d_fc, .d_out = ws.d_act, .in = s.fc, .rows = BT, .cols = F});
+    const float* x = lc.region.enter(args.in, ws.gathered);  // the input again (SP: gathered)
+    linear_backward(lc, {.d_in = ws.d_ln,
+                         .d_weight = g.fc_w,
+                         .d_bias = g.fc_b,
+                         .d_out = ws.d_fc,
+                         .in = x,
+                         .weight = p.fc_w,
+                         .rows = BT,
+                         .in_features = C,
+                         .out_features = 2 * F});
+    return lc.region.enter_backward(ws.d_ln);  // f backward (SP: reduce-scatter)
+  }
   linear_backward(lc, {.d_in = ws.d_fc,
                        .d_weight = g.fc2_w,
                        .d_bias = g.fc2_b,

@@ -2,14 +2,15 @@
 // row-parallel down-projection (F/tp -> C), with the same conjugates as attention.h.
 //
 // Variants (MlpConfig): the tanh GeLU with the up-projection's bias fused into it (Megatron's
-// bias_gelu); room for gated activations (SwiGLU: a second up-projection multiplied in).
+// bias_gelu), or SwiGLU (Llama: the up-projection has gate and up halves, silu(gate) * up; its
+// optional bias is added by the projection). Biases are optional with SwiGLU.
 #pragma once
 
 #include "trident/model/layers/layer.h"
 
 namespace trident::model::layers {
 
-enum class Activation : std::uint8_t { kGelu };
+enum class Activation : std::uint8_t { kGelu, kSwiGlu };
 
 struct MlpConfig {
   Activation activation = Activation::kGelu;
@@ -17,8 +18,8 @@ struct MlpConfig {
   std::int64_t ffn = 0;     // F of the whole model; this rank holds F/tp
 };
 struct MlpParams {
-  Weight fc_w;                   // (F/tp, C)
-  const float* fc_b = nullptr;   // (F/tp)
+  Weight fc_w;                   // (F/tp, C); SwiGLU: (2, F/tp, C)
+  const float* fc_b = nullptr;   // (F/tp); SwiGLU: (2, F/tp) or null
   Weight fc2_w;                  // (C, F/tp)
   const float* fc2_b = nullptr;  // (C), added once (tp rank 0) before the reduction
 };
@@ -26,8 +27,9 @@ struct MlpGrads {
   float *fc_w = nullptr, *fc_b = nullptr, *fc2_w = nullptr, *fc2_b = nullptr;
 };
 struct MlpSaved {
-  float* fc = nullptr;    // (B*T, F/tp) the up-projection before its bias (bias-GeLU's input)
-  float* gelu = nullptr;  // (B*T, F/tp)
+  float* fc = nullptr;    // (B*T, F/tp) the up-projection before its bias (bias-GeLU's input);
+                          // SwiGLU: (B*T, 2F/tp) [gate | up], bias included
+  float* gelu = nullptr;  // (B*T, F/tp) the activation's output
 };
 
 // out (local rows, C) = mlp(in), `in` the normalized residual stream (local rows).

@@ -1,12 +1,12 @@
 // Normalization layer over the hidden dimension of the residual stream (local rows): LayerNorm
-// (GPT-2, BLOOM); room for RMSNorm (a NormKind and its kernel; the Saved struct keeps rstd).
+// (GPT-2, BLOOM) or RMSNorm (Llama: no bias, Saved keeps rstd only).
 #pragma once
 
 #include "trident/model/layers/layer.h"
 
 namespace trident::model::layers {
 
-enum class NormKind : std::uint8_t { kLayerNorm };
+enum class NormKind : std::uint8_t { kLayerNorm, kRmsNorm };
 
 struct NormConfig {
   NormKind kind = NormKind::kLayerNorm;
@@ -15,15 +15,15 @@ struct NormConfig {
 };
 struct NormParams {
   const float* weight = nullptr;  // (C)
-  const float* bias = nullptr;    // (C)
+  const float* bias = nullptr;    // (C), null with RMSNorm
 };
 struct NormGrads {
   float* weight = nullptr;  // (C) +=
-  float* bias = nullptr;    // (C) +=
+  float* bias = nullptr;    // (C) +=, null with RMSNorm
 };
 struct NormSaved {
   float* out = nullptr;   // (rows, C)
-  float* mean = nullptr;  // (rows)
+  float* mean = nullptr;  // (rows), LayerNorm only
   float* rstd = nullptr;  // (rows)
 };
 

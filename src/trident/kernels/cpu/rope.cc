@@ -1,0 +1,122 @@
+// CPU rotary embeddings on a fused QKV with grouped heads expanded: OpenMP over rows; each row's
+// cos/sin are computed once (head_dim / 2 of them) and applied to every head. See rope.h.
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "trident/core/error.h"
+#include "trident/kernels/cpu/cpu_ops.h"
+#include "trident/kernels/cpu_util.h"
+
+namespace trident::kernels::TRIDENT_CPU_ISA {
+
+namespace {
+
+void check(const char* op, const RopeQkvShape& s, const void* a, const void* b) {
+  TRIDENT_CHECK(s.rows >= 0 && s.seq_len > 0 && s.position >= 0 && s.groups > 0 &&
+                    s.heads_per_group > 0 && s.head_dim > 0 && s.head_dim % 2 == 0,
+                op, ": bad shape (rows ", s.rows, ", seq_len ", s.seq_len, ", position ",
+                s.position, ", groups ", s.groups, ", heads_per_group ", s.heads_per_group,
+                ", head_dim ", s.head_dim, "; head_dim must be even)");
+  TRIDENT_CHECK(s.rows == 0 || (a && b), op, ": pointers must be non-null");
+}
+
+// cos/sin of pos * inv_freq[i], angle and trigonometry in double (both are rounded to FP32 once).
+void angles(const RopeQkvShape& s, std::int64_t row, float* cs, float* sn) {
+  const std::int64_t half = s.head_dim / 2;
+  const double pos = static_cast<double>(s.position + row % s.seq_len);
+  for (std::int64_t i = 0; i < half; ++i) {
+    const double a = pos * static_cast<double>(s.inv_freq[i]);
+    cs[i] = static_cast<float>(std::cos(a));
+    sn[i] = static_cast<float>(std::sin(a));
+  }
+}
+
+// y = rotate(x) (sign = +1) or its transpose (sign = -1).
+inline void rotate(float* y, const float* x, const float* cs, const float* sn, std::int64_t half,
+                   float sign) {
+#pragma omp simd
+  for (std::int64_t i = 0; i < half; ++i) {
+    const float x1 = x[i], x2 = x[i + half], s = sign * sn[i];
+    y[i] = x1 * cs[i] - x2 * s;
+    y[i + half] = x2 * cs[i] + x1 * s;
+  }
+}
+
+}  // namespace
+
+void rope_qkv_forward(const ExecContext& ctx, const RopeQkvForwardArgs& args) {
+  const RopeQkvShape& s = args.shape;
+  check("rope_qkv_forward", s, args.out, args.in);
+  const std::int64_t HS = s.head_dim, half = HS / 2, hpg = s.heads_per_group;
+  const std::size_t bytes = static_cast<std::size_t>(HS) * sizeof(float);
+#pragma omp parallel num_threads(detail::num_threads(ctx))
+  {
+    std::vector<float> cs(static_cast<std::size_t>(half)), sn(cs.size());
+#pragma omp for schedule(static)
+    for (std::int64_t r = 0; r < s.rows; ++r) {
+      if (s.inv_freq) angles(s, r, cs.data(), sn.data());
+      const float* in = args.in + r * s.in_cols();
+      float* out = args.out + r * s.out_cols();
+      for (std::int64_t g = 0; g < s.groups; ++g) {
+        const float* grp = in + g * (hpg + 2) * HS;
+        const float* k = grp + hpg * HS;
+        const float* v = k + HS;
+        for (std::int64_t h = 0; h < hpg; ++h) {
+          float* o = out + (g * hpg + h) * 3 * HS;
+          if (s.inv_freq) {
+            rotate(o, grp + h * HS, cs.data(), sn.data(), half, 1.0f);
+            rotate(o + HS, k, cs.data(), sn.data(), half, 1.0f);
+          } else {
+            std::memcpy(o, grp + h * HS, bytes);
+            std::memcpy(o + HS, k, bytes);
+          }
+          std::memcpy(o + 2 * HS, v, bytes);
+        }
+      }
+    }
+  }
+}
+
+void rope_qkv_backward(const ExecContext& ctx, const RopeQkvBackwardArgs& args) {
+  const RopeQkvShape& s = args.shape;
+  check("rope_qkv_backward", s, args.d_in, args.d_out);
+  const std::int64_t HS = s.head_dim, half = HS / 2, hpg = s.heads_per_group;
+#pragma omp parallel num_threads(detail::num_threads(ctx))
+  {
+    std::vector<float> cs(static_cast<std::size_t>(half)), sn(cs.size()),
+        dk(static_cast<std::size_t>(HS));
+#pragma omp for schedule(static)
+    for (std::int64_t r = 0; r < s.rows; ++r) {
+      if (s.inv_freq) angles(s, r, cs.data(), sn.data());
+      const float* d_out = args.d_out + r * s.out_cols();
+      float* d_in = args.d_in + r * s.in_cols();
+      for (std::int64_t g = 0; g < s.groups; ++g) {
+        float* grp = d_in + g * (hpg + 2) * HS;
+        float* k = grp + hpg * HS;
+        float* v = k + HS;
+        // The group's key and value gradients: the sums over its query heads (rotated back once).
+        for (std::int64_t i = 0; i < HS; ++i) k[i] = v[i] = 0.0f;
+        for (std::int64_t h = 0; h < hpg; ++h) {
+          const float* o = d_out + (g * hpg + h) * 3 * HS;
+#pragma omp simd
+          for (std::int64_t i = 0; i < HS; ++i) {
+            k[i] += o[HS + i];
+            v[i] += o[2 * HS + i];
+          }
+          if (s.inv_freq) {
+            rotate(grp + h * HS, o, cs.data(), sn.data(), half, -1.0f);
+          } else {
+            std::memcpy(grp + h * HS, o, static_cast<std::size_t>(HS) * sizeof(float));
+          }
+        }
+        if (s.inv_freq) {
+          std::memcpy(dk.data(), k, static_cast<std::size_t>(HS) * sizeof(float));
+          rotate(k, dk.data(), cs.data(), sn.data(), half, -1.0f);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace trident::kernels::TRIDENT_CPU_ISA

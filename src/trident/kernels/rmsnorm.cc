@@ -1,0 +1,26 @@
+// Backend dispatch of rmsnorm.h; CPU bodies in kernels/cpu/rmsnorm.cc, reference in kernels/ref/.
+#include "trident/kernels/rmsnorm.h"
+
+#include "trident/kernels/backend.h"
+
+namespace trident::kernels {
+
+void rmsnorm_forward(const core::ExecContext& ctx, const RmsNormForwardArgs& args) {
+  switch (ctx.device.kind) {
+    case core::DeviceKind::kCpu:
+      return cpu_ops(ctx).rmsnorm_forward(ctx, args);
+    case core::DeviceKind::kCuda:
+      no_cuda_backend("rmsnorm_forward");
+  }
+}
+
+void rmsnorm_backward(const core::ExecContext& ctx, const RmsNormBackwardArgs& args) {
+  switch (ctx.device.kind) {
+    case core::DeviceKind::kCpu:
+      return cpu_ops(ctx).rmsnorm_backward(ctx, args);
+    case core::DeviceKind::kCuda:
+      no_cuda_backend("rmsnorm_backward");
+  }
+}
+
+}  // namespace trident::kernels

@@ -1,0 +1,26 @@
+// Backend dispatch of rope.h; CPU bodies in kernels/cpu/rope.cc, reference in kernels/ref/.
+#include "trident/kernels/rope.h"
+
+#include "trident/kernels/backend.h"
+
+namespace trident::kernels {
+
+void rope_qkv_forward(const core::ExecContext& ctx, const RopeQkvForwardArgs& args) {
+  switch (ctx.device.kind) {
+    case core::DeviceKind::kCpu:
+      return cpu_ops(ctx).rope_qkv_forward(ctx, args);
+    case core::DeviceKind::kCuda:
+      no_cuda_backend("rope_qkv_forward");
+  }
+}
+
+void rope_qkv_backward(const core::ExecContext& ctx, const RopeQkvBackwardArgs& args) {
+  switch (ctx.device.kind) {
+    case core::DeviceKind::kCpu:
+      return cpu_ops(ctx).rope_qkv_backward(ctx, args);
+    case core::DeviceKind::kCuda:
+      no_cuda_backend("rope_qkv_backward");
+  }
+}
+
+}  // namespace trident::kernels
