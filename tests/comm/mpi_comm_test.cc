@@ -170,8 +170,10 @@ TEST(MpiCommunicator, TimeoutNamesCollectiveGroupRanksAndStep) {
     EXPECT_NE(error.find(core::str("NOT reached by rank ", dp->group().global_ranks[late])),
               std::string::npos)
         << error;
+    // The error itself shows the timeout fired before the late rank arrived (2.5 s): had the
+    // operation completed there would be none. No upper bound on the time: a loaded machine
+    // delays the report by seconds.
     EXPECT_GE(waited, 1.0);
-    EXPECT_LT(waited, 2.4);  // the late rank arrives at 2.5 s
   } else {
     EXPECT_EQ(error, "");
     const int n = dp->size();

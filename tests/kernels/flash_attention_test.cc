@@ -155,6 +155,53 @@ TEST(FlashAttentionCausality, FutureTokensDoNotChangeThePast) {
     ASSERT_EQ(a[static_cast<std::size_t>(i)], b[static_cast<std::size_t>(i)]);
 }
 
+// Flash attention's working rows come from the context's workspace: once a shape has been seen,
+// further calls (that shape or smaller) allocate nothing, and the results do not depend on whose
+// workspace was used.
+TEST(FlashAttentionWorkspace, NoAllocationOnceWarm) {
+  const std::int64_t B = 2, NH = 2, HS = 8, C = NH * HS;
+  core::Workspace ws;
+  core::ExecContext ctx = testing::backend_ctx();
+  ctx.workspace = &ws;
+  auto run = [&](const core::ExecContext& on, std::int64_t T) {
+    const auto qkv = randn(static_cast<std::size_t>(B * T * 3 * C), 4);
+    const auto d_out = randn(static_cast<std::size_t>(B * T * C), 5);
+    std::vector<float> out(d_out.size()), lse(static_cast<std::size_t>(B * NH * T)),
+        d_qkv(qkv.size());
+    const AttentionDropout drop{.p = 0.1f, .seed = 3, .stream = 1};
+    flash_attention_forward(on, {.out = out.data(),
+                                 .lse = lse.data(),
+                                 .qkv = qkv.data(),
+                                 .dropout = drop,
+                                 .batch = B,
+                                 .seq_len = T,
+                                 .num_heads = NH,
+                                 .head_dim = HS});
+    flash_attention_backward(on, {.d_qkv = d_qkv.data(),
+                                  .d_out = d_out.data(),
+                                  .qkv = qkv.data(),
+                                  .out = out.data(),
+                                  .lse = lse.data(),
+                                  .dropout = drop,
+                                  .batch = B,
+                                  .seq_len = T,
+                                  .num_heads = NH,
+                                  .head_dim = HS});
+    out.insert(out.end(), d_qkv.begin(), d_qkv.end());
+    return out;
+  };
+  const std::vector<float> first = run(ctx, 70);
+  const std::int64_t warm = ws.allocations();
+  EXPECT_GT(warm, 0);
+  EXPECT_GT(ws.bytes(), 0);
+  EXPECT_EQ(run(ctx, 70), first);
+  run(ctx, 33);
+  EXPECT_EQ(ws.allocations(), warm) << "a warm call allocated";
+  core::ExecContext own = testing::backend_ctx();  // no workspace: the thread's own
+  own.workspace = nullptr;
+  EXPECT_EQ(run(own, 70), first);
+}
+
 TEST(Alibi, SlopesFollowTheBloomRule) {
   std::vector<float> s(8);
   alibi_slopes(8, s.data());

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "trident/core/tensor.h"
+#include "trident/core/workspace.h"
 
 namespace trident::core {
 
@@ -19,8 +20,14 @@ struct ExecContext {
   int num_threads = 0;             // CPU: threads a kernel uses; 0 = OpenMP's default
   CpuIsa cpu_isa = CpuIsa::kAuto;  // CPU: instruction-set variant
   void* stream = nullptr;          // CUDA: the cudaStream_t kernels are queued on (null: default)
+  // Kernels' scratch (core/workspace.h), owned by the context's owner; null: the calling thread's
+  // own (workspace()).
+  Workspace* workspace = nullptr;
 
   static ExecContext cpu() { return {}; }
+  // The workspace kernels use: `workspace`, or one of the calling thread's own, kept for the
+  // thread's lifetime (so a context without one still allocates only while warming up).
+  Workspace& scratch() const;
 };
 
 }  // namespace trident::core

@@ -17,10 +17,10 @@
 namespace trident::kernels {
 
 struct LinearViews {
-  core::TensorView out;            // (rows, out_features) f32, written (=)
-  core::TensorView in;             // (rows, in_features), the weight's dtype
-  core::TensorView weight;         // (out_features, in_features) f32 or bf16
-  core::TensorView bias;           // (out_features) f32, or empty
+  core::TensorView out{};            // (rows, out_features) f32, written (=)
+  core::TensorView in{};             // (rows, in_features), the weight's dtype
+  core::TensorView weight{};         // (out_features, in_features) f32 or bf16
+  core::TensorView bias{};           // (out_features) f32, or empty
   std::span<std::byte> scratch{};  // BF16 weights: linear_bf16_scratch_bytes(...) bytes
 };
 void linear(const core::ExecContext& ctx, const LinearViews& v);
@@ -31,13 +31,13 @@ void linear(const core::ExecContext& ctx, const LinearViews& v);
 //   d_bias    (+=) column sums of d_out   (skipped when empty; FP32 d_out, summed in double)
 // With a BF16 weight the two products read d_out_bf16, the BF16 copy of d_out.
 struct LinearBackwardViews {
-  core::TensorView d_in;        // (rows, in_features) f32, written (=), or empty
-  core::TensorView d_weight;    // (out_features, in_features) f32, accumulated (+=)
-  core::TensorView d_bias;      // (out_features) f32, accumulated (+=), or empty
-  core::TensorView d_out;       // (rows, out_features) f32
-  core::TensorView d_out_bf16;  // (rows, out_features) bf16: BF16 weights only
-  core::TensorView in;          // (rows, in_features), the weight's dtype
-  core::TensorView weight;      // (out_features, in_features) f32 or bf16
+  core::TensorView d_in{};        // (rows, in_features) f32, written (=), or empty
+  core::TensorView d_weight{};    // (out_features, in_features) f32, accumulated (+=)
+  core::TensorView d_bias{};      // (out_features) f32, accumulated (+=), or empty
+  core::TensorView d_out{};       // (rows, out_features) f32
+  core::TensorView d_out_bf16{};  // (rows, out_features) bf16: BF16 weights only
+  core::TensorView in{};          // (rows, in_features), the weight's dtype
+  core::TensorView weight{};      // (out_features, in_features) f32 or bf16
   std::span<std::byte> scratch{};
 };
 void linear_backward(const core::ExecContext& ctx, const LinearBackwardViews& v);

@@ -608,7 +608,12 @@ void TrainConfig::finalize(int world_size) {
   TRIDENT_CHECK(eval_iters >= 0, "--eval-iters must be >= 0");
   TRIDENT_CHECK(log_interval > 0, "--log-interval must be positive");
   TRIDENT_CHECK(save_interval >= 0 && exit_interval >= 0, "intervals must be >= 0");
-  TRIDENT_CHECK(save_interval == 0 || !save.empty(), "--save-interval needs --save DIR");
+  // As Megatron: --save-interval without --save saves nothing (launch scripts often carry both
+  // and drop --save for a dry run); said once.
+  if (save_interval > 0 && save.empty()) {
+    warnings.push_back("--save-interval " + std::to_string(save_interval) +
+                       " without --save: no checkpoints will be written");
+  }
   TRIDENT_CHECK(save_retain >= 0, "--save-retain must be >= 0 (0 keeps every checkpoint)");
   TRIDENT_CHECK(exit_duration_in_mins >= 0, "--exit-duration-in-mins must be >= 0");
   TRIDENT_CHECK(dataloader_type == "single", "--dataloader-type: unknown type '", dataloader_type,

@@ -28,10 +28,10 @@
 #include "trident/parallel/layout.h"
 #include "trident/parallel/parallel_context.h"
 #include "trident/train/async_saver.h"
-#include "trident/train/offload_report.h"
 #include "trident/train/exit_codes.h"
 #include "trident/train/launch_env.h"
 #include "trident/train/metrics.h"
+#include "trident/train/offload_report.h"
 #include "trident/train/pipeline.h"
 #include "trident/train/rank_model.h"
 #include "trident/train/stop_conditions.h"
@@ -128,533 +128,685 @@ float test_gradient_poison(std::int64_t iteration, int rank) {
   return rank == (on_rank ? std::atoi(on_rank) : 0) ? NAN : 1.0f;
 }
 
-}  // namespace
+// The counters a checkpoint carries besides the model and optimizer state.
+struct Progress {
+  std::int64_t iteration = 0, consumed = 0, consumed_valid = 0;
+  std::int64_t skipped_iters = 0, nan_iters = 0;
+};
 
-int run_training(TrainConfig cfg, comm::Communicator& world) {
-  cfg.finalize(world.size());
-  const core::ExecContext ctx;
-  const auto layout = parallel::ParallelLayout::from_world_size(
-      world.size(), cfg.tensor_model_parallel_size, cfg.pipeline_model_parallel_size);
-  world.set_timeout(cfg.comm_timeout);
-  parallel::ParallelContext par(world, layout, cfg.hierarchical_dp);
-  par.set_timeout(cfg.comm_timeout);
-  log::Settings log_settings = log::settings();
-  log_settings.rank = world.rank();
-  log_settings.coords = par.coords_string();
-  log::configure(log_settings);
-  if (world.rank() == 0) {
-    for (const std::string& w : cfg.warnings) log::warn(w);
-    log::info("\n", cfg.arguments_table());
+// What one training iteration did.
+struct IterationResult {
+  PipelineStats pipeline;
+  OptimizerStepResult step;
+  data::StepBatch batch;
+  double lr = 0;          // the rate the iteration used
+  double used_scale = 1;  // the loss scale it used
+  double lm_loss = 0;     // the mean over the global batch
+  double ms = 0;
+  std::int64_t tokens = 0;
+  bool advanced() const { return !step.skipped && std::isfinite(lm_loss); }
+  bool non_finite() const { return !std::isfinite(lm_loss) || !std::isfinite(step.grad_norm); }
+};
+
+// Sums over the iterations since the last log line.
+struct IntervalStats {
+  double loss = 0;      // over the iterations that advanced (Megatron's average)
+  double loss_all = 0;  // over every iteration (--metrics-jsonl)
+  double ms = 0, busy_ms = 0, pipe_ms = 0, flops = 0, tokens = 0;
+  double cpu0 = process_cpu_ms();  // CPU time per iteration: timing on a shared machine
+  std::int64_t iters = 0, skipped = 0, nan = 0, advanced = 0;
+
+  void add(const IterationResult& r, double flops_of_iteration) {
+    loss_all += r.lm_loss;
+    if (r.advanced()) {
+      loss += r.lm_loss;
+      ++advanced;
+    } else {
+      ++skipped;
+      if (r.non_finite()) ++nan;
+    }
+    flops += flops_of_iteration;
+    tokens += static_cast<double>(r.tokens);
+    ms += r.ms;
+    busy_ms += r.pipeline.busy_ms;
+    pipe_ms += r.pipeline.total_ms;
+    ++iters;
   }
-  StopConditions stops(cfg);
+};
+
+// `trident train` as steps: the constructor sets up (launch, data, model, checkpoint, schedules);
+// run() trains iteration by iteration, logging, evaluating, saving and stopping between them.
+class Trainer {
+ public:
+  Trainer(TrainConfig cfg, comm::Communicator& world);
+  int run();
+
+ private:
+  // Set-up, in order.
+  void place_ranks();
+  void build_tokenizer();
+  void build_data();
+  void build_model();
+  void log_model() const;
+  void describe_checkpoint_state();
+  void resume_or_initialise();
+  void build_schedules();
+  // An iteration and what follows it.
+  IterationResult train_iteration();
+  void log_tensorboard(const IterationResult& r);
+  void log_interval(const IterationResult& r);
+  void evaluate(std::int64_t it, const char* suffix = "", bool test = false);
+  void save(std::int64_t it);
+  int stop_code();
+  // Helpers.
+  MicroBatches micro_batches_of(const data::SampleDataset& ds, std::int64_t first,
+                                std::int64_t iteration);
+  double global_loss(const model::LossSum& mine);
+
+  TrainConfig cfg_;
+  comm::Communicator& world_;
+  core::Workspace workspace_;  // the kernels' scratch: grown in the first iteration, then reused
+  const core::ExecContext ctx_{.workspace = &workspace_};
+  const parallel::ParallelLayout layout_;
+  parallel::ParallelContext par_;
+  const int dp_, dp_rank_;
+  std::optional<StopConditions> stops_;
+  std::unique_ptr<ckpt::SaveLock> save_lock_;
+  std::unique_ptr<data::Tokenizer> tokenizer_;
+  std::int32_t mask_eod_ = -1;
+  data::TrainValidTestDatasets datasets_;
+  std::optional<data::BatchSchedule> batches_;
+  std::optional<RankModel> rank_model_;
+  std::optional<ZeroOptimizer> optimizer_;
+  std::optional<OffloadReporter> offload_report_;
+  model::TpTraffic tp_traffic_;
+  parallel::PipelineScheduleKind schedule_kind_{};
+  std::optional<PipelineExecutor> executor_;
+  std::int64_t B_ = 0, T_ = 0, micro_batches_ = 0;
+  MemoryReport mem_{};
+  ckpt::CheckpointState state_;
+  Progress progress_;
+  bool have_checkpoint_ = false;
+  double peak_tflops_ = 0;
+  std::optional<MetricsWriter> metrics_;
+  std::optional<TensorBoardWriter> tb_;
+  std::optional<optim::LossScaler> scaler_;
+  std::optional<optim::MegatronLrScheduler> lr_sched_;
+  std::optional<CheckpointSaver> saver_;
+  IntervalStats interval_;
+  std::vector<std::int32_t> scratch_;
+};
+
+TrainConfig finalized(TrainConfig cfg, int world_size) {
+  cfg.finalize(world_size);
+  return cfg;
+}
+
+comm::Communicator& with_timeout(comm::Communicator& world, double seconds) {
+  world.set_timeout(seconds);
+  return world;
+}
+
+Trainer::Trainer(TrainConfig cfg, comm::Communicator& world)
+    : cfg_(finalized(std::move(cfg), world.size())),
+      world_(world),
+      layout_(parallel::ParallelLayout::from_world_size(
+          world.size(), cfg_.tensor_model_parallel_size, cfg_.pipeline_model_parallel_size)),
+      par_(with_timeout(world, cfg_.comm_timeout), layout_, cfg_.hierarchical_dp),
+      dp_(layout_.dp_size),
+      dp_rank_(par_.coord().dp) {
+  place_ranks();
+  build_tokenizer();
+  build_data();
+  build_model();
+  log_model();
+  describe_checkpoint_state();
+  resume_or_initialise();
+  build_schedules();
+}
+
+// Logging, clean-stop handlers, the save-directory lock and this rank's threads.
+void Trainer::place_ranks() {
+  par_.set_timeout(cfg_.comm_timeout);
+  log::Settings log_settings = log::settings();
+  log_settings.rank = world_.rank();
+  log_settings.coords = par_.coords_string();
+  log::configure(log_settings);
+  if (world_.rank() == 0) {
+    for (const std::string& w : cfg_.warnings) log::warn(w);
+    log::info("\n", cfg_.arguments_table());
+  }
+  stops_.emplace(cfg_);
   // The save directory belongs to this job until it ends (a second job on it is refused).
-  std::unique_ptr<ckpt::SaveLock> save_lock;
-  if (!cfg.save.empty()) save_lock = ckpt::lock_save_dir(cfg.save, world);
+  if (!cfg_.save.empty()) save_lock_ = ckpt::lock_save_dir(cfg_.save, world_);
   // Where this rank runs and its OpenMP threads (docs/clusters.md): an error if they oversubscribe.
-  const comm::HostPlacement placement = comm::host_placement(world);
+  const comm::HostPlacement placement = comm::host_placement(world_);
   const comm::ThreadPlan thread_plan = comm::plan_threads(placement, comm::requested_threads());
   omp_set_num_threads(thread_plan.threads);
-  log::info("launch: ", world.size(), " rank", world.size() == 1 ? "" : "s", "; ",
+  log::info("launch: ", world_.size(), " rank", world_.size() == 1 ? "" : "s", "; ",
             thread_plan.text);
   if (thread_plan.oversubscribed && placement.local_rank == 0) {
     log::warn("launch: more ranks than cores on this host, they share cores: ", thread_plan.text);
   }
+}
 
-  // Tokenizer: sets the vocabulary size.
-  auto tokenizer = data::make_tokenizer({.type = cfg.tokenizer_type,
-                                         .vocab_file = cfg.vocab_file,
-                                         .merge_file = cfg.merge_file,
-                                         .model_file = cfg.tokenizer_model,
-                                         .vocab_size = cfg.null_tokenizer_vocab_size});
-  cfg.model.vocab_size = tokenizer->vocab_size();
-  if (cfg.pad_vocab_size_to > 0) {
+// The tokenizer sets the vocabulary size.
+void Trainer::build_tokenizer() {
+  tokenizer_ = data::make_tokenizer({.type = cfg_.tokenizer_type,
+                                     .vocab_file = cfg_.vocab_file,
+                                     .merge_file = cfg_.merge_file,
+                                     .model_file = cfg_.tokenizer_model,
+                                     .vocab_size = cfg_.null_tokenizer_vocab_size});
+  cfg_.model.vocab_size = tokenizer_->vocab_size();
+  if (cfg_.pad_vocab_size_to > 0) {
     // Megatron-DeepSpeed's --pad-vocab-size-to: padded = N exactly, via the padding multiple.
-    TRIDENT_CHECK(cfg.pad_vocab_size_to >= cfg.model.vocab_size, "--pad-vocab-size-to ",
-                  cfg.pad_vocab_size_to, " is smaller than the tokenizer's vocabulary (",
-                  cfg.model.vocab_size, ")");
-    TRIDENT_CHECK(cfg.pad_vocab_size_to % cfg.tensor_model_parallel_size == 0,
-                  "--pad-vocab-size-to ", cfg.pad_vocab_size_to,
+    TRIDENT_CHECK(cfg_.pad_vocab_size_to >= cfg_.model.vocab_size, "--pad-vocab-size-to ",
+                  cfg_.pad_vocab_size_to, " is smaller than the tokenizer's vocabulary (",
+                  cfg_.model.vocab_size, ")");
+    TRIDENT_CHECK(cfg_.pad_vocab_size_to % cfg_.tensor_model_parallel_size == 0,
+                  "--pad-vocab-size-to ", cfg_.pad_vocab_size_to,
                   " must be divisible by --tensor-model-parallel-size ",
-                  cfg.tensor_model_parallel_size);
-    cfg.model.make_vocab_size_divisible_by = cfg.pad_vocab_size_to / cfg.tensor_model_parallel_size;
+                  cfg_.tensor_model_parallel_size);
+    cfg_.model.make_vocab_size_divisible_by =
+        cfg_.pad_vocab_size_to / cfg_.tensor_model_parallel_size;
   }
-  model::ModelConfig& mc = cfg.model;
-  mc.validate();
+  cfg_.model.validate();
+  mask_eod_ = cfg_.eod_mask_loss ? tokenizer_->eod() : -1;
+}
 
-  // Data: Megatron's GPTDataset / BlendedDataset indices, built (or loaded from the cache) on
-  // rank 0 first, then loaded by the other ranks.
-  const int dp = layout.dp_size, dp_rank = par.coord().dp;
+// Megatron's GPTDataset / BlendedDataset indices, built (or loaded from the cache) on rank 0
+// first, then loaded by the other ranks; the batch schedule.
+void Trainer::build_data() {
+  const model::ModelConfig& mc = cfg_.model;
   data::DatasetBuildConfig dcfg;
-  dcfg.data_path = cfg.data_path;
-  dcfg.train_data_path = cfg.train_data_path;
-  dcfg.valid_data_path = cfg.valid_data_path;
-  dcfg.test_data_path = cfg.test_data_path;
-  dcfg.split = cfg.split;
+  dcfg.data_path = cfg_.data_path;
+  dcfg.train_data_path = cfg_.train_data_path;
+  dcfg.valid_data_path = cfg_.valid_data_path;
+  dcfg.test_data_path = cfg_.test_data_path;
+  dcfg.split = cfg_.split;
   dcfg.seq_length = mc.seq_length;
-  dcfg.seed = static_cast<std::int64_t>(cfg.seed);
+  dcfg.seed = static_cast<std::int64_t>(cfg_.seed);
   dcfg.num_samples = {
-      cfg.train_samples > 0 ? cfg.train_samples : cfg.train_iters * cfg.global_batch_size,
-      (cfg.train_iters / cfg.eval_interval + 1) * cfg.eval_iters * cfg.global_batch_size,
-      cfg.eval_iters * cfg.global_batch_size};
-  dcfg.data_cache_path = cfg.data_cache_path;
-  dcfg.mid_level_dataset_surplus = cfg.mid_level_dataset_surplus;
-  dcfg.tokenizer = tokenizer_identity(cfg);
-  dcfg.eod_id = tokenizer->eod();
-  data::TrainValidTestDatasets datasets;
-  if (world.rank() == 0) datasets = data::build_train_valid_test_datasets(dcfg);
-  world.barrier();
-  if (world.rank() != 0) {
+      cfg_.train_samples > 0 ? cfg_.train_samples : cfg_.train_iters * cfg_.global_batch_size,
+      (cfg_.train_iters / cfg_.eval_interval + 1) * cfg_.eval_iters * cfg_.global_batch_size,
+      cfg_.eval_iters * cfg_.global_batch_size};
+  dcfg.data_cache_path = cfg_.data_cache_path;
+  dcfg.mid_level_dataset_surplus = cfg_.mid_level_dataset_surplus;
+  dcfg.tokenizer = tokenizer_identity(cfg_);
+  dcfg.eod_id = tokenizer_->eod();
+  if (world_.rank() == 0) datasets_ = data::build_train_valid_test_datasets(dcfg);
+  world_.barrier();
+  if (world_.rank() != 0) {
     dcfg.cache_mode = data::CacheMode::kLoadOnly;
-    datasets = data::build_train_valid_test_datasets(dcfg);
+    datasets_ = data::build_train_valid_test_datasets(dcfg);
   }
-  TRIDENT_CHECK(datasets.train != nullptr, "no training data: the split '", cfg.split,
+  TRIDENT_CHECK(datasets_.train != nullptr, "no training data: the split '", cfg_.split,
                 "' gives the training set no documents");
-  log::info("data: train ", datasets.train->describe());
-  if (datasets.valid) log::info("data: valid ", datasets.valid->describe());
-  if (datasets.test) log::info("data: test ", datasets.test->describe());
+  log::info("data: train ", datasets_.train->describe());
+  if (datasets_.valid) log::info("data: valid ", datasets_.valid->describe());
+  if (datasets_.test) log::info("data: test ", datasets_.test->describe());
   std::optional<data::RampupBatchSize> rampup;
-  if (!cfg.rampup_batch_size.empty()) {
-    rampup = data::RampupBatchSize{cfg.rampup_batch_size[0], cfg.rampup_batch_size[1],
-                                   cfg.rampup_batch_size[2]};
+  if (!cfg_.rampup_batch_size.empty()) {
+    rampup = data::RampupBatchSize{cfg_.rampup_batch_size[0], cfg_.rampup_batch_size[1],
+                                   cfg_.rampup_batch_size[2]};
   }
-  const data::BatchSchedule batches(
-      {.global_batch_size = cfg.global_batch_size,
-       .micro_batch_size = cfg.micro_batch_size,
-       .data_parallel_size = dp,
-       .rampup = rampup,
-       .decrease_batch_size_if_needed = cfg.decrease_batch_size_if_needed});
+  batches_.emplace(data::BatchScheduleConfig{
+      .global_batch_size = cfg_.global_batch_size,
+      .micro_batch_size = cfg_.micro_batch_size,
+      .data_parallel_size = dp_,
+      .rampup = rampup,
+      .decrease_batch_size_if_needed = cfg_.decrease_batch_size_if_needed});
+}
 
-  // This rank's part of the model: its pipeline chunks, each a tensor-parallel slice.
-  const PipelineSplit split{.pp_size = layout.pp_size,
-                            .num_chunks = cfg.virtual_pipeline_chunks(),
-                            .first_stage_layers = cfg.decoder_first_pipeline_num_layers,
-                            .last_stage_layers = cfg.decoder_last_pipeline_num_layers};
-  const RankModel rank_model(mc, split, layout.tp_size, par.coord().tp, par.coord().pp,
-                             cfg.sequence_parallel);
-  const std::int64_t n = rank_model.total_numel();
-  // Parameters, gradients and Adam moments, sharded over data-parallel ranks by ZeRO stage.
-  ZeroOptimizer optimizer(
-      rank_model, par, cfg.adamw,
-      {.stage = cfg.zero_stage,
-       .bucket_size = cfg.ddp_bucket_size,
-       .bf16 = cfg.bf16,
-       .offload = cfg.offload});
-  OffloadReporter offload_report(optimizer, cfg);
-
-  const std::int64_t B = cfg.micro_batch_size, T = mc.seq_length;
-  std::int64_t micro_batches = cfg.num_micro_batches(world.size());
-  model::TpTraffic tp_traffic;
+// This rank's part of the model (its pipeline chunks, each a tensor-parallel slice), its
+// parameters, gradients and Adam moments sharded by ZeRO stage, and the pipeline executor.
+void Trainer::build_model() {
+  const PipelineSplit split{.pp_size = layout_.pp_size,
+                            .num_chunks = cfg_.virtual_pipeline_chunks(),
+                            .first_stage_layers = cfg_.decoder_first_pipeline_num_layers,
+                            .last_stage_layers = cfg_.decoder_last_pipeline_num_layers};
+  rank_model_.emplace(cfg_.model, split, layout_.tp_size, par_.coord().tp, par_.coord().pp,
+                      cfg_.sequence_parallel);
+  optimizer_.emplace(*rank_model_, par_, cfg_.adamw,
+                     ZeroConfig{.stage = cfg_.zero_stage,
+                                .bucket_size = cfg_.ddp_bucket_size,
+                                .bf16 = cfg_.bf16,
+                                .offload = cfg_.offload});
+  offload_report_.emplace(*optimizer_, cfg_);
+  B_ = cfg_.micro_batch_size;
+  T_ = cfg_.model.seq_length;
+  micro_batches_ = cfg_.num_micro_batches(world_.size());
   std::vector<model::ModelRuntime> runtimes;
-  for (const ModelChunk& ch : rank_model.chunks()) {
+  for (const ModelChunk& ch : rank_model_->chunks()) {
     model::ModelRuntime rt;
     rt.shard = ch.shard;
-    rt.tp = &par.tp();
-    rt.dropout_seed = cfg.seed ^ 0x5eed0d0bull;
-    rt.tp_traffic = &tp_traffic;
+    rt.tp = &par_.tp();
+    rt.dropout_seed = cfg_.seed ^ 0x5eed0d0bull;
+    rt.tp_traffic = &tp_traffic_;
     runtimes.push_back(rt);
   }
-  optimizer.install_hooks(runtimes);
-  const auto schedule_kind = parallel::parse_pipeline_schedule(cfg.pipeline_schedule);
-  PipelineExecutor executor(rank_model, par, schedule_kind, static_cast<int>(micro_batches), B,
-                            runtimes);
-  executor.set_backward_listener(
-      [&optimizer](int chunk, bool last) { optimizer.begin_backward(chunk, last); });
+  optimizer_->install_hooks(runtimes);
+  schedule_kind_ = parallel::parse_pipeline_schedule(cfg_.pipeline_schedule);
+  executor_.emplace(*rank_model_, par_, schedule_kind_, static_cast<int>(micro_batches_), B_,
+                    std::move(runtimes));
+  executor_->set_backward_listener(
+      [this](int chunk, bool last) { optimizer_->begin_backward(chunk, last); });
+  mem_ = optimizer_->memory();
+}
 
+void Trainer::log_model() const {
+  const model::ModelConfig& mc = cfg_.model;
   log::info("model: GPT ", mc.num_layers, " layers, hidden ", mc.hidden_size, ", heads ",
             mc.num_attention_heads, ", ffn ", mc.ffn(), ", vocab ", mc.vocab_size, " (padded ",
-            mc.padded_vocab_size(layout.tp_size), "), ", mc.num_parameters(), " parameters");
-  log::info("layout: tp ", layout.tp_size, " x pp ", layout.pp_size, " x dp ", dp, " on ",
-            world.size(), " ranks; ", rank_model.chunks().size(), " chunk(s) per stage, ",
-            pipeline_schedule_name(schedule_kind), " schedule; this rank holds ",
-            rank_model.num_parameters(), " parameters");
-  const MemoryReport mem = optimizer.memory();
-  log::info("memory per rank (ZeRO stage ", cfg.zero_stage, ", dp ", dp, "): parameters ",
-            mem.param_bytes, " B, gradients ", mem.grad_bytes, " B, optimizer state ",
-            mem.optimizer_bytes, " B; staging ", mem.staging_bytes, " B; activations ",
-            executor.slots_per_chunk(), " slot(s) x ", executor.activation_bytes_per_slot(0), " B");
-  log::info("memory per rank predicted by the ZeRO paper's formulas (psi = ", n,
-            " parameters on this rank): parameters ", mem.predicted_param_bytes, " B, gradients ",
-            mem.predicted_grad_bytes, " B, optimizer state ", mem.predicted_optimizer_bytes,
-            " B (differences: shard padding)");
+            mc.padded_vocab_size(layout_.tp_size), "), ", mc.num_parameters(), " parameters");
+  log::info("layout: tp ", layout_.tp_size, " x pp ", layout_.pp_size, " x dp ", dp_, " on ",
+            world_.size(), " ranks; ", rank_model_->chunks().size(), " chunk(s) per stage, ",
+            pipeline_schedule_name(schedule_kind_), " schedule; this rank holds ",
+            rank_model_->num_parameters(), " parameters");
+  log::info("memory per rank (ZeRO stage ", cfg_.zero_stage, ", dp ", dp_, "): parameters ",
+            mem_.param_bytes, " B, gradients ", mem_.grad_bytes, " B, optimizer state ",
+            mem_.optimizer_bytes, " B; staging ", mem_.staging_bytes, " B; activations ",
+            executor_->slots_per_chunk(), " slot(s) x ", executor_->activation_bytes_per_slot(0),
+            " B");
+  log::info(
+      "memory per rank predicted by the ZeRO paper's formulas (psi = ", rank_model_->total_numel(),
+      " parameters on this rank): parameters ", mem_.predicted_param_bytes, " B, gradients ",
+      mem_.predicted_grad_bytes, " B, optimizer state ", mem_.predicted_optimizer_bytes,
+      " B (differences: shard padding)");
+}
 
-  ckpt::CheckpointState state;
-  state.config = cfg.to_json();
-  state.layout = {{"tp", layout.tp_size},
-                  {"pp", layout.pp_size},
-                  {"dp", dp},
-                  {"virtual_chunks", cfg.virtual_pipeline_chunks()},
-                  {"first_stage_layers", cfg.decoder_first_pipeline_num_layers},
-                  {"last_stage_layers", cfg.decoder_last_pipeline_num_layers},
-                  {"zero_stage", cfg.zero_stage}};
-  state.coords = {{"tp", par.coord().tp}, {"pp", par.coord().pp}, {"dp", dp_rank}};
-  state.tp_rank = par.coord().tp;
-  for (const ModelChunk& ch : rank_model.chunks()) state.tables.push_back({&ch.table, ch.base});
-  state.numel = n;
+// What a checkpoint of this rank holds: the configuration, the layout and this rank's slices.
+void Trainer::describe_checkpoint_state() {
+  const std::int64_t n = rank_model_->total_numel();
+  state_.config = cfg_.to_json();
+  state_.layout = {{"tp", layout_.tp_size},
+                   {"pp", layout_.pp_size},
+                   {"dp", dp_},
+                   {"virtual_chunks", cfg_.virtual_pipeline_chunks()},
+                   {"first_stage_layers", cfg_.decoder_first_pipeline_num_layers},
+                   {"last_stage_layers", cfg_.decoder_last_pipeline_num_layers},
+                   {"zero_stage", cfg_.zero_stage}};
+  state_.coords = {{"tp", par_.coord().tp}, {"pp", par_.coord().pp}, {"dp", dp_rank_}};
+  state_.tp_rank = par_.coord().tp;
+  for (const ModelChunk& ch : rank_model_->chunks()) state_.tables.push_back({&ch.table, ch.base});
+  state_.numel = n;
   auto slice = [](ZeroOptimizer::TensorSlice t) {
     return ckpt::CheckpointState::Slice{t.data, t.range.begin, t.range.end};
   };
-  state.params = slice(optimizer.params_slice());
-  state.exp_avg = slice(optimizer.exp_avg_slice());
-  state.exp_avg_sq = slice(optimizer.exp_avg_sq_slice());
-  state.exp_avg.mapped = state.exp_avg_sq.mapped = optimizer.offload() != nullptr;
+  state_.params = slice(optimizer_->params_slice());
+  state_.exp_avg = slice(optimizer_->exp_avg_slice());
+  state_.exp_avg_sq = slice(optimizer_->exp_avg_sq_slice());
+  state_.exp_avg.mapped = state_.exp_avg_sq.mapped = optimizer_->offload() != nullptr;
   // `trident convert` writes other layouts' shards from the same rule (zero_optimizer.h).
-  TRIDENT_ASSERT(ZeroOptimizer::stored_range(cfg.zero_stage, false, n, dp, dp_rank) ==
-                         optimizer.params_slice().range &&
-                     ZeroOptimizer::stored_range(cfg.zero_stage, true, n, dp, dp_rank) ==
-                         optimizer.exp_avg_slice().range,
+  TRIDENT_ASSERT(ZeroOptimizer::stored_range(cfg_.zero_stage, false, n, dp_, dp_rank_) ==
+                         optimizer_->params_slice().range &&
+                     ZeroOptimizer::stored_range(cfg_.zero_stage, true, n, dp_, dp_rank_) ==
+                         optimizer_->exp_avg_slice().range,
                  "checkpoint slices disagree with ZeroOptimizer::stored_range");
-  std::int64_t iteration = 0, consumed = 0, consumed_valid = 0;
-  std::int64_t skipped_iters = 0, nan_iters = 0;
-  if (!cfg.load.empty()) {
+}
+
+void Trainer::resume_or_initialise() {
+  if (!cfg_.load.empty()) {
     // A Megatron or DeepSpeed checkpoint is not "nothing to load".
-    const std::string foreign = describe_foreign_checkpoint(cfg.load);
-    TRIDENT_CHECK(foreign.empty(), "--load ", cfg.load, ": ", foreign);
+    const std::string foreign = describe_foreign_checkpoint(cfg_.load);
+    TRIDENT_CHECK(foreign.empty(), "--load ", cfg_.load, ": ", foreign);
   }
-  const bool have_checkpoint = !cfg.load.empty() && ckpt::has_checkpoint(cfg.load);
-  TRIDENT_CHECK(have_checkpoint || !cfg.exit_on_missing_checkpoint, "--load ", cfg.load,
+  have_checkpoint_ = !cfg_.load.empty() && ckpt::has_checkpoint(cfg_.load);
+  TRIDENT_CHECK(have_checkpoint_ || !cfg_.exit_on_missing_checkpoint, "--load ", cfg_.load,
                 ": no trident checkpoint there (--exit-on-missing-checkpoint)");
-  if (have_checkpoint) {
-    if (cfg.finetune) {  // weights only: the moments stay zero (null data skips a tensor)
-      const ckpt::CheckpointState::Slice m = state.exp_avg, v = state.exp_avg_sq;
-      state.exp_avg.data = state.exp_avg_sq.data = nullptr;
-      ckpt::load_checkpoint(cfg.load, -1, state, world);
-      state.exp_avg = m;
-      state.exp_avg_sq = v;
-      state.trainer_state = nlohmann::json::object();
-      log::info("train: --finetune: weights of ", cfg.load, " iteration ", state.iteration,
+  if (have_checkpoint_) {
+    if (cfg_.finetune) {  // weights only: the moments stay zero (null data skips a tensor)
+      const ckpt::CheckpointState::Slice m = state_.exp_avg, v = state_.exp_avg_sq;
+      state_.exp_avg.data = state_.exp_avg_sq.data = nullptr;
+      ckpt::load_checkpoint(cfg_.load, -1, state_, world_);
+      state_.exp_avg = m;
+      state_.exp_avg_sq = v;
+      state_.trainer_state = nlohmann::json::object();
+      log::info("train: --finetune: weights of ", cfg_.load, " iteration ", state_.iteration,
                 "; starting at iteration 0 with a fresh optimizer");
     } else {
-      ckpt::load_checkpoint(cfg.load, -1, state, world);
-      iteration = state.iteration;
-      consumed = state.consumed_train_samples;
-      consumed_valid = state.consumed_valid_samples;
+      ckpt::load_checkpoint(cfg_.load, -1, state_, world_);
+      progress_.iteration = state_.iteration;
+      progress_.consumed = state_.consumed_train_samples;
+      progress_.consumed_valid = state_.consumed_valid_samples;
     }
-    optimizer.checkpoint_io_done(/*written=*/true);
-    skipped_iters = state.trainer_state.value("skipped_iterations", std::int64_t{0});
-    nan_iters = state.trainer_state.value("nan_iterations", std::int64_t{0});
+    optimizer_->checkpoint_io_done(/*written=*/true);
+    progress_.skipped_iters = state_.trainer_state.value("skipped_iterations", std::int64_t{0});
+    progress_.nan_iters = state_.trainer_state.value("nan_iterations", std::int64_t{0});
   } else {
-    if (!cfg.load.empty())
-      log::warn("ckpt: nothing to load in ", cfg.load, "; starting from scratch");
-    optimizer.init_params(cfg.seed);
+    if (!cfg_.load.empty())
+      log::warn("ckpt: nothing to load in ", cfg_.load, "; starting from scratch");
+    optimizer_->init_params(cfg_.seed);
   }
-  optimizer.refresh_bf16(ctx);
+  optimizer_->refresh_bf16(ctx_);
+}
 
-  double peak = cfg.peak_tflops;
-  if (peak <= 0) {
-    peak = measure_peak_tflops();
-    world.all_reduce(&peak, 1, comm::Datatype::kF64, comm::ReduceOp::kMin);
+// The MFU reference, the writers, the loss scaler and the learning-rate schedule (restored from
+// the checkpoint when there is one).
+void Trainer::build_schedules() {
+  peak_tflops_ = cfg_.peak_tflops;
+  if (peak_tflops_ <= 0) {
+    peak_tflops_ = measure_peak_tflops();
+    world_.all_reduce(&peak_tflops_, 1, comm::Datatype::kF64, comm::ReduceOp::kMin);
   }
-  log::info("train: global batch ", cfg.global_batch_size, " = micro ", B, " x ", micro_batches,
-            " micro-batches x ", dp, " data-parallel; ", omp_get_max_threads(),
-            " threads per rank; MFU against ", peak, " TFLOP/s per rank (",
-            cfg.peak_tflops > 0 ? "--peak-tflops" : "measured FP32 GEMM", ")");
-
-  MetricsWriter metrics(world.rank() == 0 ? cfg.metrics_jsonl : std::string());
+  log::info("train: global batch ", cfg_.global_batch_size, " = micro ", B_, " x ", micro_batches_,
+            " micro-batches x ", dp_, " data-parallel; ", omp_get_max_threads(),
+            " threads per rank; MFU against ", peak_tflops_, " TFLOP/s per rank (",
+            cfg_.peak_tflops > 0 ? "--peak-tflops" : "measured FP32 GEMM", ")");
+  metrics_.emplace(world_.rank() == 0 ? cfg_.metrics_jsonl : std::string());
   // Megatron's TensorBoard scalars (training.py: training_log, evaluate_and_print_results).
-  TensorBoardWriter tb(world.rank() == 0 ? cfg.tensorboard_dir : std::string());
-  if (tb.enabled()) log::info("tensorboard: writing ", tb.path());
-  optim::LossScaler scaler({.dynamic = cfg.fp16 && cfg.loss_scale <= 0,
-                            .static_scale = cfg.fp16 && cfg.loss_scale > 0 ? cfg.loss_scale : 1.0,
-                            .initial_scale = cfg.initial_loss_scale,
-                            .min_scale = cfg.min_loss_scale,
-                            .window = cfg.loss_scale_window,
-                            .hysteresis = cfg.hysteresis});
-  if (!cfg.load.empty() && state.trainer_state.contains("loss_scale")) {
-    scaler.set_state({state.trainer_state["loss_scale"].get<double>(),
-                      state.trainer_state["growth_tracker"].get<std::int64_t>(),
-                      state.trainer_state["hysteresis_tracker"].get<std::int64_t>()});
+  tb_.emplace(world_.rank() == 0 ? cfg_.tensorboard_dir : std::string());
+  if (tb_->enabled()) log::info("tensorboard: writing ", tb_->path());
+  scaler_.emplace(optim::LossScalerConfig{
+      .dynamic = cfg_.fp16 && cfg_.loss_scale <= 0,
+      .static_scale = cfg_.fp16 && cfg_.loss_scale > 0 ? cfg_.loss_scale : 1.0,
+      .initial_scale = cfg_.initial_loss_scale,
+      .min_scale = cfg_.min_loss_scale,
+      .window = cfg_.loss_scale_window,
+      .hysteresis = cfg_.hysteresis});
+  if (!cfg_.load.empty() && state_.trainer_state.contains("loss_scale")) {
+    scaler_->set_state({state_.trainer_state["loss_scale"].get<double>(),
+                        state_.trainer_state["growth_tracker"].get<std::int64_t>(),
+                        state_.trainer_state["hysteresis_tracker"].get<std::int64_t>()});
   }
   // Megatron's scheduler counts samples of successful steps (a skipped step does not advance it).
-  optim::MegatronLrScheduler lr_sched(
-      {.samples = cfg.lr_steps,
-       .warmup_tokens = cfg.lr_warmup_tokens >= 0
-                            ? std::optional<double>(static_cast<double>(cfg.lr_warmup_tokens))
-                            : std::nullopt,
-       .decay_tokens = cfg.lr_decay_tokens > 0
-                           ? std::optional<double>(static_cast<double>(cfg.lr_decay_tokens))
-                           : std::nullopt});
-  if (have_checkpoint) {
+  lr_sched_.emplace(optim::MegatronLrScheduler::Config{
+      .samples = cfg_.lr_steps,
+      .warmup_tokens = cfg_.lr_warmup_tokens >= 0
+                           ? std::optional<double>(static_cast<double>(cfg_.lr_warmup_tokens))
+                           : std::nullopt,
+      .decay_tokens = cfg_.lr_decay_tokens > 0
+                          ? std::optional<double>(static_cast<double>(cfg_.lr_decay_tokens))
+                          : std::nullopt});
+  if (have_checkpoint_) {
     optim::MegatronLrScheduler::State ls;
     // Checkpoints written before the scheduler was saved: every step counted.
-    ls.num_steps = state.trainer_state.value("lr_num_steps", static_cast<double>(consumed));
-    ls.num_tokens = state.trainer_state.value("lr_num_tokens", 0.0);
-    if (state.trainer_state.contains("lr_warmup_tokens"))
-      ls.warmup_tokens = state.trainer_state["lr_warmup_tokens"].get<double>();
-    lr_sched.set_state(ls);
+    ls.num_steps =
+        state_.trainer_state.value("lr_num_steps", static_cast<double>(progress_.consumed));
+    ls.num_tokens = state_.trainer_state.value("lr_num_tokens", 0.0);
+    if (state_.trainer_state.contains("lr_warmup_tokens"))
+      ls.warmup_tokens = state_.trainer_state["lr_warmup_tokens"].get<double>();
+    lr_sched_->set_state(ls);
   }
-  const std::int32_t mask_eod = cfg.eod_mask_loss ? tokenizer->eod() : -1;
-  std::vector<std::int32_t> scratch;
-  const bool counts_loss = par.is_last_stage() && par.coord().tp == 0;
-  // The mean loss over the global batch: the last stage's tp rank 0 of every replica contributes.
-  auto global_loss = [&](const model::LossSum& mine) {
-    double v[2] = {counts_loss ? mine.sum : 0.0,
-                   counts_loss ? static_cast<double>(mine.count) : 0.0};
-    world.all_reduce(v, 2, comm::Datatype::kF64, comm::ReduceOp::kSum);
-    return v[0] / std::max(v[1], 1.0);
-  };
+  saver_.emplace(cfg_.save, cfg_.async_save, ckpt::SaveOptions{.retain = cfg_.save_retain});
+}
 
-  // Evaluation continues through the validation set (consumed_valid_samples), as Megatron's
-  // validation iterator does, at the full global batch size.
-  auto evaluate = [&](std::int64_t it, const char* suffix = "", bool test = false) {
-    const data::SampleDataset* eval_ds = test ? datasets.test.get() : datasets.valid.get();
-    if (!eval_ds || cfg.eval_iters == 0) return;
-    std::int64_t test_consumed = 0;
-    std::int64_t& eval_consumed = test ? test_consumed : consumed_valid;
-    const model::TpTraffic training_traffic = tp_traffic;  // evaluation is not counted
-    model::LossSum total;
-    const std::int64_t eval_micro = cfg.global_batch_size / (B * dp);
-    for (std::int64_t e = 0; e < cfg.eval_iters; ++e) {
-      const std::int64_t first = eval_consumed;
-      const model::LossSum l = executor.evaluate(
-          ctx, optimizer.views(), static_cast<int>(eval_micro),
-          {.fill =
-               [&](int j, std::int32_t* tokens, std::int32_t* labels) {
-                 fill_micro_batch(*eval_ds, first, B, dp, dp_rank, j, tokens, labels, scratch,
-                                  mc.vocab_size, mask_eod);
-               },
-           .first_sample =
-               [&](int j) { return data::micro_batch_first_sample(first, j, dp_rank, B, dp); },
-           .iteration = it});
-      eval_consumed += cfg.global_batch_size;
-      total.sum += l.sum;
-      total.count += l.count;
-    }
-    const double loss = global_loss(total);
-    const double ppl = std::exp(std::min(loss, 20.0));
-    // Megatron's lines: dashes, the result, dashes.
-    const std::string line =
-        str(" validation loss at iteration ", it, suffix, " | lm loss value: ", fmt_e(loss),
-            " | lm loss PPL: ", fmt_e(ppl), " | ");
-    log::info(std::string(line.size() + 1, '-'));
-    log::info(line);
-    log::info(std::string(line.size() + 1, '-'));
-    metrics.write(
-        {{"iteration", it}, {"split", test ? "test" : "valid"}, {"lm_loss", loss}, {"ppl", ppl}});
-    if (!test) {
-      tb.add_scalar("lm loss validation", loss, it);
-      tb.add_scalar("lm loss validation vs samples", loss, consumed);
-      if (cfg.log_validation_ppl_to_tensorboard) {
-        tb.add_scalar("lm loss validation ppl", ppl, it);
-        tb.add_scalar("lm loss validation ppl vs samples", ppl, consumed);
-      }
-    }
-    tp_traffic = training_traffic;
-  };
-  CheckpointSaver saver(cfg.save, cfg.async_save, {.retain = cfg.save_retain});
-  auto save = [&](std::int64_t it) {
-    if (cfg.save.empty()) return;
-    state.iteration = it;
-    state.consumed_train_samples = consumed;
-    state.consumed_valid_samples = consumed_valid;
-    const optim::LossScaler::State ls = scaler.state();
-    state.trainer_state = {{"loss_scale", ls.scale},
-                           {"growth_tracker", ls.growth_tracker},
-                           {"hysteresis_tracker", ls.hysteresis_tracker},
-                           {"skipped_iterations", skipped_iters},
-                           {"nan_iterations", nan_iters},
-                           {"lr_num_steps", lr_sched.state().num_steps},
-                           {"lr_num_tokens", lr_sched.state().num_tokens}};
-    if (lr_sched.state().warmup_tokens)
-      state.trainer_state["lr_warmup_tokens"] = *lr_sched.state().warmup_tokens;
-    const double blocked = saver.save(state, world);
-    optimizer.checkpoint_io_done(/*written=*/false);
-    log::info("ckpt: ", cfg.async_save ? "started saving" : "saved", " iteration ", it, " to ",
-              cfg.save, " (training blocked ", blocked, " ms", cfg.async_save ? ", async" : "",
-              ")");
-  };
+// Megatron's micro-batch order from the global batch starting at sample `first`.
+MicroBatches Trainer::micro_batches_of(const data::SampleDataset& ds, std::int64_t first,
+                                       std::int64_t iteration) {
+  return {.fill =
+              [this, &ds, first](int j, std::int32_t* tokens, std::int32_t* labels) {
+                fill_micro_batch(ds, first, B_, dp_, dp_rank_, j, tokens, labels, scratch_,
+                                 cfg_.model.vocab_size, mask_eod_);
+              },
+          .first_sample =
+              [this, first](int j) {
+                return data::micro_batch_first_sample(first, j, dp_rank_, B_, dp_);
+              },
+          .iteration = iteration};
+}
 
-  double interval_loss = 0, interval_loss_all = 0, interval_ms = 0, interval_busy = 0,
-         interval_pipe = 0;
-  double interval_cpu0 = process_cpu_ms();  // CPU time per iteration: timing on a shared machine
-  double interval_flops = 0, interval_tokens = 0;
-  std::int64_t interval_iters = 0, interval_skipped = 0, interval_nan = 0, interval_advanced = 0;
+// The mean loss over the global batch: the last stage's tp rank 0 of every replica contributes.
+double Trainer::global_loss(const model::LossSum& mine) {
+  const bool counts = par_.is_last_stage() && par_.coord().tp == 0;
+  double v[2] = {counts ? mine.sum : 0.0, counts ? static_cast<double>(mine.count) : 0.0};
+  world_.all_reduce(v, 2, comm::Datatype::kF64, comm::ReduceOp::kSum);
+  return v[0] / std::max(v[1], 1.0);
+}
+
+int Trainer::run() {
   // Megatron-DeepSpeed's --train-tokens also ends training.
-  auto tokens_left = [&] { return cfg.train_tokens == 0 || consumed * T < cfg.train_tokens; };
-  while (iteration < cfg.train_iters && tokens_left()) {
-    core::Timer timer;
-    par.set_step(iteration + 1);
-    const data::StepBatch step_batch = batches.at(consumed);
-    if (step_batch.num_micro_batches != micro_batches) {
-      micro_batches = step_batch.num_micro_batches;  // --rampup-batch-size
-      executor.set_num_microbatches(static_cast<int>(micro_batches));
-    }
-    const std::int64_t tokens_per_iter = step_batch.running_global_batch_size * T;
-    optimizer.begin_iteration();
-    // Every token of the global batch weighs 1 / (tokens in the global batch).
-    const float d_scale = static_cast<float>(scaler.scale()) / static_cast<float>(tokens_per_iter) *
-                          test_gradient_poison(iteration + 1, world.rank());
-    const PipelineStats ps = executor.train(
-        ctx, optimizer.views(), d_scale,
-        {.fill =
-             [&](int j, std::int32_t* tokens, std::int32_t* labels) {
-               fill_micro_batch(*datasets.train, consumed, B, dp, dp_rank, j, tokens, labels,
-                                scratch, mc.vocab_size, mask_eod);
-             },
-         .first_sample =
-             [&](int j) { return data::micro_batch_first_sample(consumed, j, dp_rank, B, dp); },
-         .iteration = iteration + 1});
-    const double lr = lr_sched.lr();  // the rate this iteration uses
-    const OptimizerStepResult step =
-        optimizer.step(ctx, lr, iteration + 1,
-                       {.loss_scale = scaler.scale(),
-                        .overflow_threshold = cfg.fp16 ? optim::kFp16Max : INFINITY});
-    const double used_scale = scaler.scale();
-    if (cfg.fp16) scaler.update(step.skipped);
-    const double lm_loss = global_loss(ps.loss);
-    if (!step.skipped) {
-      lr_sched.step(static_cast<double>(step_batch.running_global_batch_size),
-                    static_cast<double>(consumed * T));
-    }
-    ++iteration;
-    consumed += step_batch.running_global_batch_size;
-    if (step.skipped || !std::isfinite(lm_loss)) {
-      ++skipped_iters;
-      ++interval_skipped;
-      if (!std::isfinite(lm_loss) || !std::isfinite(step.grad_norm)) {
-        ++nan_iters;
-        ++interval_nan;
-      }
-      if (cfg.fp16) {
-        log::warn("train: iteration ", iteration, ": gradient overflow at loss scale ", used_scale,
-                  "; update skipped, loss scale now ", scaler.scale());
-      } else {
-        log::warn("train: iteration ", iteration, ": loss ", lm_loss, ", grad norm ",
-                  step.grad_norm, " is not finite; update skipped");
-      }
-    }
-    const double iter_ms = timer.elapsed_ms();
-    interval_loss_all += lm_loss;  // --metrics-jsonl: every iteration of the interval
-    if (!step.skipped && std::isfinite(lm_loss)) {
-      interval_loss += lm_loss;  // Megatron averages over the iterations that advanced
-      ++interval_advanced;
-    }
-    interval_flops += mc.flops_per_iteration(tokens_per_iter);
-    interval_tokens += tokens_per_iter;
-    interval_ms += iter_ms;
-    interval_busy += ps.busy_ms;
-    interval_pipe += ps.total_ms;
-    ++interval_iters;
-
-    if (tb.enabled() && iteration % cfg.tensorboard_log_interval == 0) {
-      auto both = [&](const char* name, double v) {
-        tb.add_scalar(name, v, iteration);
-        tb.add_scalar(std::string(name) + " vs samples", v, consumed);
-      };
-      if (!cfg.no_log_learning_rate_to_tensorboard) both("learning-rate", lr);
-      both("batch-size", static_cast<double>(step_batch.running_global_batch_size));
-      if (std::isfinite(lm_loss) && !step.skipped) both("lm loss", lm_loss);
-      if (!cfg.no_log_loss_scale_to_tensorboard) both("loss-scale", used_scale);
-      if (cfg.log_world_size_to_tensorboard) both("world-size", world.size());
-      if (cfg.adamw.clip_grad > 0) both("grad-norm", step.grad_norm);
-      if (cfg.log_memory_to_tensorboard) {
-        tb.add_scalar("mem-allocated-bytes",
-                      static_cast<double>(mem.param_bytes + mem.grad_bytes + mem.optimizer_bytes +
-                                          mem.staging_bytes),
-                      iteration);
-      }
-    }
-    if (iteration % cfg.log_interval == 0 || iteration == cfg.train_iters) {
-      const double avg_loss =
-          interval_advanced > 0 ? interval_loss / static_cast<double>(interval_advanced) : 0.0;
-      const double avg_ms = interval_ms / static_cast<double>(interval_iters);
-      const double tokens_per_s = interval_tokens / (interval_ms / 1e3);
-      const double tflops = interval_flops / (interval_ms / 1e3) / 1e12 / world.size();
-      // Pipeline bubble: the share of the schedule this stage spent waiting, per stage.
-      std::vector<double> idle(static_cast<std::size_t>(layout.pp_size), 0.0);
-      const double my_idle = interval_pipe > 0 ? 1.0 - interval_busy / interval_pipe : 0.0;
-      par.pp().all_gather(&my_idle, idle.data(), 1, comm::Datatype::kF64);
-      if (cfg.log_timers_to_tensorboard) {
-        tb.add_scalar("iteration-time", avg_ms / 1e3, iteration);
-        if (cfg.log_throughput) tb.add_scalar("throughput", tflops, iteration);
-      }
-      log::info(iteration_log_line(
-          {.megatron_deepspeed = cfg.megatron_deepspeed_log,
-           .log_throughput = cfg.log_throughput,
-           .iteration = iteration,
-           .train_iters = cfg.train_iters,
-           .consumed_samples = consumed,
-           .consumed_tokens = consumed * T,
-           .iter_ms = avg_ms,
-           .tflops_per_rank = tflops,
-           .lr = lr,
-           .global_batch_size = step_batch.running_global_batch_size,
-           .lm_loss = avg_loss,
-           .loss_scale = used_scale,
-           .grad_norm =
-               cfg.adamw.clip_grad > 0 ? std::optional<double>(step.grad_norm) : std::nullopt,
-           .skipped = interval_skipped,
-           .nan = interval_nan,
-           .samples_per_s =
-               static_cast<double>(interval_tokens) / static_cast<double>(T) / (interval_ms / 1e3),
-           .seq_length = T}));
-      nlohmann::json record = {
-          {"iteration", iteration},
-          {"consumed_samples", consumed},
-          {"lm_loss", interval_loss_all / static_cast<double>(interval_iters)},
-          {"lr", lr},
-          {"grad_norm", step.grad_norm},
-          {"iter_ms", avg_ms},
-          {"iter_cpu_ms", (process_cpu_ms() - interval_cpu0) / static_cast<double>(interval_iters)},
-          {"tokens_per_s", tokens_per_s},
-          {"tflops", tflops},
-          {"mfu", tflops / peak},
-          {"skipped_iterations", skipped_iters},
-          {"nan_iterations", nan_iters},
-          {"global_batch_size", step_batch.running_global_batch_size},
-          {"loss_scale", used_scale}};
-      // Data-parallel traffic this rank sent per iteration (ring-algorithm bytes).
-      record["dp_comm_bytes_per_iteration"] =
-          optimizer.comm().dp_bytes / static_cast<double>(interval_iters);
-      optimizer.reset_comm();
-      offload_report.interval(record, interval_iters);
-      if (layout.tp_size > 1) {
-        const double iters = static_cast<double>(interval_iters);
-        record["tp_comm_bytes_per_iteration"] = tp_traffic.bytes / iters;
-        record["tp_all_reduces_per_iteration"] =
-            static_cast<double>(tp_traffic.all_reduces) / iters;
-        record["tp_all_gathers_per_iteration"] =
-            static_cast<double>(tp_traffic.all_gathers) / iters;
-        record["tp_reduce_scatters_per_iteration"] =
-            static_cast<double>(tp_traffic.reduce_scatters) / iters;
-        tp_traffic = {};
-      }
-      if (layout.pp_size > 1) {
-        record["pipeline_idle_fraction"] = idle;
-        std::string text;
-        for (double f : idle) text += core::str(text.empty() ? "" : " ", f);
-        log::info("pipeline: idle fraction per stage [", text, "] (",
-                  pipeline_schedule_name(schedule_kind), ", ", micro_batches, " micro-batches)");
-      }
-      metrics.write(record);
-      interval_loss = interval_loss_all = interval_ms = interval_busy = interval_pipe =
-          interval_flops = 0;
-      interval_cpu0 = process_cpu_ms();
-      interval_tokens = 0;
-      interval_iters = interval_skipped = interval_nan = interval_advanced = 0;
-    }
-    if (iteration % cfg.eval_interval == 0) evaluate(iteration);
-    saver.poll(world);  // finishes a background save once every rank has written its shard
+  auto tokens_left = [this] {
+    return cfg_.train_tokens == 0 || progress_.consumed * T_ < cfg_.train_tokens;
+  };
+  while (progress_.iteration < cfg_.train_iters && tokens_left()) {
+    const IterationResult r = train_iteration();
+    const std::int64_t it = progress_.iteration;
+    interval_.add(r, cfg_.model.flops_per_iteration(r.tokens));
+    if (tb_->enabled() && it % cfg_.tensorboard_log_interval == 0) log_tensorboard(r);
+    if (it % cfg_.log_interval == 0 || it == cfg_.train_iters) log_interval(r);
+    if (it % cfg_.eval_interval == 0) evaluate(it);
+    saver_->poll(world_);  // finishes a background save once every rank has written its shard
     // Clean stops: save (when --save) and exit with the condition's code.
-    int stop = stops.check(world);
-    if (stop == 0 && cfg.exit_interval > 0 && iteration % cfg.exit_interval == 0)
-      stop = kExitIntervalStop;
-    if (iteration == cfg.train_iters) stop = 0;  // done anyway
-    if ((cfg.save_interval > 0 && iteration % cfg.save_interval == 0) || stop != 0) save(iteration);
+    const int stop = stop_code();
+    if ((cfg_.save_interval > 0 && it % cfg_.save_interval == 0) || stop != 0) save(it);
     if (stop != 0) {
-      saver.poll(world, /*block=*/true);
-      log::info("train: exiting at iteration ", iteration, " with code ", stop, " (",
-                exit_code_name(stop), ")");
-      log_peak_rss(world);
+      saver_->poll(world_, /*block=*/true);
+      log::info("train: exiting at iteration ", it, " with code ", stop, " (", exit_code_name(stop),
+                ")");
+      log_peak_rss(world_);
       return stop;
     }
   }
   // As Megatron's pretrain(): validation and test at the end of training.
-  evaluate(iteration, " on validation set");
-  evaluate(iteration, " on test set", /*test=*/true);
-  if (cfg.save_interval == 0 || cfg.train_iters % cfg.save_interval != 0) save(iteration);
-  saver.poll(world, /*block=*/true);
-  log_peak_rss(world);
+  evaluate(progress_.iteration, " on validation set");
+  evaluate(progress_.iteration, " on test set", /*test=*/true);
+  if (cfg_.save_interval == 0 || cfg_.train_iters % cfg_.save_interval != 0) {
+    save(progress_.iteration);
+  }
+  saver_->poll(world_, /*block=*/true);
+  log_peak_rss(world_);
   return 0;
+}
+
+// One iteration: the pipeline's forward and backward over the global batch, the optimizer step,
+// the loss scale and learning rate, the counters.
+IterationResult Trainer::train_iteration() {
+  core::Timer timer;
+  IterationResult r;
+  par_.set_step(progress_.iteration + 1);
+  r.batch = batches_->at(progress_.consumed);
+  if (r.batch.num_micro_batches != micro_batches_) {
+    micro_batches_ = r.batch.num_micro_batches;  // --rampup-batch-size
+    executor_->set_num_microbatches(static_cast<int>(micro_batches_));
+  }
+  r.tokens = r.batch.running_global_batch_size * T_;
+  optimizer_->begin_iteration();
+  // Every token of the global batch weighs 1 / (tokens in the global batch).
+  const float d_scale = static_cast<float>(scaler_->scale()) / static_cast<float>(r.tokens) *
+                        test_gradient_poison(progress_.iteration + 1, world_.rank());
+  r.pipeline = executor_->train(
+      ctx_, optimizer_->views(), d_scale,
+      micro_batches_of(*datasets_.train, progress_.consumed, progress_.iteration + 1));
+  r.lr = lr_sched_->lr();
+  r.step = optimizer_->step(ctx_, r.lr, progress_.iteration + 1,
+                            {.loss_scale = scaler_->scale(),
+                             .overflow_threshold = cfg_.fp16 ? optim::kFp16Max : INFINITY});
+  r.used_scale = scaler_->scale();
+  if (cfg_.fp16) scaler_->update(r.step.skipped);
+  r.lm_loss = global_loss(r.pipeline.loss);
+  if (!r.step.skipped) {
+    lr_sched_->step(static_cast<double>(r.batch.running_global_batch_size),
+                    static_cast<double>(progress_.consumed * T_));
+  }
+  ++progress_.iteration;
+  progress_.consumed += r.batch.running_global_batch_size;
+  if (!r.advanced()) {
+    ++progress_.skipped_iters;
+    if (r.non_finite()) ++progress_.nan_iters;
+    if (cfg_.fp16) {
+      log::warn("train: iteration ", progress_.iteration, ": gradient overflow at loss scale ",
+                r.used_scale, "; update skipped, loss scale now ", scaler_->scale());
+    } else {
+      log::warn("train: iteration ", progress_.iteration, ": loss ", r.lm_loss, ", grad norm ",
+                r.step.grad_norm, " is not finite; update skipped");
+    }
+  }
+  r.ms = timer.elapsed_ms();
+  return r;
+}
+
+void Trainer::log_tensorboard(const IterationResult& r) {
+  const std::int64_t it = progress_.iteration;
+  auto both = [&](const char* name, double v) {
+    tb_->add_scalar(name, v, it);
+    tb_->add_scalar(std::string(name) + " vs samples", v, progress_.consumed);
+  };
+  if (!cfg_.no_log_learning_rate_to_tensorboard) both("learning-rate", r.lr);
+  both("batch-size", static_cast<double>(r.batch.running_global_batch_size));
+  if (std::isfinite(r.lm_loss) && !r.step.skipped) both("lm loss", r.lm_loss);
+  if (!cfg_.no_log_loss_scale_to_tensorboard) both("loss-scale", r.used_scale);
+  if (cfg_.log_world_size_to_tensorboard) both("world-size", world_.size());
+  if (cfg_.adamw.clip_grad > 0) both("grad-norm", r.step.grad_norm);
+  if (cfg_.log_memory_to_tensorboard) {
+    tb_->add_scalar("mem-allocated-bytes",
+                    static_cast<double>(mem_.param_bytes + mem_.grad_bytes + mem_.optimizer_bytes +
+                                        mem_.staging_bytes),
+                    it);
+  }
+}
+
+// The log line (Megatron's), the metrics record and the pipeline's idle fractions of the
+// interval that `r` ends; then a new interval.
+void Trainer::log_interval(const IterationResult& r) {
+  const IntervalStats& s = interval_;
+  const double iters = static_cast<double>(s.iters);
+  const double avg_loss = s.advanced > 0 ? s.loss / static_cast<double>(s.advanced) : 0.0;
+  const double avg_ms = s.ms / iters;
+  const double tokens_per_s = s.tokens / (s.ms / 1e3);
+  const double tflops = s.flops / (s.ms / 1e3) / 1e12 / world_.size();
+  // Pipeline bubble: the share of the schedule this stage spent waiting, per stage.
+  std::vector<double> idle(static_cast<std::size_t>(layout_.pp_size), 0.0);
+  const double my_idle = s.pipe_ms > 0 ? 1.0 - s.busy_ms / s.pipe_ms : 0.0;
+  par_.pp().all_gather(&my_idle, idle.data(), 1, comm::Datatype::kF64);
+  const std::int64_t it = progress_.iteration;
+  if (cfg_.log_timers_to_tensorboard) {
+    tb_->add_scalar("iteration-time", avg_ms / 1e3, it);
+    if (cfg_.log_throughput) tb_->add_scalar("throughput", tflops, it);
+  }
+  log::info(iteration_log_line({.megatron_deepspeed = cfg_.megatron_deepspeed_log,
+                                .log_throughput = cfg_.log_throughput,
+                                .iteration = it,
+                                .train_iters = cfg_.train_iters,
+                                .consumed_samples = progress_.consumed,
+                                .consumed_tokens = progress_.consumed * T_,
+                                .iter_ms = avg_ms,
+                                .tflops_per_rank = tflops,
+                                .lr = r.lr,
+                                .global_batch_size = r.batch.running_global_batch_size,
+                                .lm_loss = avg_loss,
+                                .loss_scale = r.used_scale,
+                                .grad_norm = cfg_.adamw.clip_grad > 0
+                                                 ? std::optional<double>(r.step.grad_norm)
+                                                 : std::nullopt,
+                                .skipped = s.skipped,
+                                .nan = s.nan,
+                                .samples_per_s = s.tokens / static_cast<double>(T_) / (s.ms / 1e3),
+                                .seq_length = T_}));
+  nlohmann::json record = {{"iteration", it},
+                           {"consumed_samples", progress_.consumed},
+                           {"lm_loss", s.loss_all / iters},
+                           {"lr", r.lr},
+                           {"grad_norm", r.step.grad_norm},
+                           {"iter_ms", avg_ms},
+                           {"iter_cpu_ms", (process_cpu_ms() - s.cpu0) / iters},
+                           {"tokens_per_s", tokens_per_s},
+                           {"tflops", tflops},
+                           {"mfu", tflops / peak_tflops_},
+                           {"skipped_iterations", progress_.skipped_iters},
+                           {"nan_iterations", progress_.nan_iters},
+                           {"global_batch_size", r.batch.running_global_batch_size},
+                           {"loss_scale", r.used_scale}};
+  // Data-parallel traffic this rank sent per iteration (ring-algorithm bytes).
+  record["dp_comm_bytes_per_iteration"] = optimizer_->comm().dp_bytes / iters;
+  optimizer_->reset_comm();
+  offload_report_->interval(record, s.iters);
+  if (layout_.tp_size > 1) {
+    record["tp_comm_bytes_per_iteration"] = tp_traffic_.bytes / iters;
+    record["tp_all_reduces_per_iteration"] = static_cast<double>(tp_traffic_.all_reduces) / iters;
+    record["tp_all_gathers_per_iteration"] = static_cast<double>(tp_traffic_.all_gathers) / iters;
+    record["tp_reduce_scatters_per_iteration"] =
+        static_cast<double>(tp_traffic_.reduce_scatters) / iters;
+    tp_traffic_ = {};
+  }
+  if (layout_.pp_size > 1) {
+    record["pipeline_idle_fraction"] = idle;
+    std::string text;
+    for (double f : idle) text += core::str(text.empty() ? "" : " ", f);
+    log::info("pipeline: idle fraction per stage [", text, "] (",
+              pipeline_schedule_name(schedule_kind_), ", ", micro_batches_, " micro-batches)");
+  }
+  metrics_->write(record);
+  interval_ = IntervalStats{};
+}
+
+// Evaluation continues through the validation set (consumed_valid_samples), as Megatron's
+// validation iterator does, at the full global batch size.
+void Trainer::evaluate(std::int64_t it, const char* suffix, bool test) {
+  const data::SampleDataset* eval_ds = test ? datasets_.test.get() : datasets_.valid.get();
+  if (!eval_ds || cfg_.eval_iters == 0) return;
+  std::int64_t test_consumed = 0;
+  std::int64_t& eval_consumed = test ? test_consumed : progress_.consumed_valid;
+  const model::TpTraffic training_traffic = tp_traffic_;  // evaluation is not counted
+  model::LossSum total;
+  const std::int64_t eval_micro = cfg_.global_batch_size / (B_ * dp_);
+  for (std::int64_t e = 0; e < cfg_.eval_iters; ++e) {
+    const model::LossSum l =
+        executor_->evaluate(ctx_, optimizer_->views(), static_cast<int>(eval_micro),
+                            micro_batches_of(*eval_ds, eval_consumed, it));
+    eval_consumed += cfg_.global_batch_size;
+    total.sum += l.sum;
+    total.count += l.count;
+  }
+  const double loss = global_loss(total);
+  const double ppl = std::exp(std::min(loss, 20.0));
+  // Megatron's lines: dashes, the result, dashes.
+  const std::string line =
+      str(" validation loss at iteration ", it, suffix, " | lm loss value: ", fmt_e(loss),
+          " | lm loss PPL: ", fmt_e(ppl), " | ");
+  log::info(std::string(line.size() + 1, '-'));
+  log::info(line);
+  log::info(std::string(line.size() + 1, '-'));
+  metrics_->write(
+      {{"iteration", it}, {"split", test ? "test" : "valid"}, {"lm_loss", loss}, {"ppl", ppl}});
+  if (!test) {
+    tb_->add_scalar("lm loss validation", loss, it);
+    tb_->add_scalar("lm loss validation vs samples", loss, progress_.consumed);
+    if (cfg_.log_validation_ppl_to_tensorboard) {
+      tb_->add_scalar("lm loss validation ppl", ppl, it);
+      tb_->add_scalar("lm loss validation ppl vs samples", ppl, progress_.consumed);
+    }
+  }
+  tp_traffic_ = training_traffic;
+}
+
+void Trainer::save(std::int64_t it) {
+  if (cfg_.save.empty()) return;
+  state_.iteration = it;
+  state_.consumed_train_samples = progress_.consumed;
+  state_.consumed_valid_samples = progress_.consumed_valid;
+  const optim::LossScaler::State ls = scaler_->state();
+  const optim::MegatronLrScheduler::State lr = lr_sched_->state();
+  state_.trainer_state = {{"loss_scale", ls.scale},
+                          {"growth_tracker", ls.growth_tracker},
+                          {"hysteresis_tracker", ls.hysteresis_tracker},
+                          {"skipped_iterations", progress_.skipped_iters},
+                          {"nan_iterations", progress_.nan_iters},
+                          {"lr_num_steps", lr.num_steps},
+                          {"lr_num_tokens", lr.num_tokens}};
+  if (lr.warmup_tokens) state_.trainer_state["lr_warmup_tokens"] = *lr.warmup_tokens;
+  const double blocked = saver_->save(state_, world_);
+  optimizer_->checkpoint_io_done(/*written=*/false);
+  log::info("ckpt: ", cfg_.async_save ? "started saving" : "saved", " iteration ", it, " to ",
+            cfg_.save, " (training blocked ", blocked, " ms", cfg_.async_save ? ", async" : "",
+            ")");
+}
+
+// The exit code of a clean stop after this iteration (0: go on): a signal, the duration or the
+// kill switch (collective), --exit-interval; never at the last iteration.
+int Trainer::stop_code() {
+  int stop = stops_->check(world_);
+  if (stop == 0 && cfg_.exit_interval > 0 && progress_.iteration % cfg_.exit_interval == 0)
+    stop = kExitIntervalStop;
+  if (progress_.iteration == cfg_.train_iters) stop = 0;  // done anyway
+  return stop;
+}
+
+}  // namespace
+
+int run_training(TrainConfig cfg, comm::Communicator& world) {
+  Trainer trainer(std::move(cfg), world);
+  return trainer.run();
 }
 
 }  // namespace trident::train

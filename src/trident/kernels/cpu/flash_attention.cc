@@ -1,8 +1,11 @@
 // CPU flash attention: OpenMP over (batch, head, query block); each task streams the causal key
 // blocks with an online softmax, so memory is O(T) per head instead of O(T^2). See
 // flash_attention.h for the math and the dropout indexing.
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
+#include <span>
 #include <vector>
 
 #include "trident/core/error.h"
@@ -49,14 +52,18 @@ void flash_attention_forward(const core::ExecContext& ctx, const FlashAttentionF
   check_dropout("flash_attention_forward", a.dropout);
   const std::int64_t num_qb = (g.T + kBq - 1) / kBq;
   const float keep_scale = 1.0f / (1.0f - a.dropout.p);
-#pragma omp parallel num_threads(detail::num_threads(ctx))
+  // Per-thread working rows from the context's workspace (grown, never shrunk): no allocation
+  // once warm.
+  const int threads = detail::num_threads(ctx);
+  core::Workspace& ws = ctx.scratch();
+  ws.prepare(threads, 4);
+#pragma omp parallel num_threads(threads)
   {
-    // Per-thread working rows, kept across calls (grown, never shrunk): no allocation once warm.
-    thread_local std::vector<float> s, acc, m, l;
-    s.resize(static_cast<std::size_t>(kBq * kBk));
-    acc.resize(static_cast<std::size_t>(kBq * g.HS));
-    m.resize(kBq);
-    l.resize(kBq);
+    const int t = omp_get_thread_num();
+    const auto n_s = static_cast<std::size_t>(kBq * kBk),
+               n_acc = static_cast<std::size_t>(kBq * g.HS);
+    const std::span<float> s(ws.floats(t, 0, n_s), n_s), acc(ws.floats(t, 1, n_acc), n_acc);
+    const std::span<float> m(ws.floats(t, 2, kBq), kBq), l(ws.floats(t, 3, kBq), kBq);
 #pragma omp for collapse(3) schedule(dynamic)
     for (std::int64_t b = 0; b < g.B; ++b) {
       for (std::int64_t h = 0; h < g.NH; ++h) {
@@ -137,10 +144,13 @@ void flash_attention_backward(const core::ExecContext& ctx, const FlashAttention
   const float keep_scale = 1.0f / (1.0f - a.dropout.p);
   // One task per (b, h): d_k and d_v of a key gather contributions from every later query, so
   // splitting queries across threads would need atomics; heads give enough parallelism.
-#pragma omp parallel num_threads(detail::num_threads(ctx))
+  const int threads = detail::num_threads(ctx);
+  core::Workspace& ws = ctx.scratch();
+  ws.prepare(threads, 1);
+#pragma omp parallel num_threads(threads)
   {
-    thread_local std::vector<float> delta;  // per-thread, kept across calls
-    delta.resize(static_cast<std::size_t>(g.T));
+    const auto n_delta = static_cast<std::size_t>(g.T);
+    const std::span<float> delta(ws.floats(omp_get_thread_num(), 0, n_delta), n_delta);
 #pragma omp for collapse(2) schedule(dynamic)
     for (std::int64_t b = 0; b < g.B; ++b) {
       for (std::int64_t h = 0; h < g.NH; ++h) {

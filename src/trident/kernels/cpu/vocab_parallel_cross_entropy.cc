@@ -59,8 +59,8 @@ void vocab_parallel_ce_loss(const core::ExecContext& ctx, const VocabParallelCeL
   }
 }
 
-TokenLossSum sum_token_losses(const core::ExecContext& ctx, const float* losses,
-                              const std::int32_t* targets, std::int64_t rows) {
+TokenLossSum sum_token_losses(const core::ExecContext& /*ctx: serial, in row order*/,
+                              const float* losses, const std::int32_t* targets, std::int64_t rows) {
   TokenLossSum out;  // in row order: the sum is part of the logged (and compared) loss
   for (std::int64_t i = 0; i < rows; ++i) {
     if (targets[i] < 0) continue;
