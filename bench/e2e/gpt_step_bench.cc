@@ -1,6 +1,9 @@
 // One training step of a GPT (forward + loss, zeroing gradients, backward, clipping norm, AdamW)
 // timed in trident, with the same span and settings as bench/e2e/torch_gpt_step.py, so that
-// bench/e2e/run_step_bench.sh can put the two side by side. Prints one JSON line.
+// bench/e2e/run_step_bench.py can put the two side by side. Prints one JSON line. --profile also
+// prints, to stderr, the per-op table of the timed steps from trident's own timers
+// (core/profile.h): time per step, share, achieved GFLOP/s (GEMM, attention) or GB/s (memory-bound
+// ops, minimum traffic), by op and GEMM shape and by kind (docs/cpu-performance.md).
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
@@ -11,6 +14,7 @@
 #include <vector>
 
 #include "trident/core/arena.h"
+#include "trident/core/profile.h"
 #include "trident/core/timer.h"
 #include "trident/kernels/bf16.h"
 #include "trident/kernels/elementwise.h"
@@ -19,6 +23,67 @@
 #include "trident/optim/adamw_optimizer.h"
 
 using namespace trident;
+
+namespace {
+
+// Prints the per-op table of the profiled steps to stderr; returns it as JSON.
+nlohmann::json profile_table(const std::vector<double>& ms, int steps) {
+  namespace prof = core::profile;
+  const std::vector<prof::Entry> entries = prof::entries();
+  double total_ms = 0;
+  for (double x : ms) total_ms += x;
+  const double step_ms = total_ms / steps;
+  auto rate = [](const prof::Entry& e) {
+    if (e.seconds <= 0) return std::string("");
+    char buf[64];
+    if (e.flops > 0) {
+      std::snprintf(buf, sizeof buf, "%.1f GFLOP/s", e.flops / e.seconds / 1e9);
+    } else if (e.bytes > 0) {
+      std::snprintf(buf, sizeof buf, "%.1f GB/s", e.bytes / e.seconds / 1e9);
+    } else {
+      return std::string("");
+    }
+    return std::string(buf);
+  };
+  nlohmann::json rows = nlohmann::json::array();
+  std::fprintf(stderr,
+               "| op (GEMM: rows x out x in) | kind | calls/step | ms/step | share | rate |\n");
+  std::fprintf(stderr, "|---|---|---:|---:|---:|---:|\n");
+  std::vector<prof::Entry> kinds(6);
+  double tracked_ms = 0;
+  for (const prof::Entry& e : entries) {
+    const double e_ms = e.seconds * 1e3 / steps;
+    tracked_ms += e_ms;
+    prof::Entry& k = kinds[static_cast<std::size_t>(e.kind)];
+    k.kind = e.kind;
+    k.calls += e.calls;
+    k.seconds += e.seconds;
+    k.flops += e.flops;
+    k.bytes += e.bytes;
+    std::fprintf(stderr, "| %s | %s | %.0f | %.1f | %.1f%% | %s |\n", e.name.c_str(),
+                 prof::kind_name(e.kind), static_cast<double>(e.calls) / steps, e_ms,
+                 100.0 * e_ms / step_ms, rate(e).c_str());
+    rows.push_back({{"op", e.name},
+                    {"kind", prof::kind_name(e.kind)},
+                    {"calls", e.calls},
+                    {"seconds", e.seconds},
+                    {"flops", e.flops},
+                    {"bytes", e.bytes}});
+  }
+  std::fprintf(stderr, "\n| kind | ms/step | share | rate |\n|---|---:|---:|---:|\n");
+  for (const prof::Entry& k : kinds) {
+    if (k.calls == 0) continue;
+    const double k_ms = k.seconds * 1e3 / steps;
+    std::fprintf(stderr, "| %s | %.1f | %.1f%% | %s |\n", prof::kind_name(k.kind), k_ms,
+                 100.0 * k_ms / step_ms, rate(k).c_str());
+  }
+  std::fprintf(stderr, "| not in a kernel (glue, memset of gradients) | %.1f | %.1f%% | |\n",
+               step_ms - tracked_ms, 100.0 * (step_ms - tracked_ms) / step_ms);
+  std::fprintf(stderr, "| step | %.1f | 100%% | |\n", step_ms);
+  return {{"step_ms_mean", step_ms}, {"ops", rows}};
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   model::ModelConfig mc;
@@ -38,6 +103,8 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup)->capture_default_str();
   app.add_option("--steps", steps)->capture_default_str();
   app.add_flag("--bf16", bf16, "BF16 mixed precision (as trident train --bf16)");
+  bool profile = false;
+  app.add_flag("--profile", profile, "per-op time table of the timed steps (stderr, and JSON)");
   CLI11_PARSE(app, argc, argv);
 
   const core::ExecContext ctx;
@@ -65,6 +132,7 @@ int main(int argc, char** argv) {
   std::vector<double> ms;
   double loss = 0;
   for (int s = 0; s < warmup + steps; ++s) {
+    if (profile && s == warmup) core::profile::set_enabled(true);
     core::Timer t;
     if (bf16) kernels::convert_f32_to_bf16(ctx, p16.data(), p.data(), n);
     model::gpt_forward(ctx, mc, rt, params, tokens.data(), acts);
@@ -78,6 +146,7 @@ int main(int argc, char** argv) {
     loss = l.sum / static_cast<double>(l.count);
     if (s >= warmup) ms.push_back(t.elapsed_ms());
   }
+  core::profile::set_enabled(false);
   std::vector<double> sorted = ms;
   std::sort(sorted.begin(), sorted.end());
   const double median = sorted[sorted.size() / 2];
@@ -88,6 +157,7 @@ int main(int argc, char** argv) {
                         {"tokens_per_s", static_cast<double>(BT) / (median / 1e3)},
                         {"loss", loss},
                         {"params", table.num_parameters()}};
+  if (profile) out["profile"] = profile_table(ms, steps);
   std::printf("%s\n", out.dump().c_str());
   return 0;
 }

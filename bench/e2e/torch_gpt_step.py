@@ -1,6 +1,8 @@
 # PyTorch baseline for trident's end-to-end step benchmark: one GPT-2 training step (forward + loss,
 # zero_grad, backward, AdamW) timed the way /work/shared/reference/cpu-baselines.md §2 did it.
-# Prints one JSON line. Run with Debian's /usr/bin/python3 (python3-torch 1.13), e.g.
+# Prints one JSON line. Run with Debian's /usr/bin/python3 (python3-torch 1.13), or with the
+# current PyTorch of bench/setup-peer-venv (/opt/trident-bench-venv/bin/python, PyTorch 2.15:
+# scaled_dot_product_attention, fused AdamW, --compile for torch.compile), e.g.
 #   /usr/bin/python3 bench/e2e/torch_gpt_step.py --num-layers 12 --hidden-size 768 \
 #       --num-attention-heads 12 --vocab-size 50257 --micro-batch-size 4 --seq-length 64 --threads 2
 """Time full GPT-2 training steps in PyTorch (fp32, or bf16 autocast around forward and loss)."""
@@ -28,6 +30,13 @@ def parse_args(argv):
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
                     help="bf16 = torch.autocast('cpu', bfloat16) around forward and loss; "
                          "fp32 master weights and AdamW either way")
+    ap.add_argument("--compile", action="store_true",
+                    help="torch.compile the model (PyTorch >= 2; inductor's C++ CPU code)")
+    ap.add_argument("--fused-adamw", choices=["auto", "on", "off"], default="auto",
+                    help="AdamW(fused=True): auto = on where the PyTorch has it (>= 2.4)")
+    ap.add_argument("--attention", choices=["auto", "sdpa", "manual"], default="auto",
+                    help="sdpa = F.scaled_dot_product_attention(is_causal=True); auto = sdpa where "
+                         "the PyTorch has it (>= 2.0), else the manual masked softmax")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--lr", type=float, default=1e-4)
@@ -113,6 +122,7 @@ def cpu_model():
 
 def build_model(torch, args):
     nn, F = torch.nn, torch.nn.functional
+    use_sdpa = args.attention == "sdpa"
     C, NH, L = args.hidden_size, args.num_attention_heads, args.num_layers
 
     class Block(nn.Module):
@@ -131,6 +141,9 @@ def build_model(torch, args):
             B, T, _ = x.shape
             q, k, v = self.c_attn(x).split(C, dim=2)
             q, k, v = (t.view(B, T, NH, C // NH).transpose(1, 2) for t in (q, k, v))
+            if use_sdpa:
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(C // NH))
             att = att.masked_fill(self.mask[:T, :T] == 0, float("-inf"))
             y = F.softmax(att, dim=-1) @ v
@@ -185,9 +198,23 @@ def main(argv):
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
+    major = int(torch.__version__.split(".")[0])
+    if args.attention == "auto":
+        args.attention = "sdpa" if hasattr(torch.nn.functional, "scaled_dot_product_attention") \
+            else "manual"
     model = build_model(torch, args)
+    fused = {"on": True, "off": False}.get(args.fused_adamw)
+    if fused is None:
+        minor = int(torch.__version__.split(".")[1])
+        fused = (major, minor) >= (2, 4)
+    opt_kw = {"fused": True} if fused else {}
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.999), eps=1e-8,
-                            weight_decay=args.weight_decay)
+                            weight_decay=args.weight_decay, **opt_kw)
+    if args.compile:
+        if not hasattr(torch, "compile"):
+            sys.exit(f"--compile needs PyTorch >= 2 (this is {torch.__version__}); use the venv "
+                     "of bench/setup-peer-venv")
+        model = torch.compile(model)
     B, T, V = args.micro_batch_size, args.seq_length, args.vocab_size
     total = args.warmup + args.steps
     batches = [(torch.randint(0, V, (B, T)), torch.randint(0, V, (B, T))) for _ in range(total)]
@@ -254,6 +281,11 @@ def main(argv):
         "attempts": attempt,
         "was_idle_before": was_idle,
         "torch": torch.__version__,
+        "compile": args.compile,
+        "fused_adamw": fused,
+        "attention": args.attention,
+        # Peak resident set of this process (KiB on Linux), model build and warm-up included.
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "cpu": cpu_model(),
     }))
     return 0

@@ -2,6 +2,7 @@
 // kernels/cpu/adamw.cc (one per instruction-set variant), the reference in kernels/ref/.
 #include "trident/kernels/adamw.h"
 
+#include "trident/core/profile.h"
 #include "trident/kernels/backend.h"
 #ifdef TRIDENT_HAVE_CUDA
 #include "trident/kernels/cuda/cuda_ops.h"
@@ -10,6 +11,8 @@
 namespace trident::kernels {
 
 void adamw_update(const core::ExecContext& ctx, const AdamWHyper& hp, const AdamWArgs& args) {
+  const core::profile::Scope prof(core::profile::Kind::kOptimizer, "adamw_update", 0,
+                                  4.0 * 7 * args.n);
   switch (ctx.device.kind) {
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).adamw_update(ctx, hp, args);

@@ -2,6 +2,7 @@
 // kernels/cpu/attention.cc (one per instruction-set variant), the reference in kernels/ref/.
 #include "trident/kernels/attention.h"
 
+#include "trident/core/profile.h"
 #include "trident/kernels/backend.h"
 #ifdef TRIDENT_HAVE_CUDA
 #include "trident/kernels/cuda/cuda_ops.h"
@@ -10,6 +11,9 @@
 namespace trident::kernels {
 
 void attention_forward(const core::ExecContext& ctx, const AttentionForwardArgs& args) {
+  const core::profile::Scope prof(
+      core::profile::Kind::kAttention, "attention_forward",
+      2.0 * args.batch * args.seq_len * args.seq_len * args.num_heads * args.head_dim, 0);
   switch (ctx.device.kind) {
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).attention_forward(ctx, args);
@@ -23,6 +27,9 @@ void attention_forward(const core::ExecContext& ctx, const AttentionForwardArgs&
 }
 
 void attention_backward(const core::ExecContext& ctx, const AttentionBackwardArgs& args) {
+  const core::profile::Scope prof(
+      core::profile::Kind::kAttention, "attention_backward",
+      4.0 * args.batch * args.seq_len * args.seq_len * args.num_heads * args.head_dim, 0);
   switch (ctx.device.kind) {
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).attention_backward(ctx, args);

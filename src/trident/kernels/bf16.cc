@@ -7,6 +7,7 @@
 
 #include <bit>
 
+#include "trident/core/profile.h"
 #include "trident/kernels/backend.h"
 #ifdef TRIDENT_HAVE_CUDA
 #include "trident/kernels/cuda/cuda_ops.h"
@@ -79,6 +80,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void f32_to_bf16
 
 void convert_f32_to_bf16(const core::ExecContext& ctx, core::bf16* dst, const float* src,
                          std::int64_t n) {
+  const core::profile::Scope prof(core::profile::Kind::kMemory, "convert_f32_to_bf16", 0, 6.0 * n);
   switch (ctx.device.kind) {
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).convert_f32_to_bf16(ctx, dst, src, n);
@@ -93,6 +95,7 @@ void convert_f32_to_bf16(const core::ExecContext& ctx, core::bf16* dst, const fl
 
 void convert_bf16_to_f32(const core::ExecContext& ctx, float* dst, const core::bf16* src,
                          std::int64_t n) {
+  const core::profile::Scope prof(core::profile::Kind::kMemory, "convert_bf16_to_f32", 0, 6.0 * n);
   switch (ctx.device.kind) {
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).convert_bf16_to_f32(ctx, dst, src, n);

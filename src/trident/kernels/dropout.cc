@@ -2,11 +2,13 @@
 // instruction-set variant), the reference in kernels/ref/.
 #include "trident/kernels/dropout.h"
 
+#include "trident/core/profile.h"
 #include "trident/kernels/backend.h"
 
 namespace trident::kernels {
 
 void hidden_dropout(const core::ExecContext& ctx, const HiddenDropoutArgs& args) {
+  const core::profile::Scope prof(core::profile::Kind::kMemory, "hidden_dropout");
   switch (ctx.device.kind) {
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).hidden_dropout(ctx, args);

@@ -2,6 +2,7 @@
 // kernels/cpu/elementwise.cc (one per instruction-set variant), the reference in kernels/ref/.
 #include "trident/kernels/elementwise.h"
 
+#include "trident/core/profile.h"
 #include "trident/kernels/backend.h"
 #ifdef TRIDENT_HAVE_CUDA
 #include "trident/kernels/cuda/cuda_ops.h"
@@ -10,6 +11,7 @@
 namespace trident::kernels {
 
 void gelu_forward(const core::ExecContext& ctx, float* out, const float* in, std::int64_t n) {
+  const core::profile::Scope prof(core::profile::Kind::kMemory, "gelu_forward", 0, 4.0 * 2 * n);
   switch (ctx.device.kind) {
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).gelu_forward(ctx, out, in, n);
@@ -24,6 +26,7 @@ void gelu_forward(const core::ExecContext& ctx, float* out, const float* in, std
 
 void gelu_backward(const core::ExecContext& ctx, float* d_in, const float* d_out, const float* in,
                    std::int64_t n) {
+  const core::profile::Scope prof(core::profile::Kind::kMemory, "gelu_backward", 0, 4.0 * 3 * n);
   switch (ctx.device.kind) {
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).gelu_backward(ctx, d_in, d_out, in, n);
@@ -38,6 +41,7 @@ void gelu_backward(const core::ExecContext& ctx, float* d_in, const float* d_out
 
 void add_forward(const core::ExecContext& ctx, float* out, const float* a, const float* b,
                  std::int64_t n) {
+  const core::profile::Scope prof(core::profile::Kind::kMemory, "add_forward", 0, 4.0 * 3 * n);
   switch (ctx.device.kind) {
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).add_forward(ctx, out, a, b, n);
@@ -51,6 +55,7 @@ void add_forward(const core::ExecContext& ctx, float* out, const float* a, const
 }
 
 void scale_inplace(const core::ExecContext& ctx, float* x, float s, std::int64_t n) {
+  const core::profile::Scope prof(core::profile::Kind::kOptimizer, "scale_inplace", 0, 4.0 * 2 * n);
   switch (ctx.device.kind) {
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).scale_inplace(ctx, x, s, n);
@@ -64,6 +69,7 @@ void scale_inplace(const core::ExecContext& ctx, float* x, float s, std::int64_t
 }
 
 double sum_squares(const core::ExecContext& ctx, const float* x, std::int64_t n) {
+  const core::profile::Scope prof(core::profile::Kind::kOptimizer, "sum_squares", 0, 4.0 * n);
   switch (ctx.device.kind) {
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).sum_squares(ctx, x, n);
@@ -78,6 +84,7 @@ double sum_squares(const core::ExecContext& ctx, const float* x, std::int64_t n)
 }
 
 bool all_finite(const core::ExecContext& ctx, const float* x, std::int64_t n) {
+  const core::profile::Scope prof(core::profile::Kind::kOptimizer, "all_finite", 0, 4.0 * n);
   switch (ctx.device.kind) {
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).all_finite(ctx, x, n);

@@ -2,6 +2,7 @@
 // kernels/cpu/embedding.cc (one per instruction-set variant), the reference in kernels/ref/.
 #include "trident/kernels/embedding.h"
 
+#include "trident/core/profile.h"
 #include "trident/kernels/backend.h"
 #ifdef TRIDENT_HAVE_CUDA
 #include "trident/kernels/cuda/cuda_ops.h"
@@ -10,6 +11,8 @@
 namespace trident::kernels {
 
 void embedding_forward(const core::ExecContext& ctx, const EmbeddingForwardArgs& args) {
+  const core::profile::Scope prof(core::profile::Kind::kMemory, "embedding_forward", 0,
+                                  4.0 * 3 * args.batch * args.seq_len * args.hidden);
   switch (ctx.device.kind) {
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).embedding_forward(ctx, args);
@@ -23,6 +26,8 @@ void embedding_forward(const core::ExecContext& ctx, const EmbeddingForwardArgs&
 }
 
 void embedding_backward(const core::ExecContext& ctx, const EmbeddingBackwardArgs& args) {
+  const core::profile::Scope prof(core::profile::Kind::kMemory, "embedding_backward", 0,
+                                  4.0 * 3 * args.batch * args.seq_len * args.hidden);
   switch (ctx.device.kind) {
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).embedding_backward(ctx, args);

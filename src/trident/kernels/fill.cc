@@ -2,6 +2,7 @@
 // variant), the reference in kernels/ref/fill_ref.cc.
 #include "trident/kernels/fill.h"
 
+#include "trident/core/profile.h"
 #include "trident/kernels/backend.h"
 #ifdef TRIDENT_HAVE_CUDA
 #include "trident/kernels/cuda/cuda_ops.h"
@@ -10,6 +11,7 @@
 namespace trident::kernels {
 
 void fill(const core::ExecContext& ctx, const FillArgs& args) {
+  const core::profile::Scope prof(core::profile::Kind::kMemory, "fill");
   switch (ctx.device.kind) {
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).fill(ctx, args);
@@ -23,6 +25,7 @@ void fill(const core::ExecContext& ctx, const FillArgs& args) {
 }
 
 void copy(const core::ExecContext& ctx, const CopyArgs& args) {
+  const core::profile::Scope prof(core::profile::Kind::kMemory, "copy");
   switch (ctx.device.kind) {
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).copy(ctx, args);

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "trident/core/error.h"
+#include "trident/core/profile.h"
 #include "trident/core/rng.h"
 #include "trident/kernels/backend.h"
 #ifdef TRIDENT_HAVE_CUDA
@@ -40,6 +41,7 @@ void alibi_slopes(std::int64_t n, float* slopes) {
 }
 
 void flash_attention_forward(const core::ExecContext& ctx, const FlashAttentionForwardArgs& args) {
+  const core::profile::Scope prof(core::profile::Kind::kAttention, "flash_attention_forward");
   switch (ctx.device.kind) {
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).flash_attention_forward(ctx, args);
@@ -54,6 +56,7 @@ void flash_attention_forward(const core::ExecContext& ctx, const FlashAttentionF
 
 void flash_attention_backward(const core::ExecContext& ctx,
                               const FlashAttentionBackwardArgs& args) {
+  const core::profile::Scope prof(core::profile::Kind::kAttention, "flash_attention_backward");
   switch (ctx.device.kind) {
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).flash_attention_backward(ctx, args);

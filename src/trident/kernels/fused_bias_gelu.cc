@@ -3,6 +3,7 @@
 #include "trident/kernels/fused_bias_gelu.h"
 
 #include "trident/core/error.h"
+#include "trident/core/profile.h"
 #include "trident/kernels/backend.h"
 #ifdef TRIDENT_HAVE_CUDA
 #include "trident/kernels/cuda/cuda_ops.h"
@@ -19,6 +20,8 @@ std::int64_t bias_gelu_backward_scratch_bytes(std::int64_t rows, std::int64_t co
 }
 
 void bias_gelu_forward(const core::ExecContext& ctx, const BiasGeluForwardArgs& args) {
+  const core::profile::Scope prof(core::profile::Kind::kMemory, "bias_gelu_forward", 0,
+                                  4.0 * 2 * args.rows * args.cols);
   switch (ctx.device.kind) {
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).bias_gelu_forward(ctx, args);
@@ -32,6 +35,8 @@ void bias_gelu_forward(const core::ExecContext& ctx, const BiasGeluForwardArgs& 
 }
 
 void bias_gelu_backward(const core::ExecContext& ctx, const BiasGeluBackwardArgs& args) {
+  const core::profile::Scope prof(core::profile::Kind::kMemory, "bias_gelu_backward", 0,
+                                  4.0 * 3 * args.rows * args.cols);
   switch (ctx.device.kind) {
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).bias_gelu_backward(ctx, args);

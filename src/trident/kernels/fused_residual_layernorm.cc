@@ -4,6 +4,7 @@
 #include "trident/kernels/fused_residual_layernorm.h"
 
 #include "trident/core/error.h"
+#include "trident/core/profile.h"
 #include "trident/kernels/backend.h"
 #ifdef TRIDENT_HAVE_CUDA
 #include "trident/kernels/cuda/cuda_ops.h"
@@ -21,6 +22,8 @@ std::int64_t residual_layernorm_backward_scratch_bytes(std::int64_t rows, std::i
 
 void residual_layernorm_forward(const core::ExecContext& ctx,
                                 const ResidualLayerNormForwardArgs& args) {
+  const core::profile::Scope prof(core::profile::Kind::kMemory, "residual_layernorm_forward", 0,
+                                  4.0 * 4 * args.rows * args.cols);
   switch (ctx.device.kind) {
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).residual_layernorm_forward(ctx, args);
@@ -35,6 +38,8 @@ void residual_layernorm_forward(const core::ExecContext& ctx,
 
 void residual_layernorm_backward(const core::ExecContext& ctx,
                                  const ResidualLayerNormBackwardArgs& args) {
+  const core::profile::Scope prof(core::profile::Kind::kMemory, "residual_layernorm_backward", 0,
+                                  4.0 * 4 * args.rows * args.cols);
   switch (ctx.device.kind) {
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).residual_layernorm_backward(ctx, args);

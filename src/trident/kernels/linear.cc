@@ -3,6 +3,7 @@
 #include "trident/kernels/linear.h"
 
 #include "trident/core/error.h"
+#include "trident/core/profile.h"
 #include "trident/kernels/backend.h"
 #include "trident/kernels/matmul.h"
 #include "trident/kernels/matmul_bf16.h"
@@ -97,6 +98,9 @@ void linear(const core::ExecContext& ctx, const LinearViews& v) {
   check_view(op, "in", v.in, wt, {s.rows, s.in_features}, ctx);
   check_view(op, "out", v.out, core::DType::kF32, {s.rows, s.out_features}, ctx);
   if (!v.bias.empty()) check_view(op, "bias", v.bias, core::DType::kF32, {s.out_features}, ctx);
+  const core::profile::Scope prof(
+      core::profile::Kind::kGemm, wt == core::DType::kBF16 ? "linear bf16" : "linear fp32",
+      2.0 * s.rows * s.in_features * s.out_features, 0, s.rows, s.out_features, s.in_features);
   switch (ctx.device.kind) {
     case core::DeviceKind::kCpu:
       return cpu_linear(ctx, v, s);
@@ -119,6 +123,12 @@ void linear_backward(const core::ExecContext& ctx, const LinearBackwardViews& v)
   if (wt == core::DType::kBF16) {
     check_view(op, "d_out_bf16", v.d_out_bf16, core::DType::kBF16, {s.rows, s.out_features}, ctx);
   }
+  // Two products: d_in (rows x in, over out) unless d_in is null, d_weight (out x in, over rows).
+  const double product = 2.0 * s.rows * s.in_features * s.out_features;
+  const core::profile::Scope prof(
+      core::profile::Kind::kGemm,
+      wt == core::DType::kBF16 ? "linear_backward bf16" : "linear_backward fp32",
+      v.d_in.empty() ? product : 2 * product, 0, s.rows, s.out_features, s.in_features);
   switch (ctx.device.kind) {
     case core::DeviceKind::kCpu:
       return cpu_linear_backward(ctx, v, s);

@@ -3,11 +3,13 @@
 // kernels/ref/.
 #include "trident/kernels/vocab_parallel_cross_entropy.h"
 
+#include "trident/core/profile.h"
 #include "trident/kernels/backend.h"
 
 namespace trident::kernels {
 
 void vocab_parallel_ce_max(const core::ExecContext& ctx, const VocabParallelCeMaxArgs& args) {
+  const core::profile::Scope prof(core::profile::Kind::kLoss, "vocab_parallel_ce_max");
   switch (ctx.device.kind) {
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).vocab_parallel_ce_max(ctx, args);
@@ -18,6 +20,7 @@ void vocab_parallel_ce_max(const core::ExecContext& ctx, const VocabParallelCeMa
 
 void vocab_parallel_ce_sum_target(const core::ExecContext& ctx,
                                   const VocabParallelCeSumArgs& args) {
+  const core::profile::Scope prof(core::profile::Kind::kLoss, "vocab_parallel_ce_sum_target");
   switch (ctx.device.kind) {
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).vocab_parallel_ce_sum_target(ctx, args);
@@ -27,6 +30,7 @@ void vocab_parallel_ce_sum_target(const core::ExecContext& ctx,
 }
 
 void vocab_parallel_ce_loss(const core::ExecContext& ctx, const VocabParallelCeLossArgs& args) {
+  const core::profile::Scope prof(core::profile::Kind::kLoss, "vocab_parallel_ce_loss");
   switch (ctx.device.kind) {
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).vocab_parallel_ce_loss(ctx, args);
@@ -37,6 +41,7 @@ void vocab_parallel_ce_loss(const core::ExecContext& ctx, const VocabParallelCeL
 
 TokenLossSum sum_token_losses(const core::ExecContext& ctx, const float* losses,
                               const std::int32_t* targets, std::int64_t rows) {
+  const core::profile::Scope prof(core::profile::Kind::kLoss, "sum_token_losses");
   switch (ctx.device.kind) {
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).sum_token_losses(ctx, losses, targets, rows);
