@@ -1,11 +1,13 @@
 // Backend dispatch of rmsnorm.h; CPU bodies in kernels/cpu/rmsnorm.cc, reference in kernels/ref/.
 #include "trident/kernels/rmsnorm.h"
 
+#include "trident/core/profile.h"
 #include "trident/kernels/backend.h"
 
 namespace trident::kernels {
 
 void rmsnorm_forward(const core::ExecContext& ctx, const RmsNormForwardArgs& args) {
+  const core::profile::Scope prof(core::profile::Kind::kMemory, "rmsnorm_forward");
   switch (ctx.device.kind) {
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).rmsnorm_forward(ctx, args);
@@ -15,6 +17,7 @@ void rmsnorm_forward(const core::ExecContext& ctx, const RmsNormForwardArgs& arg
 }
 
 void rmsnorm_backward(const core::ExecContext& ctx, const RmsNormBackwardArgs& args) {
+  const core::profile::Scope prof(core::profile::Kind::kMemory, "rmsnorm_backward");
   switch (ctx.device.kind) {
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).rmsnorm_backward(ctx, args);

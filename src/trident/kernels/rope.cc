@@ -1,11 +1,13 @@
 // Backend dispatch of rope.h; CPU bodies in kernels/cpu/rope.cc, reference in kernels/ref/.
 #include "trident/kernels/rope.h"
 
+#include "trident/core/profile.h"
 #include "trident/kernels/backend.h"
 
 namespace trident::kernels {
 
 void rope_qkv_forward(const core::ExecContext& ctx, const RopeQkvForwardArgs& args) {
+  const core::profile::Scope prof(core::profile::Kind::kMemory, "rope_qkv_forward");
   switch (ctx.device.kind) {
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).rope_qkv_forward(ctx, args);
@@ -15,6 +17,7 @@ void rope_qkv_forward(const core::ExecContext& ctx, const RopeQkvForwardArgs& ar
 }
 
 void rope_qkv_backward(const core::ExecContext& ctx, const RopeQkvBackwardArgs& args) {
+  const core::profile::Scope prof(core::profile::Kind::kMemory, "rope_qkv_backward");
   switch (ctx.device.kind) {
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).rope_qkv_backward(ctx, args);
