@@ -12,8 +12,8 @@
 #include "trident/core/error.h"
 #include "trident/core/log.h"
 #include "trident/train/compat_flags.h"
-#include "trident/train/launch_env.h"
 #include "trident/train/exit_codes.h"
+#include "trident/train/launch_env.h"
 #include "trident/train/trainer.h"
 
 namespace trident::tools {

@@ -17,10 +17,10 @@
 namespace trident::kernels {
 
 struct LinearViews {
-  core::TensorView out{};            // (rows, out_features) f32, written (=)
-  core::TensorView in{};             // (rows, in_features), the weight's dtype
-  core::TensorView weight{};         // (out_features, in_features) f32 or bf16
-  core::TensorView bias{};           // (out_features) f32, or empty
+  core::TensorView out{};          // (rows, out_features) f32, written (=)
+  core::TensorView in{};           // (rows, in_features), the weight's dtype
+  core::TensorView weight{};       // (out_features, in_features) f32 or bf16
+  core::TensorView bias{};         // (out_features) f32, or empty
   std::span<std::byte> scratch{};  // BF16 weights: linear_bf16_scratch_bytes(...) bytes
 };
 void linear(const core::ExecContext& ctx, const LinearViews& v);

@@ -12,8 +12,8 @@
 
 #include "trident/model/config.h"
 #include "trident/optim/adamw_optimizer.h"
-#include "trident/optim/offload.h"
 #include "trident/optim/lr_schedule.h"
+#include "trident/optim/offload.h"
 
 namespace CLI {
 class App;
@@ -120,8 +120,8 @@ struct TrainConfig {
   std::string offload_io = "uring";
   double offload_window_mib = 48;
   bool offload_buffered = false;
-  optim::OffloadConfig offload;  // the above, parsed by finalize() (path: --offload-path)
-  std::string pipeline_schedule = "1f1b";     // gpipe, 1f1b, interleaved
+  optim::OffloadConfig offload;            // the above, parsed by finalize() (path: --offload-path)
+  std::string pipeline_schedule = "1f1b";  // gpipe, 1f1b, interleaved
   std::int64_t num_layers_per_virtual_pipeline_stage = 0;
   std::int64_t decoder_first_pipeline_num_layers = -1;
   std::int64_t decoder_last_pipeline_num_layers = -1;
