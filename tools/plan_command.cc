@@ -51,6 +51,7 @@ void set_vocab(train::TrainConfig& cfg) {
     cfg.model.vocab_size =
         cfg.null_tokenizer_vocab_size > 0 ? cfg.null_tokenizer_vocab_size : 50257;  // GPT-2's BPE
   }
+  cfg.resolve_loss_chunk_rows();
 }
 
 void run_plan(train::TrainConfig cfg, const PlanOptions& o) {

@@ -103,10 +103,15 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup)->capture_default_str();
   app.add_option("--steps", steps)->capture_default_str();
   app.add_flag("--bf16", bf16, "BF16 mixed precision (as trident train --bf16)");
+  std::int64_t loss_chunk_rows = -1;
+  app.add_option("--loss-chunk-rows", loss_chunk_rows,
+                 "as trident train: -1 auto, 0 materialise every row's logits")
+      ->capture_default_str();
   bool profile = false;
   app.add_flag("--profile", profile, "per-op time table of the timed steps (stderr, and JSON)");
   CLI11_PARSE(app, argc, argv);
 
+  mc.loss_chunk_rows = loss_chunk_rows < 0 ? mc.auto_loss_chunk_rows() : loss_chunk_rows;
   const core::ExecContext ctx;
   const model::ParamTable table = model::build_gpt_param_table(mc);
   const std::int64_t n = table.total_numel;
@@ -135,10 +140,13 @@ int main(int argc, char** argv) {
     if (profile && s == warmup) core::profile::set_enabled(true);
     core::Timer t;
     if (bf16) kernels::convert_f32_to_bf16(ctx, p16.data(), p.data(), n);
-    model::gpt_forward(ctx, mc, rt, params, tokens.data(), acts);
-    const model::LossSum l = model::gpt_loss(
-        ctx, mc, rt, labels.data(), 1.0f / static_cast<float>(BT), model::LossGrad::kCompute, acts);
+    // Gradients are zeroed before the forward: the chunked head accumulates the output layer's
+    // gradient in gpt_loss.
     std::memset(g.data(), 0, g.size() * sizeof(float));
+    model::gpt_forward(ctx, mc, rt, params, tokens.data(), acts);
+    const model::LossSum l =
+        model::gpt_loss(ctx, mc, rt, params, grads, labels.data(), 1.0f / static_cast<float>(BT),
+                        model::LossGrad::kCompute, acts);
     model::gpt_backward(ctx, mc, rt, params, grads, tokens.data(), acts);
     optim::adamw_step(
         ctx, table, adam, 1e-4, s + 1, 1.0f,
@@ -156,6 +164,8 @@ int main(int argc, char** argv) {
                         {"step_ms", ms},
                         {"tokens_per_s", static_cast<double>(BT) / (median / 1e3)},
                         {"loss", loss},
+                        {"loss_chunk_rows", mc.loss_chunk_rows},
+                        {"activation_bytes", acts.arena.capacity()},
                         {"params", table.num_parameters()}};
   if (profile) out["profile"] = profile_table(ms, steps);
   std::printf("%s\n", out.dump().c_str());

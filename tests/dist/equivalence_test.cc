@@ -300,6 +300,26 @@ TEST_F(Equivalence, Zero3ResumeIsBitwise) {
   for (std::size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "iteration " << i + 1;
 }
 
+// The chunked head (--loss-chunk-rows: output layer, loss and the output layer's backward a chunk
+// of rows at a time) against the reference's single chunk of all 32 rows (the auto size for this
+// vocabulary): chunks that do not divide the rows, under tp + SP and under a pipeline with ZeRO-3.
+TEST_F(Equivalence, ChunkedLossTensorParallel2SequenceParallel) {
+  expect_equivalent({"chunk5_tp2sp",
+                     2,
+                     {"--tensor-model-parallel-size 2 --sequence-parallel --loss-chunk-rows 5"},
+                     2});
+}
+TEST_F(Equivalence, ChunkedLossPipeline2Zero3) {
+  expect_equivalent({"chunk7_pp2dp2zero3",
+                     4,
+                     {"--pipeline-model-parallel-size 2 --zero-stage 3 --loss-chunk-rows 7 "
+                      "--pipeline-schedule gpipe"},
+                     1});
+}
+TEST_F(Equivalence, MaterialisedLogitsDataParallel2) {
+  expect_equivalent({"logits_dp2", 2, {"--loss-chunk-rows 0"}, 1});
+}
+
 // BF16 mixed precision in 3D and with ZeRO + sequence parallelism: the same losses as one BF16
 // process within 1e-4 relative over 10 iterations (measured up to 2e-5): BF16 rounding of operands
 // that differ in their last FP32 bits (other summation orders) can move by one BF16 ulp, and those
@@ -316,6 +336,11 @@ TEST_F(Equivalence, Bf16Layouts) {
         Layout{"bf16_tp2dp2zero2sp",
                4,
                {"--tensor-model-parallel-size 2 --zero-stage 2 --sequence-parallel"},
+               2,
+               bf16},
+        Layout{"bf16_tp2chunk5",
+               2,
+               {"--tensor-model-parallel-size 2 --loss-chunk-rows 5"},
                2,
                bf16}}) {
     ASSERT_EQ(train(l), 0) << l.name;

@@ -9,6 +9,15 @@ std::int64_t ModelConfig::padded_vocab_size(std::int64_t tp_size) const {
   return (vocab_size + multiple - 1) / multiple * multiple;
 }
 
+std::int64_t ModelConfig::auto_loss_chunk_rows() const {
+  // A power of two near 32 MiB of FP32 logits over the whole padded vocabulary (the same rows in
+  // every tp layout): 128 rows for GPT-2's 50304, clamped to [16, 4096].
+  const std::int64_t target = (std::int64_t{32} << 20) / (4 * padded_vocab_size());
+  std::int64_t rows = 16;
+  while (rows < 4096 && 2 * rows <= target) rows *= 2;
+  return rows;
+}
+
 void ModelConfig::validate() const {
   TRIDENT_CHECK(num_layers > 0, "--num-layers must be positive, got ", num_layers);
   TRIDENT_CHECK(hidden_size > 0, "--hidden-size must be positive, got ", hidden_size);

@@ -53,6 +53,10 @@ struct ModelConfig {
   Recompute recompute = Recompute::kNone;
   bool recompute_block = false;           // method block: the first recompute_num_layers layers
   std::int64_t recompute_num_layers = 1;  // of each stage; uniform: every layer (per layer)
+  // --loss-chunk-rows: the output layer and the loss run this many token rows at a time, fused
+  // (its backward follows each chunk's loss), so the (tokens x vocab) logits are never all in
+  // memory; 0 keeps every row's logits (generation and the golden tests read them).
+  std::int64_t loss_chunk_rows = 0;
 
   // Whether local layer `l` of a shard is fully recomputed.
   bool recomputes(std::int64_t l) const {
@@ -79,6 +83,8 @@ struct ModelConfig {
   bool tied_output() const { return !untie_embeddings_and_output_weights; }
   // Megatron's rule: vocab padded up to a multiple of make_vocab_size_divisible_by * tp_size.
   std::int64_t padded_vocab_size(std::int64_t tp_size = 1) const;
+  // --loss-chunk-rows -1 (auto): rows per chunk for this vocabulary.
+  std::int64_t auto_loss_chunk_rows() const;
   // Throws InvalidArgument naming the flag for inconsistent sizes.
   void validate() const;
   // Model FLOPs of one training iteration over `tokens` tokens (forward + backward, no

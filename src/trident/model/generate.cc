@@ -14,6 +14,7 @@ namespace k = trident::kernels;
 
 Generator::Generator(const ModelConfig& cfg, const GptParams& params) : cfg_(cfg), params_(params) {
   cfg_.recompute = Recompute::kNone;
+  cfg_.loss_chunk_rows = 0;  // the next token's logits are read
   rt_.training = false;
   const std::int64_t C = cfg.hidden_size, P = cfg.max_positions();
   const auto sz = [](std::int64_t v) { return static_cast<std::size_t>(v); };

@@ -124,11 +124,15 @@ void layout_activations(const ModelConfig& cfg, const ModelShard& shard, std::in
   if (any_full) a.scratch = block_saved(true);
   layers::Workspace& ws = a.ws;
   ws.probs = selective ? take(B * NH * T * T) : nullptr;
+  // The head's logits rows: all of them, or one chunk (the chunked head's d_norm replaces them).
+  const std::int64_t head_rows = cfg.loss_chunk_rows > 0 ? std::min(cfg.loss_chunk_rows, BT) : BT;
   if (shard.has_head) {
     a.head.norm = norm_saved();
-    a.head.logits = a.logits = take(BT * Vl);
+    a.head.logits = take(head_rows * Vl);
+    a.logits = cfg.loss_chunk_rows > 0 ? nullptr : a.head.logits;
     a.head.losses = take(BT);
-    a.head.row_stats = take(3 * BT);
+    a.head.row_stats = take(3 * head_rows);
+    a.head.d_norm = cfg.loss_chunk_rows > 0 ? take(BT * C) : nullptr;
   }
   ws.gathered = take(BT * C);
   ws.d_full = take(BT * C);
@@ -155,15 +159,20 @@ void layout_activations(const ModelConfig& cfg, const ModelShard& shard, std::in
   if (bf16) {
     // The widest matmul input and output of the shard, in bf16 (two per float), and the largest
     // oneDNN workspace any of its matmuls needs.
+    // The output layer's (head_rows, Vl) counts only on the head's stage.
     const std::int64_t widest_in = std::max(C, F);
-    const std::int64_t widest_out = std::max({3 * Cl, Ql, C, FCl, Vl});
+    const std::int64_t dout =
+        std::max(BT * std::max({3 * Cl, Ql, C, FCl}), shard.has_head ? head_rows * Vl : 0);
     ws.bf16_in = reinterpret_cast<core::bf16*>(take((BT * widest_in + 1) / 2));
-    ws.bf16_dout = reinterpret_cast<core::bf16*>(take((BT * widest_out + 1) / 2));
+    ws.bf16_dout = reinterpret_cast<core::bf16*>(take((dout + 1) / 2));
     const core::ExecContext ctx;
     std::int64_t bytes = 0;
-    for (auto [in, out] : {std::pair{C, Ql}, std::pair{Cl, C}, std::pair{C, FCl}, std::pair{F, C},
-                           std::pair{C, Vl}}) {
+    for (auto [in, out] :
+         {std::pair{C, Ql}, std::pair{Cl, C}, std::pair{C, FCl}, std::pair{F, C}}) {
       bytes = std::max(bytes, k::linear_bf16_scratch_bytes(ctx, BT, in, out));
+    }
+    if (shard.has_head) {
+      bytes = std::max(bytes, k::linear_bf16_scratch_bytes(ctx, head_rows, C, Vl));
     }
     ws.gemm_scratch = {reinterpret_cast<std::byte*>(take((bytes + 3) / 4)),
                        static_cast<std::size_t>(bytes)};
@@ -298,7 +307,11 @@ struct Architecture {
         .mlp = {.activation = cfg.swiglu ? layers::Activation::kSwiGlu : layers::Activation::kGelu,
                 .hidden = C,
                 .ffn = cfg.ffn()}};
-    head = {.hidden = C, .vocab = cfg.vocab_size, .vocab_local = Vl, .norm = norm};
+    head = {.hidden = C,
+            .vocab = cfg.vocab_size,
+            .vocab_local = Vl,
+            .norm = norm,
+            .chunk_rows = cfg.loss_chunk_rows};
   }
 };
 
@@ -443,14 +456,28 @@ void gpt_forward(const core::ExecContext& ctx, const ModelConfig& cfg, const Mod
 
 LossSum gpt_loss(const core::ExecContext& ctx, const ModelConfig& cfg, const ModelRuntime& rt,
                  const std::int32_t* targets, float d_scale, LossGrad grad, GptActivations& a) {
+  TRIDENT_ASSERT(cfg.loss_chunk_rows == 0,
+                 "gpt_loss without the weights on a chunked head (--loss-chunk-rows)");
+  return gpt_loss(ctx, cfg, rt, GptParams{}, GptGrads{}, targets, d_scale, grad, a);
+}
+
+LossSum gpt_loss(const core::ExecContext& ctx, const ModelConfig& cfg, const ModelRuntime& rt,
+                 const GptParams& p, const GptGrads& g, const std::int32_t* targets, float d_scale,
+                 LossGrad grad, GptActivations& a) {
   TRIDENT_ASSERT(rt.shard.has_head, "gpt_loss on a pipeline stage without the output layer");
-  const GptParams none;
-  const Transformer m(ctx, cfg, rt, none, a);
-  const layers::TokenLoss l = layers::lm_head_loss(m.lc, m.arch.head,
-                                                   {.targets = targets,
-                                                    .with_grad = grad == LossGrad::kCompute,
-                                                    .d_scale = d_scale,
-                                                    .saved = a.head});
+  const Transformer m(ctx, cfg, rt, p, a);
+  const bool with_grad = grad == LossGrad::kCompute;
+  const layers::TokenLoss l =
+      cfg.loss_chunk_rows > 0
+          ? layers::lm_head_chunked_loss(m.lc, m.arch.head, m.head_params(),
+                                         {.targets = targets,
+                                          .with_grad = with_grad,
+                                          .d_scale = d_scale,
+                                          .saved = a.head,
+                                          .d_out_w = g.out_w ? g.out_w : g.wte})
+          : layers::lm_head_loss(
+                m.lc, m.arch.head,
+                {.targets = targets, .with_grad = with_grad, .d_scale = d_scale, .saved = a.head});
   return {.sum = l.sum, .count = l.count};
 }
 

@@ -144,6 +144,7 @@ struct GptActivations {
   LayerActivations scratch{};  // one layer's worth, for recomputed layers (full recomputation)
   layers::LmHeadSaved head{};  // last stage
   float* logits = nullptr;     // head.logits: (B*T, Vp/tp); d_logits after gpt_loss with gradients
+                               // (null with cfg.loss_chunk_rows > 0: never all materialised)
   layers::Workspace ws{};      // scratch shared by the layers
   float* d_x = nullptr;        // (B*T, C) gradient of the residual stream; on a stage without the
                                // embedding, the gradient of its input after gpt_backward
@@ -164,7 +165,8 @@ void make_activations(const ModelConfig& cfg, const ModelShard& shard, std::int6
                       std::int64_t seq_len, bool bf16, GptActivations& acts);
 
 // Forward of the shard. First stage: embeds tokens (B*T); otherwise reads acts.encoded (the
-// previous stage's output, written there by the caller). Last stage: computes acts.logits.
+// previous stage's output, written there by the caller). Last stage: computes acts.logits (with
+// cfg.loss_chunk_rows > 0 only the final norm: the logits come chunk by chunk in gpt_loss).
 void gpt_forward(const core::ExecContext& ctx, const ModelConfig& cfg, const ModelRuntime& rt,
                  const GptParams& params, const std::int32_t* tokens, GptActivations& acts);
 
@@ -189,6 +191,12 @@ enum class LossGrad : std::uint8_t { kNone, kCompute };
 // d_scale * dloss/dlogits.
 LossSum gpt_loss(const core::ExecContext& ctx, const ModelConfig& cfg, const ModelRuntime& rt,
                  const std::int32_t* targets, float d_scale, LossGrad grad, GptActivations& acts);
+// The same, for either head (cfg.loss_chunk_rows): the chunked head runs the output layer here,
+// chunk by chunk, and with LossGrad::kCompute its backward too (the output weight's gradient
+// accumulates into grads now, not in gpt_backward).
+LossSum gpt_loss(const core::ExecContext& ctx, const ModelConfig& cfg, const ModelRuntime& rt,
+                 const GptParams& params, const GptGrads& grads, const std::int32_t* targets,
+                 float d_scale, LossGrad grad, GptActivations& acts);
 
 // Backward of the shard. Last stage: starts from acts.logits (holding d_logits); otherwise from
 // acts.d_x (the next stage's input gradient, written there by the caller). Every parameter

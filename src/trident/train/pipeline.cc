@@ -114,7 +114,14 @@ void PipelineExecutor::forward_step(const core::ExecContext& ctx, const ModelVie
   model::gpt_forward(ctx, cfg, rt, views.params[static_cast<std::size_t>(chunk)], s.tokens.data(),
                      s.acts);
   if (shard.has_head) {
-    const model::LossSum l = model::gpt_loss(ctx, cfg, rt, s.labels.data(), d_scale, grad, s.acts);
+    // A chunked head (--loss-chunk-rows) runs its output layer here, and with gradients its
+    // backward too: the output weight's gradient accumulates now.
+    const auto c = static_cast<std::size_t>(chunk);
+    const model::GptGrads none;
+    const model::LossSum l = model::gpt_loss(
+        ctx, cfg, rt, views.params[c],
+        grad == model::LossGrad::kCompute && c < views.grads.size() ? views.grads[c] : none,
+        s.labels.data(), d_scale, grad, s.acts);
     loss.sum += l.sum;
     loss.count += l.count;
   }

@@ -158,6 +158,11 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
   app.add_option("--recompute-num-layers", m.recompute_num_layers,
                  "Layers per stage to recompute with --recompute-method block")
       ->capture_default_str();
+  app.add_option("--loss-chunk-rows", c.loss_chunk_rows,
+                 "Token rows the output layer and the cross-entropy take at a time, fused with "
+                 "the output layer's backward, so the (tokens x vocab) logits are never all in "
+                 "memory; -1: auto (about 32 MiB of logits per chunk), 0: keep all the logits")
+      ->capture_default_str();
   app.add_option("--model", c.model_preset,
                  "gpt (default), bloom or llama: bloom = --position-embedding-type alibi "
                  "--embed-layernorm; llama = --normalization RMSNorm --position-embedding-type "
@@ -480,6 +485,10 @@ void TrainConfig::finalize(int world_size) {
                                                            : model::Recompute::kNone;
   model.recompute_block = recompute_method == "block";
   TRIDENT_CHECK(model.recompute_num_layers >= 1, "--recompute-num-layers must be >= 1");
+  TRIDENT_CHECK(loss_chunk_rows >= -1,
+                "--loss-chunk-rows must be -1 (auto), 0 (keep all the "
+                "logits) or a number of rows, got ",
+                loss_chunk_rows);
   TRIDENT_CHECK(model.recompute != model::Recompute::kFull || model.recompute_block ||
                     model.recompute_num_layers == 1,
                 "--recompute-method uniform recomputes each layer from its own input in trident "
@@ -654,6 +663,7 @@ nlohmann::json TrainConfig::to_json() const {
   j["recompute_granularity"] = recompute_granularity;
   j["recompute_method"] = recompute_method;
   j["recompute_num_layers"] = model.recompute_num_layers;
+  j["loss_chunk_rows"] = loss_chunk_rows;
   j["micro_batch_size"] = micro_batch_size;
   j["global_batch_size"] = global_batch_size;
   j["train_iters"] = train_iters;

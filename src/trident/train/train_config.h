@@ -103,6 +103,10 @@ struct TrainConfig {
   bool exit_signal_handler = false;  // --exit-signal-handler: SIGTERM / SIGUSR1 save and exit
   double exit_duration_in_mins = 0;  // --exit-duration-in-mins: save and exit after this long
   std::string kill_switch_path;      // --kill-switch-path: save and exit when this file exists
+  // --loss-chunk-rows: -1 auto (model::auto_loss_chunk_rows, once the vocabulary is known), 0 the
+  // full logits, else rows per chunk; resolved into model.loss_chunk_rows by
+  // resolve_loss_chunk_rows().
+  std::int64_t loss_chunk_rows = -1;
 
   // Parallelism: data-parallel size = world size / (tp x pp).
   int tensor_model_parallel_size = 1;
@@ -138,6 +142,10 @@ struct TrainConfig {
   // Fill derived defaults and throw InvalidArgument naming the flag for inconsistent settings.
   // world_size = number of processes.
   void finalize(int world_size);
+  // Once model.vocab_size is known (the tokenizer): model.loss_chunk_rows from --loss-chunk-rows.
+  void resolve_loss_chunk_rows() {
+    model.loss_chunk_rows = loss_chunk_rows < 0 ? model.auto_loss_chunk_rows() : loss_chunk_rows;
+  }
   int data_parallel_size(int world_size) const;
   int virtual_pipeline_chunks() const;
   std::int64_t num_micro_batches(int world_size) const;

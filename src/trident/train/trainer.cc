@@ -311,6 +311,7 @@ void Trainer::build_tokenizer() {
         cfg_.pad_vocab_size_to / cfg_.tensor_model_parallel_size;
   }
   cfg_.model.validate();
+  cfg_.resolve_loss_chunk_rows();
   mask_eod_ = cfg_.eod_mask_loss ? tokenizer_->eod() : -1;
 }
 

@@ -1,5 +1,8 @@
 #include "trident/model/layers/lm_head.h"
 
+#include <algorithm>
+
+#include "trident/core/error.h"
 #include "trident/kernels/cross_entropy.h"
 #include "trident/kernels/fill.h"
 #include "trident/kernels/vocab_parallel_cross_entropy.h"
@@ -12,6 +15,7 @@ void lm_head_forward(const LayerContext& lc, const LmHeadConfig& cfg, const LmHe
                      const LmHeadForwardArgs& args) {
   const LmHeadSaved& s = args.saved;
   norm_forward(lc, cfg.norm, p.norm, {.in = args.in, .rows = lc.local_rows(), .saved = s.norm});
+  if (cfg.chunk_rows > 0) return;  // the output layer runs chunk by chunk with the loss
   const float* x = lc.region.enter(s.norm.out, lc.ws.gathered);  // f (SP: all-gather)
   linear(lc, {.out = s.logits,
               .in = x,
@@ -22,72 +26,145 @@ void lm_head_forward(const LayerContext& lc, const LmHeadConfig& cfg, const LmHe
               .out_features = cfg.vocab_local});
 }
 
-TokenLoss lm_head_loss(const LayerContext& lc, const LmHeadConfig& cfg,
-                       const LmHeadLossArgs& args) {
-  const LmHeadSaved& s = args.saved;
-  const std::int32_t* targets = args.targets;
-  const bool with_grad = args.with_grad;
-  const float d_scale = args.d_scale;
-  const std::int64_t BT = lc.rows();
+namespace {
+
+// Cross-entropy of `rows` rows of logits (this rank's Vp/tp columns) against their targets:
+// losses (=), and with d_logits (may alias logits) d_scale * dloss/dlogits. Vocab-parallel across
+// the tp group: local max, sum-of-exp and target-logit parts with two reductions between them.
+struct RowsLoss {
+  float* losses = nullptr;
+  float* d_logits = nullptr;
+  const float* logits = nullptr;
+  const std::int32_t* targets = nullptr;
+  float* row_stats = nullptr;  // (3, rows)
+  float d_scale = 1.0f;
+  std::int64_t rows = 0;
+};
+void rows_loss(const LayerContext& lc, const LmHeadConfig& cfg, const RowsLoss& a) {
   const parallel::TpGroup& tp = lc.region.group();
   if (!tp.active()) {
-    k::cross_entropy_forward_backward(lc.ctx, {.losses = s.losses,
-                                               .d_logits = with_grad ? s.logits : nullptr,
-                                               .logits = s.logits,
-                                               .targets = targets,
-                                               .d_scale = d_scale,
-                                               .rows = BT,
+    k::cross_entropy_forward_backward(lc.ctx, {.losses = a.losses,
+                                               .d_logits = a.d_logits,
+                                               .logits = a.logits,
+                                               .targets = a.targets,
+                                               .d_scale = a.d_scale,
+                                               .rows = a.rows,
                                                .vocab = cfg.vocab,
                                                .vocab_padded = cfg.vocab_local});
-  } else {
-    const k::VocabParallelShard shard{.vocab = cfg.vocab,
-                                      .vocab_start = tp.rank() * cfg.vocab_local,
-                                      .vocab_local = cfg.vocab_local};
-    float* row_max = s.row_stats;
-    float* sum_exp = s.row_stats + BT;  // sum of exp, then target logit: one reduction
-    float* target_logit = sum_exp + BT;
-    k::vocab_parallel_ce_max(lc.ctx,
-                             {.row_max = row_max, .logits = s.logits, .rows = BT, .shard = shard});
-    tp.all_reduce_max(row_max, BT);
-    k::vocab_parallel_ce_sum_target(lc.ctx, {.sum_exp = sum_exp,
-                                             .target_logit = target_logit,
-                                             .logits = s.logits,
-                                             .row_max = row_max,
-                                             .targets = targets,
-                                             .rows = BT,
-                                             .shard = shard});
-    tp.all_reduce_sum(sum_exp, 2 * BT);
-    k::vocab_parallel_ce_loss(lc.ctx, {.losses = s.losses,
-                                       .d_logits = with_grad ? s.logits : nullptr,
-                                       .logits = s.logits,
-                                       .row_max = row_max,
-                                       .sum_exp = sum_exp,
-                                       .target_logit = target_logit,
-                                       .targets = targets,
-                                       .d_scale = d_scale,
-                                       .rows = BT,
-                                       .shard = shard});
+    return;
   }
-  const k::TokenLossSum sum = k::sum_token_losses(lc.ctx, s.losses, targets, BT);
+  const k::VocabParallelShard shard{.vocab = cfg.vocab,
+                                    .vocab_start = tp.rank() * cfg.vocab_local,
+                                    .vocab_local = cfg.vocab_local};
+  const std::int64_t n = a.rows;
+  float* row_max = a.row_stats;
+  float* sum_exp = a.row_stats + n;  // sum of exp, then target logit: one reduction
+  float* target_logit = sum_exp + n;
+  k::vocab_parallel_ce_max(lc.ctx,
+                           {.row_max = row_max, .logits = a.logits, .rows = n, .shard = shard});
+  tp.all_reduce_max(row_max, n);
+  k::vocab_parallel_ce_sum_target(lc.ctx, {.sum_exp = sum_exp,
+                                           .target_logit = target_logit,
+                                           .logits = a.logits,
+                                           .row_max = row_max,
+                                           .targets = a.targets,
+                                           .rows = n,
+                                           .shard = shard});
+  tp.all_reduce_sum(sum_exp, 2 * n);
+  k::vocab_parallel_ce_loss(lc.ctx, {.losses = a.losses,
+                                     .d_logits = a.d_logits,
+                                     .logits = a.logits,
+                                     .row_max = row_max,
+                                     .sum_exp = sum_exp,
+                                     .target_logit = target_logit,
+                                     .targets = a.targets,
+                                     .d_scale = a.d_scale,
+                                     .rows = n,
+                                     .shard = shard});
+}
+
+TokenLoss token_loss(const LayerContext& lc, const float* losses, const std::int32_t* targets) {
+  const k::TokenLossSum sum = k::sum_token_losses(lc.ctx, losses, targets, lc.rows());
   return {.sum = sum.sum, .count = sum.count};
+}
+
+}  // namespace
+
+TokenLoss lm_head_loss(const LayerContext& lc, const LmHeadConfig& cfg,
+                       const LmHeadLossArgs& args) {
+  TRIDENT_ASSERT(cfg.chunk_rows == 0, "lm_head_loss on a chunked head: use lm_head_chunked_loss");
+  const LmHeadSaved& s = args.saved;
+  rows_loss(lc, cfg,
+            {.losses = s.losses,
+             .d_logits = args.with_grad ? s.logits : nullptr,
+             .logits = s.logits,
+             .targets = args.targets,
+             .row_stats = s.row_stats,
+             .d_scale = args.d_scale,
+             .rows = lc.rows()});
+  return token_loss(lc, s.losses, args.targets);
+}
+
+TokenLoss lm_head_chunked_loss(const LayerContext& lc, const LmHeadConfig& cfg,
+                               const LmHeadParams& p, const LmHeadChunkedLossArgs& args) {
+  TRIDENT_ASSERT(cfg.chunk_rows > 0, "lm_head_chunked_loss on a materialised head");
+  TRIDENT_ASSERT(!args.with_grad || args.d_out_w != nullptr,
+                 "lm_head_chunked_loss with gradients needs the output weight's gradient");
+  const LmHeadSaved& s = args.saved;
+  const std::int64_t BT = lc.rows(), C = cfg.hidden;
+  const float* x = lc.region.enter(s.norm.out, lc.ws.gathered);  // f (SP: all-gather)
+  for (std::int64_t r0 = 0; r0 < BT; r0 += cfg.chunk_rows) {
+    const std::int64_t n = std::min(cfg.chunk_rows, BT - r0);
+    const float* xc = x + r0 * C;
+    linear(lc, {.out = s.logits,
+                .in = xc,
+                .weight = p.out_w,
+                .bias = nullptr,
+                .rows = n,
+                .in_features = C,
+                .out_features = cfg.vocab_local});
+    rows_loss(lc, cfg,
+              {.losses = s.losses + r0,
+               .d_logits = args.with_grad ? s.logits : nullptr,
+               .logits = s.logits,
+               .targets = args.targets + r0,
+               .row_stats = s.row_stats,
+               .d_scale = args.d_scale,
+               .rows = n});
+    if (!args.with_grad) continue;
+    linear_backward(lc, {.d_in = s.d_norm + r0 * C,
+                         .d_weight = args.d_out_w,
+                         .d_bias = nullptr,
+                         .d_out = s.logits,
+                         .in = xc,
+                         .weight = p.out_w,
+                         .rows = n,
+                         .in_features = C,
+                         .out_features = cfg.vocab_local});
+  }
+  return token_loss(lc, s.losses, args.targets);
 }
 
 void lm_head_backward(const LayerContext& lc, const LmHeadConfig& cfg, const LmHeadParams& p,
                       const LmHeadBackwardArgs& args) {
   const LmHeadSaved& s = args.saved;
   float* d_in = args.d_in;
-  // SP gathers the norm output again rather than keeping a full copy.
-  const float* x = lc.region.enter(s.norm.out, lc.ws.gathered);
-  linear_backward(lc, {.d_in = lc.ws.d_ln,
-                       .d_weight = args.grads.out_w,
-                       .d_bias = nullptr,
-                       .d_out = s.logits,
-                       .in = x,
-                       .weight = p.out_w,
-                       .rows = lc.rows(),
-                       .in_features = cfg.hidden,
-                       .out_features = cfg.vocab_local});
-  const float* d_norm = lc.region.enter_backward(lc.ws.d_ln);  // each rank held a partial
+  float* partial = s.d_norm;  // chunked: written by lm_head_chunked_loss
+  if (cfg.chunk_rows == 0) {
+    // SP gathers the norm output again rather than keeping a full copy.
+    const float* x = lc.region.enter(s.norm.out, lc.ws.gathered);
+    linear_backward(lc, {.d_in = lc.ws.d_ln,
+                         .d_weight = args.grads.out_w,
+                         .d_bias = nullptr,
+                         .d_out = s.logits,
+                         .in = x,
+                         .weight = p.out_w,
+                         .rows = lc.rows(),
+                         .in_features = cfg.hidden,
+                         .out_features = cfg.vocab_local});
+    partial = lc.ws.d_ln;
+  }
+  const float* d_norm = lc.region.enter_backward(partial);  // each rank held a partial
   k::fill(lc.ctx, {.out = d_in, .value = 0.0f, .n = lc.local_rows() * cfg.hidden});
   norm_backward(lc, cfg.norm, p.norm,
                 {.d_in = d_in,

@@ -4,6 +4,16 @@
 //
 // Variants (LmHeadConfig): the output weight tied to the word embedding (GPT-2, BLOOM: the caller
 // passes wte) or untied (its own weight); the final norm's kind as norm.h.
+//
+// Two ways to run it (LmHeadConfig::chunk_rows):
+// - materialised (chunk_rows 0): lm_head_forward writes the logits of every row, lm_head_loss
+//   turns them into d_logits in place, lm_head_backward runs the output layer's backward from them.
+//   Generation and the golden tests read the logits this way.
+// - chunked (chunk_rows > 0, training and evaluation): lm_head_forward runs only the final norm;
+//   lm_head_chunked_loss then takes chunk_rows rows at a time through the output layer, the
+//   cross-entropy and, with gradients, the output layer's backward (d_out_w +=, the norm output's
+//   gradient into saved.d_norm), so only one chunk of logits ever exists (a 1024-token GPT-2
+//   micro-batch: 206 MB of logits become 26 MB). lm_head_backward then starts at the norm.
 #pragma once
 
 #include "trident/model/layers/layer.h"
@@ -16,6 +26,7 @@ struct LmHeadConfig {
   std::int64_t vocab = 0;        // real tokens
   std::int64_t vocab_local = 0;  // Vp/tp columns held here
   NormConfig norm;
+  std::int64_t chunk_rows = 0;  // 0: materialised logits; else rows per chunk (see above)
 };
 struct LmHeadParams {
   NormParams norm;
@@ -27,9 +38,12 @@ struct LmHeadGrads {
 };
 struct LmHeadSaved {
   NormSaved norm;              // (local rows, C)
-  float* logits = nullptr;     // (B*T, Vp/tp); d_logits after lm_head_loss with gradients
+  float* logits = nullptr;     // (B*T, Vp/tp); d_logits after lm_head_loss with gradients.
+                               // Chunked: (chunk_rows, Vp/tp), one chunk at a time
   float* losses = nullptr;     // (B*T)
-  float* row_stats = nullptr;  // (3, B*T): max, sum of exp, target logit
+  float* row_stats = nullptr;  // (3, B*T): max, sum of exp, target logit (chunked: chunk_rows)
+  float* d_norm = nullptr;     // chunked: (B*T, C) this rank's partial gradient of the norm
+                               // output, written by lm_head_chunked_loss with gradients
 };
 
 struct TokenLoss {
@@ -53,7 +67,20 @@ struct LmHeadLossArgs {
   LmHeadSaved saved;
 };
 TokenLoss lm_head_loss(const LayerContext& lc, const LmHeadConfig& cfg, const LmHeadLossArgs& args);
-// From s.logits holding d_logits: d_in (local rows) = the input gradient (=); grads +=.
+// Chunked (cfg.chunk_rows > 0), after lm_head_forward: per chunk of rows, the output layer, the
+// cross-entropy and with gradients its backward into grads.out_w (+=) and saved.d_norm (=).
+// The same losses as lm_head_forward + lm_head_loss, to rounding.
+struct LmHeadChunkedLossArgs {
+  const std::int32_t* targets = nullptr;  // (B*T), negative = ignored
+  bool with_grad = false;
+  float d_scale = 1.0f;  // dL/dloss of each token
+  LmHeadSaved saved;
+  float* d_out_w = nullptr;  // with gradients: the output weight's gradient (+=)
+};
+TokenLoss lm_head_chunked_loss(const LayerContext& lc, const LmHeadConfig& cfg,
+                               const LmHeadParams& p, const LmHeadChunkedLossArgs& args);
+// From s.logits holding d_logits (materialised), or s.d_norm (chunked): d_in (local rows) = the
+// input gradient (=); grads += (chunked: the output weight's gradient is already in).
 struct LmHeadBackwardArgs {
   float* d_in = nullptr;      // (local rows, C) written (=)
   const float* in = nullptr;  // the forward's input
