@@ -5,6 +5,7 @@
 // the add kernel measured in the same run (an in-situ STREAM-like calibration).
 //
 // Usage: trident_memory_bound_bench [--reps N] [--threads 2,1]
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -13,6 +14,7 @@
 
 #include "bench_util.h"
 #include "trident/kernels/adamw.h"
+#include "trident/kernels/cross_entropy.h"
 #include "trident/kernels/elementwise.h"
 #include "trident/kernels/layernorm.h"
 
@@ -62,6 +64,14 @@ int run(int reps, const std::vector<int>& thread_counts) {
   fill_uniform(a1.data(), add_n, 9);
   fill_uniform(a2.data(), add_n, 10);
 
+  const std::int64_t ce_rows = 1024, ce_vocab = 50304, ce_n = ce_rows * ce_vocab;
+  std::vector<float> ce_in(static_cast<std::size_t>(ce_n)), ce_logits(ce_in.size()),
+      ce_loss(static_cast<std::size_t>(ce_rows));
+  fill_uniform(ce_in.data(), ce_n, 11);
+  std::vector<std::int32_t> ce_targets(static_cast<std::size_t>(ce_rows));
+  for (std::int64_t r = 0; r < ce_rows; ++r) {
+    ce_targets[static_cast<std::size_t>(r)] = static_cast<std::int32_t>((r * 7919) % 50257);
+  }
   const double f = sizeof(float);
   const std::vector<Case> cases = {
       {"add (STREAM add: 2 reads, 1 write)", 3 * f * add_n,
@@ -101,6 +111,19 @@ int run(int reps, const std::vector<int>& thread_counts) {
       {"gelu_backward 8192x3072", 3 * f * gelu_n,
        [&](const core::ExecContext& ctx) {
          kernels::gelu_backward(ctx, g_out.data(), g_dout.data(), g_in.data(), gelu_n);
+       }},
+      // logits read, d_logits written (the max, exp and scale passes re-read the row from the
+      // caches; that traffic is not counted).
+      {"cross_entropy_forward_backward 1024x50304", 2 * f * ce_n,
+       [&](const core::ExecContext& ctx) {
+         kernels::cross_entropy_forward_backward(ctx, {.losses = ce_loss.data(),
+                                                       .d_logits = ce_logits.data(),
+                                                       .logits = ce_in.data(),
+                                                       .targets = ce_targets.data(),
+                                                       .d_scale = 1e-3f,
+                                                       .rows = ce_rows,
+                                                       .vocab = 50257,
+                                                       .vocab_padded = ce_vocab});
        }},
       // param, m, v read and written; grad read.
       {"adamw_update 32M params", 7 * f * adam_n,

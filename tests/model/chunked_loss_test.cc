@@ -142,13 +142,13 @@ INSTANTIATE_TEST_SUITE_P(Layouts, ChunkedLoss,
 
 TEST(ChunkedLoss, AutoChunkRowsFollowTheVocabulary) {
   ModelConfig c;
-  c.vocab_size = 50257;  // GPT-2: padded 50304, 128 rows of 201 KiB each ~ 25 MiB
-  EXPECT_EQ(c.auto_loss_chunk_rows(), 128);
+  c.vocab_size = 50257;  // GPT-2: padded 50304, 256 rows of 201 KiB each ~ 49 MiB
+  EXPECT_EQ(c.auto_loss_chunk_rows(), 256);
   c.vocab_size = 250;  // tiny: the cap
   EXPECT_EQ(c.auto_loss_chunk_rows(), 4096);
-  c.vocab_size = 256000;  // Gemma-sized: 32 rows of 1000 KiB
-  EXPECT_EQ(c.auto_loss_chunk_rows(), 32);
-  c.vocab_size = 1'000'000;  // the floor
+  c.vocab_size = 256000;  // Gemma-sized: 64 rows of 1000 KiB
+  EXPECT_EQ(c.auto_loss_chunk_rows(), 64);
+  c.vocab_size = 2'000'000;  // the floor
   EXPECT_EQ(c.auto_loss_chunk_rows(), 16);
 }
 

@@ -161,7 +161,7 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
   app.add_option("--loss-chunk-rows", c.loss_chunk_rows,
                  "Token rows the output layer and the cross-entropy take at a time, fused with "
                  "the output layer's backward, so the (tokens x vocab) logits are never all in "
-                 "memory; -1: auto (about 32 MiB of logits per chunk), 0: keep all the logits")
+                 "memory; -1: auto (about 64 MiB of logits per chunk), 0: keep all the logits")
       ->capture_default_str();
   app.add_option("--model", c.model_preset,
                  "gpt (default), bloom or llama: bloom = --position-embedding-type alibi "

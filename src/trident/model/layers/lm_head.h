@@ -13,7 +13,7 @@
 //   lm_head_chunked_loss then takes chunk_rows rows at a time through the output layer, the
 //   cross-entropy and, with gradients, the output layer's backward (d_out_w +=, the norm output's
 //   gradient into saved.d_norm), so only one chunk of logits ever exists (a 1024-token GPT-2
-//   micro-batch: 206 MB of logits become 26 MB). lm_head_backward then starts at the norm.
+//   micro-batch: 206 MB of logits become 51 MB). lm_head_backward then starts at the norm.
 #pragma once
 
 #include "trident/model/layers/layer.h"
