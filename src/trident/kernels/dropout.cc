@@ -4,6 +4,9 @@
 
 #include "trident/core/profile.h"
 #include "trident/kernels/backend.h"
+#ifdef TRIDENT_HAVE_CUDA
+#include "trident/kernels/cuda/cuda_ops.h"
+#endif
 
 namespace trident::kernels {
 
@@ -13,7 +16,11 @@ void hidden_dropout(const core::ExecContext& ctx, const HiddenDropoutArgs& args)
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).hidden_dropout(ctx, args);
     case core::DeviceKind::kCuda:
+#ifdef TRIDENT_HAVE_CUDA
+      return cuda::hidden_dropout(ctx, args);
+#else
       no_cuda_backend("hidden_dropout");
+#endif
   }
 }
 

@@ -4,6 +4,9 @@
 
 #include "trident/core/error.h"
 #include "trident/kernels/backend.h"
+#ifdef TRIDENT_HAVE_CUDA
+#include "trident/kernels/cuda/cuda_ops.h"
+#endif
 
 namespace trident::kernels {
 
@@ -15,7 +18,11 @@ void init_normal(const core::ExecContext& ctx, const InitNormalArgs& a) {
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).init_normal(ctx, a);
     case core::DeviceKind::kCuda:
+#ifdef TRIDENT_HAVE_CUDA
+      return cuda::init_normal(ctx, a);
+#else
       no_cuda_backend("init_normal");
+#endif
   }
 }
 

@@ -3,6 +3,9 @@
 
 #include "trident/core/profile.h"
 #include "trident/kernels/backend.h"
+#ifdef TRIDENT_HAVE_CUDA
+#include "trident/kernels/cuda/cuda_ops.h"
+#endif
 
 namespace trident::kernels {
 
@@ -12,7 +15,11 @@ void rmsnorm_forward(const core::ExecContext& ctx, const RmsNormForwardArgs& arg
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).rmsnorm_forward(ctx, args);
     case core::DeviceKind::kCuda:
+#ifdef TRIDENT_HAVE_CUDA
+      return cuda::rmsnorm_forward(ctx, args);
+#else
       no_cuda_backend("rmsnorm_forward");
+#endif
   }
 }
 
@@ -22,7 +29,11 @@ void rmsnorm_backward(const core::ExecContext& ctx, const RmsNormBackwardArgs& a
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).rmsnorm_backward(ctx, args);
     case core::DeviceKind::kCuda:
+#ifdef TRIDENT_HAVE_CUDA
+      return cuda::rmsnorm_backward(ctx, args);
+#else
       no_cuda_backend("rmsnorm_backward");
+#endif
   }
 }
 

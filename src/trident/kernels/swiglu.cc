@@ -3,6 +3,9 @@
 
 #include "trident/core/profile.h"
 #include "trident/kernels/backend.h"
+#ifdef TRIDENT_HAVE_CUDA
+#include "trident/kernels/cuda/cuda_ops.h"
+#endif
 
 namespace trident::kernels {
 
@@ -12,7 +15,11 @@ void swiglu_forward(const core::ExecContext& ctx, const SwiGluForwardArgs& args)
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).swiglu_forward(ctx, args);
     case core::DeviceKind::kCuda:
+#ifdef TRIDENT_HAVE_CUDA
+      return cuda::swiglu_forward(ctx, args);
+#else
       no_cuda_backend("swiglu_forward");
+#endif
   }
 }
 
@@ -22,7 +29,11 @@ void swiglu_backward(const core::ExecContext& ctx, const SwiGluBackwardArgs& arg
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).swiglu_backward(ctx, args);
     case core::DeviceKind::kCuda:
+#ifdef TRIDENT_HAVE_CUDA
+      return cuda::swiglu_backward(ctx, args);
+#else
       no_cuda_backend("swiglu_backward");
+#endif
   }
 }
 

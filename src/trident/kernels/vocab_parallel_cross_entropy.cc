@@ -5,6 +5,9 @@
 
 #include "trident/core/profile.h"
 #include "trident/kernels/backend.h"
+#ifdef TRIDENT_HAVE_CUDA
+#include "trident/kernels/cuda/cuda_ops.h"
+#endif
 
 namespace trident::kernels {
 
@@ -14,7 +17,11 @@ void vocab_parallel_ce_max(const core::ExecContext& ctx, const VocabParallelCeMa
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).vocab_parallel_ce_max(ctx, args);
     case core::DeviceKind::kCuda:
+#ifdef TRIDENT_HAVE_CUDA
+      return cuda::vocab_parallel_ce_max(ctx, args);
+#else
       no_cuda_backend("vocab_parallel_ce_max");
+#endif
   }
 }
 
@@ -25,7 +32,11 @@ void vocab_parallel_ce_sum_target(const core::ExecContext& ctx,
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).vocab_parallel_ce_sum_target(ctx, args);
     case core::DeviceKind::kCuda:
+#ifdef TRIDENT_HAVE_CUDA
+      return cuda::vocab_parallel_ce_sum_target(ctx, args);
+#else
       no_cuda_backend("vocab_parallel_ce_sum_target");
+#endif
   }
 }
 
@@ -35,7 +46,11 @@ void vocab_parallel_ce_loss(const core::ExecContext& ctx, const VocabParallelCeL
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).vocab_parallel_ce_loss(ctx, args);
     case core::DeviceKind::kCuda:
+#ifdef TRIDENT_HAVE_CUDA
+      return cuda::vocab_parallel_ce_loss(ctx, args);
+#else
       no_cuda_backend("vocab_parallel_ce_loss");
+#endif
   }
 }
 
@@ -46,7 +61,11 @@ TokenLossSum sum_token_losses(const core::ExecContext& ctx, const float* losses,
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).sum_token_losses(ctx, losses, targets, rows);
     case core::DeviceKind::kCuda:
+#ifdef TRIDENT_HAVE_CUDA
+      return cuda::sum_token_losses(ctx, losses, targets, rows);
+#else
       no_cuda_backend("sum_token_losses");
+#endif
   }
   unknown_device("sum_token_losses");
 }

@@ -20,18 +20,23 @@
 #include "trident/kernels/bf16.h"
 #include "trident/kernels/cross_entropy.h"
 #include "trident/kernels/cuda/device.h"
+#include "trident/kernels/dropout.h"
 #include "trident/kernels/elementwise.h"
 #include "trident/kernels/embedding.h"
 #include "trident/kernels/fill.h"
 #include "trident/kernels/flash_attention.h"
 #include "trident/kernels/fused_bias_gelu.h"
 #include "trident/kernels/fused_residual_layernorm.h"
+#include "trident/kernels/init_normal.h"
 #include "trident/kernels/layernorm.h"
 #include "trident/kernels/matmul.h"
 #include "trident/kernels/matmul_bf16.h"
 #include "trident/kernels/overflow.h"
 #include "trident/kernels/ref/fused_ref.h"
 #include "trident/kernels/ref/ref.h"
+#include "trident/kernels/rmsnorm.h"
+#include "trident/kernels/swiglu.h"
+#include "trident/kernels/vocab_parallel_cross_entropy.h"
 
 namespace trident::kernels {
 namespace {
@@ -416,6 +421,148 @@ TEST_F(Cuda, CrossEntropyMatchesReferenceAndCpu) {
   EXPECT_THROW(cross_entropy_forward_backward(
                    gpu_, {gloss.p(), nullptr, glog2.p(), gbad.p(), 1.0f, rows, V, Vp}),
                core::InternalError);
+}
+
+TEST_F(Cuda, RmsNormMatchesReferenceAndCpu) {
+  const std::int64_t rows = 300, cols = 1000;
+  const auto x = randn(rows * cols, 40, 2.0, 0.5), w = randn(cols, 41), dy = randn(rows * cols, 42);
+  std::vector<float> out(rows * cols), rstd(rows), cout_(rows * cols), crstd(rows);
+  ref::rmsnorm_forward({out.data(), rstd.data(), x.data(), w.data(), rows, cols, 1e-5f});
+  rmsnorm_forward(cpu_, {cout_.data(), crstd.data(), x.data(), w.data(), rows, cols, 1e-5f});
+  auto dx = dev(x), dw = dev(w), ddy = dev(dy);
+  auto dout = dev(std::vector<float>(rows * cols)), drstd = dev(std::vector<float>(rows));
+  rmsnorm_forward(gpu_, {dout.p(), drstd.p(), dx.p(), dw.p(), rows, cols, 1e-5f});
+  EXPECT_TRUE(all_close("rmsnorm out vs ref", dout.host(), out, kRow));
+  EXPECT_TRUE(all_close("rmsnorm rstd vs ref", drstd.host(), rstd, kRow));
+  EXPECT_TRUE(all_close("rmsnorm out vs cpu", dout.host(), cout_, kRow));
+  const auto d_in0 = randn(rows * cols, 43);  // accumulated into (+=)
+  auto rdin = d_in0, cdin = d_in0;
+  std::vector<float> rdw(cols, 0.5f), cdw(cols, 0.5f);
+  ref::rmsnorm_backward(
+      {rdin.data(), rdw.data(), dy.data(), x.data(), w.data(), rstd.data(), rows, cols});
+  rmsnorm_backward(
+      cpu_, {cdin.data(), cdw.data(), dy.data(), x.data(), w.data(), rstd.data(), rows, cols});
+  auto gdin = dev(d_in0), gdw = dev(std::vector<float>(cols, 0.5f));
+  rmsnorm_backward(gpu_, {gdin.p(), gdw.p(), ddy.p(), dx.p(), dw.p(), drstd.p(), rows, cols});
+  EXPECT_TRUE(all_close("rmsnorm d_in vs ref", gdin.host(), rdin, kRow));
+  EXPECT_TRUE(all_close("rmsnorm d_weight vs ref", gdw.host(), rdw, {1e-4, 1e-4}));
+  EXPECT_TRUE(all_close("rmsnorm d_in vs cpu", gdin.host(), cdin, kRow));
+  EXPECT_TRUE(all_close("rmsnorm d_weight vs cpu", gdw.host(), cdw, {1e-4, 1e-4}));
+}
+
+TEST_F(Cuda, SwiGluMatchesReferenceAndCpu) {
+  const std::int64_t rows = 129, F = 700;
+  auto in = randn(rows * 2 * F, 44, 3.0);
+  in[0] = 60.0f;
+  in[1] = -60.0f;  // saturated gates
+  const auto dy = randn(rows * F, 45);
+  std::vector<float> out(rows * F), cout_(rows * F), din(rows * 2 * F), cdin(rows * 2 * F);
+  ref::swiglu_forward({out.data(), in.data(), rows, F});
+  swiglu_forward(cpu_, {cout_.data(), in.data(), rows, F});
+  auto gin = dev(in), gdy = dev(dy), gout = dev(std::vector<float>(rows * F));
+  swiglu_forward(gpu_, {gout.p(), gin.p(), rows, F});
+  EXPECT_TRUE(all_close("swiglu out vs ref", gout.host(), out, kElem));
+  EXPECT_TRUE(all_close("swiglu out vs cpu", gout.host(), cout_, kElem));
+  ref::swiglu_backward({din.data(), dy.data(), in.data(), rows, F});
+  swiglu_backward(cpu_, {cdin.data(), dy.data(), in.data(), rows, F});
+  auto gdin = dev(std::vector<float>(rows * 2 * F));
+  swiglu_backward(gpu_, {gdin.p(), gdy.p(), gin.p(), rows, F});
+  EXPECT_TRUE(all_close("swiglu d_in vs ref", gdin.host(), din, kElem));
+  EXPECT_TRUE(all_close("swiglu d_in vs cpu", gdin.host(), cdin, kElem));
+}
+
+// The three parts with the reductions between them done on the host, for a shard that holds the
+// end of the real vocabulary and padding columns, and the token-loss sum (row order, as the CPU).
+TEST_F(Cuda, VocabParallelCrossEntropyMatchesReferenceAndCpu) {
+  const std::int64_t rows = 65, Vl = 512;
+  const VocabParallelShard shard{.vocab = 1000, .vocab_start = 512, .vocab_local = Vl};
+  auto logits = randn(rows * Vl, 46, 3.0);
+  std::vector<std::int32_t> targets(rows);
+  for (std::int64_t r = 0; r < rows; ++r) targets[r] = static_cast<std::int32_t>((r * 97) % 1000);
+  targets[4] = -1;
+  std::vector<float> rmax(rows), rsum(rows), rtgt(rows), cmax(rows), csum(rows), ctgt(rows);
+  ref::vocab_parallel_ce_max({rmax.data(), logits.data(), rows, shard});
+  vocab_parallel_ce_max(cpu_, {cmax.data(), logits.data(), rows, shard});
+  auto glog = dev(logits), gmax = dev(std::vector<float>(rows));
+  auto gt = dev(targets);
+  vocab_parallel_ce_max(gpu_, {gmax.p(), glog.p(), rows, shard});
+  EXPECT_TRUE(all_equal("ce max vs cpu", gmax.host(), cmax));
+  EXPECT_TRUE(all_close("ce max vs ref", gmax.host(), rmax, kElem));
+  ref::vocab_parallel_ce_sum_target(
+      {rsum.data(), rtgt.data(), logits.data(), rmax.data(), targets.data(), rows, shard});
+  vocab_parallel_ce_sum_target(
+      cpu_, {csum.data(), ctgt.data(), logits.data(), cmax.data(), targets.data(), rows, shard});
+  auto gsum = dev(std::vector<float>(rows)), gtgt = dev(std::vector<float>(rows));
+  vocab_parallel_ce_sum_target(gpu_, {gsum.p(), gtgt.p(), glog.p(), gmax.p(), gt.p(), rows, shard});
+  EXPECT_TRUE(all_close("ce sum_exp vs ref", gsum.host(), rsum, {1e-6, 1e-6}));
+  EXPECT_TRUE(all_close("ce sum_exp vs cpu", gsum.host(), csum, {1e-6, 1e-6}));
+  EXPECT_TRUE(all_equal("ce target logit vs cpu", gtgt.host(), ctgt));
+  std::vector<float> rloss(rows), rdl(rows * Vl), closs(rows), cdl(rows * Vl);
+  ref::vocab_parallel_ce_loss({rloss.data(), rdl.data(), logits.data(), rmax.data(), rsum.data(),
+                               rtgt.data(), targets.data(), 0.01f, rows, shard});
+  vocab_parallel_ce_loss(cpu_, {closs.data(), cdl.data(), logits.data(), cmax.data(), csum.data(),
+                                ctgt.data(), targets.data(), 0.01f, rows, shard});
+  auto gloss = dev(std::vector<float>(rows));
+  // d_logits aliases logits, as the head runs it.
+  vocab_parallel_ce_loss(gpu_, {gloss.p(), glog.p(), glog.p(), gmax.p(), gsum.p(), gtgt.p(), gt.p(),
+                                0.01f, rows, shard});
+  EXPECT_TRUE(all_close("ce loss vs ref", gloss.host(), rloss, {1e-5, 1e-5}));
+  EXPECT_TRUE(all_close("ce loss vs cpu", gloss.host(), closs, {1e-5, 1e-5}));
+  EXPECT_TRUE(all_close("ce d_logits vs ref", glog.host(), rdl, {1e-8, 1e-4}));
+  EXPECT_TRUE(all_close("ce d_logits vs cpu", glog.host(), cdl, {1e-8, 1e-4}));
+  const TokenLossSum g = sum_token_losses(gpu_, gloss.p(), gt.p(), rows);
+  const TokenLossSum c = sum_token_losses(cpu_, gloss.host().data(), targets.data(), rows);
+  EXPECT_EQ(g.count, rows - 1);
+  EXPECT_EQ(g.count, c.count);
+  EXPECT_EQ(g.sum, c.sum);  // the same floats added in the same order
+  auto bad = targets;
+  bad[7] = 1000;  // beyond the real vocabulary
+  auto gbad = dev(bad);
+  EXPECT_THROW(vocab_parallel_ce_loss(gpu_, {gloss.p(), nullptr, glog.p(), gmax.p(), gsum.p(),
+                                             gtgt.p(), gbad.p(), 1.0f, rows, shard}),
+               core::InternalError);
+}
+
+// The same Philox draws as the CPU: dropout masks bit for bit, normals to the last ulp of libm.
+TEST_F(Cuda, DropoutAndInitDrawTheCpusNumbers) {
+  const std::int64_t rows = 37, cols = 300;
+  const auto x = randn(rows * cols, 47);
+  const HiddenDropoutArgs cargs{
+      .rows = rows, .cols = cols, .first_row = 1234, .p = 0.3f, .seed = 99, .stream = 7};
+  std::vector<float> cout_(rows * cols), rout(rows * cols);
+  HiddenDropoutArgs a = cargs;
+  a.out = cout_.data();
+  a.in = x.data();
+  hidden_dropout(cpu_, a);
+  a.out = rout.data();
+  ref::hidden_dropout(a);
+  auto gx = dev(x), gout = dev(std::vector<float>(rows * cols));
+  a.out = gout.p();
+  a.in = gx.p();
+  hidden_dropout(gpu_, a);
+  EXPECT_TRUE(all_equal("hidden_dropout vs cpu", gout.host(), cout_));
+  EXPECT_TRUE(all_close("hidden_dropout vs ref", gout.host(), rout, kElem));
+  // A column split of a (10, 64) weight: this rank holds columns [16, 48).
+  const InitNormalArgs init{.begin = 5,
+                            .end = 300,
+                            .seed = 3,
+                            .stream = 11,
+                            .stddev = 0.02,
+                            .base = 0,
+                            .local_cols = 32,
+                            .global_cols = 64,
+                            .col_offset = 16};
+  std::vector<float> cinit(295), rinit(295);
+  InitNormalArgs b = init;
+  b.out = cinit.data();
+  init_normal(cpu_, b);
+  b.out = rinit.data();
+  ref::init_normal(b);
+  auto ginit = dev(std::vector<float>(295));
+  b.out = ginit.p();
+  init_normal(gpu_, b);
+  EXPECT_TRUE(all_close("init_normal vs cpu", ginit.host(), cinit, {1e-9, 1e-6}));
+  EXPECT_TRUE(all_close("init_normal vs ref", ginit.host(), rinit, {1e-9, 1e-6}));
 }
 
 TEST_F(Cuda, AttentionMatchesReferenceAndCpu) {

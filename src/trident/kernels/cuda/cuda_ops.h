@@ -16,15 +16,20 @@
 #include "trident/kernels/adamw.h"
 #include "trident/kernels/attention.h"
 #include "trident/kernels/cross_entropy.h"
+#include "trident/kernels/dropout.h"
 #include "trident/kernels/embedding.h"
 #include "trident/kernels/fill.h"
 #include "trident/kernels/flash_attention.h"
 #include "trident/kernels/fused_bias_gelu.h"
 #include "trident/kernels/fused_residual_layernorm.h"
+#include "trident/kernels/init_normal.h"
 #include "trident/kernels/layernorm.h"
 #include "trident/kernels/matmul.h"
 #include "trident/kernels/matmul_bf16.h"
 #include "trident/kernels/overflow.h"
+#include "trident/kernels/rmsnorm.h"
+#include "trident/kernels/swiglu.h"
+#include "trident/kernels/vocab_parallel_cross_entropy.h"
 
 namespace trident::kernels::cuda {
 
@@ -88,5 +93,20 @@ void linear_backward(const ExecContext& ctx, const LinearBackwardArgs& args);
 void gemm_bf16(const ExecContext& ctx, const GemmBf16Args& args);
 void linear_forward_bf16(const ExecContext& ctx, const LinearForwardBf16Args& args);
 void linear_backward_bf16(const ExecContext& ctx, const LinearBackwardBf16Args& args);
+
+// more_ops.cu: rmsnorm.h and swiglu.h (Llama); vocab_parallel_cross_entropy.h (targets checked on
+// the device, the token-loss sum in row order on the host after a stream sync, as the CPU);
+// dropout.h and init_normal.h with the CPU's Philox draws (kernels/cuda/philox.h).
+void rmsnorm_forward(const ExecContext& ctx, const RmsNormForwardArgs& args);
+void rmsnorm_backward(const ExecContext& ctx, const RmsNormBackwardArgs& args);
+void swiglu_forward(const ExecContext& ctx, const SwiGluForwardArgs& args);
+void swiglu_backward(const ExecContext& ctx, const SwiGluBackwardArgs& args);
+void vocab_parallel_ce_max(const ExecContext& ctx, const VocabParallelCeMaxArgs& args);
+void vocab_parallel_ce_sum_target(const ExecContext& ctx, const VocabParallelCeSumArgs& args);
+void vocab_parallel_ce_loss(const ExecContext& ctx, const VocabParallelCeLossArgs& args);
+TokenLossSum sum_token_losses(const ExecContext& ctx, const float* losses,
+                              const std::int32_t* targets, std::int64_t rows);
+void hidden_dropout(const ExecContext& ctx, const HiddenDropoutArgs& args);
+void init_normal(const ExecContext& ctx, const InitNormalArgs& args);
 
 }  // namespace trident::kernels::cuda
