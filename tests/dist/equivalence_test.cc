@@ -138,7 +138,8 @@ class Equivalence : public ::testing::Test {
       c.swiglu = true;
       c.untie_embeddings_and_output_weights = true;
       c.add_bias_linear = false;
-      c.num_query_groups = 2;
+      const std::size_t at = model_flags.find("--num-query-groups ");
+      c.num_query_groups = std::stoi(model_flags.substr(at + 19));
     }
     c.num_layers = 4;
     c.hidden_size = 32;
@@ -375,6 +376,23 @@ TEST_F(Equivalence, LlamaLayouts) {
                       "--recompute-granularity full"},
                      1,
                      kLlama});
+}
+
+// Fewer key/value groups than tensor-parallel ranks: each group's key/value heads are replicated
+// on the tp / G ranks whose query heads use them, their gradients summed over those ranks by the
+// optimizer's gradient finalisation. 2 groups on TP4 with sequence parallelism; multi-query
+// attention (1 group) on TP2 x DP2 with ZeRO-3.
+constexpr const char* kLlamaMqa =
+    "--model llama --group-query-attention --num-query-groups 1 --use-rope-scaling "
+    "--rope-scaling-factor 4";
+TEST_F(Equivalence, LlamaReplicatedKeyValueHeads) {
+  expect_equivalent(
+      {"llama_tp4sp", 4, {"--tensor-model-parallel-size 4 --sequence-parallel"}, 4, kLlama});
+  expect_equivalent({"llama_mqa_tp2dp2zero3",
+                     4,
+                     {"--tensor-model-parallel-size 2 --zero-stage 3"},
+                     2,
+                     kLlamaMqa});
 }
 
 // The acceptance test: a tiny Llama trained by trident in TP2 x PP2, exported with

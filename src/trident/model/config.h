@@ -74,6 +74,15 @@ struct ModelConfig {
   }
   // Rows of the fused QKV weight: every query head plus a key and a value head per group.
   std::int64_t qkv_rows() const { return (num_attention_heads + 2 * query_groups()) * head_dim(); }
+  // Key/value groups one of tp ranks holds: G / tp, or 1 when there are fewer groups than ranks
+  // (then tp / G ranks share each group's key and value heads, replicated).
+  std::int64_t local_query_groups(std::int64_t tp) const {
+    return query_groups() >= tp ? query_groups() / tp : 1;
+  }
+  // Rows of one tp rank's slice of the fused QKV weight.
+  std::int64_t local_qkv_rows(std::int64_t tp) const {
+    return (num_attention_heads / tp + 2 * local_query_groups(tp)) * head_dim();
+  }
   // Columns of the MLP's up-projection output (SwiGLU: gate and up).
   std::int64_t fc_rows() const { return swiglu ? 2 * ffn() : ffn(); }
   bool tied_output() const { return !untie_embeddings_and_output_weights; }

@@ -87,7 +87,7 @@ void layout_activations(const ModelConfig& cfg, const ModelShard& shard, std::in
   const std::int64_t tp = shard.tp_size;
   const std::int64_t BT = B * T, C = cfg.hidden_size, F = cfg.ffn() / tp;
   const std::int64_t NH = cfg.num_attention_heads / tp, Cl = C / tp;
-  const std::int64_t Ql = cfg.qkv_rows() / tp, FCl = cfg.fc_rows() / tp;  // projection outputs
+  const std::int64_t Ql = cfg.local_qkv_rows(tp), FCl = cfg.fc_rows() / tp;  // projection outputs
   const bool grouped = expands_qkv(cfg);
   const std::int64_t Vl = cfg.padded_vocab_size(tp) / tp;
   const std::int64_t R = shard.sequence_parallel ? BT / tp : BT;  // residual-stream rows

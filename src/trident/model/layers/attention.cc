@@ -23,11 +23,13 @@ Local local_of(const LayerContext& lc, const AttentionConfig& cfg) {
 k::RopeQkvShape rope_shape(const LayerContext& lc, const AttentionConfig& cfg,
                            std::int64_t position) {
   const std::int64_t tp = lc.region.group().size();
+  // Fewer groups than ranks: this rank's heads share one group (replicated key/value heads).
+  const std::int64_t groups = cfg.query_groups >= tp ? cfg.query_groups / tp : 1;
   return {.rows = lc.rows(),
           .seq_len = lc.seq_len,
           .position = position,
-          .groups = cfg.query_groups / tp,
-          .heads_per_group = cfg.heads / cfg.query_groups,
+          .groups = groups,
+          .heads_per_group = cfg.heads / tp / groups,
           .head_dim = cfg.head_dim,
           .inv_freq = cfg.inv_freq};
 }
