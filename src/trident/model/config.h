@@ -50,10 +50,16 @@ struct ModelConfig {
   // Attention kernel: the fused flash-style one (no (T x T) probabilities kept) or the unfused
   // one; ALiBi and attention dropout need the fused kernel.
   bool use_flash_attention = false;
+  // Documents packed into one sample (Megatron's get_ltor_masks_and_position_ids), each ended by
+  // the token eod_token (the tokenizer's end of document, set by the trainer):
+  bool reset_position_ids = false;    // positions restart after each end-of-document token
+  bool reset_attention_mask = false;  // no token attends to an earlier document's
+  std::int32_t eod_token = -1;
   Recompute recompute = Recompute::kNone;
   bool recompute_block = false;           // method block: the first recompute_num_layers layers
   std::int64_t recompute_num_layers = 1;  // of each stage; uniform: every layer (per layer)
 
+  bool documents() const { return reset_position_ids || reset_attention_mask; }
   // Whether local layer `l` of a shard is fully recomputed.
   bool recomputes(std::int64_t l) const {
     return recompute == Recompute::kFull && (!recompute_block || l < recompute_num_layers);

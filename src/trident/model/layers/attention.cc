@@ -31,7 +31,8 @@ k::RopeQkvShape rope_shape(const LayerContext& lc, const AttentionConfig& cfg,
           .groups = groups,
           .heads_per_group = cfg.heads / tp / groups,
           .head_dim = cfg.head_dim,
-          .inv_freq = cfg.inv_freq};
+          .inv_freq = cfg.inv_freq,
+          .positions = lc.positions};
 }
 
 k::AttentionDropout attention_dropout(const LayerContext& lc, const AttentionConfig& cfg,
@@ -70,7 +71,8 @@ void core_forward(const LayerContext& lc, const AttentionConfig& cfg, const Atte
                                         .batch = lc.batch,
                                         .seq_len = lc.seq_len,
                                         .num_heads = NH,
-                                        .head_dim = HS});
+                                        .head_dim = HS,
+                                        .doc = lc.docs});
   } else {
     k::attention_forward(lc.ctx, {.out = s.attn,
                                   .probs = probs,
@@ -78,7 +80,8 @@ void core_forward(const LayerContext& lc, const AttentionConfig& cfg, const Atte
                                   .batch = lc.batch,
                                   .seq_len = lc.seq_len,
                                   .num_heads = NH,
-                                  .head_dim = HS});
+                                  .head_dim = HS,
+                                  .doc = lc.docs});
   }
 }
 
@@ -150,7 +153,8 @@ const float* attention_backward(const LayerContext& lc, const AttentionConfig& c
                                          .batch = lc.batch,
                                          .seq_len = lc.seq_len,
                                          .num_heads = NH,
-                                         .head_dim = HS});
+                                         .head_dim = HS,
+                                         .doc = lc.docs});
   } else {
     k::attention_backward(lc.ctx, {.d_qkv = ws.d_qkv,
                                    .d_probs = ws.d_probs,
