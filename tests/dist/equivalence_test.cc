@@ -44,7 +44,8 @@ struct Layout {
   int tp = 1;
   // Model flags shared with the single-process reference run it is compared with.
   std::string model_flags;
-  std::string shell_prefix;  // np = 1: before the command (e.g. a ulimit)
+  std::string shell_prefix;     // np = 1: before the command (e.g. a ulimit)
+  std::string data = "corpus";  // the dataset under dir()
 };
 
 class Equivalence : public ::testing::Test {
@@ -71,6 +72,21 @@ class Equivalence : public ::testing::Test {
       builder.end_document();
     }
     builder.finalize();
+    // Short documents, each ended by the end-of-document token (NullTokenizer: id 300): every
+    // 17-token sample holds several (--reset-position-ids, --reset-attention-mask).
+    data::IndexedDatasetBuilder docs((dir() / "corpus_docs").string(), data::TokenDType::kU16);
+    for (int doc = 0; doc < 600; ++doc) {
+      std::vector<std::int32_t> ids(2 + doc % 9);
+      std::int32_t t = static_cast<std::int32_t>(rng() % 300);
+      for (auto& x : ids) {
+        x = (rng() % 4 == 0) ? static_cast<std::int32_t>(rng() % 300) : t;
+        t = (t + 1) % 300;
+      }
+      ids.push_back(300);
+      docs.add_sequence(ids);
+      docs.end_document();
+    }
+    docs.finalize();
     ASSERT_EQ(train({"reference", 1, {}, 1}), 0);
   }
 
@@ -97,7 +113,7 @@ class Equivalence : public ::testing::Test {
            " --clip-grad 1.0 --adam-eps 1e-5 --init-method-std 0.05 --seed 9"
            " --tokenizer-type NullTokenizer --vocab-size 300 --split 98,2,0"
            " --data-path " +
-           (dir() / "corpus").string() + " --data-cache-path " + (dir() / "cache").string() +
+           (dir() / l.data).string() + " --data-cache-path " + (dir() / "cache").string() +
            " --log-interval 1 --eval-interval 100 --eval-iters 0 --peak-tflops 1"
            " --hidden-dropout 0 --attention-dropout 0"
            " --make-vocab-size-divisible-by " +
@@ -138,7 +154,8 @@ class Equivalence : public ::testing::Test {
       c.swiglu = true;
       c.untie_embeddings_and_output_weights = true;
       c.add_bias_linear = false;
-      c.num_query_groups = 2;
+      const std::size_t at = model_flags.find("--num-query-groups ");
+      c.num_query_groups = std::stoi(model_flags.substr(at + 19));
     }
     c.num_layers = 4;
     c.hidden_size = 32;
@@ -154,11 +171,12 @@ class Equivalence : public ::testing::Test {
 
   // The single-process run with the same model flags (computed once per flag set).
   static std::string reference_for(const Layout& l) {
-    if (l.model_flags.empty()) return "reference";
+    if (l.model_flags.empty() && l.data == "corpus") return "reference";
     std::string name = "reference";
-    for (char ch : l.model_flags) name += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+    for (char ch : l.model_flags + l.data)
+      name += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
     if (!fs::exists(run_dir(name) + "/metrics.jsonl")) {
-      EXPECT_EQ(train({name, 1, {}, 1, l.model_flags}), 0) << name;
+      EXPECT_EQ(train({name, 1, {}, 1, l.model_flags, "", l.data}), 0) << name;
     }
     return name;
   }
@@ -400,6 +418,75 @@ TEST_F(Equivalence, LlamaLayouts) {
                       "--recompute-granularity full"},
                      1,
                      kLlama});
+}
+
+// Fewer key/value groups than tensor-parallel ranks: each group's key/value heads are replicated
+// on the tp / G ranks whose query heads use them, their gradients summed over those ranks by the
+// optimizer's gradient finalisation. 2 groups on TP4 with sequence parallelism; multi-query
+// attention (1 group) on TP2 x DP2 with ZeRO-3.
+constexpr const char* kLlamaMqa =
+    "--model llama --group-query-attention --num-query-groups 1 --use-rope-scaling "
+    "--rope-scaling-factor 4";
+TEST_F(Equivalence, LlamaReplicatedKeyValueHeads) {
+  expect_equivalent(
+      {"llama_tp4sp", 4, {"--tensor-model-parallel-size 4 --sequence-parallel"}, 4, kLlama});
+  expect_equivalent({"llama_mqa_tp2dp2zero3",
+                     4,
+                     {"--tensor-model-parallel-size 2 --zero-stage 3"},
+                     2,
+                     kLlamaMqa});
+}
+
+// Llama in BF16 (TP2 x PP2 against one BF16 process, the BF16 tolerance of Bf16Layouts) and with
+// selective recomputation (the unfused attention's probabilities recomputed; TP2 x DP2 against
+// the FP32 reference).
+TEST_F(Equivalence, LlamaBf16AndSelectiveRecompute) {
+  const std::string bf16 = std::string(kLlama) + " --bf16";
+  const std::string ref = reference_for({"x", 1, {}, 1, bf16});
+  const Layout l{"llama_bf16_tp2pp2",
+                 4,
+                 {"--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2"},
+                 2,
+                 bf16};
+  ASSERT_EQ(train(l), 0) << l.name;
+  const auto a = losses(ref), b = losses(l.name);
+  ASSERT_EQ(a.size(), 10u);
+  ASSERT_EQ(b.size(), a.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    EXPECT_NEAR(b[i], a[i], 1e-4 * a[i]) << l.name << " iteration " << i + 1;
+    worst = std::max(worst, std::abs(b[i] - a[i]) / a[i]);
+  }
+  std::printf("%s: max loss rel diff %.2e\n", l.name.c_str(), worst);
+  EXPECT_NE(losses(ref).back(), losses(reference_for({"x", 1, {}, 1, kLlama})).back())
+      << "BF16 must differ from FP32";
+  expect_equivalent({"llama_tp2dp2selective",
+                     4,
+                     {"--tensor-model-parallel-size 2 --recompute-granularity selective"},
+                     2,
+                     kLlama});
+}
+
+// Documents packed into samples (Megatron's --reset-position-ids --reset-attention-mask, with
+// --eod-mask-loss): GPT (learned positions restart) in TP2 x PP2 interleaved, whose middle
+// virtual stages read the tokens too; Llama (rotary positions, fused attention) in PP2 x DP2.
+TEST_F(Equivalence, DocumentsInSamples) {
+  const std::string docs = " --reset-position-ids --reset-attention-mask --eod-mask-loss";
+  expect_equivalent({"gpt_docs_tp2pp2v2",
+                     4,
+                     {"--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
+                      "--num-layers-per-virtual-pipeline-stage 1"},
+                     2,
+                     docs,
+                     "",
+                     "corpus_docs"});
+  expect_equivalent({"llama_docs_pp2dp2flash",
+                     4,
+                     {"--pipeline-model-parallel-size 2"},
+                     1,
+                     std::string(kLlama) + " --use-flash-attn" + docs,
+                     "",
+                     "corpus_docs"});
 }
 
 // The acceptance test: a tiny Llama trained by trident in TP2 x PP2, exported with

@@ -4,6 +4,10 @@
 // `--inputs IN --reference REF --variant V` recomputes in trident (FP32) and compares the logits,
 // transformers' own loss (it shifts the labels itself) and every parameter gradient.
 //
+// Variants gpt2_docs and llama_docs: samples holding several documents (end-of-document tokens
+// inside), trained with --reset-position-ids and --reset-attention-mask; transformers is given
+// Megatron's position ids and block-diagonal causal mask, computed by the Python side itself.
+//
 // Tolerance: for each tensor, max |trident - transformers| / max |transformers| <= 1e-5 (the
 // measured errors are printed).
 #include <gtest/gtest.h>
@@ -26,6 +30,13 @@ using testing::NamedTensor;
 std::string g_inputs, g_reference, g_variant = "gpt2";
 constexpr std::int64_t kBatch = 3;
 
+// "gpt2_docs" -> "gpt2": the architecture of a documents variant.
+std::string base_variant() {
+  const auto at = g_variant.find("_docs");
+  return at == std::string::npos ? g_variant : g_variant.substr(0, at);
+}
+bool documents() { return g_variant != base_variant(); }
+
 model::ModelConfig make_config() {
   model::ModelConfig c;
   c.num_layers = 2;
@@ -38,13 +49,18 @@ model::ModelConfig make_config() {
   c.make_vocab_size_divisible_by = 128;
   c.init_method_std = 0.2f;  // large enough that every layer matters for the output
   c.layernorm_epsilon = 1e-5f;
-  if (g_variant == "bloom") {
+  if (documents()) {
+    c.reset_position_ids = true;
+    c.reset_attention_mask = true;
+    c.eod_token = static_cast<std::int32_t>(c.vocab_size - 1);
+  }
+  if (base_variant() == "bloom") {
     c.position_embedding = model::PositionEmbedding::kAlibi;
     c.embed_layernorm = true;
     c.num_attention_heads = 6;  // not a power of two: the slope extension
     c.hidden_size = 36;
     c.ffn_hidden_size = 4 * 36;  // transformers' BLOOM has no other MLP size
-  } else if (g_variant == "llama") {
+  } else if (base_variant() == "llama") {
     c.normalization = model::Normalization::kRmsNorm;
     c.position_embedding = model::PositionEmbedding::kRope;
     c.swiglu = true;
@@ -68,16 +84,22 @@ int dump(const std::string& path) {
   model::init_params(c, table, 4242, flat.data());
   std::vector<NamedTensor> out;
   out.push_back(testing::make_i64_tensor(
-      "config", {12},
+      "config", {13},
       {c.vocab_size, c.padded_vocab_size(), c.hidden_size, c.num_layers, c.num_attention_heads,
        c.ffn(), c.seq_length, c.max_positions(), kBatch, c.query_groups(), c.rope_scaling ? 1 : 0,
-       c.rope_original_max_positions}));
+       c.rope_original_max_positions, documents() ? c.eod_token : -1}));
   out.push_back(testing::make_f64_tensor("hyper", {5},
                                          {c.layernorm_epsilon, c.rotary_base, c.rope_scaling_factor,
                                           c.rope_low_freq_factor, c.rope_high_freq_factor}));
   std::mt19937 rng(99);
   std::vector<std::int32_t> tok(static_cast<std::size_t>(kBatch * c.seq_length)), lab(tok.size());
-  for (auto& t : tok) t = static_cast<std::int32_t>(rng() % c.vocab_size);
+  for (auto& t : tok) t = static_cast<std::int32_t>(rng() % (c.vocab_size - 1));
+  if (documents()) {
+    // Several documents per sample: EODs inside, adjacent, first and last (T = 12).
+    for (const auto& [b, t] : {std::pair{0, 3}, std::pair{0, 7}, std::pair{1, 0}, std::pair{1, 5},
+                               std::pair{1, 6}, std::pair{1, 11}, std::pair{2, 2}, std::pair{2, 9}})
+      tok[static_cast<std::size_t>(b * c.seq_length + t)] = c.eod_token;
+  }
   // Targets are the next tokens (transformers shifts its labels itself); the last position of
   // each row has none, one more is ignored.
   for (std::int64_t b = 0; b < kBatch; ++b) {

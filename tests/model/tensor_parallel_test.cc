@@ -1,7 +1,8 @@
 // Tensor parallelism inside one process: ranks as threads (ThreadCommunicator). For TP = 2 and 4,
 // with and without sequence parallelism, for GPT-2 and for Llama (RMSNorm, rotary with Llama 3
-// scaling, SwiGLU, grouped-query attention with the key/value groups split across ranks, untied
-// output layer, no biases),
+// scaling, SwiGLU, grouped-query attention with the key/value groups split across ranks, or
+// replicated when there are fewer groups than ranks (2 groups on 4 ranks, multi-query attention on
+// 2 and 4), untied output layer, no biases),
 // each rank's initial weights are exactly its slice of the TP = 1 weights, and the loss, every
 // gradient (gathered by global index) and the global gradient norm equal the single-rank ones.
 // Tolerance: FP32 with different summation orders, max |tp - ref| / max |ref| <= 2e-5.
@@ -27,7 +28,9 @@ struct Result {
   std::vector<float> params, grads;  // flat, of the table used
 };
 
-ModelConfig tiny(int tp, bool llama = false) {
+// groups: Llama's key/value groups (0: GPT-2).
+ModelConfig tiny(int tp, int groups = 0) {
+  const bool llama = groups > 0;
   ModelConfig c;
   if (llama) {
     c.normalization = Normalization::kRmsNorm;
@@ -36,13 +39,13 @@ ModelConfig tiny(int tp, bool llama = false) {
     c.rope_original_max_positions = 4;  // so that the scaling changes the low frequencies
     c.rope_scaling_factor = 4.0f;
     c.swiglu = true;
-    c.num_query_groups = 4;
+    c.num_query_groups = groups;
     c.untie_embeddings_and_output_weights = true;
     c.add_bias_linear = false;
   }
   c.num_layers = 2;
   c.hidden_size = 32;
-  c.num_attention_heads = llama ? 8 : 4;  // Llama: 8 query heads in 4 groups
+  c.num_attention_heads = llama ? 8 : 4;  // Llama: 8 query heads in `groups` groups
   c.ffn_hidden_size = 64;
   c.seq_length = 8;
   c.vocab_size = 250;
@@ -92,6 +95,15 @@ Result run_shard(const ModelConfig& cfg, const ModelShard& shard, comm::Communic
                      comm::ReduceOp::kSum);
     }
   }
+  // Replicated key/value heads: each copy's gradient covers this rank's query heads only (the
+  // GradFinalizer sums them over the ranks sharing the copy).
+  for (const ParamSpec& ps : table.params) {
+    if (ps.tp_replicas <= 1) continue;
+    const auto sub = tp->split(shard.tp_rank / ps.tp_replicas, shard.tp_rank, "replicas");
+    const std::int64_t rb = ps.replicated_begin();
+    sub->all_reduce(r.grads.data() + ps.offset + rb, ps.numel - rb, comm::Datatype::kF32,
+                    comm::ReduceOp::kSum);
+  }
   r.norm_sq = optim::grad_norm_squared_share(ctx, table, {0, table.total_numel}, r.grads.data(),
                                              shard.tp_rank);
   if (tp && tp->size() > 1) tp->all_reduce(std::span<double>(&r.norm_sq, 1), comm::ReduceOp::kSum);
@@ -107,14 +119,14 @@ double rel_err(const std::vector<double>& a, const std::vector<double>& b) {
   return ref > 0 ? diff / ref : diff;
 }
 
-class TensorParallel : public ::testing::TestWithParam<std::tuple<int, bool, bool>> {};
+class TensorParallel : public ::testing::TestWithParam<std::tuple<int, bool, int>> {};
 
 TEST_P(TensorParallel, MatchesOneRank) {
   const int tp = std::get<0>(GetParam());
   const bool sp = std::get<1>(GetParam());
-  const bool llama = std::get<2>(GetParam());
-  const ModelConfig cfg = tiny(tp, llama);
-  const ModelConfig ref_cfg = tiny(1, llama);  // same architecture and padded vocabulary, 1 rank
+  const int groups = std::get<2>(GetParam());
+  const ModelConfig cfg = tiny(tp, groups);
+  const ModelConfig ref_cfg = tiny(1, groups);  // same architecture and padded vocabulary, 1 rank
   ASSERT_EQ(cfg.padded_vocab_size(tp), ref_cfg.padded_vocab_size(1));
   const ParamTable ref_table = build_gpt_param_table(ref_cfg);
   const Result ref = run_shard(ref_cfg, {}, nullptr);
@@ -155,9 +167,50 @@ TEST_P(TensorParallel, MatchesOneRank) {
   }
 }
 
+// GPT-2 (0) and Llama with 4 groups (split) or 1 (replicated) on 2 and 4 ranks, and 2 groups
+// on 4 ranks (each group's key/value heads on 2 ranks) with sequence parallelism.
 INSTANTIATE_TEST_SUITE_P(Sizes, TensorParallel,
                          ::testing::Combine(::testing::Values(2, 4), ::testing::Bool(),
-                                            ::testing::Bool()));
+                                            ::testing::Values(0, 4, 1)));
+INSTANTIATE_TEST_SUITE_P(ReplicatedGroups, TensorParallel,
+                         ::testing::Values(std::tuple{4, true, 2}, std::tuple{4, false, 2}));
+
+// Replicated key/value heads: every query row of the fused QKV weight is on exactly one rank,
+// every key/value row on the tp / G ranks sharing its group, and local_index inverts
+// global_index (-1 on the ranks that do not hold an element).
+TEST(TensorParallelLayout, ReplicatedKeyValueIndices) {
+  for (const auto& [tp, groups] : {std::pair{4, 2}, std::pair{2, 1}, std::pair{4, 1}}) {
+    const ModelConfig cfg = tiny(tp, groups);
+    const ParamTable whole_table = build_gpt_param_table(tiny(1, groups));
+    const ParamSpec& whole = whole_table.find("layers.0.self_attention.query_key_value.weight");
+    std::vector<int> holders(static_cast<std::size_t>(whole.numel), 0);
+    for (int rank = 0; rank < tp; ++rank) {
+      ModelShard shard;
+      shard.tp_size = tp;
+      shard.tp_rank = rank;
+      const ParamTable table = build_gpt_param_table(cfg, shard);
+      const ParamSpec& p = table.find("layers.0.self_attention.query_key_value.weight");
+      ASSERT_EQ(p.tp_replicas, tp / groups);
+      ASSERT_EQ(p.shape[0], cfg.local_qkv_rows(tp));
+      for (std::int64_t i = 0; i < p.numel; ++i) {
+        const std::int64_t g = p.global_index(i, rank);
+        ASSERT_TRUE(g >= 0 && g < whole.numel);
+        ASSERT_EQ(p.local_index(g, rank), i);
+        ++holders[static_cast<std::size_t>(g)];
+      }
+      for (std::int64_t g = 0; g < whole.numel; ++g) {
+        const std::int64_t i = p.local_index(g, rank);
+        ASSERT_TRUE(i == -1 || p.global_index(i, rank) == g) << g;
+      }
+    }
+    const std::int64_t C = cfg.hidden_size, HS = cfg.head_dim(), block = (8 / groups + 2) * HS;
+    for (std::int64_t g = 0; g < whole.numel; ++g) {
+      const bool kv = g / C % block >= 8 / groups * HS;
+      ASSERT_EQ(holders[static_cast<std::size_t>(g)], kv ? tp / groups : 1)
+          << "tp " << tp << " groups " << groups << " element " << g;
+    }
+  }
+}
 
 TEST(TensorParallelLayout, HeadsAndFfnMustDivide) {
   ModelConfig cfg = tiny(4);
@@ -169,12 +222,14 @@ TEST(TensorParallelLayout, HeadsAndFfnMustDivide) {
   cfg = tiny(4);
   cfg.ffn_hidden_size = 66;
   EXPECT_THROW(build_gpt_param_table(cfg, shard), core::InvalidArgument);
-  // Key/value groups are split across ranks, never replicated: 2 groups on 4 ranks is refused.
-  cfg = tiny(4, true);
-  cfg.num_query_groups = 2;
+  // Key/value groups are split across ranks or replicated on tp / G ranks: 6 groups on 4 ranks
+  // (neither divides the other) are refused.
+  cfg = tiny(4, 6);
+  cfg.num_attention_heads = 12;
+  cfg.hidden_size = 48;
   try {
     build_gpt_param_table(cfg, shard);
-    ADD_FAILURE() << "2 query groups on 4 tensor-parallel ranks were accepted";
+    ADD_FAILURE() << "6 query groups on 4 tensor-parallel ranks were accepted";
   } catch (const core::InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("--num-query-groups"), std::string::npos) << e.what();
   }

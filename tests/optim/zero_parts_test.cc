@@ -495,5 +495,47 @@ TEST(GradFinalizer, SequenceParallelLayerNormsSumOverTensorParallel) {
   }
 }
 
+// Key/value heads replicated over tp subgroups (2 query groups on TP 4: ranks {0, 1} share group
+// 0's key/value rows, {2, 3} group 1's): those rows' gradients are summed over the subgroup, the
+// query rows and everything else are untouched; the gradient norm counts each copy once.
+TEST(GradFinalizer, ReplicatedKeyValueRowsSumOverTheirTensorParallelSubgroup) {
+  model::ModelConfig cfg = tiny_config(2);
+  cfg.num_attention_heads = 4;
+  cfg.num_query_groups = 2;
+  for (int dp : {1, 2}) {
+    comm::run_on_threads(
+        4 * dp,
+        [&](comm::Communicator& world) {
+          parallel::ParallelContext par(world, {.tp_size = 4, .dp_size = dp, .pp_size = 1});
+          const int tp = par.coord().tp;
+          OneChunk m(cfg, {.tp_size = 4, .tp_rank = tp});
+          const parallel::ShardPlan plan = plan_for(m.layout, dp);
+          const Range s = plan.shard(par.dp().rank());
+          std::vector<float> g(static_cast<std::size_t>(s.size()));
+          for (std::int64_t i = s.begin; i < s.end; ++i) g[i - s.begin] = grad_value(tp, 0, i);
+          GradFinalizer fin(m.layout, par, 1.0f);
+          fin.sum_tp_replicated({{g.data(), s}, dp > 1});
+          std::int64_t summed = 0;
+          for (const ParamPiece& p : m.layout.pieces(s)) {
+            for (std::int64_t k = 0; k < p.end - p.begin; ++k) {
+              const std::int64_t i = p.flat_begin + k;
+              const bool replicated =
+                  p.spec->tp_replicas > 1 && p.begin + k >= p.spec->replicated_begin();
+              const int first = tp / 2 * 2;  // the subgroup's first rank
+              const float want = replicated ? grad_value(first, 0, i) + grad_value(first + 1, 0, i)
+                                            : grad_value(tp, 0, i);
+              ASSERT_EQ(g[i - s.begin], want) << p.spec->name << " element " << i;
+              if (replicated) ++summed;
+            }
+          }
+          if (dp == 1) {
+            // Two layers' QKV weight and bias: a key and a value head of 4 rows (x 16 columns).
+            EXPECT_EQ(summed, 2 * (2 * 4 * 16 + 2 * 4));
+          }
+        },
+        kWait);
+  }
+}
+
 }  // namespace
 }  // namespace trident::optim

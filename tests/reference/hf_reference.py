@@ -18,7 +18,7 @@ from tensor_file import read_tensor_file, write_tensor_file  # noqa: E402
 # Order of the "config" (i64) and "hyper" (f64) entries written by hf_golden_test.cc.
 CONFIG_KEYS = ["vocab", "vocab_padded", "hidden", "num_layers", "num_heads", "ffn_hidden",
                "seq_len", "max_positions", "batch", "query_groups", "rope_scaling",
-               "rope_original_max_positions"]
+               "rope_original_max_positions", "eod"]
 HYPER_KEYS = ["norm_eps", "rotary_base", "rope_factor", "rope_low", "rope_high"]
 
 
@@ -176,6 +176,37 @@ def llama_grads_back(c, named_grads, name):
                         named_grads[q + "mlp.up_proj.weight"]])
 
 
+def ltor_masks_and_position_ids(tokens, eod):
+    """Megatron's get_ltor_masks_and_position_ids with reset_position_ids and
+    reset_attention_mask: position ids restart after each EOD token, and no token attends across
+    one. Returns position ids (B, T) and the additive (B, 1, T, T) mask (0 or the float64 minimum:
+    causal and block-diagonal)."""
+    B, T = tokens.shape
+    allowed = torch.tril(torch.ones((B, T, T), dtype=torch.bool))
+    position_ids = torch.arange(T, dtype=torch.long).unsqueeze(0).repeat(B, 1)
+    for b in range(B):
+        eod_index = position_ids[b, tokens[b] == eod].clone()
+        prev_index = 0
+        for i in eod_index.tolist():
+            allowed[b, (i + 1):, :(i + 1)] = False
+            position_ids[b, (i + 1):] -= (i + 1 - prev_index)
+            prev_index = i + 1
+    mask = torch.zeros((B, 1, T, T), dtype=torch.float64)
+    mask[~allowed.unsqueeze(1)] = torch.finfo(torch.float64).min
+    return position_ids, mask
+
+
+def gpt2_inject_mask(model, mask):
+    """transformers' GPT-2 takes only a 2-D padding mask: give every attention layer's _attn the
+    4-D additive mask instead (it is added to the causally masked scores before the softmax)."""
+    for block in model.transformer.h:
+        orig = block.attn._attn
+
+        def _attn(query, key, value, attention_mask=None, head_mask=None, orig=orig):
+            return orig(query, key, value, mask, head_mask)
+        block.attn._attn = _attn
+
+
 def run(inputs, variant):
     c = dict(zip(CONFIG_KEYS, (int(v) for v in inputs["config"].tolist())))
     h = dict(zip(HYPER_KEYS, (float(v) for v in inputs["hyper"].tolist())))
@@ -202,7 +233,17 @@ def run(inputs, variant):
     labels = torch.full_like(targets, -100)
     labels[:, 1:] = torch.where(targets[:, :-1] < 0, torch.full_like(targets[:, :-1], -100),
                                 targets[:, :-1])
-    out = model(input_ids=tokens, labels=labels)
+    kwargs = {}
+    if c["eod"] >= 0:  # documents: Megatron's position ids and block-diagonal causal mask
+        position_ids, mask = ltor_masks_and_position_ids(tokens, c["eod"])
+        if (tokens == c["eod"]).sum() < 2 * tokens.shape[0]:
+            raise ValueError("the documents variant needs several EOD tokens per sample")
+        kwargs["position_ids"] = position_ids
+        if variant == "gpt2":
+            gpt2_inject_mask(model, mask)
+        else:
+            kwargs["attention_mask"] = mask
+    out = model(input_ids=tokens, labels=labels, **kwargs)
     out.loss.backward()
     named_grads = {n: p.grad for n, p in model.named_parameters()}
     result = [("logits", out.logits.detach().reshape(-1, c["vocab"])),
@@ -221,10 +262,11 @@ def main(argv):
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--inputs", required=True)
     ap.add_argument("--output", required=True)
-    ap.add_argument("--variant", required=True, choices=["gpt2", "bloom", "llama"])
+    ap.add_argument("--variant", required=True,
+                    choices=["gpt2", "bloom", "llama", "gpt2_docs", "llama_docs"])
     a = ap.parse_args(argv)
     torch.manual_seed(0)
-    write_tensor_file(a.output, run(read_tensor_file(a.inputs), a.variant))
+    write_tensor_file(a.output, run(read_tensor_file(a.inputs), a.variant.replace("_docs", "")))
 
 
 if __name__ == "__main__":

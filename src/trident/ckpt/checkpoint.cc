@@ -171,13 +171,19 @@ void write_file(const std::string& path, const std::string& text) {
 nlohmann::json table_json(const model::ParamTable& t, std::int64_t base) {
   nlohmann::json params = nlohmann::json::array();
   for (const model::ParamSpec& p : t.params) {
-    params.push_back({{"name", p.name},
-                      {"shape", p.shape},
-                      {"global_shape", p.global_shape},
-                      {"tp_split_dim", p.tp_split_dim},
-                      {"shared", p.shared},
-                      {"offset", base + p.offset},
-                      {"numel", p.numel}});
+    nlohmann::json e = {{"name", p.name},
+                        {"shape", p.shape},
+                        {"global_shape", p.global_shape},
+                        {"tp_split_dim", p.tp_split_dim},
+                        {"shared", p.shared},
+                        {"offset", base + p.offset},
+                        {"numel", p.numel}};
+    if (p.tp_replicas > 1) {  // partly replicated (key/value heads shared by tp ranks)
+      e["tp_replicas"] = p.tp_replicas;
+      e["split_rows"] = p.split_rows;
+      e["block_rows"] = p.block_rows;
+    }
+    params.push_back(std::move(e));
   }
   return {{"total_numel", t.total_numel}, {"base", base}, {"params", params}};
 }

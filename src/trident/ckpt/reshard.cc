@@ -178,34 +178,22 @@ void check_param_slice(const model::ParamSpec& src, const std::vector<std::int64
       fail("an unsplit dimension differs from the model's");
     }
   }
+  if (src.tp_replicas < 1) fail("tp_replicas is below 1");
+  if (src.tp_replicas > 1) {
+    // Blocks of block_rows rows, split_rows of them split over tp_replicas ranks (param_table.h).
+    const std::int64_t r = src.tp_replicas, S = src.split_rows, B = src.block_rows;
+    if (split != 0 || S < 1 || B <= S || S % r != 0 || global_shape[0] % B != 0 ||
+        src.shape[0] != S / r + B - S || tp_rank >= global_shape[0] / B * r) {
+      fail("the replicated split is not this tp_rank's rows of the model's");
+    }
+    return;
+  }
   if (split >= 0) {
     const auto sd = static_cast<std::size_t>(split);
     if (global_shape[sd] % src.shape[sd] != 0 || tp_rank >= global_shape[sd] / src.shape[sd]) {
       fail("the split dimension is not this tp_rank's slice of the model's");
     }
   }
-}
-
-// The local index on tensor-parallel rank *tp of global flat index g (the inverse of
-// ParamSpec::global_index); *tp = -1 for a replicated parameter (every rank holds it).
-std::int64_t local_index(const model::ParamSpec& p, std::int64_t g, int* tp) {
-  if (p.tp_split_dim < 0) {
-    *tp = -1;
-    return g;
-  }
-  if (p.tp_split_dim == 0) {
-    *tp = static_cast<int>(g / p.numel);
-    return g % p.numel;
-  }
-  // Split along dim d (a matrix's columns, or SwiGLU's (2, F, C) along F): global (o, j, k) is
-  // rank j / local_d's (o, j % local_d, k).
-  const auto d = static_cast<std::size_t>(p.tp_split_dim);
-  std::int64_t inner = 1;
-  for (std::size_t k = d + 1; k < p.shape.size(); ++k) inner *= p.shape[k];
-  const std::int64_t local_d = p.shape[d], global_d = p.global_shape[d];
-  const std::int64_t o = g / (global_d * inner), j = g / inner % global_d, k = g % inner;
-  *tp = static_cast<int>(j / local_d);
-  return (o * local_d + j % local_d) * inner + k;
 }
 
 }  // namespace
@@ -228,6 +216,9 @@ void load_resharded(const fs::path& it_dir, const nlohmann::json& manifest,
           sp.spec.global_shape = p.at("global_shape").get<std::vector<std::int64_t>>();
           sp.spec.tp_split_dim = p.at("tp_split_dim");
           sp.spec.numel = p.at("numel");
+          sp.spec.tp_replicas = p.value("tp_replicas", 1);
+          sp.spec.split_rows = p.value("split_rows", std::int64_t{0});
+          sp.spec.block_rows = p.value("block_rows", std::int64_t{0});
           sp.offset = p.at("offset");
           by_name[sp.spec.name].push_back(sp);
         }
@@ -281,9 +272,8 @@ void load_resharded(const fs::path& it_dir, const nlohmann::json& manifest,
           for (std::size_t n = 0; n < cands.size() && !done; ++n) {
             const std::size_t c = (last + n) % cands.size();
             SourceParam& sp = cands[c];
-            int tp = -1;
-            const std::int64_t j = local_index(sp.spec, g, &tp);
-            if (tp >= 0 && tp != sp.shard->tp_rank()) continue;
+            const std::int64_t j = sp.spec.local_index(g, sp.shard->tp_rank());
+            if (j < 0) continue;  // another tp rank's slice
             const std::int64_t src_at = sp.offset + j;
             if (!sp.shard->holds(k, src_at)) continue;
             // data(k)[0] is the shard's stored element begin(k).

@@ -5,7 +5,9 @@
 // k and v vectors sit next to each other, so a tensor-parallel rank's heads are one contiguous
 // column block of the QKV projection. The output is out(B, T, NH, HS) = (B, T, C).
 //
-//   scores = q k^T / sqrt(HS), masked causally (key > query never attends),
+//   scores = q k^T / sqrt(HS), masked causally (key > query never attends) and, with document ids
+//   (--reset-attention-mask), across documents (key c attends from query t only if doc[c] ==
+//   doc[t]),
 //   probs  = softmax(scores), out = probs v.
 #pragma once
 
@@ -21,7 +23,9 @@ struct AttentionForwardArgs {
                                //                    above the diagonal are written as 0
   const float* qkv = nullptr;  // (B, T, NH, 3, HS)
   std::int64_t batch = 0, seq_len = 0, num_heads = 0, head_dim = 0;
+  const std::int32_t* doc = nullptr;  // (B, T) document id of each token, or null: one document
 };
+// The backward needs no document ids: the masked probabilities are 0.
 void attention_forward(const core::ExecContext& ctx, const AttentionForwardArgs& args);
 
 struct AttentionBackwardArgs {

@@ -18,6 +18,9 @@ struct EmbeddingForwardArgs {
   std::int64_t batch = 0, seq_len = 0, hidden = 0;
   std::int64_t vocab_start = 0, vocab_local = 0;
   std::int64_t position_offset = 0;  // first position id (generation with a KV cache)
+  // (B*T) position id of each row (--reset-position-ids: restarting after each end of document),
+  // or null: position_offset + t.
+  const std::int32_t* positions = nullptr;
 };
 void embedding_forward(const core::ExecContext& ctx, const EmbeddingForwardArgs& args);
 
@@ -31,6 +34,7 @@ struct EmbeddingBackwardArgs {
   const std::int32_t* tokens = nullptr;  // (B*T)
   std::int64_t batch = 0, seq_len = 0, hidden = 0;
   std::int64_t vocab_start = 0, vocab_local = 0;
+  const std::int32_t* positions = nullptr;  // (B*T) as in the forward, or null: t
 };
 void embedding_backward(const core::ExecContext& ctx, const EmbeddingBackwardArgs& args);
 

@@ -9,6 +9,7 @@
 //   s[q, k] = q . k / sqrt(HS) + slope[h] * k      (ALiBi: the key position; the row constant
 //                                                    -slope * q cancels in the softmax)
 //   p = softmax over k <= q of s;   out = (p * keep / (1 - dropout)) v
+//   (with document ids, --reset-attention-mask: over k <= q with doc[k] == doc[q] only)
 //
 // Dropout masks are a pure function of (seed, stream, global index): element (q, k) of head h of
 // sample `first_sample + b` has index ((sample * total_heads + head_offset + h) * T + q) * T + k,
@@ -40,6 +41,7 @@ struct FlashAttentionForwardArgs {
   const float* alibi = nullptr;  // (NH) slopes, or null for no bias
   AttentionDropout dropout;
   std::int64_t batch = 0, seq_len = 0, num_heads = 0, head_dim = 0;
+  const std::int32_t* doc = nullptr;  // (B, T) document id of each token, or null: one document
 };
 void flash_attention_forward(const core::ExecContext& ctx, const FlashAttentionForwardArgs& args);
 
@@ -52,6 +54,7 @@ struct FlashAttentionBackwardArgs {
   const float* alibi = nullptr;  // (NH) or null
   AttentionDropout dropout;
   std::int64_t batch = 0, seq_len = 0, num_heads = 0, head_dim = 0;
+  const std::int32_t* doc = nullptr;  // (B, T) as in the forward
 };
 void flash_attention_backward(const core::ExecContext& ctx, const FlashAttentionBackwardArgs& args);
 

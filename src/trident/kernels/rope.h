@@ -9,8 +9,8 @@
 //     y[i]              = x[i] cos(angle) - x[i + head_dim/2] sin(angle)
 //     y[i + head_dim/2] = x[i + head_dim/2] cos(angle) + x[i] sin(angle)
 // (the "rotate half" form of GPT-NeoX, Llama and Megatron's default). Row r is token
-// r % seq_len of its sample, at position position + r % seq_len. inv_freq null: no rotation (the
-// expansion of grouped heads only).
+// r % seq_len of its sample, at position position + r % seq_len, or positions[r] when given
+// (--reset-position-ids). inv_freq null: no rotation (the expansion of grouped heads only).
 #pragma once
 
 #include <cstdint>
@@ -23,7 +23,8 @@ struct RopeQkvShape {
   std::int64_t rows = 0, seq_len = 0;
   std::int64_t position = 0;  // position of each sample's first row
   std::int64_t groups = 0, heads_per_group = 1, head_dim = 0;
-  const float* inv_freq = nullptr;  // (head_dim / 2) or null
+  const float* inv_freq = nullptr;          // (head_dim / 2) or null
+  const std::int32_t* positions = nullptr;  // (rows) position of each row, or null
   std::int64_t in_cols() const { return groups * (heads_per_group + 2) * head_dim; }
   std::int64_t out_cols() const { return groups * heads_per_group * 3 * head_dim; }
 };

@@ -50,6 +50,11 @@ struct ModelConfig {
   // Attention kernel: the fused flash-style one (no (T x T) probabilities kept) or the unfused
   // one; ALiBi and attention dropout need the fused kernel.
   bool use_flash_attention = false;
+  // Documents packed into one sample (Megatron's get_ltor_masks_and_position_ids), each ended by
+  // the token eod_token (the tokenizer's end of document, set by the trainer):
+  bool reset_position_ids = false;    // positions restart after each end-of-document token
+  bool reset_attention_mask = false;  // no token attends to an earlier document's
+  std::int32_t eod_token = -1;
   Recompute recompute = Recompute::kNone;
   bool recompute_block = false;           // method block: the first recompute_num_layers layers
   std::int64_t recompute_num_layers = 1;  // of each stage; uniform: every layer (per layer)
@@ -58,6 +63,7 @@ struct ModelConfig {
   // memory; 0 keeps every row's logits (generation and the golden tests read them).
   std::int64_t loss_chunk_rows = 0;
 
+  bool documents() const { return reset_position_ids || reset_attention_mask; }
   // Whether local layer `l` of a shard is fully recomputed.
   bool recomputes(std::int64_t l) const {
     return recompute == Recompute::kFull && (!recompute_block || l < recompute_num_layers);
@@ -78,6 +84,15 @@ struct ModelConfig {
   }
   // Rows of the fused QKV weight: every query head plus a key and a value head per group.
   std::int64_t qkv_rows() const { return (num_attention_heads + 2 * query_groups()) * head_dim(); }
+  // Key/value groups one of tp ranks holds: G / tp, or 1 when there are fewer groups than ranks
+  // (then tp / G ranks share each group's key and value heads, replicated).
+  std::int64_t local_query_groups(std::int64_t tp) const {
+    return query_groups() >= tp ? query_groups() / tp : 1;
+  }
+  // Rows of one tp rank's slice of the fused QKV weight.
+  std::int64_t local_qkv_rows(std::int64_t tp) const {
+    return (num_attention_heads / tp + 2 * local_query_groups(tp)) * head_dim();
+  }
   // Columns of the MLP's up-projection output (SwiGLU: gate and up).
   std::int64_t fc_rows() const { return swiglu ? 2 * ffn() : ffn(); }
   bool tied_output() const { return !untie_embeddings_and_output_weights; }

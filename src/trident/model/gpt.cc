@@ -87,7 +87,7 @@ void layout_activations(const ModelConfig& cfg, const ModelShard& shard, std::in
   const std::int64_t tp = shard.tp_size;
   const std::int64_t BT = B * T, C = cfg.hidden_size, F = cfg.ffn() / tp;
   const std::int64_t NH = cfg.num_attention_heads / tp, Cl = C / tp;
-  const std::int64_t Ql = cfg.qkv_rows() / tp, FCl = cfg.fc_rows() / tp;  // projection outputs
+  const std::int64_t Ql = cfg.local_qkv_rows(tp), FCl = cfg.fc_rows() / tp;  // projection outputs
   const bool grouped = expands_qkv(cfg);
   const std::int64_t Vl = cfg.padded_vocab_size(tp) / tp;
   const std::int64_t R = shard.sequence_parallel ? BT / tp : BT;  // residual-stream rows
@@ -368,7 +368,10 @@ struct Transformer {
                        .attention_p = rt_.training ? cfg_.attention_dropout : 0.0f,
                        .seed = rt_.dropout_seed,
                        .iteration = a_.iteration,
-                       .first_sample = a_.first_sample}} {
+                       .first_sample = a_.first_sample},
+           .positions =
+               cfg_.reset_position_ids && !a_.positions.empty() ? a_.positions.data() : nullptr,
+           .docs = cfg_.reset_attention_mask && !a_.docs.empty() ? a_.docs.data() : nullptr} {
     TRIDENT_ASSERT(tp_size_of(rt) == rt.shard.tp_size, "tp group of ", tp_size_of(rt),
                    " ranks for a shard of ", rt.shard.tp_size);
     TRIDENT_ASSERT(region.local_rows() == a.stage_rows, "activations laid out for ", a.stage_rows,
@@ -426,9 +429,39 @@ void gpt_forward(const core::ExecContext& ctx, const ModelConfig& cfg, const Mod
   gpt_forward(ctx, cfg, rt, p, tokens, a, KvCacheForward{});
 }
 
+bool stage_reads_tokens(const ModelConfig& cfg, const ModelShard& shard) {
+  return shard.has_embedding || shard.has_head || cfg.documents();
+}
+
+void document_ids(const std::int32_t* tokens, std::int64_t B, std::int64_t T,
+                  std::int32_t eod_token, std::int32_t* positions, std::int32_t* docs) {
+  for (std::int64_t b = 0; b < B; ++b) {
+    std::int32_t doc = 0, start = 0;
+    for (std::int64_t t = 0; t < T; ++t) {
+      positions[b * T + t] = static_cast<std::int32_t>(t) - start;
+      docs[b * T + t] = doc;
+      if (tokens[b * T + t] == eod_token) {  // the next token starts a document
+        ++doc;
+        start = static_cast<std::int32_t>(t + 1);
+      }
+    }
+  }
+}
+
 void gpt_forward(const core::ExecContext& ctx, const ModelConfig& cfg, const ModelRuntime& rt,
                  const GptParams& p, const std::int32_t* tokens, GptActivations& a,
                  const KvCacheForward& kv) {
+  if (cfg.documents()) {
+    TRIDENT_CHECK(kv.caches.empty(),
+                  "--reset-position-ids / --reset-attention-mask are for training, not generation");
+    TRIDENT_CHECK(cfg.eod_token >= 0,
+                  "--reset-position-ids / --reset-attention-mask need the "
+                  "tokenizer's end-of-document token");
+    const auto n = static_cast<std::size_t>(a.batch * a.seq_len);
+    a.positions.resize(n);
+    a.docs.resize(n);
+    document_ids(tokens, a.batch, a.seq_len, cfg.eod_token, a.positions.data(), a.docs.data());
+  }
   const Transformer m(ctx, cfg, rt, p, a);
   const std::int64_t C = cfg.hidden_size;
   TRIDENT_ASSERT(kv.caches.empty() || std::ssize(kv.caches) == m.layers(), "KV caches for ",

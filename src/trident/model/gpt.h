@@ -146,8 +146,11 @@ struct GptActivations {
   float* logits = nullptr;     // head.logits: (B*T, Vp/tp); d_logits after gpt_loss with gradients
                                // (null with cfg.loss_chunk_rows > 0: never all materialised)
   layers::Workspace ws{};      // scratch shared by the layers
-  float* d_x = nullptr;        // (B*T, C) gradient of the residual stream; on a stage without the
-                               // embedding, the gradient of its input after gpt_backward
+  // Documents inside the samples (ModelConfig::documents()): per token, its position and its
+  // document's index in the sample, derived from the tokens by every stage's forward.
+  std::vector<std::int32_t> positions, docs;
+  float* d_x = nullptr;  // (B*T, C) gradient of the residual stream; on a stage without the
+                         // embedding, the gradient of its input after gpt_backward
 
   // The stage's output (the last layer's residual stream, or `encoded` without layers).
   const float* output() const { return layers.empty() ? encoded : layers.back().out; }
@@ -167,8 +170,20 @@ void make_activations(const ModelConfig& cfg, const ModelShard& shard, std::int6
 // Forward of the shard. First stage: embeds tokens (B*T); otherwise reads acts.encoded (the
 // previous stage's output, written there by the caller). Last stage: computes acts.logits (with
 // cfg.loss_chunk_rows > 0 only the final norm: the logits come chunk by chunk in gpt_loss).
+// With documents (--reset-position-ids / --reset-attention-mask) every stage reads the tokens
+// (their end-of-document tokens), see stage_reads_tokens.
 void gpt_forward(const core::ExecContext& ctx, const ModelConfig& cfg, const ModelRuntime& rt,
                  const GptParams& params, const std::int32_t* tokens, GptActivations& acts);
+
+// Whether a stage's forward and backward read the micro-batch's tokens: the first stage (the
+// embedding), the last (the loss's labels come with them), and every stage with documents.
+bool stage_reads_tokens(const ModelConfig& cfg, const ModelShard& shard);
+
+// Megatron's get_ltor_masks_and_position_ids for one micro-batch of B samples of T tokens: the
+// document of token t is the number of end-of-document tokens before t in its sample, its position
+// t minus the first position of its document (the end-of-document token ends its document).
+void document_ids(const std::int32_t* tokens, std::int64_t B, std::int64_t T,
+                  std::int32_t eod_token, std::int32_t* positions, std::int32_t* docs);
 
 // Generation (generate.h): the same forward over new tokens of one sample (B = 1) at positions
 // [position, position + T), attending to and appending to one KV cache per layer.

@@ -22,8 +22,27 @@ std::int64_t ParamTable::num_parameters() const {
   return n;
 }
 
+namespace {
+// Elements per row of dim 0.
+std::int64_t row_elems(const ParamSpec& p) { return p.numel / p.shape[0]; }
+}  // namespace
+
+std::int64_t ParamSpec::replicated_begin() const {
+  if (tp_replicas <= 1) return numel;
+  return split_rows / tp_replicas * row_elems(*this);
+}
+
 std::int64_t ParamSpec::global_index(std::int64_t i, int tp_rank) const {
   if (tp_split_dim < 0) return i;
+  if (tp_replicas > 1) {
+    const std::int64_t inner = row_elems(*this), row = i / inner,
+                       local_split = split_rows / tp_replicas;
+    const std::int64_t block = tp_rank / tp_replicas, part = tp_rank % tp_replicas;
+    const std::int64_t global_row =
+        block * block_rows +
+        (row < local_split ? part * local_split + row : split_rows + row - local_split);
+    return global_row * inner + i % inner;
+  }
   if (tp_split_dim == 0) return static_cast<std::int64_t>(tp_rank) * numel + i;
   // Split along dim d: local index (outer o, j along d, inner k) sits at global (o, rank * local_d
   // + j, k). A matrix split along dim 1 has inner = 1; SwiGLU's (2, F, C) up-projection splits F.
@@ -35,16 +54,53 @@ std::int64_t ParamSpec::global_index(std::int64_t i, int tp_rank) const {
   return (o * global_d + static_cast<std::int64_t>(tp_rank) * local_d + j) * inner + k;
 }
 
+std::int64_t ParamSpec::local_index(std::int64_t g, int tp_rank) const {
+  if (tp_split_dim < 0) return g;
+  if (tp_replicas > 1) {
+    const std::int64_t inner = row_elems(*this), global_row = g / inner;
+    const std::int64_t local_split = split_rows / tp_replicas;
+    if (global_row / block_rows != tp_rank / tp_replicas) return -1;
+    const std::int64_t w = global_row % block_rows;
+    std::int64_t row = 0;
+    if (w < split_rows) {
+      if (w / local_split != tp_rank % tp_replicas) return -1;
+      row = w % local_split;
+    } else {
+      row = local_split + w - split_rows;
+    }
+    return row * inner + g % inner;
+  }
+  if (tp_split_dim == 0) return g / numel == tp_rank ? g % numel : -1;
+  // Split along dim d (a matrix's columns, or SwiGLU's (2, F, C) along F): global (o, j, k) is
+  // rank j / local_d's (o, j % local_d, k).
+  const auto d = static_cast<std::size_t>(tp_split_dim);
+  std::int64_t inner = 1;
+  for (std::size_t k = d + 1; k < shape.size(); ++k) inner *= shape[k];
+  const std::int64_t local_d = shape[d], global_d = global_shape[d];
+  const std::int64_t o = g / (global_d * inner), j = g / inner % global_d, k = g % inner;
+  if (j / local_d != tp_rank) return -1;
+  return (o * local_d + j % local_d) * inner + k;
+}
+
 namespace {
 void add(ParamTable& t, const ModelShard& shard, std::string name,
          std::vector<std::int64_t> global_shape, int split_dim, InitRule init, bool weight_decay,
-         int layer) {
+         int layer, int replicas = 1, std::int64_t split_rows = 0, std::int64_t block_rows = 0) {
   ParamSpec p;
   p.name = std::move(name);
   p.global_shape = global_shape;
   p.shape = std::move(global_shape);
   p.tp_split_dim = shard.tp_size > 1 ? split_dim : -1;
-  if (p.tp_split_dim >= 0) {
+  if (p.tp_split_dim == 0 && replicas > 1) {
+    // Blocks of block_rows: split_rows split over `replicas` ranks, the rest replicated.
+    TRIDENT_ASSERT(split_rows % replicas == 0 && p.shape[0] % block_rows == 0 &&
+                       p.shape[0] / block_rows * replicas == shard.tp_size,
+                   p.name, ": bad replicated split");
+    p.tp_replicas = replicas;
+    p.split_rows = split_rows;
+    p.block_rows = block_rows;
+    p.shape[0] = split_rows / replicas + block_rows - split_rows;
+  } else if (p.tp_split_dim >= 0) {
     std::int64_t& d = p.shape[static_cast<std::size_t>(p.tp_split_dim)];
     TRIDENT_ASSERT(d % shard.tp_size == 0, p.name, " dim ", p.tp_split_dim, " (", d,
                    ") not divisible by tp ", shard.tp_size);
@@ -71,10 +127,11 @@ ParamTable build_gpt_param_table(const ModelConfig& cfg, const ModelShard& shard
   TRIDENT_CHECK(cfg.num_attention_heads % tp == 0, "--num-attention-heads (",
                 cfg.num_attention_heads, ") must be divisible by --tensor-model-parallel-size (",
                 tp, ")");
-  TRIDENT_CHECK(cfg.query_groups() % tp == 0, "--num-query-groups (", cfg.query_groups(),
-                ") must be divisible by --tensor-model-parallel-size (", tp,
-                "): each tensor-parallel rank holds whole key/value groups (replicating key/value "
-                "heads across ranks is not supported)");
+  const std::int64_t G = cfg.query_groups();
+  TRIDENT_CHECK(G % tp == 0 || tp % G == 0, "--num-query-groups (", G,
+                ") and --tensor-model-parallel-size (", tp,
+                ") must divide one another: each tensor-parallel rank holds whole key/value groups "
+                "(G / tp of them), or tp / G ranks share one group's key/value heads");
   TRIDENT_CHECK(cfg.ffn() % tp == 0, "--ffn-hidden-size (", cfg.ffn(),
                 ") must be divisible by --tensor-model-parallel-size (", tp, ")");
   const std::int64_t L = shard.layers(cfg);
@@ -113,9 +170,17 @@ ParamTable build_gpt_param_table(const ModelConfig& cfg, const ModelShard& shard
     // Column-parallel (split along the output rows): whole heads per rank, since the rows are
     // interleaved per query group (G, NH/G + 2, HS): the group's query heads, its key and value
     // head (multi-head attention: (NH, 3, HS)).
-    const std::int64_t Q = cfg.qkv_rows();
-    add_p(p + "self_attention.query_key_value.weight", {Q, C}, 0, InitRule::kNormal, true, l);
-    if (bias) add_p(p + "self_attention.query_key_value.bias", {Q}, 0, InitRule::kZeros, false, l);
+    // Fewer groups than ranks: tp / G ranks split a group's query heads and each holds the
+    // group's key and value heads (replicated).
+    const std::int64_t Q = cfg.qkv_rows(), HS = cfg.head_dim();
+    const int reps = G < tp ? static_cast<int>(tp / G) : 1;
+    const std::int64_t q_rows = cfg.num_attention_heads / G * HS, block = q_rows + 2 * HS;
+    add(t, shard, p + "self_attention.query_key_value.weight", {Q, C}, 0, InitRule::kNormal, true,
+        l, reps, q_rows, block);
+    if (bias) {
+      add(t, shard, p + "self_attention.query_key_value.bias", {Q}, 0, InitRule::kZeros, false, l,
+          reps, q_rows, block);
+    }
     // Row-parallel (split along the input columns); its bias is added once, after the reduction.
     add_p(p + "self_attention.dense.weight", {C, C}, 1, InitRule::kScaledNormal, true, l);
     if (bias) add_p(p + "self_attention.dense.bias", {C}, -1, InitRule::kZeros, false, l);
@@ -174,6 +239,23 @@ void init_params_range(const ModelConfig& cfg, const ParamTable& table, std::uin
         break;
       case InitRule::kNormal:
       case InitRule::kScaledNormal: {
+        const double stddev = p.init == InitRule::kNormal ? std_normal : std_scaled;
+        if (p.tp_replicas > 1) {
+          // Two runs of consecutive global indices: this rank's query rows, its key/value rows.
+          const std::int64_t rb = p.replicated_begin();
+          for (const auto& [a, b] :
+               {std::pair{lo, std::min(hi, rb)}, std::pair{std::max(lo, rb), hi}}) {
+            if (a >= b) continue;
+            kernels::init_normal(ctx, {.out = dst + (a - lo),
+                                       .begin = a,
+                                       .end = b,
+                                       .seed = seed,
+                                       .stream = core::fnv1a64(p.name.c_str()),
+                                       .stddev = stddev,
+                                       .base = p.global_index(a, tp_rank) - a});
+          }
+          break;
+        }
         // Keyed by the global element index (ParamSpec::global_index, as the kernel's formula).
         // Split along dim 1: each row of dim 0 holds local_cols = numel / shape[0] elements of
         // global_cols (SwiGLU's (2, F, C) up-projection: rows are gate and up, columns F x C).

@@ -49,12 +49,26 @@ struct ParamSpec {
   int layer = -1;            // transformer layer index, -1 for embeddings / final norm
   std::int64_t offset = 0;   // element offset in the flat buffer
   std::int64_t numel = 0;
+  // Partly replicated split (grouped-query attention with fewer key/value groups than tp ranks):
+  // dim 0 of the whole parameter is blocks of `block_rows` rows (a query group); the first
+  // `split_rows` of each block (its query heads) are split among `tp_replicas` consecutive tp
+  // ranks, the rest (its key and value heads) are held whole by each of them. Rank t holds block
+  // t / tp_replicas: slice t % tp_replicas of the split rows, then the replicated rows. The
+  // replicated elements' gradients are summed over those ranks, so the copies stay identical.
+  // tp_replicas 1: a plain split.
+  int tp_replicas = 1;
+  std::int64_t split_rows = 0, block_rows = 0;
 
   // Replicated across tensor-parallel ranks (LayerNorms, row-parallel biases, position
   // embeddings): counted once (on tp rank 0) in the gradient norm.
   bool tp_duplicated() const { return tp_split_dim < 0; }
+  // The first local element of the part replicated over tp_replicas ranks (numel when none).
+  std::int64_t replicated_begin() const;
   // The global (unsplit) flat index of local element i on tensor-parallel rank tp_rank.
   std::int64_t global_index(std::int64_t i, int tp_rank) const;
+  // The inverse: the local index of global flat index g on tp rank tp_rank, or -1 when that rank
+  // does not hold it.
+  std::int64_t local_index(std::int64_t g, int tp_rank) const;
 };
 
 struct ParamTable {

@@ -35,8 +35,10 @@ double grad_norm_squared_share(const core::ExecContext& ctx, const model::ParamT
   double sum = 0;
   for (const model::ParamSpec& p : table.params) {
     if (p.shared || (p.tp_duplicated() && tp_rank != 0)) continue;
+    // A partly replicated parameter's copies count once: on the first rank of each subgroup.
+    const std::int64_t counted = tp_rank % p.tp_replicas == 0 ? p.numel : p.replicated_begin();
     const std::int64_t lo = std::max(p.offset, range.begin);
-    const std::int64_t hi = std::min(p.offset + p.numel, range.end);
+    const std::int64_t hi = std::min(p.offset + counted, range.end);
     if (lo < hi) sum += kernels::sum_squares(ctx, grads + (lo - range.begin), hi - lo);
   }
   return sum;

@@ -1,6 +1,7 @@
 #include "trident/optim/grad_finalize.h"
 
 #include <algorithm>
+#include <set>
 
 #include "trident/kernels/overflow.h"
 #include "trident/optim/adamw_optimizer.h"
@@ -11,6 +12,14 @@ GradFinalizer::GradFinalizer(const FlatLayout& layout, const parallel::ParallelC
                              float clip_grad)
     : layout_(layout), par_(par), clip_grad_(clip_grad) {
   model_parallel_ = par.world().split(par.coord().dp, par.rank(), "mp");
+  // Every rank of a tp group has the same tables, so all of them split (collectively) alike.
+  std::set<int> replicas;
+  for (const LayoutChunk& ch : layout.chunks())
+    for (const model::ParamSpec& p : ch.table->params)
+      if (p.tp_replicas > 1) replicas.insert(p.tp_replicas);
+  const int tp_rank = par.tp().rank();
+  for (const int r : replicas)
+    replica_groups_[r] = par.tp().split(tp_rank / r, tp_rank, core::str("tp_replicas", r));
 }
 
 void GradFinalizer::sum_tied_embeddings(const GradSync& sync) {
@@ -35,6 +44,19 @@ void GradFinalizer::sum_sequence_parallel_norms(const HeldGrads& held) {
     if (!p.spec->sequence_parallel) continue;
     par_.tp().all_reduce(held.grads.data + (p.flat_begin - held.grads.range.begin), p.end - p.begin,
                          comm::Datatype::kF32, comm::ReduceOp::kSum);
+  }
+}
+
+void GradFinalizer::sum_tp_replicated(const HeldGrads& held) {
+  // Like the LayerNorm sums: the subgroup's ranks hold the same flat layout and held range.
+  if (replica_groups_.empty()) return;
+  for (const ParamPiece& p : layout_.pieces(held.grads.range)) {
+    if (p.spec->tp_replicas <= 1) continue;
+    const std::int64_t lo = std::max(p.begin, p.spec->replicated_begin());
+    if (lo >= p.end) continue;
+    replica_groups_.at(p.spec->tp_replicas)
+        ->all_reduce(held.grads.data + (p.flat_begin + (lo - p.begin) - held.grads.range.begin),
+                     p.end - lo, comm::Datatype::kF32, comm::ReduceOp::kSum);
   }
 }
 
@@ -66,6 +88,7 @@ bool GradFinalizer::any_overflow(const core::ExecContext& ctx, const HeldGrads& 
 FinalizedGrads GradFinalizer::finalize(const core::ExecContext& ctx, const HeldGrads& held,
                                        const GradScaling& scaling) {
   sum_sequence_parallel_norms(held);
+  sum_tp_replicated(held);
   FinalizedGrads f;
   f.grad_norm = global_norm(ctx, held) / scaling.loss_scale;
   const bool overflow = std::isfinite(scaling.overflow_threshold)

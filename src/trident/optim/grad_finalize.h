@@ -3,12 +3,16 @@
 //     their gradients over the embedding group (before the dp reduction, while whole);
 //   - sequence-parallel LayerNorm sums: each tp rank's LayerNorm gradient covers only its token
 //     rows, so the held gradients of those parameters are summed over tp;
+//   - replicated-part sums: a parameter partly replicated over a subgroup of tp ranks
+//     (ParamSpec::tp_replicas, grouped-query attention's key/value heads with fewer groups than
+//     ranks) has each copy's gradient from that rank's heads only: summed over the subgroup;
 //   - the global gradient norm, counting each parameter element once in the whole job;
 //   - the loss-scale overflow check (FP16) and the clipping coefficient.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <memory>
 
 #include "trident/comm/communicator.h"
@@ -42,6 +46,8 @@ class GradFinalizer {
   void sum_tied_embeddings(const GradSync& sync);
   // Sums the sequence-parallel LayerNorm gradients over tp within the held range.
   void sum_sequence_parallel_norms(const HeldGrads& held);
+  // Sums the replicated parts of partly replicated parameters over their tp subgroups.
+  void sum_tp_replicated(const HeldGrads& held);
   // sqrt of the sum of squares over the whole job.
   double global_norm(const core::ExecContext& ctx, const HeldGrads& held);
   // True when any rank holds a gradient above threshold in magnitude or not finite.
@@ -55,6 +61,8 @@ class GradFinalizer {
   const parallel::ParallelContext& par_;
   float clip_grad_;
   std::unique_ptr<comm::Communicator> model_parallel_;  // ranks with this rank's dp coordinate
+  // tp_replicas -> the subgroup of that many consecutive tp ranks holding this rank's copies.
+  std::map<int, std::unique_ptr<comm::Communicator>> replica_groups_;
 };
 
 }  // namespace trident::optim

@@ -99,7 +99,7 @@ void PipelineExecutor::forward_step(const core::ExecContext& ctx, const ModelVie
   Slot& s = acquire(chunk, micro);
   const std::int64_t rows = s.acts.stage_rows;  // B*T, or this tp rank's rows with SP
   const model::ModelShard& shard = model_.chunks()[static_cast<std::size_t>(chunk)].shard;
-  if (shard.has_embedding || shard.has_head) batches.fill(micro, s.tokens.data(), s.labels.data());
+  if (model::stage_reads_tokens(cfg, shard)) batches.fill(micro, s.tokens.data(), s.labels.data());
   s.acts.first_sample = batches.first_sample(micro);
   s.acts.iteration = batches.iteration;
   comm::Communicator& pp = par_.pp();

@@ -253,6 +253,10 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
                  "Pad the vocabulary to exactly this size (a multiple of tensor-parallel size)");
   app.add_flag("--eod-mask-loss", c.eod_mask_loss,
                "No loss where the input token is end-of-document");
+  app.add_flag("--reset-position-ids", c.model.reset_position_ids,
+               "Positions restart after each end-of-document token");
+  app.add_flag("--reset-attention-mask", c.model.reset_attention_mask,
+               "No attention across end-of-document tokens within a sample");
   app.add_option("--dataloader-type", c.dataloader_type, "single (Megatron's sampler)")
       ->capture_default_str();
 

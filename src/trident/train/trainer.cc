@@ -313,6 +313,8 @@ void Trainer::build_tokenizer() {
   cfg_.model.validate();
   cfg_.resolve_loss_chunk_rows();
   mask_eod_ = cfg_.eod_mask_loss ? tokenizer_->eod() : -1;
+  // --reset-position-ids / --reset-attention-mask: documents end at the tokenizer's EOD.
+  if (cfg_.model.documents()) cfg_.model.eod_token = tokenizer_->eod();
 }
 
 // Megatron's GPTDataset / BlendedDataset indices, built (or loaded from the cache) on rank 0

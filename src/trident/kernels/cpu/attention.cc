@@ -48,6 +48,24 @@ void causal_softmax_row(float* p, std::int64_t r, std::int64_t T) {
   std::fill(p + r + 1, p + T, 0.0f);
 }
 
+// The same over the keys of row r's document only (doc: the sample's document ids); the others'
+// probabilities are 0.
+void document_softmax_row(float* p, std::int64_t r, std::int64_t T, const std::int32_t* doc) {
+  float max = -INFINITY;
+  for (std::int64_t c = 0; c <= r; ++c)
+    if (doc[c] == doc[r]) max = std::max(max, p[c]);
+  float sum = 0.0f;
+  for (std::int64_t c = 0; c <= r; ++c) {
+    const float e = doc[c] == doc[r] ? detail::exp_approx(p[c] - max) : 0.0f;
+    p[c] = e;
+    sum += e;
+  }
+  const float inv = 1.0f / sum;
+#pragma omp simd
+  for (std::int64_t c = 0; c <= r; ++c) p[c] *= inv;
+  std::fill(p + r + 1, p + T, 0.0f);
+}
+
 }  // namespace
 
 void attention_forward(const core::ExecContext& ctx, const AttentionForwardArgs& args) {
@@ -82,7 +100,13 @@ void attention_forward(const core::ExecContext& ctx, const AttentionForwardArgs&
                    .ldb = d.ld_qkv,
                    .c = P + r0 * d.T,
                    .ldc = d.T});
-    for (std::int64_t r = r0; r < r1; ++r) causal_softmax_row(P + r * d.T, r, d.T);
+    for (std::int64_t r = r0; r < r1; ++r) {
+      if (args.doc) {
+        document_softmax_row(P + r * d.T, r, d.T, args.doc + b * d.T);
+      } else {
+        causal_softmax_row(P + r * d.T, r, d.T);
+      }
+    }
     // out[r0:r1] = P[r0:r1, 0:r1] V[0:r1]  (P is 0 above the diagonal).
     detail::sgemm({.m = r1 - r0,
                    .n = d.HS,

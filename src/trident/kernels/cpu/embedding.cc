@@ -46,7 +46,8 @@ void embedding_forward(const core::ExecContext& ctx, const EmbeddingForwardArgs&
     const bool owned = local >= 0 && local < args.vocab_local;
     float* o = args.out + row * C;
     const float* e = owned ? args.wte + local * C : nullptr;
-    const float* p = args.wpe ? args.wpe + (args.position_offset + t) * C : nullptr;
+    const std::int64_t pos = args.positions ? args.positions[row] : args.position_offset + t;
+    const float* p = args.wpe ? args.wpe + pos * C : nullptr;
     if (e && p) {
 #pragma omp simd
       for (std::int64_t c = 0; c < C; ++c) o[c] = e[c] + p[c];
@@ -85,6 +86,15 @@ void embedding_backward(const core::ExecContext& ctx, const EmbeddingBackwardArg
       for (std::int64_t j = 0; j < width; ++j) w[j] += g[j];
     }
     if (args.d_wpe == nullptr) continue;
+    if (args.positions) {  // rows in order, each into its position's row
+      for (std::int64_t row = 0; row < rows; ++row) {
+        const float* g = args.d_out + row * C + c0;
+        float* w = args.d_wpe + static_cast<std::int64_t>(args.positions[row]) * C + c0;
+#pragma omp simd
+        for (std::int64_t j = 0; j < width; ++j) w[j] += g[j];
+      }
+      continue;
+    }
     for (std::int64_t t = 0; t < T; ++t) {
       float* w = args.d_wpe + t * C + c0;
       for (std::int64_t b = 0; b < args.batch; ++b) {

@@ -70,6 +70,7 @@ void flash_attention_forward(const core::ExecContext& ctx, const FlashAttentionF
         for (std::int64_t qb = 0; qb < num_qb; ++qb) {
           const std::int64_t q0 = qb * kBq, nq = std::min(kBq, g.T - q0);
           const float* base = a.qkv + b * g.T * g.ld + h * 3 * g.HS;
+          const std::int32_t* doc = a.doc ? a.doc + b * g.T : nullptr;
           const float slope = a.alibi ? a.alibi[h] : 0.0f;
           std::fill(m.begin(), m.end(), -INFINITY);
           std::fill(l.begin(), l.end(), 0.0f);
@@ -83,7 +84,7 @@ void flash_attention_forward(const core::ExecContext& ctx, const FlashAttentionF
               float row_max = m[static_cast<std::size_t>(i)];
               for (std::int64_t j = 0; j < nk; ++j) {
                 const std::int64_t k = k0 + j;
-                if (k > q) {
+                if (k > q || (doc && doc[k] != doc[q])) {  // future, or another document
                   srow[j] = -INFINITY;
                   continue;
                 }
@@ -94,6 +95,8 @@ void flash_attention_forward(const core::ExecContext& ctx, const FlashAttentionF
                 srow[j] = dot * g.scale + slope * static_cast<float>(k);
                 row_max = std::max(row_max, srow[j]);
               }
+              // A block of only other documents' keys: nothing to add (and no -inf - -inf).
+              if (row_max == -INFINITY) continue;
               // Online softmax: rescale what was accumulated under the old maximum.
               const float old_max = m[static_cast<std::size_t>(i)];
               const float correction = std::exp(old_max - row_max);
@@ -103,6 +106,7 @@ void flash_attention_forward(const core::ExecContext& ctx, const FlashAttentionF
               for (std::int64_t j = 0; j < nk; ++j) {
                 const std::int64_t k = k0 + j;
                 if (k > q) break;
+                if (srow[j] == -INFINITY) continue;  // another document
                 const float p = std::exp(srow[j] - row_max);
                 row_sum += p;
                 float w = p;
@@ -157,6 +161,7 @@ void flash_attention_backward(const core::ExecContext& ctx, const FlashAttention
         const float* base = a.qkv + b * g.T * g.ld + h * 3 * g.HS;
         float* dbase = a.d_qkv + b * g.T * g.ld + h * 3 * g.HS;
         const float slope = a.alibi ? a.alibi[h] : 0.0f;
+        const std::int32_t* doc = a.doc ? a.doc + b * g.T : nullptr;
         for (std::int64_t t = 0; t < g.T; ++t) {
           std::fill_n(dbase + t * g.ld, 3 * g.HS, 0.0f);
           // D = rowsum(dO * O): the softmax-backward correction term.
@@ -172,6 +177,7 @@ void flash_attention_backward(const core::ExecContext& ctx, const FlashAttention
           const float* d_o = a.d_out + (b * g.T + q) * g.C + h * g.HS;
           const float lse = a.lse[(b * g.NH + h) * g.T + q];
           for (std::int64_t k = 0; k <= q; ++k) {
+            if (doc && doc[k] != doc[q]) continue;  // another document: probability 0
             const float* kv = base + k * g.ld + g.HS;
             const float* vv = kv + g.HS;
             float dot = 0.0f, dpv = 0.0f;

@@ -24,7 +24,8 @@ void check(const char* op, const RopeQkvShape& s, const void* a, const void* b) 
 // cos/sin of pos * inv_freq[i], angle and trigonometry in double (both are rounded to FP32 once).
 void angles(const RopeQkvShape& s, std::int64_t row, float* cs, float* sn) {
   const std::int64_t half = s.head_dim / 2;
-  const double pos = static_cast<double>(s.position + row % s.seq_len);
+  const double pos =
+      static_cast<double>(s.positions ? s.positions[row] : s.position + row % s.seq_len);
   for (std::int64_t i = 0; i < half; ++i) {
     const double a = pos * static_cast<double>(s.inv_freq[i]);
     cs[i] = static_cast<float>(std::cos(a));

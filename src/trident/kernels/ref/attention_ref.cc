@@ -48,6 +48,8 @@ void attention_forward(const AttentionForward<T>& a) {
           double dot = 0.0;
           for (std::int64_t i = 0; i < L.HS; ++i) dot += static_cast<double>(q[i]) * k[i];
           s[c] = dot * scale;
+          // Another document's key: probability 0 (exp(-inf)).
+          if (a.doc && a.doc[b * L.T + c] != a.doc[b * L.T + t]) s[c] = -INFINITY;
           max = std::max(max, s[c]);
         }
         double sum = 0.0;
@@ -134,7 +136,8 @@ void attention_forward(const AttentionForwardArgs& a) {
                                      .batch = a.batch,
                                      .seq_len = a.seq_len,
                                      .num_heads = a.num_heads,
-                                     .head_dim = a.head_dim});
+                                     .head_dim = a.head_dim,
+                                     .doc = a.doc});
 }
 
 void attention_backward(const AttentionBackwardArgs& a) {

@@ -20,7 +20,8 @@ void embedding_forward(const EmbeddingForwardArgs& a) {
       const std::int64_t local = local_row(a.tokens[row], a.vocab_start, a.vocab_local);
       for (std::int64_t c = 0; c < C; ++c) {
         double v = local >= 0 ? a.wte[local * C + c] : 0.0;
-        if (a.wpe) v += a.wpe[(a.position_offset + t) * C + c];
+        const std::int64_t pos = a.positions ? a.positions[row] : a.position_offset + t;
+        if (a.wpe) v += a.wpe[pos * C + c];
         a.out[row * C + c] = static_cast<float>(v);
       }
     }
@@ -37,6 +38,13 @@ void embedding_backward(const EmbeddingBackwardArgs& a) {
     for (std::int64_t c = 0; c < C; ++c) a.d_wte[local * C + c] += a.d_out[row * C + c];
   }
   if (!a.d_wpe) return;
+  if (a.positions) {
+    for (std::int64_t row = 0; row < a.batch * a.seq_len; ++row) {
+      for (std::int64_t c = 0; c < C; ++c)
+        a.d_wpe[a.positions[row] * C + c] += a.d_out[row * C + c];
+    }
+    return;
+  }
   for (std::int64_t t = 0; t < a.seq_len; ++t) {
     for (std::int64_t c = 0; c < C; ++c) {
       double acc = 0.0;

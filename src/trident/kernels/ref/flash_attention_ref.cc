@@ -51,6 +51,8 @@ void flash_attention_forward(const FlashAttentionForwardArgs& a) {
             dot += static_cast<double>(base[q * g.ld + d]) * base[k * g.ld + g.HS + d];
           s[static_cast<std::size_t>(k)] =
               dot / std::sqrt(static_cast<double>(g.HS)) + slope * static_cast<double>(k);
+          if (a.doc && a.doc[b * g.T + k] != a.doc[b * g.T + q])
+            s[static_cast<std::size_t>(k)] = -INFINITY;  // another document
           mx = std::max(mx, s[static_cast<std::size_t>(k)]);
         }
         double sum = 0;
@@ -96,6 +98,8 @@ void flash_attention_backward(const FlashAttentionBackwardArgs& a) {
           for (std::int64_t d = 0; d < g.HS; ++d)
             dot += static_cast<double>(base[q * g.ld + d]) * base[k * g.ld + g.HS + d];
           p[static_cast<std::size_t>(k)] = dot * scale + slope * static_cast<double>(k);
+          if (a.doc && a.doc[b * g.T + k] != a.doc[b * g.T + q])
+            p[static_cast<std::size_t>(k)] = -INFINITY;  // another document
           mx = std::max(mx, p[static_cast<std::size_t>(k)]);
         }
         double sum = 0;

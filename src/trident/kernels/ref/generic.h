@@ -73,6 +73,7 @@ struct AttentionForward {
   T* probs = nullptr;      // (B, NH, T, T)  =, 0 above the diagonal
   const T* qkv = nullptr;  // (B, T, NH, 3, HS)
   std::int64_t batch = 0, seq_len = 0, num_heads = 0, head_dim = 0;
+  const std::int32_t* doc = nullptr;  // (B, T) document ids, or null
 };
 template <class T>
 void attention_forward(const AttentionForward<T>& a);

@@ -120,7 +120,8 @@ void swiglu_backward(const SwiGluBackwardArgs& a) {
 // backward is the transpose, summing the key and value gradients of a group's query heads.
 namespace {
 double angle(const RopeQkvShape& s, std::int64_t r, std::int64_t i) {
-  return static_cast<double>(s.position + r % s.seq_len) * static_cast<double>(s.inv_freq[i]);
+  const std::int64_t pos = s.positions ? s.positions[r] : s.position + r % s.seq_len;
+  return static_cast<double>(pos) * static_cast<double>(s.inv_freq[i]);
 }
 // y = R x (transpose: R^T x) for one head; R rotates the pair (i, i + HS/2) by the angle.
 void rot(const RopeQkvShape& s, std::int64_t r, const float* x, double* y, bool transpose) {

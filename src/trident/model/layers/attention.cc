@@ -23,13 +23,16 @@ Local local_of(const LayerContext& lc, const AttentionConfig& cfg) {
 k::RopeQkvShape rope_shape(const LayerContext& lc, const AttentionConfig& cfg,
                            std::int64_t position) {
   const std::int64_t tp = lc.region.group().size();
+  // Fewer groups than ranks: this rank's heads share one group (replicated key/value heads).
+  const std::int64_t groups = cfg.query_groups >= tp ? cfg.query_groups / tp : 1;
   return {.rows = lc.rows(),
           .seq_len = lc.seq_len,
           .position = position,
-          .groups = cfg.query_groups / tp,
-          .heads_per_group = cfg.heads / cfg.query_groups,
+          .groups = groups,
+          .heads_per_group = cfg.heads / tp / groups,
           .head_dim = cfg.head_dim,
-          .inv_freq = cfg.inv_freq};
+          .inv_freq = cfg.inv_freq,
+          .positions = lc.positions};
 }
 
 k::AttentionDropout attention_dropout(const LayerContext& lc, const AttentionConfig& cfg,
@@ -68,7 +71,8 @@ void core_forward(const LayerContext& lc, const AttentionConfig& cfg, const Atte
                                         .batch = lc.batch,
                                         .seq_len = lc.seq_len,
                                         .num_heads = NH,
-                                        .head_dim = HS});
+                                        .head_dim = HS,
+                                        .doc = lc.docs});
   } else {
     k::attention_forward(lc.ctx, {.out = s.attn,
                                   .probs = probs,
@@ -76,7 +80,8 @@ void core_forward(const LayerContext& lc, const AttentionConfig& cfg, const Atte
                                   .batch = lc.batch,
                                   .seq_len = lc.seq_len,
                                   .num_heads = NH,
-                                  .head_dim = HS});
+                                  .head_dim = HS,
+                                  .doc = lc.docs});
   }
 }
 
@@ -148,7 +153,8 @@ const float* attention_backward(const LayerContext& lc, const AttentionConfig& c
                                          .batch = lc.batch,
                                          .seq_len = lc.seq_len,
                                          .num_heads = NH,
-                                         .head_dim = HS});
+                                         .head_dim = HS,
+                                         .doc = lc.docs});
   } else {
     k::attention_backward(lc.ctx, {.d_qkv = ws.d_qkv,
                                    .d_probs = ws.d_probs,

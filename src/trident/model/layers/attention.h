@@ -27,8 +27,10 @@ struct AttentionConfig {
   const float* inv_freq = nullptr;  // rotary inverse frequencies (head_dim / 2), or null
 };
 struct AttentionParams {
-  Weight qkv_w;                   // (Q/tp, C), rows per query group (G/tp, NH/G + 2, HS)
-  const float* qkv_b = nullptr;   // (Q/tp) or null
+  // (Ql, C), rows per local query group (G/tp, NH/G + 2, HS); with fewer groups than ranks
+  // (1, NH/tp + 2, HS): a slice of one group's query heads and its key/value heads (replicated).
+  Weight qkv_w;
+  const float* qkv_b = nullptr;   // (Ql) or null
   Weight proj_w;                  // (C, C/tp)
   const float* proj_b = nullptr;  // (C), added once (tp rank 0) before the reduction
 };

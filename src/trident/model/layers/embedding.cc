@@ -26,7 +26,8 @@ void embedding_forward(const LayerContext& lc, const EmbeddingConfig& cfg, const
                                 .seq_len = lc.seq_len,
                                 .hidden = cfg.hidden,
                                 .vocab_start = lc.tp_rank() * cfg.vocab_local,
-                                .vocab_local = cfg.vocab_local});
+                                .vocab_local = cfg.vocab_local,
+                                .positions = lc.positions});
   lc.region.leave(partial, dst);  // each token's row lives on one tp rank
   if (cfg.norm) {
     norm_forward(lc, cfg.norm_cfg, p.norm, {.in = s.raw, .rows = lc.local_rows(), .saved = s.norm});
@@ -61,7 +62,8 @@ void embedding_backward(const LayerContext& lc, const EmbeddingConfig& cfg,
                                  .seq_len = lc.seq_len,
                                  .hidden = cfg.hidden,
                                  .vocab_start = lc.tp_rank() * cfg.vocab_local,
-                                 .vocab_local = cfg.vocab_local});
+                                 .vocab_local = cfg.vocab_local,
+                                 .positions = lc.positions});
 }
 
 }  // namespace trident::model::layers

@@ -67,6 +67,10 @@ struct LayerContext {
   const Workspace& ws;
   std::int64_t batch = 0, seq_len = 0;
   DropoutKeys dropout;
+  // Documents inside a sample (--reset-position-ids, --reset-attention-mask): (B*T) position and
+  // document id of every token, or null (positions 0..T-1, one document).
+  const std::int32_t* positions = nullptr;
+  const std::int32_t* docs = nullptr;
 
   std::int64_t rows() const { return region.rows(); }  // B*T
   std::int64_t local_rows() const { return region.local_rows(); }
