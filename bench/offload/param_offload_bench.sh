@@ -6,6 +6,7 @@
 # small CPU: the offload's cost is per parameter, not per token), against the disk's sequential
 # bandwidth (trident_disk_bandwidth).
 # Usage: bench/offload/param_offload_bench.sh [build] [offload dir] [shapes, default "124M 350M"]
+#   TRIDENT_BENCH_ITERS  iterations per run (default 6; steps 3 on are averaged)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build}
@@ -17,7 +18,7 @@ echo "== load average before: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores
 echo "== disk bandwidth of $disk (O_DIRECT, 1 GiB)"
 "$build/bench/offload/trident_disk_bandwidth" --dir "$disk" --mib 1024
 common=(--zero-stage 3 --seq-length 64 --max-position-embeddings 1024 --micro-batch-size 1
-  --global-batch-size 1 --train-iters 6 --lr 1e-4 --lr-warmup-iters 1 --log-interval 1
+  --global-batch-size 1 --train-iters "${TRIDENT_BENCH_ITERS:-6}" --lr 1e-4 --lr-warmup-iters 1 --log-interval 1
   --eval-iters 0 --eval-interval 1000 --peak-tflops 1 --split 100,0,0
   --tokenizer-type GPT2BPETokenizer --vocab-file "$data/tokenizers/gpt2/gpt2-vocab.json"
   --merge-file "$data/tokenizers/gpt2/gpt2-merges.txt"

@@ -300,6 +300,11 @@ TEST(DeepSpeedJson, OffloadBlocks) {
   EXPECT_EQ(z3.offload.device, optim::OffloadDevice::kNvme);
   EXPECT_EQ(z3.offload.path, "/tmp");
   EXPECT_TRUE(warned(z3, "\"zero_optimization.offload_param.buffer_size\""));
+  EXPECT_NE(err({"--zero-stage", "3"},
+                R"({"zero_optimization": {"offload_param": {"device": "nvme", "nvme_path": "/a"},
+                    "offload_optimizer": {"device": "nvme", "nvme_path": "/b"}}})")
+                .find("give both the same nvme_path"),
+            std::string::npos);
   EXPECT_NE(err({}, R"({"zero_optimization": {"offload_optimizer": {"device": "nvme"}}})")
                 .find("needs --offload-path"),
             std::string::npos);

@@ -194,8 +194,16 @@ void apply_deepspeed_json(TrainConfig& c, const json& ds, int world_size, const 
             if (sk == "device") continue;
             if (sk == "nvme_path") {
               TRIDENT_CHECK(sv.is_string(), r.where(skey), " must be a directory path");
-              if (dev == "nvme")
-                r.set(c.offload.path, sv.get<std::string>(), skey, "--offload-path");
+              if (dev == "nvme") {
+                const std::string path = sv.get<std::string>();
+                TRIDENT_CHECK(c.offload.path.empty() || c.offload.path == path ||
+                                  c.given.contains("--offload-path"),
+                              r.where(skey), " = ", path,
+                              ": trident keeps all offload files in one directory and the other "
+                              "offload block names ",
+                              c.offload.path, ": give both the same nvme_path");
+                r.set(c.offload.path, path, skey, "--offload-path");
+              }
             } else {
               r.ignored(skey, sv,
                         "trident's offload streams through --offload-window-mib of buffers with "
