@@ -11,6 +11,7 @@
 // runs use --adam-eps 1e-5, which damps updates from noise-level gradients (1e-9) to 1e-4 lr
 // while real gradients (1e-4 and up) update normally.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -94,6 +95,17 @@ class Equivalence : public ::testing::Test {
 
   // Runs `trident train` (under mpirun when np > 1) and returns its exit code.
   static int train(const Layout& l) {
+    const std::string cmd = command(l);
+    const int rc = std::system(cmd.c_str());
+    if (rc != 0) {
+      std::ifstream log(run_dir(l.name) + "/log.txt");
+      std::cerr << "command failed: " << cmd << "\n" << log.rdbuf();
+    }
+    return rc;
+  }
+
+  // The shell command of train(l), its output going to run_dir(l.name)/log.txt.
+  static std::string command(const Layout& l) {
     const std::string out = run_dir(l.name);
     fs::create_directories(out);
     std::string cmd;
@@ -122,12 +134,7 @@ class Equivalence : public ::testing::Test {
     for (const std::string& f : l.flags) cmd += " " + f;
     if (!l.model_flags.empty()) cmd += " " + l.model_flags;
     cmd += " > " + out + "/log.txt 2>&1";
-    const int rc = std::system(cmd.c_str());
-    if (rc != 0) {
-      std::ifstream log(out + "/log.txt");
-      std::cerr << "command failed: " << cmd << "\n" << log.rdbuf();
-    }
-    return rc;
+    return cmd;
   }
 
   static std::vector<double> losses(const std::string& name) {
@@ -623,10 +630,14 @@ TEST_F(Equivalence, ThreeDSequenceParallelInterleaved) {
 // losses and the final checkpoint (weights and both moments) of the same layout in memory.
 class Offload : public Equivalence {
  protected:
-  static std::string offload_flags(const std::string& name) {
+  // what: --offload-optimizer nvme (moments), --offload-params nvme (params, ZeRO-3) or both.
+  enum What { kMoments = 1, kParams = 2, kBoth = 3 };
+  static std::string offload_flags(const std::string& name, What what = kMoments) {
     const std::string disk = run_dir(name + "_disk");
     fs::create_directories(disk);
-    return "--offload-optimizer nvme --offload-path " + disk + " --offload-window-mib 0.1";
+    return std::string(what & kMoments ? "--offload-optimizer nvme " : "") +
+           (what & kParams ? "--offload-params nvme " : "") + "--offload-path " + disk +
+           " --offload-window-mib 0.1";
   }
   // The run without offload (once per suite: later tests reuse it).
   static void baseline(const Layout& l) {
@@ -651,11 +662,11 @@ class Offload : public Equivalence {
     }
     EXPECT_GT(shards, 0) << da;
   }
-  static void expect_bitwise(const Layout& l) {
+  static void expect_bitwise(const Layout& l, What what = kMoments) {
     baseline(l);
     Layout o = l;
-    o.name = l.name + "_offload";
-    o.flags.push_back(offload_flags(o.name));
+    o.name = l.name + (what == kMoments ? "_offload" : what == kParams ? "_poffload" : "_boffload");
+    o.flags.push_back(offload_flags(o.name, what));
     ASSERT_EQ(train(o), 0) << o.name;
     const std::vector<double> a = losses(l.name), b = losses(o.name);
     ASSERT_EQ(a.size(), 10u);
@@ -665,8 +676,16 @@ class Offload : public Equivalence {
     expect_same_checkpoint(l.name, o.name);
     // The log names the window and the I/O rates; the files are gone after the run.
     const std::string log = read_bytes(run_dir(o.name) + "/log.txt");
-    EXPECT_NE(log.find("offload: Adam moments of"), std::string::npos) << log;
+    EXPECT_NE(log.find(what == kMoments  ? "offload: Adam moments of"
+                       : what == kParams ? "offload: weight shard (--offload-params nvme) of"
+                                         : "offload: weight shard and Adam moments of"),
+              std::string::npos)
+        << log;
     EXPECT_NE(log.find("MiB/s), waiting for I/O"), std::string::npos) << log;
+    if (what & kParams) {
+      // The weights were read ahead of the gathers, following the recorded order.
+      EXPECT_NE(log.find("offload: weights read ahead of the gathers"), std::string::npos) << log;
+    }
     EXPECT_TRUE(fs::is_empty(run_dir(o.name + "_disk")));
   }
 };
@@ -700,6 +719,141 @@ TEST_F(Offload, ResumeIsBitwise) {
   ASSERT_EQ(b.size(), 10u);
   for (std::size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "iteration " << i + 1;
   expect_same_checkpoint("zero1dp2", "offload_resume");
+}
+
+// --offload-params nvme (ZeRO-3's weight shard in a file, read ahead of each gather, streamed
+// by the step), alone and with the moments beside it: bitwise the same layout in memory.
+TEST_F(Offload, ParamsZero3DataParallel2) {
+  expect_bitwise({"zero3dp2", 2, {"--zero-stage 3"}, 1}, kParams);
+  expect_bitwise({"zero3dp2", 2, {"--zero-stage 3"}, 1}, kBoth);
+}
+TEST_F(Offload, ParamsTensorParallel2DataParallel2SequenceParallel) {
+  expect_bitwise({"tp2dp2zero3sp",
+                  4,
+                  {"--tensor-model-parallel-size 2 --zero-stage 3 --sequence-parallel"},
+                  2},
+                 kBoth);
+}
+// Pipeline (1F1B interleaves the micro-batches' forward and backward gathers) with full
+// recompute (a layer's weights gathered again before its backward): the order of the gathers is
+// not forward-then-backward, and the read-ahead follows it.
+TEST_F(Offload, ParamsPipelineZero3Recompute) {
+  expect_bitwise({"pp2dp2zero3rc",
+                  4,
+                  {"--pipeline-model-parallel-size 2 --zero-stage 3 --recompute-granularity full "
+                   "--recompute-method uniform"},
+                  1},
+                 kParams);
+}
+TEST_F(Offload, ParamsBf16Zero3) {
+  expect_bitwise({"bf16zero3dp2", 2, {"--bf16 --zero-stage 3"}, 1}, kBoth);
+}
+
+// Saved at 5 with the weight shard and the moments on disk (streamed from the mapped files),
+// resumed with both on disk: bitwise the uninterrupted run without offload. Then the same
+// checkpoint resumed in another layout (TP 2, one data-parallel rank, both offloaded: the load
+// reshards into the files' mappings) gives the uninterrupted run's losses (another layout: within
+// the equivalence tolerance).
+TEST_F(Offload, ParamsResumeIsBitwiseAndReshards) {
+  const Layout full{"zero3dp2", 2, {"--zero-stage 3"}, 1};
+  baseline(full);
+  const std::string flags = "--zero-stage 3 " + offload_flags("presume", kBoth);
+  ASSERT_EQ(WEXITSTATUS(train({"poffload_resume", 2, {flags + " --exit-interval 5"}, 1})), 13);
+  const std::string saved = run_dir("poffload_resume") + "/ckpt";
+  fs::copy(saved, run_dir("poffload_saved5"), fs::copy_options::recursive);
+  ASSERT_EQ(train({"poffload_resume", 2, {flags + " --load " + saved}, 1}), 0);
+  const auto a = losses("zero3dp2"), b = losses("poffload_resume");
+  ASSERT_EQ(a.size(), 10u);
+  ASSERT_EQ(b.size(), 10u);
+  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "iteration " << i + 1;
+  expect_same_checkpoint("zero3dp2", "poffload_resume");
+
+  const std::string other = "--tensor-model-parallel-size 2 --zero-stage 3 " +
+                            offload_flags("preshard", kBoth) + " --load " +
+                            run_dir("poffload_saved5");
+  ASSERT_EQ(train({"poffload_reshard", 2, {other}, 2}), 0);
+  EXPECT_NE(read_bytes(run_dir("poffload_reshard") + "/log.txt").find("ckpt: resharding"),
+            std::string::npos);
+  const auto c = losses("poffload_reshard");
+  ASSERT_EQ(c.size(), 5u) << "iterations 6-10";
+  for (std::size_t i = 0; i < c.size(); ++i) {
+    EXPECT_LE(std::abs(c[i] - a[i + 5]) / a[i + 5], 1e-5) << "iteration " << i + 6;
+  }
+}
+
+// A rank killed with SIGKILL leaves its offload files behind (no destructor runs); their locks
+// died with it, so a relaunch with the same --offload-path removes them (saying so), trains
+// to the end and leaves the directory empty.
+TEST_F(Offload, KilledRunLeavesFilesTheRelaunchRemoves) {
+  const std::string flags = "--zero-stage 3 " + offload_flags("killed", kBoth);
+  const fs::path disk = run_dir("killed_disk");
+  Layout l{"killed", 1, {flags}, 1};
+  const std::string pidfile = run_dir("killed") + "/pid";
+  fs::create_directories(run_dir("killed"));
+  const std::string cmd = command(l) + " & echo $! > " + pidfile;
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  pid_t pid = 0;
+  for (int i = 0; i < 200 && pid == 0; ++i) {
+    std::ifstream in(pidfile);
+    in >> pid;
+    if (pid == 0) ::usleep(50000);
+  }
+  ASSERT_GT(pid, 0);
+  // Until it has trained an iteration (its files exist), then SIGKILL.
+  bool trained = false;
+  for (int i = 0; i < 1200 && !trained; ++i) {
+    trained = losses("killed").size() >= 1;
+    if (!trained) ::usleep(50000);
+  }
+  ASSERT_TRUE(trained) << read_bytes(run_dir("killed") + "/log.txt");
+  ASSERT_EQ(::kill(pid, SIGKILL), 0);
+  for (int i = 0; i < 200 && ::kill(pid, 0) == 0; ++i) ::usleep(50000);
+  int left = 0;
+  for (const auto& e : fs::directory_iterator(disk)) left += e.path().extension() == ".bin";
+  EXPECT_EQ(left, 3) << "the killed run's weight and moment files";
+  l.name = "killed_relaunch";
+  ASSERT_EQ(train(l), 0);
+  const std::string log = read_bytes(run_dir("killed_relaunch") + "/log.txt");
+  EXPECT_NE(log.find("left behind by a run that ended without cleaning up"), std::string::npos)
+      << log;
+  EXPECT_EQ(losses("killed_relaunch").size(), 10u);
+  EXPECT_TRUE(fs::is_empty(disk));
+}
+
+// An evaluation pass after a step at ZeRO-3 uses the updated weights (it used to reuse the
+// embedding, head and layer-0 weights gathered before the step: validation losses 3e-3 off),
+// also when the shard is read from disk.
+TEST_F(Offload, Zero3EvaluationSeesTheUpdatedWeights) {
+  const std::string eval = "--eval-interval 5 --eval-iters 1";
+  ASSERT_EQ(train({"eval_reference", 1, {eval}, 1}), 0);
+  ASSERT_EQ(
+      train(
+          {"eval_zero3", 2, {eval + " --zero-stage 3 " + offload_flags("eval_zero3", kParams)}, 1}),
+      0);
+  const auto valid = [](const std::string& name) {
+    std::vector<double> out;
+    std::ifstream in(run_dir(name) + "/metrics.jsonl");
+    std::string line;
+    while (std::getline(in, line)) {
+      const auto j = nlohmann::json::parse(line);
+      if (j.value("split", "") == "valid") out.push_back(j["lm_loss"]);
+    }
+    return out;
+  };
+  const auto a = valid("eval_reference"), b = valid("eval_zero3");
+  ASSERT_EQ(a.size(), 3u) << "iterations 5 and 10, and the final validation";
+  ASSERT_EQ(b.size(), a.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    EXPECT_LE(std::abs(a[i] - b[i]) / a[i], 1e-6) << "validation " << i;
+  }
+}
+
+// --offload-params nvme without ZeRO-3 is refused, naming the flag and the fix.
+TEST_F(Offload, ParamsNeedZero3) {
+  Layout l{"poffload_zero1", 1, {"--zero-stage 1 " + offload_flags("poffload_zero1", kParams)}, 1};
+  EXPECT_NE(train(l), 0);
+  const std::string log = read_bytes(run_dir("poffload_zero1") + "/log.txt");
+  EXPECT_NE(log.find("--offload-params nvme needs --zero-stage 3"), std::string::npos) << log;
 }
 
 // A disk that cannot hold the moments (the file size limit stands in for a full disk) stops the

@@ -7,6 +7,8 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -118,6 +120,59 @@ TEST_P(OffloadStoreTest, FullDiskIsAClearErrorAtStart) {
   EXPECT_NE(msg.find("ulimit -f"), std::string::npos) << msg;
   // Nothing is left behind.
   EXPECT_TRUE(fs::is_empty(dir_));
+}
+
+// read_async (the ZeRO-3 weight prefetch): any element range, unaligned at both ends, several
+// groups in flight, sees what the stream wrote.
+TEST_P(OffloadStoreTest, ReadsAnyRangeAsynchronously) {
+  const std::int64_t n = 10000;
+  OffloadStore store(config(3 * 4096), "t", {"p"}, n);
+  store.stream([](std::int64_t lo, std::int64_t hi, float* const* d) {
+    for (std::int64_t i = lo; i < hi; ++i) d[0][i - lo] = static_cast<float>(i) + 0.5f;
+  });
+  const std::vector<std::pair<std::int64_t, std::int64_t>> ranges = {
+      {0, 1}, {3, 1029}, {1023, 1025}, {5000, 5000}, {7777, 10000}, {0, 10000}};
+  std::vector<void*> bufs;
+  std::vector<float*> at;
+  for (std::size_t r = 0; r < ranges.size(); ++r) {
+    const auto [b, e] = ranges[r];
+    void* m = nullptr;
+    ASSERT_EQ(::posix_memalign(&m, 4096, OffloadStore::read_span_bytes(e - b)), 0);
+    bufs.push_back(m);
+    at.push_back(store.read_async(0, b, e, m, static_cast<int>(r % OffloadStore::kReadTags)));
+  }
+  for (int t = 0; t < OffloadStore::kReadTags; ++t) store.wait_read(t);
+  for (std::size_t r = 0; r < ranges.size(); ++r) {
+    for (std::int64_t i = ranges[r].first; i < ranges[r].second; ++i) {
+      ASSERT_EQ(at[r][i - ranges[r].first], static_cast<float>(i) + 0.5f) << "range " << r;
+    }
+    std::free(bufs[r]);
+  }
+  EXPECT_EQ(store.stats().fetches, 5);  // the empty range reads nothing
+}
+
+// The files of a store whose process died (kill -9: no destructor ran, but its flock() died
+// with it) are removed by the next store in the directory; those of live stores are kept.
+TEST_P(OffloadStoreTest, StaleFilesOfAKilledRunAreRemoved) {
+  OffloadStore live(config(1 << 20), "trident.11.rank0", {"params"}, 5000);
+  const fs::path stale = dir_ / "trident.99999.rank3.exp_avg.bin";
+  const fs::path fresh_tmp = dir_ / "trident.99999.rank4.params.bin.tmp";
+  const fs::path other = dir_ / "notes.bin";
+  for (const fs::path& p : {stale, fresh_tmp, other}) {
+    std::FILE* f = std::fopen(p.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs("left behind", f);
+    std::fclose(f);
+  }
+  {
+    OffloadStore next(config(1 << 20), "trident.12.rank0", {"params"}, 5000);
+    EXPECT_FALSE(fs::exists(stale)) << "a stale file was not removed";
+    EXPECT_TRUE(fs::exists(live.paths()[0])) << "a live store's file was removed";
+    EXPECT_TRUE(fs::exists(fresh_tmp)) << "a file being created (under a minute old) was removed";
+    EXPECT_TRUE(fs::exists(other)) << "a file that is not trident's was removed";
+  }
+  EXPECT_EQ(remove_stale_files(dir_.string()), 0);  // the live store's file is locked
+  EXPECT_TRUE(fs::exists(live.paths()[0]));
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, OffloadStoreTest,

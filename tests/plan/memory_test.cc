@@ -68,7 +68,8 @@ std::vector<Actual> allocate(const train::TrainConfig& cfg, int world) {
                                  {.stage = cfg.zero_stage,
                                   .bucket_size = cfg.ddp_bucket_size,
                                   .bf16 = cfg.bf16,
-                                  .offload = cfg.offload});
+                                  .offload = cfg.offload,
+                                  .offload_params = cfg.offload_params == "nvme"});
         std::vector<model::ModelRuntime> runtimes;
         for (const train::ModelChunk& ch : rm.chunks()) {
           model::ModelRuntime rt;
@@ -175,6 +176,13 @@ INSTANTIATE_TEST_SUITE_P(
              "--make-vocab-size-divisible-by 64 --tensor-model-parallel-size 2 "
              "--pipeline-model-parallel-size 2 --zero-stage 1 --offload-optimizer nvme "
              "--offload-path /tmp"},
+        // --offload-params nvme: the weight shard on disk, the read-ahead buffers in memory.
+        Case{"poffload_zero3dp2", 2,
+             "--zero-stage 3 --offload-params nvme --offload-path /tmp --offload-window-mib 1"},
+        Case{"poffload_both_tp2pp2dp2zero3bf16", 8,
+             "--make-vocab-size-divisible-by 64 --tensor-model-parallel-size 2 "
+             "--pipeline-model-parallel-size 2 --zero-stage 3 --bf16 --offload-params nvme "
+             "--offload-optimizer nvme --offload-path /tmp"},
         Case{"tp2pp2dp2zero3sp", 8,
              "--make-vocab-size-divisible-by 64 --tensor-model-parallel-size 2 "
              "--pipeline-model-parallel-size 2 --zero-stage 3 --sequence-parallel"},

@@ -284,9 +284,26 @@ TEST(DeepSpeedJson, OffloadBlocks) {
     }
     return std::string();
   };
+  // offload_param nvme is --offload-params nvme (its nvme_path the shared --offload-path):
+  // ZeRO-3 only, refused otherwise with the flag's name and the fix.
   EXPECT_NE(err({}, R"({"zero_optimization": {"offload_param": {"device": "nvme",
                         "nvme_path": "/tmp"}}})")
-                .find("parameter offload is not implemented yet"),
+                .find("--offload-params nvme needs --zero-stage 3"),
+            std::string::npos);
+  TrainConfig z3 = parse(with({}), 2, false);
+  apply_deepspeed_json(z3, nlohmann::json::parse(R"({"zero_optimization": {"stage": 3,
+      "offload_param": {"device": "nvme", "nvme_path": "/tmp", "buffer_size": 1e8},
+      "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}}})"),
+                       2, "ds.json");
+  z3.finalize(2);
+  EXPECT_EQ(z3.offload_params, "nvme");
+  EXPECT_EQ(z3.offload.device, optim::OffloadDevice::kNvme);
+  EXPECT_EQ(z3.offload.path, "/tmp");
+  EXPECT_TRUE(warned(z3, "\"zero_optimization.offload_param.buffer_size\""));
+  EXPECT_NE(err({"--zero-stage", "3"},
+                R"({"zero_optimization": {"offload_param": {"device": "nvme", "nvme_path": "/a"},
+                    "offload_optimizer": {"device": "nvme", "nvme_path": "/b"}}})")
+                .find("give both the same nvme_path"),
             std::string::npos);
   EXPECT_NE(err({}, R"({"zero_optimization": {"offload_optimizer": {"device": "nvme"}}})")
                 .find("needs --offload-path"),

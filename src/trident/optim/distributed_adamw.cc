@@ -8,18 +8,26 @@ namespace trident::optim {
 
 DistributedAdamW::DistributedAdamW(ParamGradBuffers& buffers, comm::Communicator& dp,
                                    CommCounters& counters, const AdamWConfig& cfg,
-                                   const OffloadConfig& offload, const std::string& offload_prefix)
-    : buf_(buffers), dp_(dp), counters_(counters), cfg_(cfg) {
+                                   OffloadStore* store, int param_array, int moment_array)
+    : buf_(buffers),
+      dp_(dp),
+      counters_(counters),
+      cfg_(cfg),
+      store_(store),
+      param_array_(param_array),
+      moment_array_(moment_array) {
   range_ =
       buffers.policy().shards_optimizer() ? buffers.shard() : Range{0, buffers.layout().numel()};
   const std::int64_t n = buffers.sizes().moment;
   TRIDENT_ASSERT(n == range_.size(), "moment size ", n, " for a range of ", range_.size());
-  if (offload.device == OffloadDevice::kNvme) {
+  TRIDENT_ASSERT(store_ == nullptr || store_->size() == n, "offload store of ",
+                 store_ ? store_->size() : 0, " elements for a range of ", n);
+  TRIDENT_ASSERT(param_array_ < 0 || buffers.master() == nullptr,
+                 "offloaded weights must not be in memory too");
+  if (moment_array_ >= 0) {
     // Zeros, like the Arena's moments; read and written by the streamed update.
-    store_ = std::make_unique<OffloadStore>(offload, offload_prefix,
-                                            std::vector<std::string>{"exp_avg", "exp_avg_sq"}, n);
-    m_ = store_->mapped(0);
-    v_ = store_->mapped(1);
+    m_ = store_->mapped(moment_array_);
+    v_ = store_->mapped(moment_array_ + 1);
     return;
   }
   moments_ = core::Arena(2 * core::Arena::footprint(core::DType::kF32, {n}));
@@ -35,8 +43,7 @@ Range DistributedAdamW::stored() const {
 
 void DistributedAdamW::update(const core::ExecContext& ctx, double lr, std::int64_t step,
                               float grad_scale, const float* grads, std::int64_t first,
-                              std::int64_t last, float* m, float* v) {
-  const FlatSpan<float> params = buf_.master_weights(range_);
+                              std::int64_t last, float* p, float* m, float* v) {
   const Range part{range_.begin + first, range_.begin + last};
   for (const LayoutChunk& ch : buf_.layout().chunks()) {
     const std::int64_t lo = std::max(part.begin, ch.base);
@@ -45,7 +52,7 @@ void DistributedAdamW::update(const core::ExecContext& ctx, double lr, std::int6
     const std::int64_t at = lo - range_.begin;
     adamw_step(ctx, *ch.table, cfg_, lr, step, grad_scale,
                {.range = {lo - ch.base, hi - ch.base},
-                .params = params.data + at,
+                .params = p + (lo - part.begin),
                 .grads = grads + at,
                 .m = m + (lo - part.begin),
                 .v = v + (lo - part.begin)});
@@ -54,12 +61,16 @@ void DistributedAdamW::update(const core::ExecContext& ctx, double lr, std::int6
 
 void DistributedAdamW::step(const core::ExecContext& ctx, double lr, std::int64_t step,
                             float grad_scale, const float* grads) {
-  if (store_) {
-    store_->stream([&](std::int64_t lo, std::int64_t hi, float* const* mv) {
-      update(ctx, lr, step, grad_scale, grads, lo, hi, mv[0], mv[1]);
+  if (store_ != nullptr) {
+    store_->stream([&](std::int64_t lo, std::int64_t hi, float* const* d) {
+      float* p = param_array_ >= 0 ? d[param_array_] : buf_.master_weights(range_).data + lo;
+      float* m = moment_array_ >= 0 ? d[moment_array_] : m_ + lo;
+      float* v = moment_array_ >= 0 ? d[moment_array_ + 1] : v_ + lo;
+      update(ctx, lr, step, grad_scale, grads, lo, hi, p, m, v);
     });
   } else {
-    update(ctx, lr, step, grad_scale, grads, 0, range_.size(), m_, v_);
+    update(ctx, lr, step, grad_scale, grads, 0, range_.size(), buf_.master_weights(range_).data, m_,
+           v_);
   }
   if (buf_.policy().gathers_updated_parameters() && dp_.size() > 1) {
     // Every rank updated its shard: gather the whole updated weights.

@@ -2,8 +2,9 @@
 // this rank updates — everything at ZeRO stage 0, its shard at stages 1-3 — with the Adam moments
 // kept only for that range; at stages 1-2 the updated shards are then all-gathered into every
 // rank's whole weights (stage 3 keeps only the master shard; stage 0 updated everything).
-// With --offload-optimizer nvme the moments live in files (optim/offload.h) and the update streams
-// them chunk by chunk; the arithmetic, element by element, is the same.
+// With --offload-optimizer nvme the moments live in files (optim/offload.h), with
+// --offload-params nvme the master shard (ZeRO-3) too, and the update streams them chunk by chunk
+// through the store's window; the arithmetic, element by element, is the same.
 #pragma once
 
 #include <cstdint>
@@ -23,8 +24,8 @@ namespace trident::optim {
 class DistributedAdamW {
  public:
   DistributedAdamW(ParamGradBuffers& buffers, comm::Communicator& dp, CommCounters& counters,
-                   const AdamWConfig& cfg, const OffloadConfig& offload = {},
-                   const std::string& offload_prefix = "rank");
+                   const AdamWConfig& cfg, OffloadStore* store = nullptr, int param_array = -1,
+                   int moment_array = -1);
   DistributedAdamW(const DistributedAdamW&) = delete;
   DistributedAdamW& operator=(const DistributedAdamW&) = delete;
 
@@ -42,17 +43,13 @@ class DistributedAdamW {
   FlatSpan<float> exp_avg() const { return {m_, stored()}; }
   FlatSpan<float> exp_avg_sq() const { return {v_, stored()}; }
   std::int64_t bytes() const { return moments_.capacity(); }  // resident (0 when offloaded)
-  // The offloaded moments, or null.
-  const OffloadStore* offload() const { return store_.get(); }
-  void release_pages(bool written) {
-    if (store_) store_->release_pages(written);
-  }
 
  private:
   Range stored() const;
-  // AdamW on elements [lo, hi) of updated_range() (offsets into it); m and v address element lo.
+  // AdamW on elements [lo, hi) of updated_range() (offsets into it); p, m and v address
+  // element lo.
   void update(const core::ExecContext& ctx, double lr, std::int64_t step, float grad_scale,
-              const float* grads, std::int64_t lo, std::int64_t hi, float* m, float* v);
+              const float* grads, std::int64_t lo, std::int64_t hi, float* p, float* m, float* v);
 
   ParamGradBuffers& buf_;
   comm::Communicator& dp_;
@@ -62,7 +59,8 @@ class DistributedAdamW {
   core::Arena moments_;
   float* m_ = nullptr;
   float* v_ = nullptr;
-  std::unique_ptr<OffloadStore> store_;
+  OffloadStore* store_ = nullptr;  // owned by the composition
+  int param_array_ = -1, moment_array_ = -1;
 };
 
 }  // namespace trident::optim

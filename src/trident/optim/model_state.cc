@@ -18,11 +18,11 @@ std::int64_t bf16_bytes(std::int64_t n) {
 }  // namespace
 
 BufferSizes buffer_sizes(const FlatLayout& layout, const parallel::ShardPlan& plan,
-                         ZeroPolicy policy, bool bf16) {
+                         ZeroPolicy policy, bool bf16, bool offload_params) {
   const std::int64_t N = layout.numel(), Np = plan.numel_padded, S = plan.shard_size;
   BufferSizes s;
   if (policy.shards_parameters()) {
-    s.master = S;
+    (offload_params ? s.master_offloaded : s.master) = S;
     s.rest_params = layout.rest_numel();
     s.param_slot = layout.max_unit();
   } else {
@@ -64,10 +64,12 @@ MemoryReport memory_report(const BufferSizes& s, ZeroPolicy policy, std::int64_t
   return m;
 }
 
-MemoryReport model_state_memory(const FlatLayout& layout, int stage, int dp, bool bf16) {
+MemoryReport model_state_memory(const FlatLayout& layout, int stage, int dp, bool bf16,
+                                bool offload_params) {
   const ZeroPolicy policy = zero_policy(stage);
   const parallel::ShardPlan plan = parallel::build_shard_plan(layout.numel(), dp, kShardAlign);
-  return memory_report(buffer_sizes(layout, plan, policy, bf16), policy, layout.numel(), dp);
+  return memory_report(buffer_sizes(layout, plan, policy, bf16, offload_params), policy,
+                       layout.numel(), dp);
 }
 
 }  // namespace trident::optim

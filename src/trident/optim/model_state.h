@@ -16,11 +16,13 @@ inline constexpr std::int64_t kShardAlign = 16;
 
 // Elements of each buffer; 0 where the stage keeps none.
 struct BufferSizes {
-  std::int64_t full_params = 0;  // stages 0-2: the whole (padded) weights
-  std::int64_t master = 0;       // stage 3: this rank's shard of the FP32 weights
-  std::int64_t rest_params = 0;  // stage 3: embedding/head weights gathered for an iteration
-  std::int64_t full_grads = 0;   // stages 0-1: the whole (padded) gradient
-  std::int64_t grad_shard = 0;   // stages 2-3: this rank's shard of the gradient
+  std::int64_t full_params = 0;       // stages 0-2: the whole (padded) weights
+  std::int64_t master = 0;            // stage 3: this rank's shard of the FP32 weights (0 when
+                                      // --offload-params nvme keeps it on disk)
+  std::int64_t master_offloaded = 0;  // stage 3 with --offload-params nvme: the shard, on disk
+  std::int64_t rest_params = 0;       // stage 3: embedding/head weights gathered for an iteration
+  std::int64_t full_grads = 0;        // stages 0-1: the whole (padded) gradient
+  std::int64_t grad_shard = 0;        // stages 2-3: this rank's shard of the gradient
   std::int64_t rest_grads = 0;   // stages 2-3: embedding/head gradients, whole for an iteration
   std::int64_t grad_slot = 0;    // stages 2-3: one layer's gradient (the largest layer)
   std::int64_t rs_piece = 0;     // stages 2-3: the received piece of a reduce-scatter (the
@@ -32,7 +34,7 @@ struct BufferSizes {
 };
 
 BufferSizes buffer_sizes(const FlatLayout& layout, const parallel::ShardPlan& plan,
-                         ZeroPolicy policy, bool bf16);
+                         ZeroPolicy policy, bool bf16, bool offload_params = false);
 
 struct MemoryReport {
   // Model states kept across iterations (what the ZeRO formulas count), bytes.
@@ -55,6 +57,7 @@ struct MemoryReport {
 MemoryReport memory_report(const BufferSizes& sizes, ZeroPolicy policy, std::int64_t numel, int dp);
 
 // Everything at once, from the layout: what one rank of a run with this stage and dp keeps.
-MemoryReport model_state_memory(const FlatLayout& layout, int stage, int dp, bool bf16);
+MemoryReport model_state_memory(const FlatLayout& layout, int stage, int dp, bool bf16,
+                                bool offload_params = false);
 
 }  // namespace trident::optim

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <liburing.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -30,6 +31,7 @@ namespace {
 constexpr std::int64_t kAlign = 4096;  // O_DIRECT: buffers, offsets and lengths
 constexpr std::int64_t kAlignElems = kAlign / 4;
 constexpr int kSlots = 3;  // one chunk read, one updated, one written back
+constexpr int kGroups = kSlots + OffloadStore::kReadTags;  // stream slots, then read_async tags
 
 std::int64_t round_up(std::int64_t x, std::int64_t a) { return (x + a - 1) / a * a; }
 
@@ -346,12 +348,23 @@ OffloadStore::OffloadStore(const OffloadConfig& cfg, const std::string& prefix,
   for (int s = 0; s < kSlots; ++s) {
     for (std::int64_t a = 0; a < k; ++a) slot_bufs_[s].push_back(w + (s * k + a) * chunk_);
   }
+  remove_stale_files(cfg.path);
   try {
     for (const std::string& a : arrays) {
       const std::string path =
           (std::filesystem::path(cfg.path) / (prefix + "." + a + ".bin")).string();
+      // Created under a temporary name, locked, then renamed: a file with the final name is
+      // always locked while its store lives (remove_stale_files relies on it).
+      const std::string tmp = path + ".tmp";
+      const int fd = open_file(tmp, cfg.direct, true);
+      if (::flock(fd, LOCK_EX | LOCK_NB) != 0 || ::rename(tmp.c_str(), path.c_str()) != 0) {
+        const int e = errno;
+        ::close(fd);
+        ::unlink(tmp.c_str());
+        throw OffloadError(str("offload: cannot lock and name ", path, ": ", errno_text(e)));
+      }
       paths_.push_back(path);
-      fds_.push_back(open_file(path, cfg.direct, true));
+      fds_.push_back(fd);
       reserve(fds_.back(), path, file_bytes_each_);
       void* m = ::mmap(nullptr, static_cast<std::size_t>(file_bytes_each_), PROT_READ | PROT_WRITE,
                        MAP_SHARED, fds_.back(), 0);
@@ -360,7 +373,7 @@ OffloadStore::OffloadStore(const OffloadConfig& cfg, const std::string& prefix,
       }
       maps_.push_back(static_cast<float*>(m));
     }
-    io_ = detail::make_engine(cfg.io, kSlots, static_cast<int>(2 * kSlots * k));
+    io_ = detail::make_engine(cfg.io, kGroups, static_cast<int>(2 * kSlots * k + kReadTags));
   } catch (...) {
     close_all();
     throw;
@@ -373,9 +386,10 @@ void OffloadStore::close_all() {
   io_.reset();
   for (float* m : maps_) ::munmap(m, static_cast<std::size_t>(file_bytes_each_));
   maps_.clear();
+  // Unlinked before the descriptors (and so their locks) go: no other store sees them unlocked.
+  for (const std::string& p : paths_) ::unlink(p.c_str());
   for (int fd : fds_) ::close(fd);
   fds_.clear();
-  for (const std::string& p : paths_) ::unlink(p.c_str());
   paths_.clear();
   std::free(window_);
   window_ = nullptr;
@@ -454,6 +468,70 @@ void OffloadStore::stream(const ChunkFn& fn) {
   stats_.chunks += chunks;
   stats_.passes += 1;
   stats_.wall_s += now_s() - t0;
+}
+
+std::int64_t OffloadStore::read_span_bytes(std::int64_t n) {
+  return round_up(n * 4, kAlign) + kAlign;
+}
+
+float* OffloadStore::read_async(int k, std::int64_t begin, std::int64_t end, void* buf, int tag) {
+  if (end == begin) return static_cast<float*>(buf);  // nothing to read (wherever it is)
+  TRIDENT_ASSERT(k >= 0 && k < static_cast<int>(fds_.size()) && tag >= 0 && tag < kReadTags &&
+                     begin >= 0 && begin <= end && end <= n_,
+                 "read_async(", k, ", ", begin, ", ", end, ", tag ", tag, ")");
+  TRIDENT_ASSERT(reinterpret_cast<std::uintptr_t>(buf) % kAlign == 0, "unaligned read buffer");
+  const std::int64_t lo = begin * 4 / kAlign * kAlign, hi = round_up(end * 4, kAlign);
+  auto* out = reinterpret_cast<float*>(static_cast<char*>(buf) + (begin * 4 - lo));
+  io_->submit({.group = kSlots + tag,
+               .write = false,
+               .fd = fds_[static_cast<std::size_t>(k)],
+               .buf = static_cast<char*>(buf),
+               .n = hi - lo,
+               .off = lo,
+               .path = &paths_[static_cast<std::size_t>(k)]});
+  stats_.fetch_bytes += hi - lo;
+  stats_.fetches += 1;
+  return out;
+}
+
+void OffloadStore::wait_read(int tag) {
+  const double w0 = now_s();
+  io_->wait(kSlots + tag);
+  stats_.fetch_wait_s += now_s() - w0;
+}
+
+int remove_stale_files(const std::string& dir) {
+  int removed = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    const bool tmp = name.ends_with(".bin.tmp");
+    if (!name.starts_with("trident.") || name.find(".rank") == std::string::npos ||
+        !(name.ends_with(".bin") || tmp)) {
+      continue;
+    }
+    if (tmp) {
+      // Between its creation and its lock a temporary file is unlocked: only old ones are stale.
+      std::error_code tec;
+      const auto age = std::filesystem::file_time_type::clock::now() -
+                       std::filesystem::last_write_time(e.path(), tec);
+      if (tec || age < std::chrono::minutes(1)) continue;
+    }
+    const int fd = ::open(e.path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0) {
+      // Nobody holds it: its process is gone (killed, or crashed before its destructors).
+      std::error_code sec;
+      const auto bytes = std::filesystem::file_size(e.path(), sec);
+      if (::unlink(e.path().c_str()) == 0) {
+        ++removed;
+        log::warn("offload: removed ", e.path().string(), " (", sec ? 0 : bytes >> 20,
+                  " MiB), left behind by a run that ended without cleaning up (killed?)");
+      }
+    }
+    ::close(fd);
+  }
+  return removed;
 }
 
 void OffloadStore::release_pages(bool written) {

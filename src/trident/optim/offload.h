@@ -8,6 +8,14 @@
 // The files are also mapped (MAP_SHARED) for checkpoints: a save writes the checkpoint shard from
 // the mapping and a load reads into it, so neither holds a copy of the state in anonymous memory;
 // release_pages() drops the mapped pages from the process afterwards.
+//
+// ZeRO-3 parameter offload (--offload-params nvme) keeps the rank's FP32 weight shard as one more
+// array of the same store: the optimizer streams it with the moments, and the gatherer reads the
+// pieces of the layers it is about to all-gather with read_async() (random access, same engine).
+//
+// Files are named <prefix>.<array>.bin and held under an exclusive flock() for the store's life;
+// the lock dies with the process, so the files a killed process leaves behind are recognised
+// (unlocked) and removed by the next store created in the same directory.
 #pragma once
 
 #include <cstdint>
@@ -51,6 +59,9 @@ struct OffloadStats {
   double wall_s = 0;     // inside stream()
   double wait_s = 0;     // waiting for I/O (what the overlap did not hide)
   double compute_s = 0;  // in the callback
+  // read_async(): bytes read, reads, and time waiting for them in wait_read().
+  std::int64_t fetch_bytes = 0, fetches = 0;
+  double fetch_wait_s = 0;
 };
 
 // What an OffloadStore of `arrays` arrays of n elements allocates (trident plan reports it).
@@ -69,7 +80,8 @@ class IoEngine;
 class OffloadStore {
  public:
   // Creates <cfg.path>/<prefix>.<array>.bin for each array, reserves their space (a full disk is
-  // an error here, not in the middle of a step) and fills them with zeros.
+  // an error here, not in the middle of a step) and fills them with zeros. First removes the
+  // files of stores whose process is gone (remove_stale_files).
   OffloadStore(const OffloadConfig& cfg, const std::string& prefix,
                const std::vector<std::string>& arrays, std::int64_t n);
   ~OffloadStore();  // removes the files
@@ -89,6 +101,18 @@ class OffloadStore {
   using ChunkFn = std::function<void(std::int64_t begin, std::int64_t end, float* const* data)>;
   void stream(const ChunkFn& fn);
 
+  // Random access: reads elements [begin, end) of array k into buf (4 KiB aligned, at least
+  // read_span_bytes(end - begin) bytes) as read group `tag` (0 <= tag < kReadTags), without
+  // waiting; returns where element `begin` will be in buf. wait_read(tag) waits for the group's
+  // reads and throws OffloadError for a failed one. Not while stream() runs.
+  static constexpr int kReadTags = 4;
+  static std::int64_t read_span_bytes(std::int64_t n);
+  float* read_async(int k, std::int64_t begin, std::int64_t end, void* buf, int tag);
+  void wait_read(int tag);
+
+  // OffloadError when a file was removed or its disk vanished (stream() checks first, too).
+  void check_files() const;
+
   // Array k as a shared mapping of its file (checkpoints read and write through it).
   float* mapped(int k) const { return maps_[static_cast<std::size_t>(k)]; }
   // After a checkpoint touched the mappings: writes dirty pages to the files (when `written`) and
@@ -96,13 +120,12 @@ class OffloadStore {
   void release_pages(bool written);
 
  private:
-  void check_files() const;
   void close_all();
 
   OffloadConfig cfg_;
   std::int64_t n_ = 0, chunk_ = 0, file_bytes_each_ = 0;
   std::vector<std::string> paths_;
-  std::vector<int> fds_;
+  std::vector<int> fds_;  // each holds an exclusive flock() on its file
   std::vector<float*> maps_;
   std::vector<std::vector<float*>> slot_bufs_;  // [slot][array]: the window's chunk buffers
   void* window_ = nullptr;
@@ -110,6 +133,10 @@ class OffloadStore {
   std::unique_ptr<detail::IoEngine> io_;
   OffloadStats stats_;
 };
+
+// Removes the files <dir>/trident.*.bin that no live store holds (left by a killed process) and
+// returns how many; the files of running stores (locked) are left alone.
+int remove_stale_files(const std::string& dir);
 
 // Sequential bandwidth of a directory's disk, for the log and the benchmark: writes then reads a
 // file of `bytes` with O_DIRECT in `chunk`-byte requests, `depth` in flight. Bytes per second.

@@ -19,12 +19,12 @@ core::bf16* take_bf16(core::Arena& a, std::int64_t n) {
 }  // namespace
 
 ParamGradBuffers::ParamGradBuffers(const FlatLayout& layout, const parallel::ShardPlan& plan,
-                                   ZeroPolicy policy, int dp_rank, bool bf16)
+                                   ZeroPolicy policy, int dp_rank, bool bf16, bool offload_params)
     : layout_(layout),
       plan_(plan),
       policy_(policy),
       dp_rank_(dp_rank),
-      sizes_(buffer_sizes(layout, plan, policy, bf16)) {
+      sizes_(buffer_sizes(layout, plan, policy, bf16, offload_params)) {
   const BufferSizes& s = sizes_;
   params_arena_ = core::Arena(f32_bytes(s.full_params) + f32_bytes(s.master));
   grads_arena_ = core::Arena(f32_bytes(s.full_grads) + f32_bytes(s.grad_shard));
@@ -49,6 +49,7 @@ FlatSpan<float> ParamGradBuffers::master_weights(Range range) const {
   if (policy_.shards_parameters()) {
     const Range sh = shard();
     TRIDENT_ASSERT(range.begin >= sh.begin && range.end <= sh.end, "range outside the shard");
+    TRIDENT_ASSERT(master_ != nullptr || range.size() == 0, "the master shard is offloaded");
     return {master_ + (range.begin - sh.begin), range};
   }
   return {full_params_ + range.begin, range};

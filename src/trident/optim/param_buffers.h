@@ -2,7 +2,8 @@
 // exactly as buffer_sizes() states (optim/model_state.h). Flat FP32 in the FlatLayout; shards
 // are ranges of the ShardPlan. Which buffers exist follows from the policy:
 //
-//   weights:   full (stages 0-2)              or master shard + gathered rest + 2 layer slots (3)
+//   weights:   full (stages 0-2)              or master shard + gathered rest + 2 layer slots (3;
+//              --offload-params nvme: the master shard is on disk, optim/offload.h)
 //   gradients: full (stages 0-1)              or shard + whole rest + 1 layer slot + rs piece (2-3)
 //   --bf16:    a BF16 copy of all weights     or of the rest + 2 layer slots (3)
 //
@@ -31,7 +32,7 @@ struct FlatSpan {
 class ParamGradBuffers {
  public:
   ParamGradBuffers(const FlatLayout& layout, const parallel::ShardPlan& plan, ZeroPolicy policy,
-                   int dp_rank, bool bf16);
+                   int dp_rank, bool bf16, bool offload_params = false);
   ParamGradBuffers(const ParamGradBuffers&) = delete;
   ParamGradBuffers& operator=(const ParamGradBuffers&) = delete;
 
@@ -44,7 +45,7 @@ class ParamGradBuffers {
 
   // Weights.
   float* full_params() const { return full_params_; }  // (numel_padded) stages 0-2, else null
-  float* master() const { return master_; }            // (shard) stage 3, else null
+  float* master() const { return master_; }            // (shard) stage 3 in memory, else null
   float* rest_params() const { return rest_params_; }  // (rest) stage 3
   float* param_slot(int s) const { return param_slots_[s]; }  // (max unit) stage 3
   // The FP32 weights this rank updates, over `range` (its shard, or everything at stage 0).

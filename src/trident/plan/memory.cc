@@ -6,6 +6,7 @@
 #include "trident/model/gpt.h"
 #include "trident/optim/model_state.h"
 #include "trident/optim/offload.h"
+#include "trident/optim/zero3_gather.h"
 #include "trident/parallel/pipeline_schedule.h"
 #include "trident/plan/plan.h"
 #include "trident/train/rank_model.h"
@@ -52,26 +53,33 @@ MemoryPlan predict_memory(const train::TrainConfig& cfg, int world_size) {
   for (int stage = 0; stage < pp; ++stage) {
     const train::RankModel rm(mc, split, tp, 0, stage, cfg.sequence_parallel);
     // The optimizer's buffers as ParamGradBuffers and DistributedAdamW allocate them.
+    const bool params_nvme = cfg.offload_params == "nvme" && cfg.zero_stage == 3;
+    const bool moments_nvme = cfg.offload.device == optim::OffloadDevice::kNvme;
+    const optim::FlatLayout layout = train::flat_layout_of(rm);
     const optim::MemoryReport states =
-        optim::model_state_memory(train::flat_layout_of(rm), cfg.zero_stage, dp, cfg.bf16);
+        optim::model_state_memory(layout, cfg.zero_stage, dp, cfg.bf16, params_nvme);
     RankMemory r;
     r.pp_rank = stage;
     r.num_parameters = rm.num_parameters();
     r.parameters = states.param_bytes;  // FP32 weights and the BF16 copies
     r.gradients = states.grad_bytes;
     r.optimizer = states.optimizer_bytes;
-    if (cfg.offload.device == optim::OffloadDevice::kNvme) {
-      // The moments of the updated range live on disk; the window stays (optim/offload.h).
+    if (moments_nvme || params_nvme) {
+      // The offloaded arrays (master shard, moments) of the updated range live on disk; the
+      // streaming window stays, an equal share per array, and ZeRO-3's read-ahead buffers
+      // (optim/offload.h, optim/zero3_gather.h).
+      const parallel::ShardPlan sp =
+          parallel::build_shard_plan(rm.total_numel(), dp, optim::kShardAlign);
       const std::int64_t n =
-          states.optimizer_bytes > 0
-              ? optim::buffer_sizes(
-                    train::flat_layout_of(rm),
-                    parallel::build_shard_plan(rm.total_numel(), dp, optim::kShardAlign),
-                    optim::zero_policy(cfg.zero_stage), cfg.bf16)
-                    .moment
-              : 0;
-      const optim::OffloadFootprint f = optim::offload_footprint(cfg.offload.window_bytes, 2, n);
-      r.optimizer = f.window_bytes;
+          optim::buffer_sizes(layout, sp, optim::zero_policy(cfg.zero_stage), cfg.bf16).moment;
+      const int arrays = (params_nvme ? 1 : 0) + (moments_nvme ? 2 : 0);
+      const optim::OffloadFootprint f =
+          optim::offload_footprint(cfg.offload.window_bytes, arrays, n);
+      const std::int64_t share = f.window_bytes / arrays;
+      if (moments_nvme) r.optimizer = 2 * share;
+      if (params_nvme) {
+        r.parameters += share + optim::Zero3ParamGatherer::fetch_window_bytes(layout, sp);
+      }
       r.offloaded = f.file_bytes;
     }
     r.staging = states.staging_bytes;

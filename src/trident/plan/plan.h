@@ -40,7 +40,7 @@ struct RankMemory {
   std::int64_t parameters = 0;       // FP32 weights held (stage 3: this rank's shard), BF16 copies
   std::int64_t gradients = 0;        // FP32 gradient buffer (stages 2-3: shard)
   std::int64_t optimizer = 0;        // Adam moments (--offload-optimizer nvme: the window)
-  std::int64_t offloaded = 0;        // --offload-optimizer nvme: the moments' bytes on disk
+  std::int64_t offloaded = 0;        // offload nvme: the moments' / master shard's bytes on disk
   std::int64_t staging = 0;          // ZeRO 2-3 staging: layer buffers, embedding/head gathers
   std::vector<int> slots_per_chunk;  // activation slots the schedule keeps alive, per chunk
   std::vector<std::int64_t> slot_bytes;  // activation arena of one micro-batch, per chunk
@@ -71,9 +71,11 @@ struct TimeBreakdown {
   double bubble = 0;                                // pipeline fill and drain
   double dp_comm = 0;                               // data-parallel / ZeRO traffic in total
   double dp_exposed = 0;                            // the part the backward does not hide
-  double optimizer = 0;         // clipping norm, AdamW, gradient zeroing, BF16 refresh
-  double offload_io = 0;        // --offload-optimizer nvme: moments read and written (overlapped)
-  double oversubscription = 0;  // cpu: extra time because ranks x threads exceed the cores
+  double optimizer = 0;   // clipping norm, AdamW, gradient zeroing, BF16 refresh
+  double offload_io = 0;  // offload nvme: moments / master shard read and written (overlapped)
+  double offload_param_io = 0;       // --offload-params nvme: the gathers' reads of layer pieces
+  double offload_param_exposed = 0;  // the part of those reads the passes' compute does not hide
+  double oversubscription = 0;       // cpu: extra time because ranks x threads exceed the cores
   double iteration = 0;
   // Derived.
   double model_flops = 0;  // Megatron's formula, per iteration

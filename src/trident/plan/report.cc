@@ -66,6 +66,8 @@ nlohmann::json time_json(const TimeBreakdown& t) {
           {"dp_exposed_s", t.dp_exposed},
           {"optimizer_s", t.optimizer},
           {"offload_io_s", t.offload_io},
+          {"offload_param_io_s", t.offload_param_io},
+          {"offload_param_exposed_s", t.offload_param_exposed},
           {"oversubscription_s", t.oversubscription},
           {"model_flops", t.model_flops},
           {"tflops_per_gpu", t.tflops_per_gpu},
@@ -218,7 +220,7 @@ std::string format_plan(const train::TrainConfig& cfg, const Cluster& cluster, c
     o << line;
   }
   if (plan.memory.worst().offloaded > 0) {
-    o << "  Adam moments on disk (--offload-optimizer nvme, not counted above): "
+    o << "  offloaded to disk (--offload-optimizer / --offload-params nvme, not counted above): "
       << gib(static_cast<double>(plan.memory.worst().offloaded)) << " per rank\n";
   }
   o << "  capacity per rank " << gib(plan.capacity_bytes)
@@ -237,6 +239,10 @@ std::string format_plan(const train::TrainConfig& cfg, const Cluster& cluster, c
   if (t.offload_io > 0) {
     o << "    (offload I/O " << ms(t.offload_io) << " at "
       << fmt("%.1f", cluster.hw.offload_disk_bw / 1e9) << " GB/s, overlapped with AdamW)\n";
+  }
+  if (t.offload_param_io > 0) {
+    o << "  weight reads   " << ms(t.offload_param_io) << " (--offload-params nvme, read ahead of "
+      << "the gathers; exposed " << ms(t.offload_param_exposed) << ")\n";
   }
   if (t.oversubscription > 0) o << "  cores shared   " << ms(t.oversubscription) << "\n";
   o << "  iteration      " << ms(t.iteration) << "\n\n";

@@ -369,13 +369,23 @@ TimeBreakdown predict(const train::TrainConfig& cfg, const Cluster& cluster, Ker
   if (pp > 1) t.dp_exposed += k.all_reduce(embed_bytes, 2, pp_across || dp_across);
   const double n_opt = stage_z == 0 ? max_numel : max_numel / dp;
   t.optimizer = k.optimizer(n_opt, stage_z >= 2 ? max_numel / dp : max_numel, cfg.bf16);
-  if (cfg.offload.device == optim::OffloadDevice::kNvme) {
-    // Both moments read and written back per step; the streamed update overlaps the transfers
-    // with AdamW, so the slower of the two sets the pace.
-    t.offload_io = 16.0 * n_opt / hw.offload_disk_bw;
+  const bool params_nvme = cfg.offload_params == "nvme" && stage_z == 3;
+  if (cfg.offload.device == optim::OffloadDevice::kNvme || params_nvme) {
+    // Both moments (16 bytes) and/or the FP32 master shard (8) read and written back per
+    // step; the streamed update overlaps the transfers with AdamW, so the slower of the two sets
+    // the pace.
+    const double per_elem =
+        (cfg.offload.device == optim::OffloadDevice::kNvme ? 16.0 : 0.0) + (params_nvme ? 8 : 0);
+    t.offload_io = per_elem * n_opt / hw.offload_disk_bw;
     t.optimizer = std::max(t.optimizer, t.offload_io);
   }
-  t.iteration = pipe + t.dp_exposed + t.optimizer;
+  if (params_nvme) {
+    // Every gather (forward and backward of each micro-batch) reads the rank's piece of the layer
+    // first; read ahead of the layer, the reads overlap the passes' compute.
+    t.offload_param_io = 2.0 * md * 4.0 * n_opt / hw.offload_disk_bw;
+    t.offload_param_exposed = std::max(0.0, t.offload_param_io - md * (w.fwd + one_bwd));
+  }
+  t.iteration = pipe + t.dp_exposed + t.optimizer + t.offload_param_exposed;
 
   if (hw.is_cpu && cluster.calibration) {
     // Ranks share the cores: the total work over all ranks bounds the iteration from below.

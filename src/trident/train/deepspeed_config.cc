@@ -182,8 +182,8 @@ void apply_deepspeed_json(TrainConfig& c, const json& ds, int world_size, const 
         TRIDENT_CHECK(dev == "none" || dev == "cpu" || dev == "nvme", r.where(key + ".device"),
                       " = ", dev, ": must be none, cpu or nvme");
         if (params) {
-          // cpu: the CPU backend's parameters are in host memory already; nvme is refused by
-          // --offload-params (not implemented).
+          // cpu: the CPU backend's parameters are in host memory already (the identity); nvme is
+          // --offload-params nvme (ZeRO-3 only: refused with the flag's message otherwise).
           if (dev == "nvme") r.set(c.offload_params, dev, key + ".device", "--offload-params");
         } else {
           r.set(c.offload_optimizer, dev, key + ".device", "--offload-optimizer");
@@ -192,10 +192,18 @@ void apply_deepspeed_json(TrainConfig& c, const json& ds, int world_size, const 
           for (const auto& [sk, sv] : v.items()) {
             const std::string skey = key + "." + sk;
             if (sk == "device") continue;
-            if (sk == "nvme_path" && !params) {
+            if (sk == "nvme_path") {
               TRIDENT_CHECK(sv.is_string(), r.where(skey), " must be a directory path");
-              if (dev == "nvme")
-                r.set(c.offload.path, sv.get<std::string>(), skey, "--offload-path");
+              if (dev == "nvme") {
+                const std::string path = sv.get<std::string>();
+                TRIDENT_CHECK(c.offload.path.empty() || c.offload.path == path ||
+                                  c.given.contains("--offload-path"),
+                              r.where(skey), " = ", path,
+                              ": trident keeps all offload files in one directory and the other "
+                              "offload block names ",
+                              c.offload.path, ": give both the same nvme_path");
+                r.set(c.offload.path, path, skey, "--offload-path");
+              }
             } else {
               r.ignored(skey, sv,
                         "trident's offload streams through --offload-window-mib of buffers with "

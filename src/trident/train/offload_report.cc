@@ -17,12 +17,23 @@ OffloadReporter::OffloadReporter(const ZeroOptimizer& optimizer, const TrainConf
   }
   const optim::OffloadStore* o = opt_.offload();
   if (o == nullptr) return;
-  log::info("offload: Adam moments of ", o->size(), " elements in ", o->paths().size(),
+  const char* what = opt_.params_offloaded()
+                         ? (opt_.moments_offloaded() ? "weight shard and Adam moments"
+                                                     : "weight shard (--offload-params nvme)")
+                         : "Adam moments";
+  log::info("offload: ", what, " of ", o->size(), " elements in ", o->paths().size(),
             " files under ", cfg.offload.path, " (", mib(static_cast<double>(o->file_bytes())),
             " MiB on disk); window ", mib(static_cast<double>(o->window_bytes())), " MiB = 3 x ",
             o->paths().size(), " buffers of ", o->chunk_elements(), " elements; I/O ",
             optim::offload_io_name(cfg.offload.io),
             cfg.offload.direct ? ", O_DIRECT" : ", buffered");
+  if (opt_.params_offloaded()) {
+    log::info("offload: weights read ahead of each layer's all-gather through ",
+              mib(static_cast<double>(opt_.param_fetch_bytes())), " MiB of buffers (",
+              optim::Zero3ParamGatherer::kFetchBuffers,
+              " x the largest layer piece), following "
+              "the last iteration's gather order");
+  }
 }
 
 void OffloadReporter::interval(nlohmann::json& record, std::int64_t iterations) {
@@ -44,6 +55,14 @@ void OffloadReporter::interval(nlohmann::json& record, std::int64_t iterations) 
   record["offload_read_mib_per_s"] = read_mibs;
   record["offload_write_mib_per_s"] = write_mibs;
   record["offload_window_bytes"] = o->window_bytes();
+  if (opt_.params_offloaded()) {
+    const double fetched = static_cast<double>(s.fetch_bytes - last_.fetch_bytes);
+    const double fwait = s.fetch_wait_s - last_.fetch_wait_s;
+    log::info("offload: weights read ahead of the gathers ", mib(fetched / it),
+              " MiB/iteration, waiting for those reads ", 1e3 * fwait / it, " ms/iteration");
+    record["offload_param_read_mib"] = mib(fetched / it);
+    record["offload_param_wait_ms"] = 1e3 * fwait / it;
+  }
   last_ = s;
 }
 

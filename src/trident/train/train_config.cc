@@ -328,12 +328,15 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
                  "--offload-path, streamed through a bounded window; docs/offload.md)")
       ->capture_default_str();
   app.add_option("--offload-path", c.offload.path,
-                 "Directory (on a fast disk) for --offload-optimizer nvme's files");
+                 "Directory (on a fast disk) for the files of --offload-optimizer nvme and "
+                 "--offload-params nvme");
   app.add_option("--offload-params", c.offload_params,
-                 "ZeRO-3 parameter shards on disk: none (nvme is not implemented yet)")
+                 "ZeRO-3 parameter shards: none (in memory) or nvme (a file under --offload-path, "
+                 "read ahead of each layer's gather; docs/offload.md)")
       ->capture_default_str();
   app.add_option("--offload-window-mib", c.offload_window_mib,
-                 "--offload-optimizer nvme: MiB of host buffers the moments stream through")
+                 "offload nvme: MiB of host buffers the optimizer step streams the offloaded "
+                 "state through")
       ->capture_default_str();
   app.add_option("--offload-io", c.offload_io,
                  "--offload-optimizer nvme: asynchronous I/O engine, uring (io_uring) or threads "
@@ -521,19 +524,29 @@ void TrainConfig::finalize(int world_size) {
   TRIDENT_CHECK(offload_window_mib >= 0.1, "--offload-window-mib must be >= 0.1, got ",
                 offload_window_mib);
   offload.window_bytes = static_cast<std::int64_t>(offload_window_mib * 1024 * 1024);
+  TRIDENT_CHECK(offload_params == "none" || offload_params == "nvme",
+                "--offload-params must be none or nvme, got '", offload_params, "'");
+  const bool params_nvme = offload_params == "nvme";
+  TRIDENT_CHECK(!params_nvme || zero_stage == 3, "--offload-params nvme needs --zero-stage 3 (got ",
+                zero_stage,
+                "): only ZeRO-3 shards the weights, stages 0-2 keep them whole on every rank; add "
+                "--zero-stage 3 or drop --offload-params");
+  const bool any_nvme = offload.device == optim::OffloadDevice::kNvme || params_nvme;
   TRIDENT_CHECK(offload.device != optim::OffloadDevice::kNvme || !offload.path.empty(),
                 "--offload-optimizer nvme needs --offload-path DIR (a directory on the disk that "
                 "holds the optimizer state)");
-  TRIDENT_CHECK(offload.device == optim::OffloadDevice::kNvme || offload.path.empty(),
-                "--offload-path is given but --offload-optimizer is ", offload_optimizer,
-                ": add --offload-optimizer nvme");
-  TRIDENT_CHECK(offload_params == "none", "--offload-params ", offload_params,
-                ": parameter offload is not implemented yet; only none (--offload-optimizer nvme "
-                "moves the Adam moments to disk)");
-  TRIDENT_CHECK(!(async_save && offload.device == optim::OffloadDevice::kNvme),
-                "--async-save copies the optimizer state into host memory, which "
-                "--offload-optimizer nvme keeps on disk: drop --async-save (saves then stream "
-                "from the offload files)");
+  TRIDENT_CHECK(!params_nvme || !offload.path.empty(),
+                "--offload-params nvme needs --offload-path DIR (a directory on the disk that "
+                "holds the parameter shards)");
+  TRIDENT_CHECK(any_nvme || offload.path.empty(),
+                "--offload-path is given but --offload-optimizer "
+                "is ",
+                offload_optimizer, " and --offload-params is ", offload_params,
+                ": add --offload-optimizer nvme and/or --offload-params nvme");
+  TRIDENT_CHECK(!(async_save && any_nvme),
+                "--async-save copies the optimizer state and weights into host memory, which "
+                "--offload-optimizer/--offload-params nvme keep on disk: drop --async-save (saves "
+                "then stream from the offload files)");
   if (sequence_parallel && tensor_model_parallel_size == 1)
     sequence_parallel = false;  // as Megatron
   TRIDENT_CHECK(
@@ -699,6 +712,7 @@ nlohmann::json TrainConfig::to_json() const {
   j["sequence_parallel"] = sequence_parallel;
   j["zero_stage"] = zero_stage;
   j["offload_optimizer"] = offload_optimizer;
+  j["offload_params"] = offload_params;
   if (!offload.path.empty()) j["offload_path"] = offload.path;
   j["fp16"] = fp16;
   j["bf16"] = bf16;

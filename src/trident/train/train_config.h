@@ -120,7 +120,7 @@ struct TrainConfig {
   // Optimizer-state offload (docs/offload.md): --offload-optimizer {none,cpu,nvme},
   // --offload-path DIR, --offload-window-mib, --offload-io {uring,threads}, --offload-buffered.
   std::string offload_optimizer = "none";
-  std::string offload_params = "none";  // --offload-params: ZeRO-3 parameter shards (none only)
+  std::string offload_params = "none";  // --offload-params: ZeRO-3 parameter shards (none, nvme)
   std::string offload_io = "uring";
   double offload_window_mib = 48;
   bool offload_buffered = false;

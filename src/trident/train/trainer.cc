@@ -374,7 +374,8 @@ void Trainer::build_model() {
                      ZeroConfig{.stage = cfg_.zero_stage,
                                 .bucket_size = cfg_.ddp_bucket_size,
                                 .bf16 = cfg_.bf16,
-                                .offload = cfg_.offload});
+                                .offload = cfg_.offload,
+                                .offload_params = cfg_.offload_params == "nvme"});
   offload_report_.emplace(*optimizer_, cfg_);
   B_ = cfg_.micro_batch_size;
   T_ = cfg_.model.seq_length;
@@ -439,7 +440,8 @@ void Trainer::describe_checkpoint_state() {
   state_.params = slice(optimizer_->params_slice());
   state_.exp_avg = slice(optimizer_->exp_avg_slice());
   state_.exp_avg_sq = slice(optimizer_->exp_avg_sq_slice());
-  state_.exp_avg.mapped = state_.exp_avg_sq.mapped = optimizer_->offload() != nullptr;
+  state_.exp_avg.mapped = state_.exp_avg_sq.mapped = optimizer_->moments_offloaded();
+  state_.params.mapped = optimizer_->params_offloaded();
   // `trident convert` writes other layouts' shards from the same rule (zero_optimizer.h).
   TRIDENT_ASSERT(ZeroOptimizer::stored_range(cfg_.zero_stage, false, n, dp_, dp_rank_) ==
                          optimizer_->params_slice().range &&
@@ -742,6 +744,7 @@ void Trainer::evaluate(std::int64_t it, const char* suffix, bool test) {
   std::int64_t& eval_consumed = test ? test_consumed : progress_.consumed_valid;
   const model::TpTraffic training_traffic = tp_traffic_;  // evaluation is not counted
   model::LossSum total;
+  optimizer_->begin_evaluation();  // ZeRO-3: gather the weights the last step updated
   const std::int64_t eval_micro = cfg_.global_batch_size / (B_ * dp_);
   for (std::int64_t e = 0; e < cfg_.eval_iters; ++e) {
     const model::LossSum l =

@@ -25,16 +25,36 @@ ZeroOptimizer::ZeroOptimizer(const RankModel& model, const parallel::ParallelCon
   comm::Communicator& dp = par.dp();
   const parallel::ShardPlan plan =
       parallel::build_shard_plan(layout_.numel(), dp.size(), optim::kShardAlign);
-  buffers_ =
-      std::make_unique<optim::ParamGradBuffers>(layout_, plan, policy_, dp.rank(), zero.bf16);
+  TRIDENT_CHECK(!zero.offload_params || policy_.shards_parameters(),
+                "--offload-params nvme needs --zero-stage 3 (got ", zero.stage,
+                "): only ZeRO-3 shards the weights; use --zero-stage 3 or drop --offload-params");
+  buffers_ = std::make_unique<optim::ParamGradBuffers>(layout_, plan, policy_, dp.rank(), zero.bf16,
+                                                       zero.offload_params);
+  // One store for everything offloaded: the optimizer streams the arrays together.
+  std::vector<std::string> arrays;
+  if (zero.offload_params) {
+    param_array_ = static_cast<int>(arrays.size());
+    arrays.push_back("params");
+  }
+  if (zero.offload.device == optim::OffloadDevice::kNvme) {
+    moment_array_ = static_cast<int>(arrays.size());
+    arrays.insert(arrays.end(), {"exp_avg", "exp_avg_sq"});
+  }
+  if (!arrays.empty()) {
+    const std::int64_t n = buffers_->sizes().moment;
+    TRIDENT_ASSERT(!zero.offload_params || buffers_->sizes().master_offloaded == n,
+                   "the master shard and the moments cover different ranges");
+    store_ = std::make_unique<optim::OffloadStore>(
+        zero.offload, core::str("trident.", ::getpid(), ".rank", par.rank()), arrays, n);
+  }
   sync_ = optim::make_grad_sync(*buffers_, dp, comm_, zero.bucket_size);
   if (policy_.shards_parameters()) {
-    gatherer_ = std::make_unique<optim::Zero3ParamGatherer>(*buffers_, dp, comm_);
+    gatherer_ = std::make_unique<optim::Zero3ParamGatherer>(
+        *buffers_, dp, comm_, param_array_ >= 0 ? store_.get() : nullptr, param_array_);
   }
   finalizer_ = std::make_unique<optim::GradFinalizer>(layout_, par, adamw.clip_grad);
-  adamw_ = std::make_unique<optim::DistributedAdamW>(
-      *buffers_, dp, comm_, adamw, zero.offload,
-      core::str("trident.", ::getpid(), ".rank", par.rank()));
+  adamw_ = std::make_unique<optim::DistributedAdamW>(*buffers_, dp, comm_, adamw, store_.get(),
+                                                     param_array_, moment_array_);
   build_chunk_views();
   build_slot_views();
 }
@@ -180,6 +200,16 @@ void ZeroOptimizer::init_params(std::uint64_t seed) {
   // Stage 3: only this rank's shard; the padding past the last parameter stays zero.
   const parallel::Range shard = b.shard();
   const parallel::Range held{shard.begin, std::min(shard.end, layout_.numel())};
+  if (param_array_ >= 0) {
+    // Chunk by chunk through the store's window into the file.
+    store_->stream([&](std::int64_t lo, std::int64_t hi, float* const* d) {
+      float* p = d[param_array_];
+      kernels::fill(hook_ctx_, {.out = p, .value = 0.0f, .n = hi - lo});
+      const parallel::Range part{shard.begin + lo, std::min(shard.begin + hi, held.end)};
+      if (part.size() > 0) model_.init_range(seed, part, p);
+    });
+    return;
+  }
   kernels::fill(hook_ctx_, {.out = b.master(), .value = 0.0f, .n = shard.size()});
   if (held.size() > 0) model_.init_range(seed, held, b.master());
 }
@@ -195,6 +225,10 @@ void ZeroOptimizer::refresh_bf16(const core::ExecContext& ctx) {
 void ZeroOptimizer::begin_iteration() {
   sync_->begin_iteration(hook_ctx_);
   if (gatherer_) gatherer_->begin_iteration(hook_ctx_);
+}
+
+void ZeroOptimizer::begin_evaluation() {
+  if (gatherer_) gatherer_->begin_iteration(hook_ctx_, /*training=*/false);
 }
 
 void ZeroOptimizer::begin_backward(int /*chunk*/, bool last_of_iteration) {
@@ -219,9 +253,13 @@ OptimizerStepResult ZeroOptimizer::step(const core::ExecContext& ctx, double lr,
 
 MemoryReport ZeroOptimizer::memory() const {
   MemoryReport m = buffers_->memory();
-  if (const optim::OffloadStore* o = adamw_->offload()) {
-    m.offloaded_bytes = o->file_bytes();
-    m.optimizer_bytes = o->window_bytes();  // resident: the streaming window only
+  if (store_) {
+    // Resident: the streaming window (an equal share per array) and the read-ahead buffers.
+    const std::int64_t arrays = static_cast<std::int64_t>(store_->paths().size());
+    const std::int64_t share = store_->window_bytes() / arrays;
+    m.offloaded_bytes = store_->file_bytes();
+    if (moment_array_ >= 0) m.optimizer_bytes = 2 * share;
+    if (param_array_ >= 0) m.param_bytes += share + gatherer_->fetch_bytes();
   }
   return m;
 }
@@ -239,7 +277,8 @@ ZeroOptimizer::TensorSlice ZeroOptimizer::params_slice() {
   const optim::ParamGradBuffers& b = *buffers_;
   if (b.full_params() != nullptr) return {b.full_params(), {0, layout_.numel()}};
   const parallel::Range s = b.shard();
-  return {b.master(), {s.begin, std::min(s.end, layout_.numel())}};
+  float* data = param_array_ >= 0 ? store_->mapped(param_array_) : b.master();
+  return {data, {s.begin, std::min(s.end, layout_.numel())}};
 }
 
 ZeroOptimizer::TensorSlice ZeroOptimizer::exp_avg_slice() {

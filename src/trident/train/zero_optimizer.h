@@ -54,6 +54,9 @@ struct ZeroConfig {
   std::int64_t bucket_size = 40'000'000;  // --ddp-bucket-size, elements
   bool bf16 = false;  // keep BF16 copies of the weights for the matmuls (refreshed every step)
   optim::OffloadConfig offload;  // --offload-optimizer: where the Adam moments live
+  // --offload-params nvme (stage 3): the master shard in a file under offload.path, streamed by
+  // the optimizer step and read ahead of each layer's gather (docs/offload.md).
+  bool offload_params = false;
 };
 
 struct OptimizerStepResult {
@@ -106,10 +109,19 @@ class ZeroOptimizer {
   TensorSlice exp_avg_slice();
   TensorSlice exp_avg_sq_slice();
   // After a checkpoint save (written = false) or load (true) went through the slices: offloaded
-  // moments are synced to their files and their mapped pages dropped from memory.
-  void checkpoint_io_done(bool written) { adamw_->release_pages(written); }
-  // The offloaded moments, or null.
-  const optim::OffloadStore* offload() const { return adamw_->offload(); }
+  // state is synced to its files and its mapped pages dropped from memory.
+  void checkpoint_io_done(bool written) {
+    if (store_) store_->release_pages(written);
+  }
+  // The offload files (moments and/or the master shard), or null.
+  const optim::OffloadStore* offload() const { return store_.get(); }
+  bool params_offloaded() const { return param_array_ >= 0; }
+  bool moments_offloaded() const { return moment_array_ >= 0; }
+  // The read-ahead buffers of --offload-params nvme (0 otherwise).
+  std::int64_t param_fetch_bytes() const { return gatherer_ ? gatherer_->fetch_bytes() : 0; }
+  // Before an evaluation pass after a step: the stage-3 gathered weights are re-gathered from the
+  // updated shard (what begin_iteration does, without touching the gradients).
+  void begin_evaluation();
   // The range of a rank's flat buffer (numel elements) that data-parallel rank dp_rank of dp
   // stores in checkpoints at `stage`: of the parameters (moments = false) or of the Adam moments.
   // The same as the slices above, without an optimizer (`trident convert` writes other layouts).
@@ -130,6 +142,8 @@ class ZeroOptimizer {
   optim::FlatLayout layout_;
   CommCounters comm_;
   std::unique_ptr<optim::ParamGradBuffers> buffers_;
+  std::unique_ptr<optim::OffloadStore> store_;  // before its users (destroyed after them)
+  int param_array_ = -1, moment_array_ = -1;    // their arrays in store_, -1: in memory
   std::unique_ptr<optim::GradSync> sync_;
   std::unique_ptr<optim::Zero3ParamGatherer> gatherer_;  // stage 3 only
   std::unique_ptr<optim::GradFinalizer> finalizer_;
