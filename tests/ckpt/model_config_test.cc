@@ -56,8 +56,11 @@ TEST(HfConfig, HostileValuesAreRefusedNamingTheKey) {
   EXPECT_NE(hf_error(with(gpt2(), "n_inner", 2.5)).find("n_inner"), std::string::npos);
   EXPECT_NE(hf_error(with(gpt2(), "n_layer", -2)).find("n_layer = -2"), std::string::npos);
   // model_type and torch_dtype of the wrong type escaped as bare JSON errors naming no file.
-  EXPECT_NE(hf_error(with(gpt2(), "model_type", 7)).find("config.json"), std::string::npos);
-  EXPECT_NE(hf_error(with(gpt2(), "torch_dtype", json::array())).find("config.json"),
+  EXPECT_NE(hf_error(with(gpt2(), "model_type", 7)).find("config.json: \"model_type\" = 7"),
+            std::string::npos);
+  EXPECT_NE(hf_error(with(gpt2(), "torch_dtype", json::array())).find("\"torch_dtype\" = []"),
+            std::string::npos);
+  EXPECT_NE(hf_error(with(gpt2(), "scale_attn_weights", "no")).find("\"scale_attn_weights\""),
             std::string::npos);
   EXPECT_NE(hf_error(json::array()).find("config.json: the file is not a JSON object"),
             std::string::npos);

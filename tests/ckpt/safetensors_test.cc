@@ -141,6 +141,21 @@ TEST(Safetensors, HostileHeadersAreRefusedNamingTheFault) {
   fs::remove_all(d);
 }
 
+// An empty tensor read into an empty buffer (whose data() may be null): memcpy(nullptr, ..., 0)
+// was undefined behaviour (found by fuzz_safetensors; fails under scripts/test-sanitizers).
+TEST(Safetensors, EmptyTensorReadsNothing) {
+  const fs::path d = tmp_dir("empty");
+  for (const char* dtype : {"F32", "BF16", "F16"}) {
+    write_raw(
+        d / "e",
+        std::string(R"({"e":{"dtype":")") + dtype + R"(","shape":[0,5],"data_offsets":[0,0]}})", 0);
+    const SafetensorsFile f((d / "e").string());
+    EXPECT_EQ(f.info("e").numel(), 0);
+    f.read_f32("e", nullptr);
+  }
+  fs::remove_all(d);
+}
+
 TEST(Safetensors, IndexWithAWeightMapEntryThatIsNoFileName) {
   const fs::path d = tmp_dir("index");
   write_raw(d / "model-00001-of-00001.safetensors",

@@ -33,7 +33,13 @@ namespace {
 
 template <class T>
 T get_or(const json& c, const char* key, T fallback) {
-  return c.contains(key) && !c[key].is_null() ? c[key].get<T>() : fallback;
+  if (!c.contains(key) || c[key].is_null()) return fallback;
+  try {
+    return c[key].get<T>();
+  } catch (const json::exception& e) {
+    throw InvalidArgument(
+        str("config.json: \"", key, "\" = ", c[key].dump().substr(0, 40), ": ", e.what()));
+  }
 }
 
 void refuse_if(bool bad, const std::string& what) {
