@@ -276,9 +276,8 @@ TEST(DeepSpeedJson, HostileValuesAreRefusedNamingTheKey) {
           "\"zero_optimization.stage\" must be an integer in [0, 3]");
   refused(R"({"fp16": {"enabled": true, "initial_scale_power": 5000}})",
           "\"fp16.initial_scale_power\" must be an integer in [0, 63]");
-  refused(
-      R"({"train_micro_batch_size_per_gpu": 2147483648, "gradient_accumulation_steps": 2147483648})",
-      "must be an integer in [1, 2147483648]");
+  refused(R"({"train_micro_batch_size_per_gpu": 2147483649, "gradient_accumulation_steps": 2})",
+          "must be an integer in [1, 2147483648]");
   refused(R"({"train_micro_batch_size_per_gpu": 2147483648, "gradient_accumulation_steps": 2})",
           "exceeds 2^31 sequences per step");
   refused(R"({"fp16": true})", "\"fp16\" must be an object");
