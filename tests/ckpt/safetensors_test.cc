@@ -117,5 +117,65 @@ TEST(Safetensors, MalformedFilesAreRefused) {
   fs::remove_all(d);
 }
 
+// Found by fuzz_safetensors (inputs in tests/fuzz/regressions/fuzz_safetensors/): each of these
+// was undefined behaviour or a bare JSON exception naming no file before.
+TEST(Safetensors, HostileHeadersAreRefusedNamingTheFault) {
+  const fs::path d = tmp_dir("hostile");
+  // A shape whose element count overflows int64 (with a zero dimension: 0 bytes claimed).
+  write_raw(d / "overflow",
+            R"({"x":{"dtype":"F32","shape":[4294967296,4294967296,0],"data_offsets":[0,0]}})", 0);
+  expect_refused(d / "overflow", "bytes for shape");
+  // Floats and negatives where integers belong (converting 1e300 to int64 is undefined).
+  write_raw(d / "float", R"({"x":{"dtype":"F32","shape":[1e300],"data_offsets":[0,4]}})", 4);
+  expect_refused(d / "float", "shape [1e+300] must hold non-negative integers");
+  write_raw(d / "neg", R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[-4,0]}})", 4);
+  expect_refused(d / "neg", "data_offsets [-4,0] must hold non-negative integers");
+  write_raw(d / "entry", R"({"x":[1,2]})", 0);
+  expect_refused(d / "entry", "tensor x: the entry is not an object");
+  // Two tensors sharing bytes.
+  write_raw(d / "overlap",
+            R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+            R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+            8);
+  expect_refused(d / "overlap", "tensors a and b overlap");
+  fs::remove_all(d);
+}
+
+// An empty tensor read into an empty buffer (whose data() may be null): memcpy(nullptr, ..., 0)
+// was undefined behaviour (found by fuzz_safetensors; fails under scripts/test-sanitizers).
+TEST(Safetensors, EmptyTensorReadsNothing) {
+  const fs::path d = tmp_dir("empty");
+  for (const char* dtype : {"F32", "BF16", "F16"}) {
+    write_raw(
+        d / "e",
+        std::string(R"({"e":{"dtype":")") + dtype + R"(","shape":[0,5],"data_offsets":[0,0]}})", 0);
+    const SafetensorsFile f((d / "e").string());
+    EXPECT_EQ(f.info("e").numel(), 0);
+    f.read_f32("e", nullptr);
+  }
+  fs::remove_all(d);
+}
+
+TEST(Safetensors, IndexWithAWeightMapEntryThatIsNoFileName) {
+  const fs::path d = tmp_dir("index");
+  write_raw(d / "model-00001-of-00001.safetensors",
+            R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 4);
+  for (const char* map : {R"({"x": 7})", R"({"x": ".."})", R"({"x": "../model.safetensors"})"}) {
+    std::ofstream(d / "model.safetensors.index.json") << R"({"weight_map": )" << map << "}";
+    try {
+      SafetensorsModel m(d.string());
+      ADD_FAILURE() << map << " was accepted";
+    } catch (const core::DataError& e) {
+      EXPECT_NE(std::string(e.what()).find("model.safetensors.index.json"), std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("x"), std::string::npos) << e.what();
+    }
+  }
+  std::ofstream(d / "model.safetensors.index.json")
+      << R"({"weight_map": {"x": "model-00001-of-00001.safetensors"}})";
+  EXPECT_TRUE(SafetensorsModel(d.string()).has("x"));
+  fs::remove_all(d);
+}
+
 }  // namespace
 }  // namespace trident::ckpt

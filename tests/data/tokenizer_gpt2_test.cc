@@ -271,6 +271,14 @@ TEST(Gpt2Bpe, FileErrorsNameFileAndLine) {
   write_bytes(dir / "huge_id.json", huge.dump());
   expect_error<core::DataError>([&] { GPT2BPETokenizer(dir / "huge_id.json", m); },
                                 {"huge_id.json", "<|endoftext|>", "2000000000", "16777215"});
+  // Two tokens sharing an id: decode gave one of them for both, so text came back changed
+  // (found by fuzz_gpt2_bpe; input in tests/fuzz/regressions/fuzz_gpt2_bpe/).
+  nlohmann::json dup = nlohmann::json::parse(read_bytes(v));
+  dup["ab"] = 257;  // <|endoftext|>'s id
+  write_bytes(dir / "dup_id.json", dup.dump());
+  expect_error<core::DataError>(
+      [&] { GPT2BPETokenizer(dir / "dup_id.json", m); },
+      {"dup_id.json", "tokens '<|endoftext|>' and 'ab' both have id 257"});
 }
 
 }  // namespace

@@ -226,10 +226,105 @@ vocab-size = 100
         b"--micro-batch-size", b"1", b"--split", b"969,30,1", b"--data-path", b"x"]))
 
 
+def safetensors_bytes(tensors, metadata=None):
+    """tensors: [(name, dtype, shape, raw bytes)] in order; the layout safetensors writes."""
+    header, off, data = {}, 0, b""
+    if metadata is not None:
+        header["__metadata__"] = metadata
+    for name, dtype, shape, raw in tensors:
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [off, off + len(raw)]}
+        off += len(raw)
+        data += raw
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)  # safetensors pads the header to 8 bytes
+    return struct.pack("<Q", len(h)) + h + data
+
+
+def safetensors():
+    f32 = np.arange(6, dtype="<f4").reshape(2, 3) / 7
+    bf16 = (np.arange(4, dtype="<f4").view("<u4") >> 16).astype("<u2")
+    f16 = np.array([1.5, -2.0, 65504.0, 6e-8], dtype="<f2")
+    one = safetensors_bytes([("transformer.wte.weight", "F32", [2, 3], f32.tobytes()),
+                             ("transformer.ln_f.bias", "BF16", [4], bf16.tobytes()),
+                             ("lm_head.weight", "F16", [2, 2], f16.tobytes()),
+                             ("empty", "F32", [0, 5], b"")], {"format": "pt"})
+    put("fuzz_safetensors", "single.safetensors", one)
+    a = safetensors_bytes([("model.embed_tokens.weight", "BF16", [2, 2], bf16.tobytes())],
+                          {"format": "pt"})
+    b = safetensors_bytes([("model.norm.weight", "F32", [3], f32.tobytes()[:12]),
+                           ("lm_head.weight", "F16", [4], f16.tobytes())])
+    index = json.dumps({"metadata": {"total_size": 8 + 12 + 8},
+                        "weight_map": {"model.embed_tokens.weight": "model-00001-of-00002.safetensors",
+                                       "model.norm.weight": "model-00002-of-00002.safetensors",
+                                       "lm_head.weight": "model-00002-of-00002.safetensors"}},
+                       indent=2).encode()
+    put("fuzz_safetensors", "sharded.pair", index + SEP + a + SEP + b)
+
+
+def model_configs():
+    # fuzz_model_config: first byte even = HF config.json (byte >> 1 picks --seq-length), odd =
+    # a trident checkpoint's "config".
+    gpt2 = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": 100,
+            "n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 64, "n_inner": None,
+            "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5,
+            "initializer_range": 0.02, "tie_word_embeddings": True, "torch_dtype": "float32"}
+    bloom = {"architectures": ["BloomForCausalLM"], "model_type": "bloom", "vocab_size": 250,
+             "hidden_size": 64, "n_layer": 2, "n_head": 8, "layer_norm_epsilon": 1e-5,
+             "apply_residual_connection_post_layernorm": False, "torch_dtype": "bfloat16"}
+    llama = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128,
+             "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "intermediate_size": 172, "max_position_embeddings": 128,
+             "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "hidden_act": "silu",
+             "tie_word_embeddings": False, "attention_bias": False, "head_dim": 16,
+             "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                              "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+             "torch_dtype": "float16"}
+    put("fuzz_model_config", "hf_gpt2.json", b"\x00" + json.dumps(gpt2, indent=2).encode())
+    put("fuzz_model_config", "hf_bloom.json", b"\x02" + json.dumps(bloom, indent=2).encode())
+    put("fuzz_model_config", "hf_llama.json", b"\x04" + json.dumps(llama, indent=2).encode())
+    trident = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+               "ffn_hidden_size": 256, "seq_length": 32, "max_position_embeddings": 64,
+               "vocab_size": 100, "make_vocab_size_divisible_by": 128,
+               "layernorm_epsilon": 1e-5, "init_method_std": 0.02,
+               "position_embedding_type": "rope", "normalization": "RMSNorm", "swiglu": True,
+               "num_query_groups": 2, "untie_embeddings_and_output_weights": True,
+               "add_bias_linear": False, "rotary_base": 10000.0, "use_rope_scaling": True,
+               "rope_scaling_factor": 8.0, "rope_low_freq_factor": 1.0,
+               "rope_high_freq_factor": 4.0, "rope_original_max_position_embeddings": 32}
+    put("fuzz_model_config", "trident_llama.json", b"\x01" + json.dumps(trident).encode())
+
+
+def deepspeed_configs():
+    # fuzz_deepspeed_config: first byte = world size (bits 0-1) and the flags given (bits 2-7).
+    zero1 = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "steps_per_print": 10,
+             "gradient_clipping": 1.0, "zero_optimization": {"stage": 1,
+                                                             "reduce_bucket_size": 5e8},
+             "bf16": {"enabled": True}, "wall_clock_breakdown": False}
+    fp16 = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 4,
+            "fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 12,
+                     "loss_scale_window": 500, "hysteresis": 2, "min_loss_scale": 1},
+            "optimizer": {"type": "Adam", "params": {"lr": 3e-4, "betas": [0.9, 0.95],
+                                                     "eps": 1e-8, "weight_decay": 0.1}},
+            "zero_optimization": {"stage": 2, "overlap_comm": True,
+                                  "contiguous_gradients": True}}
+    offload = {"train_batch_size": 16, "gradient_accumulation_steps": 2,
+               "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme",
+                                                                       "nvme_path": "/tmp/nvme",
+                                                                       "pin_memory": True},
+                                     "offload_param": {"device": "cpu"},
+                                     "stage3_prefetch_bucket_size": 1e7}}
+    put("fuzz_deepspeed_config", "zero1_bf16.json", b"\x01" + json.dumps(zero1, indent=2).encode())
+    put("fuzz_deepspeed_config", "fp16_adam.json", b"\x00" + json.dumps(fp16, indent=2).encode())
+    put("fuzz_deepspeed_config", "zero3_offload.json", b"\x02" + json.dumps(offload).encode())
+
+
 if __name__ == "__main__":
     indexed()
     npys()
     tokenizers()
     sentencepiece()
     configs()
+    safetensors()
+    model_configs()
+    deepspeed_configs()
     print("seeds written under", ROOT, file=sys.stderr)

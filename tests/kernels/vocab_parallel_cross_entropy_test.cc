@@ -66,7 +66,10 @@ TEST(VocabParallelCeKernels, ShardsWithReductionsMatchTheUnsplitReference) {
       std::vector<std::vector<float>> logits(n), stats(n, std::vector<float>(3 * rows));
       for (int s = 0; s < n; ++s) logits[s] = shard_of(p, s, n);
       auto shard = [&](int s) {
-        return VocabParallelShard{.vocab = V, .vocab_start = s * Vl, .vocab_local = Vl};
+        return VocabParallelShard{
+            .vocab = p.V,
+            .vocab_start = s * Vl,
+            .vocab_local = Vl};  // p.V: clang 14 cannot capture a structured binding
       };
       const core::ExecContext ctx = testing::backend_ctx();
       std::vector<float> max(rows, -INFINITY);

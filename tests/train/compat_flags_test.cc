@@ -252,6 +252,45 @@ TEST(DeepSpeedJson, ContradictionsAreRefused) {
   EXPECT_EQ(err({"--global-batch-size", "32"}, R"({"train_batch_size": 32})"), "");
 }
 
+// Found by fuzz_deepspeed_config (inputs in tests/fuzz/regressions/fuzz_deepspeed_config/):
+// values of the wrong type escaped as bare JSON errors, and huge numbers were converted to
+// integers with undefined behaviour (or wrapped: a stage of 2^32 + 1 read as 1).
+TEST(DeepSpeedJson, HostileValuesAreRefusedNamingTheKey) {
+  auto err = [](const char* json) {
+    TrainConfig c = parse(with({}), 2, false);
+    try {
+      apply_deepspeed_json(c, nlohmann::json::parse(json), 2, "ds.json");
+    } catch (const core::InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  auto refused = [&](const char* json, const char* fragment) {
+    const std::string e = err(json);
+    EXPECT_NE(e.find(fragment), std::string::npos) << json << " -> " << e;
+    EXPECT_NE(e.find("ds.json"), std::string::npos) << e;
+  };
+  refused(R"({"train_batch_size": 1e300})", "\"train_batch_size\" must be an integer in [1, ");
+  refused(R"({"train_batch_size": -8})", "\"train_batch_size\" must be an integer");
+  refused(R"({"zero_optimization": {"stage": 4294967297}})",
+          "\"zero_optimization.stage\" must be an integer in [0, 3]");
+  refused(R"({"fp16": {"enabled": true, "initial_scale_power": 5000}})",
+          "\"fp16.initial_scale_power\" must be an integer in [0, 63]");
+  refused(R"({"train_micro_batch_size_per_gpu": 2147483649, "gradient_accumulation_steps": 2})",
+          "must be an integer in [1, 2147483648]");
+  refused(R"({"train_micro_batch_size_per_gpu": 2147483648, "gradient_accumulation_steps": 2})",
+          "exceeds 2^31 sequences per step");
+  refused(R"({"fp16": true})", "\"fp16\" must be an object");
+  refused(R"({"bf16": {"enabled": "yes"}})", "\"bf16.enabled\" must be true or false");
+  refused(R"({"optimizer": "AdamW"})", "\"optimizer\" must be an object");
+  refused(R"({"optimizer": {"type": 3}})", "\"optimizer.type\" must be a string");
+  refused(R"({"optimizer": {"type": "AdamW", "params": [1]}})",
+          "\"optimizer.params\" must be an object");
+  refused(R"({"zero_optimization": {"offload_optimizer": {"device": 1}}})",
+          "\"zero_optimization.offload_optimizer.device\" must be a string");
+  EXPECT_EQ(err(R"({"train_batch_size": 8, "bf16": {"enabled": true}})"), "");
+}
+
 // ZeRO-Offload / ZeRO-Infinity blocks map onto --offload-optimizer / --offload-path; parameter
 // offload to NVMe is refused by name (not implemented), to the CPU is the identity.
 TEST(DeepSpeedJson, OffloadBlocks) {

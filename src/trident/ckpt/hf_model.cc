@@ -1,5 +1,8 @@
 #include "trident/ckpt/hf_model.h"
 
+#include <limits>
+
+#include "trident/ckpt/model_config_json.h"
 #include "trident/core/error.h"
 
 namespace trident::ckpt {
@@ -30,11 +33,30 @@ namespace {
 
 template <class T>
 T get_or(const json& c, const char* key, T fallback) {
-  return c.contains(key) && !c[key].is_null() ? c[key].get<T>() : fallback;
+  if (!c.contains(key) || c[key].is_null()) return fallback;
+  try {
+    return c[key].get<T>();
+  } catch (const json::exception& e) {
+    throw InvalidArgument(
+        str("config.json: \"", key, "\" = ", c[key].dump().substr(0, 40), ": ", e.what()));
+  }
 }
 
 void refuse_if(bool bad, const std::string& what) {
   if (bad) throw InvalidArgument(str("config.json: ", what));
+}
+
+// A size or count: an integer in 0 .. 2^31-1 (a float such as 1e300 would overflow the
+// conversion; no real model has a dimension beyond that).
+std::int64_t int_of(const json& v, const std::string& key) {
+  const bool ok = v.is_number_integer() && v.get<std::int64_t>() >= 0 &&
+                  v.get<std::int64_t>() <= std::numeric_limits<std::int32_t>::max();
+  refuse_if(!ok, str(key, " = ", v.dump(), " must be a non-negative integer below 2^31"));
+  return v.get<std::int64_t>();
+}
+std::int64_t int_at(const json& c, const char* key) { return int_of(c.at(key), key); }
+std::int64_t int_or(const json& c, const char* key, std::int64_t fallback) {
+  return c.contains(key) && !c[key].is_null() ? int_of(c[key], key) : fallback;
 }
 
 StDType dtype_of(const json& c) {
@@ -55,18 +77,20 @@ const char* dtype_torch_name(StDType t) {
 HfImport hf_config_to_trident(const json& c, std::int64_t seq_length) {
   HfImport r;
   model::ModelConfig& m = r.model;
-  const std::string type = get_or<std::string>(c, "model_type", "");
   m.make_vocab_size_divisible_by = 128;
-  r.dtype = dtype_of(c);
+  refuse_if(!c.is_object(), "the file is not a JSON object");
+  std::string type;
   try {
+    type = get_or<std::string>(c, "model_type", "");
+    r.dtype = dtype_of(c);
     if (type == "gpt2") {
       r.arch = HfArch::kGpt2;
-      m.vocab_size = c.at("vocab_size");
-      m.hidden_size = c.at("n_embd");
-      m.num_layers = c.at("n_layer");
-      m.num_attention_heads = c.at("n_head");
-      m.ffn_hidden_size = get_or<std::int64_t>(c, "n_inner", 4 * m.hidden_size);
-      m.max_position_embeddings = c.at("n_positions");
+      m.vocab_size = int_at(c, "vocab_size");
+      m.hidden_size = int_at(c, "n_embd");
+      m.num_layers = int_at(c, "n_layer");
+      m.num_attention_heads = int_at(c, "n_head");
+      m.ffn_hidden_size = int_or(c, "n_inner", 4 * m.hidden_size);
+      m.max_position_embeddings = int_at(c, "n_positions");
       m.layernorm_epsilon = get_or<float>(c, "layer_norm_epsilon", 1e-5f);
       m.init_method_std = get_or<float>(c, "initializer_range", 0.02f);
       const std::string act = get_or<std::string>(c, "activation_function", "gelu_new");
@@ -83,10 +107,10 @@ HfImport hf_config_to_trident(const json& c, std::int64_t seq_length) {
                 "GPT-2 with tie_word_embeddings false is not supported");
     } else if (type == "bloom") {
       r.arch = HfArch::kBloom;
-      m.vocab_size = c.at("vocab_size");
-      m.hidden_size = c.contains("hidden_size") ? c.at("hidden_size") : c.at("n_embed");
-      m.num_layers = c.at("n_layer");
-      m.num_attention_heads = c.at("n_head");
+      m.vocab_size = int_at(c, "vocab_size");
+      m.hidden_size = c.contains("hidden_size") ? int_at(c, "hidden_size") : int_at(c, "n_embed");
+      m.num_layers = int_at(c, "n_layer");
+      m.num_attention_heads = int_at(c, "n_head");
       m.ffn_hidden_size = 4 * m.hidden_size;
       m.layernorm_epsilon = get_or<float>(c, "layer_norm_epsilon", 1e-5f);
       m.init_method_std = get_or<float>(c, "initializer_range", 0.02f);
@@ -97,12 +121,12 @@ HfImport hf_config_to_trident(const json& c, std::int64_t seq_length) {
       m.max_position_embeddings = seq_length > 0 ? seq_length : 2048;
     } else if (type == "llama") {
       r.arch = HfArch::kLlama;
-      m.vocab_size = c.at("vocab_size");
-      m.hidden_size = c.at("hidden_size");
-      m.num_layers = c.at("num_hidden_layers");
-      m.num_attention_heads = c.at("num_attention_heads");
-      m.ffn_hidden_size = c.at("intermediate_size");
-      m.max_position_embeddings = c.at("max_position_embeddings");
+      m.vocab_size = int_at(c, "vocab_size");
+      m.hidden_size = int_at(c, "hidden_size");
+      m.num_layers = int_at(c, "num_hidden_layers");
+      m.num_attention_heads = int_at(c, "num_attention_heads");
+      m.ffn_hidden_size = int_at(c, "intermediate_size");
+      m.max_position_embeddings = int_at(c, "max_position_embeddings");
       m.layernorm_epsilon = get_or<float>(c, "rms_norm_eps", 1e-6f);
       m.init_method_std = get_or<float>(c, "initializer_range", 0.02f);
       m.normalization = model::Normalization::kRmsNorm;
@@ -110,7 +134,7 @@ HfImport hf_config_to_trident(const json& c, std::int64_t seq_length) {
       m.swiglu = true;
       m.add_bias_linear = false;
       m.untie_embeddings_and_output_weights = !get_or<bool>(c, "tie_word_embeddings", false);
-      const std::int64_t kv = get_or<std::int64_t>(c, "num_key_value_heads", m.num_attention_heads);
+      const std::int64_t kv = int_or(c, "num_key_value_heads", m.num_attention_heads);
       m.num_query_groups = kv == m.num_attention_heads ? 0 : kv;
       m.rotary_base = get_or<float>(c, "rope_theta", 10000.0f);
       refuse_if(get_or<std::string>(c, "hidden_act", "silu") != "silu",
@@ -119,8 +143,8 @@ HfImport hf_config_to_trident(const json& c, std::int64_t seq_length) {
                 "attention_bias true is not supported (trident's Llama has no biases)");
       refuse_if(get_or<bool>(c, "mlp_bias", false),
                 "mlp_bias true is not supported (trident's Llama has no biases)");
-      refuse_if(c.contains("head_dim") && !c["head_dim"].is_null() &&
-                    c["head_dim"].get<std::int64_t>() != m.hidden_size / m.num_attention_heads,
+      refuse_if(c.contains("head_dim") && !c["head_dim"].is_null() && m.num_attention_heads > 0 &&
+                    int_of(c["head_dim"], "head_dim") != m.hidden_size / m.num_attention_heads,
                 "head_dim other than hidden_size / num_attention_heads is not supported");
       if (c.contains("rope_scaling") && !c["rope_scaling"].is_null()) {
         const json& s = c["rope_scaling"];
@@ -133,7 +157,8 @@ HfImport hf_config_to_trident(const json& c, std::int64_t seq_length) {
         m.rope_scaling_factor = s.at("factor");
         m.rope_low_freq_factor = s.at("low_freq_factor");
         m.rope_high_freq_factor = s.at("high_freq_factor");
-        m.rope_original_max_positions = s.at("original_max_position_embeddings");
+        m.rope_original_max_positions = int_of(s.at("original_max_position_embeddings"),
+                                               "rope_scaling.original_max_position_embeddings");
       }
     } else {
       throw InvalidArgument(str("config.json: model_type '", type,
@@ -147,6 +172,7 @@ HfImport hf_config_to_trident(const json& c, std::int64_t seq_length) {
       r.arch != HfArch::kBloom && m.seq_length > m.max_positions(),
       str("--seq-length ", m.seq_length, " exceeds max_position_embeddings ", m.max_positions()));
   m.validate();
+  check_model_size(m, "config.json");
   return r;
 }
 

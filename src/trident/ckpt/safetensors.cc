@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -51,6 +52,22 @@ std::uint16_t f32_to_f16(float f) {
   const std::uint32_t rest = mant & 0x1fffu;
   if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;  // may carry into the exponent
   return static_cast<std::uint16_t>(sign | h);
+}
+
+// A JSON array of non-negative integers (a shape or data_offsets): floats, negatives and values
+// beyond int64 are refused here, before any conversion.
+std::vector<std::int64_t> int_list(const nlohmann::json& j, const std::string& where,
+                                   const char* key) {
+  if (!j.is_array()) throw DataError(str(where, ": ", key, " must be a list of integers"));
+  std::vector<std::int64_t> v;
+  for (const nlohmann::json& x : j) {
+    if (!x.is_number_unsigned() || x.get<std::uint64_t>() > (std::uint64_t{1} << 62)) {
+      throw DataError(
+          str(where, ": ", key, " ", j.dump(), " must hold non-negative integers (below 2^62)"));
+    }
+    v.push_back(static_cast<std::int64_t>(x.get<std::uint64_t>()));
+  }
+  return v;
 }
 
 }  // namespace
@@ -130,15 +147,19 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       try {
         StTensorInfo info;
         info.name = it.key();
+        if (!t.is_object()) throw DataError(str(where, ": the entry is not an object"));
         info.dtype = parse_st_dtype(t.at("dtype").get<std::string>(), where);
-        info.shape = t.at("shape").get<std::vector<std::int64_t>>();
-        const auto off = t.at("data_offsets").get<std::vector<std::int64_t>>();
-        for (std::int64_t d : info.shape)
-          if (d < 0) throw DataError(str(where, ": negative dimension"));
-        if (off.size() != 2 || off[0] < 0 || off[1] < off[0] || off[1] > buffer) {
-          throw DataError(str(where, ": data_offsets outside the file's ", buffer, " data bytes"));
+        info.shape = int_list(t.at("shape"), where, "shape");
+        const auto off = int_list(t.at("data_offsets"), where, "data_offsets");
+        if (off.size() != 2 || off[1] < off[0] || off[1] > buffer) {
+          throw DataError(str(where, ": data_offsets outside the file's ", buffer, " data bytes (",
+                              t.at("data_offsets").dump(), ")"));
         }
-        if (off[1] - off[0] != info.numel() * st_dtype_bytes(info.dtype)) {
+        // The byte count the shape implies, without overflow (a dimension may be 0).
+        std::int64_t bytes = st_dtype_bytes(info.dtype);
+        bool fits = true;
+        for (std::int64_t d : info.shape) fits = fits && !__builtin_mul_overflow(bytes, d, &bytes);
+        if (!fits || off[1] - off[0] != bytes) {
           throw DataError(str(where, ": ", off[1] - off[0], " bytes for shape ",
                               t.at("shape").dump(), " of ", st_dtype_name(info.dtype)));
         }
@@ -148,6 +169,23 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       } catch (const nlohmann::json::exception& e) {
         throw DataError(str(where, ": malformed entry (", e.what(), ")"));
       }
+    }
+    // Tensors may not share bytes (safetensors' own rule; a reader would alias two weights).
+    std::vector<std::size_t> order(ranges_.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(),
+              [&](std::size_t a, std::size_t b) { return ranges_[a] < ranges_[b]; });
+    std::size_t last = order.size();  // the non-empty tensor ending furthest so far
+    for (const std::size_t i : order) {
+      const auto [b, e] = ranges_[i];
+      if (b == e) continue;
+      if (last != order.size() && b < ranges_[last].second) {
+        throw DataError(str(path, ": tensors ", infos_[last].name, " and ", infos_[i].name,
+                            " overlap (data_offsets [", ranges_[last].first, ", ",
+                            ranges_[last].second, "] and [", b, ", ", e,
+                            "]): the file is corrupt"));
+      }
+      if (last == order.size() || e > ranges_[last].second) last = i;
     }
   } catch (...) {
     ::munmap(map_, size_);
@@ -177,6 +215,7 @@ void SafetensorsFile::read_f32(const std::string& name, float* out) const {
   const StTensorInfo& t = info(name);
   const std::span<const std::byte> b = bytes(name);
   const std::int64_t n = t.numel();
+  if (n == 0) return;  // an empty tensor: `out` may be null (found by fuzz_safetensors)
   switch (t.dtype) {
     case StDType::kF32:
       std::memcpy(out, b.data(), b.size());
@@ -214,8 +253,12 @@ SafetensorsModel::SafetensorsModel(const std::string& dir) : dir_(dir) {
     }
     std::map<std::string, const SafetensorsFile*> by_file;
     for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+      if (!it.value().is_string()) {
+        throw DataError(str(index.string(), ": weight_map[\"", it.key(), "\"] is ",
+                            it.value().dump(), ", not a shard file name"));
+      }
       const std::string file = it.value().get<std::string>();
-      if (file.find('/') != std::string::npos) {
+      if (file.empty() || file == "." || file == ".." || file.find('/') != std::string::npos) {
         throw DataError(str(index.string(), ": shard name ", file, " is not a file of ", dir));
       }
       if (!by_file.count(file)) {

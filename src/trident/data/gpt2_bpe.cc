@@ -319,6 +319,16 @@ ByteLevelBpe::ByteLevelBpe(std::unordered_map<std::string, std::int32_t> vocab,
   decoded_.resize(static_cast<std::size_t>(max_id_ + 1));
   has_id_.assign(static_cast<std::size_t>(max_id_ + 1), false);
   for (const auto& [token, id] : vocab_) {
+    if (has_id_[id]) {
+      // Two tokens with one id: decoding would give one of them for both (found by
+      // fuzz_gpt2_bpe: text came back changed, silently).
+      std::string other;
+      for (const auto& [t, i] : vocab_)
+        if (i == id && t != token && (other.empty() || t < other)) other = t;
+      throw DataError(str(vocab_source, ": tokens '", std::min(token, other), "' and '",
+                          std::max(token, other), "' both have id ", id,
+                          " (each id must name one token; the file is corrupt)"));
+    }
     decoded_[id] = token_bytes(token);
     has_id_[id] = true;
   }

@@ -1,6 +1,8 @@
 // Run-time choice of the CPU instruction-set variant, and the error for a missing CUDA backend.
 #include "trident/kernels/backend.h"
 
+#include <cpuid.h>
+
 #include <string>
 
 #include "trident/core/error.h"
@@ -9,9 +11,15 @@ namespace trident::kernels {
 
 namespace {
 
+// F16C from CPUID leaf 1 (ECX bit 29): clang 14's __builtin_cpu_supports has no "f16c".
+bool has_f16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0;
+}
+
 bool has_avx2() {
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-         __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("f16c");
+         __builtin_cpu_supports("bmi2") && has_f16c();
 }
 
 bool has_avx512() {

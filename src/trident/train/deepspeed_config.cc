@@ -32,10 +32,26 @@ struct Reader {
     TRIDENT_CHECK(j.is_number() || j.is_boolean(), where(key), " must be a number, got ", j.dump());
     return j.get<double>();
   }
-  std::int64_t integer(const json& j, const std::string& key) const {
+  // An integer in [lo, hi] (checked before the conversion: 1e300 does not fit an int64).
+  std::int64_t integer(const json& j, const std::string& key, std::int64_t lo,
+                       std::int64_t hi) const {
     const double v = number(j, key);
-    TRIDENT_CHECK(v == std::floor(v), where(key), " must be an integer, got ", j.dump());
+    TRIDENT_CHECK(
+        v == std::floor(v) && v >= static_cast<double>(lo) && v <= static_cast<double>(hi),
+        where(key), " must be an integer in [", lo, ", ", hi, "], got ", j.dump());
     return static_cast<std::int64_t>(v);
+  }
+  // A block's "enabled" switch ({"enabled": true} / false; absent: false).
+  bool enabled(const json& ds, const char* block) const {
+    if (!ds.contains(block)) return false;
+    const json& b = ds[block];
+    TRIDENT_CHECK(b.is_object(), where(block),
+                  " must be an object {\"enabled\": true|false, ...}, got ", b.dump());
+    return b.contains("enabled") && boolean(b["enabled"], str(block, ".enabled"));
+  }
+  std::string string(const json& j, const std::string& key) const {
+    TRIDENT_CHECK(j.is_string(), where(key), " must be a string, got ", j.dump());
+    return j.get<std::string>();
   }
   bool boolean(const json& j, const std::string& key) const {
     TRIDENT_CHECK(j.is_boolean(), where(key), " must be true or false, got ", j.dump());
@@ -58,20 +74,30 @@ struct Reader {
 
 }  // namespace
 
-void apply_deepspeed_json(TrainConfig& c, const json& ds, int world_size, const char* source) {
-  TRIDENT_CHECK(ds.is_object(), source, ": the DeepSpeed config must be a JSON object");
+namespace {
+
+constexpr std::int64_t kMaxCount = std::int64_t{1} << 31;
+
+void apply_json(TrainConfig& c, const json& ds, int world_size, const char* source) {
   Reader r{c, source};
   const int dp = c.data_parallel_size(world_size);
 
   // Batch sizes: train_batch_size = micro x gradient_accumulation_steps x dp (DeepSpeed derives
   // the missing one).
   std::int64_t tbs = 0, mbs = 0, gas = 0;
-  if (ds.contains("train_batch_size")) tbs = r.integer(ds["train_batch_size"], "train_batch_size");
+  if (ds.contains("train_batch_size"))
+    tbs = r.integer(ds["train_batch_size"], "train_batch_size", 1, kMaxCount);
   if (ds.contains("train_micro_batch_size_per_gpu"))
-    mbs = r.integer(ds["train_micro_batch_size_per_gpu"], "train_micro_batch_size_per_gpu");
+    mbs = r.integer(ds["train_micro_batch_size_per_gpu"], "train_micro_batch_size_per_gpu", 1,
+                    kMaxCount);
   if (ds.contains("gradient_accumulation_steps"))
-    gas = r.integer(ds["gradient_accumulation_steps"], "gradient_accumulation_steps");
-  if (tbs == 0 && mbs > 0 && gas > 0) tbs = mbs * gas * dp;
+    gas = r.integer(ds["gradient_accumulation_steps"], "gradient_accumulation_steps", 1, kMaxCount);
+  if (tbs == 0 && mbs > 0 && gas > 0) {
+    TRIDENT_CHECK(mbs * gas <= kMaxCount / dp, source, ": train_micro_batch_size_per_gpu ", mbs,
+                  " x gradient_accumulation_steps ", gas, " x data-parallel ", dp,
+                  " exceeds 2^31 sequences per step");
+    tbs = mbs * gas * dp;
+  }
   if (mbs == 0 && tbs > 0 && gas > 0) {
     TRIDENT_CHECK(tbs % (gas * dp) == 0, r.where("train_batch_size"), " ", tbs,
                   " is not divisible by gradient_accumulation_steps ", gas, " x data-parallel ",
@@ -79,10 +105,10 @@ void apply_deepspeed_json(TrainConfig& c, const json& ds, int world_size, const 
     mbs = tbs / (gas * dp);
   }
   if (gas > 0 && mbs > 0 && tbs > 0) {
-    TRIDENT_CHECK(tbs == mbs * gas * dp, source, ": train_batch_size ", tbs,
-                  " != train_micro_batch_size_per_gpu ", mbs, " x gradient_accumulation_steps ",
-                  gas, " x data-parallel size ", dp, " (world ", world_size,
-                  " / (tp x pp)); fix the JSON or the parallel sizes");
+    TRIDENT_CHECK(mbs * gas <= kMaxCount / dp && tbs == mbs * gas * dp, source,
+                  ": train_batch_size ", tbs, " != train_micro_batch_size_per_gpu ", mbs,
+                  " x gradient_accumulation_steps ", gas, " x data-parallel size ", dp, " (world ",
+                  world_size, " / (tp x pp)); fix the JSON or the parallel sizes");
   }
   if (mbs > 0)
     r.set(c.micro_batch_size, mbs, "train_micro_batch_size_per_gpu", "--micro-batch-size");
@@ -99,9 +125,8 @@ void apply_deepspeed_json(TrainConfig& c, const json& ds, int world_size, const 
   }
 
   // Precision and DeepSpeed's loss scaler (deepspeed/runtime/fp16/loss_scaler.py defaults).
-  const bool json_fp16 = ds.contains("fp16") && ds["fp16"].value("enabled", false);
-  const bool json_bf16 = (ds.contains("bf16") && ds["bf16"].value("enabled", false)) ||
-                         (ds.contains("bfloat16") && ds["bfloat16"].value("enabled", false));
+  const bool json_fp16 = r.enabled(ds, "fp16");
+  const bool json_bf16 = r.enabled(ds, "bf16") || r.enabled(ds, "bfloat16");
   TRIDENT_CHECK(!(json_fp16 && json_bf16), source, ": fp16 and bf16 are both enabled");
   TRIDENT_CHECK(!(c.bf16 && json_fp16), "--bf16 contradicts ", source,
                 ": \"fp16\": {\"enabled\": true}; make them agree");
@@ -132,11 +157,11 @@ void apply_deepspeed_json(TrainConfig& c, const json& ds, int world_size, const 
       if (k == "loss_scale") {
         c.loss_scale = r.number(v, key);
       } else if (k == "initial_scale_power") {
-        c.initial_loss_scale = std::ldexp(1.0, static_cast<int>(r.integer(v, key)));
+        c.initial_loss_scale = std::ldexp(1.0, static_cast<int>(r.integer(v, key, 0, 63)));
       } else if (k == "loss_scale_window") {
-        c.loss_scale_window = r.integer(v, key);
+        c.loss_scale_window = r.integer(v, key, 1, kMaxCount);
       } else if (k == "hysteresis") {
-        c.hysteresis = r.integer(v, key);
+        c.hysteresis = r.integer(v, key, 1, kMaxCount);
       } else if (k == "min_loss_scale") {
         c.min_loss_scale = r.number(v, key);
       } else if (k == "consecutive_hysteresis") {
@@ -149,6 +174,7 @@ void apply_deepspeed_json(TrainConfig& c, const json& ds, int world_size, const 
     }
   }
   if (ds.contains("bf16")) {
+    TRIDENT_CHECK(ds["bf16"].is_object(), r.where("bf16"), " must be an object");
     for (const auto& [k, v] : ds["bf16"].items())
       if (k != "enabled") r.ignored("bf16." + k, v, "not read by trident");
   }
@@ -159,9 +185,9 @@ void apply_deepspeed_json(TrainConfig& c, const json& ds, int world_size, const 
     for (const auto& [k, v] : z.items()) {
       const std::string key = "zero_optimization." + k;
       if (k == "stage") {
-        r.set(c.zero_stage, static_cast<int>(r.integer(v, key)), key, "--zero-stage");
+        r.set(c.zero_stage, static_cast<int>(r.integer(v, key, 0, 3)), key, "--zero-stage");
       } else if (k == "reduce_bucket_size") {
-        c.ddp_bucket_size = r.integer(v, key);
+        c.ddp_bucket_size = r.integer(v, key, 1, std::int64_t{1} << 40);
       } else if (k == "allgather_bucket_size" || k == "stage3_prefetch_bucket_size" ||
                  k == "stage3_param_persistence_threshold" || k == "stage3_max_live_parameters" ||
                  k == "stage3_max_reuse_distance" || k == "sub_group_size") {
@@ -178,7 +204,8 @@ void apply_deepspeed_json(TrainConfig& c, const json& ds, int world_size, const 
         TRIDENT_CHECK(v.is_object() || v.is_boolean(), r.where(key),
                       " must be an object {\"device\": ...} (or true/false for cpu_offload)");
         const std::string dev =
-            v.is_object() ? v.value("device", "none") : (v.get<bool>() ? "cpu" : "none");
+            v.is_object() ? (v.contains("device") ? r.string(v["device"], key + ".device") : "none")
+                          : (v.get<bool>() ? "cpu" : "none");
         TRIDENT_CHECK(dev == "none" || dev == "cpu" || dev == "nvme", r.where(key + ".device"),
                       " = ", dev, ": must be none, cpu or nvme");
         if (params) {
@@ -219,12 +246,15 @@ void apply_deepspeed_json(TrainConfig& c, const json& ds, int world_size, const 
 
   if (ds.contains("optimizer")) {
     const json& o = ds["optimizer"];
-    const std::string type = o.value("type", "");
+    TRIDENT_CHECK(o.is_object(), r.where("optimizer"),
+                  " must be an object {\"type\": \"AdamW\", ...}");
+    const std::string type = o.contains("type") ? r.string(o["type"], "optimizer.type") : "";
     TRIDENT_CHECK(type == "Adam" || type == "AdamW" || type == "adam" || type == "adamw" ||
                       type == "FusedAdam",
                   r.where("optimizer.type"), " ", type,
                   ": trident has AdamW only (DeepSpeed's Adam with adam_w_mode true)");
     if (o.contains("params")) {
+      TRIDENT_CHECK(o["params"].is_object(), r.where("optimizer.params"), " must be an object");
       for (const auto& [k, v] : o["params"].items()) {
         const std::string key = "optimizer.params." + k;
         if (k == "betas") {
@@ -275,6 +305,18 @@ void apply_deepspeed_json(TrainConfig& c, const json& ds, int world_size, const 
     } else {
       r.ignored(k, v, "not read by trident");
     }
+  }
+}
+
+}  // namespace
+
+void apply_deepspeed_json(TrainConfig& c, const json& ds, int world_size, const char* source) {
+  TRIDENT_CHECK(ds.is_object(), source, ": the DeepSpeed config must be a JSON object");
+  try {
+    apply_json(c, ds, world_size, source);
+  } catch (const json::exception& e) {
+    // A value of a type no check above expected (each names its key; this is the safety net).
+    throw core::InvalidArgument(str(source, ": a value has the wrong type (", e.what(), ")"));
   }
 }
 

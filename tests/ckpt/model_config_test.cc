@@ -1,0 +1,110 @@
+// The two model-architecture readers given hostile files (found by fuzz_model_config, inputs in
+// tests/fuzz/regressions/fuzz_model_config/): Hugging Face config.json (the import) and a
+// trident checkpoint's "config". Each refusal names the key; none converts a float to an integer
+// (undefined behaviour), divides by zero, or sizes a model from an absurd dimension.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "trident/ckpt/hf_model.h"
+#include "trident/ckpt/model_config_json.h"
+#include "trident/core/error.h"
+
+namespace trident::ckpt {
+namespace {
+
+using nlohmann::json;
+
+json gpt2() {
+  return json::parse(R"({"model_type": "gpt2", "vocab_size": 100, "n_embd": 32, "n_layer": 2,
+                         "n_head": 4, "n_positions": 64})");
+}
+
+json llama() {
+  return json::parse(R"({"model_type": "llama", "vocab_size": 128, "hidden_size": 64,
+                         "num_hidden_layers": 2, "num_attention_heads": 4,
+                         "intermediate_size": 172, "max_position_embeddings": 128})");
+}
+
+// The message of the error hf_config_to_trident throws ("" when it accepts the config).
+std::string hf_error(const json& c) {
+  try {
+    (void)hf_config_to_trident(c, 0);
+  } catch (const core::InvalidArgument& e) {
+    return e.what();
+  } catch (const core::DataError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(HfConfig, ValidConfigsAreAccepted) {
+  EXPECT_EQ(hf_error(gpt2()), "");
+  EXPECT_EQ(hf_error(llama()), "");
+  EXPECT_EQ(hf_config_to_trident(llama(), 0).model.ffn_hidden_size, 172);
+}
+
+TEST(HfConfig, HostileValuesAreRefusedNamingTheKey) {
+  auto with = [](json c, const char* key, json v) {
+    c[key] = std::move(v);
+    return c;
+  };
+  // A float id / size: converting 1e300 to int64 was undefined behaviour.
+  EXPECT_NE(hf_error(with(gpt2(), "vocab_size", 1e300)).find("vocab_size = 1e+300 must be"),
+            std::string::npos);
+  EXPECT_NE(hf_error(with(gpt2(), "n_inner", 2.5)).find("n_inner"), std::string::npos);
+  EXPECT_NE(hf_error(with(gpt2(), "n_layer", -2)).find("n_layer = -2"), std::string::npos);
+  // model_type and torch_dtype of the wrong type escaped as bare JSON errors naming no file.
+  EXPECT_NE(hf_error(with(gpt2(), "model_type", 7)).find("config.json: \"model_type\" = 7"),
+            std::string::npos);
+  EXPECT_NE(hf_error(with(gpt2(), "torch_dtype", json::array())).find("\"torch_dtype\" = []"),
+            std::string::npos);
+  EXPECT_NE(hf_error(with(gpt2(), "scale_attn_weights", "no")).find("\"scale_attn_weights\""),
+            std::string::npos);
+  EXPECT_NE(hf_error(json::array()).find("config.json: the file is not a JSON object"),
+            std::string::npos);
+  // head_dim with zero heads divided by zero before validate() could refuse the heads.
+  json c = with(llama(), "num_attention_heads", 0);
+  c["head_dim"] = 16;
+  EXPECT_NE(hf_error(c).find("--num-attention-heads must be positive"), std::string::npos);
+  // Sizes every one of which fits, whose model does not: refused before anything is sized.
+  EXPECT_NE(hf_error(with(with(gpt2(), "n_embd", 1 << 30), "n_head", 1)).find("more than 2^40"),
+            std::string::npos);
+  EXPECT_NE(hf_error(with(gpt2(), "n_layer", 100000)).find("100000 layers"), std::string::npos);
+}
+
+json trident_config() {
+  return json::parse(R"({"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+                         "ffn_hidden_size": 256, "seq_length": 32, "max_position_embeddings": 64,
+                         "vocab_size": 100, "make_vocab_size_divisible_by": 128})");
+}
+
+std::string ckpt_error(const json& c) {
+  try {
+    (void)model_config_from_json(c);
+  } catch (const core::DataError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(CheckpointModelConfig, HostileValuesAreDataErrorsNamingTheKey) {
+  EXPECT_EQ(ckpt_error(trident_config()), "");
+  json c = trident_config();
+  c["hidden_size"] = 1e300;
+  EXPECT_NE(ckpt_error(c).find("\"hidden_size\" = 1e+300"), std::string::npos);
+  c = trident_config();
+  c["num_query_groups"] = 0.5;
+  EXPECT_NE(ckpt_error(c).find("\"num_query_groups\""), std::string::npos);
+  c = trident_config();
+  c["make_vocab_size_divisible_by"] = 0;  // padded_vocab_size() divides by it
+  EXPECT_NE(ckpt_error(c).find("make_vocab_size_divisible_by must be positive"), std::string::npos);
+  c = trident_config();
+  c["num_layers"] = 5000;
+  EXPECT_NE(ckpt_error(c).find("5000 layers"), std::string::npos);
+  EXPECT_NE(ckpt_error(json("x")).find("not a JSON object"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace trident::ckpt
