@@ -155,7 +155,8 @@ TEST(ModelState, Stage3OnFourRanksKeepsAQuarterOfStage0) {
 class GradSyncTest : public ::testing::TestWithParam<std::tuple<int, int>> {};
 
 TEST_P(GradSyncTest, ReducesExactlyAndOverlapsWithBackward) {
-  const auto [stage, dp] = GetParam();
+  // Not structured bindings: the lambdas below capture them (clang 14, the sanitizer build).
+  const int stage = std::get<0>(GetParam()), dp = std::get<1>(GetParam());
   OneChunk m(tiny_config(4));
   const int micro = 3;
   comm::run_on_threads(
@@ -233,7 +234,8 @@ float weight_value(std::int64_t i) { return 0.25f * static_cast<float>(i % 1000)
 class Zero3GatherTest : public ::testing::TestWithParam<std::tuple<int, bool>> {};
 
 TEST_P(Zero3GatherTest, GathersEachLayerOnceWithPrefetch) {
-  const auto [dp, bf16] = GetParam();
+  const int dp = std::get<0>(GetParam());  // not bindings: captured below (clang 14)
+  const bool bf16 = std::get<1>(GetParam());
   OneChunk m(tiny_config(4));
   comm::run_on_threads(
       dp,

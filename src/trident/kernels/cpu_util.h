@@ -75,7 +75,8 @@ inline float exp_approx(float x) {
   constexpr float kLn2Hi = 0.693359375f;  // ln 2 split so n * kLn2Hi is exact
   constexpr float kLn2Lo = -2.12194440e-4f;
   constexpr float kRoundMagic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const float xc = x < -87.3f ? -87.3f : (x > 88.0f ? 88.0f : x);
+  // NaN becomes 0 here (converting NaN to an integer below is undefined) and is returned as x.
+  const float xc = x < -87.3f ? -87.3f : (x > 88.0f ? 88.0f : (x != x ? 0.0f : x));
   const float n = (xc * kLog2e + kRoundMagic) - kRoundMagic;
   float r = xc - n * kLn2Hi;
   r = r - n * kLn2Lo;
