@@ -33,36 +33,9 @@ nlohmann::json profile_table(const std::vector<double>& ms, int steps) {
   double total_ms = 0;
   for (double x : ms) total_ms += x;
   const double step_ms = total_ms / steps;
-  auto rate = [](const prof::Entry& e) {
-    if (e.seconds <= 0) return std::string("");
-    char buf[64];
-    if (e.flops > 0) {
-      std::snprintf(buf, sizeof buf, "%.1f GFLOP/s", e.flops / e.seconds / 1e9);
-    } else if (e.bytes > 0) {
-      std::snprintf(buf, sizeof buf, "%.1f GB/s", e.bytes / e.seconds / 1e9);
-    } else {
-      return std::string("");
-    }
-    return std::string(buf);
-  };
+  std::fputs(prof::format_table(entries, steps, step_ms / 1e3).c_str(), stderr);
   nlohmann::json rows = nlohmann::json::array();
-  std::fprintf(stderr,
-               "| op (GEMM: rows x out x in) | kind | calls/step | ms/step | share | rate |\n");
-  std::fprintf(stderr, "|---|---|---:|---:|---:|---:|\n");
-  std::vector<prof::Entry> kinds(6);
-  double tracked_ms = 0;
   for (const prof::Entry& e : entries) {
-    const double e_ms = e.seconds * 1e3 / steps;
-    tracked_ms += e_ms;
-    prof::Entry& k = kinds[static_cast<std::size_t>(e.kind)];
-    k.kind = e.kind;
-    k.calls += e.calls;
-    k.seconds += e.seconds;
-    k.flops += e.flops;
-    k.bytes += e.bytes;
-    std::fprintf(stderr, "| %s | %s | %.0f | %.1f | %.1f%% | %s |\n", e.name.c_str(),
-                 prof::kind_name(e.kind), static_cast<double>(e.calls) / steps, e_ms,
-                 100.0 * e_ms / step_ms, rate(e).c_str());
     rows.push_back({{"op", e.name},
                     {"kind", prof::kind_name(e.kind)},
                     {"calls", e.calls},
@@ -70,16 +43,6 @@ nlohmann::json profile_table(const std::vector<double>& ms, int steps) {
                     {"flops", e.flops},
                     {"bytes", e.bytes}});
   }
-  std::fprintf(stderr, "\n| kind | ms/step | share | rate |\n|---|---:|---:|---:|\n");
-  for (const prof::Entry& k : kinds) {
-    if (k.calls == 0) continue;
-    const double k_ms = k.seconds * 1e3 / steps;
-    std::fprintf(stderr, "| %s | %.1f | %.1f%% | %s |\n", prof::kind_name(k.kind), k_ms,
-                 100.0 * k_ms / step_ms, rate(k).c_str());
-  }
-  std::fprintf(stderr, "| not in a kernel (glue, memset of gradients) | %.1f | %.1f%% | |\n",
-               step_ms - tracked_ms, 100.0 * (step_ms - tracked_ms) / step_ms);
-  std::fprintf(stderr, "| step | %.1f | 100%% | |\n", step_ms);
   return {{"step_ms_mean", step_ms}, {"ops", rows}};
 }
 

@@ -81,6 +81,8 @@ def make_corpus(prefix, vocab=300, docs=400):
 
 
 def measure(np_, flags, work, iters, skip):
+    """Median wall and rank-0 CPU ms of the iterations after `skip`, and rank 0's profile of the
+    same iterations (ms per iteration by kind, from trident train --profile)."""
     metrics = os.path.join(work, "m.jsonl")
     if os.path.exists(metrics):
         os.remove(metrics)
@@ -89,11 +91,25 @@ def measure(np_, flags, work, iters, skip):
         "--train-iters", str(iters), "--log-interval", "1", "--eval-iters", "0",
         "--eval-interval", "1000", "--peak-tflops", "1", "--tokenizer-type", "NullTokenizer",
         "--vocab-size", "300", "--data-path", os.path.join(work, "corpus"),
-        "--data-cache-path", os.path.join(work, "cache"), "--metrics-jsonl", metrics]
+        "--data-cache-path", os.path.join(work, "cache"), "--metrics-jsonl", metrics,
+        "--profile", "--profile-step-start", str(skip), "--profile-step-end", str(iters)]
     subprocess.run(cmd, check=True, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    recs = [json.loads(l) for l in open(metrics) if "iter_ms" in l]
+    lines = [json.loads(l) for l in open(metrics)]
+    recs = [r for r in lines if "iter_ms" in r]
+    prof = next(r["profile"] for r in lines if "profile" in r)
     return (statistics.median([r["iter_ms"] for r in recs[skip:]]),
-            statistics.median([r["iter_cpu_ms"] for r in recs[skip:]]))
+            statistics.median([r["iter_cpu_ms"] for r in recs[skip:]]), prof)
+
+
+# The profile's kinds against the plan's terms (ms per iteration).
+KINDS = [("GEMM", lambda p: p["GEMM"], lambda t: t["gemm_s"]),
+         ("attention", lambda p: p["attention"], lambda t: t["attention_s"]),
+         ("memory-bound + loss", lambda p: p["memory-bound"] + p["loss"],
+          lambda t: t["elementwise_s"]),
+         ("optimizer", lambda p: p["optimizer"], lambda t: t["optimizer_s"]),
+         ("communication + bubble", lambda p: p["communication"],
+          lambda t: t["tp_comm_s"] + t["pp_comm_s"] + t["dp_exposed_s"] + t["bubble_s"]),
+         ("outside", lambda p: p["outside"], lambda t: t["oversubscription_s"])]
 
 
 def predict(np_, flags, cache, calibrate):
@@ -123,14 +139,14 @@ def main():
     print("| model | layout | ranks | measured ms (wall) | rank-0 CPU ms | predicted ms | error vs "
           "wall | error vs CPU | compute / comm / bubble / shared-cores ms | load |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    errors, cpu_errors = [], []
+    errors, cpu_errors, kinds = [], [], []
     for model in args.models.split(","):
         for name in args.layouts.split(","):
             np_, lflags, tp = LAYOUTS[name]
             flags = MODELS[model] + " --make-vocab-size-divisible-by %d " % (128 // tp) + lflags
             if not args.no_shape_calibration:
                 predict(np_, flags, args.calibration_file, True)
-            measured, cpu = measure(np_, flags, work, args.iters, args.skip)
+            measured, cpu, prof = measure(np_, flags, work, args.iters, args.skip)
             t = predict(np_, flags, args.calibration_file, False)
             pred = t["iteration_s"] * 1e3
             err = (pred - measured) / measured
@@ -143,6 +159,14 @@ def main():
                   "| %.1f |" % (model, name, np_, measured, cpu, pred, 100 * err, 100 * err_cpu,
                                 comp, comm, t["bubble_s"] * 1e3, t["oversubscription_s"] * 1e3,
                                 os.getloadavg()[0]), flush=True)
+            kinds.append((model, name, prof["ms_per_iteration"], t))
+    print("\nRank 0's profile (trident train --profile, same iterations) against the plan's "
+          "terms, ms per iteration, measured / predicted:\n")
+    print("| model | layout | " + " | ".join(k[0] for k in KINDS) + " |")
+    print("|---|---|" + "---|" * len(KINDS))
+    for model, name, p, t in kinds:
+        print("| %s | %s | " % (model, name) + " | ".join(
+            "%.1f / %.1f" % (m(p), 1e3 * pr(t)) for _, m, pr in KINDS) + " |")
     for what, errs in (("wall", errors), ("CPU", cpu_errors)):
         print("\nvs %s: layouts within 15%%: %d of %d; median |error| %.1f%%, max %.1f%%" % (
             what, sum(e <= 0.15 for e in errs), len(errs), 100 * statistics.median(errs),

@@ -14,6 +14,7 @@
 
 #include "trident/comm/hang_report.h"
 #include "trident/core/log.h"
+#include "trident/core/profile.h"
 
 namespace trident::comm {
 
@@ -186,6 +187,10 @@ bool Request::test() {
 
 void Request::wait() {
   if (!impl_) return;
+  // The profile (core/profile.h) counts the time a rank spends waiting for an operation: for a
+  // blocking call the whole collective, for a posted one what the overlap did not hide.
+  const core::profile::Scope scope(core::profile::Kind::kComm, op_name(op_.kind), 0,
+                                   static_cast<double>(op_.count * size_of(op_.dtype)));
   detail::note_waiting(group_, rank_, op_);
   struct DoneWaiting {
     ~DoneWaiting() { detail::note_done_waiting(); }

@@ -9,6 +9,7 @@
 // Used by bench/e2e/gpt_step_bench.cc --profile (docs/cpu-performance.md).
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -25,6 +26,7 @@ enum class Kind : std::uint8_t {
   kOptimizer,  // AdamW, gradient norms
   kComm,       // collectives
 };
+inline constexpr std::size_t kNumKinds = 6;
 const char* kind_name(Kind kind);
 
 struct Entry {
@@ -43,8 +45,22 @@ inline bool enabled() noexcept { return detail::g_enabled.load(std::memory_order
 // Starts (true: also clears the entries; the calling thread becomes the recording thread) or
 // stops recording.
 void set_enabled(bool on);
+// Records again after set_enabled(false), keeping the entries and the recording thread (a pause:
+// the trainer's evaluation inside a profiled window).
+void resume();
 void reset();
 std::vector<Entry> entries();  // sorted by time, largest first
+
+// Totals per kind (indexed by Kind; name = kind_name).
+std::array<Entry, kNumKinds> by_kind(const std::vector<Entry>& entries);
+// The entries added together by name (two intervals' entries into one), sorted by time.
+std::vector<Entry> merged(const std::vector<Entry>& a, const std::vector<Entry>& b);
+// Markdown tables of `entries` recorded over `steps` steps of `step_s` seconds each (on
+// average): per op (the `top` slowest; GEMMs by shape) with calls and ms per step, share and rate
+// (GFLOP/s or GB/s of minimum traffic), then per kind, then the time not in any scope (glue,
+// waits outside collectives) and the step.
+std::string format_table(const std::vector<Entry>& entries, double steps, double step_s,
+                         std::size_t top = 1000);
 
 class Scope {
  public:

@@ -288,6 +288,15 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
   app.add_flag("--no-log-learnig-rate-to-tensorboard", c.no_log_learning_rate_to_tensorboard,
                "No learning rate in TensorBoard (Megatron's spelling)");
   app.add_option("--peak-tflops", c.peak_tflops, "Machine peak for MFU (default: measured)");
+  app.add_flag("--profile", c.profile,
+               "Time every kernel and collective of rank 0 (trident's own timers) over "
+               "iterations profile-step-start+1 .. profile-step-end; a table at the end, per-kind "
+               "times in --metrics-jsonl");
+  app.add_option("--profile-step-start", c.profile_step_start,
+                 "--profile: iterations already done when timing starts")
+      ->capture_default_str();
+  app.add_option("--profile-step-end", c.profile_step_end, "--profile: last iteration timed")
+      ->capture_default_str();
 
   app.add_option("--save", c.save, "Checkpoint directory to write");
   app.add_option("--load", c.load, "Checkpoint directory to resume from");
@@ -646,6 +655,15 @@ void TrainConfig::finalize(int world_size) {
                 "' (use single)");
   TRIDENT_CHECK(pad_vocab_size_to >= 0, "--pad-vocab-size-to must be >= 0");
   TRIDENT_CHECK(tensorboard_log_interval > 0, "--tensorboard-log-interval must be positive");
+  if (profile) {
+    TRIDENT_CHECK(profile_step_start >= 0 && profile_step_end > profile_step_start,
+                  "--profile-step-start ", profile_step_start, " and --profile-step-end ",
+                  profile_step_end, ": the window is empty; give 0 <= start < end");
+    TRIDENT_CHECK(train_iters == 0 || profile_step_start < train_iters, "--profile-step-start ",
+                  profile_step_start, " is not before --train-iters ", train_iters,
+                  ": nothing would be profiled; lower --profile-step-start (Megatron's default is "
+                  "10)");
+  }
   require_utf8(to_json(), "");
 }
 
@@ -733,6 +751,9 @@ nlohmann::json TrainConfig::to_json() const {
   j["eval_interval"] = eval_interval;
   j["eval_iters"] = eval_iters;
   j["log_interval"] = log_interval;
+  j["profile"] = profile;
+  j["profile_step_start"] = profile_step_start;
+  j["profile_step_end"] = profile_step_end;
   j["save"] = save;
   j["load"] = load;
   j["save_interval"] = save_interval;

@@ -85,6 +85,10 @@ struct TrainConfig {
   bool no_log_loss_scale_to_tensorboard = false, no_log_learning_rate_to_tensorboard = false;
   std::string metrics_jsonl;
   double peak_tflops = 0;  // 0 -> measured at start-up (FP32 GEMM)
+  // --profile: trident's per-op timers (core/profile.h) on rank 0 over the iterations after
+  // iteration profile_step_start up to profile_step_end (Megatron's numbering and defaults).
+  bool profile = false;
+  std::int64_t profile_step_start = 10, profile_step_end = 12;
 
   // Checkpoints.
   std::string save, load;

@@ -17,6 +17,7 @@
 #include "trident/core/arena.h"
 #include "trident/core/error.h"
 #include "trident/core/log.h"
+#include "trident/core/profile.h"
 #include "trident/core/timer.h"
 #include "trident/data/data_loader.h"
 #include "trident/data/dataset_builder.h"
@@ -198,6 +199,9 @@ class Trainer {
   void evaluate(std::int64_t it, const char* suffix = "", bool test = false);
   void save(std::int64_t it);
   int stop_code();
+  void profile_before_iteration();
+  void profile_after_iteration(const IterationResult& r);
+  void finish_profile();
   // Helpers.
   MicroBatches micro_batches_of(const data::SampleDataset& ds, std::int64_t first,
                                 std::int64_t iteration);
@@ -235,6 +239,10 @@ class Trainer {
   std::optional<CheckpointSaver> saver_;
   IntervalStats interval_;
   std::vector<std::int32_t> scratch_;
+  // --profile: the window's iterations and their time so far.
+  bool profiling_ = false;
+  std::int64_t profile_iters_ = 0;
+  double profile_ms_ = 0;
 };
 
 TrainConfig finalized(TrainConfig cfg, int world_size) {
@@ -565,7 +573,9 @@ int Trainer::run() {
     return cfg_.train_tokens == 0 || progress_.consumed * T_ < cfg_.train_tokens;
   };
   while (progress_.iteration < cfg_.train_iters && tokens_left()) {
+    profile_before_iteration();
     const IterationResult r = train_iteration();
+    profile_after_iteration(r);
     const std::int64_t it = progress_.iteration;
     interval_.add(r, cfg_.model.flops_per_iteration(r.tokens));
     if (tb_->enabled() && it % cfg_.tensorboard_log_interval == 0) log_tensorboard(r);
@@ -579,10 +589,12 @@ int Trainer::run() {
       saver_->poll(world_, /*block=*/true);
       log::info("train: exiting at iteration ", it, " with code ", stop, " (", exit_code_name(stop),
                 ")");
+      finish_profile();
       log_peak_rss(world_);
       return stop;
     }
   }
+  finish_profile();
   // As Megatron's pretrain(): validation and test at the end of training.
   evaluate(progress_.iteration, " on validation set");
   evaluate(progress_.iteration, " on test set", /*test=*/true);
@@ -743,6 +755,7 @@ void Trainer::evaluate(std::int64_t it, const char* suffix, bool test) {
   std::int64_t test_consumed = 0;
   std::int64_t& eval_consumed = test ? test_consumed : progress_.consumed_valid;
   const model::TpTraffic training_traffic = tp_traffic_;  // evaluation is not counted
+  if (profiling_) core::profile::set_enabled(false);      // nor profiled
   model::LossSum total;
   optimizer_->begin_evaluation();  // ZeRO-3: gather the weights the last step updated
   const std::int64_t eval_micro = cfg_.global_batch_size / (B_ * dp_);
@@ -774,6 +787,7 @@ void Trainer::evaluate(std::int64_t it, const char* suffix, bool test) {
     }
   }
   tp_traffic_ = training_traffic;
+  if (profiling_) core::profile::resume();
 }
 
 void Trainer::save(std::int64_t it) {
@@ -796,6 +810,50 @@ void Trainer::save(std::int64_t it) {
   log::info("ckpt: ", cfg_.async_save ? "started saving" : "saved", " iteration ", it, " to ",
             cfg_.save, " (training blocked ", blocked, " ms", cfg_.async_save ? ", async" : "",
             ")");
+}
+
+// --profile: rank 0's kernels and collectives over iterations profile_step_start + 1 ..
+// profile_step_end (Megatron's window), timed by core/profile.h.
+void Trainer::profile_before_iteration() {
+  if (!cfg_.profile || profiling_ || progress_.iteration != cfg_.profile_step_start) return;
+  if (world_.rank() != 0) return;
+  core::profile::set_enabled(true);
+  profiling_ = true;
+}
+
+void Trainer::profile_after_iteration(const IterationResult& r) {
+  if (!profiling_) return;
+  ++profile_iters_;
+  profile_ms_ += r.ms;
+  if (progress_.iteration >= cfg_.profile_step_end) finish_profile();
+}
+
+// The table in the log and one record in --metrics-jsonl (ms per iteration by kind, and what no
+// kernel or collective accounts for).
+void Trainer::finish_profile() {
+  if (!profiling_) return;
+  profiling_ = false;
+  core::profile::set_enabled(false);
+  const std::vector<core::profile::Entry> entries = core::profile::entries();
+  const double iters = static_cast<double>(std::max<std::int64_t>(profile_iters_, 1));
+  const double iter_ms = profile_ms_ / iters;
+  const std::int64_t first = progress_.iteration - profile_iters_ + 1;
+  log::info("profile: rank 0, iterations ", first, "-", progress_.iteration, ", ", iter_ms,
+            " ms per iteration (trident's timers, exclusive times):\n",
+            core::profile::format_table(entries, iters, iter_ms / 1e3, 40));
+  nlohmann::json kinds = nlohmann::json::object();
+  double tracked = 0;
+  for (const core::profile::Entry& k : core::profile::by_kind(entries)) {
+    kinds[k.name] = k.seconds * 1e3 / iters;
+    tracked += k.seconds * 1e3 / iters;
+  }
+  kinds["outside"] = iter_ms - tracked;
+  metrics_->write({{"profile",
+                    {{"first_iteration", first},
+                     {"last_iteration", progress_.iteration},
+                     {"iter_ms", iter_ms},
+                     {"ms_per_iteration", kinds}}}});
+  core::profile::reset();
 }
 
 // The exit code of a clean stop after this iteration (0: go on): a signal, the duration or the
