@@ -8,7 +8,11 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "kernel_test_util.h"
+#include "trident/kernels/cpu_util.h"
+#include "trident/kernels/flash_attention.h"
 
 namespace trident::kernels {
 namespace {
@@ -18,6 +22,30 @@ using testing::all_equal;
 using testing::randn;
 
 constexpr testing::Tol kTol{0.0, 1.2e-7};
+
+// The CPU bodies decide with an integer threshold on the Philox bits (cpu_util.h); it must be
+// dropout_keep's decision (a double comparison) for every element and probability, including
+// probabilities whose p 2^53 is not an integer and the ends of the range.
+TEST(DropoutDecision, IntegerThresholdIsDropoutKeep) {
+  const float ps[] = {0.0f,  1e-30f, 1e-9f, 0.1f, 0.3f, 1.0f / 3.0f, 0.5f, 0.9f,
+                      std::nextafter(1.0f, 0.0f)};
+  std::int64_t checked = 0, kept = 0;
+  for (float p : ps) {
+    const std::uint64_t threshold = detail::dropout_threshold(p);
+    for (std::uint64_t seed : {1ull, 1234ull, 0xfedcba9876543210ull}) {
+      for (std::uint64_t i = 0; i < 4000; ++i) {
+        const std::uint64_t index = i * 0x9e3779b97f4a7c15ull ^ (i << 40);
+        const bool want = dropout_keep(seed, 7, index, p);
+        ASSERT_EQ(detail::dropout_keep_bits(seed, 7, index, threshold), want)
+            << "p=" << p << " seed=" << seed << " index=" << index;
+        ++checked;
+        kept += want;
+      }
+    }
+  }
+  EXPECT_EQ(checked, 9 * 3 * 4000);
+  EXPECT_GT(kept, 0);
+}
 
 TEST(HiddenDropout, MatchesReferenceAndKeepsOneMinusP) {
   const std::int64_t rows = 37, cols = 129;

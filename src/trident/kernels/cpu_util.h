@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <bit>
+#include <cmath>
 #include <cstdint>
 
 #include "trident/core/exec_context.h"
@@ -92,6 +93,39 @@ inline float exp_approx(float x) {
   const float scale = std::bit_cast<float>(static_cast<std::uint32_t>(e) << 23);
   const float y = p * scale;
   return x < -87.3f ? 0.0f : (x != x ? x : y);
+}
+
+// The dropout decision of kernels::dropout_keep (flash_attention.h) without a call or a double
+// per element. dropout_keep(seed, stream, index, p) is philox_uniform(...) > p, with the uniform
+// u = (bits + 1) 2^-53 for 53 bits of the Philox4x32-10 block (core/rng.cc); p 2^53 is exact, so
+// u > p holds exactly when bits >= floor(p 2^53): the same mask, bit for bit. The rounds are
+// core/rng.cc's, written so that GCC vectorizes a loop over indices (32x32->64-bit products in
+// 64-bit lanes).
+inline std::uint64_t dropout_threshold(float p) {
+  return static_cast<std::uint64_t>(std::floor(static_cast<double>(p) * 0x1.0p53));
+}
+inline bool dropout_keep_bits(std::uint64_t seed, std::uint64_t stream, std::uint64_t index,
+                              std::uint64_t threshold) {
+  std::uint32_t c0 = static_cast<std::uint32_t>(index),
+                c1 = static_cast<std::uint32_t>(index >> 32);
+  std::uint32_t c2 = static_cast<std::uint32_t>(stream),
+                c3 = static_cast<std::uint32_t>(stream >> 32);
+  std::uint32_t k0 = static_cast<std::uint32_t>(seed), k1 = static_cast<std::uint32_t>(seed >> 32);
+  for (int round = 0; round < 10; ++round) {
+    const std::uint64_t p0 = static_cast<std::uint64_t>(0xD2511F53u) * c0;
+    const std::uint64_t p1 = static_cast<std::uint64_t>(0xCD9E8D57u) * c2;
+    const std::uint32_t n0 = static_cast<std::uint32_t>(p1 >> 32) ^ c1 ^ k0;
+    const std::uint32_t n2 = static_cast<std::uint32_t>(p0 >> 32) ^ c3 ^ k1;
+    c1 = static_cast<std::uint32_t>(p1);
+    c3 = static_cast<std::uint32_t>(p0);
+    c0 = n0;
+    c2 = n2;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  const std::uint64_t bits =
+      ((static_cast<std::uint64_t>(c0) << 21) ^ (c1 >> 11)) & ((std::uint64_t{1} << 53) - 1);
+  return bits >= threshold;
 }
 
 }  // namespace TRIDENT_CPU_INLINE_NS

@@ -1,4 +1,4 @@
-// Hidden dropout, CPU: OpenMP over rows, one Philox draw per element.
+// Hidden dropout, CPU: OpenMP over rows, one Philox draw per element (vectorized, cpu_util.h).
 #include "trident/core/error.h"
 #include "trident/kernels/cpu/cpu_ops.h"
 #include "trident/kernels/cpu_util.h"
@@ -9,12 +9,18 @@ namespace trident::kernels::TRIDENT_CPU_ISA {
 void hidden_dropout(const core::ExecContext& ctx, const HiddenDropoutArgs& a) {
   TRIDENT_CHECK(a.p >= 0.0f && a.p < 1.0f, "hidden_dropout: p must be in [0, 1), got ", a.p);
   const float scale = 1.0f / (1.0f - a.p);
+  const std::uint64_t threshold = detail::dropout_threshold(a.p);
+  const std::uint64_t seed = a.seed, stream = a.stream;
 #pragma omp parallel for num_threads(detail::num_threads(ctx)) schedule(static)
   for (std::int64_t r = 0; r < a.rows; ++r) {
     const auto base = static_cast<std::uint64_t>((a.first_row + r) * a.cols);
+    const float* in = a.in + r * a.cols;
+    float* out = a.out + r * a.cols;
+#pragma omp simd
     for (std::int64_t c = 0; c < a.cols; ++c) {
-      const bool keep = dropout_keep(a.seed, a.stream, base + static_cast<std::uint64_t>(c), a.p);
-      a.out[r * a.cols + c] = keep ? a.in[r * a.cols + c] * scale : 0.0f;
+      const bool keep =
+          detail::dropout_keep_bits(seed, stream, base + static_cast<std::uint64_t>(c), threshold);
+      out[c] = keep ? in[c] * scale : 0.0f;
     }
   }
 }

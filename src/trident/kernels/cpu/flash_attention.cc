@@ -44,6 +44,22 @@ std::uint64_t dropout_index(const AttentionDropout& d, std::int64_t NH, std::int
                                     q * T + k);
 }
 
+// keep[j] = 1 when the score (q, k0 + j) is kept, else 0, for j < n: dropout_keep's decisions
+// (flash_attention.h), drawn in one vectorized loop before the scalar loop uses them.
+void keep_flags(const AttentionDropout& d, std::uint64_t threshold, std::int64_t NH, std::int64_t T,
+                std::int64_t b, std::int64_t h, std::int64_t q, std::int64_t k0, std::int64_t n,
+                float* keep) {
+  const std::uint64_t first = dropout_index(d, NH, T, b, h, q, k0);
+  const std::uint64_t seed = d.seed, stream = d.stream;
+#pragma omp simd
+  for (std::int64_t j = 0; j < n; ++j) {
+    keep[j] =
+        detail::dropout_keep_bits(seed, stream, first + static_cast<std::uint64_t>(j), threshold)
+            ? 1.0f
+            : 0.0f;
+  }
+}
+
 }  // namespace
 
 void flash_attention_forward(const core::ExecContext& ctx, const FlashAttentionForwardArgs& a) {
@@ -52,11 +68,12 @@ void flash_attention_forward(const core::ExecContext& ctx, const FlashAttentionF
   check_dropout("flash_attention_forward", a.dropout);
   const std::int64_t num_qb = (g.T + kBq - 1) / kBq;
   const float keep_scale = 1.0f / (1.0f - a.dropout.p);
+  const std::uint64_t threshold = detail::dropout_threshold(a.dropout.p);
   // Per-thread working rows from the context's workspace (grown, never shrunk): no allocation
   // once warm.
   const int threads = detail::num_threads(ctx);
   core::Workspace& ws = ctx.scratch();
-  ws.prepare(threads, 4);
+  ws.prepare(threads, 5);
 #pragma omp parallel num_threads(threads)
   {
     const int t = omp_get_thread_num();
@@ -64,6 +81,7 @@ void flash_attention_forward(const core::ExecContext& ctx, const FlashAttentionF
                n_acc = static_cast<std::size_t>(kBq * g.HS);
     const std::span<float> s(ws.floats(t, 0, n_s), n_s), acc(ws.floats(t, 1, n_acc), n_acc);
     const std::span<float> m(ws.floats(t, 2, kBq), kBq), l(ws.floats(t, 3, kBq), kBq);
+    float* keep = ws.floats(t, 4, kBk);
 #pragma omp for collapse(3) schedule(dynamic)
     for (std::int64_t b = 0; b < g.B; ++b) {
       for (std::int64_t h = 0; h < g.NH; ++h) {
@@ -103,6 +121,10 @@ void flash_attention_forward(const core::ExecContext& ctx, const FlashAttentionF
               float row_sum = 0.0f;
               float* acc_row = acc.data() + i * g.HS;
               for (std::int64_t d = 0; d < g.HS; ++d) acc_row[d] *= correction;
+              if (a.dropout.p > 0.0f) {
+                keep_flags(a.dropout, threshold, g.NH, g.T, b, h, q, k0, std::min(nk, q - k0 + 1),
+                           keep);
+              }
               for (std::int64_t j = 0; j < nk; ++j) {
                 const std::int64_t k = k0 + j;
                 if (k > q) break;
@@ -110,12 +132,7 @@ void flash_attention_forward(const core::ExecContext& ctx, const FlashAttentionF
                 const float p = std::exp(srow[j] - row_max);
                 row_sum += p;
                 float w = p;
-                if (a.dropout.p > 0.0f) {
-                  const bool keep =
-                      dropout_keep(a.dropout.seed, a.dropout.stream,
-                                   dropout_index(a.dropout, g.NH, g.T, b, h, q, k), a.dropout.p);
-                  w = keep ? p * keep_scale : 0.0f;
-                }
+                if (a.dropout.p > 0.0f) w = keep[j] != 0.0f ? p * keep_scale : 0.0f;
                 if (w == 0.0f) continue;
                 const float* vv = base + k * g.ld + 2 * g.HS;
 #pragma omp simd
@@ -146,15 +163,17 @@ void flash_attention_backward(const core::ExecContext& ctx, const FlashAttention
       geometry("flash_attention_backward", a.batch, a.seq_len, a.num_heads, a.head_dim);
   check_dropout("flash_attention_backward", a.dropout);
   const float keep_scale = 1.0f / (1.0f - a.dropout.p);
+  const std::uint64_t threshold = detail::dropout_threshold(a.dropout.p);
   // One task per (b, h): d_k and d_v of a key gather contributions from every later query, so
   // splitting queries across threads would need atomics; heads give enough parallelism.
   const int threads = detail::num_threads(ctx);
   core::Workspace& ws = ctx.scratch();
-  ws.prepare(threads, 1);
+  ws.prepare(threads, 2);
 #pragma omp parallel num_threads(threads)
   {
     const auto n_delta = static_cast<std::size_t>(g.T);
     const std::span<float> delta(ws.floats(omp_get_thread_num(), 0, n_delta), n_delta);
+    float* keep = ws.floats(omp_get_thread_num(), 1, n_delta);
 #pragma omp for collapse(2) schedule(dynamic)
     for (std::int64_t b = 0; b < g.B; ++b) {
       for (std::int64_t h = 0; h < g.NH; ++h) {
@@ -176,6 +195,8 @@ void flash_attention_backward(const core::ExecContext& ctx, const FlashAttention
           float* dq = dbase + q * g.ld;
           const float* d_o = a.d_out + (b * g.T + q) * g.C + h * g.HS;
           const float lse = a.lse[(b * g.NH + h) * g.T + q];
+          if (a.dropout.p > 0.0f)
+            keep_flags(a.dropout, threshold, g.NH, g.T, b, h, q, 0, q + 1, keep);
           for (std::int64_t k = 0; k <= q; ++k) {
             if (doc && doc[k] != doc[q]) continue;  // another document: probability 0
             const float* kv = base + k * g.ld + g.HS;
@@ -189,11 +210,9 @@ void flash_attention_backward(const core::ExecContext& ctx, const FlashAttention
             const float p = std::exp(dot * g.scale + slope * static_cast<float>(k) - lse);
             float w = p, dp = dpv;  // dropped probability and the gradient of the undropped one
             if (a.dropout.p > 0.0f) {
-              const bool keep =
-                  dropout_keep(a.dropout.seed, a.dropout.stream,
-                               dropout_index(a.dropout, g.NH, g.T, b, h, q, k), a.dropout.p);
-              w = keep ? p * keep_scale : 0.0f;
-              dp = keep ? dpv * keep_scale : 0.0f;
+              const bool kept = keep[k] != 0.0f;
+              w = kept ? p * keep_scale : 0.0f;
+              dp = kept ? dpv * keep_scale : 0.0f;
             }
             const float ds = p * (dp - delta[static_cast<std::size_t>(q)]) * g.scale;
             float* dk = dbase + k * g.ld + g.HS;
