@@ -20,6 +20,7 @@
 #include "trident/kernels/adamw.h"
 #include "trident/kernels/attention.h"
 #include "trident/kernels/cross_entropy.h"
+#include "trident/kernels/dropout.h"
 #include "trident/kernels/elementwise.h"
 #include "trident/kernels/embedding.h"
 #include "trident/kernels/flash_attention.h"
@@ -408,6 +409,18 @@ Calibration calibrate_grid(int threads, const core::ExecContext& ctx) {
       },
       8 * cols, big);
   c.embedding = c.add;
+  c.dropout = fit(
+      [&](std::int64_t e) {
+        k::hidden_dropout(ctx, {.out = o2.data(),
+                                .in = a.data(),
+                                .rows = e / cols,
+                                .cols = cols,
+                                .first_row = 0,
+                                .p = 0.1f,
+                                .seed = 1,
+                                .stream = 2});
+      },
+      8 * cols, big);
   // Memory bandwidth: a 64 MiB copy.
   const std::size_t bytes = 64u << 20;
   std::vector<char> src(bytes, 1), dst(bytes, 0);
@@ -445,6 +458,8 @@ std::string default_calibration_path() {
 }
 
 namespace {
+// Caches written by another version (other kernels, other fields) are not read: recalibrate.
+constexpr int kCacheVersion = 2;
 nlohmann::json cost_json(const LinearCost& c) { return {c.overhead_s, c.per_element_s}; }
 LinearCost cost_of(const nlohmann::json& j) {
   return {j.at(0).get<double>(), j.at(1).get<double>()};
@@ -460,7 +475,8 @@ void save_calibration(const std::string& path, const Calibration& c) {
       all = nlohmann::json::object();
     }
   }
-  nlohmann::json j = {{"threads", c.threads},
+  nlohmann::json j = {{"version", kCacheVersion},
+                      {"threads", c.threads},
                       {"cores", c.cores},
                       {"grid", c.grid},
                       {"linear_fwd_s", c.linear_fwd_s},
@@ -479,6 +495,7 @@ void save_calibration(const std::string& path, const Calibration& c) {
                       {"cross_entropy", cost_json(c.cross_entropy)},
                       {"adamw", cost_json(c.adamw)},
                       {"embedding", cost_json(c.embedding)},
+                      {"dropout", cost_json(c.dropout)},
                       {"linear_exact", c.linear_exact},
                       {"attention_exact", c.attention_exact},
                       {"memory_bw", c.memory_bw},
@@ -506,6 +523,7 @@ bool load_calibration(const std::string& path, int threads, Calibration& c) {
   const std::string key = std::to_string(threads);
   if (!all.contains(key)) return false;
   const nlohmann::json& j = all[key];
+  if (!j.is_object() || !j.contains("version") || j["version"] != kCacheVersion) return false;
   c.threads = j.at("threads");
   c.cores = j.at("cores");
   c.grid = j.at("grid").get<std::vector<std::int64_t>>();
@@ -525,6 +543,7 @@ bool load_calibration(const std::string& path, int threads, Calibration& c) {
   c.cross_entropy = cost_of(j.at("cross_entropy"));
   c.adamw = cost_of(j.at("adamw"));
   c.embedding = cost_of(j.at("embedding"));
+  c.dropout = cost_of(j.at("dropout"));
   if (j.contains("linear_exact")) {
     c.linear_exact = j["linear_exact"].get<std::map<std::string, std::pair<double, double>>>();
     c.attention_exact =

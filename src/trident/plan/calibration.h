@@ -39,6 +39,9 @@ struct Calibration {
   std::vector<double> attn_fwd_s, attn_bwd_s, flash_fwd_s, flash_bwd_s;
   LinearCost layernorm_fwd, layernorm_bwd, bias_gelu_fwd, bias_gelu_bwd, add, cross_entropy, adamw,
       embedding;
+  // Hidden dropout (p = 0.1) per element: one Philox draw each; its per-element cost also prices
+  // the attention-dropout draws inside the flash kernels (one per causal score).
+  LinearCost dropout;
   // Exact timings of the shapes a configuration runs (key "rows,in,out" and
   // "flash,bh,seq,head_dim"): seconds forward and backward; used instead of the grid.
   std::map<std::string, std::pair<double, double>> linear_exact, attention_exact;

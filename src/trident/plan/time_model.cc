@@ -11,7 +11,7 @@ namespace trident::plan {
 
 namespace {
 
-enum class Ew { kLnFwd, kLnBwd, kGeluFwd, kGeluBwd, kAdd, kCrossEntropy, kEmbedding };
+enum class Ew { kLnFwd, kLnBwd, kGeluFwd, kGeluBwd, kAdd, kCrossEntropy, kEmbedding, kDropout };
 
 // Cost of single kernels on one rank.
 class Costs {
@@ -63,6 +63,8 @@ class Costs {
           return cal_->cross_entropy.at(elements);
         case Ew::kEmbedding:
           return cal_->embedding.at(elements);
+        case Ew::kDropout:
+          return cal_->dropout.at(elements);
       }
     }
     // Bytes moved per element: reads and writes of the kernel.
@@ -90,8 +92,16 @@ class Costs {
       case Ew::kEmbedding:
         passes = 2;
         break;
+      case Ew::kDropout:  // fused into the bias-dropout-add on GPUs: one more pass, as an add
+        passes = 3;
+        break;
     }
     return passes * bytes * elements / (c_.hw.memory_bw * c_.hw.bandwidth_efficiency) + 3e-6;
+  }
+  // The attention-dropout draws of one pass: one per causal score (CPU flash kernels; on GPUs
+  // they hide under the attention's arithmetic).
+  double attention_dropout(double scores) const {
+    return cal_ ? cal_->dropout.per_element_s * scores : 0.0;
   }
   // AdamW over n elements and the reads of the gradient norm and zeroing over n_grad.
   double optimizer(double n, double n_grad, bool bf16) const {
@@ -165,22 +175,30 @@ ChunkCost chunk_cost(const train::TrainConfig& cfg, const model::ModelShard& sha
                         : sp    ? 2 * k.all_gather(full_bytes, tp, tp_across)
                                 : k.all_reduce(full_bytes, tp, tp_across);
   const double drop = mc.hidden_dropout > 0 ? 1 : 0;
+  // Hidden dropout on the rows this rank holds (after the attention and the MLP, and on the
+  // embedding); the backward draws the same masks again.
+  const double dropout = drop * k.ew(Ew::kDropout, static_cast<double>(R * C));
+  const double attn_drop =
+      mc.attention_dropout > 0
+          ? k.attention_dropout(static_cast<double>(B * NHl) * static_cast<double>(T) *
+                                static_cast<double>(T + 1) / 2)
+          : 0.0;
 
   Pass lf;  // one layer forward
   lf.ew = 2 * k.ew(Ew::kLnFwd, static_cast<double>(R * C)) +
-          (2 + 2 * drop) * k.ew(Ew::kAdd, static_cast<double>(R * C)) +
+          2 * k.ew(Ew::kAdd, static_cast<double>(R * C)) + 2 * dropout +
           k.ew(Ew::kGeluFwd, static_cast<double>(rows * Fl));
   lf.gemm = k.gemm_fwd(rows, C, 3 * Cl) + k.gemm_fwd(rows, Cl, C) + k.gemm_fwd(rows, C, Fl) +
             k.gemm_fwd(rows, Fl, C);
-  lf.attn = k.attn_fwd(flash, B * NHl, T, HS);
+  lf.attn = k.attn_fwd(flash, B * NHl, T, HS) + attn_drop;
   lf.tp = 2 * region;
   Pass lb;  // one layer backward
   lb.ew = 2 * k.ew(Ew::kLnBwd, static_cast<double>(R * C)) +
-          (2 + 2 * drop) * k.ew(Ew::kAdd, static_cast<double>(R * C)) +
+          2 * k.ew(Ew::kAdd, static_cast<double>(R * C)) + 2 * dropout +
           k.ew(Ew::kGeluBwd, static_cast<double>(rows * Fl));
   lb.gemm = k.gemm_bwd(rows, C, 3 * Cl) + k.gemm_bwd(rows, Cl, C) + k.gemm_bwd(rows, C, Fl) +
             k.gemm_bwd(rows, Fl, C);
-  lb.attn = k.attn_bwd(flash, B * NHl, T, HS);
+  lb.attn = k.attn_bwd(flash, B * NHl, T, HS) + attn_drop;
   lb.tp = 2 * region;
 
   ChunkCost cc;
@@ -199,11 +217,11 @@ ChunkCost chunk_cost(const train::TrainConfig& cfg, const model::ModelShard& sha
   if (shard.has_embedding) {
     Pass e;
     e.ew = k.ew(Ew::kEmbedding, static_cast<double>(rows * C)) +
-           (mc.embed_layernorm ? k.ew(Ew::kLnFwd, static_cast<double>(rows * C)) : 0);
+           (mc.embed_layernorm ? k.ew(Ew::kLnFwd, static_cast<double>(rows * C)) : 0) + dropout;
     cc.fwd += e;
     Pass eb;
     eb.ew = k.ew(Ew::kEmbedding, static_cast<double>(rows * C)) +
-            (mc.embed_layernorm ? k.ew(Ew::kLnBwd, static_cast<double>(rows * C)) : 0);
+            (mc.embed_layernorm ? k.ew(Ew::kLnBwd, static_cast<double>(rows * C)) : 0) + dropout;
     eb.tp = tp > 1 ? k.all_reduce(full_bytes, tp, tp_across) : 0;  // vocab-parallel embedding
     cc.bwd += eb;
     cc.fwd.tp += tp > 1 ? k.all_reduce(full_bytes, tp, tp_across) : 0;
