@@ -27,6 +27,12 @@ const char* kModel =
     "--num-layers 4 --hidden-size 32 --num-attention-heads 4 --seq-length 16 --micro-batch-size 2"
     " --global-batch-size 16 --tokenizer-type NullTokenizer --vocab-size 300 --data-path x";
 
+// Llama's variant flags (docs/hf-import.md), on the same sizes.
+const char* kLlama =
+    "--normalization RMSNorm --swiglu --position-embedding-type rope --group-query-attention "
+    "--untie-embeddings-and-output-weights --disable-bias-linear "
+    "--make-vocab-size-divisible-by 64";
+
 train::TrainConfig parse(const std::string& flags, int world) {
   train::TrainConfig cfg;
   CLI::App app;
@@ -208,7 +214,18 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"bf16_tp2dp2zero2sp", 4,
              "--make-vocab-size-divisible-by 64 --bf16 --tensor-model-parallel-size 2 "
              "--zero-stage 2 --sequence-parallel"},
-        Case{"bf16_zero3dp2", 2, "--bf16 --zero-stage 3"}),
+        Case{"bf16_zero3dp2", 2, "--bf16 --zero-stage 3"},
+        // Llama: RMSNorm, SwiGLU, rotary, untied output, no biases; grouped-query attention
+        // (2 groups over TP 2), multi-query with its key/value heads replicated on both TP
+        // ranks (ZeRO-3 shards them), and GQA in 3D with SP.
+        Case{"llama_tp2gqa", 2,
+             std::string(kLlama) + " --num-query-groups 2 --tensor-model-parallel-size 2"},
+        Case{"llama_mqa_tp2dp2zero3", 4,
+             std::string(kLlama) +
+                 " --num-query-groups 1 --tensor-model-parallel-size 2 --zero-stage 3"},
+        Case{"llama_tp2pp2dp2sp", 8,
+             std::string(kLlama) + " --num-query-groups 2 --tensor-model-parallel-size 2 "
+                                   "--pipeline-model-parallel-size 2 --sequence-parallel"}),
     [](const auto& p) { return p.param.name; });
 
 // Shapes of the prediction that follow from the schedules (independent of the tables).

@@ -66,6 +66,21 @@ TEST(PlanTime, TensorParallelismDividesComputeAndAddsCommunication) {
   EXPECT_GT(t4.tp_comm, 0);
 }
 
+// Llama's shapes change the GEMMs by what their FLOPs change: grouped-query attention shrinks the
+// QKV projection from 3h to h + 2 G h / a rows, SwiGLU's up-projection has 2f outputs. The GEMM
+// time tracks the model FLOPs' ratio (GEMMs are most of them at this size).
+TEST(PlanTime, LlamaShapesScaleTheGemmsAsTheirFlops) {
+  const std::string base = "--micro-batch-size 4 --global-batch-size 32 ";
+  const auto mha = predict_time(gpt(base, 1), a100(1));
+  const auto mqa =
+      predict_time(gpt(base + "--group-query-attention --num-query-groups 1", 1), a100(1));
+  const auto glu = predict_time(gpt(base + "--swiglu", 1), a100(1));
+  EXPECT_LT(mqa.gemm, mha.gemm);
+  EXPECT_GT(glu.gemm, mha.gemm);
+  EXPECT_NEAR(mqa.gemm / mha.gemm, mqa.model_flops / mha.model_flops, 0.05);
+  EXPECT_NEAR(glu.gemm / mha.gemm, glu.model_flops / mha.model_flops, 0.05);
+}
+
 TEST(PlanTime, ZeroThreeMovesMoreThanZeroOne) {
   const auto z1 =
       predict_time(gpt("--micro-batch-size 2 --global-batch-size 64 --zero-stage 1", 8), a100(8));

@@ -163,6 +163,11 @@ ChunkCost chunk_cost(const train::TrainConfig& cfg, const model::ModelShard& sha
   const bool sp = shard.sequence_parallel && tp > 1;
   const std::int64_t B = cfg.micro_batch_size, T = mc.seq_length, rows = B * T;
   const std::int64_t C = mc.hidden_size, Cl = C / tp, Fl = mc.ffn() / tp;
+  // Llama's shapes: grouped-query QKV (key/value heads per group, replicated when G < tp), the
+  // SwiGLU up-projection's gate and up halves in one GEMM. The gated activation and RMSNorm are
+  // priced as the GeLU and LayerNorm kernels over the same elements (the same passes, within a
+  // few percent on the CPU), rotary positions as an add over the query and key heads.
+  const std::int64_t QKVl = mc.local_qkv_rows(tp), UPl = mc.fc_rows() / tp;
   const std::int64_t NHl = mc.num_attention_heads / tp, HS = mc.head_dim();
   const std::int64_t R = sp ? rows / tp : rows;
   const std::int64_t Vl = mc.padded_vocab_size(tp) / tp;
@@ -183,20 +188,24 @@ ChunkCost chunk_cost(const train::TrainConfig& cfg, const model::ModelShard& sha
           ? k.attention_dropout(static_cast<double>(B * NHl) * static_cast<double>(T) *
                                 static_cast<double>(T + 1) / 2)
           : 0.0;
+  const double rope =
+      mc.position_embedding == model::PositionEmbedding::kRope
+          ? k.ew(Ew::kAdd, static_cast<double>(rows * (NHl + mc.local_query_groups(tp)) * HS))
+          : 0.0;
 
   Pass lf;  // one layer forward
   lf.ew = 2 * k.ew(Ew::kLnFwd, static_cast<double>(R * C)) +
           2 * k.ew(Ew::kAdd, static_cast<double>(R * C)) + 2 * dropout +
-          k.ew(Ew::kGeluFwd, static_cast<double>(rows * Fl));
-  lf.gemm = k.gemm_fwd(rows, C, 3 * Cl) + k.gemm_fwd(rows, Cl, C) + k.gemm_fwd(rows, C, Fl) +
+          k.ew(Ew::kGeluFwd, static_cast<double>(rows * Fl)) + rope;
+  lf.gemm = k.gemm_fwd(rows, C, QKVl) + k.gemm_fwd(rows, Cl, C) + k.gemm_fwd(rows, C, UPl) +
             k.gemm_fwd(rows, Fl, C);
   lf.attn = k.attn_fwd(flash, B * NHl, T, HS) + attn_drop;
   lf.tp = 2 * region;
   Pass lb;  // one layer backward
   lb.ew = 2 * k.ew(Ew::kLnBwd, static_cast<double>(R * C)) +
           2 * k.ew(Ew::kAdd, static_cast<double>(R * C)) + 2 * dropout +
-          k.ew(Ew::kGeluBwd, static_cast<double>(rows * Fl));
-  lb.gemm = k.gemm_bwd(rows, C, 3 * Cl) + k.gemm_bwd(rows, Cl, C) + k.gemm_bwd(rows, C, Fl) +
+          k.ew(Ew::kGeluBwd, static_cast<double>(rows * Fl)) + rope;
+  lb.gemm = k.gemm_bwd(rows, C, QKVl) + k.gemm_bwd(rows, Cl, C) + k.gemm_bwd(rows, C, UPl) +
             k.gemm_bwd(rows, Fl, C);
   lb.attn = k.attn_bwd(flash, B * NHl, T, HS) + attn_drop;
   lb.tp = 2 * region;
