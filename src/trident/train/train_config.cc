@@ -72,19 +72,9 @@ void require_utf8(const nlohmann::json& j, const std::string& key) {
   }
 }
 
-}  // namespace
-
-void add_train_options(CLI::App& app, TrainConfig& c) {
+// The model: sizes, dropout, position, norm, MLP and attention variants.
+void add_model_options(CLI::App& app, TrainConfig& c) {
   model::ModelConfig& m = c.model;
-  auto config_file = std::make_shared<std::string>();
-  app.add_option("--config", *config_file,
-                 "TOML file holding the same keys as the flags (flags override)");
-  app.parse_complete_callback([&app, config_file] {
-    if (!config_file->empty()) apply_config_file(app, *config_file);
-  });
-  // As with argparse, a flag given twice keeps its last value (config file, then command line).
-  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-
   app.add_option("--num-layers", m.num_layers, "Transformer layers")->capture_default_str();
   app.add_option("--hidden-size", m.hidden_size, "Hidden size")->capture_default_str();
   app.add_option("--num-attention-heads", m.num_attention_heads, "Attention heads")
@@ -134,6 +124,11 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
       "No biases in the attention and MLP linear layers");
   app.add_flag("--embed-layernorm", m.embed_layernorm,
                "LayerNorm after the word embedding (BLOOM)");
+}
+
+// Precision, loss scaling, recomputation, the chunked head, the model preset.
+void add_precision_options(CLI::App& app, TrainConfig& c) {
+  model::ModelConfig& m = c.model;
   app.add_flag("--bf16", c.bf16,
                "BF16 mixed precision: BF16 matmul operands with FP32 accumulation, FP32 master "
                "weights, Adam moments and gradient accumulation");
@@ -167,7 +162,10 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
                  "gpt (default), bloom or llama: bloom = --position-embedding-type alibi "
                  "--embed-layernorm; llama = --normalization RMSNorm --position-embedding-type "
                  "rope --swiglu --untie-embeddings-and-output-weights --disable-bias-linear");
+}
 
+// Batch sizes, training length, learning-rate schedule, AdamW and the seed.
+void add_schedule_options(CLI::App& app, TrainConfig& c) {
   app.add_option("--micro-batch-size", c.micro_batch_size, "Sequences per micro-batch")
       ->capture_default_str();
   app.add_option("--global-batch-size", c.global_batch_size,
@@ -220,7 +218,10 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
   app.add_option("--adam-beta2", c.adamw.beta2, "AdamW beta2")->capture_default_str();
   app.add_option("--adam-eps", c.adamw.eps, "AdamW epsilon")->capture_default_str();
   app.add_option("--seed", c.seed, "Random seed (init, data order)")->capture_default_str();
+}
 
+// Datasets, blending, splits, tokenizer and document masks.
+void add_data_options(CLI::App& app, TrainConfig& c) {
   app.add_option("--data-path", c.data_path,
                  "Dataset prefixes (without .bin/.idx), optionally weighted: 0.3 A 0.7 B")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
@@ -259,7 +260,10 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
                "No attention across end-of-document tokens within a sample");
   app.add_option("--dataloader-type", c.dataloader_type, "single (Megatron's sampler)")
       ->capture_default_str();
+}
 
+// Evaluation, logging, TensorBoard, metrics and the profile.
+void add_logging_options(CLI::App& app, TrainConfig& c) {
   app.add_option("--eval-interval", c.eval_interval, "Iterations between evaluations")
       ->capture_default_str();
   app.add_option("--eval-iters", c.eval_iters, "Batches per evaluation")->capture_default_str();
@@ -297,7 +301,10 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
       ->capture_default_str();
   app.add_option("--profile-step-end", c.profile_step_end, "--profile: last iteration timed")
       ->capture_default_str();
+}
 
+// Checkpoints, DeepSpeed config and clean stops.
+void add_checkpoint_options(CLI::App& app, TrainConfig& c) {
   app.add_option("--save", c.save, "Checkpoint directory to write");
   app.add_option("--load", c.load, "Checkpoint directory to resume from");
   app.add_flag("--finetune", c.finetune,
@@ -319,7 +326,10 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
                  "Save (if --save) and exit once the run has trained this many minutes");
   app.add_option("--kill-switch-path", c.kill_switch_path,
                  "Save (if --save) and exit when this file appears");
+}
 
+// Parallelism, ZeRO, offload, pipeline schedule and the communication timeout.
+void add_parallel_options(CLI::App& app, TrainConfig& c) {
   app.add_option("--tensor-model-parallel-size", c.tensor_model_parallel_size, "TP size")
       ->capture_default_str();
   app.add_option("--pipeline-model-parallel-size", c.pipeline_model_parallel_size, "PP size")
@@ -370,6 +380,27 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
   app.add_option("--comm-timeout", c.comm_timeout,
                  "Seconds a rank may wait in a collective before the job ends")
       ->capture_default_str();
+}
+
+}  // namespace
+
+void add_train_options(CLI::App& app, TrainConfig& c) {
+  auto config_file = std::make_shared<std::string>();
+  app.add_option("--config", *config_file,
+                 "TOML file holding the same keys as the flags (flags override)");
+  app.parse_complete_callback([&app, config_file] {
+    if (!config_file->empty()) apply_config_file(app, *config_file);
+  });
+  // As with argparse, a flag given twice keeps its last value (config file, then command line).
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+
+  add_model_options(app, c);
+  add_precision_options(app, c);
+  add_schedule_options(app, c);
+  add_data_options(app, c);
+  add_logging_options(app, c);
+  add_checkpoint_options(app, c);
+  add_parallel_options(app, c);
 
   add_compat_options(app, c);
   // Integers written with '_' (9_765_625), as Python's int() accepts; and the set of flags given
@@ -460,6 +491,42 @@ void TrainConfig::finalize(int world_size) {
     warnings.push_back("--save-interval without --save: nothing is saved (as Megatron)");
     save_interval = 0;
   }
+  finalize_model();
+  finalize_parallel(world_size);
+  finalize_schedule(data_parallel_size(world_size));
+  TRIDENT_CHECK(!data_path.empty() || !train_data_path.empty(),
+                "--data-path (or --train-data-path) is required: a prefix made by trident "
+                "preprocess, or a weighted list 0.3 A 0.7 B");
+  TRIDENT_CHECK(eval_interval > 0, "--eval-interval must be positive");
+  TRIDENT_CHECK(eval_iters >= 0, "--eval-iters must be >= 0");
+  TRIDENT_CHECK(log_interval > 0, "--log-interval must be positive");
+  TRIDENT_CHECK(save_interval >= 0 && exit_interval >= 0, "intervals must be >= 0");
+  // As Megatron: --save-interval without --save saves nothing (launch scripts often carry both
+  // and drop --save for a dry run); said once.
+  if (save_interval > 0 && save.empty()) {
+    warnings.push_back("--save-interval " + std::to_string(save_interval) +
+                       " without --save: no checkpoints will be written");
+  }
+  TRIDENT_CHECK(save_retain >= 0, "--save-retain must be >= 0 (0 keeps every checkpoint)");
+  TRIDENT_CHECK(exit_duration_in_mins >= 0, "--exit-duration-in-mins must be >= 0");
+  TRIDENT_CHECK(dataloader_type == "single", "--dataloader-type: unknown type '", dataloader_type,
+                "' (use single)");
+  TRIDENT_CHECK(pad_vocab_size_to >= 0, "--pad-vocab-size-to must be >= 0");
+  TRIDENT_CHECK(tensorboard_log_interval > 0, "--tensorboard-log-interval must be positive");
+  if (profile) {
+    TRIDENT_CHECK(profile_step_start >= 0 && profile_step_end > profile_step_start,
+                  "--profile-step-start ", profile_step_start, " and --profile-step-end ",
+                  profile_step_end, ": the window is empty; give 0 <= start < end");
+    TRIDENT_CHECK(train_iters == 0 || profile_step_start < train_iters, "--profile-step-start ",
+                  profile_step_start, " is not before --train-iters ", train_iters,
+                  ": nothing would be profiled; lower --profile-step-start (Megatron's default is "
+                  "10)");
+  }
+  require_utf8(to_json(), "");
+}
+
+// --model presets, positions, norms, grouped-query attention, recomputation, the chunked head.
+void TrainConfig::finalize_model() {
   TRIDENT_CHECK(model_preset == "gpt" || model_preset == "bloom" || model_preset == "llama",
                 "--model: unknown model '", model_preset, "' (use gpt, bloom or llama)");
   if (model_preset == "bloom") {
@@ -514,7 +581,10 @@ void TrainConfig::finalize(int world_size) {
                              : position_embedding_type == "rope"
                                  ? model::PositionEmbedding::kRope
                                  : model::PositionEmbedding::kLearnedAbsolute;
-  lr.decay_style = optim::parse_lr_decay_style(lr_decay_style);
+}
+
+// Layout sizes, ZeRO, offload, sequence parallelism and the pipeline schedule.
+void TrainConfig::finalize_parallel(int world_size) {
   TRIDENT_CHECK(tensor_model_parallel_size >= 1 && pipeline_model_parallel_size >= 1,
                 "parallel sizes must be >= 1");
   TRIDENT_CHECK(world_size % (tensor_model_parallel_size * pipeline_model_parallel_size) == 0,
@@ -527,6 +597,36 @@ void TrainConfig::finalize(int world_size) {
   TRIDENT_CHECK(zero_stage >= 0 && zero_stage <= 3, "--zero-stage must be 0, 1, 2 or 3, got ",
                 zero_stage);
   TRIDENT_CHECK(ddp_bucket_size > 0, "--ddp-bucket-size must be positive");
+  finalize_offload();
+  if (sequence_parallel && tensor_model_parallel_size == 1)
+    sequence_parallel = false;  // as Megatron
+  TRIDENT_CHECK(
+      !sequence_parallel || (micro_batch_size * model.seq_length) % tensor_model_parallel_size == 0,
+      "--sequence-parallel splits the micro-batch's ", micro_batch_size, " x ", model.seq_length,
+      " tokens across --tensor-model-parallel-size ", tensor_model_parallel_size,
+      ": they must divide evenly");
+  if (num_layers_per_virtual_pipeline_stage > 0) {
+    TRIDENT_CHECK(pipeline_schedule == "interleaved" || pipeline_schedule == "1f1b",
+                  "--num-layers-per-virtual-pipeline-stage needs the interleaved schedule");
+    pipeline_schedule = "interleaved";
+    TRIDENT_CHECK(pipeline_model_parallel_size > 1,
+                  "--num-layers-per-virtual-pipeline-stage "
+                  "needs --pipeline-model-parallel-size > 1");
+    TRIDENT_CHECK(
+        model.num_layers % (num_layers_per_virtual_pipeline_stage * pipeline_model_parallel_size) ==
+            0,
+        "--num-layers (", model.num_layers,
+        ") must be divisible by "
+        "--num-layers-per-virtual-pipeline-stage (",
+        num_layers_per_virtual_pipeline_stage, ") x --pipeline-model-parallel-size (",
+        pipeline_model_parallel_size, ")");
+  }
+  TRIDENT_CHECK(pipeline_schedule != "interleaved" || num_layers_per_virtual_pipeline_stage > 0,
+                "--pipeline-schedule interleaved needs --num-layers-per-virtual-pipeline-stage");
+}
+
+// --offload-optimizer / --offload-params and their path, window and I/O.
+void TrainConfig::finalize_offload() {
   offload.device = optim::parse_offload_device(offload_optimizer);
   offload.io = optim::parse_offload_io(offload_io);
   offload.direct = !offload_buffered;
@@ -556,32 +656,11 @@ void TrainConfig::finalize(int world_size) {
                 "--async-save copies the optimizer state and weights into host memory, which "
                 "--offload-optimizer/--offload-params nvme keep on disk: drop --async-save (saves "
                 "then stream from the offload files)");
-  if (sequence_parallel && tensor_model_parallel_size == 1)
-    sequence_parallel = false;  // as Megatron
-  TRIDENT_CHECK(
-      !sequence_parallel || (micro_batch_size * model.seq_length) % tensor_model_parallel_size == 0,
-      "--sequence-parallel splits the micro-batch's ", micro_batch_size, " x ", model.seq_length,
-      " tokens across --tensor-model-parallel-size ", tensor_model_parallel_size,
-      ": they must divide evenly");
-  if (num_layers_per_virtual_pipeline_stage > 0) {
-    TRIDENT_CHECK(pipeline_schedule == "interleaved" || pipeline_schedule == "1f1b",
-                  "--num-layers-per-virtual-pipeline-stage needs the interleaved schedule");
-    pipeline_schedule = "interleaved";
-    TRIDENT_CHECK(pipeline_model_parallel_size > 1,
-                  "--num-layers-per-virtual-pipeline-stage "
-                  "needs --pipeline-model-parallel-size > 1");
-    TRIDENT_CHECK(
-        model.num_layers % (num_layers_per_virtual_pipeline_stage * pipeline_model_parallel_size) ==
-            0,
-        "--num-layers (", model.num_layers,
-        ") must be divisible by "
-        "--num-layers-per-virtual-pipeline-stage (",
-        num_layers_per_virtual_pipeline_stage, ") x --pipeline-model-parallel-size (",
-        pipeline_model_parallel_size, ")");
-  }
-  TRIDENT_CHECK(pipeline_schedule != "interleaved" || num_layers_per_virtual_pipeline_stage > 0,
-                "--pipeline-schedule interleaved needs --num-layers-per-virtual-pipeline-stage");
-  const int dp = data_parallel_size(world_size);
+}
+
+// Batch sizes, training length and the learning-rate schedule (in samples, as Megatron).
+void TrainConfig::finalize_schedule(int dp) {
+  lr.decay_style = optim::parse_lr_decay_style(lr_decay_style);
   TRIDENT_CHECK(micro_batch_size > 0, "--micro-batch-size must be positive, got ",
                 micro_batch_size);
   if (global_batch_size == 0) global_batch_size = micro_batch_size * dp;
@@ -636,35 +715,6 @@ void TrainConfig::finalize(int world_size) {
   TRIDENT_CHECK(adamw.beta2 >= 0 && adamw.beta2 < 1, "--adam-beta2 must be in [0, 1)");
   TRIDENT_CHECK(adamw.eps > 0, "--adam-eps must be positive");
   TRIDENT_CHECK(adamw.clip_grad >= 0, "--clip-grad must be >= 0");
-  TRIDENT_CHECK(!data_path.empty() || !train_data_path.empty(),
-                "--data-path (or --train-data-path) is required: a prefix made by trident "
-                "preprocess, or a weighted list 0.3 A 0.7 B");
-  TRIDENT_CHECK(eval_interval > 0, "--eval-interval must be positive");
-  TRIDENT_CHECK(eval_iters >= 0, "--eval-iters must be >= 0");
-  TRIDENT_CHECK(log_interval > 0, "--log-interval must be positive");
-  TRIDENT_CHECK(save_interval >= 0 && exit_interval >= 0, "intervals must be >= 0");
-  // As Megatron: --save-interval without --save saves nothing (launch scripts often carry both
-  // and drop --save for a dry run); said once.
-  if (save_interval > 0 && save.empty()) {
-    warnings.push_back("--save-interval " + std::to_string(save_interval) +
-                       " without --save: no checkpoints will be written");
-  }
-  TRIDENT_CHECK(save_retain >= 0, "--save-retain must be >= 0 (0 keeps every checkpoint)");
-  TRIDENT_CHECK(exit_duration_in_mins >= 0, "--exit-duration-in-mins must be >= 0");
-  TRIDENT_CHECK(dataloader_type == "single", "--dataloader-type: unknown type '", dataloader_type,
-                "' (use single)");
-  TRIDENT_CHECK(pad_vocab_size_to >= 0, "--pad-vocab-size-to must be >= 0");
-  TRIDENT_CHECK(tensorboard_log_interval > 0, "--tensorboard-log-interval must be positive");
-  if (profile) {
-    TRIDENT_CHECK(profile_step_start >= 0 && profile_step_end > profile_step_start,
-                  "--profile-step-start ", profile_step_start, " and --profile-step-end ",
-                  profile_step_end, ": the window is empty; give 0 <= start < end");
-    TRIDENT_CHECK(train_iters == 0 || profile_step_start < train_iters, "--profile-step-start ",
-                  profile_step_start, " is not before --train-iters ", train_iters,
-                  ": nothing would be profiled; lower --profile-step-start (Megatron's default is "
-                  "10)");
-  }
-  require_utf8(to_json(), "");
 }
 
 nlohmann::json TrainConfig::to_json() const {

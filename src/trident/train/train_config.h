@@ -158,6 +158,13 @@ struct TrainConfig {
   // Megatron's start-up table: "------ arguments ------", one "  name ..... value" line per
   // setting, sorted.
   std::string arguments_table() const;
+
+ private:
+  // The parts of finalize, in order.
+  void finalize_model();
+  void finalize_parallel(int world_size);
+  void finalize_offload();
+  void finalize_schedule(int dp);
 };
 
 // Registers every flag on `app` (the `train` subcommand), writing into cfg, and --config FILE.
