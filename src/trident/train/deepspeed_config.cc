@@ -78,10 +78,11 @@ namespace {
 
 constexpr std::int64_t kMaxCount = std::int64_t{1} << 31;
 
-void apply_json(TrainConfig& c, const json& ds, int world_size, const char* source) {
-  Reader r{c, source};
+// Batch sizes (DeepSpeed derives the missing one of three) and gradient clipping.
+void apply_batch(Reader& r, const json& ds, int world_size) {
+  const char* source = r.src.c_str();
+  TrainConfig& c = r.c;
   const int dp = c.data_parallel_size(world_size);
-
   // Batch sizes: train_batch_size = micro x gradient_accumulation_steps x dp (DeepSpeed derives
   // the missing one).
   std::int64_t tbs = 0, mbs = 0, gas = 0;
@@ -123,7 +124,12 @@ void apply_json(TrainConfig& c, const json& ds, int world_size, const char* sour
                              "trident does the same (clipping off)"));
     c.adamw.clip_grad = 0;
   }
+}
 
+// fp16 / bf16 blocks and DeepSpeed's loss scaler.
+void apply_precision(Reader& r, const json& ds) {
+  const char* source = r.src.c_str();
+  TrainConfig& c = r.c;
   // Precision and DeepSpeed's loss scaler (deepspeed/runtime/fp16/loss_scaler.py defaults).
   const bool json_fp16 = r.enabled(ds, "fp16");
   const bool json_bf16 = r.enabled(ds, "bf16") || r.enabled(ds, "bfloat16");
@@ -178,7 +184,11 @@ void apply_json(TrainConfig& c, const json& ds, int world_size, const char* sour
     for (const auto& [k, v] : ds["bf16"].items())
       if (k != "enabled") r.ignored("bf16." + k, v, "not read by trident");
   }
+}
 
+// zero_optimization: the stage, buckets, offload.
+void apply_zero(Reader& r, const json& ds) {
+  TrainConfig& c = r.c;
   if (ds.contains("zero_optimization")) {
     const json& z = ds["zero_optimization"];
     TRIDENT_CHECK(z.is_object(), r.where("zero_optimization"), " must be an object");
@@ -243,7 +253,11 @@ void apply_json(TrainConfig& c, const json& ds, int world_size, const char* sour
       }
     }
   }
+}
 
+// The optimizer block: AdamW and its hyper-parameters.
+void apply_optimizer(Reader& r, const json& ds) {
+  TrainConfig& c = r.c;
   if (ds.contains("optimizer")) {
     const json& o = ds["optimizer"];
     TRIDENT_CHECK(o.is_object(), r.where("optimizer"),
@@ -277,6 +291,10 @@ void apply_json(TrainConfig& c, const json& ds, int world_size, const char* sour
       }
     }
   }
+}
+
+// The scheduler block (refused) and every key trident does not read (warned).
+void apply_scheduler_and_the_rest(Reader& r, const json& ds) {
   if (ds.contains("scheduler")) {
     throw core::InvalidArgument(str(r.where("scheduler"),
                                     ": DeepSpeed versions differ on whether this block or "
@@ -306,6 +324,15 @@ void apply_json(TrainConfig& c, const json& ds, int world_size, const char* sour
       r.ignored(k, v, "not read by trident");
     }
   }
+}
+
+void apply_json(TrainConfig& c, const json& ds, int world_size, const char* source) {
+  Reader r{c, source};
+  apply_batch(r, ds, world_size);
+  apply_precision(r, ds);
+  apply_zero(r, ds);
+  apply_optimizer(r, ds);
+  apply_scheduler_and_the_rest(r, ds);
 }
 
 }  // namespace
