@@ -3,6 +3,9 @@
 #include "trident/kernels/kv_cache_attention.h"
 
 #include "trident/kernels/backend.h"
+#ifdef TRIDENT_HAVE_CUDA
+#include "trident/kernels/cuda/cuda_ops.h"
+#endif
 
 namespace trident::kernels {
 
@@ -15,7 +18,11 @@ void kv_cache_attention(const core::ExecContext& ctx, const KvCacheAttentionArgs
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).kv_cache_attention(ctx, args);
     case core::DeviceKind::kCuda:
+#ifdef TRIDENT_HAVE_CUDA
+      return cuda::kv_cache_attention(ctx, args);
+#else
       no_cuda_backend("kv_cache_attention");
+#endif
   }
 }
 

@@ -3,6 +3,9 @@
 
 #include "trident/core/profile.h"
 #include "trident/kernels/backend.h"
+#ifdef TRIDENT_HAVE_CUDA
+#include "trident/kernels/cuda/cuda_ops.h"
+#endif
 
 namespace trident::kernels {
 
@@ -12,7 +15,11 @@ void rope_qkv_forward(const core::ExecContext& ctx, const RopeQkvForwardArgs& ar
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).rope_qkv_forward(ctx, args);
     case core::DeviceKind::kCuda:
+#ifdef TRIDENT_HAVE_CUDA
+      return cuda::rope_qkv_forward(ctx, args);
+#else
       no_cuda_backend("rope_qkv_forward");
+#endif
   }
 }
 
@@ -22,7 +29,11 @@ void rope_qkv_backward(const core::ExecContext& ctx, const RopeQkvBackwardArgs& 
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).rope_qkv_backward(ctx, args);
     case core::DeviceKind::kCuda:
+#ifdef TRIDENT_HAVE_CUDA
+      return cuda::rope_qkv_backward(ctx, args);
+#else
       no_cuda_backend("rope_qkv_backward");
+#endif
   }
 }
 

@@ -28,6 +28,7 @@
 #include "trident/kernels/fused_bias_gelu.h"
 #include "trident/kernels/fused_residual_layernorm.h"
 #include "trident/kernels/init_normal.h"
+#include "trident/kernels/kv_cache_attention.h"
 #include "trident/kernels/layernorm.h"
 #include "trident/kernels/matmul.h"
 #include "trident/kernels/matmul_bf16.h"
@@ -35,6 +36,7 @@
 #include "trident/kernels/ref/fused_ref.h"
 #include "trident/kernels/ref/ref.h"
 #include "trident/kernels/rmsnorm.h"
+#include "trident/kernels/rope.h"
 #include "trident/kernels/swiglu.h"
 #include "trident/kernels/vocab_parallel_cross_entropy.h"
 
@@ -448,6 +450,104 @@ TEST_F(Cuda, RmsNormMatchesReferenceAndCpu) {
   EXPECT_TRUE(all_close("rmsnorm d_weight vs ref", gdw.host(), rdw, {1e-4, 1e-4}));
   EXPECT_TRUE(all_close("rmsnorm d_in vs cpu", gdin.host(), cdin, kRow));
   EXPECT_TRUE(all_close("rmsnorm d_weight vs cpu", gdw.host(), cdw, {1e-4, 1e-4}));
+}
+
+// Rotary positions with grouped heads (2 groups of 3 query heads), per-row positions and the
+// plain expansion (no inv_freq); forward and the transpose.
+TEST_F(Cuda, RopeQkvMatchesReferenceAndCpu) {
+  const std::int64_t rows = 40, T = 20, G = 2, hpg = 3, HS = 16;
+  std::vector<float> inv_freq(HS / 2);
+  for (std::int64_t i = 0; i < HS / 2; ++i)
+    inv_freq[static_cast<std::size_t>(i)] =
+        static_cast<float>(std::pow(10000.0, -2.0 * static_cast<double>(i) / HS));
+  std::vector<std::int32_t> positions(rows);
+  for (std::int64_t r = 0; r < rows; ++r) positions[static_cast<std::size_t>(r)] = (r * 7) % 33;
+  auto ginv = dev(inv_freq);
+  auto gpos = dev(positions);
+  for (int variant = 0; variant < 3; ++variant) {
+    RopeQkvShape host{.rows = rows,
+                      .seq_len = T,
+                      .position = 5,
+                      .groups = G,
+                      .heads_per_group = hpg,
+                      .head_dim = HS,
+                      .inv_freq = variant == 2 ? nullptr : inv_freq.data(),
+                      .positions = variant == 1 ? positions.data() : nullptr};
+    RopeQkvShape device = host;
+    device.inv_freq = variant == 2 ? nullptr : ginv.p();
+    device.positions = variant == 1 ? gpos.p() : nullptr;
+    const auto in = randn(rows * host.in_cols(), 60 + variant);
+    const auto dy = randn(rows * host.out_cols(), 63 + variant);
+    std::vector<float> out(rows * host.out_cols()), cout_(out.size());
+    ref::rope_qkv_forward({out.data(), in.data(), host});
+    rope_qkv_forward(cpu_, {cout_.data(), in.data(), host});
+    auto gin = dev(in), gdy = dev(dy), gout = dev(std::vector<float>(out.size()));
+    rope_qkv_forward(gpu_, {gout.p(), gin.p(), device});
+    const std::string v = " (variant " + std::to_string(variant) + ")";
+    EXPECT_TRUE(all_close((std::string("rope out vs ref") + v).c_str(), gout.host(), out, kElem));
+    EXPECT_TRUE(all_close((std::string("rope out vs cpu") + v).c_str(), gout.host(), cout_, kElem));
+    std::vector<float> din(rows * host.in_cols()), cdin(din.size());
+    ref::rope_qkv_backward({din.data(), dy.data(), host});
+    rope_qkv_backward(cpu_, {cdin.data(), dy.data(), host});
+    auto gdin = dev(std::vector<float>(din.size()));
+    rope_qkv_backward(gpu_, {gdin.p(), gdy.p(), device});
+    EXPECT_TRUE(all_close((std::string("rope d_in vs ref") + v).c_str(), gdin.host(), din, kElem));
+    EXPECT_TRUE(all_close((std::string("rope d_in vs cpu") + v).c_str(), gdin.host(), cdin, kElem));
+  }
+}
+
+// A prompt of 5 tokens, then one more, against a cache of 12 positions, with and without ALiBi:
+// the outputs and the caches against the reference and the CPU.
+TEST_F(Cuda, KvCacheAttentionMatchesReferenceAndCpu) {
+  const std::int64_t NH = 3, HS = 16, C = NH * HS, P = 12;
+  std::vector<float> slopes(NH);
+  alibi_slopes(NH, slopes.data());
+  auto gslopes = dev(slopes);
+  for (bool alibi : {false, true}) {
+    std::vector<float> rk(P * C, 0.0f), rv(P * C, 0.0f), ck(P * C, 0.0f), cv(P * C, 0.0f);
+    auto gk = dev(std::vector<float>(P * C, 0.0f)), gv = dev(std::vector<float>(P * C, 0.0f));
+    std::vector<float> scratch(static_cast<std::size_t>(kv_cache_attention_scratch_floats(P, NH)));
+    auto gscratch = dev(scratch);
+    std::int64_t position = 0;
+    for (std::int64_t rows : {5, 1}) {
+      const auto qkv = randn(rows * NH * 3 * HS, 70 + rows);
+      std::vector<float> out(rows * C), cout_(rows * C);
+      KvCacheAttentionArgs a{.out = out.data(),
+                             .k_cache = rk.data(),
+                             .v_cache = rv.data(),
+                             .qkv = qkv.data(),
+                             .alibi = alibi ? slopes.data() : nullptr,
+                             .rows = rows,
+                             .position = position,
+                             .max_positions = P,
+                             .num_heads = NH,
+                             .head_dim = HS,
+                             .scratch = scratch};
+      ref::kv_cache_attention(a);
+      KvCacheAttentionArgs c = a;
+      c.out = cout_.data();
+      c.k_cache = ck.data();
+      c.v_cache = cv.data();
+      kv_cache_attention(cpu_, c);
+      auto gqkv = dev(qkv), gout = dev(std::vector<float>(rows * C));
+      KvCacheAttentionArgs g = a;
+      g.out = gout.p();
+      g.k_cache = gk.p();
+      g.v_cache = gv.p();
+      g.qkv = gqkv.p();
+      g.alibi = alibi ? gslopes.p() : nullptr;
+      g.scratch = std::span<float>(gscratch.p(), scratch.size());
+      kv_cache_attention(gpu_, g);
+      const std::string w = alibi ? " (ALiBi)" : "";
+      EXPECT_TRUE(
+          all_close((std::string("kv-cache out vs ref") + w).c_str(), gout.host(), out, kRow));
+      EXPECT_TRUE(
+          all_close((std::string("kv-cache out vs cpu") + w).c_str(), gout.host(), cout_, kRow));
+      EXPECT_TRUE(all_equal((std::string("k cache vs cpu") + w).c_str(), gk.host(), ck));
+      EXPECT_TRUE(all_equal((std::string("v cache vs cpu") + w).c_str(), gv.host(), cv));
+      position += rows;
+    }
+  }
 }
 
 TEST_F(Cuda, SwiGluMatchesReferenceAndCpu) {

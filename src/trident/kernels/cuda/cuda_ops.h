@@ -23,11 +23,13 @@
 #include "trident/kernels/fused_bias_gelu.h"
 #include "trident/kernels/fused_residual_layernorm.h"
 #include "trident/kernels/init_normal.h"
+#include "trident/kernels/kv_cache_attention.h"
 #include "trident/kernels/layernorm.h"
 #include "trident/kernels/matmul.h"
 #include "trident/kernels/matmul_bf16.h"
 #include "trident/kernels/overflow.h"
 #include "trident/kernels/rmsnorm.h"
+#include "trident/kernels/rope.h"
 #include "trident/kernels/swiglu.h"
 #include "trident/kernels/vocab_parallel_cross_entropy.h"
 
@@ -108,5 +110,11 @@ TokenLossSum sum_token_losses(const ExecContext& ctx, const float* losses,
                               const std::int32_t* targets, std::int64_t rows);
 void hidden_dropout(const ExecContext& ctx, const HiddenDropoutArgs& args);
 void init_normal(const ExecContext& ctx, const InitNormalArgs& args);
+
+// llama_ops.cu: rope.h (angles in double as the CPU) and kv_cache_attention.h (scratch: device
+// memory; one block per head, the new rows in order).
+void rope_qkv_forward(const ExecContext& ctx, const RopeQkvForwardArgs& args);
+void rope_qkv_backward(const ExecContext& ctx, const RopeQkvBackwardArgs& args);
+void kv_cache_attention(const ExecContext& ctx, const KvCacheAttentionArgs& args);
 
 }  // namespace trident::kernels::cuda
