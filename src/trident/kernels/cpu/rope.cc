@@ -1,8 +1,10 @@
 // CPU rotary embeddings on a fused QKV with grouped heads expanded: OpenMP over rows; each row's
 // cos/sin are computed once (head_dim / 2 of them) and applied to every head. See rope.h.
+#include <omp.h>
+
 #include <cmath>
 #include <cstring>
-#include <vector>
+#include <span>
 
 #include "trident/core/error.h"
 #include "trident/kernels/cpu/cpu_ops.h"
@@ -51,9 +53,17 @@ void rope_qkv_forward(const ExecContext& ctx, const RopeQkvForwardArgs& args) {
   check("rope_qkv_forward", s, args.out, args.in);
   const std::int64_t HS = s.head_dim, half = HS / 2, hpg = s.heads_per_group;
   const std::size_t bytes = static_cast<std::size_t>(HS) * sizeof(float);
-#pragma omp parallel num_threads(detail::num_threads(ctx))
+  // Per-thread cos/sin rows from the context's workspace: no allocation once warm.
+  const int threads = detail::num_threads(ctx);
+  core::Workspace& ws = ctx.scratch();
+  ws.prepare(threads, 2);
+#pragma omp parallel num_threads(threads)
   {
-    std::vector<float> cs(static_cast<std::size_t>(half)), sn(cs.size());
+    const int t = omp_get_thread_num();
+    const std::span<float> cs(ws.floats(t, 0, static_cast<std::size_t>(half)),
+                              static_cast<std::size_t>(half));
+    const std::span<float> sn(ws.floats(t, 1, static_cast<std::size_t>(half)),
+                              static_cast<std::size_t>(half));
 #pragma omp for schedule(static)
     for (std::int64_t r = 0; r < s.rows; ++r) {
       if (s.inv_freq) angles(s, r, cs.data(), sn.data());
@@ -83,10 +93,15 @@ void rope_qkv_backward(const ExecContext& ctx, const RopeQkvBackwardArgs& args) 
   const RopeQkvShape& s = args.shape;
   check("rope_qkv_backward", s, args.d_in, args.d_out);
   const std::int64_t HS = s.head_dim, half = HS / 2, hpg = s.heads_per_group;
-#pragma omp parallel num_threads(detail::num_threads(ctx))
+  const int threads = detail::num_threads(ctx);
+  core::Workspace& ws = ctx.scratch();
+  ws.prepare(threads, 3);
+#pragma omp parallel num_threads(threads)
   {
-    std::vector<float> cs(static_cast<std::size_t>(half)), sn(cs.size()),
-        dk(static_cast<std::size_t>(HS));
+    const int t = omp_get_thread_num();
+    const auto n_half = static_cast<std::size_t>(half), n_hs = static_cast<std::size_t>(HS);
+    const std::span<float> cs(ws.floats(t, 0, n_half), n_half), sn(ws.floats(t, 1, n_half), n_half),
+        dk(ws.floats(t, 2, n_hs), n_hs);
 #pragma omp for schedule(static)
     for (std::int64_t r = 0; r < s.rows; ++r) {
       if (s.inv_freq) angles(s, r, cs.data(), sn.data());
