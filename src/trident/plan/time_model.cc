@@ -283,41 +283,53 @@ KernelShapes kernel_shapes(const train::TrainConfig& cfg, const Cluster& cluster
 }
 
 namespace {
-TimeBreakdown predict(const train::TrainConfig& cfg, const Cluster& cluster, KernelShapes* rec) {
-  const Hardware& hw = cluster.hw;
-  const Costs k(cluster, rec);
+// What a layout's placement implies for the links (GPUs per node) and its sizes.
+struct Layout {
+  int world, tp, pp, dp, v;
+  bool tp_across, dp_across, pp_across;  // the group spans nodes
+  std::int64_t m;                        // micro-batches per iteration
+};
+
+Layout layout_of(const train::TrainConfig& cfg, const Cluster& cluster) {
+  Layout l;
+  l.world = cluster.num_gpus;
+  l.tp = cfg.tensor_model_parallel_size;
+  l.pp = cfg.pipeline_model_parallel_size;
+  l.dp = cfg.data_parallel_size(l.world);
+  l.v = cfg.virtual_pipeline_chunks();
+  const int g = cluster.hw.gpus_per_node;
+  l.tp_across = l.tp > g;
+  l.dp_across = static_cast<std::int64_t>(l.tp) * l.dp > g;
+  l.pp_across = static_cast<std::int64_t>(l.tp) * l.dp >= g;
+  l.m = cfg.num_micro_batches(l.world);
+  return l;
+}
+
+// One pipeline stage's work per micro-batch (all its chunks) and what it holds.
+struct Stage {
+  double fwd = 0, bwd = 0, rec = 0, gemm = 0, attn = 0, ew = 0, tp = 0, p2p = 0;
+  double per_micro() const { return fwd + bwd + rec + tp + p2p; }
+  std::int64_t numel = 0;
+  double embed_bytes = 0;
+};
+
+std::vector<Stage> stage_costs(const train::TrainConfig& cfg, const Layout& l, const Costs& k) {
   const model::ModelConfig& mc = cfg.model;
-  const int world = cluster.num_gpus;
-  const int tp = cfg.tensor_model_parallel_size, pp = cfg.pipeline_model_parallel_size;
-  const int dp = cfg.data_parallel_size(world);
-  const int v = cfg.virtual_pipeline_chunks();
-  const int g = hw.gpus_per_node;
-  const bool tp_across = tp > g;
-  const bool dp_across = static_cast<std::int64_t>(tp) * dp > g;
-  const bool pp_across = static_cast<std::int64_t>(tp) * dp >= g;
-  const std::int64_t m = cfg.num_micro_batches(world);
-  const train::PipelineSplit split{.pp_size = pp,
-                                   .num_chunks = v,
+  const train::PipelineSplit split{.pp_size = l.pp,
+                                   .num_chunks = l.v,
                                    .first_stage_layers = cfg.decoder_first_pipeline_num_layers,
                                    .last_stage_layers = cfg.decoder_last_pipeline_num_layers};
   const std::int64_t rows_local =
-      cfg.micro_batch_size * mc.seq_length / (cfg.sequence_parallel && tp > 1 ? tp : 1);
+      cfg.micro_batch_size * mc.seq_length / (cfg.sequence_parallel && l.tp > 1 ? l.tp : 1);
   const double p2p_bytes = static_cast<double>(rows_local * mc.hidden_size) * k.act_bytes();
-
-  struct Stage {
-    double fwd = 0, bwd = 0, rec = 0, gemm = 0, attn = 0, ew = 0, tp = 0, p2p = 0;
-    double per_micro() const { return fwd + bwd + rec + tp + p2p; }
-    std::int64_t numel = 0;
-    double embed_bytes = 0;
-  };
   std::vector<Stage> stages;
-  for (int s = 0; s < pp; ++s) {
-    const train::RankModel rm(mc, split, tp, 0, s, cfg.sequence_parallel);
+  for (int s = 0; s < l.pp; ++s) {
+    const train::RankModel rm(mc, split, l.tp, 0, s, cfg.sequence_parallel);
     Stage st;
     st.numel = rm.total_numel();
     for (std::size_t c = 0; c < rm.chunks().size(); ++c) {
       const model::ModelShard& sh = rm.chunks()[c].shard;
-      const ChunkCost cc = chunk_cost(cfg, sh, k, tp_across);
+      const ChunkCost cc = chunk_cost(cfg, sh, k, l.tp_across);
       st.fwd += cc.fwd.compute();
       st.bwd += cc.bwd.compute();
       st.rec += cc.recompute.compute();
@@ -325,25 +337,27 @@ TimeBreakdown predict(const train::TrainConfig& cfg, const Cluster& cluster, Ker
       st.attn += cc.fwd.attn + cc.bwd.attn + cc.recompute.attn;
       st.ew += cc.fwd.ew + cc.bwd.ew + cc.recompute.ew;
       st.tp += cc.fwd.tp + cc.bwd.tp + cc.recompute.tp;
-      const int u = static_cast<int>(c) * pp + s;
-      if (u > 0) st.p2p += k.p2p(p2p_bytes, pp_across);           // receive the input
-      if (u < pp * v - 1) st.p2p += k.p2p(p2p_bytes, pp_across);  // receive its gradient
-      if ((sh.has_embedding || sh.has_head) && pp > 1) {
-        st.embed_bytes = static_cast<double>(mc.padded_vocab_size(tp) / tp * mc.hidden_size) * 4;
+      const int u = static_cast<int>(c) * l.pp + s;
+      if (u > 0) st.p2p += k.p2p(p2p_bytes, l.pp_across);               // receive the input
+      if (u < l.pp * l.v - 1) st.p2p += k.p2p(p2p_bytes, l.pp_across);  // receive its gradient
+      if ((sh.has_embedding || sh.has_head) && l.pp > 1) {
+        st.embed_bytes =
+            static_cast<double>(mc.padded_vocab_size(l.tp) / l.tp * mc.hidden_size) * 4;
       }
     }
     stages.push_back(st);
   }
-  std::size_t worst = 0;
+  return stages;
+}
+
+// The pipeline: m micro-batches on the slowest stage plus the fill and drain.
+void add_pipeline(TimeBreakdown& t, const Layout& l, const std::vector<Stage>& stages,
+                  std::size_t worst) {
   double sum = 0;
-  for (std::size_t s = 0; s < stages.size(); ++s) {
-    sum += stages[s].per_micro();
-    if (stages[s].per_micro() > stages[worst].per_micro()) worst = s;
-  }
+  for (const Stage& s : stages) sum += s.per_micro();
   const Stage& w = stages[worst];
-  TimeBreakdown t;
-  t.micro_batches = m;
-  const double md = static_cast<double>(m);
+  const double md = static_cast<double>(l.m);
+  t.micro_batches = l.m;
   t.forward = md * w.fwd;
   t.backward = md * w.bwd;
   t.recompute = md * w.rec;
@@ -353,26 +367,31 @@ TimeBreakdown predict(const train::TrainConfig& cfg, const Cluster& cluster, Ker
   t.tp_comm = md * w.tp;
   t.pp_comm = md * w.p2p;
   // Fill and drain: every other stage's share of one micro-batch, spread over v chunks.
-  t.bubble = (sum - w.per_micro()) / v;
-  const double pipe = md * w.per_micro() + t.bubble;
+  t.bubble = (sum - w.per_micro()) / l.v;
+}
 
-  // Data-parallel / ZeRO traffic of the largest stage's buffer (FP32 gradients and weights).
+// Data-parallel / ZeRO traffic of the largest stage's buffer (FP32 gradients and weights), the
+// part the backward does not hide, and the tied embedding's sum over first and last stage.
+void add_data_parallel(TimeBreakdown& t, const train::TrainConfig& cfg, const Cluster& cluster,
+                       const Layout& l, const Costs& k, const std::vector<Stage>& stages,
+                       const Stage& w) {
+  const int dp = l.dp;
+  const double md = static_cast<double>(l.m);
   double max_numel = 0, embed_bytes = 0;
   for (const Stage& s : stages) {
     max_numel = std::max(max_numel, static_cast<double>(s.numel));
     embed_bytes = std::max(embed_bytes, s.embed_bytes);
   }
   const double bytes = 4.0 * max_numel;
-  const double rs = k.all_gather(bytes, dp, dp_across);  // reduce-scatter costs the same
-  const int stage_z = cfg.zero_stage;
+  const double rs = k.all_gather(bytes, dp, l.dp_across);  // reduce-scatter costs the same
   double window = 0;  // backward compute the reduction can run under
   const double one_bwd = w.bwd + w.rec;
   const std::int64_t buckets =
       std::max<std::int64_t>(1, static_cast<std::int64_t>(max_numel) / cfg.ddp_bucket_size);
-  switch (stage_z) {
+  switch (cfg.zero_stage) {
     case 0:
-      t.dp_comm = k.all_reduce(bytes, dp, dp_across) +
-                  (buckets - 1) * 2.0 * (dp - 1) * k.latency(dp_across);
+      t.dp_comm = k.all_reduce(bytes, dp, l.dp_across) +
+                  (buckets - 1) * 2.0 * (dp - 1) * k.latency(l.dp_across);
       window = one_bwd;
       break;
     case 1:
@@ -389,53 +408,88 @@ TimeBreakdown predict(const train::TrainConfig& cfg, const Cluster& cluster, Ker
   }
   if (dp <= 1) t.dp_comm = 0;
   // On the CPU the MPI library moves data only inside its calls: nothing overlaps.
-  if (hw.is_cpu) window = 0;
+  if (cluster.hw.is_cpu) window = 0;
   const double tail = t.dp_comm / static_cast<double>(buckets + 1);  // the last piece is exposed
   t.dp_exposed = std::max(tail, t.dp_comm - window);
-  // The tied embedding's gradient is summed over the first and last stage.
-  if (pp > 1) t.dp_exposed += k.all_reduce(embed_bytes, 2, pp_across || dp_across);
+  if (l.pp > 1) t.dp_exposed += k.all_reduce(embed_bytes, 2, l.pp_across || l.dp_across);
+}
+
+// AdamW over the rank's range, the gradient norm and zeroing, the BF16 refresh; the offloaded
+// state's transfers and the parameter reads of --offload-params nvme.
+void add_optimizer_and_offload(TimeBreakdown& t, const train::TrainConfig& cfg,
+                               const Cluster& cluster, const Layout& l, const Costs& k,
+                               const std::vector<Stage>& stages, const Stage& w) {
+  double max_numel = 0;
+  for (const Stage& s : stages) max_numel = std::max(max_numel, static_cast<double>(s.numel));
+  const int stage_z = cfg.zero_stage, dp = l.dp;
+  const double md = static_cast<double>(l.m);
   const double n_opt = stage_z == 0 ? max_numel : max_numel / dp;
   t.optimizer = k.optimizer(n_opt, stage_z >= 2 ? max_numel / dp : max_numel, cfg.bf16);
   const bool params_nvme = cfg.offload_params == "nvme" && stage_z == 3;
+  const double disk_bw = cluster.hw.offload_disk_bw;
   if (cfg.offload.device == optim::OffloadDevice::kNvme || params_nvme) {
     // Both moments (16 bytes) and/or the FP32 master shard (8) read and written back per
     // step; the streamed update overlaps the transfers with AdamW, so the slower of the two sets
     // the pace.
     const double per_elem =
         (cfg.offload.device == optim::OffloadDevice::kNvme ? 16.0 : 0.0) + (params_nvme ? 8 : 0);
-    t.offload_io = per_elem * n_opt / hw.offload_disk_bw;
+    t.offload_io = per_elem * n_opt / disk_bw;
     t.optimizer = std::max(t.optimizer, t.offload_io);
   }
   if (params_nvme) {
     // Every gather (forward and backward of each micro-batch) reads the rank's piece of the layer
     // first; read ahead of the layer, the reads overlap the passes' compute.
-    t.offload_param_io = 2.0 * md * 4.0 * n_opt / hw.offload_disk_bw;
-    t.offload_param_exposed = std::max(0.0, t.offload_param_io - md * (w.fwd + one_bwd));
+    t.offload_param_io = 2.0 * md * 4.0 * n_opt / disk_bw;
+    t.offload_param_exposed = std::max(0.0, t.offload_param_io - md * (w.fwd + w.bwd + w.rec));
   }
-  t.iteration = pipe + t.dp_exposed + t.optimizer + t.offload_param_exposed;
+}
 
-  if (hw.is_cpu && cluster.calibration) {
-    // Ranks share the cores: the total work over all ranks bounds the iteration from below.
-    const double cores = cluster.calibration->cores;
-    const double threads = static_cast<double>(world) * cluster.threads_per_rank;
-    if (threads > cores) {
-      double work = 0;
-      for (const Stage& s : stages) work += md * (s.fwd + s.bwd + s.rec) + t.optimizer;
-      work *= static_cast<double>(tp) * dp * cluster.threads_per_rank / cores;
-      const double shared = work + t.tp_comm + t.pp_comm + t.dp_exposed;
-      if (shared > t.iteration) {
-        t.oversubscription = shared - t.iteration;
-        t.iteration = shared;
-      }
-    }
+// CPU ranks sharing the cores: the total work over all ranks bounds the iteration from below.
+void add_oversubscription(TimeBreakdown& t, const Cluster& cluster, const Layout& l,
+                          const std::vector<Stage>& stages) {
+  if (!cluster.hw.is_cpu || !cluster.calibration) return;
+  const double cores = cluster.calibration->cores;
+  const double threads = static_cast<double>(l.world) * cluster.threads_per_rank;
+  if (threads <= cores) return;
+  const double md = static_cast<double>(l.m);
+  double work = 0;
+  for (const Stage& s : stages) work += md * (s.fwd + s.bwd + s.rec) + t.optimizer;
+  work *= static_cast<double>(l.tp) * l.dp * cluster.threads_per_rank / cores;
+  const double shared = work + t.tp_comm + t.pp_comm + t.dp_exposed;
+  if (shared > t.iteration) {
+    t.oversubscription = shared - t.iteration;
+    t.iteration = shared;
   }
-  const std::int64_t tokens = cfg.global_batch_size * mc.seq_length;
-  t.model_flops = mc.flops_per_iteration(tokens);
-  t.tflops_per_gpu = t.model_flops / t.iteration / world / 1e12;
-  const double peak =
-      hw.is_cpu && cluster.calibration ? cluster.calibration->peak_tflops : hw.peak_tflops;
+}
+
+// Megatron's model FLOPs per iteration, TFLOP/s per GPU, MFU and tokens/s.
+void add_throughput(TimeBreakdown& t, const train::TrainConfig& cfg, const Cluster& cluster) {
+  const std::int64_t tokens = cfg.global_batch_size * cfg.model.seq_length;
+  t.model_flops = cfg.model.flops_per_iteration(tokens);
+  t.tflops_per_gpu = t.model_flops / t.iteration / cluster.num_gpus / 1e12;
+  const double peak = cluster.hw.is_cpu && cluster.calibration ? cluster.calibration->peak_tflops
+                                                               : cluster.hw.peak_tflops;
   t.mfu = t.tflops_per_gpu / peak;
   t.tokens_per_s = static_cast<double>(tokens) / t.iteration;
+}
+
+TimeBreakdown predict(const train::TrainConfig& cfg, const Cluster& cluster, KernelShapes* rec) {
+  const Costs k(cluster, rec);
+  const Layout l = layout_of(cfg, cluster);
+  const std::vector<Stage> stages = stage_costs(cfg, l, k);
+  std::size_t worst = 0;
+  for (std::size_t s = 0; s < stages.size(); ++s) {
+    if (stages[s].per_micro() > stages[worst].per_micro()) worst = s;
+  }
+  const Stage& w = stages[worst];
+  TimeBreakdown t;
+  add_pipeline(t, l, stages, worst);
+  add_data_parallel(t, cfg, cluster, l, k, stages, w);
+  add_optimizer_and_offload(t, cfg, cluster, l, k, stages, w);
+  t.iteration = static_cast<double>(l.m) * w.per_micro() + t.bubble + t.dp_exposed + t.optimizer +
+                t.offload_param_exposed;
+  add_oversubscription(t, cluster, l, stages);
+  add_throughput(t, cfg, cluster);
   return t;
 }
 
