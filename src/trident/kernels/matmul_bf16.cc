@@ -4,6 +4,7 @@
 #include "trident/kernels/matmul_bf16.h"
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -90,11 +91,13 @@ class PrimitiveCache {
       if (it != entries_.end()) return it->second;
     }
     GemmPrimitive created = create(key);  // outside the lock: creation takes milliseconds
+    created_.fetch_add(1, std::memory_order_relaxed);
     const std::lock_guard<std::mutex> lock(mutex_);
     if (entries_.size() >= kCapacity) entries_.clear();
     entries_.emplace(key, created);
     return created;
   }
+  std::int64_t created() const { return created_.load(std::memory_order_relaxed); }
 
  private:
   static constexpr std::size_t kCapacity = 256;
@@ -113,6 +116,7 @@ class PrimitiveCache {
   dnnl::engine engine_;
   std::mutex mutex_;
   std::unordered_map<GemmKey, GemmPrimitive, GemmKeyHash> entries_;
+  std::atomic<std::int64_t> created_{0};
 };
 
 // op(A) is (m,k): stored (m,k) with row stride lda, or stored (k,m) and read transposed; likewise
@@ -399,6 +403,8 @@ std::int64_t gemm_bf16_scratch_bytes(const core::ExecContext& ctx, const GemmBf1
   detail::OmpThreadsScope threads(ctx.num_threads);
   return PrimitiveCache::instance().get(make_key(ctx, args)).scratch_bytes;
 }
+
+std::int64_t gemm_bf16_primitives_created() { return PrimitiveCache::instance().created(); }
 
 std::string gemm_bf16_implementation(const core::ExecContext& ctx, const GemmBf16Args& args) {
   if (ctx.device.kind == core::DeviceKind::kCuda) {
