@@ -90,7 +90,8 @@ Outputs run(bool flash, bool alibi, std::int64_t B, std::int64_t T, std::int64_t
                             .lse = core::view(lse.data(), {B, NH, T}),
                             .qkv = core::view(qkv.data(), qkv_shape),
                             .alibi = alibi_view,
-                            .doc = doc_view});
+                            .doc = doc_view,
+                            .dropout = {}});
     }
     FlashAttentionBackwardArgs b{.d_qkv = o.d_qkv.data(),
                                  .d_out = d_out.data(),
@@ -113,7 +114,8 @@ Outputs run(bool flash, bool alibi, std::int64_t B, std::int64_t T, std::int64_t
                                      .out = core::view(o.out.data(), out_shape),
                                      .lse = core::view(lse.data(), {B, NH, T}),
                                      .alibi = alibi_view,
-                                     .doc = doc_view});
+                                     .doc = doc_view,
+                                     .dropout = {}});
     }
     return o;
   }

@@ -75,9 +75,9 @@ TEST(VocabParallelCeKernels, ShardsWithReductionsMatchTheUnsplitReference) {
       };
       const core::ExecContext ctx = testing::backend_ctx();
       std::vector<float> max(rows, -INFINITY);
-      const core::Shape r{rows}, rv{rows, Vl};
+      const core::Shape rs{rows}, rv{rows, Vl};
       for (int s = 0; s < n; ++s) {
-        vocab_parallel_ce_max(ctx, {.row_max = core::view(stats[s].data(), r),
+        vocab_parallel_ce_max(ctx, {.row_max = core::view(stats[s].data(), rs),
                                     .logits = testing::view_of(logits[s], rv),
                                     .vocab = p.V,
                                     .vocab_start = s * Vl});
@@ -99,11 +99,11 @@ TEST(VocabParallelCeKernels, ShardsWithReductionsMatchTheUnsplitReference) {
                                        .targets = p.targets.data(),
                                        .rows = rows,
                                        .shard = shard(s)};
-        vocab_parallel_ce_sum_target(ctx, {.sum_exp = core::view(st + rows, r),
-                                           .target_logit = core::view(st + 2 * rows, r),
+        vocab_parallel_ce_sum_target(ctx, {.sum_exp = core::view(st + rows, rs),
+                                           .target_logit = core::view(st + 2 * rows, rs),
                                            .logits = testing::view_of(logits[s], rv),
-                                           .row_max = testing::view_of(max, r),
-                                           .targets = testing::view_of(p.targets, r),
+                                           .row_max = testing::view_of(max, rs),
+                                           .targets = testing::view_of(p.targets, rs),
                                            .vocab = p.V,
                                            .vocab_start = s * Vl});
         std::vector<float> want(2 * rows);
@@ -126,13 +126,13 @@ TEST(VocabParallelCeKernels, ShardsWithReductionsMatchTheUnsplitReference) {
                                   .d_scale = 0.25f,
                                   .rows = rows,
                                   .shard = shard(s)};
-        const VocabParallelCeLossViews v{.losses = testing::view_of(losses, r),
+        const VocabParallelCeLossViews v{.losses = testing::view_of(losses, rs),
                                          .d_logits = testing::view_of(d, rv),
                                          .logits = testing::view_of(logits[s], rv),
-                                         .row_max = testing::view_of(max, r),
-                                         .sum_exp = core::view(sums.data(), r),
-                                         .target_logit = core::view(sums.data() + rows, r),
-                                         .targets = testing::view_of(p.targets, r),
+                                         .row_max = testing::view_of(max, rs),
+                                         .sum_exp = core::view(sums.data(), rs),
+                                         .target_logit = core::view(sums.data() + rows, rs),
+                                         .targets = testing::view_of(p.targets, rs),
                                          .d_scale = 0.25f,
                                          .vocab = p.V,
                                          .vocab_start = s * Vl};
@@ -152,7 +152,7 @@ TEST(VocabParallelCeKernels, ShardsWithReductionsMatchTheUnsplitReference) {
         // In place and loss-only give the same losses.
         std::vector<float> inplace = logits[s], l2(rows);
         VocabParallelCeLossViews w = v;
-        w.losses = testing::view_of(l2, r);
+        w.losses = testing::view_of(l2, rs);
         w.d_logits = w.logits = testing::view_of(inplace, rv);
         vocab_parallel_ce_loss(ctx, w);
         EXPECT_TRUE(testing::all_equal("in place", inplace, d));
