@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "../kernels/bench_util.h"
+#include "trident/core/view.h"
 #include "trident/kernels/adamw.h"
 #include "trident/kernels/bf16.h"
 #include "trident/kernels/elementwise.h"
@@ -260,75 +261,64 @@ int run(int reps, const std::vector<int>& thread_counts) {
   std::vector<std::byte> l_scratch(
       static_cast<std::size_t>(kernels::residual_layernorm_backward_scratch_bytes(l_rows, l_cols)));
   auto gelu_fwd_fused = [&](const core::ExecContext& ctx, float* out, core::bf16* out16) {
-    kernels::bias_gelu_forward(ctx, {.out = out,
-                                     .out_bf16 = out16,
-                                     .in = g_in.data(),
-                                     .bias = g_bias.data(),
-                                     .rows = g_rows,
-                                     .cols = g_cols});
+    // A null out or out16 is an empty view: the op does not write that copy.
+    kernels::bias_gelu(ctx, {.out = core::view(out, {g_rows, g_cols}),
+                             .out_bf16 = core::view(out16, {g_rows, g_cols}),
+                             .in = core::view(g_in.data(), {g_rows, g_cols}),
+                             .bias = core::view(g_bias.data(), {g_cols})});
   };
   auto gelu_bwd_fused = [&](const core::ExecContext& ctx, float* d_in, core::bf16* d_in16,
                             float* d_bias) {
-    kernels::bias_gelu_backward(ctx, {.d_in = d_in,
-                                      .d_in_bf16 = d_in16,
-                                      .d_bias = d_bias,
-                                      .d_out = g_dout.data(),
-                                      .in = g_in.data(),
-                                      .bias = g_bias.data(),
-                                      .rows = g_rows,
-                                      .cols = g_cols,
+    kernels::bias_gelu_backward(ctx, {.d_in = core::view(d_in, {g_rows, g_cols}),
+                                      .d_in_bf16 = core::view(d_in16, {g_rows, g_cols}),
+                                      .d_bias = core::view(d_bias, {g_cols}),
+                                      .d_out = core::view(g_dout.data(), {g_rows, g_cols}),
+                                      .in = core::view(g_in.data(), {g_rows, g_cols}),
+                                      .bias = core::view(g_bias.data(), {g_cols}),
                                       .scratch = g_scratch});
   };
   auto ln_fwd_fused = [&](const core::ExecContext& ctx, float* s, float* y, core::bf16* y16) {
-    kernels::residual_layernorm_forward(ctx, {.resid_out = s,
-                                              .out = y,
-                                              .out_bf16 = y16,
-                                              .mean = l_mean.data(),
-                                              .rstd = l_rstd.data(),
-                                              .a = l_a.data(),
-                                              .b = l_b.data(),
-                                              .weight = l_w.data(),
-                                              .bias = l_bias.data(),
-                                              .rows = l_rows,
-                                              .cols = l_cols});
+    kernels::residual_layernorm(ctx, {.resid_out = core::view(s, {l_rows, l_cols}),
+                                      .out = core::view(y, {l_rows, l_cols}),
+                                      .out_bf16 = core::view(y16, {l_rows, l_cols}),
+                                      .mean = core::view(l_mean.data(), {l_rows}),
+                                      .rstd = core::view(l_rstd.data(), {l_rows}),
+                                      .a = core::view(l_a.data(), {l_rows, l_cols}),
+                                      .b = core::view(l_b.data(), {l_rows, l_cols}),
+                                      .weight = core::view(l_w.data(), {l_cols}),
+                                      .bias = core::view(l_bias.data(), {l_cols})});
   };
   auto ln_fwd_unfused = [&](const core::ExecContext& ctx, float* s, float* y) {
     kernels::add_forward(ctx, s, l_a.data(), l_b.data(), ln);
-    kernels::layernorm_forward(ctx, {.out = y,
-                                     .mean = l_mean.data(),
-                                     .rstd = l_rstd.data(),
-                                     .in = s,
-                                     .weight = l_w.data(),
-                                     .bias = l_bias.data(),
-                                     .rows = l_rows,
-                                     .cols = l_cols});
+    kernels::layernorm(ctx, {.out = core::view(y, {l_rows, l_cols}),
+                             .mean = core::view(l_mean.data(), {l_rows}),
+                             .rstd = core::view(l_rstd.data(), {l_rows}),
+                             .in = core::view(s, {l_rows, l_cols}),
+                             .weight = core::view(l_w.data(), {l_cols}),
+                             .bias = core::view(l_bias.data(), {l_cols})});
   };
   // Backward calls accumulate into d_resid; repeated calls only grow it (no refill in the timing).
   auto ln_bwd_fused = [&](const core::ExecContext& ctx, float* d_resid, core::bf16* d16) {
-    kernels::residual_layernorm_backward(ctx, {.d_resid = d_resid,
-                                               .d_resid_bf16 = d16,
-                                               .d_weight = l_dw.data(),
-                                               .d_bias = l_dbias.data(),
-                                               .d_out = l_dout.data(),
-                                               .resid = l_s.data(),
-                                               .weight = l_w.data(),
-                                               .mean = l_mean.data(),
-                                               .rstd = l_rstd.data(),
-                                               .rows = l_rows,
-                                               .cols = l_cols,
+    kernels::residual_layernorm_backward(ctx, {.d_resid = core::view(d_resid, {l_rows, l_cols}),
+                                               .d_resid_bf16 = core::view(d16, {l_rows, l_cols}),
+                                               .d_weight = core::view(l_dw.data(), {l_cols}),
+                                               .d_bias = core::view(l_dbias.data(), {l_cols}),
+                                               .d_out = core::view(l_dout.data(), {l_rows, l_cols}),
+                                               .resid = core::view(l_s.data(), {l_rows, l_cols}),
+                                               .weight = core::view(l_w.data(), {l_cols}),
+                                               .mean = core::view(l_mean.data(), {l_rows}),
+                                               .rstd = core::view(l_rstd.data(), {l_rows}),
                                                .scratch = l_scratch});
   };
   auto ln_bwd_unfused = [&](const core::ExecContext& ctx, float* d_resid) {
-    kernels::layernorm_backward(ctx, {.d_in = d_resid,
-                                      .d_weight = l_dw.data(),
-                                      .d_bias = l_dbias.data(),
-                                      .d_out = l_dout.data(),
-                                      .in = l_s.data(),
-                                      .weight = l_w.data(),
-                                      .mean = l_mean.data(),
-                                      .rstd = l_rstd.data(),
-                                      .rows = l_rows,
-                                      .cols = l_cols});
+    kernels::layernorm_backward(ctx, {.d_in = core::view(d_resid, {l_rows, l_cols}),
+                                      .d_weight = core::view(l_dw.data(), {l_cols}),
+                                      .d_bias = core::view(l_dbias.data(), {l_cols}),
+                                      .d_out = core::view(l_dout.data(), {l_rows, l_cols}),
+                                      .in = core::view(l_s.data(), {l_rows, l_cols}),
+                                      .weight = core::view(l_w.data(), {l_cols}),
+                                      .mean = core::view(l_mean.data(), {l_rows}),
+                                      .rstd = core::view(l_rstd.data(), {l_rows})});
   };
 
   // AdamW check on a slice: the 5-pass version against the fused kernel from the same state.

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "trident/core/view.h"
 #include "trident/kernels/adamw.h"
 #include "trident/kernels/cross_entropy.h"
 #include "trident/kernels/elementwise.h"
@@ -80,29 +81,25 @@ int run(int reps, const std::vector<int>& thread_counts) {
        }},
       {"layernorm_forward 16384x768", 2 * f * ln_n,
        [&](const core::ExecContext& ctx) {
-         kernels::layernorm_forward(ctx, {.out = ln_out.data(),
-                                          .mean = mean.data(),
-                                          .rstd = rstd.data(),
-                                          .in = ln_in.data(),
-                                          .weight = w.data(),
-                                          .bias = b.data(),
-                                          .rows = rows,
-                                          .cols = cols});
+         kernels::layernorm(ctx, {.out = core::view(ln_out.data(), {rows, cols}),
+                                  .mean = core::view(mean.data(), {rows}),
+                                  .rstd = core::view(rstd.data(), {rows}),
+                                  .in = core::view(ln_in.data(), {rows, cols}),
+                                  .weight = core::view(w.data(), {cols}),
+                                  .bias = core::view(b.data(), {cols})});
        }},
       // d_out, in read; d_in read and written (+=). The weight-gradient pass re-reads d_out and
       // in; that traffic is not counted.
       {"layernorm_backward 16384x768", 4 * f * ln_n,
        [&](const core::ExecContext& ctx) {
-         kernels::layernorm_backward(ctx, {.d_in = ln_din.data(),
-                                           .d_weight = dw.data(),
-                                           .d_bias = db.data(),
-                                           .d_out = ln_dout.data(),
-                                           .in = ln_in.data(),
-                                           .weight = w.data(),
-                                           .mean = mean.data(),
-                                           .rstd = rstd.data(),
-                                           .rows = rows,
-                                           .cols = cols});
+         kernels::layernorm_backward(ctx, {.d_in = core::view(ln_din.data(), {rows, cols}),
+                                           .d_weight = core::view(dw.data(), {cols}),
+                                           .d_bias = core::view(db.data(), {cols}),
+                                           .d_out = core::view(ln_dout.data(), {rows, cols}),
+                                           .in = core::view(ln_in.data(), {rows, cols}),
+                                           .weight = core::view(w.data(), {cols}),
+                                           .mean = core::view(mean.data(), {rows}),
+                                           .rstd = core::view(rstd.data(), {rows})});
        }},
       {"gelu_forward 8192x3072", 2 * f * gelu_n,
        [&](const core::ExecContext& ctx) {

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "kernel_test_util.h"
+#include "trident/core/bf16.h"
 #include "trident/kernels/ref/ref.h"
 
 namespace trident::kernels {
@@ -40,6 +41,13 @@ struct State {
             .v = v.data(),
             .grad = grad.data(),
             .n = static_cast<std::int64_t>(p.size())};
+  }
+  AdamWViews views(const std::vector<float>& grad) {
+    const core::Shape n{static_cast<std::int64_t>(p.size())};
+    return {.param = testing::view_of(p, n),
+            .m = testing::view_of(m, n),
+            .v = testing::view_of(v, n),
+            .grad = testing::view_of(grad, n)};
   }
 };
 
@@ -76,7 +84,7 @@ TEST(AdamW, MatchesReferenceOverSeveralSteps) {
         AdamWHyper hp = hp0;
         hp.step = hp0.step + k;
         const auto grad = randn(n, seed++, 0.1);
-        adamw_update(cpu_ctx(), hp, fast.args(grad));
+        adamw_update(cpu_ctx(), hp, fast.views(grad));
         ref::adamw_update(hp, slow.args(grad));
         const std::string tag = " n=" + std::to_string(n) + " step=" + std::to_string(hp.step) +
                                 " lr=" + std::to_string(hp.lr);
@@ -111,6 +119,21 @@ TEST(AdamW, ZeroGradientOnlyDecays) {
   const std::vector<float> grad(n, 0.0f);
   adamw_update(cpu_ctx(), {.lr = 0.1f, .weight_decay = 0.5f, .step = 3}, s.args(grad));
   for (std::int64_t i = 0; i < n; ++i) EXPECT_FLOAT_EQ(s.p[i], p0[i] * 0.95f) << "i=" << i;
+}
+
+TEST(AdamW, ViewsOfTheWrongDtypeOrShapeAreClearErrors) {
+  State s{std::vector<float>(4), std::vector<float>(4), std::vector<float>(4)};
+  const std::vector<float> grad(5);
+  const std::vector<core::bf16> m16(4);
+  AdamWViews v = s.views(s.p);
+  v.grad = testing::view_of(grad, {5});
+  std::string e = testing::invalid_argument_of([&] { adamw_update(cpu_ctx(), {}, v); });
+  EXPECT_NE(e.find("adamw_update: view `grad` has shape (5), the op needs (4)"), std::string::npos)
+      << e;
+  v = s.views(s.p);
+  v.m = testing::view_of(m16, {4});
+  e = testing::invalid_argument_of([&] { adamw_update(cpu_ctx(), {}, v); });
+  EXPECT_NE(e.find("view `m` holds bf16, the op needs f32"), std::string::npos) << e;
 }
 
 TEST(AdamW, RejectsBadHyperParameters) {

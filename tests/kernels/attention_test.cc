@@ -22,6 +22,7 @@ namespace {
 using testing::all_close;
 using testing::randn;
 using testing::Tol;
+using testing::view_of;
 
 constexpr Tol kTol{1e-5, 1e-5};
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
@@ -37,6 +38,10 @@ struct Case {
   std::int64_t qkv_numel() const { return B * T * NH * 3 * HS; }
   std::int64_t out_numel() const { return B * T * NH * HS; }
   std::int64_t probs_numel() const { return B * NH * T * T; }
+  // The typed views' shapes (attention.h).
+  core::Shape qkv() const { return {B, T, NH, 3 * HS}; }
+  core::Shape out() const { return {B, T, NH * HS}; }
+  core::Shape probs() const { return {B, NH, T, T}; }
   std::string name(const char* tensor) const {
     return std::string(tensor) + " B=" + std::to_string(B) + " T=" + std::to_string(T) +
            " NH=" + std::to_string(NH) + " HS=" + std::to_string(HS);
@@ -51,13 +56,9 @@ struct Forward {
 };
 Forward run_forward(const core::ExecContext& ctx, const Case& c, const std::vector<float>& qkv) {
   Forward f{std::vector<float>(c.out_numel(), kNaN), std::vector<float>(c.probs_numel(), kNaN)};
-  attention_forward(ctx, {.out = f.out.data(),
-                          .probs = f.probs.data(),
-                          .qkv = qkv.data(),
-                          .batch = c.B,
-                          .seq_len = c.T,
-                          .num_heads = c.NH,
-                          .head_dim = c.HS});
+  attention(ctx, {.out = view_of(f.out, c.out()),
+                  .probs = view_of(f.probs, c.probs()),
+                  .qkv = view_of(qkv, c.qkv())});
   return f;
 }
 
@@ -102,19 +103,20 @@ TEST(Attention, BackwardMatchesReference) {
     // d_qkv is overwritten and d_probs is scratch: NaN garbage must not leak into the result.
     std::vector<float> d_qkv(c.qkv_numel(), kNaN), d_probs(c.probs_numel(), kNaN);
     auto d_qkv_ref = d_qkv, d_probs_ref = d_probs;
-    AttentionBackwardArgs args{.d_qkv = d_qkv.data(),
-                               .d_probs = d_probs.data(),
-                               .d_out = d_out.data(),
-                               .qkv = qkv.data(),
-                               .probs = probs.data(),
-                               .batch = c.B,
-                               .seq_len = c.T,
-                               .num_heads = c.NH,
-                               .head_dim = c.HS};
-    attention_backward(cpu_ctx(), args);
-    args.d_qkv = d_qkv_ref.data();
-    args.d_probs = d_probs_ref.data();
-    ref::attention_backward(args);
+    attention_backward(cpu_ctx(), {.d_qkv = view_of(d_qkv, c.qkv()),
+                                   .d_probs = view_of(d_probs, c.probs()),
+                                   .d_out = view_of(d_out, c.out()),
+                                   .qkv = view_of(qkv, c.qkv()),
+                                   .probs = view_of(probs, c.probs())});
+    ref::attention_backward({.d_qkv = d_qkv_ref.data(),
+                             .d_probs = d_probs_ref.data(),
+                             .d_out = d_out.data(),
+                             .qkv = qkv.data(),
+                             .probs = probs.data(),
+                             .batch = c.B,
+                             .seq_len = c.T,
+                             .num_heads = c.NH,
+                             .head_dim = c.HS});
     EXPECT_TRUE(all_close(c.name("attention d_qkv").c_str(), d_qkv, d_qkv_ref, kTol));
   }
 }
@@ -197,6 +199,40 @@ TEST(Attention, RejectsBadArguments) {
 
 // The reference backward in double against central differences of the reference forward, with
 // loss = sum(w_up * out): d_out = w_up. probs is recomputed by every forward.
+// The views give the sizes (B, T, NH and HS from qkv) and are checked against each other: the
+// error names the op and the view.
+TEST(Attention, ViewsOfTheWrongDtypeOrShapeAreClearErrors) {
+  const Case c{2, 3, 2, 4};
+  std::vector<float> qkv(c.qkv_numel()), out(c.out_numel()), probs(c.probs_numel());
+  const std::vector<std::int32_t> docs(c.B * c.T);
+  const AttentionViews ok{.out = view_of(out, c.out()),
+                          .probs = view_of(probs, c.probs()),
+                          .qkv = view_of(qkv, c.qkv()),
+                          .doc = view_of(docs, {c.B, c.T})};
+  auto error = [](const AttentionViews& v) {
+    return testing::invalid_argument_of([&] { attention(cpu_ctx(), v); });
+  };
+  EXPECT_EQ(error(ok), "no error");
+  AttentionViews v = ok;
+  v.qkv = core::view(qkv.data(), {c.B * c.T, 3 * c.NH * c.HS});
+  EXPECT_NE(error(v).find("attention: view `qkv` must be 4-D"), std::string::npos) << error(v);
+  v = ok;
+  v.qkv = core::view(qkv.data(), {c.B, c.T, c.NH, 3 * 2 * c.HS});  // claims twice the head size
+  EXPECT_NE(error(v).find("view `out` has shape (2, 3, 8), the op needs (2, 3, 16)"),
+            std::string::npos)
+      << error(v);
+  v = ok;
+  v.doc = view_of(out, {c.B, c.T, c.NH * c.HS});
+  EXPECT_NE(error(v).find("view `doc` holds f32, the op needs i32"), std::string::npos) << error(v);
+  const std::string bwd = testing::invalid_argument_of([&] {
+    attention_backward(cpu_ctx(), {.d_qkv = view_of(qkv, c.qkv()),
+                                   .d_out = view_of(out, c.out()),
+                                   .qkv = view_of(qkv, c.qkv()),
+                                   .probs = view_of(probs, c.probs())});
+  });
+  EXPECT_NE(bwd.find("attention_backward: view `d_probs` is empty"), std::string::npos) << bwd;
+}
+
 TEST(AttentionReference, BackwardMatchesFiniteDifferences) {
   const Case c{2, 4, 2, 3};
   auto qkv = randn<double>(c.qkv_numel(), 11);

@@ -180,6 +180,33 @@ TEST(Bf16Convert, Bf16ToF32IsExactForEveryPattern) {
   EXPECT_EQ(bad_back, 0) << "f32 -> bf16 does not invert bf16 -> f32";
 }
 
+// The views op: the dtypes pick the direction, the same bits as the two functions.
+TEST(Bf16Convert, ViewsPickTheDirectionFromTheDtypes) {
+  const std::int64_t rows = 3, cols = 37;
+  const std::vector<float> x = testing::randn(rows * cols, 12, 10.0);
+  std::vector<core::bf16> h(x.size());
+  convert(cpu_ctx(),
+          {.out = testing::view_of(h, {rows, cols}), .in = testing::view_of(x, {rows, cols})});
+  EXPECT_TRUE(same_bits("convert f32 -> bf16", h, expected_bits(x), x));
+  std::vector<float> back(x.size()), back_want(x.size());
+  convert(cpu_ctx(),
+          {.out = testing::view_of(back, {rows, cols}), .in = testing::view_of(h, {rows, cols})});
+  for (std::size_t i = 0; i < h.size(); ++i) back_want[i] = h[i].to_float();  // exact
+  EXPECT_TRUE(testing::all_equal("convert bf16 -> f32", back, back_want));
+  std::string e = testing::invalid_argument_of([&] {
+    convert(cpu_ctx(),
+            {.out = testing::view_of(back, {rows, cols}), .in = testing::view_of(x, {rows, cols})});
+  });
+  EXPECT_NE(e.find("convert: view `out` holds f32, the op needs bf16 (in is f32"),
+            std::string::npos)
+      << e;
+  e = testing::invalid_argument_of([&] {
+    convert(cpu_ctx(),
+            {.out = testing::view_of(h, {cols, rows}), .in = testing::view_of(x, {rows, cols})});
+  });
+  EXPECT_NE(e.find("view `out` has shape (37, 3), the op needs (3, 37)"), std::string::npos) << e;
+}
+
 TEST(Bf16Convert, RejectsBadArguments) {
   std::vector<float> f(4);
   std::vector<core::bf16> h(4);

@@ -41,7 +41,7 @@ TEST(Fill, MatchesReferenceBitwise) {
     for (std::int64_t n : kSizes) {
       for (float value : {0.0f, -0.0f, 1.5f, std::numeric_limits<float>::quiet_NaN()}) {
         std::vector<float> fast = randn(n + 2, 5), slow = fast;  // the guard elements stay
-        fill(ctx_with(threads), {.out = fast.data() + 1, .value = value, .n = n});
+        fill(ctx_with(threads), {.out = core::view(fast.data() + 1, {n}), .value = value});
         ref::fill({.out = slow.data() + 1, .value = value, .n = n});
         EXPECT_TRUE(same_bits(fast, slow)) << "n=" << n << " value=" << value;
       }
@@ -59,7 +59,8 @@ TEST(Copy, MatchesReferenceBitwise) {
         in[3] = -0.0f;
       }
       std::vector<float> fast = randn(n + 2, 6), slow = fast;
-      copy(ctx_with(threads), {.out = fast.data() + 1, .in = in.data(), .n = n});
+      copy(ctx_with(threads),
+           {.out = core::view(fast.data() + 1, {n}), .in = core::view(in.data(), {n})});
       ref::copy({.out = slow.data() + 1, .in = in.data(), .n = n});
       EXPECT_TRUE(same_bits(fast, slow)) << "n=" << n;
     }

@@ -84,7 +84,13 @@ TEST(CrossEntropy, MatchesReferenceWithHugePadding) {
                               .rows = c.rows,
                               .vocab = c.V,
                               .vocab_padded = c.Vp};
-        cross_entropy_forward_backward(cpu_ctx(), args);
+        cross_entropy_forward_backward(cpu_ctx(),
+                                       {.losses = testing::view_of(losses, {c.rows}),
+                                        .d_logits = testing::view_of(d_logits, {c.rows, c.Vp}),
+                                        .logits = testing::view_of(in.logits, {c.rows, c.Vp}),
+                                        .targets = testing::view_of(in.targets, {c.rows}),
+                                        .d_scale = d_scale,
+                                        .vocab = c.V});
         args.losses = losses_ref.data();
         args.d_logits = d_logits_ref.data();
         ref::cross_entropy_forward_backward(args);
@@ -166,6 +172,29 @@ TEST(CrossEntropy, TargetOutsideRealVocabularyIsABug) {
         << "target " << bad;
     EXPECT_THROW(ref::cross_entropy_forward_backward(args), core::InternalError) << bad;
   }
+}
+
+TEST(CrossEntropy, ViewsOfTheWrongDtypeOrShapeAreClearErrors) {
+  std::vector<float> logits(2 * 8), losses(2);
+  const std::vector<std::int32_t> t(2, 0);
+  std::string e = testing::invalid_argument_of([&] {
+    cross_entropy_forward_backward(cpu_ctx(), {.losses = testing::view_of(losses, {2}),
+                                               .logits = testing::view_of(logits, {2, 8}),
+                                               .targets = testing::view_of(losses, {2}),
+                                               .vocab = 8});
+  });
+  EXPECT_NE(e.find("cross_entropy_forward_backward: view `targets` holds f32, the op needs i32"),
+            std::string::npos)
+      << e;
+  e = testing::invalid_argument_of([&] {
+    cross_entropy_forward_backward(cpu_ctx(), {.losses = testing::view_of(losses, {2}),
+                                               .d_logits = testing::view_of(logits, {4, 4}),
+                                               .logits = testing::view_of(logits, {2, 8}),
+                                               .targets = testing::view_of(t, {2}),
+                                               .vocab = 8});
+  });
+  EXPECT_NE(e.find("view `d_logits` has shape (4, 4), the op needs (2, 8)"), std::string::npos)
+      << e;
 }
 
 TEST(CrossEntropy, RejectsBadArguments) {

@@ -56,7 +56,8 @@ struct Outputs {
   std::vector<float> out, d_qkv;
 };
 
-// Flash (with ALiBi when `alibi`) or unfused attention forward + backward.
+// Flash (with ALiBi when `alibi`) or unfused attention forward + backward: the ops over typed
+// views, or (reference) the references over the backend contract.
 Outputs run(bool flash, bool alibi, std::int64_t B, std::int64_t T, std::int64_t NH,
             std::int64_t HS, const std::vector<float>& qkv, const std::vector<float>& d_out,
             const std::int32_t* doc, bool reference) {
@@ -66,6 +67,8 @@ Outputs run(bool flash, bool alibi, std::int64_t B, std::int64_t T, std::int64_t
   alibi_slopes(NH, slopes.data());
   Outputs o{std::vector<float>(static_cast<std::size_t>(B * T * C), NAN),
             std::vector<float>(qkv.size(), NAN)};
+  const core::Shape qkv_shape{B, T, NH, 3 * HS}, out_shape{B, T, C};
+  const core::TensorView doc_view = core::view(doc, {B, T});  // empty for null: one document
   if (flash) {
     std::vector<float> lse(static_cast<std::size_t>(B * NH * T), NAN);
     FlashAttentionForwardArgs f{.out = o.out.data(),
@@ -78,7 +81,18 @@ Outputs run(bool flash, bool alibi, std::int64_t B, std::int64_t T, std::int64_t
                                 .num_heads = NH,
                                 .head_dim = HS,
                                 .doc = doc};
-    reference ? ref::flash_attention_forward(f) : flash_attention_forward(ctx, f);
+    const core::TensorView alibi_view =
+        alibi ? core::view(slopes.data(), {NH}) : core::TensorView{};
+    if (reference) {
+      ref::flash_attention_forward(f);
+    } else {
+      flash_attention(ctx, {.out = core::view(o.out.data(), out_shape),
+                            .lse = core::view(lse.data(), {B, NH, T}),
+                            .qkv = core::view(qkv.data(), qkv_shape),
+                            .alibi = alibi_view,
+                            .doc = doc_view,
+                            .dropout = {}});
+    }
     FlashAttentionBackwardArgs b{.d_qkv = o.d_qkv.data(),
                                  .d_out = d_out.data(),
                                  .qkv = qkv.data(),
@@ -91,7 +105,18 @@ Outputs run(bool flash, bool alibi, std::int64_t B, std::int64_t T, std::int64_t
                                  .num_heads = NH,
                                  .head_dim = HS,
                                  .doc = doc};
-    reference ? ref::flash_attention_backward(b) : flash_attention_backward(ctx, b);
+    if (reference) {
+      ref::flash_attention_backward(b);
+    } else {
+      flash_attention_backward(ctx, {.d_qkv = core::view(o.d_qkv.data(), qkv_shape),
+                                     .d_out = core::view(d_out.data(), out_shape),
+                                     .qkv = core::view(qkv.data(), qkv_shape),
+                                     .out = core::view(o.out.data(), out_shape),
+                                     .lse = core::view(lse.data(), {B, NH, T}),
+                                     .alibi = alibi_view,
+                                     .doc = doc_view,
+                                     .dropout = {}});
+    }
     return o;
   }
   std::vector<float> probs(static_cast<std::size_t>(B * NH * T * T), NAN), d_probs(probs.size());
@@ -103,7 +128,15 @@ Outputs run(bool flash, bool alibi, std::int64_t B, std::int64_t T, std::int64_t
                                .num_heads = NH,
                                .head_dim = HS,
                                .doc = doc};
-  reference ? ref::attention_forward(f) : attention_forward(ctx, f);
+  const core::Shape probs_shape{B, NH, T, T};
+  if (reference) {
+    ref::attention_forward(f);
+  } else {
+    attention(ctx, {.out = core::view(o.out.data(), out_shape),
+                    .probs = core::view(probs.data(), probs_shape),
+                    .qkv = core::view(qkv.data(), qkv_shape),
+                    .doc = doc_view});
+  }
   const AttentionBackwardArgs b{.d_qkv = o.d_qkv.data(),
                                 .d_probs = d_probs.data(),
                                 .d_out = d_out.data(),
@@ -113,7 +146,15 @@ Outputs run(bool flash, bool alibi, std::int64_t B, std::int64_t T, std::int64_t
                                 .seq_len = T,
                                 .num_heads = NH,
                                 .head_dim = HS};
-  reference ? ref::attention_backward(b) : attention_backward(ctx, b);
+  if (reference) {
+    ref::attention_backward(b);
+  } else {
+    attention_backward(ctx, {.d_qkv = core::view(o.d_qkv.data(), qkv_shape),
+                             .d_probs = core::view(d_probs.data(), probs_shape),
+                             .d_out = core::view(d_out.data(), out_shape),
+                             .qkv = core::view(qkv.data(), qkv_shape),
+                             .probs = core::view(probs.data(), probs_shape)});
+  }
   return o;
 }
 
@@ -218,18 +259,20 @@ TEST(DocumentPositions, RotaryAndPositionEmbedding) {
   const auto wte = normal(static_cast<std::size_t>(V * C), 7);
   const auto wpe = normal(static_cast<std::size_t>(P * C), 8);
   std::vector<float> e(static_cast<std::size_t>(rows * C), NAN), e_r = e;
-  EmbeddingForwardArgs f{.out = e.data(),
-                         .tokens = tokens.data(),
-                         .wte = wte.data(),
-                         .wpe = wpe.data(),
-                         .batch = 2,
-                         .seq_len = T,
-                         .hidden = C,
-                         .vocab_local = V,
-                         .positions = pos.data()};
-  embedding_forward(testing::backend_ctx(), f);
-  f.out = e_r.data();
-  ref::embedding_forward(f);
+  embedding(testing::backend_ctx(), {.out = testing::view_of(e, {2, T, C}),
+                                     .tokens = testing::view_of(tokens, {2, T}),
+                                     .wte = testing::view_of(wte, {V, C}),
+                                     .wpe = testing::view_of(wpe, {P, C}),
+                                     .positions = testing::view_of(pos, {2, T})});
+  ref::embedding_forward({.out = e_r.data(),
+                          .tokens = tokens.data(),
+                          .wte = wte.data(),
+                          .wpe = wpe.data(),
+                          .batch = 2,
+                          .seq_len = T,
+                          .hidden = C,
+                          .vocab_local = V,
+                          .positions = pos.data()});
   EXPECT_EQ(e, e_r);
   for (std::int64_t c = 0; c < C; ++c) {  // row T + 12 sits at position 1
     EXPECT_EQ(e[static_cast<std::size_t>((T + 12) * C + c)],
@@ -239,19 +282,20 @@ TEST(DocumentPositions, RotaryAndPositionEmbedding) {
   const auto d_e = normal(e.size(), 9);
   std::vector<float> d_wte(wte.size(), 0.0f), d_wpe(wpe.size(), 0.0f), d_wte_r = d_wte,
                                                                        d_wpe_r = d_wpe;
-  EmbeddingBackwardArgs bw{.d_wte = d_wte.data(),
-                           .d_wpe = d_wpe.data(),
+  embedding_backward(testing::backend_ctx(), {.d_wte = testing::view_of(d_wte, {V, C}),
+                                              .d_wpe = testing::view_of(d_wpe, {P, C}),
+                                              .d_out = testing::view_of(d_e, {2, T, C}),
+                                              .tokens = testing::view_of(tokens, {2, T}),
+                                              .positions = testing::view_of(pos, {2, T})});
+  ref::embedding_backward({.d_wte = d_wte_r.data(),
+                           .d_wpe = d_wpe_r.data(),
                            .d_out = d_e.data(),
                            .tokens = tokens.data(),
                            .batch = 2,
                            .seq_len = T,
                            .hidden = C,
                            .vocab_local = V,
-                           .positions = pos.data()};
-  embedding_backward(testing::backend_ctx(), bw);
-  bw.d_wte = d_wte_r.data();
-  bw.d_wpe = d_wpe_r.data();
-  ref::embedding_backward(bw);
+                           .positions = pos.data()});
   EXPECT_LE(rel(d_wpe, d_wpe_r), 1e-6);
   EXPECT_LE(rel(d_wte, d_wte_r), 1e-6);
   // Positions past the longest document (19) received nothing.

@@ -60,7 +60,12 @@ TEST(HiddenDropout, MatchesReferenceAndKeepsOneMinusP) {
                            .p = p,
                            .seed = 5,
                            .stream = 77};
-    hidden_dropout(testing::backend_ctx(), args);
+    hidden_dropout(testing::backend_ctx(), {.out = testing::view_of(out, {rows, cols}),
+                                            .in = testing::view_of(in, {rows, cols}),
+                                            .first_row = 11,
+                                            .p = p,
+                                            .seed = 5,
+                                            .stream = 77});
     args.out = want.data();
     ref::hidden_dropout(args);
     EXPECT_TRUE(all_close("out", out, want, kTol)) << "p=" << p;
@@ -106,6 +111,18 @@ TEST(HiddenDropout, InPlaceThreadsAndGlobalIndex) {
                         .seed = 9,
                         .stream = 2});
   EXPECT_TRUE(all_equal("block", tail, std::vector<float>(one.begin() + 5 * cols, one.end())));
+}
+
+TEST(HiddenDropout, ViewsOfTheWrongShapeAreClearErrors) {
+  std::vector<float> x(12);
+  const std::string e = testing::invalid_argument_of([&] {
+    hidden_dropout(
+        testing::backend_ctx(),
+        {.out = testing::view_of(x, {4, 3}), .in = testing::view_of(x, {3, 4}), .p = 0.5f});
+  });
+  EXPECT_NE(e.find("hidden_dropout: view `out` has shape (4, 3), the op needs (3, 4)"),
+            std::string::npos)
+      << e;
 }
 
 TEST(HiddenDropout, RejectsPOfOne) {

@@ -132,7 +132,9 @@ TEST(Add, IsExactAndMayAlias) {
     const auto a = randn(n, 1), b = randn(n, 2);
     std::vector<float> out(n, kNaN), expect(n);
     for (std::int64_t i = 0; i < n; ++i) expect[i] = a[i] + b[i];  // one correctly rounded add
-    add_forward(cpu_ctx(), out.data(), a.data(), b.data(), n);
+    add(cpu_ctx(), {.out = testing::view_of(out, {n}),
+                    .a = testing::view_of(a, {n}),
+                    .b = testing::view_of(b, {n})});
     EXPECT_TRUE(testing::all_equal("add out", out, expect));
     auto inplace = a;
     add_forward(cpu_ctx(), inplace.data(), inplace.data(), b.data(), n);

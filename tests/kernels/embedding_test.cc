@@ -21,6 +21,7 @@ namespace {
 using testing::all_close;
 using testing::randn;
 using testing::Tol;
+using testing::view_of;
 
 constexpr Tol kForwardTol{1e-7, 1e-7};
 constexpr Tol kBackwardTol{1e-6, 1e-5};
@@ -69,19 +70,23 @@ TEST(Embedding, ForwardMatchesReference) {
     const auto wte = randn(c.vocab_local * c.C, seed++);
     const auto wpe = randn((c.position_offset + c.T) * c.C, seed++);
     std::vector<float> out(c.B * c.T * c.C, kNaN), out_ref(c.B * c.T * c.C, kNaN);
-    EmbeddingForwardArgs args{.out = out.data(),
-                              .tokens = tokens.data(),
-                              .wte = wte.data(),
-                              .wpe = c.has_wpe ? wpe.data() : nullptr,
-                              .batch = c.B,
-                              .seq_len = c.T,
-                              .hidden = c.C,
-                              .vocab_start = c.vocab_start,
-                              .vocab_local = c.vocab_local,
-                              .position_offset = c.position_offset};
-    embedding_forward(cpu_ctx(), args);
-    args.out = out_ref.data();
-    ref::embedding_forward(args);
+    embedding(cpu_ctx(),
+              {.out = view_of(out, {c.B, c.T, c.C}),
+               .tokens = view_of(tokens, {c.B, c.T}),
+               .wte = view_of(wte, {c.vocab_local, c.C}),
+               .wpe = c.has_wpe ? view_of(wpe, {c.position_offset + c.T, c.C}) : core::TensorView{},
+               .vocab_start = c.vocab_start,
+               .position_offset = c.position_offset});
+    ref::embedding_forward({.out = out_ref.data(),
+                            .tokens = tokens.data(),
+                            .wte = wte.data(),
+                            .wpe = c.has_wpe ? wpe.data() : nullptr,
+                            .batch = c.B,
+                            .seq_len = c.T,
+                            .hidden = c.C,
+                            .vocab_start = c.vocab_start,
+                            .vocab_local = c.vocab_local,
+                            .position_offset = c.position_offset});
     EXPECT_TRUE(all_close(c.name("embedding out").c_str(), out, out_ref, kForwardTol));
   }
 }
@@ -94,19 +99,21 @@ TEST(Embedding, BackwardMatchesReferenceAndAccumulates) {
     auto d_wte = randn(c.vocab_local * c.C, seed++);  // prefilled: += semantics
     auto d_wpe = randn(c.T * c.C, seed++);
     auto d_wte_ref = d_wte, d_wpe_ref = d_wpe;
-    EmbeddingBackwardArgs args{.d_wte = d_wte.data(),
-                               .d_wpe = c.has_wpe ? d_wpe.data() : nullptr,
-                               .d_out = d_out.data(),
-                               .tokens = tokens.data(),
-                               .batch = c.B,
-                               .seq_len = c.T,
-                               .hidden = c.C,
-                               .vocab_start = c.vocab_start,
-                               .vocab_local = c.vocab_local};
-    embedding_backward(cpu_ctx(), args);
-    args.d_wte = d_wte_ref.data();
-    args.d_wpe = c.has_wpe ? d_wpe_ref.data() : nullptr;
-    ref::embedding_backward(args);
+    embedding_backward(cpu_ctx(),
+                       {.d_wte = view_of(d_wte, {c.vocab_local, c.C}),
+                        .d_wpe = c.has_wpe ? view_of(d_wpe, {c.T, c.C}) : core::TensorView{},
+                        .d_out = view_of(d_out, {c.B, c.T, c.C}),
+                        .tokens = view_of(tokens, {c.B, c.T}),
+                        .vocab_start = c.vocab_start});
+    ref::embedding_backward({.d_wte = d_wte_ref.data(),
+                             .d_wpe = c.has_wpe ? d_wpe_ref.data() : nullptr,
+                             .d_out = d_out.data(),
+                             .tokens = tokens.data(),
+                             .batch = c.B,
+                             .seq_len = c.T,
+                             .hidden = c.C,
+                             .vocab_start = c.vocab_start,
+                             .vocab_local = c.vocab_local});
     EXPECT_TRUE(all_close(c.name("embedding d_wte").c_str(), d_wte, d_wte_ref, kBackwardTol));
     EXPECT_TRUE(all_close(c.name("embedding d_wpe").c_str(), d_wpe, d_wpe_ref, kBackwardTol));
   }
@@ -181,6 +188,45 @@ TEST(Embedding, RejectsNegativeTokens) {
                                               .hidden = 4,
                                               .vocab_local = 2}),
                core::InvalidArgument);
+}
+
+// The views give the sizes (B, T from tokens; vocab_local, C from the word table) and are checked
+// before a pointer is read: a position table too short for the sequence is refused, naming it.
+TEST(Embedding, ViewsOfTheWrongDtypeOrShapeAreClearErrors) {
+  const std::int64_t B = 2, T = 4, C = 3, V = 5;
+  const std::vector<std::int32_t> tokens(B * T, 1);
+  std::vector<float> out(B * T * C), wte(V * C), wpe(T * C);
+  const EmbeddingViews ok{.out = view_of(out, {B, T, C}),
+                          .tokens = view_of(tokens, {B, T}),
+                          .wte = view_of(wte, {V, C}),
+                          .wpe = view_of(wpe, {T, C})};
+  auto error = [](const EmbeddingViews& v) {
+    return testing::invalid_argument_of([&] { embedding(cpu_ctx(), v); });
+  };
+  EXPECT_EQ(error(ok), "no error");
+  EmbeddingViews v = ok;
+  v.position_offset = 1;  // positions 1..4 of a 4-row table
+  EXPECT_NE(error(v).find("embedding: view `wpe` holds 4 positions, the op reads 5"),
+            std::string::npos)
+      << error(v);
+  v = ok;
+  v.tokens = view_of(out, {B, T * C});
+  EXPECT_NE(error(v).find("view `tokens` holds f32, the op needs i32"), std::string::npos)
+      << error(v);
+  v = ok;
+  v.wpe = core::view(wpe.data(), {T * C / 2, 2});
+  EXPECT_NE(error(v).find("view `wpe` has shape (6, 2), the op needs (6, 3)"), std::string::npos)
+      << error(v);
+  v = ok;
+  v.out = core::view(out.data(), {B * T, C});
+  EXPECT_NE(error(v).find("view `out` has shape (8, 3), the op needs (2, 4, 3)"), std::string::npos)
+      << error(v);
+  const std::string bwd = testing::invalid_argument_of([&] {
+    embedding_backward(cpu_ctx(), {.d_wte = view_of(wte, {V, C}),
+                                   .d_out = view_of(out, {B, T, C}),
+                                   .tokens = core::view(tokens.data(), {B * T})});
+  });
+  EXPECT_NE(bwd.find("embedding_backward: view `tokens` must be 2-D"), std::string::npos) << bwd;
 }
 
 }  // namespace

@@ -57,8 +57,17 @@ TEST_P(FlashAttention, MatchesReference) {
   const core::ExecContext ctx = testing::backend_ctx();
   std::vector<float> out(d_out.size(), NAN), lse(static_cast<std::size_t>(c.B * c.NH * c.T), NAN);
   std::vector<float> out_ref(out.size()), lse_ref(lse.size());
-  FlashAttentionForwardArgs fa{.out = out.data(),
-                               .lse = lse.data(),
+  // The op over typed views (B, T, NH, HS from qkv), the reference over the backend contract.
+  const core::Shape qkv_shape{c.B, c.T, c.NH, 3 * c.HS}, out_shape{c.B, c.T, C};
+  const core::Shape lse_shape{c.B, c.NH, c.T}, heads{c.NH};
+  const core::TensorView alibi = c.alibi ? testing::view_of(slopes, heads) : core::TensorView{};
+  flash_attention(ctx, {.out = testing::view_of(out, out_shape),
+                        .lse = testing::view_of(lse, lse_shape),
+                        .qkv = testing::view_of(qkv, qkv_shape),
+                        .alibi = alibi,
+                        .dropout = drop});
+  FlashAttentionForwardArgs fa{.out = out_ref.data(),
+                               .lse = lse_ref.data(),
                                .qkv = qkv.data(),
                                .alibi = c.alibi ? slopes.data() : nullptr,
                                .dropout = drop,
@@ -66,28 +75,29 @@ TEST_P(FlashAttention, MatchesReference) {
                                .seq_len = c.T,
                                .num_heads = c.NH,
                                .head_dim = c.HS};
-  flash_attention_forward(ctx, fa);
-  fa.out = out_ref.data();
-  fa.lse = lse_ref.data();
   ref::flash_attention_forward(fa);
   EXPECT_LE(rel(out, out_ref), 2e-6) << "out";
   EXPECT_LE(rel(lse, lse_ref), 2e-6) << "lse";
 
   std::vector<float> d_qkv(qkv.size(), NAN), d_qkv_ref(qkv.size());
-  FlashAttentionBackwardArgs ba{.d_qkv = d_qkv.data(),
-                                .d_out = d_out.data(),
-                                .qkv = qkv.data(),
-                                .out = out.data(),
-                                .lse = lse.data(),
-                                .alibi = c.alibi ? slopes.data() : nullptr,
-                                .dropout = drop,
-                                .batch = c.B,
-                                .seq_len = c.T,
-                                .num_heads = c.NH,
-                                .head_dim = c.HS};
-  flash_attention_backward(ctx, ba);
-  ba.d_qkv = d_qkv_ref.data();
-  ref::flash_attention_backward(ba);
+  flash_attention_backward(ctx, {.d_qkv = testing::view_of(d_qkv, qkv_shape),
+                                 .d_out = testing::view_of(d_out, out_shape),
+                                 .qkv = testing::view_of(qkv, qkv_shape),
+                                 .out = testing::view_of(out, out_shape),
+                                 .lse = testing::view_of(lse, lse_shape),
+                                 .alibi = alibi,
+                                 .dropout = drop});
+  ref::flash_attention_backward({.d_qkv = d_qkv_ref.data(),
+                                 .d_out = d_out.data(),
+                                 .qkv = qkv.data(),
+                                 .out = out.data(),
+                                 .lse = lse.data(),
+                                 .alibi = c.alibi ? slopes.data() : nullptr,
+                                 .dropout = drop,
+                                 .batch = c.B,
+                                 .seq_len = c.T,
+                                 .num_heads = c.NH,
+                                 .head_dim = c.HS});
   EXPECT_LE(rel(d_qkv, d_qkv_ref), 2e-5) << "d_qkv";
   for (float x : d_qkv) ASSERT_TRUE(std::isfinite(x));
 

@@ -40,6 +40,7 @@ namespace {
 using testing::all_close;
 using testing::randn;
 using testing::Tol;
+using testing::view_of;
 
 constexpr Tol kGeluTol{1e-6, 1e-5};
 constexpr Tol kLnTol{1e-5, 1e-5};
@@ -129,12 +130,11 @@ TEST(BiasGelu, ForwardMatchesReference) {
       const std::int64_t n = c.rows * c.cols;
       std::vector<float> out(n, kNaN), out_ref(n, kNaN);
       std::vector<core::bf16> out16(n), out16_ref(n);
-      bias_gelu_forward(cpu_ctx(), {.out = has_f32(o) ? out.data() : nullptr,
-                                    .out_bf16 = has_bf16(o) ? out16.data() : nullptr,
-                                    .in = x.in.data(),
-                                    .bias = x.bias.data(),
-                                    .rows = c.rows,
-                                    .cols = c.cols});
+      const core::Shape rc{c.rows, c.cols};
+      bias_gelu(cpu_ctx(), {.out = has_f32(o) ? view_of(out, rc) : core::TensorView{},
+                            .out_bf16 = has_bf16(o) ? view_of(out16, rc) : core::TensorView{},
+                            .in = view_of(x.in, rc),
+                            .bias = view_of(x.bias, {c.cols})});
       ref::bias_gelu_forward({.out = out_ref.data(),
                               .out_bf16 = out16_ref.data(),
                               .in = x.in.data(),
@@ -168,15 +168,15 @@ TEST(BiasGelu, BackwardMatchesReferenceAndAccumulates) {
       auto d_bias = randn(c.cols, seed + 50);  // += : starts non-zero
       auto d_bias_ref = d_bias;
       auto scratch = gelu_scratch(c);
-      bias_gelu_backward(cpu_ctx(), {.d_in = has_f32(o) ? d_in.data() : nullptr,
-                                     .d_in_bf16 = has_bf16(o) ? d_in16.data() : nullptr,
-                                     .d_bias = d_bias.data(),
-                                     .d_out = x.d_out.data(),
-                                     .in = x.in.data(),
-                                     .bias = x.bias.data(),
-                                     .rows = c.rows,
-                                     .cols = c.cols,
-                                     .scratch = scratch});
+      const core::Shape rc{c.rows, c.cols};
+      bias_gelu_backward(cpu_ctx(),
+                         {.d_in = has_f32(o) ? view_of(d_in, rc) : core::TensorView{},
+                          .d_in_bf16 = has_bf16(o) ? view_of(d_in16, rc) : core::TensorView{},
+                          .d_bias = view_of(d_bias, {c.cols}),
+                          .d_out = view_of(x.d_out, rc),
+                          .in = view_of(x.in, rc),
+                          .bias = view_of(x.bias, {c.cols}),
+                          .scratch = scratch});
       ref::bias_gelu_backward({.d_in = d_in_ref.data(),
                                .d_in_bf16 = d_in16_ref.data(),
                                .d_bias = d_bias_ref.data(),
@@ -355,24 +355,28 @@ TEST(ResidualLayerNorm, ForwardMatchesReference) {
       std::vector<float> resid(n, kNaN), out(n, kNaN), mean(c.rows, kNaN), rstd(c.rows, kNaN);
       auto resid_ref = resid, out_ref = out, mean_ref = mean, rstd_ref = rstd;
       std::vector<core::bf16> out16(n), out16_ref(n);
-      ResidualLayerNormForwardArgs args{.resid_out = resid.data(),
-                                        .out = has_f32(o) ? out.data() : nullptr,
-                                        .out_bf16 = has_bf16(o) ? out16.data() : nullptr,
-                                        .mean = mean.data(),
-                                        .rstd = rstd.data(),
-                                        .a = x.a.data(),
-                                        .b = x.b.data(),
-                                        .weight = x.weight.data(),
-                                        .bias = x.bias.data(),
-                                        .rows = c.rows,
-                                        .cols = c.cols};
-      residual_layernorm_forward(cpu_ctx(), args);
-      args.resid_out = resid_ref.data();
-      args.out = out_ref.data();
-      args.out_bf16 = out16_ref.data();
-      args.mean = mean_ref.data();
-      args.rstd = rstd_ref.data();
-      ref::residual_layernorm_forward(args);
+      const core::Shape rc{c.rows, c.cols};
+      residual_layernorm(cpu_ctx(),
+                         {.resid_out = view_of(resid, rc),
+                          .out = has_f32(o) ? view_of(out, rc) : core::TensorView{},
+                          .out_bf16 = has_bf16(o) ? view_of(out16, rc) : core::TensorView{},
+                          .mean = view_of(mean, {c.rows}),
+                          .rstd = view_of(rstd, {c.rows}),
+                          .a = view_of(x.a, rc),
+                          .b = view_of(x.b, rc),
+                          .weight = view_of(x.weight, {c.cols}),
+                          .bias = view_of(x.bias, {c.cols})});
+      ref::residual_layernorm_forward({.resid_out = resid_ref.data(),
+                                       .out = out_ref.data(),
+                                       .out_bf16 = out16_ref.data(),
+                                       .mean = mean_ref.data(),
+                                       .rstd = rstd_ref.data(),
+                                       .a = x.a.data(),
+                                       .b = x.b.data(),
+                                       .weight = x.weight.data(),
+                                       .bias = x.bias.data(),
+                                       .rows = c.rows,
+                                       .cols = c.cols});
       const std::string suffix = outputs_name(o);
       // a + b is one FP32 addition in both: exact.
       EXPECT_TRUE(
@@ -455,24 +459,29 @@ TEST(ResidualLayerNorm, BackwardMatchesReferenceAndAccumulates) {
       auto d_resid_ref = d_resid, d_w_ref = d_w, d_b_ref = d_b;
       std::vector<core::bf16> d16(n), d16_ref(n);
       auto scratch = ln_scratch(c);
-      ResidualLayerNormBackwardArgs args{.d_resid = d_resid.data(),
-                                         .d_resid_bf16 = with_bf16 ? d16.data() : nullptr,
-                                         .d_weight = d_w.data(),
-                                         .d_bias = d_b.data(),
-                                         .d_out = x.d_out.data(),
-                                         .resid = resid.data(),
-                                         .weight = x.weight.data(),
-                                         .mean = mean.data(),
-                                         .rstd = rstd.data(),
-                                         .rows = c.rows,
-                                         .cols = c.cols,
-                                         .scratch = scratch};
-      residual_layernorm_backward(cpu_ctx(), args);
-      args.d_resid = d_resid_ref.data();
-      args.d_resid_bf16 = d16_ref.data();
-      args.d_weight = d_w_ref.data();
-      args.d_bias = d_b_ref.data();
-      ref::residual_layernorm_backward(args);
+      const core::Shape rc{c.rows, c.cols};
+      residual_layernorm_backward(
+          cpu_ctx(), {.d_resid = view_of(d_resid, rc),
+                      .d_resid_bf16 = with_bf16 ? view_of(d16, rc) : core::TensorView{},
+                      .d_weight = view_of(d_w, {c.cols}),
+                      .d_bias = view_of(d_b, {c.cols}),
+                      .d_out = view_of(x.d_out, rc),
+                      .resid = view_of(resid, rc),
+                      .weight = view_of(x.weight, {c.cols}),
+                      .mean = view_of(mean, {c.rows}),
+                      .rstd = view_of(rstd, {c.rows}),
+                      .scratch = scratch});
+      ref::residual_layernorm_backward({.d_resid = d_resid_ref.data(),
+                                        .d_resid_bf16 = d16_ref.data(),
+                                        .d_weight = d_w_ref.data(),
+                                        .d_bias = d_b_ref.data(),
+                                        .d_out = x.d_out.data(),
+                                        .resid = resid.data(),
+                                        .weight = x.weight.data(),
+                                        .mean = mean.data(),
+                                        .rstd = rstd.data(),
+                                        .rows = c.rows,
+                                        .cols = c.cols});
       const std::string suffix = with_bf16 ? " [f32+bf16]" : " [f32]";
       EXPECT_TRUE(
           all_close(shape_name("d_resid", c).append(suffix).c_str(), d_resid, d_resid_ref, kLnTol));
@@ -668,6 +677,74 @@ TEST(FusedScratch, RejectsTooSmallOrMisalignedScratch) {
   EXPECT_THROW(residual_layernorm_backward(cpu_ctx(), ln), core::InvalidArgument);
   ln.scratch = all.first(static_cast<std::size_t>(ln_bytes));
   residual_layernorm_backward(cpu_ctx(), ln);  // exactly enough: runs
+}
+
+// The typed views: the BF16 copies are bf16 views, and every view is checked before a pointer is
+// read, the error naming the op and the view.
+TEST(FusedViews, ViewsOfTheWrongDtypeShapeOrDeviceAreClearErrors) {
+  const std::int64_t rows = 3, cols = 8;
+  const core::Shape rc{rows, cols};
+  std::vector<float> x(rows * cols, 1.0f), y(rows * cols), w(cols, 1.0f), b(cols), st(rows);
+  std::vector<core::bf16> x16(rows * cols);
+  auto scratch = gelu_scratch({rows, cols});
+  const auto gelu_error = [](const BiasGeluViews& v) {
+    return testing::invalid_argument_of([&] { bias_gelu(cpu_ctx(), v); });
+  };
+  const BiasGeluViews gelu{.out = view_of(y, rc), .in = view_of(x, rc), .bias = view_of(b, {cols})};
+  EXPECT_EQ(gelu_error(gelu), "no error");
+  BiasGeluViews g = gelu;
+  g.out_bf16 = view_of(y, rc);  // an f32 buffer where the BF16 copy goes
+  EXPECT_NE(gelu_error(g).find("bias_gelu: view `out_bf16` holds f32, the op needs bf16"),
+            std::string::npos)
+      << gelu_error(g);
+  g = gelu;
+  g.out = {};
+  EXPECT_NE(gelu_error(g).find("views `out` and `out_bf16` are both empty"), std::string::npos)
+      << gelu_error(g);
+  g.out_bf16 = view_of(x16, rc);
+  EXPECT_EQ(gelu_error(g), "no error");
+  const std::string bwd = testing::invalid_argument_of([&] {
+    bias_gelu_backward(cpu_ctx(), {.d_in = view_of(y, rc),
+                                   .d_bias = core::view(b.data(), {cols - 1}),
+                                   .d_out = view_of(x, rc),
+                                   .in = view_of(x, rc),
+                                   .bias = view_of(b, {cols}),
+                                   .scratch = scratch});
+  });
+  EXPECT_NE(bwd.find("bias_gelu_backward: view `d_bias` has shape (7), the op needs (8)"),
+            std::string::npos)
+      << bwd;
+
+  const ResidualLayerNormViews ln{.resid_out = view_of(y, rc),
+                                  .out = view_of(x, rc),
+                                  .mean = view_of(st, {rows}),
+                                  .rstd = view_of(st, {rows}),
+                                  .a = view_of(y, rc),
+                                  .b = view_of(y, rc),
+                                  .weight = view_of(w, {cols}),
+                                  .bias = view_of(b, {cols})};
+  ResidualLayerNormViews l = ln;
+  l.b = core::view(y.data(), rc, {.kind = core::DeviceKind::kCuda});
+  std::string e = testing::invalid_argument_of([&] { residual_layernorm(cpu_ctx(), l); });
+  EXPECT_NE(e.find("residual_layernorm: view `b` is on another device"), std::string::npos) << e;
+  l = ln;
+  l.out_bf16 = core::view(x16.data(), {rows, cols + 1});
+  e = testing::invalid_argument_of([&] { residual_layernorm(cpu_ctx(), l); });
+  EXPECT_NE(e.find("view `out_bf16` has shape (3, 9)"), std::string::npos) << e;
+  e = testing::invalid_argument_of([&] {
+    residual_layernorm_backward(cpu_ctx(), {.d_resid = view_of(y, rc),
+                                            .d_resid_bf16 = view_of(y, rc),
+                                            .d_weight = view_of(w, {cols}),
+                                            .d_bias = view_of(b, {cols}),
+                                            .d_out = view_of(x, rc),
+                                            .resid = view_of(x, rc),
+                                            .weight = view_of(w, {cols}),
+                                            .mean = view_of(st, {rows}),
+                                            .rstd = view_of(st, {rows})});
+  });
+  EXPECT_NE(e.find("residual_layernorm_backward: view `d_resid_bf16` holds f32, the op needs bf16"),
+            std::string::npos)
+      << e;
 }
 
 }  // namespace

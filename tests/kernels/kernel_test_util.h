@@ -15,9 +15,12 @@
 #include <functional>
 #include <random>
 #include <sstream>
+#include <string>
 #include <vector>
 
+#include "trident/core/error.h"
 #include "trident/core/exec_context.h"
+#include "trident/core/view.h"
 
 namespace trident::kernels::testing {
 
@@ -151,5 +154,25 @@ inline double dot(const std::vector<double>& w, const std::vector<double>& y) {
 // The tolerance for comparing a double-precision analytic gradient with central differences at
 // step 1e-6: truncation error O(h^2) ~ 1e-12 and cancellation error ~ 1e-16 / 1e-6 = 1e-10.
 inline constexpr Tol kFiniteDiffTol{1e-7, 1e-6};
+
+// A test buffer as a typed view on the host (the ops' Views entry points); the shape must cover
+// the buffer exactly.
+template <class T>
+core::TensorView view_of(const std::vector<T>& v, core::Shape shape) {
+  EXPECT_EQ(shape.numel(), static_cast<std::int64_t>(v.size()))
+      << "view_of: shape " << core::to_string(shape) << " does not cover the buffer";
+  return core::view(v.data(), shape);
+}
+
+// The message of the core::InvalidArgument that fn() throws, or "no error".
+template <class F>
+std::string invalid_argument_of(F&& fn) {
+  try {
+    fn();
+  } catch (const core::InvalidArgument& e) {
+    return e.what();
+  }
+  return "no error";
+}
 
 }  // namespace trident::kernels::testing

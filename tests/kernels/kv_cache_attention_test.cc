@@ -43,7 +43,16 @@ TEST_P(KvCacheAttention, MatchesReferenceAndTheFullSequence) {
                            .num_heads = NH,
                            .head_dim = HS,
                            .scratch = scratch};
-    kv_cache_attention(testing::backend_ctx(), a);
+    const core::Shape cache{P, C};
+    kv_cache_attention(
+        testing::backend_ctx(),
+        {.out = core::view(out.data() + pos * C, {rows, C}),
+         .k_cache = testing::view_of(kc, cache),
+         .v_cache = testing::view_of(vc, cache),
+         .qkv = core::view(qkv.data() + pos * 3 * C, {rows, NH, 3 * HS}),
+         .alibi = alibi != nullptr ? testing::view_of(slopes, {NH}) : core::TensorView{},
+         .position = pos,
+         .scratch = scratch});
     a.out = want.data() + pos * C;
     a.k_cache = rkc.data();
     a.v_cache = rvc.data();
@@ -65,6 +74,22 @@ TEST_P(KvCacheAttention, MatchesReferenceAndTheFullSequence) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Alibi, KvCacheAttention, ::testing::Bool());
+
+TEST(KvCacheAttentionErrors, ViewsThatDisagreeAreClearErrors) {
+  const std::int64_t NH = 2, HS = 4, C = NH * HS, P = 6;
+  std::vector<float> qkv(3 * C), out(C), kc(P * C), vc((P - 1) * C);
+  std::vector<float> scratch(static_cast<std::size_t>(kv_cache_attention_scratch_floats(P, NH)));
+  const std::string e = testing::invalid_argument_of([&] {
+    kv_cache_attention(testing::backend_ctx(), {.out = testing::view_of(out, {1, C}),
+                                                .k_cache = testing::view_of(kc, {P, C}),
+                                                .v_cache = testing::view_of(vc, {P - 1, C}),
+                                                .qkv = testing::view_of(qkv, {1, NH, 3 * HS}),
+                                                .scratch = scratch});
+  });
+  EXPECT_NE(e.find("kv_cache_attention: view `v_cache` has shape (5, 8), the op needs (6, 8)"),
+            std::string::npos)
+      << e;
+}
 
 TEST(KvCacheAttentionErrors, PastTheCache) {
   std::vector<float> buf(64), scratch(8);

@@ -1,5 +1,6 @@
-// layernorm_forward / layernorm_backward against the double-precision reference, += semantics,
-// thread-count independence, and finite-difference checks of the reference backward.
+// layernorm / layernorm_backward (the typed views) against the double-precision reference, +=
+// semantics, thread-count independence, the views' checks, and finite-difference checks of the
+// reference backward.
 //
 // Tolerance: |x - ref| <= 1e-5 + 1e-5 |ref|. The fast kernel accumulates each row (up to 1027
 // columns) in FP32 SIMD lanes and the column sums of d_weight/d_bias in double; the outputs are
@@ -22,6 +23,7 @@ namespace {
 using testing::all_close;
 using testing::randn;
 using testing::Tol;
+using testing::view_of;
 
 constexpr Tol kTol{1e-5, 1e-5};
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
@@ -58,19 +60,20 @@ TEST(LayerNorm, ForwardMatchesReference) {
     const Inputs x = make_inputs(c, seed += 4);
     std::vector<float> out(c.rows * c.cols, kNaN), mean(c.rows, kNaN), rstd(c.rows, kNaN);
     auto out_ref = out, mean_ref = mean, rstd_ref = rstd;
-    LayerNormForwardArgs args{.out = out.data(),
-                              .mean = mean.data(),
-                              .rstd = rstd.data(),
-                              .in = x.in.data(),
-                              .weight = x.weight.data(),
-                              .bias = x.bias.data(),
-                              .rows = c.rows,
-                              .cols = c.cols};
-    layernorm_forward(cpu_ctx(), args);
-    args.out = out_ref.data();
-    args.mean = mean_ref.data();
-    args.rstd = rstd_ref.data();
-    ref::layernorm_forward(args);
+    layernorm(cpu_ctx(), {.out = view_of(out, {c.rows, c.cols}),
+                          .mean = view_of(mean, {c.rows}),
+                          .rstd = view_of(rstd, {c.rows}),
+                          .in = view_of(x.in, {c.rows, c.cols}),
+                          .weight = view_of(x.weight, {c.cols}),
+                          .bias = view_of(x.bias, {c.cols})});
+    ref::layernorm_forward({.out = out_ref.data(),
+                            .mean = mean_ref.data(),
+                            .rstd = rstd_ref.data(),
+                            .in = x.in.data(),
+                            .weight = x.weight.data(),
+                            .bias = x.bias.data(),
+                            .rows = c.rows,
+                            .cols = c.cols});
     EXPECT_TRUE(all_close(shape_name("layernorm out", c).c_str(), out, out_ref, kTol));
     EXPECT_TRUE(all_close(shape_name("layernorm mean", c).c_str(), mean, mean_ref, kTol));
     EXPECT_TRUE(all_close(shape_name("layernorm rstd", c).c_str(), rstd, rstd_ref, kTol));
@@ -96,21 +99,24 @@ TEST(LayerNorm, BackwardMatchesReferenceAndAccumulates) {
     auto d_w = randn(c.cols, seed + 101);
     auto d_b = randn(c.cols, seed + 102);
     auto d_in_ref = d_in, d_w_ref = d_w, d_b_ref = d_b;
-    LayerNormBackwardArgs args{.d_in = d_in.data(),
-                               .d_weight = d_w.data(),
-                               .d_bias = d_b.data(),
-                               .d_out = x.d_out.data(),
-                               .in = x.in.data(),
-                               .weight = x.weight.data(),
-                               .mean = mean.data(),
-                               .rstd = rstd.data(),
-                               .rows = c.rows,
-                               .cols = c.cols};
-    layernorm_backward(cpu_ctx(), args);
-    args.d_in = d_in_ref.data();
-    args.d_weight = d_w_ref.data();
-    args.d_bias = d_b_ref.data();
-    ref::layernorm_backward(args);
+    layernorm_backward(cpu_ctx(), {.d_in = view_of(d_in, {c.rows, c.cols}),
+                                   .d_weight = view_of(d_w, {c.cols}),
+                                   .d_bias = view_of(d_b, {c.cols}),
+                                   .d_out = view_of(x.d_out, {c.rows, c.cols}),
+                                   .in = view_of(x.in, {c.rows, c.cols}),
+                                   .weight = view_of(x.weight, {c.cols}),
+                                   .mean = view_of(mean, {c.rows}),
+                                   .rstd = view_of(rstd, {c.rows})});
+    ref::layernorm_backward({.d_in = d_in_ref.data(),
+                             .d_weight = d_w_ref.data(),
+                             .d_bias = d_b_ref.data(),
+                             .d_out = x.d_out.data(),
+                             .in = x.in.data(),
+                             .weight = x.weight.data(),
+                             .mean = mean.data(),
+                             .rstd = rstd.data(),
+                             .rows = c.rows,
+                             .cols = c.cols});
     EXPECT_TRUE(all_close(shape_name("layernorm d_in", c).c_str(), d_in, d_in_ref, kTol));
     EXPECT_TRUE(all_close(shape_name("layernorm d_weight", c).c_str(), d_w, d_w_ref, kTol));
     EXPECT_TRUE(all_close(shape_name("layernorm d_bias", c).c_str(), d_b, d_b_ref, kTol));
@@ -170,6 +176,50 @@ TEST(LayerNorm, RejectsBadArguments) {
   cuda.device.kind = core::DeviceKind::kCuda;
   args.cols = 2;
   EXPECT_THROW(layernorm_forward(cuda, args), core::Unavailable);
+}
+
+// Every view is checked before a pointer is read: the error names the op and the view.
+TEST(LayerNorm, ViewsOfTheWrongDtypeShapeOrDeviceAreClearErrors) {
+  const std::int64_t rows = 3, cols = 4;
+  std::vector<float> in(rows * cols, 1.0f), out(rows * cols), w(cols, 1.0f), b(cols), mean(rows),
+      rstd(rows);
+  const std::vector<core::bf16> in16(rows * cols);
+  const LayerNormViews ok{.out = view_of(out, {rows, cols}),
+                          .mean = view_of(mean, {rows}),
+                          .rstd = view_of(rstd, {rows}),
+                          .in = view_of(in, {rows, cols}),
+                          .weight = view_of(w, {cols}),
+                          .bias = view_of(b, {cols})};
+  auto error = [](const LayerNormViews& v) {
+    return testing::invalid_argument_of([&] { layernorm(cpu_ctx(), v); });
+  };
+  EXPECT_EQ(error(ok), "no error");
+  LayerNormViews v = ok;
+  v.in = view_of(in16, {rows, cols});
+  EXPECT_NE(error(v).find("layernorm: view `in` holds bf16, the op needs f32"), std::string::npos)
+      << error(v);
+  v = ok;
+  v.mean = core::view(mean.data(), {rows - 1});
+  EXPECT_NE(error(v).find("view `mean` has shape"), std::string::npos) << error(v);
+  v = ok;
+  v.bias = core::view(b.data(), {cols}, {.kind = core::DeviceKind::kCuda});
+  EXPECT_NE(error(v).find("view `bias` is on another device"), std::string::npos) << error(v);
+  v = ok;
+  v.weight = {};
+  EXPECT_NE(error(v).find("view `weight` is empty"), std::string::npos) << error(v);
+  v = ok;
+  v.in = core::view(in.data(), {rows * cols});
+  EXPECT_NE(error(v).find("view `in` must be 2-D"), std::string::npos) << error(v);
+  LayerNormBackwardViews bv{.d_in = view_of(out, {rows, cols}),
+                            .d_weight = view_of(w, {cols}),
+                            .d_bias = view_of(b, {cols}),
+                            .d_out = view_of(in, {rows, cols}),
+                            .in = view_of(in, {rows, cols}),
+                            .weight = view_of(w, {cols}),
+                            .mean = view_of(mean, {rows}),
+                            .rstd = core::view(rstd.data(), {rows, 1})};
+  const std::string bwd = testing::invalid_argument_of([&] { layernorm_backward(cpu_ctx(), bv); });
+  EXPECT_NE(bwd.find("layernorm_backward: view `rstd` has shape"), std::string::npos) << bwd;
 }
 
 // The reference backward in double against central differences of the reference forward, with

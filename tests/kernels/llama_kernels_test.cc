@@ -23,6 +23,7 @@ namespace {
 using testing::all_close;
 using testing::randn;
 using testing::Tol;
+using testing::view_of;
 
 constexpr Tol kTol{1e-5, 1e-5};
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
@@ -43,34 +44,37 @@ TEST(RmsNorm, ForwardAndBackwardMatchReference) {
     const auto w = randn(c.cols, seed++, 0.2, 1.0);
     const auto d_out = randn(c.rows * c.cols, seed++);
     std::vector<float> out(in.size(), kNaN), rstd(c.rows, kNaN), out_r = out, rstd_r = rstd;
-    RmsNormForwardArgs f{.out = out.data(),
-                         .rstd = rstd.data(),
-                         .in = in.data(),
-                         .weight = w.data(),
-                         .rows = c.rows,
-                         .cols = c.cols,
-                         .eps = 1e-6f};
-    rmsnorm_forward(testing::backend_ctx(), f);
-    f.out = out_r.data();
-    f.rstd = rstd_r.data();
-    ref::rmsnorm_forward(f);
+    rmsnorm(testing::backend_ctx(), {.out = view_of(out, {c.rows, c.cols}),
+                                     .rstd = view_of(rstd, {c.rows}),
+                                     .in = view_of(in, {c.rows, c.cols}),
+                                     .weight = view_of(w, {c.cols}),
+                                     .eps = 1e-6f});
+    ref::rmsnorm_forward({.out = out_r.data(),
+                          .rstd = rstd_r.data(),
+                          .in = in.data(),
+                          .weight = w.data(),
+                          .rows = c.rows,
+                          .cols = c.cols,
+                          .eps = 1e-6f});
     EXPECT_TRUE(all_close(name("rmsnorm out", c).c_str(), out, out_r, kTol));
     EXPECT_TRUE(all_close(name("rmsnorm rstd", c).c_str(), rstd, rstd_r, kTol));
     // Backward accumulates into d_in and d_weight.
     auto d_in = randn(in.size(), seed++), d_w = randn(c.cols, seed++);
     auto d_in_r = d_in, d_w_r = d_w;
-    RmsNormBackwardArgs b{.d_in = d_in.data(),
-                          .d_weight = d_w.data(),
-                          .d_out = d_out.data(),
-                          .in = in.data(),
-                          .weight = w.data(),
-                          .rstd = rstd_r.data(),
-                          .rows = c.rows,
-                          .cols = c.cols};
-    rmsnorm_backward(testing::backend_ctx(), b);
-    b.d_in = d_in_r.data();
-    b.d_weight = d_w_r.data();
-    ref::rmsnorm_backward(b);
+    rmsnorm_backward(testing::backend_ctx(), {.d_in = view_of(d_in, {c.rows, c.cols}),
+                                              .d_weight = view_of(d_w, {c.cols}),
+                                              .d_out = view_of(d_out, {c.rows, c.cols}),
+                                              .in = view_of(in, {c.rows, c.cols}),
+                                              .weight = view_of(w, {c.cols}),
+                                              .rstd = view_of(rstd_r, {c.rows})});
+    ref::rmsnorm_backward({.d_in = d_in_r.data(),
+                           .d_weight = d_w_r.data(),
+                           .d_out = d_out.data(),
+                           .in = in.data(),
+                           .weight = w.data(),
+                           .rstd = rstd_r.data(),
+                           .rows = c.rows,
+                           .cols = c.cols});
     EXPECT_TRUE(all_close(name("rmsnorm d_in", c).c_str(), d_in, d_in_r, kTol));
     EXPECT_TRUE(all_close(name("rmsnorm d_weight", c).c_str(), d_w, d_w_r, Tol{1e-4, 1e-5}));
   }
@@ -118,16 +122,14 @@ TEST(SwiGlu, ForwardAndBackwardMatchReference) {
     const auto in = randn(c.rows * 2 * c.cols, seed++, 3.0);  // wide: saturated sigmoids too
     const auto d_out = randn(c.rows * c.cols, seed++);
     std::vector<float> out(c.rows * c.cols, kNaN), out_r = out;
-    swiglu_forward(testing::backend_ctx(),
-                   {.out = out.data(), .in = in.data(), .rows = c.rows, .cols = c.cols});
+    swiglu(testing::backend_ctx(),
+           {.out = view_of(out, {c.rows, c.cols}), .in = view_of(in, {c.rows, 2 * c.cols})});
     ref::swiglu_forward({.out = out_r.data(), .in = in.data(), .rows = c.rows, .cols = c.cols});
     EXPECT_TRUE(all_close(name("swiglu out", c).c_str(), out, out_r, kTol));
     std::vector<float> d_in(in.size(), kNaN), d_in_r = d_in;
-    swiglu_backward(testing::backend_ctx(), {.d_in = d_in.data(),
-                                             .d_out = d_out.data(),
-                                             .in = in.data(),
-                                             .rows = c.rows,
-                                             .cols = c.cols});
+    swiglu_backward(testing::backend_ctx(), {.d_in = view_of(d_in, {c.rows, 2 * c.cols}),
+                                             .d_out = view_of(d_out, {c.rows, c.cols}),
+                                             .in = view_of(in, {c.rows, 2 * c.cols})});
     ref::swiglu_backward({.d_in = d_in_r.data(),
                           .d_out = d_out.data(),
                           .in = in.data(),
@@ -135,6 +137,41 @@ TEST(SwiGlu, ForwardAndBackwardMatchReference) {
                           .cols = c.cols});
     EXPECT_TRUE(all_close(name("swiglu d_in", c).c_str(), d_in, d_in_r, kTol));
   }
+}
+
+// The views are checked before a pointer is read: errors name the op and the view.
+TEST(RmsNormAndSwiGlu, ViewsOfTheWrongDtypeOrShapeAreClearErrors) {
+  const std::int64_t rows = 2, cols = 3;
+  std::vector<float> x(rows * cols), x2(rows * 2 * cols), y2(x2.size()), w(cols), r(rows);
+  const std::vector<core::bf16> w16(cols);
+  const RmsNormViews ok{.out = view_of(x, {rows, cols}),
+                        .rstd = view_of(r, {rows}),
+                        .in = view_of(x, {rows, cols}),
+                        .weight = view_of(w, {cols})};
+  RmsNormViews v = ok;
+  v.weight = view_of(w16, {cols});
+  std::string e = testing::invalid_argument_of([&] { rmsnorm(testing::backend_ctx(), v); });
+  EXPECT_NE(e.find("rmsnorm: view `weight` holds bf16, the op needs f32"), std::string::npos) << e;
+  e = testing::invalid_argument_of([&] {
+    rmsnorm_backward(testing::backend_ctx(), {.d_in = view_of(x, {rows, cols}),
+                                              .d_weight = view_of(w, {cols}),
+                                              .d_out = view_of(x, {rows, cols}),
+                                              .in = view_of(x, {rows, cols}),
+                                              .weight = view_of(w, {cols})});
+  });
+  EXPECT_NE(e.find("rmsnorm_backward: view `rstd` is empty"), std::string::npos) << e;
+  e = testing::invalid_argument_of([&] {
+    swiglu(testing::backend_ctx(),
+           {.out = view_of(x, {rows, cols}), .in = view_of(x, {rows, cols})});
+  });
+  EXPECT_NE(e.find("swiglu: view `in` has shape (2, 3), the op needs (2, 6)"), std::string::npos)
+      << e;
+  e = testing::invalid_argument_of([&] {
+    swiglu_backward(testing::backend_ctx(), {.d_in = view_of(x2, {rows, 2 * cols}),
+                                             .d_out = view_of(x, {rows, cols}),
+                                             .in = view_of(y2, {rows, 2 * cols})});
+  });
+  EXPECT_EQ(e, "no error");
 }
 
 TEST(SwiGlu, ReferenceBackwardMatchesFiniteDifferences) {
@@ -184,13 +221,25 @@ TEST(RopeQkv, ForwardAndBackwardMatchReference) {
                             " hpg=" + std::to_string(c.heads_per_group);
     const auto in = randn(c.rows * s.in_cols(), seed++);
     std::vector<float> out(static_cast<std::size_t>(c.rows * s.out_cols()), kNaN), out_r = out;
-    rope_qkv_forward(testing::backend_ctx(), {.out = out.data(), .in = in.data(), .shape = s});
+    const RopeQkvGeometry g{.seq_len = c.seq_len,
+                            .position = c.position,
+                            .groups = c.groups,
+                            .heads_per_group = c.heads_per_group,
+                            .head_dim = c.head_dim};
+    const core::TensorView freq_view =
+        c.rotate ? view_of(freq, {c.head_dim / 2}) : core::TensorView{};
+    rope_qkv(testing::backend_ctx(), {.out = view_of(out, {c.rows, s.out_cols()}),
+                                      .in = view_of(in, {c.rows, s.in_cols()}),
+                                      .inv_freq = freq_view,
+                                      .geometry = g});
     ref::rope_qkv_forward({.out = out_r.data(), .in = in.data(), .shape = s});
     EXPECT_TRUE(all_close((tag + " out").c_str(), out, out_r, kTol));
     const auto d_out = randn(c.rows * s.out_cols(), seed++);
     std::vector<float> d_in(in.size(), kNaN), d_in_r = d_in;
-    rope_qkv_backward(testing::backend_ctx(),
-                      {.d_in = d_in.data(), .d_out = d_out.data(), .shape = s});
+    rope_qkv_backward(testing::backend_ctx(), {.d_in = view_of(d_in, {c.rows, s.in_cols()}),
+                                               .d_out = view_of(d_out, {c.rows, s.out_cols()}),
+                                               .inv_freq = freq_view,
+                                               .geometry = g});
     ref::rope_qkv_backward({.d_in = d_in_r.data(), .d_out = d_out.data(), .shape = s});
     EXPECT_TRUE(all_close((tag + " d_in").c_str(), d_in, d_in_r, kTol));
     // The backward is the forward's transpose: <forward(x), y> = <x, backward(y)>.
@@ -199,6 +248,29 @@ TEST(RopeQkv, ForwardAndBackwardMatchReference) {
     for (std::size_t i = 0; i < in.size(); ++i) rhs += static_cast<double>(in[i]) * d_in_r[i];
     EXPECT_NEAR(lhs, rhs, 1e-5 * (std::abs(lhs) + 1)) << tag;
   }
+}
+
+// The geometry fixes the columns of the views: a QKV of the wrong width is an error naming it.
+TEST(RopeQkv, ViewsThatDisagreeWithTheGeometryAreClearErrors) {
+  const RopeQkvGeometry g{.seq_len = 2, .groups = 2, .heads_per_group = 2, .head_dim = 4};
+  std::vector<float> in(2 * g.in_cols()), out(2 * g.out_cols()), freq(2);
+  const std::vector<std::int32_t> pos(3);
+  std::string e = testing::invalid_argument_of([&] {
+    rope_qkv(testing::backend_ctx(), {.out = view_of(out, {2, g.out_cols()}),
+                                      .in = core::view(in.data(), {2, g.out_cols()}),
+                                      .geometry = g});
+  });
+  EXPECT_NE(e.find("rope_qkv: view `in` has shape (2, 48), the op needs (2, 32)"),
+            std::string::npos)
+      << e;
+  e = testing::invalid_argument_of([&] {
+    rope_qkv_backward(testing::backend_ctx(), {.d_in = view_of(in, {2, g.in_cols()}),
+                                               .d_out = view_of(out, {2, g.out_cols()}),
+                                               .inv_freq = view_of(freq, {2}),
+                                               .positions = view_of(pos, {3}),
+                                               .geometry = g});
+  });
+  EXPECT_NE(e.find("view `positions` has shape (3), the op needs (2)"), std::string::npos) << e;
 }
 
 // q at position m and k at position n give the score of the unrotated pair rotated by m - n: the

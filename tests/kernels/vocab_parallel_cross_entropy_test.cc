@@ -3,6 +3,8 @@
 // the unsplit reference cross-entropy (cross_entropy.h), for 1, 2 and 4 shards of a padded
 // vocabulary, with ignored targets, a target in the last real column and shards holding only
 // padding. sum_token_losses against its reference (exactly: both add in row order in double).
+// The ops run over typed views (the references over the backend contract); a view of the wrong
+// shape or dtype is an error naming it.
 //
 // Tolerances as cross_entropy_test.cc: losses 1e-5 + 1e-5 |ref|, d_logits 1e-9 + 1e-5 |ref|.
 #include "trident/kernels/vocab_parallel_cross_entropy.h"
@@ -73,11 +75,12 @@ TEST(VocabParallelCeKernels, ShardsWithReductionsMatchTheUnsplitReference) {
       };
       const core::ExecContext ctx = testing::backend_ctx();
       std::vector<float> max(rows, -INFINITY);
+      const core::Shape rs{rows}, rv{rows, Vl};
       for (int s = 0; s < n; ++s) {
-        vocab_parallel_ce_max(ctx, {.row_max = stats[s].data(),
-                                    .logits = logits[s].data(),
-                                    .rows = rows,
-                                    .shard = shard(s)});
+        vocab_parallel_ce_max(ctx, {.row_max = core::view(stats[s].data(), rs),
+                                    .logits = testing::view_of(logits[s], rv),
+                                    .vocab = p.V,
+                                    .vocab_start = s * Vl});
         std::vector<float> want(rows);
         ref::vocab_parallel_ce_max(
             {.row_max = want.data(), .logits = logits[s].data(), .rows = rows, .shard = shard(s)});
@@ -96,7 +99,13 @@ TEST(VocabParallelCeKernels, ShardsWithReductionsMatchTheUnsplitReference) {
                                        .targets = p.targets.data(),
                                        .rows = rows,
                                        .shard = shard(s)};
-        vocab_parallel_ce_sum_target(ctx, a);
+        vocab_parallel_ce_sum_target(ctx, {.sum_exp = core::view(st + rows, rs),
+                                           .target_logit = core::view(st + 2 * rows, rs),
+                                           .logits = testing::view_of(logits[s], rv),
+                                           .row_max = testing::view_of(max, rs),
+                                           .targets = testing::view_of(p.targets, rs),
+                                           .vocab = p.V,
+                                           .vocab_start = s * Vl});
         std::vector<float> want(2 * rows);
         VocabParallelCeSumArgs ra = a;
         ra.sum_exp = want.data();
@@ -117,7 +126,17 @@ TEST(VocabParallelCeKernels, ShardsWithReductionsMatchTheUnsplitReference) {
                                   .d_scale = 0.25f,
                                   .rows = rows,
                                   .shard = shard(s)};
-        vocab_parallel_ce_loss(ctx, a);
+        const VocabParallelCeLossViews v{.losses = testing::view_of(losses, rs),
+                                         .d_logits = testing::view_of(d, rv),
+                                         .logits = testing::view_of(logits[s], rv),
+                                         .row_max = testing::view_of(max, rs),
+                                         .sum_exp = core::view(sums.data(), rs),
+                                         .target_logit = core::view(sums.data() + rows, rs),
+                                         .targets = testing::view_of(p.targets, rs),
+                                         .d_scale = 0.25f,
+                                         .vocab = p.V,
+                                         .vocab_start = s * Vl};
+        vocab_parallel_ce_loss(ctx, v);
         EXPECT_TRUE(all_close("losses vs unsplit", losses, losses_ref, kLossTol)) << n;
         const std::vector<float> d_want = [&] {
           Problem q = p;
@@ -132,14 +151,14 @@ TEST(VocabParallelCeKernels, ShardsWithReductionsMatchTheUnsplitReference) {
         EXPECT_TRUE(all_close("d_logits vs ref", d, rd, kGradTol));
         // In place and loss-only give the same losses.
         std::vector<float> inplace = logits[s], l2(rows);
-        a.losses = l2.data();
-        a.d_logits = inplace.data();
-        a.logits = inplace.data();
-        vocab_parallel_ce_loss(ctx, a);
+        VocabParallelCeLossViews w = v;
+        w.losses = testing::view_of(l2, rs);
+        w.d_logits = w.logits = testing::view_of(inplace, rv);
+        vocab_parallel_ce_loss(ctx, w);
         EXPECT_TRUE(testing::all_equal("in place", inplace, d));
-        a.d_logits = nullptr;
-        a.logits = logits[s].data();
-        vocab_parallel_ce_loss(ctx, a);
+        w.d_logits = {};
+        w.logits = testing::view_of(logits[s], rv);
+        vocab_parallel_ce_loss(ctx, w);
         EXPECT_TRUE(testing::all_equal("loss only", l2, losses));
       }
     }
@@ -167,8 +186,9 @@ TEST(SumTokenLosses, CountsOnlyNonNegativeTargets) {
   const std::vector<float> losses = randn(101, 5);
   std::vector<std::int32_t> targets(101);
   for (std::size_t i = 0; i < targets.size(); ++i) targets[i] = i % 3 == 0 ? -1 : 7;
-  const TokenLossSum got =
-      sum_token_losses(testing::backend_ctx(), losses.data(), targets.data(), 101);
+  const TokenLossSum got = sum_token_losses(
+      testing::backend_ctx(),
+      {.losses = testing::view_of(losses, {101}), .targets = testing::view_of(targets, {101})});
   const TokenLossSum want = ref::sum_token_losses(losses.data(), targets.data(), 101);
   EXPECT_EQ(got.count, 67);
   EXPECT_EQ(got.count, want.count);
@@ -177,6 +197,48 @@ TEST(SumTokenLosses, CountsOnlyNonNegativeTargets) {
   for (std::size_t i = 0; i < targets.size(); ++i)
     if (targets[i] >= 0) by_hand += losses[i];
   EXPECT_EQ(got.sum, by_hand);
+}
+
+// The shard's row stride comes from the logits view; every other view must match its rows.
+TEST(VocabParallelCeKernels, ViewsOfTheWrongDtypeOrShapeAreClearErrors) {
+  const std::int64_t rows = 3, Vl = 8;
+  std::vector<float> logits(rows * Vl), stats(3 * rows);
+  const std::vector<std::int32_t> targets(rows, 1);
+  const core::ExecContext ctx = testing::backend_ctx();
+  std::string e = testing::invalid_argument_of([&] {
+    vocab_parallel_ce_max(ctx, {.row_max = core::view(stats.data(), {rows + 1}),
+                                .logits = testing::view_of(logits, {rows, Vl}),
+                                .vocab = Vl});
+  });
+  EXPECT_NE(e.find("vocab_parallel_ce_max: view `row_max` has shape (4), the op needs (3)"),
+            std::string::npos)
+      << e;
+  e = testing::invalid_argument_of([&] {
+    vocab_parallel_ce_sum_target(ctx, {.sum_exp = core::view(stats.data(), {rows}),
+                                       .target_logit = core::view(stats.data() + rows, {rows}),
+                                       .logits = testing::view_of(logits, {rows, Vl}),
+                                       .row_max = core::view(stats.data(), {rows}),
+                                       .targets = core::view(stats.data(), {rows}),
+                                       .vocab = Vl});
+  });
+  EXPECT_NE(e.find("view `targets` holds f32, the op needs i32"), std::string::npos) << e;
+  e = testing::invalid_argument_of([&] {
+    vocab_parallel_ce_loss(ctx, {.losses = core::view(stats.data(), {rows}),
+                                 .d_logits = core::view(logits.data(), {rows, Vl / 2}),
+                                 .logits = testing::view_of(logits, {rows, Vl}),
+                                 .row_max = core::view(stats.data(), {rows}),
+                                 .sum_exp = core::view(stats.data(), {rows}),
+                                 .target_logit = core::view(stats.data(), {rows}),
+                                 .targets = testing::view_of(targets, {rows}),
+                                 .vocab = Vl});
+  });
+  EXPECT_NE(e.find("view `d_logits` has shape (3, 4), the op needs (3, 8)"), std::string::npos)
+      << e;
+  e = testing::invalid_argument_of([&] {
+    (void)sum_token_losses(ctx, {.losses = core::view(stats.data(), {rows}),
+                                 .targets = testing::view_of(targets, {rows})});
+  });
+  EXPECT_EQ(e, "no error");
 }
 
 }  // namespace

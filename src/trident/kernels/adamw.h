@@ -5,11 +5,16 @@
 //   p -= lr * weight_decay * p                               (decoupled decay)
 //   p -= lr * (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps)
 // One fused pass over flat buffers (bandwidth-bound).
+//
+// Callers use the typed views (AdamWViews, below): four f32 (n) views on ctx.device; a mismatch is
+// a core::InvalidArgument naming the view. AdamWArgs is the backend contract the CPU body, the CUDA
+// body and the reference implement.
 #pragma once
 
 #include <cstdint>
 
 #include "trident/core/exec_context.h"
+#include "trident/core/tensor.h"
 
 namespace trident::kernels {
 
@@ -31,5 +36,14 @@ struct AdamWArgs {
   std::int64_t n = 0;
 };
 void adamw_update(const core::ExecContext& ctx, const AdamWHyper& hp, const AdamWArgs& args);
+
+// adamw_update over typed views; n is read from `param`.
+struct AdamWViews {
+  core::TensorView param{};  // (n) f32, updated in place
+  core::TensorView m{};      // (n) f32, updated in place
+  core::TensorView v{};      // (n) f32, updated in place
+  core::TensorView grad{};   // (n) f32
+};
+void adamw_update(const core::ExecContext& ctx, const AdamWHyper& hp, const AdamWViews& views);
 
 }  // namespace trident::kernels

@@ -9,11 +9,15 @@
 //   (--reset-attention-mask), across documents (key c attends from query t only if doc[c] ==
 //   doc[t]),
 //   probs  = softmax(scores), out = probs v.
+//
+// Callers use the typed views (the Views structs at the end, checked as kernels/view_check.h says);
+// the raw-pointer Args are the backend contract (docs/architecture.md, "The kernel seam").
 #pragma once
 
 #include <cstdint>
 
 #include "trident/core/exec_context.h"
+#include "trident/core/tensor.h"
 
 namespace trident::kernels {
 
@@ -37,5 +41,25 @@ struct AttentionBackwardArgs {
   std::int64_t batch = 0, seq_len = 0, num_heads = 0, head_dim = 0;
 };
 void attention_backward(const core::ExecContext& ctx, const AttentionBackwardArgs& args);
+
+// attention_forward over typed views. B, T, NH and HS are read from qkv, a 4-D view whose last
+// dimension holds each head's q, k and v (3 * HS).
+struct AttentionViews {
+  core::TensorView out{};    // (B, T, NH * HS)    f32, written (=)
+  core::TensorView probs{};  // (B, NH, T, T)      f32, written (=), saved for the backward
+  core::TensorView qkv{};    // (B, T, NH, 3 * HS) f32
+  core::TensorView doc{};    // (B, T)             i32 document ids, or empty: one document
+};
+void attention(const core::ExecContext& ctx, const AttentionViews& v);
+
+// attention_backward over typed views; sizes from qkv.
+struct AttentionBackwardViews {
+  core::TensorView d_qkv{};    // (B, T, NH, 3 * HS) f32, written (=)
+  core::TensorView d_probs{};  // (B, NH, T, T)      f32, scratch
+  core::TensorView d_out{};    // (B, T, NH * HS)    f32
+  core::TensorView qkv{};      // (B, T, NH, 3 * HS) f32
+  core::TensorView probs{};    // (B, NH, T, T)      f32, from the forward
+};
+void attention_backward(const core::ExecContext& ctx, const AttentionBackwardViews& v);
 
 }  // namespace trident::kernels

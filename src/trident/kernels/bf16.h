@@ -7,6 +7,7 @@
 
 #include "trident/core/bf16.h"
 #include "trident/core/exec_context.h"
+#include "trident/core/tensor.h"
 
 namespace trident::kernels {
 
@@ -22,6 +23,15 @@ void convert_f32_to_bf16(const core::ExecContext& ctx, core::bf16* dst, const fl
 // Overwrites dst. dst and src must not overlap.
 void convert_bf16_to_f32(const core::ExecContext& ctx, float* dst, const core::bf16* src,
                          std::int64_t n);
+
+// The conversion over typed views: the dtypes pick the direction (f32 -> bf16 or bf16 -> f32, as
+// the two functions above), the shapes must be equal, both views on ctx.device (checked as
+// kernels/view_check.h says; a mismatch is a core::InvalidArgument naming the view).
+struct ConvertViews {
+  core::TensorView out{};  // bf16 (from f32) or f32 (from bf16), written (=)
+  core::TensorView in{};   // f32 or bf16, the same shape, disjoint from out
+};
+void convert(const core::ExecContext& ctx, const ConvertViews& v);
 
 namespace detail {
 

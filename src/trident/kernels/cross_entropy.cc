@@ -4,6 +4,7 @@
 
 #include "trident/core/profile.h"
 #include "trident/kernels/backend.h"
+#include "trident/kernels/view_check.h"
 #ifdef TRIDENT_HAVE_CUDA
 #include "trident/kernels/cuda/cuda_ops.h"
 #endif
@@ -24,6 +25,25 @@ void cross_entropy_forward_backward(const core::ExecContext& ctx, const CrossEnt
       no_cuda_backend("cross_entropy_forward_backward");
 #endif
   }
+}
+
+void cross_entropy_forward_backward(const core::ExecContext& ctx, const CrossEntropyViews& v) {
+  constexpr const char* op = "cross_entropy_forward_backward";
+  constexpr core::DType f32 = core::DType::kF32;
+  detail::check_rank(op, "logits", v.logits, 2);
+  const std::int64_t rows = v.logits.shape[0], vocab_padded = v.logits.shape[1];
+  detail::check_view(op, "logits", v.logits, f32, v.logits.shape, ctx);
+  detail::check_optional_view(op, "d_logits", v.d_logits, f32, v.logits.shape, ctx);
+  detail::check_view(op, "losses", v.losses, f32, {rows}, ctx);
+  detail::check_view(op, "targets", v.targets, core::DType::kI32, {rows}, ctx);
+  cross_entropy_forward_backward(ctx, {.losses = v.losses.as<float>(),
+                                       .d_logits = detail::data_or_null<float>(v.d_logits),
+                                       .logits = v.logits.as<float>(),
+                                       .targets = v.targets.as<std::int32_t>(),
+                                       .d_scale = v.d_scale,
+                                       .rows = rows,
+                                       .vocab = v.vocab,
+                                       .vocab_padded = vocab_padded});
 }
 
 }  // namespace trident::kernels

@@ -2,11 +2,15 @@
 // Columns [vocab, vocab_padded) are padding: they never take probability mass (treated as -inf),
 // get zero gradient, and a target there is a bug (InternalError). A negative target means
 // "ignored" (loss 0, gradient 0).
+//
+// Callers use the typed views (the Views struct at the end, checked as kernels/view_check.h says);
+// the raw-pointer Args are the backend contract (docs/architecture.md, "The kernel seam").
 #pragma once
 
 #include <cstdint>
 
 #include "trident/core/exec_context.h"
+#include "trident/core/tensor.h"
 
 namespace trident::kernels {
 
@@ -21,5 +25,16 @@ struct CrossEntropyArgs {
   std::int64_t rows = 0, vocab = 0, vocab_padded = 0;
 };
 void cross_entropy_forward_backward(const core::ExecContext& ctx, const CrossEntropyArgs& args);
+
+// cross_entropy_forward_backward over typed views; rows and vocab_padded from the logits.
+struct CrossEntropyViews {
+  core::TensorView losses{};    // (rows)               f32, written (=)
+  core::TensorView d_logits{};  // (rows, vocab_padded) f32, written (=), may be `logits`; or empty
+  core::TensorView logits{};    // (rows, vocab_padded) f32
+  core::TensorView targets{};   // (rows)               i32
+  float d_scale = 1.0f;
+  std::int64_t vocab = 0;  // real columns; the rest of each row is padding
+};
+void cross_entropy_forward_backward(const core::ExecContext& ctx, const CrossEntropyViews& v);
 
 }  // namespace trident::kernels

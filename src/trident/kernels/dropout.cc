@@ -4,6 +4,7 @@
 
 #include "trident/core/profile.h"
 #include "trident/kernels/backend.h"
+#include "trident/kernels/view_check.h"
 #ifdef TRIDENT_HAVE_CUDA
 #include "trident/kernels/cuda/cuda_ops.h"
 #endif
@@ -22,6 +23,22 @@ void hidden_dropout(const core::ExecContext& ctx, const HiddenDropoutArgs& args)
       no_cuda_backend("hidden_dropout");
 #endif
   }
+}
+
+void hidden_dropout(const core::ExecContext& ctx, const HiddenDropoutViews& v) {
+  constexpr const char* op = "hidden_dropout";
+  detail::check_rank(op, "in", v.in, 2);
+  const std::int64_t rows = v.in.shape[0], cols = v.in.shape[1];
+  detail::check_view(op, "in", v.in, core::DType::kF32, {rows, cols}, ctx);
+  detail::check_view(op, "out", v.out, core::DType::kF32, {rows, cols}, ctx);
+  hidden_dropout(ctx, HiddenDropoutArgs{.out = v.out.as<float>(),
+                                        .in = v.in.as<float>(),
+                                        .rows = rows,
+                                        .cols = cols,
+                                        .first_row = v.first_row,
+                                        .p = v.p,
+                                        .seed = v.seed,
+                                        .stream = v.stream});
 }
 
 }  // namespace trident::kernels

@@ -6,11 +6,16 @@
 // token row of row 0 (first_sample * T + the row's offset inside the micro-batch); it is kept when
 // dropout_keep(seed, stream, index, p) (flash_attention.h). The backward pass is the same op on the
 // gradient with the same arguments (the mask is regenerated, never stored).
+//
+// Callers use the typed views (HiddenDropoutViews, below): out and in f32 (rows, cols) views on
+// ctx.device; a mismatch is a core::InvalidArgument naming the view. HiddenDropoutArgs is the
+// backend contract the CPU body, the CUDA body and the reference implement.
 #pragma once
 
 #include <cstdint>
 
 #include "trident/core/exec_context.h"
+#include "trident/core/tensor.h"
 
 namespace trident::kernels {
 
@@ -25,6 +30,17 @@ struct HiddenDropoutArgs {
 };
 // OpenMP over rows; the result does not depend on the thread count.
 void hidden_dropout(const core::ExecContext& ctx, const HiddenDropoutArgs& args);
+
+// hidden_dropout over typed views; rows and cols are read from `in`.
+struct HiddenDropoutViews {
+  core::TensorView out{};      // (rows, cols) f32, written (=); may be `in` itself
+  core::TensorView in{};       // (rows, cols) f32
+  std::int64_t first_row = 0;  // global token row of row 0
+  float p = 0.0f;              // drop probability in [0, 1)
+  std::uint64_t seed = 0;
+  std::uint64_t stream = 0;  // the dropout site and iteration
+};
+void hidden_dropout(const core::ExecContext& ctx, const HiddenDropoutViews& v);
 
 namespace ref {
 // The specification: the same mask, the scale 1 / (1 - p) and the product in double.

@@ -4,6 +4,7 @@
 
 #include "trident/core/profile.h"
 #include "trident/kernels/backend.h"
+#include "trident/kernels/view_check.h"
 #ifdef TRIDENT_HAVE_CUDA
 #include "trident/kernels/cuda/cuda_ops.h"
 #endif
@@ -52,6 +53,12 @@ void add_forward(const core::ExecContext& ctx, float* out, const float* a, const
       no_cuda_backend("add_forward");
 #endif
   }
+}
+
+void add(const core::ExecContext& ctx, const AddViews& v) {
+  detail::check_views("add", ctx, core::DType::kF32, v.out.shape,
+                      {{"out", v.out}, {"a", v.a}, {"b", v.b}});
+  add_forward(ctx, v.out.as<float>(), v.a.as<float>(), v.b.as<float>(), v.out.numel());
 }
 
 void scale_inplace(const core::ExecContext& ctx, float* x, float s, std::int64_t n) {

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "trident/core/exec_context.h"
+#include "trident/core/tensor.h"
 
 namespace trident::kernels {
 
@@ -17,6 +18,12 @@ void gelu_backward(const core::ExecContext& ctx, float* d_in, const float* d_out
 // out = a + b. Overwrites out; out may alias a or b.
 void add_forward(const core::ExecContext& ctx, float* out, const float* a, const float* b,
                  std::int64_t n);
+// add_forward over typed views (checked as kernels/view_check.h says): three f32 views of one
+// shape on ctx.device; out may be a or b.
+struct AddViews {
+  core::TensorView out{}, a{}, b{};
+};
+void add(const core::ExecContext& ctx, const AddViews& v);
 // x *= s.
 void scale_inplace(const core::ExecContext& ctx, float* x, float s, std::int64_t n);
 // Sum of squares, accumulated in double. Bitwise reproducible for a given ctx.num_threads.

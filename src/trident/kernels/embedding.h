@@ -2,11 +2,15 @@
 // For a vocab-parallel word embedding (tensor parallelism), a rank holds rows
 // [vocab_start, vocab_start + vocab_local) of wte; tokens outside contribute 0 and the caller
 // all-reduces. wpe may be null (ALiBi models have no position embedding).
+//
+// Callers use the typed views (the Views structs at the end, checked as kernels/view_check.h says);
+// the raw-pointer Args are the backend contract (docs/architecture.md, "The kernel seam").
 #pragma once
 
 #include <cstdint>
 
 #include "trident/core/exec_context.h"
+#include "trident/core/tensor.h"
 
 namespace trident::kernels {
 
@@ -37,5 +41,30 @@ struct EmbeddingBackwardArgs {
   const std::int32_t* positions = nullptr;  // (B*T) as in the forward, or null: t
 };
 void embedding_backward(const core::ExecContext& ctx, const EmbeddingBackwardArgs& args);
+
+// embedding_forward over typed views. B and T are read from tokens, vocab_local and C from wte.
+// Without per-row positions the position rows position_offset .. position_offset + T - 1 of wpe
+// are read, and wpe must hold them.
+struct EmbeddingViews {
+  core::TensorView out{};        // (B, T, C)        f32, written (=)
+  core::TensorView tokens{};     // (B, T)           i32
+  core::TensorView wte{};        // (vocab_local, C) f32: rows vocab_start.. of the word table
+  core::TensorView wpe{};        // (positions, C)   f32, or empty: no position embedding
+  core::TensorView positions{};  // (B, T)           i32 position ids, or empty: offset + t
+  std::int64_t vocab_start = 0;
+  std::int64_t position_offset = 0;
+};
+void embedding(const core::ExecContext& ctx, const EmbeddingViews& v);
+
+// embedding_backward over typed views (d_wte, d_wpe accumulate +=); sizes as the forward's.
+struct EmbeddingBackwardViews {
+  core::TensorView d_wte{};      // (vocab_local, C) f32, accumulated (+=)
+  core::TensorView d_wpe{};      // (positions, C)   f32, accumulated (+=), or empty
+  core::TensorView d_out{};      // (B, T, C)        f32
+  core::TensorView tokens{};     // (B, T)           i32
+  core::TensorView positions{};  // (B, T)           i32 as in the forward, or empty: t
+  std::int64_t vocab_start = 0;
+};
+void embedding_backward(const core::ExecContext& ctx, const EmbeddingBackwardViews& v);
 
 }  // namespace trident::kernels

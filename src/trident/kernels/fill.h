@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "trident/core/exec_context.h"
+#include "trident/core/tensor.h"
 
 namespace trident::kernels {
 
@@ -24,5 +25,18 @@ struct CopyArgs {
   std::int64_t n = 0;
 };
 void copy(const core::ExecContext& ctx, const CopyArgs& args);
+
+// fill and copy over typed views (checked as kernels/view_check.h says): f32 views of any shape
+// on ctx.device; copy's `in` has out's shape.
+struct FillViews {
+  core::TensorView out{};  // f32, overwritten
+  float value = 0.0f;
+};
+void fill(const core::ExecContext& ctx, const FillViews& v);
+struct CopyViews {
+  core::TensorView out{};  // f32, overwritten
+  core::TensorView in{};   // f32, out's shape, disjoint from out
+};
+void copy(const core::ExecContext& ctx, const CopyViews& v);
 
 }  // namespace trident::kernels

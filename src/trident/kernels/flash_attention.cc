@@ -8,6 +8,7 @@
 #include "trident/core/error.h"
 #include "trident/core/profile.h"
 #include "trident/core/rng.h"
+#include "trident/kernels/attention_views.h"
 #include "trident/kernels/backend.h"
 #ifdef TRIDENT_HAVE_CUDA
 #include "trident/kernels/cuda/cuda_ops.h"
@@ -71,6 +72,50 @@ void flash_attention_backward(const core::ExecContext& ctx,
       no_cuda_backend("flash_attention_backward");
 #endif
   }
+}
+
+void flash_attention(const core::ExecContext& ctx, const FlashAttentionViews& v) {
+  constexpr const char* op = "flash_attention";
+  const detail::AttentionSizes s = detail::attention_sizes(op, v.qkv, ctx);
+  constexpr core::DType f32 = core::DType::kF32;
+  detail::check_view(op, "out", v.out, f32, s.out(), ctx);
+  detail::check_view(op, "lse", v.lse, f32, s.lse(), ctx);
+  detail::check_optional_view(op, "alibi", v.alibi, f32, {s.num_heads}, ctx);
+  detail::check_optional_view(op, "doc", v.doc, core::DType::kI32, s.tokens(), ctx);
+  flash_attention_forward(ctx, {.out = v.out.as<float>(),
+                                .lse = v.lse.as<float>(),
+                                .qkv = v.qkv.as<float>(),
+                                .alibi = detail::data_or_null<float>(v.alibi),
+                                .dropout = v.dropout,
+                                .batch = s.batch,
+                                .seq_len = s.seq_len,
+                                .num_heads = s.num_heads,
+                                .head_dim = s.head_dim,
+                                .doc = detail::data_or_null<std::int32_t>(v.doc)});
+}
+
+void flash_attention_backward(const core::ExecContext& ctx, const FlashAttentionBackwardViews& v) {
+  constexpr const char* op = "flash_attention_backward";
+  const detail::AttentionSizes s = detail::attention_sizes(op, v.qkv, ctx);
+  constexpr core::DType f32 = core::DType::kF32;
+  detail::check_view(op, "d_qkv", v.d_qkv, f32, v.qkv.shape, ctx);
+  detail::check_views(op, ctx, f32, s.out(), {{"d_out", v.d_out}, {"out", v.out}});
+  detail::check_view(op, "lse", v.lse, f32, s.lse(), ctx);
+  detail::check_optional_view(op, "alibi", v.alibi, f32, {s.num_heads}, ctx);
+  detail::check_optional_view(op, "doc", v.doc, core::DType::kI32, s.tokens(), ctx);
+  flash_attention_backward(
+      ctx, FlashAttentionBackwardArgs{.d_qkv = v.d_qkv.as<float>(),
+                                      .d_out = v.d_out.as<float>(),
+                                      .qkv = v.qkv.as<float>(),
+                                      .out = v.out.as<float>(),
+                                      .lse = v.lse.as<float>(),
+                                      .alibi = detail::data_or_null<float>(v.alibi),
+                                      .dropout = v.dropout,
+                                      .batch = s.batch,
+                                      .seq_len = s.seq_len,
+                                      .num_heads = s.num_heads,
+                                      .head_dim = s.head_dim,
+                                      .doc = detail::data_or_null<std::int32_t>(v.doc)});
 }
 
 }  // namespace trident::kernels

@@ -14,11 +14,15 @@
 // Dropout masks are a pure function of (seed, stream, global index): element (q, k) of head h of
 // sample `first_sample + b` has index ((sample * total_heads + head_offset + h) * T + q) * T + k,
 // so any parallel layout that computes that element draws the same mask.
+//
+// Callers use the typed views (the Views structs at the end, checked as kernels/view_check.h says);
+// the raw-pointer Args are the backend contract (docs/architecture.md, "The kernel seam").
 #pragma once
 
 #include <cstdint>
 
 #include "trident/core/exec_context.h"
+#include "trident/core/tensor.h"
 
 namespace trident::kernels {
 
@@ -57,6 +61,31 @@ struct FlashAttentionBackwardArgs {
   const std::int32_t* doc = nullptr;  // (B, T) as in the forward
 };
 void flash_attention_backward(const core::ExecContext& ctx, const FlashAttentionBackwardArgs& args);
+
+// flash_attention_forward over typed views. B, T, NH and HS are read from qkv, a 4-D view whose
+// last dimension holds each head's q, k and v (3 * HS).
+struct FlashAttentionViews {
+  core::TensorView out{};    // (B, T, NH * HS)    f32, written (=)
+  core::TensorView lse{};    // (B, NH, T)         f32, written (=)
+  core::TensorView qkv{};    // (B, T, NH, 3 * HS) f32
+  core::TensorView alibi{};  // (NH)               f32 slopes, or empty: no bias
+  core::TensorView doc{};    // (B, T)             i32 document ids, or empty: one document
+  AttentionDropout dropout;
+};
+void flash_attention(const core::ExecContext& ctx, const FlashAttentionViews& v);
+
+// flash_attention_backward over typed views; sizes from qkv.
+struct FlashAttentionBackwardViews {
+  core::TensorView d_qkv{};  // (B, T, NH, 3 * HS) f32, written (=)
+  core::TensorView d_out{};  // (B, T, NH * HS)    f32
+  core::TensorView qkv{};    // (B, T, NH, 3 * HS) f32
+  core::TensorView out{};    // (B, T, NH * HS)    f32, from the forward
+  core::TensorView lse{};    // (B, NH, T)         f32, from the forward
+  core::TensorView alibi{};  // (NH)               f32, or empty
+  core::TensorView doc{};    // (B, T)             i32, or empty (as in the forward)
+  AttentionDropout dropout;
+};
+void flash_attention_backward(const core::ExecContext& ctx, const FlashAttentionBackwardViews& v);
 
 // ALiBi slopes for `num_heads` heads (Press et al.; the BLOOM / Megatron-DeepSpeed rule): for n a
 // power of two, slope_i = 2^(-8 (i + 1) / n); otherwise the 2^floor(log2 n) power-of-two slopes

@@ -9,6 +9,7 @@
 #include "trident/kernels/cuda/cuda_ops.h"
 #endif
 #include "trident/kernels/row_partials.h"
+#include "trident/kernels/view_check.h"
 
 namespace trident::kernels {
 
@@ -47,6 +48,37 @@ void bias_gelu_backward(const core::ExecContext& ctx, const BiasGeluBackwardArgs
       no_cuda_backend("bias_gelu_backward");
 #endif
   }
+}
+
+void bias_gelu(const core::ExecContext& ctx, const BiasGeluViews& v) {
+  constexpr const char* op = "bias_gelu";
+  const auto [rows, cols] = detail::check_f32_and_bf16_outputs(
+      op, ctx, {"in", v.in}, {"out", v.out}, {"out_bf16", v.out_bf16});
+  detail::check_view(op, "bias", v.bias, core::DType::kF32, {cols}, ctx);
+  bias_gelu_forward(ctx, {.out = detail::data_or_null<float>(v.out),
+                          .out_bf16 = detail::data_or_null<core::bf16>(v.out_bf16),
+                          .in = v.in.as<float>(),
+                          .bias = v.bias.as<float>(),
+                          .rows = rows,
+                          .cols = cols});
+}
+
+void bias_gelu_backward(const core::ExecContext& ctx, const BiasGeluBackwardViews& v) {
+  constexpr const char* op = "bias_gelu_backward";
+  const auto [rows, cols] = detail::check_f32_and_bf16_outputs(
+      op, ctx, {"in", v.in}, {"d_in", v.d_in}, {"d_in_bf16", v.d_in_bf16});
+  detail::check_view(op, "d_out", v.d_out, core::DType::kF32, {rows, cols}, ctx);
+  detail::check_views(op, ctx, core::DType::kF32, {cols}, {{"d_bias", v.d_bias}, {"bias", v.bias}});
+  bias_gelu_backward(
+      ctx, BiasGeluBackwardArgs{.d_in = detail::data_or_null<float>(v.d_in),
+                                .d_in_bf16 = detail::data_or_null<core::bf16>(v.d_in_bf16),
+                                .d_bias = v.d_bias.as<float>(),
+                                .d_out = v.d_out.as<float>(),
+                                .in = v.in.as<float>(),
+                                .bias = v.bias.as<float>(),
+                                .rows = rows,
+                                .cols = cols,
+                                .scratch = v.scratch});
 }
 
 }  // namespace trident::kernels

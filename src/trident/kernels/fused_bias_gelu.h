@@ -5,6 +5,9 @@
 // conversion pass.
 //
 // gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), as kernels/elementwise.h.
+//
+// Callers use the typed views (the Views structs at the end, checked as kernels/view_check.h says);
+// the raw-pointer Args are the backend contract (docs/architecture.md, "The kernel seam").
 #pragma once
 
 #include <cstddef>
@@ -13,6 +16,7 @@
 
 #include "trident/core/bf16.h"
 #include "trident/core/exec_context.h"
+#include "trident/core/tensor.h"
 
 namespace trident::kernels {
 
@@ -52,5 +56,27 @@ void bias_gelu_backward(const core::ExecContext& ctx, const BiasGeluBackwardArgs
 // Scratch bytes bias_gelu_backward needs: one double per column per chunk of 64 rows
 // (rows 8192 x cols 3072: 3 MiB).
 [[nodiscard]] std::int64_t bias_gelu_backward_scratch_bytes(std::int64_t rows, std::int64_t cols);
+
+// bias_gelu_forward over typed views; rows and cols are read from `in`. The BF16 copy is a bf16
+// view: precision is a property of the views.
+struct BiasGeluViews {
+  core::TensorView out{};       // (rows, cols) f32, written (=), or empty
+  core::TensorView out_bf16{};  // (rows, cols) bf16, written (=), or empty (not both empty)
+  core::TensorView in{};        // (rows, cols) f32, before the bias
+  core::TensorView bias{};      // (cols)       f32
+};
+void bias_gelu(const core::ExecContext& ctx, const BiasGeluViews& v);
+
+// bias_gelu_backward over typed views; sizes from `in`.
+struct BiasGeluBackwardViews {
+  core::TensorView d_in{};         // (rows, cols) f32, written (=), or empty
+  core::TensorView d_in_bf16{};    // (rows, cols) bf16, written (=), or empty (not both empty)
+  core::TensorView d_bias{};       // (cols)       f32, accumulated (+=)
+  core::TensorView d_out{};        // (rows, cols) f32
+  core::TensorView in{};           // (rows, cols) f32, the forward's in
+  core::TensorView bias{};         // (cols)       f32
+  std::span<std::byte> scratch{};  // bias_gelu_backward_scratch_bytes(rows, cols) bytes
+};
+void bias_gelu_backward(const core::ExecContext& ctx, const BiasGeluBackwardViews& v);
 
 }  // namespace trident::kernels

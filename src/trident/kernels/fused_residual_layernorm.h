@@ -5,6 +5,9 @@
 //
 // LayerNorm as kernels/layernorm.h: out = (x - mean) * rstd * weight + bias, population variance,
 // rstd = 1 / sqrt(var + eps).
+//
+// Callers use the typed views (the Views structs at the end, checked as kernels/view_check.h says);
+// the raw-pointer Args are the backend contract (docs/architecture.md, "The kernel seam").
 #pragma once
 
 #include <cstddef>
@@ -13,6 +16,7 @@
 
 #include "trident/core/bf16.h"
 #include "trident/core/exec_context.h"
+#include "trident/core/tensor.h"
 
 namespace trident::kernels {
 
@@ -71,5 +75,37 @@ void residual_layernorm_backward(const core::ExecContext& ctx,
 // (rows 16384 x cols 768: 3 MiB).
 [[nodiscard]] std::int64_t residual_layernorm_backward_scratch_bytes(std::int64_t rows,
                                                                      std::int64_t cols);
+
+// residual_layernorm_forward over typed views; rows and cols are read from `a`. The BF16 copy is
+// a bf16 view: precision is a property of the views.
+struct ResidualLayerNormViews {
+  core::TensorView resid_out{};  // (rows, cols) f32, written (=): a + b
+  core::TensorView out{};        // (rows, cols) f32, written (=), or empty
+  core::TensorView out_bf16{};   // (rows, cols) bf16, written (=), or empty (not both empty)
+  core::TensorView mean{};       // (rows)       f32, written (=)
+  core::TensorView rstd{};       // (rows)       f32, written (=)
+  core::TensorView a{};          // (rows, cols) f32, the residual stream
+  core::TensorView b{};          // (rows, cols) f32, the sub-layer output added to it
+  core::TensorView weight{};     // (cols)       f32
+  core::TensorView bias{};       // (cols)       f32
+  float eps = 1e-5f;
+};
+void residual_layernorm(const core::ExecContext& ctx, const ResidualLayerNormViews& v);
+
+// residual_layernorm_backward over typed views; sizes from `resid`.
+struct ResidualLayerNormBackwardViews {
+  core::TensorView d_resid{};       // (rows, cols) f32, accumulated (+=)
+  core::TensorView d_resid_bf16{};  // (rows, cols) bf16, written (=), or empty
+  core::TensorView d_weight{};      // (cols)       f32, accumulated (+=)
+  core::TensorView d_bias{};        // (cols)       f32, accumulated (+=)
+  core::TensorView d_out{};         // (rows, cols) f32
+  core::TensorView resid{};         // (rows, cols) f32, resid_out of the forward
+  core::TensorView weight{};        // (cols)       f32
+  core::TensorView mean{};          // (rows)       f32
+  core::TensorView rstd{};          // (rows)       f32
+  std::span<std::byte> scratch{};   // residual_layernorm_backward_scratch_bytes(rows, cols)
+};
+void residual_layernorm_backward(const core::ExecContext& ctx,
+                                 const ResidualLayerNormBackwardViews& v);
 
 }  // namespace trident::kernels

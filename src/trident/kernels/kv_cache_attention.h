@@ -5,12 +5,16 @@
 //   out  = sum_t softmax(s)[t] v_t,               t <= the query's position
 // With the whole sequence as new rows at position 0 this is flash_attention.h's forward (no
 // dropout) for one sample.
+//
+// Callers use the typed views (the Views struct at the end, checked as kernels/view_check.h says);
+// the raw-pointer Args are the backend contract (docs/architecture.md, "The kernel seam").
 #pragma once
 
 #include <cstdint>
 #include <span>
 
 #include "trident/core/exec_context.h"
+#include "trident/core/tensor.h"
 
 namespace trident::kernels {
 
@@ -28,6 +32,18 @@ struct KvCacheAttentionArgs {
 void kv_cache_attention(const core::ExecContext& ctx, const KvCacheAttentionArgs& args);
 [[nodiscard]] std::int64_t kv_cache_attention_scratch_floats(std::int64_t max_positions,
                                                              std::int64_t num_heads);
+
+// kv_cache_attention over typed views: rows, NH and HS from qkv, max_positions from the caches.
+struct KvCacheAttentionViews {
+  core::TensorView out{};      // (rows, NH * HS)          f32, written (=)
+  core::TensorView k_cache{};  // (max_positions, NH * HS) f32, rows [position, + rows) written
+  core::TensorView v_cache{};  // (max_positions, NH * HS) f32, likewise
+  core::TensorView qkv{};      // (rows, NH, 3 * HS)       f32, the new tokens
+  core::TensorView alibi{};    // (NH)                     f32 slopes, or empty
+  std::int64_t position = 0;   // position of the first new token
+  std::span<float> scratch{};  // kv_cache_attention_scratch_floats(max_positions, NH) floats
+};
+void kv_cache_attention(const core::ExecContext& ctx, const KvCacheAttentionViews& v);
 
 namespace ref {
 // The specification in double (cache writes as the kernel).

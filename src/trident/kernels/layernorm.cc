@@ -4,6 +4,7 @@
 
 #include "trident/core/profile.h"
 #include "trident/kernels/backend.h"
+#include "trident/kernels/view_check.h"
 #ifdef TRIDENT_HAVE_CUDA
 #include "trident/kernels/cuda/cuda_ops.h"
 #endif
@@ -38,6 +39,47 @@ void layernorm_backward(const core::ExecContext& ctx, const LayerNormBackwardArg
       no_cuda_backend("layernorm_backward");
 #endif
   }
+}
+
+constexpr core::DType kF32 = core::DType::kF32;
+
+void layernorm(const core::ExecContext& ctx, const LayerNormViews& v) {
+  constexpr const char* op = "layernorm";
+  detail::check_rank(op, "in", v.in, 2);
+  const std::int64_t rows = v.in.shape[0], cols = v.in.shape[1];
+  detail::check_views(op, ctx, kF32, {rows, cols}, {{"in", v.in}, {"out", v.out}});
+  detail::check_views(op, ctx, kF32, {rows}, {{"mean", v.mean}, {"rstd", v.rstd}});
+  detail::check_views(op, ctx, kF32, {cols}, {{"weight", v.weight}, {"bias", v.bias}});
+  layernorm_forward(ctx, {.out = v.out.as<float>(),
+                          .mean = v.mean.as<float>(),
+                          .rstd = v.rstd.as<float>(),
+                          .in = v.in.as<float>(),
+                          .weight = v.weight.as<float>(),
+                          .bias = v.bias.as<float>(),
+                          .rows = rows,
+                          .cols = cols,
+                          .eps = v.eps});
+}
+
+void layernorm_backward(const core::ExecContext& ctx, const LayerNormBackwardViews& v) {
+  constexpr const char* op = "layernorm_backward";
+  detail::check_rank(op, "in", v.in, 2);
+  const std::int64_t rows = v.in.shape[0], cols = v.in.shape[1];
+  detail::check_views(op, ctx, kF32, {rows, cols},
+                      {{"in", v.in}, {"d_in", v.d_in}, {"d_out", v.d_out}});
+  detail::check_views(op, ctx, kF32, {cols},
+                      {{"d_weight", v.d_weight}, {"d_bias", v.d_bias}, {"weight", v.weight}});
+  detail::check_views(op, ctx, kF32, {rows}, {{"mean", v.mean}, {"rstd", v.rstd}});
+  layernorm_backward(ctx, LayerNormBackwardArgs{.d_in = v.d_in.as<float>(),
+                                                .d_weight = v.d_weight.as<float>(),
+                                                .d_bias = v.d_bias.as<float>(),
+                                                .d_out = v.d_out.as<float>(),
+                                                .in = v.in.as<float>(),
+                                                .weight = v.weight.as<float>(),
+                                                .mean = v.mean.as<float>(),
+                                                .rstd = v.rstd.as<float>(),
+                                                .rows = rows,
+                                                .cols = cols});
 }
 
 }  // namespace trident::kernels

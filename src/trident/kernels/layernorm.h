@@ -1,10 +1,16 @@
 // LayerNorm over the last dimension: out = (x - mean) * rstd * weight + bias, with the population
 // variance and rstd = 1 / sqrt(var + eps).
+//
+// Callers use the typed views (LayerNormViews, at the end): every view f32, contiguous, on
+// ctx.device, with the shapes given; a mismatch is a core::InvalidArgument naming the view. The
+// raw-pointer Args structs are the backend contract the CPU bodies (kernels/cpu), the CUDA bodies
+// (kernels/cuda) and the reference (kernels/ref) implement.
 #pragma once
 
 #include <cstdint>
 
 #include "trident/core/exec_context.h"
+#include "trident/core/tensor.h"
 
 namespace trident::kernels {
 
@@ -35,5 +41,30 @@ struct LayerNormBackwardArgs {
   std::int64_t rows = 0, cols = 0;
 };
 void layernorm_backward(const core::ExecContext& ctx, const LayerNormBackwardArgs& args);
+
+// layernorm_forward over typed views; rows and cols are read from `in`.
+struct LayerNormViews {
+  core::TensorView out{};     // (rows, cols) f32, written (=)
+  core::TensorView mean{};    // (rows)       f32, written (=)
+  core::TensorView rstd{};    // (rows)       f32, written (=)
+  core::TensorView in{};      // (rows, cols) f32
+  core::TensorView weight{};  // (cols)       f32
+  core::TensorView bias{};    // (cols)       f32
+  float eps = 1e-5f;
+};
+void layernorm(const core::ExecContext& ctx, const LayerNormViews& v);
+
+// layernorm_backward over typed views (d_in, d_weight, d_bias accumulate +=); sizes from `in`.
+struct LayerNormBackwardViews {
+  core::TensorView d_in{};      // (rows, cols) f32, accumulated (+=)
+  core::TensorView d_weight{};  // (cols)       f32, accumulated (+=)
+  core::TensorView d_bias{};    // (cols)       f32, accumulated (+=)
+  core::TensorView d_out{};     // (rows, cols) f32
+  core::TensorView in{};        // (rows, cols) f32
+  core::TensorView weight{};    // (cols)       f32
+  core::TensorView mean{};      // (rows)       f32, from the forward
+  core::TensorView rstd{};      // (rows)       f32, from the forward
+};
+void layernorm_backward(const core::ExecContext& ctx, const LayerNormBackwardViews& v);
 
 }  // namespace trident::kernels

@@ -7,6 +7,7 @@
 #include "trident/kernels/backend.h"
 #include "trident/kernels/matmul.h"
 #include "trident/kernels/matmul_bf16.h"
+#include "trident/kernels/view_check.h"
 
 namespace trident::kernels {
 
@@ -16,18 +17,11 @@ struct Sizes {
   std::int64_t rows = 0, in_features = 0, out_features = 0;
 };
 
+// The shared view checks (view_check.h), with the reason a BF16 dtype is needed.
 void check_view(const char* op, const char* name, const core::TensorView& v, core::DType dtype,
-                std::initializer_list<std::int64_t> shape, const core::ExecContext& ctx) {
-  const core::Shape want(shape);
-  TRIDENT_CHECK(!v.empty(), op, ": view `", name, "` is empty; it must hold ",
-                core::to_string(want), " ", core::dtype_name(dtype));
-  TRIDENT_CHECK(v.dtype == dtype, op, ": view `", name, "` holds ", core::dtype_name(v.dtype),
-                ", the op needs ", core::dtype_name(dtype),
-                dtype == core::DType::kBF16 ? " (the weight is BF16)" : "");
-  TRIDENT_CHECK(v.shape == want, op, ": view `", name, "` has shape ", core::to_string(v.shape),
-                ", the op needs ", core::to_string(want));
-  TRIDENT_CHECK(v.device == ctx.device, op, ": view `", name,
-                "` is on another device than the execution context");
+                const core::Shape& shape, const core::ExecContext& ctx) {
+  detail::check_view(op, name, v, dtype, shape, ctx,
+                     dtype == core::DType::kBF16 ? " (the weight is BF16)" : "");
 }
 
 Sizes sizes_of(const char* op, const core::TensorView& in, const core::TensorView& weight) {

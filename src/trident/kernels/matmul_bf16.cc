@@ -4,7 +4,9 @@
 #include "trident/kernels/matmul_bf16.h"
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
+#include <memory>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <unordered_map>
@@ -81,20 +83,23 @@ class PrimitiveCache {
   }
   const dnnl::engine& engine() const { return engine_; }
 
-  // Returns a copy (oneDNN objects are reference-counted handles), so the caller runs the product
-  // without holding the lock.
-  GemmPrimitive get(const GemmKey& key) {
+  // Returns a shared handle, so the caller runs the product without holding the lock, and a hit
+  // copies no strings (a warm call allocates nothing here).
+  std::shared_ptr<const GemmPrimitive> get(const GemmKey& key) {
     {
       const std::lock_guard<std::mutex> lock(mutex_);
       const auto it = entries_.find(key);
       if (it != entries_.end()) return it->second;
     }
-    GemmPrimitive created = create(key);  // outside the lock: creation takes milliseconds
+    // Outside the lock: creation takes milliseconds.
+    auto created = std::make_shared<const GemmPrimitive>(create(key));
+    created_.fetch_add(1, std::memory_order_relaxed);
     const std::lock_guard<std::mutex> lock(mutex_);
     if (entries_.size() >= kCapacity) entries_.clear();
     entries_.emplace(key, created);
     return created;
   }
+  std::int64_t created() const { return created_.load(std::memory_order_relaxed); }
 
  private:
   static constexpr std::size_t kCapacity = 256;
@@ -112,7 +117,8 @@ class PrimitiveCache {
 
   dnnl::engine engine_;
   std::mutex mutex_;
-  std::unordered_map<GemmKey, GemmPrimitive, GemmKeyHash> entries_;
+  std::unordered_map<GemmKey, std::shared_ptr<const GemmPrimitive>, GemmKeyHash> entries_;
+  std::atomic<std::int64_t> created_{0};
 };
 
 // op(A) is (m,k): stored (m,k) with row stride lda, or stored (k,m) and read transposed; likewise
@@ -277,7 +283,8 @@ void run_gemm_bf16(const core::ExecContext& ctx, const GemmBf16Args& g) {
   // oneDNN's OpenMP runtime takes its team size from omp_get_max_threads() of the calling thread.
   detail::OmpThreadsScope threads(ctx.num_threads);
   PrimitiveCache& cache = PrimitiveCache::instance();
-  const GemmPrimitive p = cache.get(make_key(ctx, g));
+  const std::shared_ptr<const GemmPrimitive> held = cache.get(make_key(ctx, g));
+  const GemmPrimitive& p = *held;
   if (p.upconvert) {
     run_upconverted(ctx, g, p.scratch_bytes);
     return;
@@ -397,8 +404,10 @@ std::int64_t gemm_bf16_scratch_bytes(const core::ExecContext& ctx, const GemmBf1
   check_gemm_shape(args);
   if (args.m == 0 || args.n == 0 || args.k == 0) return 0;
   detail::OmpThreadsScope threads(ctx.num_threads);
-  return PrimitiveCache::instance().get(make_key(ctx, args)).scratch_bytes;
+  return PrimitiveCache::instance().get(make_key(ctx, args))->scratch_bytes;
 }
+
+std::int64_t gemm_bf16_primitives_created() { return PrimitiveCache::instance().created(); }
 
 std::string gemm_bf16_implementation(const core::ExecContext& ctx, const GemmBf16Args& args) {
   if (ctx.device.kind == core::DeviceKind::kCuda) {
@@ -411,7 +420,7 @@ std::string gemm_bf16_implementation(const core::ExecContext& ctx, const GemmBf1
   check_gemm_shape(args);
   if (args.m == 0 || args.n == 0 || args.k == 0) return "none (empty product)";
   detail::OmpThreadsScope threads(ctx.num_threads);
-  return PrimitiveCache::instance().get(make_key(ctx, args)).implementation;
+  return PrimitiveCache::instance().get(make_key(ctx, args))->implementation;
 }
 
 std::int64_t linear_bf16_scratch_bytes(const core::ExecContext& ctx, std::int64_t rows,

@@ -60,6 +60,11 @@ void gemm_bf16(const core::ExecContext& ctx, const GemmBf16Args& args);
 [[nodiscard]] std::string gemm_bf16_implementation(const core::ExecContext& ctx,
                                                    const GemmBf16Args& args);
 
+// oneDNN primitives gemm_bf16 has created in this process: one per configuration on first sight,
+// and again after the cache was full and emptied. A warm training step creates none (oneDNN
+// allocates when it creates a primitive); tests/model/warm_step_test.cc checks it.
+[[nodiscard]] std::int64_t gemm_bf16_primitives_created();
+
 // Linear layer in PyTorch's weight layout with bf16 operands:
 //   out(rows,out) = in(rows,in) @ weight(out,in)^T + bias,   FP32, overwritten (=).
 // bias (FP32) may be null. scratch: at least linear_bf16_scratch_bytes(ctx, rows, in, out) bytes.

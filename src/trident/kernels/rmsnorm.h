@@ -1,10 +1,14 @@
 // RMSNorm over the last dimension (Llama): out = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) +
 // eps). No centring and no bias.
+//
+// Callers use the typed views (the Views structs at the end, checked as kernels/view_check.h says);
+// the raw-pointer Args are the backend contract (docs/architecture.md, "The kernel seam").
 #pragma once
 
 #include <cstdint>
 
 #include "trident/core/exec_context.h"
+#include "trident/core/tensor.h"
 
 namespace trident::kernels {
 
@@ -32,5 +36,26 @@ struct RmsNormBackwardArgs {
   std::int64_t rows = 0, cols = 0;
 };
 void rmsnorm_backward(const core::ExecContext& ctx, const RmsNormBackwardArgs& args);
+
+// rmsnorm_forward over typed views; rows and cols are read from `in`.
+struct RmsNormViews {
+  core::TensorView out{};     // (rows, cols) f32, written (=)
+  core::TensorView rstd{};    // (rows)       f32, written (=)
+  core::TensorView in{};      // (rows, cols) f32
+  core::TensorView weight{};  // (cols)       f32
+  float eps = 1e-5f;
+};
+void rmsnorm(const core::ExecContext& ctx, const RmsNormViews& v);
+
+// rmsnorm_backward over typed views (d_in and d_weight accumulate +=); sizes from `in`.
+struct RmsNormBackwardViews {
+  core::TensorView d_in{};      // (rows, cols) f32, accumulated (+=)
+  core::TensorView d_weight{};  // (cols)       f32, accumulated (+=)
+  core::TensorView d_out{};     // (rows, cols) f32
+  core::TensorView in{};        // (rows, cols) f32
+  core::TensorView weight{};    // (cols)       f32
+  core::TensorView rstd{};      // (rows)       f32, from the forward
+};
+void rmsnorm_backward(const core::ExecContext& ctx, const RmsNormBackwardViews& v);
 
 }  // namespace trident::kernels

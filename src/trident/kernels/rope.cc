@@ -3,6 +3,7 @@
 
 #include "trident/core/profile.h"
 #include "trident/kernels/backend.h"
+#include "trident/kernels/view_check.h"
 #ifdef TRIDENT_HAVE_CUDA
 #include "trident/kernels/cuda/cuda_ops.h"
 #endif
@@ -35,6 +36,49 @@ void rope_qkv_backward(const core::ExecContext& ctx, const RopeQkvBackwardArgs& 
       no_cuda_backend("rope_qkv_backward");
 #endif
   }
+}
+
+namespace {
+
+// The raw shape after checking the views: rows from `rows_view`, which has the grouped input's
+// columns (in_layout) or the expanded output's.
+RopeQkvShape rope_shape_of(const char* op, const core::ExecContext& ctx, const char* name,
+                           const core::TensorView& rows_view, bool in_layout,
+                           const core::TensorView& inv_freq, const core::TensorView& positions,
+                           const RopeQkvGeometry& g) {
+  detail::check_rank(op, name, rows_view, 2);
+  const std::int64_t rows = rows_view.shape[0];
+  detail::check_view(op, name, rows_view, core::DType::kF32,
+                     {rows, in_layout ? g.in_cols() : g.out_cols()}, ctx);
+  detail::check_optional_view(op, "inv_freq", inv_freq, core::DType::kF32, {g.head_dim / 2}, ctx);
+  detail::check_optional_view(op, "positions", positions, core::DType::kI32, {rows}, ctx);
+  return {.rows = rows,
+          .seq_len = g.seq_len,
+          .position = g.position,
+          .groups = g.groups,
+          .heads_per_group = g.heads_per_group,
+          .head_dim = g.head_dim,
+          .inv_freq = detail::data_or_null<float>(inv_freq),
+          .positions = detail::data_or_null<std::int32_t>(positions)};
+}
+
+}  // namespace
+
+void rope_qkv(const core::ExecContext& ctx, const RopeQkvViews& v) {
+  constexpr const char* op = "rope_qkv";
+  const RopeQkvShape s =
+      rope_shape_of(op, ctx, "in", v.in, true, v.inv_freq, v.positions, v.geometry);
+  detail::check_view(op, "out", v.out, core::DType::kF32, {s.rows, s.out_cols()}, ctx);
+  rope_qkv_forward(ctx, {.out = v.out.as<float>(), .in = v.in.as<float>(), .shape = s});
+}
+
+void rope_qkv_backward(const core::ExecContext& ctx, const RopeQkvBackwardViews& v) {
+  constexpr const char* op = "rope_qkv_backward";
+  const RopeQkvShape s =
+      rope_shape_of(op, ctx, "d_out", v.d_out, false, v.inv_freq, v.positions, v.geometry);
+  detail::check_view(op, "d_in", v.d_in, core::DType::kF32, {s.rows, s.in_cols()}, ctx);
+  rope_qkv_backward(ctx, RopeQkvBackwardArgs{
+                             .d_in = v.d_in.as<float>(), .d_out = v.d_out.as<float>(), .shape = s});
 }
 
 }  // namespace trident::kernels

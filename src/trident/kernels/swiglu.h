@@ -1,11 +1,15 @@
 // SwiGLU (Llama's MLP activation): out = silu(gate) * up, silu(x) = x * sigmoid(x), where each row
 // of `in` is [gate (cols) | up (cols)]: the column-parallel up-projection's local output, whose
 // weight is laid out (2, F/tp, C) (model/param_table.cc).
+//
+// Callers use the typed views (the Views structs at the end, checked as kernels/view_check.h says);
+// the raw-pointer Args are the backend contract (docs/architecture.md, "The kernel seam").
 #pragma once
 
 #include <cstdint>
 
 #include "trident/core/exec_context.h"
+#include "trident/core/tensor.h"
 
 namespace trident::kernels {
 
@@ -25,5 +29,20 @@ struct SwiGluBackwardArgs {
   std::int64_t rows = 0, cols = 0;
 };
 void swiglu_backward(const core::ExecContext& ctx, const SwiGluBackwardArgs& args);
+
+// swiglu_forward over typed views; rows and cols are read from `out`.
+struct SwiGluViews {
+  core::TensorView out{};  // (rows, cols)     f32, written (=)
+  core::TensorView in{};   // (rows, 2 * cols) f32, [gate | up]
+};
+void swiglu(const core::ExecContext& ctx, const SwiGluViews& v);
+
+// swiglu_backward over typed views; rows and cols are read from `d_out`.
+struct SwiGluBackwardViews {
+  core::TensorView d_in{};   // (rows, 2 * cols) f32, written (=)
+  core::TensorView d_out{};  // (rows, cols)     f32
+  core::TensorView in{};     // (rows, 2 * cols) f32
+};
+void swiglu_backward(const core::ExecContext& ctx, const SwiGluBackwardViews& v);
 
 }  // namespace trident::kernels

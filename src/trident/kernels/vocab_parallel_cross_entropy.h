@@ -15,11 +15,15 @@
 // padded vocabulary) the three kernels compute cross_entropy.h's result.
 //
 // sum_token_losses adds the per-token losses of the counted (non-negative target) tokens.
+//
+// Callers use the typed views (the Views structs at the end, checked as kernels/view_check.h says);
+// the raw-pointer Args are the backend contract (docs/architecture.md, "The kernel seam").
 #pragma once
 
 #include <cstdint>
 
 #include "trident/core/exec_context.h"
+#include "trident/core/tensor.h"
 
 namespace trident::kernels {
 
@@ -74,6 +78,45 @@ struct TokenLossSum {
 };
 TokenLossSum sum_token_losses(const core::ExecContext& ctx, const float* losses,
                               const std::int32_t* targets, std::int64_t rows);
+
+// The three steps and the sum over typed views. rows and the shard's vocab_local (the row stride)
+// are read from the logits (rows, vocab_local); the shard's real vocabulary and first column are
+// given beside them.
+struct VocabParallelCeMaxViews {
+  core::TensorView row_max{};  // (rows)              f32, written (=)
+  core::TensorView logits{};   // (rows, vocab_local) f32
+  std::int64_t vocab = 0, vocab_start = 0;
+};
+void vocab_parallel_ce_max(const core::ExecContext& ctx, const VocabParallelCeMaxViews& v);
+
+struct VocabParallelCeSumViews {
+  core::TensorView sum_exp{};       // (rows)              f32, written (=)
+  core::TensorView target_logit{};  // (rows)              f32, written (=)
+  core::TensorView logits{};        // (rows, vocab_local) f32
+  core::TensorView row_max{};       // (rows)              f32, the global max
+  core::TensorView targets{};       // (rows)              i32 global token ids
+  std::int64_t vocab = 0, vocab_start = 0;
+};
+void vocab_parallel_ce_sum_target(const core::ExecContext& ctx, const VocabParallelCeSumViews& v);
+
+struct VocabParallelCeLossViews {
+  core::TensorView losses{};        // (rows)              f32, written (=)
+  core::TensorView d_logits{};      // (rows, vocab_local) f32, written (=), or empty: loss only
+  core::TensorView logits{};        // (rows, vocab_local) f32
+  core::TensorView row_max{};       // (rows)              f32, global
+  core::TensorView sum_exp{};       // (rows)              f32, global
+  core::TensorView target_logit{};  // (rows)              f32, global
+  core::TensorView targets{};       // (rows)              i32
+  float d_scale = 1.0f;
+  std::int64_t vocab = 0, vocab_start = 0;
+};
+void vocab_parallel_ce_loss(const core::ExecContext& ctx, const VocabParallelCeLossViews& v);
+
+struct TokenLossViews {
+  core::TensorView losses{};   // (rows) f32
+  core::TensorView targets{};  // (rows) i32
+};
+TokenLossSum sum_token_losses(const core::ExecContext& ctx, const TokenLossViews& v);
 
 namespace ref {
 // The specification, in double: the same three steps (the caller reduces between them).

@@ -4,6 +4,8 @@
 #include <cmath>
 
 #include "trident/core/error.h"
+#include "trident/core/view.h"
+#include "trident/kernels/document_ids.h"
 #include "trident/kernels/flash_attention.h"
 #include "trident/kernels/fused_bias_gelu.h"
 #include "trident/kernels/fused_residual_layernorm.h"
@@ -156,6 +158,10 @@ void layout_activations(const ModelConfig& cfg, const ModelShard& shard, std::in
   ws.qkv_grouped = grouped ? take(BT * Ql) : nullptr;
   ws.d_act = cfg.swiglu ? take(BT * F) : nullptr;
   ws.d_probs = unfused ? take(B * NH * T * T) : nullptr;
+  if (cfg.documents()) {  // int32 per token, in float-sized slots
+    a.positions = reinterpret_cast<std::int32_t*>(take(BT));
+    a.docs = reinterpret_cast<std::int32_t*>(take(BT));
+  }
   if (bf16) {
     // The widest matmul input and output of the shard, in bf16 (two per float), and the largest
     // oneDNN workspace any of its matmuls needs.
@@ -369,9 +375,8 @@ struct Transformer {
                        .seed = rt_.dropout_seed,
                        .iteration = a_.iteration,
                        .first_sample = a_.first_sample},
-           .positions =
-               cfg_.reset_position_ids && !a_.positions.empty() ? a_.positions.data() : nullptr,
-           .docs = cfg_.reset_attention_mask && !a_.docs.empty() ? a_.docs.data() : nullptr} {
+           .positions = cfg_.reset_position_ids ? a_.positions : nullptr,
+           .docs = cfg_.reset_attention_mask ? a_.docs : nullptr} {
     TRIDENT_ASSERT(tp_size_of(rt) == rt.shard.tp_size, "tp group of ", tp_size_of(rt),
                    " ranks for a shard of ", rt.shard.tp_size);
     TRIDENT_ASSERT(region.local_rows() == a.stage_rows, "activations laid out for ", a.stage_rows,
@@ -433,21 +438,6 @@ bool stage_reads_tokens(const ModelConfig& cfg, const ModelShard& shard) {
   return shard.has_embedding || shard.has_head || cfg.documents();
 }
 
-void document_ids(const std::int32_t* tokens, std::int64_t B, std::int64_t T,
-                  std::int32_t eod_token, std::int32_t* positions, std::int32_t* docs) {
-  for (std::int64_t b = 0; b < B; ++b) {
-    std::int32_t doc = 0, start = 0;
-    for (std::int64_t t = 0; t < T; ++t) {
-      positions[b * T + t] = static_cast<std::int32_t>(t) - start;
-      docs[b * T + t] = doc;
-      if (tokens[b * T + t] == eod_token) {  // the next token starts a document
-        ++doc;
-        start = static_cast<std::int32_t>(t + 1);
-      }
-    }
-  }
-}
-
 void gpt_forward(const core::ExecContext& ctx, const ModelConfig& cfg, const ModelRuntime& rt,
                  const GptParams& p, const std::int32_t* tokens, GptActivations& a,
                  const KvCacheForward& kv) {
@@ -457,10 +447,11 @@ void gpt_forward(const core::ExecContext& ctx, const ModelConfig& cfg, const Mod
     TRIDENT_CHECK(cfg.eod_token >= 0,
                   "--reset-position-ids / --reset-attention-mask need the "
                   "tokenizer's end-of-document token");
-    const auto n = static_cast<std::size_t>(a.batch * a.seq_len);
-    a.positions.resize(n);
-    a.docs.resize(n);
-    document_ids(tokens, a.batch, a.seq_len, cfg.eod_token, a.positions.data(), a.docs.data());
+    const core::Shape bt{a.batch, a.seq_len};
+    k::document_ids(ctx, {.positions = core::view(a.positions, bt, ctx.device),
+                          .docs = core::view(a.docs, bt, ctx.device),
+                          .tokens = core::view(tokens, bt, ctx.device),
+                          .eod_token = cfg.eod_token});
   }
   const Transformer m(ctx, cfg, rt, p, a);
   const std::int64_t C = cfg.hidden_size;

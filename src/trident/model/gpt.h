@@ -146,9 +146,11 @@ struct GptActivations {
   float* logits = nullptr;     // head.logits: (B*T, Vp/tp); d_logits after gpt_loss with gradients
                                // (null with cfg.loss_chunk_rows > 0: never all materialised)
   layers::Workspace ws{};      // scratch shared by the layers
-  // Documents inside the samples (ModelConfig::documents()): per token, its position and its
-  // document's index in the sample, derived from the tokens by every stage's forward.
-  std::vector<std::int32_t> positions, docs;
+  // Documents inside the samples (ModelConfig::documents()): per token (B*T), its position and
+  // its document's index in the sample, derived from the tokens by every stage's forward
+  // (kernels/document_ids.h); null without documents.
+  std::int32_t* positions = nullptr;
+  std::int32_t* docs = nullptr;
   float* d_x = nullptr;  // (B*T, C) gradient of the residual stream; on a stage without the
                          // embedding, the gradient of its input after gpt_backward
 
@@ -178,12 +180,6 @@ void gpt_forward(const core::ExecContext& ctx, const ModelConfig& cfg, const Mod
 // Whether a stage's forward and backward read the micro-batch's tokens: the first stage (the
 // embedding), the last (the loss's labels come with them), and every stage with documents.
 bool stage_reads_tokens(const ModelConfig& cfg, const ModelShard& shard);
-
-// Megatron's get_ltor_masks_and_position_ids for one micro-batch of B samples of T tokens: the
-// document of token t is the number of end-of-document tokens before t in its sample, its position
-// t minus the first position of its document (the end-of-document token ends its document).
-void document_ids(const std::int32_t* tokens, std::int64_t B, std::int64_t T,
-                  std::int32_t eod_token, std::int32_t* positions, std::int32_t* docs);
 
 // Generation (generate.h): the same forward over new tokens of one sample (B = 1) at positions
 // [position, position + T), attending to and appending to one KV cache per layer.

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "trident/core/view.h"
+#include "trident/kernels/adamw.h"
 #include "trident/kernels/elementwise.h"
 
 namespace trident::optim {
@@ -22,11 +24,10 @@ void adamw_step(const core::ExecContext& ctx, const model::ParamTable& table,
                            .weight_decay = p.weight_decay ? cfg.weight_decay : 0.0f,
                            .step = step,
                            .grad_scale = grad_scale},
-                          {.param = shard.params + at,
-                           .m = shard.m + at,
-                           .v = shard.v + at,
-                           .grad = shard.grads + at,
-                           .n = hi - lo});
+                          {.param = core::view(shard.params + at, {hi - lo}, ctx.device),
+                           .m = core::view(shard.m + at, {hi - lo}, ctx.device),
+                           .v = core::view(shard.v + at, {hi - lo}, ctx.device),
+                           .grad = core::view(shard.grads + at, {hi - lo}, ctx.device)});
   }
 }
 

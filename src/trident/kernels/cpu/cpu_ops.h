@@ -18,6 +18,7 @@
 #include "trident/kernels/attention.h"
 #include "trident/kernels/bf16.h"
 #include "trident/kernels/cross_entropy.h"
+#include "trident/kernels/document_ids.h"
 #include "trident/kernels/dropout.h"
 #include "trident/kernels/elementwise.h"
 #include "trident/kernels/embedding.h"
@@ -47,6 +48,7 @@ struct CpuOps {
   void (*convert_f32_to_bf16)(const ExecContext&, core::bf16*, const float*, std::int64_t);
   void (*convert_bf16_to_f32)(const ExecContext&, float*, const core::bf16*, std::int64_t);
   void (*cross_entropy_forward_backward)(const ExecContext&, const CrossEntropyArgs&);
+  void (*document_ids)(const ExecContext&, const DocumentIdsArgs&);
   void (*gelu_forward)(const ExecContext&, float*, const float*, std::int64_t);
   void (*gelu_backward)(const ExecContext&, float*, const float*, const float*, std::int64_t);
   void (*add_forward)(const ExecContext&, float*, const float*, const float*, std::int64_t);
@@ -113,6 +115,7 @@ void attention_backward(const ExecContext& ctx, const AttentionBackwardArgs& arg
 void convert_f32_to_bf16(const ExecContext& ctx, core::bf16* dst, const float* src, std::int64_t n);
 void convert_bf16_to_f32(const ExecContext& ctx, float* dst, const core::bf16* src, std::int64_t n);
 void cross_entropy_forward_backward(const ExecContext& ctx, const CrossEntropyArgs& args);
+void document_ids(const ExecContext& ctx, const DocumentIdsArgs& args);
 void gelu_forward(const ExecContext& ctx, float* out, const float* in, std::int64_t n);
 void gelu_backward(const ExecContext& ctx, float* d_in, const float* d_out, const float* in,
                    std::int64_t n);

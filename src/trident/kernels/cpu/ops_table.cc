@@ -15,6 +15,7 @@ const CpuOps kOps = {
     .convert_f32_to_bf16 = &convert_f32_to_bf16,
     .convert_bf16_to_f32 = &convert_bf16_to_f32,
     .cross_entropy_forward_backward = &cross_entropy_forward_backward,
+    .document_ids = &document_ids,
     .gelu_forward = &gelu_forward,
     .gelu_backward = &gelu_backward,
     .add_forward = &add_forward,

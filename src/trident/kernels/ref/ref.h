@@ -5,6 +5,7 @@
 #include "trident/kernels/adamw.h"
 #include "trident/kernels/attention.h"
 #include "trident/kernels/cross_entropy.h"
+#include "trident/kernels/document_ids.h"
 #include "trident/kernels/elementwise.h"
 #include "trident/kernels/embedding.h"
 #include "trident/kernels/fill.h"
@@ -29,6 +30,7 @@ void attention_backward(const AttentionBackwardArgs& args);
 void embedding_forward(const EmbeddingForwardArgs& args);
 void embedding_backward(const EmbeddingBackwardArgs& args);
 void cross_entropy_forward_backward(const CrossEntropyArgs& args);
+void document_ids(const DocumentIdsArgs& args);
 void adamw_update(const AdamWHyper& hp, const AdamWArgs& args);
 void fill(const FillArgs& args);
 void copy(const CopyArgs& args);

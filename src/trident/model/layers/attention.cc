@@ -19,20 +19,33 @@ Local local_of(const LayerContext& lc, const AttentionConfig& cfg) {
   return {cfg.heads / tp, cfg.head_dim, cfg.hidden / tp};
 }
 
+// The attention core's views of this rank's heads: qkv (B, T, NH, 3 HS), its output (B, T, C/tp),
+// the per-row log-sum-exp (B, NH, T), the probabilities (B, NH, T, T), the document ids (B, T).
+struct CoreShapes {
+  core::Shape qkv, out, lse, probs, tokens, heads;
+};
+CoreShapes core_shapes(const LayerContext& lc, const AttentionConfig& cfg) {
+  const auto [NH, HS, Cl] = local_of(lc, cfg);
+  const std::int64_t B = lc.batch, T = lc.seq_len;
+  return {.qkv = {B, T, NH, 3 * HS},
+          .out = {B, T, Cl},
+          .lse = {B, NH, T},
+          .probs = {B, NH, T, T},
+          .tokens = {B, T},
+          .heads = {NH}};
+}
+
 // The rotary / grouped-query expansion of this rank's rows (rope.h).
-k::RopeQkvShape rope_shape(const LayerContext& lc, const AttentionConfig& cfg,
-                           std::int64_t position) {
+k::RopeQkvGeometry rope_geometry(const LayerContext& lc, const AttentionConfig& cfg,
+                                 std::int64_t position) {
   const std::int64_t tp = lc.region.group().size();
   // Fewer groups than ranks: this rank's heads share one group (replicated key/value heads).
   const std::int64_t groups = cfg.query_groups >= tp ? cfg.query_groups / tp : 1;
-  return {.rows = lc.rows(),
-          .seq_len = lc.seq_len,
+  return {.seq_len = lc.seq_len,
           .position = position,
           .groups = groups,
           .heads_per_group = cfg.heads / tp / groups,
-          .head_dim = cfg.head_dim,
-          .inv_freq = cfg.inv_freq,
-          .positions = lc.positions};
+          .head_dim = cfg.head_dim};
 }
 
 k::AttentionDropout attention_dropout(const LayerContext& lc, const AttentionConfig& cfg,
@@ -51,38 +64,29 @@ void core_forward(const LayerContext& lc, const AttentionConfig& cfg, const Atte
                   float* probs, std::int64_t layer, const KvCache* cache) {
   const auto [NH, HS, Cl] = local_of(lc, cfg);
   if (cache) {
-    k::kv_cache_attention(lc.ctx, {.out = s.attn,
-                                   .k_cache = cache->k,
-                                   .v_cache = cache->v,
-                                   .qkv = s.qkv,
-                                   .alibi = cfg.alibi,
-                                   .rows = lc.rows(),
+    const core::Shape cache_rows{cache->max_positions, NH * HS};
+    k::kv_cache_attention(lc.ctx, {.out = view_of(lc, s.attn, {lc.rows(), NH * HS}),
+                                   .k_cache = view_of(lc, cache->k, cache_rows),
+                                   .v_cache = view_of(lc, cache->v, cache_rows),
+                                   .qkv = view_of(lc, s.qkv, {lc.rows(), NH, 3 * HS}),
+                                   .alibi = view_of(lc, cfg.alibi, {NH}),
                                    .position = cache->position,
-                                   .max_positions = cache->max_positions,
-                                   .num_heads = NH,
-                                   .head_dim = HS,
                                    .scratch = cache->scratch});
-  } else if (cfg.flash) {
-    k::flash_attention_forward(lc.ctx, {.out = s.attn,
-                                        .lse = s.lse,
-                                        .qkv = s.qkv,
-                                        .alibi = cfg.alibi,
-                                        .dropout = attention_dropout(lc, cfg, layer),
-                                        .batch = lc.batch,
-                                        .seq_len = lc.seq_len,
-                                        .num_heads = NH,
-                                        .head_dim = HS,
-                                        .doc = lc.docs});
-  } else {
-    k::attention_forward(lc.ctx, {.out = s.attn,
-                                  .probs = probs,
-                                  .qkv = s.qkv,
-                                  .batch = lc.batch,
-                                  .seq_len = lc.seq_len,
-                                  .num_heads = NH,
-                                  .head_dim = HS,
-                                  .doc = lc.docs});
+    return;
   }
+  const CoreShapes sh = core_shapes(lc, cfg);
+  if (cfg.flash) {
+    return k::flash_attention(lc.ctx, {.out = view_of(lc, s.attn, sh.out),
+                                       .lse = view_of(lc, s.lse, sh.lse),
+                                       .qkv = view_of(lc, s.qkv, sh.qkv),
+                                       .alibi = view_of(lc, cfg.alibi, sh.heads),
+                                       .doc = view_of(lc, lc.docs, sh.tokens),
+                                       .dropout = attention_dropout(lc, cfg, layer)});
+  }
+  k::attention(lc.ctx, {.out = view_of(lc, s.attn, sh.out),
+                        .probs = view_of(lc, probs, sh.probs),
+                        .qkv = view_of(lc, s.qkv, sh.qkv),
+                        .doc = view_of(lc, lc.docs, sh.tokens)});
 }
 
 }  // namespace
@@ -94,16 +98,20 @@ void attention_forward(const LayerContext& lc, const AttentionConfig& cfg, const
   const auto [NH, HS, Cl] = local_of(lc, cfg);
   const std::int64_t BT = lc.rows(), C = cfg.hidden;
   const float* x = lc.region.enter(args.in, lc.ws.gathered);  // f (SP: all-gather)
-  const k::RopeQkvShape rs = rope_shape(lc, cfg, args.cache ? args.cache->position : 0);
+  const k::RopeQkvGeometry rg = rope_geometry(lc, cfg, args.cache ? args.cache->position : 0);
   linear(lc, {.out = cfg.expand_qkv ? lc.ws.qkv_grouped : s.qkv,
               .in = x,
               .weight = p.qkv_w,
               .bias = p.qkv_b,
               .rows = BT,
               .in_features = C,
-              .out_features = cfg.expand_qkv ? rs.in_cols() : 3 * Cl});
+              .out_features = cfg.expand_qkv ? rg.in_cols() : 3 * Cl});
   if (cfg.expand_qkv) {
-    k::rope_qkv_forward(lc.ctx, {.out = s.qkv, .in = lc.ws.qkv_grouped, .shape = rs});
+    k::rope_qkv(lc.ctx, {.out = view_of(lc, s.qkv, {BT, rg.out_cols()}),
+                         .in = view_of(lc, lc.ws.qkv_grouped, {BT, rg.in_cols()}),
+                         .inv_freq = view_of(lc, cfg.inv_freq, {cfg.head_dim / 2}),
+                         .positions = view_of(lc, lc.positions, {BT}),
+                         .geometry = rg});
   }
   // Selective recomputation keeps no probabilities: they go to the shared scratch.
   core_forward(lc, cfg, s, s.probs ? s.probs : lc.ws.probs, args.layer, args.cache);
@@ -142,37 +150,34 @@ const float* attention_backward(const LayerContext& lc, const AttentionConfig& c
                        .rows = BT,
                        .in_features = Cl,
                        .out_features = C});
+  const CoreShapes sh = core_shapes(lc, cfg);
   if (cfg.flash) {
-    k::flash_attention_backward(lc.ctx, {.d_qkv = ws.d_qkv,
-                                         .d_out = ws.d_attn,
-                                         .qkv = s.qkv,
-                                         .out = s.attn,
-                                         .lse = s.lse,
-                                         .alibi = cfg.alibi,
-                                         .dropout = attention_dropout(lc, cfg, layer),
-                                         .batch = lc.batch,
-                                         .seq_len = lc.seq_len,
-                                         .num_heads = NH,
-                                         .head_dim = HS,
-                                         .doc = lc.docs});
+    k::flash_attention_backward(lc.ctx, {.d_qkv = view_of(lc, ws.d_qkv, sh.qkv),
+                                         .d_out = view_of(lc, ws.d_attn, sh.out),
+                                         .qkv = view_of(lc, s.qkv, sh.qkv),
+                                         .out = view_of(lc, s.attn, sh.out),
+                                         .lse = view_of(lc, s.lse, sh.lse),
+                                         .alibi = view_of(lc, cfg.alibi, sh.heads),
+                                         .doc = view_of(lc, lc.docs, sh.tokens),
+                                         .dropout = attention_dropout(lc, cfg, layer)});
   } else {
-    k::attention_backward(lc.ctx, {.d_qkv = ws.d_qkv,
-                                   .d_probs = ws.d_probs,
-                                   .d_out = ws.d_attn,
-                                   .qkv = s.qkv,
-                                   .probs = s.probs ? s.probs : ws.probs,
-                                   .batch = lc.batch,
-                                   .seq_len = lc.seq_len,
-                                   .num_heads = NH,
-                                   .head_dim = HS});
+    k::attention_backward(lc.ctx, {.d_qkv = view_of(lc, ws.d_qkv, sh.qkv),
+                                   .d_probs = view_of(lc, ws.d_probs, sh.probs),
+                                   .d_out = view_of(lc, ws.d_attn, sh.out),
+                                   .qkv = view_of(lc, s.qkv, sh.qkv),
+                                   .probs = view_of(lc, s.probs ? s.probs : ws.probs, sh.probs)});
   }
   const float* d_proj = ws.d_qkv;
   std::int64_t proj_cols = 3 * Cl;
   if (cfg.expand_qkv) {
-    const k::RopeQkvShape rs = rope_shape(lc, cfg, 0);
-    k::rope_qkv_backward(lc.ctx, {.d_in = ws.qkv_grouped, .d_out = ws.d_qkv, .shape = rs});
+    const k::RopeQkvGeometry rg = rope_geometry(lc, cfg, 0);
+    k::rope_qkv_backward(lc.ctx, {.d_in = view_of(lc, ws.qkv_grouped, {BT, rg.in_cols()}),
+                                  .d_out = view_of(lc, ws.d_qkv, {BT, rg.out_cols()}),
+                                  .inv_freq = view_of(lc, cfg.inv_freq, {cfg.head_dim / 2}),
+                                  .positions = view_of(lc, lc.positions, {BT}),
+                                  .geometry = rg});
     d_proj = ws.qkv_grouped;
-    proj_cols = rs.in_cols();
+    proj_cols = rg.in_cols();
   }
   const float* x = lc.region.enter(args.in, ws.gathered);  // the input again (SP: gathered again)
   linear_backward(lc, {.d_in = ws.d_ln,

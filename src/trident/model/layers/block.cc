@@ -32,7 +32,10 @@ void block_forward(const LayerContext& lc, const BlockConfig& cfg, const BlockPa
   mlp_forward(lc, cfg.mlp, p.mlp,
               {.out = s.out, .in = s.norm2.out, .in_bf16 = norm2_bf16, .saved = s.mlp});
   dropout_forward(lc, s.out, C, layer, DropSite::kMlpOut);
-  k::add_forward(lc.ctx, s.out, s.out, s.resid2, R * C);  // out = resid2 + out
+  const core::Shape rc{R, C};
+  k::add(lc.ctx, {.out = view_of(lc, s.out, rc),  // out = resid2 + out
+                  .a = view_of(lc, s.out, rc),
+                  .b = view_of(lc, s.resid2, rc)});
 }
 
 void block_backward(const LayerContext& lc, const BlockConfig& cfg, const BlockParams& p,

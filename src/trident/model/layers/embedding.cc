@@ -17,17 +17,15 @@ void embedding_forward(const LayerContext& lc, const EmbeddingConfig& cfg, const
                 " learned positions (--max-position-embeddings); ALiBi models have no such limit");
   float* dst = cfg.norm ? s.raw : args.out;
   float* partial = lc.region.partial_of(dst, lc.ws.gathered);
-  const float* wpe = p.wpe ? p.wpe + position * cfg.hidden : nullptr;
-  k::embedding_forward(lc.ctx, {.out = partial,
-                                .tokens = args.tokens,
-                                .wte = p.wte,
-                                .wpe = lc.tp_rank() == 0 ? wpe : nullptr,  // once
-                                .batch = lc.batch,
-                                .seq_len = lc.seq_len,
-                                .hidden = cfg.hidden,
-                                .vocab_start = lc.tp_rank() * cfg.vocab_local,
-                                .vocab_local = cfg.vocab_local,
-                                .positions = lc.positions});
+  // The position rows from `position` on (generation with a KV cache), added on one rank only.
+  const float* wpe = p.wpe && lc.tp_rank() == 0 ? p.wpe + position * cfg.hidden : nullptr;
+  const core::Shape tokens{lc.batch, lc.seq_len}, rows{lc.batch, lc.seq_len, cfg.hidden};
+  k::embedding(lc.ctx, {.out = view_of(lc, partial, rows),
+                        .tokens = view_of(lc, args.tokens, tokens),
+                        .wte = view_of(lc, p.wte, {cfg.vocab_local, cfg.hidden}),
+                        .wpe = view_of(lc, wpe, {cfg.max_positions - position, cfg.hidden}),
+                        .positions = view_of(lc, lc.positions, tokens),
+                        .vocab_start = lc.tp_rank() * cfg.vocab_local});
   lc.region.leave(partial, dst);  // each token's row lives on one tp rank
   if (cfg.norm) {
     norm_forward(lc, cfg.norm_cfg, p.norm, {.in = s.raw, .rows = lc.local_rows(), .saved = s.norm});
@@ -41,7 +39,7 @@ void embedding_backward(const LayerContext& lc, const EmbeddingConfig& cfg,
   const float* d = args.d_out;
   if (cfg.norm) {
     float* d_raw = lc.ws.d_ln;  // free here; the LayerNorm accumulates into it
-    k::fill(lc.ctx, {.out = d_raw, .value = 0.0f, .n = lc.local_rows() * cfg.hidden});
+    k::fill(lc.ctx, {.out = view_of(lc, d_raw, {lc.local_rows(), cfg.hidden}), .value = 0.0f});
     norm_backward(lc, cfg.norm_cfg, p.norm,
                   {.d_in = d_raw,
                    .d_out = d,
@@ -54,16 +52,13 @@ void embedding_backward(const LayerContext& lc, const EmbeddingConfig& cfg,
   // The forward reduction's backward: every rank scatters the full gradient into its own
   // vocabulary rows; the position embedding's gradient is the same on every rank.
   const float* d_full = lc.region.leave_backward(d, lc.ws.d_full);
-  k::embedding_backward(lc.ctx, {.d_wte = g.wte,
-                                 .d_wpe = g.wpe,
-                                 .d_out = d_full,
-                                 .tokens = args.tokens,
-                                 .batch = lc.batch,
-                                 .seq_len = lc.seq_len,
-                                 .hidden = cfg.hidden,
-                                 .vocab_start = lc.tp_rank() * cfg.vocab_local,
-                                 .vocab_local = cfg.vocab_local,
-                                 .positions = lc.positions});
+  const core::Shape tokens{lc.batch, lc.seq_len};
+  k::embedding_backward(lc.ctx, {.d_wte = view_of(lc, g.wte, {cfg.vocab_local, cfg.hidden}),
+                                 .d_wpe = view_of(lc, g.wpe, {cfg.max_positions, cfg.hidden}),
+                                 .d_out = view_of(lc, d_full, {lc.batch, lc.seq_len, cfg.hidden}),
+                                 .tokens = view_of(lc, args.tokens, tokens),
+                                 .positions = view_of(lc, lc.positions, tokens),
+                                 .vocab_start = lc.tp_rank() * cfg.vocab_local});
 }
 
 }  // namespace trident::model::layers

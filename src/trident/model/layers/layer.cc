@@ -31,7 +31,8 @@ void linear(const LayerContext& lc, const LinearArgs& a) {
   }
   const core::bf16* in16 = a.in_bf16;
   if (in16 == nullptr) {
-    k::convert_f32_to_bf16(lc.ctx, lc.ws.bf16_in, a.in, a.rows * a.in_features);
+    k::convert(lc.ctx, {.out = core::view(lc.ws.bf16_in, {a.rows, a.in_features}, dev),
+                        .in = core::view(a.in, {a.rows, a.in_features}, dev)});
     in16 = lc.ws.bf16_in;
   }
   k::linear(lc.ctx, {.out = out,
@@ -57,22 +58,21 @@ void linear_backward(const LayerContext& lc, const LinearBackwardArgs& a) {
     v.weight = core::view(a.weight.f32, w_shape, dev);
     return k::linear_backward(lc.ctx, v);
   }
-  k::convert_f32_to_bf16(lc.ctx, lc.ws.bf16_in, a.in, a.rows * a.in_features);
-  k::convert_f32_to_bf16(lc.ctx, lc.ws.bf16_dout, a.d_out, a.rows * a.out_features);
   v.in = core::view(lc.ws.bf16_in, in_shape, dev);
   v.d_out_bf16 = core::view(lc.ws.bf16_dout, out_shape, dev);
+  k::convert(lc.ctx, {.out = v.in, .in = core::view(a.in, in_shape, dev)});
+  k::convert(lc.ctx, {.out = v.d_out_bf16, .in = v.d_out});
   v.weight = core::view(a.weight.bf16, w_shape, dev);
   v.scratch = lc.ws.gemm_scratch;
   k::linear_backward(lc.ctx, v);
 }
 
 namespace {
-k::HiddenDropoutArgs dropout_args(const LayerContext& lc, float* out, const float* in,
-                                  std::int64_t cols, std::int64_t layer, DropSite site) {
-  return {.out = out,
-          .in = in,
-          .rows = lc.local_rows(),
-          .cols = cols,
+k::HiddenDropoutViews dropout_args(const LayerContext& lc, float* out, const float* in,
+                                   std::int64_t cols, std::int64_t layer, DropSite site) {
+  const core::Shape rows{lc.local_rows(), cols};
+  return {.out = view_of(lc, out, rows),
+          .in = view_of(lc, in, rows),
           .first_row = lc.dropout.first_sample * lc.seq_len + lc.region.first_row(),
           .p = lc.dropout.hidden_p,
           .seed = lc.dropout.seed,

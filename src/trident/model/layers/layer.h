@@ -15,6 +15,7 @@
 
 #include "trident/core/bf16.h"
 #include "trident/core/exec_context.h"
+#include "trident/core/view.h"
 #include "trident/parallel/tp_ops.h"
 
 namespace trident::model::layers {
@@ -76,6 +77,13 @@ struct LayerContext {
   std::int64_t local_rows() const { return region.local_rows(); }
   int tp_rank() const { return region.group().rank(); }
 };
+
+// A layer buffer as a kernel argument: a typed view on the context's device, or an empty view for
+// null (an optional argument; a required one fails in the kernel's check, naming the view).
+template <class T>
+core::TensorView view_of(const LayerContext& lc, const T* p, core::Shape shape) {
+  return p != nullptr ? core::view(p, shape, lc.ctx.device) : core::TensorView{};
+}
 
 // out = in @ weight^T + bias: the matmul of every layer. FP32, or BF16 operands when the weight
 // carries its BF16 copy (in is converted on the way in, unless in_bf16 already holds it: the

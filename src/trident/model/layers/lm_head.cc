@@ -42,49 +42,50 @@ struct RowsLoss {
 };
 void rows_loss(const LayerContext& lc, const LmHeadConfig& cfg, const RowsLoss& a) {
   const parallel::TpGroup& tp = lc.region.group();
+  const std::int64_t n = a.rows;
+  const core::Shape rows{n}, logits{n, cfg.vocab_local};
   if (!tp.active()) {
-    k::cross_entropy_forward_backward(lc.ctx, {.losses = a.losses,
-                                               .d_logits = a.d_logits,
-                                               .logits = a.logits,
-                                               .targets = a.targets,
+    k::cross_entropy_forward_backward(lc.ctx, {.losses = view_of(lc, a.losses, rows),
+                                               .d_logits = view_of(lc, a.d_logits, logits),
+                                               .logits = view_of(lc, a.logits, logits),
+                                               .targets = view_of(lc, a.targets, rows),
                                                .d_scale = a.d_scale,
-                                               .rows = a.rows,
-                                               .vocab = cfg.vocab,
-                                               .vocab_padded = cfg.vocab_local});
+                                               .vocab = cfg.vocab});
     return;
   }
-  const k::VocabParallelShard shard{.vocab = cfg.vocab,
-                                    .vocab_start = tp.rank() * cfg.vocab_local,
-                                    .vocab_local = cfg.vocab_local};
-  const std::int64_t n = a.rows;
+  const std::int64_t vocab_start = tp.rank() * cfg.vocab_local;
   float* row_max = a.row_stats;
   float* sum_exp = a.row_stats + n;  // sum of exp, then target logit: one reduction
   float* target_logit = sum_exp + n;
-  k::vocab_parallel_ce_max(lc.ctx,
-                           {.row_max = row_max, .logits = a.logits, .rows = n, .shard = shard});
+  k::vocab_parallel_ce_max(lc.ctx, {.row_max = view_of(lc, row_max, rows),
+                                    .logits = view_of(lc, a.logits, logits),
+                                    .vocab = cfg.vocab,
+                                    .vocab_start = vocab_start});
   tp.all_reduce_max(row_max, n);
-  k::vocab_parallel_ce_sum_target(lc.ctx, {.sum_exp = sum_exp,
-                                           .target_logit = target_logit,
-                                           .logits = a.logits,
-                                           .row_max = row_max,
-                                           .targets = a.targets,
-                                           .rows = n,
-                                           .shard = shard});
+  k::vocab_parallel_ce_sum_target(lc.ctx, {.sum_exp = view_of(lc, sum_exp, rows),
+                                           .target_logit = view_of(lc, target_logit, rows),
+                                           .logits = view_of(lc, a.logits, logits),
+                                           .row_max = view_of(lc, row_max, rows),
+                                           .targets = view_of(lc, a.targets, rows),
+                                           .vocab = cfg.vocab,
+                                           .vocab_start = vocab_start});
   tp.all_reduce_sum(sum_exp, 2 * n);
-  k::vocab_parallel_ce_loss(lc.ctx, {.losses = a.losses,
-                                     .d_logits = a.d_logits,
-                                     .logits = a.logits,
-                                     .row_max = row_max,
-                                     .sum_exp = sum_exp,
-                                     .target_logit = target_logit,
-                                     .targets = a.targets,
+  k::vocab_parallel_ce_loss(lc.ctx, {.losses = view_of(lc, a.losses, rows),
+                                     .d_logits = view_of(lc, a.d_logits, logits),
+                                     .logits = view_of(lc, a.logits, logits),
+                                     .row_max = view_of(lc, row_max, rows),
+                                     .sum_exp = view_of(lc, sum_exp, rows),
+                                     .target_logit = view_of(lc, target_logit, rows),
+                                     .targets = view_of(lc, a.targets, rows),
                                      .d_scale = a.d_scale,
-                                     .rows = n,
-                                     .shard = shard});
+                                     .vocab = cfg.vocab,
+                                     .vocab_start = vocab_start});
 }
 
 TokenLoss token_loss(const LayerContext& lc, const float* losses, const std::int32_t* targets) {
-  const k::TokenLossSum sum = k::sum_token_losses(lc.ctx, losses, targets, lc.rows());
+  const core::Shape rows{lc.rows()};
+  const k::TokenLossSum sum = k::sum_token_losses(
+      lc.ctx, {.losses = view_of(lc, losses, rows), .targets = view_of(lc, targets, rows)});
   return {.sum = sum.sum, .count = sum.count};
 }
 
@@ -165,7 +166,7 @@ void lm_head_backward(const LayerContext& lc, const LmHeadConfig& cfg, const LmH
     partial = lc.ws.d_ln;
   }
   const float* d_norm = lc.region.enter_backward(partial);  // each rank held a partial
-  k::fill(lc.ctx, {.out = d_in, .value = 0.0f, .n = lc.local_rows() * cfg.hidden});
+  k::fill(lc.ctx, {.out = view_of(lc, d_in, {lc.local_rows(), cfg.hidden}), .value = 0.0f});
   norm_backward(lc, cfg.norm, p.norm,
                 {.d_in = d_in,
                  .d_out = d_norm,

@@ -21,7 +21,7 @@ void mlp_forward(const LayerContext& lc, const MlpConfig& cfg, const MlpParams& 
                 .rows = BT,
                 .in_features = C,
                 .out_features = 2 * F});
-    k::swiglu_forward(lc.ctx, {.out = s.gelu, .in = s.fc, .rows = BT, .cols = F});
+    k::swiglu(lc.ctx, {.out = view_of(lc, s.gelu, {BT, F}), .in = view_of(lc, s.fc, {BT, 2 * F})});
     float* partial = lc.region.partial_of(args.out, lc.ws.gathered);
     linear(lc, {.out = partial,
                 .in = s.gelu,
@@ -43,9 +43,10 @@ void mlp_forward(const LayerContext& lc, const MlpConfig& cfg, const MlpParams& 
               .out_features = F});
   // Under --bf16 the fused kernel also writes the BF16 copy the down-projection reads.
   core::bf16* gelu16 = p.fc2_w.bf16 ? lc.ws.bf16_in : nullptr;
-  k::bias_gelu_forward(
-      lc.ctx,
-      {.out = s.gelu, .out_bf16 = gelu16, .in = s.fc, .bias = p.fc_b, .rows = BT, .cols = F});
+  k::bias_gelu(lc.ctx, {.out = view_of(lc, s.gelu, {BT, F}),
+                        .out_bf16 = view_of(lc, gelu16, {BT, F}),
+                        .in = view_of(lc, s.fc, {BT, F}),
+                        .bias = view_of(lc, p.fc_b, {F})});
   float* partial = lc.region.partial_of(args.out, lc.ws.gathered);
   linear(lc, {.out = partial,
               .in = s.gelu,
@@ -75,8 +76,9 @@ const float* mlp_backward(const LayerContext& lc, const MlpConfig& cfg, const Ml
                          .rows = BT,
                          .in_features = F,
                          .out_features = C});
-    k::swiglu_backward(lc.ctx,
-                       {.d_in = ws.d_fc, .d_out = ws.d_act, .in = s.fc, .rows = BT, .cols = F});
+    k::swiglu_backward(lc.ctx, {.d_in = view_of(lc, ws.d_fc, {BT, 2 * F}),
+                                .d_out = view_of(lc, ws.d_act, {BT, F}),
+                                .in = view_of(lc, s.fc, {BT, 2 * F})});
     const float* x = lc.region.enter(args.in, ws.gathered);  // the input again (SP: gathered)
     linear_backward(lc, {.d_in = ws.d_ln,
                          .d_weight = g.fc_w,
@@ -98,13 +100,11 @@ const float* mlp_backward(const LayerContext& lc, const MlpConfig& cfg, const Ml
                        .rows = BT,
                        .in_features = F,
                        .out_features = C});
-  k::bias_gelu_backward(lc.ctx, {.d_in = ws.d_fc,
-                                 .d_bias = g.fc_b,
-                                 .d_out = ws.d_fc,
-                                 .in = s.fc,
-                                 .bias = p.fc_b,
-                                 .rows = BT,
-                                 .cols = F,
+  k::bias_gelu_backward(lc.ctx, {.d_in = view_of(lc, ws.d_fc, {BT, F}),
+                                 .d_bias = view_of(lc, g.fc_b, {F}),
+                                 .d_out = view_of(lc, ws.d_fc, {BT, F}),
+                                 .in = view_of(lc, s.fc, {BT, F}),
+                                 .bias = view_of(lc, p.fc_b, {F}),
                                  .scratch = ws.fused_scratch});
   const float* x = lc.region.enter(args.in, ws.gathered);  // the input again (SP: gathered again)
   linear_backward(lc, {.d_in = ws.d_ln,

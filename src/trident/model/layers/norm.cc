@@ -12,70 +12,67 @@ namespace k = trident::kernels;
 
 void norm_forward(const LayerContext& lc, const NormConfig& cfg, const NormParams& p,
                   const NormForwardArgs& a) {
+  const core::Shape rc{a.rows, cfg.hidden}, r{a.rows}, c{cfg.hidden};
   if (cfg.kind == NormKind::kRmsNorm) {
-    return k::rmsnorm_forward(lc.ctx, {.out = a.saved.out,
-                                       .rstd = a.saved.rstd,
-                                       .in = a.in,
-                                       .weight = p.weight,
-                                       .rows = a.rows,
-                                       .cols = cfg.hidden,
-                                       .eps = cfg.eps});
+    return k::rmsnorm(lc.ctx, {.out = view_of(lc, a.saved.out, rc),
+                               .rstd = view_of(lc, a.saved.rstd, r),
+                               .in = view_of(lc, a.in, rc),
+                               .weight = view_of(lc, p.weight, c),
+                               .eps = cfg.eps});
   }
-  k::layernorm_forward(lc.ctx, {.out = a.saved.out,
-                                .mean = a.saved.mean,
-                                .rstd = a.saved.rstd,
-                                .in = a.in,
-                                .weight = p.weight,
-                                .bias = p.bias,
-                                .rows = a.rows,
-                                .cols = cfg.hidden,
-                                .eps = cfg.eps});
+  k::layernorm(lc.ctx, {.out = view_of(lc, a.saved.out, rc),
+                        .mean = view_of(lc, a.saved.mean, r),
+                        .rstd = view_of(lc, a.saved.rstd, r),
+                        .in = view_of(lc, a.in, rc),
+                        .weight = view_of(lc, p.weight, c),
+                        .bias = view_of(lc, p.bias, c),
+                        .eps = cfg.eps});
 }
 
 void norm_backward(const LayerContext& lc, const NormConfig& cfg, const NormParams& p,
                    const NormBackwardArgs& a) {
+  const core::Shape rc{a.rows, cfg.hidden}, r{a.rows}, c{cfg.hidden};
   if (cfg.kind == NormKind::kRmsNorm) {
-    return k::rmsnorm_backward(lc.ctx, {.d_in = a.d_in,
-                                        .d_weight = a.grads.weight,
-                                        .d_out = a.d_out,
-                                        .in = a.in,
-                                        .weight = p.weight,
-                                        .rstd = a.saved.rstd,
-                                        .rows = a.rows,
-                                        .cols = cfg.hidden});
+    return k::rmsnorm_backward(lc.ctx, {.d_in = view_of(lc, a.d_in, rc),
+                                        .d_weight = view_of(lc, a.grads.weight, c),
+                                        .d_out = view_of(lc, a.d_out, rc),
+                                        .in = view_of(lc, a.in, rc),
+                                        .weight = view_of(lc, p.weight, c),
+                                        .rstd = view_of(lc, a.saved.rstd, r)});
   }
-  k::layernorm_backward(lc.ctx, {.d_in = a.d_in,
-                                 .d_weight = a.grads.weight,
-                                 .d_bias = a.grads.bias,
-                                 .d_out = a.d_out,
-                                 .in = a.in,
-                                 .weight = p.weight,
-                                 .mean = a.saved.mean,
-                                 .rstd = a.saved.rstd,
-                                 .rows = a.rows,
-                                 .cols = cfg.hidden});
+  k::layernorm_backward(lc.ctx, {.d_in = view_of(lc, a.d_in, rc),
+                                 .d_weight = view_of(lc, a.grads.weight, c),
+                                 .d_bias = view_of(lc, a.grads.bias, c),
+                                 .d_out = view_of(lc, a.d_out, rc),
+                                 .in = view_of(lc, a.in, rc),
+                                 .weight = view_of(lc, p.weight, c),
+                                 .mean = view_of(lc, a.saved.mean, r),
+                                 .rstd = view_of(lc, a.saved.rstd, r)});
 }
 
 void residual_norm_forward(const LayerContext& lc, const NormConfig& cfg, const NormParams& p,
                            const ResidualNormForwardArgs& a) {
   if (cfg.kind == NormKind::kRmsNorm) {  // the add, then the norm (no fused RMSNorm kernel)
-    k::add_forward(lc.ctx, a.resid, a.a, a.b, a.rows * cfg.hidden);
+    const core::Shape rc{a.rows, cfg.hidden};
+    k::add(lc.ctx,
+           {.out = view_of(lc, a.resid, rc), .a = view_of(lc, a.a, rc), .b = view_of(lc, a.b, rc)});
     norm_forward(lc, cfg, p, {.in = a.resid, .rows = a.rows, .saved = a.saved});
-    if (a.out_bf16) k::convert_f32_to_bf16(lc.ctx, a.out_bf16, a.saved.out, a.rows * cfg.hidden);
+    if (a.out_bf16) {
+      k::convert(lc.ctx, {.out = view_of(lc, a.out_bf16, rc), .in = view_of(lc, a.saved.out, rc)});
+    }
     return;
   }
-  k::residual_layernorm_forward(lc.ctx, {.resid_out = a.resid,
-                                         .out = a.saved.out,
-                                         .out_bf16 = a.out_bf16,
-                                         .mean = a.saved.mean,
-                                         .rstd = a.saved.rstd,
-                                         .a = a.a,
-                                         .b = a.b,
-                                         .weight = p.weight,
-                                         .bias = p.bias,
-                                         .rows = a.rows,
-                                         .cols = cfg.hidden,
-                                         .eps = cfg.eps});
+  const core::Shape rc{a.rows, cfg.hidden}, r{a.rows}, c{cfg.hidden};
+  k::residual_layernorm(lc.ctx, {.resid_out = view_of(lc, a.resid, rc),
+                                 .out = view_of(lc, a.saved.out, rc),
+                                 .out_bf16 = view_of(lc, a.out_bf16, rc),
+                                 .mean = view_of(lc, a.saved.mean, r),
+                                 .rstd = view_of(lc, a.saved.rstd, r),
+                                 .a = view_of(lc, a.a, rc),
+                                 .b = view_of(lc, a.b, rc),
+                                 .weight = view_of(lc, p.weight, c),
+                                 .bias = view_of(lc, p.bias, c),
+                                 .eps = cfg.eps});
 }
 
 void residual_norm_backward(const LayerContext& lc, const NormConfig& cfg, const NormParams& p,
@@ -89,16 +86,15 @@ void residual_norm_backward(const LayerContext& lc, const NormConfig& cfg, const
                           .saved = a.saved,
                           .grads = a.grads});
   }
-  k::residual_layernorm_backward(lc.ctx, {.d_resid = a.d_resid,
-                                          .d_weight = a.grads.weight,
-                                          .d_bias = a.grads.bias,
-                                          .d_out = a.d_out,
-                                          .resid = a.resid,
-                                          .weight = p.weight,
-                                          .mean = a.saved.mean,
-                                          .rstd = a.saved.rstd,
-                                          .rows = a.rows,
-                                          .cols = cfg.hidden,
+  const core::Shape rc{a.rows, cfg.hidden}, r{a.rows}, c{cfg.hidden};
+  k::residual_layernorm_backward(lc.ctx, {.d_resid = view_of(lc, a.d_resid, rc),
+                                          .d_weight = view_of(lc, a.grads.weight, c),
+                                          .d_bias = view_of(lc, a.grads.bias, c),
+                                          .d_out = view_of(lc, a.d_out, rc),
+                                          .resid = view_of(lc, a.resid, rc),
+                                          .weight = view_of(lc, p.weight, c),
+                                          .mean = view_of(lc, a.saved.mean, r),
+                                          .rstd = view_of(lc, a.saved.rstd, r),
                                           .scratch = lc.ws.norm_scratch});
 }
 

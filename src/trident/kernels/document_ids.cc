@@ -1,0 +1,41 @@
+// Backend dispatch of document_ids.h: the views' checks and one switch on the device; the CPU body
+// is in kernels/cpu/document_ids.cc (one per instruction-set variant), the reference in
+// kernels/ref/.
+#include "trident/kernels/document_ids.h"
+
+#include <limits>
+
+#include "trident/core/error.h"
+#include "trident/core/profile.h"
+#include "trident/kernels/backend.h"
+#include "trident/kernels/view_check.h"
+
+namespace trident::kernels {
+
+void document_ids(const core::ExecContext& ctx, const DocumentIdsViews& v) {
+  constexpr const char* op = "document_ids";
+  detail::check_rank(op, "tokens", v.tokens, 2);
+  const std::int64_t B = v.tokens.shape[0], T = v.tokens.shape[1];
+  detail::check_views(op, ctx, core::DType::kI32, {B, T},
+                      {{"tokens", v.tokens}, {"positions", v.positions}, {"docs", v.docs}});
+  TRIDENT_CHECK(v.eod_token >= 0, op, ": eod_token is ", v.eod_token,
+                "; documents need the tokenizer's end-of-document token (>= 0)");
+  TRIDENT_CHECK(T <= std::numeric_limits<std::int32_t>::max(), op, ": seq_len ", T,
+                " does not fit the int32 positions");
+  const DocumentIdsArgs args{.positions = v.positions.as<std::int32_t>(),
+                             .docs = v.docs.as<std::int32_t>(),
+                             .tokens = v.tokens.as<std::int32_t>(),
+                             .batch = B,
+                             .seq_len = T,
+                             .eod_token = v.eod_token};
+  const core::profile::Scope prof(core::profile::Kind::kMemory, op, 0, 4.0 * 3 * B * T);
+  switch (ctx.device.kind) {
+    case core::DeviceKind::kCpu:
+      return cpu_ops(ctx).document_ids(ctx, args);
+    case core::DeviceKind::kCuda:
+      // No CUDA body yet (a scan per sample); the CUDA build answers this op like a CPU build.
+      no_cuda_backend(op);
+  }
+}
+
+}  // namespace trident::kernels
