@@ -8,12 +8,21 @@ endif()
 
 # Global sanitizer / fuzzing instrumentation (called once from the top CMakeLists, before any
 # target): TRIDENT_SANITIZE adds -fsanitize=<list> to every compile and link, with every report
-# fatal; TRIDENT_BUILD_FUZZ adds libFuzzer's coverage instrumentation (-fsanitize=fuzzer-no-link)
-# so that the fuzz targets of tests/fuzz see the edges of the libraries they call.
+# fatal. TRIDENT_BUILD_FUZZ only checks the compiler here: libFuzzer's coverage instrumentation
+# (-fsanitize=fuzzer-no-link, so that the fuzz targets see the edges of the libraries they call) is
+# added by src/trident/CMakeLists.txt for the libraries the readers live in, not for the kernels
+# or the GoogleTest binaries, whose sanitized runs it would only slow down.
+# Line tables are all a report's stack needs (file:line per frame) and cost a fraction of full
+# debug information to compile (-gline-tables-only with clang, -g1 with gcc).
 macro(trident_sanitizer_flags)
   if(TRIDENT_SANITIZE)
+    if(CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+      set(trident_sanitizer_debug -gline-tables-only)
+    else()
+      set(trident_sanitizer_debug -g1)
+    endif()
     add_compile_options(-fsanitize=${TRIDENT_SANITIZE} -fno-sanitize-recover=all
-                        -fno-omit-frame-pointer -g)
+                        -fno-omit-frame-pointer ${trident_sanitizer_debug})
     add_link_options(-fsanitize=${TRIDENT_SANITIZE})
   endif()
   if(TRIDENT_BUILD_FUZZ)
@@ -21,9 +30,17 @@ macro(trident_sanitizer_flags)
       message(FATAL_ERROR "TRIDENT_BUILD_FUZZ needs clang (libFuzzer): configure with "
                           "-DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_C_COMPILER=clang-14")
     endif()
-    add_compile_options(-fsanitize=fuzzer-no-link)
   endif()
 endmacro()
+
+# Modules whose loops the tests spend their time in. The sanitizer build compiles everything else
+# at -O0 (a third of -O1's compile time for this template-heavy code) and these with
+# TRIDENT_HOT_MODULE_FLAGS (-O1), so that its tests do not crawl (scripts/test-sanitizers).
+set(TRIDENT_HOT_MODULE_FLAGS "" CACHE STRING
+    "Extra compile flags for the modules in TRIDENT_HOT_MODULES (the sanitizer build: -O1)")
+set(TRIDENT_HOT_MODULES "kernels;comm;data;train" CACHE STRING
+    "Modules that get TRIDENT_HOT_MODULE_FLAGS (core, kernels, comm, ...)")
+separate_arguments(TRIDENT_HOT_MODULE_FLAG_LIST UNIX_COMMAND "${TRIDENT_HOT_MODULE_FLAGS}")
 
 function(trident_target_defaults target)
   target_compile_options(${target} PRIVATE ${TRIDENT_WARNINGS})
@@ -43,6 +60,9 @@ function(trident_add_module name)
   target_include_directories(trident_${name} PUBLIC ${PROJECT_SOURCE_DIR}/src)
   target_link_libraries(trident_${name} PUBLIC ${ARG_DEPS})
   trident_target_defaults(trident_${name})
+  if(name IN_LIST TRIDENT_HOT_MODULES)
+    target_compile_options(trident_${name} PRIVATE ${TRIDENT_HOT_MODULE_FLAG_LIST})
+  endif()
 endfunction()
 
 # trident_add_test(NAME SOURCES ... DEPS ... LABELS ...): a GoogleTest binary registered with CTest.

@@ -89,7 +89,13 @@ void run_plan(train::TrainConfig cfg, const PlanOptions& o) {
                 << " thread(s) per rank...\n";
       // The grid once per thread count (kept in the cache), then this configuration's shapes.
       plan::Calibration cached;
-      const bool have = !o.recalibrate && plan::load_calibration(path, threads, cached);
+      bool have = false;
+      try {
+        have = !o.recalibrate && plan::load_calibration(path, threads, cached);
+      } catch (const core::DataError& e) {
+        // A damaged cache is what --calibrate fixes: measure this thread count afresh.
+        std::cerr << "trident plan: warning: " << e.what() << "; measuring it afresh\n";
+      }
       plan::KernelShapes shapes;
       if (!o.search) {
         train::TrainConfig shaped = cfg;

@@ -42,6 +42,11 @@ class BackendEnvironment : public ::testing::Environment {
  public:
   void SetUp() override {
     const TestBackend b = test_backend();
+    if (!cpu_built(b.ctx.cpu_isa)) {
+      GTEST_SKIP() << "backend " << b.name << ": this build has no " << cpu_isa_name(b.ctx.cpu_isa)
+                   << " kernels (TRIDENT_CPU_ISAS=" << cpu_isas_built()
+                   << "; the sanitizer build compiles only the baseline)";
+    }
     if (!cpu_supports(b.ctx.cpu_isa)) {
       GTEST_SKIP() << "backend " << b.name << ": this processor lacks the instructions of the "
                    << cpu_isa_name(b.ctx.cpu_isa) << " kernels (it runs "
@@ -54,11 +59,14 @@ class BackendEnvironment : public ::testing::Environment {
 [[maybe_unused]] ::testing::Environment* const kEnvironment =
     ::testing::AddGlobalTestEnvironment(new BackendEnvironment);
 
-// The variant chosen at run time is the widest this processor runs, and the dispatch takes it.
+// The variant chosen at run time is the widest this build has and this processor runs, and the
+// dispatch takes it.
 TEST(CpuIsa, AutoTakesTheWidestVariantTheProcessorRuns) {
-  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const bool avx512 = cpu_built(core::CpuIsa::kAvx512) && __builtin_cpu_supports("avx512f") &&
+                      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+                      __builtin_cpu_supports("avx512vl");
+  const bool avx2 = cpu_built(core::CpuIsa::kAvx2) && __builtin_cpu_supports("avx2") &&
+                    __builtin_cpu_supports("fma");
   const core::CpuIsa want = avx512 ? core::CpuIsa::kAvx512
                             : avx2 ? core::CpuIsa::kAvx2
                                    : core::CpuIsa::kX86_64;
@@ -73,14 +81,38 @@ TEST(CpuIsa, PinnedVariantIsTheOneThatRuns) {
   ctx.cpu_isa = core::CpuIsa::kX86_64;
   EXPECT_STREQ(cpu_ops(ctx).isa, "x86_64");
   ctx.cpu_isa = core::CpuIsa::kAvx2;
-  if (cpu_supports(core::CpuIsa::kAvx2)) {
+  if (cpu_built(core::CpuIsa::kAvx2) && cpu_supports(core::CpuIsa::kAvx2)) {
     EXPECT_STREQ(cpu_ops(ctx).isa, "avx2");
   } else {
     EXPECT_THROW((void)cpu_ops(ctx), core::InvalidArgument);
   }
 }
 
+// The sanitizer build compiles only the baseline (TRIDENT_CPU_ISAS=x86_64): asking for a variant
+// it lacks is an error that says so, not another variant's kernels.
+TEST(CpuIsa, AVariantTheBuildLacksIsAClearError) {
+  bool missing = false;
+  for (const core::CpuIsa isa : {core::CpuIsa::kAvx2, core::CpuIsa::kAvx512}) {
+    if (cpu_built(isa)) continue;
+    missing = true;
+    core::ExecContext ctx{};
+    ctx.cpu_isa = isa;
+    try {
+      (void)cpu_ops(ctx);
+      ADD_FAILURE() << "expected an error for " << cpu_isa_name(isa);
+    } catch (const core::InvalidArgument& e) {
+      EXPECT_NE(std::strstr(e.what(), "this build has no"), nullptr) << e.what();
+      EXPECT_NE(std::strstr(e.what(), cpu_isas_built()), nullptr) << e.what();
+    }
+  }
+  if (!missing) GTEST_SKIP() << "this build has every variant (" << cpu_isas_built() << ")";
+}
+
 TEST(CpuIsa, AVariantTheProcessorLacksIsAClearError) {
+  if (!cpu_built(core::CpuIsa::kAvx512)) {
+    GTEST_SKIP() << "this build has no avx512 kernels (TRIDENT_CPU_ISAS=" << cpu_isas_built()
+                 << "): AVariantTheBuildLacksIsAClearError checks that error";
+  }
   if (cpu_supports(core::CpuIsa::kAvx512)) GTEST_SKIP() << "this processor has AVX-512";
   core::ExecContext ctx{};
   ctx.cpu_isa = core::CpuIsa::kAvx512;

@@ -30,6 +30,29 @@ bool has_avx512() {
 
 }  // namespace
 
+bool cpu_built(core::CpuIsa isa) {
+  switch (isa) {
+    case core::CpuIsa::kAuto:
+    case core::CpuIsa::kX86_64:
+      return true;
+    case core::CpuIsa::kAvx2:
+#ifdef TRIDENT_CPU_BUILT_AVX2
+      return true;
+#else
+      return false;
+#endif
+    case core::CpuIsa::kAvx512:
+#ifdef TRIDENT_CPU_BUILT_AVX512
+      return true;
+#else
+      return false;
+#endif
+  }
+  return false;
+}
+
+const char* cpu_isas_built() { return TRIDENT_CPU_ISAS_BUILT; }
+
 bool cpu_supports(core::CpuIsa isa) {
   switch (isa) {
     case core::CpuIsa::kAuto:
@@ -44,9 +67,10 @@ bool cpu_supports(core::CpuIsa isa) {
 }
 
 core::CpuIsa best_cpu_isa() {
-  static const core::CpuIsa best = has_avx512() ? core::CpuIsa::kAvx512
-                                   : has_avx2() ? core::CpuIsa::kAvx2
-                                                : core::CpuIsa::kX86_64;
+  static const core::CpuIsa best =
+      cpu_built(core::CpuIsa::kAvx512) && has_avx512() ? core::CpuIsa::kAvx512
+      : cpu_built(core::CpuIsa::kAvx2) && has_avx2()   ? core::CpuIsa::kAvx2
+                                                       : core::CpuIsa::kX86_64;
   return best;
 }
 
@@ -66,16 +90,31 @@ const char* cpu_isa_name(core::CpuIsa isa) {
 
 const CpuOps& cpu_ops(const ExecContext& ctx) {
   const core::CpuIsa isa = ctx.cpu_isa == core::CpuIsa::kAuto ? best_cpu_isa() : ctx.cpu_isa;
+  if (!cpu_built(isa)) {
+    throw core::InvalidArgument(core::str(
+        "the CPU kernels for ", cpu_isa_name(isa), " were asked for, but this build has no ",
+        cpu_isa_name(isa), " kernels (configured with -DTRIDENT_CPU_ISAS=", cpu_isas_built(),
+        "; the sanitizer build has only the baseline); leave the instruction set on auto, or "
+        "build every variant (the default)"));
+  }
   switch (isa) {
     case core::CpuIsa::kAuto:  // resolved above
     case core::CpuIsa::kX86_64:
       return cpu_x86_64::kOps;
     case core::CpuIsa::kAvx2:
+#ifdef TRIDENT_CPU_BUILT_AVX2
       if (!has_avx2()) break;
       return cpu_avx2::kOps;
+#else
+      break;
+#endif
     case core::CpuIsa::kAvx512:
+#ifdef TRIDENT_CPU_BUILT_AVX512
       if (!has_avx512()) break;
       return cpu_avx512::kOps;
+#else
+      break;
+#endif
   }
   throw core::InvalidArgument(core::str(
       "the CPU kernels for ", cpu_isa_name(isa), " were asked for, but this processor lacks ",

@@ -461,12 +461,141 @@ namespace {
 // Caches written by another version (other kernels, other fields) are not read: recalibrate.
 constexpr int kCacheVersion = 2;
 nlohmann::json cost_json(const LinearCost& c) { return {c.overhead_s, c.per_element_s}; }
-LinearCost cost_of(const nlohmann::json& j) {
-  return {j.at(0).get<double>(), j.at(1).get<double>()};
-}
+
+// The cache reader. save_calibration writes the file, but it lies in a home directory where an
+// older trident, a full disk or a hand edit may have changed it: every value is checked before the
+// time model uses it (it interpolates in log space, so times must be positive and the grids
+// sorted), and every error names the file, the entry, the key and the fix (exit code 2, bad input).
+constexpr std::int64_t kMaxAxis = std::int64_t{1} << 31;  // grid sizes, shapes (int64 products)
+constexpr std::size_t kMaxAxisPoints = 64;                // points per grid axis (64^3 GEMM points)
+
+class CacheReader {
+ public:
+  CacheReader(const std::string& path, std::string entry) : path_(path), entry_(std::move(entry)) {}
+
+  [[noreturn]] void fail(const std::string& key, const std::string& what) const {
+    throw core::DataError(core::str(
+        "the calibration cache ", path_, ": entry \"", entry_, "\", key \"", key, "\": ", what,
+        "; delete the file, or re-run trident plan --gpu cpu --calibrate (it measures a bad "
+        "entry afresh)"));
+  }
+
+  const nlohmann::json& at(const nlohmann::json& j, const std::string& key) const {
+    const auto it = j.find(key);
+    if (it == j.end()) fail(key, "missing");
+    return *it;
+  }
+
+  std::int64_t integer(const nlohmann::json& v, const std::string& key, std::int64_t lo,
+                       std::int64_t hi) const {
+    bool ok = false;
+    std::int64_t x = 0;
+    if (v.is_number_unsigned()) {
+      const std::uint64_t u = v.get<std::uint64_t>();
+      ok = u <= static_cast<std::uint64_t>(hi);
+      x = static_cast<std::int64_t>(u);
+    } else if (v.is_number_integer()) {
+      x = v.get<std::int64_t>();
+      ok = true;
+    }
+    if (!ok || x < lo || x > hi) {
+      fail(key, core::str("must be an integer in [", lo, ", ", hi, "], got ", v.dump()));
+    }
+    return x;
+  }
+
+  // A finite number, > 0 (positive) or >= 0.
+  double number(const nlohmann::json& v, const std::string& key, bool positive) const {
+    if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < 0 ||
+        (positive && v.get<double>() == 0)) {
+      fail(key,
+           core::str("must be a finite number ", positive ? "> 0" : ">= 0", ", got ", v.dump()));
+    }
+    return v.get<double>();
+  }
+
+  // A grid axis: 1 to kMaxAxisPoints integers in [1, kMaxAxis], strictly increasing.
+  std::vector<std::int64_t> axis(const nlohmann::json& j, const std::string& key) const {
+    const nlohmann::json& v = at(j, key);
+    if (!v.is_array() || v.empty() || v.size() > kMaxAxisPoints) {
+      fail(key, core::str("must be a list of 1 to ", kMaxAxisPoints, " sizes"));
+    }
+    std::vector<std::int64_t> out;
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      out.push_back(integer(v[i], core::str(key, "[", i, "]"), 1, kMaxAxis));
+      if (i > 0 && out[i] <= out[i - 1]) fail(key, "must be strictly increasing");
+    }
+    return out;
+  }
+
+  // `n` times in seconds, each finite and > 0.
+  std::vector<double> times(const nlohmann::json& j, const std::string& key, std::size_t n) const {
+    const nlohmann::json& v = at(j, key);
+    if (!v.is_array() || v.size() != n) {
+      fail(key, core::str("must be a list of ", n, " times (one per grid point)"));
+    }
+    std::vector<double> out;
+    for (std::size_t i = 0; i < n; ++i)
+      out.push_back(number(v[i], core::str(key, "[", i, "]"), true));
+    return out;
+  }
+
+  LinearCost cost(const nlohmann::json& j, const std::string& key) const {
+    const nlohmann::json& v = at(j, key);
+    if (!v.is_array() || v.size() != 2) {
+      fail(key, "must be [overhead seconds, seconds per element]");
+    }
+    return {number(v[0], key + "[0]", false), number(v[1], key + "[1]", false)};
+  }
+
+  // Exact timings: {"a,b,...": [forward s, backward s]}, `parts` integers per key (the first one
+  // 0 or 1 when `flag_first`), written back exactly as linear_key / attention_key write them.
+  std::map<std::string, std::pair<double, double>> exact(const nlohmann::json& j,
+                                                         const std::string& key, int parts,
+                                                         bool flag_first) const {
+    std::map<std::string, std::pair<double, double>> out;
+    const auto it = j.find(key);
+    if (it == j.end()) return out;  // caches from before exact shapes were timed
+    if (!it->is_object()) fail(key, "must be an object of shape -> [forward s, backward s]");
+    for (const auto& [shape, v] : it->items()) {
+      const std::string name = core::str(key, ".", shape);
+      std::vector<std::int64_t> dims;
+      std::size_t at_char = 0;
+      bool ok = true;
+      for (int p = 0; p < parts && ok; ++p) {
+        const std::size_t end = p + 1 < parts ? shape.find(',', at_char) : shape.size();
+        ok = end != std::string::npos && end > at_char && end - at_char <= 10;
+        std::int64_t x = 0;
+        for (std::size_t c = at_char; ok && c < end; ++c) {
+          ok = shape[c] >= '0' && shape[c] <= '9';
+          x = x * 10 + (shape[c] - '0');
+        }
+        ok = ok && (p == 0 && flag_first ? x <= 1 : x >= 1 && x <= kMaxAxis);
+        dims.push_back(x);
+        at_char = end + 1;
+      }
+      std::string canonical;
+      for (std::size_t p = 0; ok && p < dims.size(); ++p) {
+        canonical += (p ? "," : "") + std::to_string(dims[p]);
+      }
+      if (!ok || canonical != shape) {
+        fail(name, core::str("is not a shape of ", parts, " comma-separated integers",
+                             flag_first ? " (flash 0 or 1, then sizes >= 1)" : " (sizes >= 1)"));
+      }
+      if (!v.is_array() || v.size() != 2) fail(name, "must be [forward s, backward s]");
+      out[shape] = {number(v[0], name + "[0]", true), number(v[1], name + "[1]", true)};
+    }
+    return out;
+  }
+
+ private:
+  const std::string& path_;
+  std::string entry_;
+};
 }  // namespace
 
 void save_calibration(const std::string& path, const Calibration& c) {
+  // The other thread counts' entries are kept; a file that is not a JSON object is replaced.
   nlohmann::json all = nlohmann::json::object();
   if (std::ifstream in(path); in) {
     try {
@@ -474,6 +603,7 @@ void save_calibration(const std::string& path, const Calibration& c) {
     } catch (const std::exception&) {
       all = nlohmann::json::object();
     }
+    if (!all.is_object()) all = nlohmann::json::object();
   }
   nlohmann::json j = {{"version", kCacheVersion},
                       {"threads", c.threads},
@@ -510,47 +640,58 @@ void save_calibration(const std::string& path, const Calibration& c) {
 }
 
 bool load_calibration(const std::string& path, int threads, Calibration& c) {
-  std::ifstream in(path);
+  std::ifstream in(path, std::ios::binary);
   if (!in) return false;
   nlohmann::json all;
   try {
-    in >> all;
-  } catch (const std::exception& e) {
-    throw core::InvalidArgument(core::str("the calibration cache ", path, " is not JSON (",
-                                          e.what(),
-                                          "); delete it and run trident plan --calibrate"));
+    all = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw core::DataError(core::str("the calibration cache ", path, " is not JSON (", e.what(),
+                                    "); delete the file, or re-run trident plan --gpu cpu "
+                                    "--calibrate (it replaces a file that is not JSON)"));
+  }
+  if (!all.is_object()) {
+    throw core::DataError(core::str("the calibration cache ", path,
+                                    " is not a JSON object of thread count -> calibration; delete "
+                                    "the file, or re-run trident plan --gpu cpu --calibrate"));
   }
   const std::string key = std::to_string(threads);
-  if (!all.contains(key)) return false;
-  const nlohmann::json& j = all[key];
-  if (!j.is_object() || !j.contains("version") || j["version"] != kCacheVersion) return false;
-  c.threads = j.at("threads");
-  c.cores = j.at("cores");
-  c.grid = j.at("grid").get<std::vector<std::int64_t>>();
-  c.linear_fwd_s = j.at("linear_fwd_s").get<std::vector<double>>();
-  c.linear_bwd_s = j.at("linear_bwd_s").get<std::vector<double>>();
-  c.attn_seq = j.at("attn_seq").get<std::vector<std::int64_t>>();
-  c.attn_head_dim = j.at("attn_head_dim").get<std::vector<std::int64_t>>();
-  c.attn_fwd_s = j.at("attn_fwd_s").get<std::vector<double>>();
-  c.attn_bwd_s = j.at("attn_bwd_s").get<std::vector<double>>();
-  c.flash_fwd_s = j.at("flash_fwd_s").get<std::vector<double>>();
-  c.flash_bwd_s = j.at("flash_bwd_s").get<std::vector<double>>();
-  c.layernorm_fwd = cost_of(j.at("layernorm_fwd"));
-  c.layernorm_bwd = cost_of(j.at("layernorm_bwd"));
-  c.bias_gelu_fwd = cost_of(j.at("bias_gelu_fwd"));
-  c.bias_gelu_bwd = cost_of(j.at("bias_gelu_bwd"));
-  c.add = cost_of(j.at("add"));
-  c.cross_entropy = cost_of(j.at("cross_entropy"));
-  c.adamw = cost_of(j.at("adamw"));
-  c.embedding = cost_of(j.at("embedding"));
-  c.dropout = cost_of(j.at("dropout"));
-  if (j.contains("linear_exact")) {
-    c.linear_exact = j["linear_exact"].get<std::map<std::string, std::pair<double, double>>>();
-    c.attention_exact =
-        j["attention_exact"].get<std::map<std::string, std::pair<double, double>>>();
-  }
-  c.memory_bw = j.at("memory_bw");
-  c.peak_tflops = j.at("peak_tflops");
+  const auto entry = all.find(key);
+  if (entry == all.end()) return false;
+  const CacheReader r(path, key);
+  const nlohmann::json& j = *entry;
+  if (!j.is_object()) r.fail(key, "must be an object (one calibration)");
+  // A calibration written by another version of the format (other kernels, other fields) is not
+  // read: the caller calibrates again.
+  if (!j.contains("version") || j["version"] != kCacheVersion) return false;
+  Calibration out;
+  out.threads = static_cast<int>(r.integer(r.at(j, "threads"), "threads", threads, threads));
+  out.cores = static_cast<int>(r.integer(r.at(j, "cores"), "cores", 1, 1 << 20));
+  out.grid = r.axis(j, "grid");
+  const std::size_t n = out.grid.size();
+  out.linear_fwd_s = r.times(j, "linear_fwd_s", n * n * n);
+  out.linear_bwd_s = r.times(j, "linear_bwd_s", n * n * n);
+  out.attn_seq = r.axis(j, "attn_seq");
+  out.attn_head_dim = r.axis(j, "attn_head_dim");
+  const std::size_t na = out.attn_seq.size() * out.attn_head_dim.size();
+  out.attn_fwd_s = r.times(j, "attn_fwd_s", na);
+  out.attn_bwd_s = r.times(j, "attn_bwd_s", na);
+  out.flash_fwd_s = r.times(j, "flash_fwd_s", na);
+  out.flash_bwd_s = r.times(j, "flash_bwd_s", na);
+  out.layernorm_fwd = r.cost(j, "layernorm_fwd");
+  out.layernorm_bwd = r.cost(j, "layernorm_bwd");
+  out.bias_gelu_fwd = r.cost(j, "bias_gelu_fwd");
+  out.bias_gelu_bwd = r.cost(j, "bias_gelu_bwd");
+  out.add = r.cost(j, "add");
+  out.cross_entropy = r.cost(j, "cross_entropy");
+  out.adamw = r.cost(j, "adamw");
+  out.embedding = r.cost(j, "embedding");
+  out.dropout = r.cost(j, "dropout");
+  out.linear_exact = r.exact(j, "linear_exact", 3, false);
+  out.attention_exact = r.exact(j, "attention_exact", 4, true);
+  out.memory_bw = r.number(r.at(j, "memory_bw"), "memory_bw", true);
+  out.peak_tflops = r.number(r.at(j, "peak_tflops"), "peak_tflops", true);
+  c = std::move(out);
   return true;
 }
 

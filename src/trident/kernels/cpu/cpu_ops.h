@@ -96,7 +96,11 @@ extern const CpuOps kOps;
 
 // True when this processor can run the variant (kAuto: always).
 bool cpu_supports(core::CpuIsa isa);
-// The widest variant this processor runs (decided once, from cpuid).
+// True when this build compiled the variant (CMake's TRIDENT_CPU_ISAS: every variant by default,
+// only x86_64 in the sanitizer build); cpu_isas_built() lists them ("x86_64,avx2,avx512").
+bool cpu_built(core::CpuIsa isa);
+const char* cpu_isas_built();
+// The widest variant this build has and this processor runs (decided once, from cpuid).
 core::CpuIsa best_cpu_isa();
 const char* cpu_isa_name(core::CpuIsa isa);
 // The table for ctx.cpu_isa (kAuto: best_cpu_isa()). Throws core::InvalidArgument naming the
