@@ -38,7 +38,7 @@ endmacro()
 # TRIDENT_HOT_MODULE_FLAGS (-O1), so that its tests do not crawl (scripts/test-sanitizers).
 set(TRIDENT_HOT_MODULE_FLAGS "" CACHE STRING
     "Extra compile flags for the modules in TRIDENT_HOT_MODULES (the sanitizer build: -O1)")
-set(TRIDENT_HOT_MODULES "kernels;comm;data;train" CACHE STRING
+set(TRIDENT_HOT_MODULES "kernels;comm;data;train;plan" CACHE STRING
     "Modules that get TRIDENT_HOT_MODULE_FLAGS (core, kernels, comm, ...)")
 separate_arguments(TRIDENT_HOT_MODULE_FLAG_LIST UNIX_COMMAND "${TRIDENT_HOT_MODULE_FLAGS}")
 

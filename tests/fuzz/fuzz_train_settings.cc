@@ -48,6 +48,8 @@ Parser& parser() {
 
 }  // namespace
 
+void train_settings_init() { (void)parser(); }
+
 void train_settings_one_input(const std::uint8_t* data, std::size_t size, bool as_args) {
   std::vector<std::string> args = {"trident", "train"};
   int world = 1;

@@ -7,6 +7,10 @@
 
 namespace trident::fuzz {
 
+// Builds the parser (seconds under ASan); called from LLVMFuzzerInitialize, so that libFuzzer's
+// per-input timeout does not count it.
+void train_settings_init();
+
 // as_args: the input is NUL-separated `trident train` arguments; else a --config TOML file.
 void train_settings_one_input(const std::uint8_t* data, std::size_t size, bool as_args);
 
