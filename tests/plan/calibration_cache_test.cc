@@ -125,6 +125,27 @@ TEST_F(CalibrationCache, WhatIsSavedLoadsBackUnchanged) {
   EXPECT_FALSE(load_calibration((dir_ / "absent.json").string(), 1, none));
 }
 
+// An entry of another format version (older kernels, fewer costs) is not read: plan asks for
+// --calibrate again, and --calibrate measures that thread count anew. The dropout cost, the field
+// version 2 added, is read back.
+TEST_F(CalibrationCache, AnotherFormatVersionIsNotRead) {
+  Calibration c = small(1);
+  c.dropout = {1e-6, 1.1e-8};
+  save_calibration(path_, c);
+  Calibration back;
+  ASSERT_TRUE(load_calibration(path_, 1, back));
+  EXPECT_EQ(back.dropout.per_element_s, 1.1e-8);
+  for (const json v : {json(1), json("2"), json(nullptr)}) {
+    write_edited([&](json& e) { e["version"] = v; });
+    Calibration other = small(7);
+    EXPECT_FALSE(load_calibration(path_, 1, other)) << v.dump();
+    EXPECT_EQ(other.threads, 7);
+  }
+  write_edited([](json& e) { e.erase("version"); });
+  Calibration old;
+  EXPECT_FALSE(load_calibration(path_, 1, old));
+}
+
 TEST_F(CalibrationCache, FilesThatAreNotACacheAreRefused) {
   write("{\"1\": {\"threads\": 1,");
   EXPECT_NE(error().find("is not JSON"), std::string::npos);
