@@ -27,8 +27,8 @@ constexpr testing::Tol kTol{0.0, 1.2e-7};
 // dropout_keep's decision (a double comparison) for every element and probability, including
 // probabilities whose p 2^53 is not an integer and the ends of the range.
 TEST(DropoutDecision, IntegerThresholdIsDropoutKeep) {
-  const float ps[] = {0.0f,  1e-30f, 1e-9f, 0.1f, 0.3f, 1.0f / 3.0f, 0.5f, 0.9f,
-                      std::nextafter(1.0f, 0.0f)};
+  const float ps[] = {
+      0.0f, 1e-30f, 1e-9f, 0.1f, 0.3f, 1.0f / 3.0f, 0.5f, 0.9f, std::nextafter(1.0f, 0.0f)};
   std::int64_t checked = 0, kept = 0;
   for (float p : ps) {
     const std::uint64_t threshold = detail::dropout_threshold(p);

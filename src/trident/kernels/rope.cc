@@ -1,6 +1,7 @@
 // Backend dispatch of rope.h; CPU bodies in kernels/cpu/rope.cc, reference in kernels/ref/.
 #include "trident/kernels/rope.h"
 
+#include "trident/core/error.h"
 #include "trident/core/profile.h"
 #include "trident/kernels/backend.h"
 #include "trident/kernels/view_check.h"
@@ -10,8 +11,21 @@
 
 namespace trident::kernels {
 
+namespace {
+// The arguments every backend needs, checked once here before the dispatch.
+void check(const char* op, const RopeQkvShape& s, const void* a, const void* b) {
+  TRIDENT_CHECK(s.rows >= 0 && s.seq_len > 0 && s.position >= 0 && s.groups > 0 &&
+                    s.heads_per_group > 0 && s.head_dim > 0 && s.head_dim % 2 == 0,
+                op, ": bad shape (rows ", s.rows, ", seq_len ", s.seq_len, ", position ",
+                s.position, ", groups ", s.groups, ", heads_per_group ", s.heads_per_group,
+                ", head_dim ", s.head_dim, "; head_dim must be even)");
+  TRIDENT_CHECK(s.rows == 0 || (a && b), op, ": pointers must be non-null");
+}
+}  // namespace
+
 void rope_qkv_forward(const core::ExecContext& ctx, const RopeQkvForwardArgs& args) {
   const core::profile::Scope prof(core::profile::Kind::kMemory, "rope_qkv_forward");
+  check("rope_qkv_forward", args.shape, args.out, args.in);
   switch (ctx.device.kind) {
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).rope_qkv_forward(ctx, args);
@@ -26,6 +40,7 @@ void rope_qkv_forward(const core::ExecContext& ctx, const RopeQkvForwardArgs& ar
 
 void rope_qkv_backward(const core::ExecContext& ctx, const RopeQkvBackwardArgs& args) {
   const core::profile::Scope prof(core::profile::Kind::kMemory, "rope_qkv_backward");
+  check("rope_qkv_backward", args.shape, args.d_in, args.d_out);
   switch (ctx.device.kind) {
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).rope_qkv_backward(ctx, args);

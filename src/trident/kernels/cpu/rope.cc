@@ -14,15 +14,6 @@ namespace trident::kernels::TRIDENT_CPU_ISA {
 
 namespace {
 
-void check(const char* op, const RopeQkvShape& s, const void* a, const void* b) {
-  TRIDENT_CHECK(s.rows >= 0 && s.seq_len > 0 && s.position >= 0 && s.groups > 0 &&
-                    s.heads_per_group > 0 && s.head_dim > 0 && s.head_dim % 2 == 0,
-                op, ": bad shape (rows ", s.rows, ", seq_len ", s.seq_len, ", position ",
-                s.position, ", groups ", s.groups, ", heads_per_group ", s.heads_per_group,
-                ", head_dim ", s.head_dim, "; head_dim must be even)");
-  TRIDENT_CHECK(s.rows == 0 || (a && b), op, ": pointers must be non-null");
-}
-
 // cos/sin of pos * inv_freq[i], angle and trigonometry in double (both are rounded to FP32 once).
 void angles(const RopeQkvShape& s, std::int64_t row, float* cs, float* sn) {
   const std::int64_t half = s.head_dim / 2;
@@ -50,7 +41,6 @@ inline void rotate(float* y, const float* x, const float* cs, const float* sn, s
 
 void rope_qkv_forward(const ExecContext& ctx, const RopeQkvForwardArgs& args) {
   const RopeQkvShape& s = args.shape;
-  check("rope_qkv_forward", s, args.out, args.in);
   const std::int64_t HS = s.head_dim, half = HS / 2, hpg = s.heads_per_group;
   const std::size_t bytes = static_cast<std::size_t>(HS) * sizeof(float);
   // Per-thread cos/sin rows from the context's workspace: no allocation once warm.
@@ -91,7 +81,6 @@ void rope_qkv_forward(const ExecContext& ctx, const RopeQkvForwardArgs& args) {
 
 void rope_qkv_backward(const ExecContext& ctx, const RopeQkvBackwardArgs& args) {
   const RopeQkvShape& s = args.shape;
-  check("rope_qkv_backward", s, args.d_in, args.d_out);
   const std::int64_t HS = s.head_dim, half = HS / 2, hpg = s.heads_per_group;
   const int threads = detail::num_threads(ctx);
   core::Workspace& ws = ctx.scratch();

@@ -11,15 +11,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-void check_rope(const char* op, const RopeQkvShape& s, const void* a, const void* b) {
-  TRIDENT_CHECK(s.rows >= 0 && s.seq_len > 0 && s.position >= 0 && s.groups > 0 &&
-                    s.heads_per_group > 0 && s.head_dim > 0 && s.head_dim % 2 == 0,
-                op, ": bad shape (rows ", s.rows, ", seq_len ", s.seq_len, ", position ",
-                s.position, ", groups ", s.groups, ", heads_per_group ", s.heads_per_group,
-                ", head_dim ", s.head_dim, "; head_dim must be even)");
-  TRIDENT_CHECK(s.rows == 0 || (a && b), op, ": pointers must be non-null");
-}
-
 __device__ __forceinline__ void rope_angle(const RopeQkvShape& s, std::int64_t r, std::int64_t i,
                                            float& c, float& sn) {
   const double pos = static_cast<double>(s.positions ? s.positions[r] : s.position + r % s.seq_len);
@@ -163,7 +154,6 @@ __global__ void kv_attention_kernel(float* out, const float* k_cache, const floa
 
 void rope_qkv_forward(const ExecContext& ctx, const RopeQkvForwardArgs& args) {
   const RopeQkvShape& s = args.shape;
-  check_rope("rope_qkv_forward", s, args.out, args.in);
   const std::int64_t n = s.rows * s.groups * s.heads_per_group * (s.head_dim / 2);
   if (n == 0) return;
   rope_forward_kernel<<<grid_for(n, kThreads), kThreads, 0, stream_of(ctx)>>>(args.out, args.in, s);
@@ -172,7 +162,6 @@ void rope_qkv_forward(const ExecContext& ctx, const RopeQkvForwardArgs& args) {
 
 void rope_qkv_backward(const ExecContext& ctx, const RopeQkvBackwardArgs& args) {
   const RopeQkvShape& s = args.shape;
-  check_rope("rope_qkv_backward", s, args.d_in, args.d_out);
   const std::int64_t n = s.rows * s.groups * (s.head_dim / 2);
   if (n == 0) return;
   rope_backward_kernel<<<grid_for(n, kThreads), kThreads, 0, stream_of(ctx)>>>(args.d_in,
