@@ -9,8 +9,11 @@
 #include <thread>
 
 #include "commands.h"
+#include "trident/comm/mpi_communicator.h"
+#include "trident/comm/runtime.h"
 #include "trident/core/error.h"
 #include "trident/data/tokenizer.h"
+#include "trident/plan/comm_calibration.h"
 #include "trident/plan/plan.h"
 
 namespace trident::tools {
@@ -23,7 +26,7 @@ struct PlanOptions {
   double intra_bw_gbs = 0, intra_latency_us = -1, inter_bw_gbs = 0, inter_latency_us = -1;
   double offload_disk_gbs = 0;
   double memory_gib = 0;
-  bool calibrate = false, recalibrate = false;
+  bool calibrate = false, recalibrate = false, calibrate_comm = false;
   std::string calibration_file;
   int threads_per_rank = 0;
   bool search = false;
@@ -52,6 +55,52 @@ void set_vocab(train::TrainConfig& cfg) {
         cfg.null_tokenizer_vocab_size > 0 ? cfg.null_tokenizer_vocab_size : 50257;  // GPT-2's BPE
   }
   cfg.resolve_loss_chunk_rows();
+}
+
+// `mpirun -np W trident plan --gpu cpu --calibrate-comm`: every rank times the collectives, rank 0
+// adds them to this thread count's calibration and prints them.
+void run_calibrate_comm(const PlanOptions& o, const std::string& path) {
+  int argc = 0;
+  char** argv = nullptr;
+  comm::MpiRuntime mpi(argc, argv);
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = o.threads_per_rank > 0 ? o.threads_per_rank
+                      : env_threads() > 0    ? env_threads()
+                                             : std::max(1, cores / mpi.world_size());
+  TRIDENT_CHECK(mpi.world_size() >= 2,
+                "--calibrate-comm times collectives between ranks: run it under mpirun with the "
+                "job's rank count, e.g. mpirun -np 4 trident plan --gpu cpu --calibrate-comm");
+  TRIDENT_CHECK(!o.calibrate,
+                "--calibrate-comm and --calibrate: time the kernels first, in one "
+                "process (trident plan --gpu cpu --calibrate), then the collectives "
+                "under mpirun");
+  auto world = comm::MpiCommunicator::world(mpi);
+  plan::Calibration cal;
+  // Every rank reads the cache, so that all of them stop together when it lacks this entry.
+  const bool have = plan::load_calibration(path, threads, cal);
+  TRIDENT_CHECK(have, "--calibrate-comm: no kernel calibration for ", threads,
+                " thread(s) per rank in ", path,
+                "; run trident plan --gpu cpu --calibrate "
+                "--threads-per-rank ",
+                threads, " first (one process)");
+  if (world->rank() == 0) {
+    std::cerr << "trident plan: timing trident's collectives over " << world->size()
+              << " ranks...\n";
+  }
+  const std::map<std::string, plan::CommCosts> measured = plan::calibrate_comm(*world);
+  if (world->rank() != 0) return;
+  for (const auto& [key, c] : measured) cal.comm[key] = c;
+  plan::save_calibration(path, cal);
+  std::cout << "| ranks,group | bytes | all-reduce us | reduce-scatter us | all-gather us | "
+               "p2p us |\n|---|---:|---:|---:|---:|---:|\n";
+  for (const auto& [key, c] : measured) {
+    for (std::size_t i = 0; i < c.bytes.size(); ++i) {
+      std::cout << "| " << key << " | " << c.bytes[i] << " | " << c.all_reduce_s[i] * 1e6 << " | "
+                << c.reduce_scatter_s[i] * 1e6 << " | " << c.all_gather_s[i] * 1e6 << " | "
+                << c.p2p_s[i] * 1e6 << " |\n";
+    }
+  }
+  std::cerr << "trident plan: collectives saved to " << path << "\n";
 }
 
 void run_plan(train::TrainConfig cfg, const PlanOptions& o) {
@@ -83,6 +132,10 @@ void run_plan(train::TrainConfig cfg, const PlanOptions& o) {
     cl.threads_per_rank = threads;
     const std::string path =
         o.calibration_file.empty() ? plan::default_calibration_path() : o.calibration_file;
+    if (o.calibrate_comm) {
+      run_calibrate_comm(o, path);
+      return;
+    }
     plan::Calibration cal;
     if (o.calibrate) {
       std::cerr << "trident plan: calibrating trident's kernels with " << threads
@@ -106,6 +159,7 @@ void run_plan(train::TrainConfig cfg, const PlanOptions& o) {
         shapes = plan::kernel_shapes(shaped, cl);
       }
       cal = plan::calibrate(threads, shapes, have ? &cached : nullptr);
+
       plan::save_calibration(path, cal);
       std::cerr << "trident plan: calibration saved to " << path << " (best FP32 GEMM "
                 << cal.peak_tflops * 1e3 << " GFLOP/s, copy " << cal.memory_bw / 1e9 << " GB/s)\n";
@@ -178,6 +232,9 @@ void register_plan(CLI::App& app) {
   sub->add_option("--memory-gib", opt->memory_gib, "Memory per GPU (default: the datasheet's)");
   sub->add_flag("--calibrate", opt->calibrate,
                 "--gpu cpu: time trident's kernels on this machine and cache the result");
+  sub->add_flag("--calibrate-comm", opt->calibrate_comm,
+                "--gpu cpu, under mpirun -np N: time trident's collectives between N ranks and "
+                "add them to the cache (after --calibrate)");
   sub->add_option(
       "--calibration-file", opt->calibration_file,
       "Calibration cache (default $TRIDENT_PLAN_CACHE or ~/.cache/trident/plan-cpu.json)");

@@ -6,6 +6,8 @@ runs `trident train` under mpirun (OMP_NUM_THREADS=1 per rank, as the tests run)
 iteration time of the iterations after the first `--skip`, asks `trident plan --format json` for
 its prediction with the same flags, and prints a markdown table with the error. Needs a
 calibration first:  build/tools/trident plan --gpu cpu --calibrate --threads-per-rank 1
+(the script then times each layout's shapes, and the collectives of each rank count with
+`mpirun -np N trident plan --gpu cpu --calibrate-comm`, unless told not to).
 Usage (repo root, after scripts/build trident_cli):
   bench/plan/compare_cpu.py [--models small,medium] [--layouts dp2,tp2,...] [--iters 8]
 """
@@ -123,6 +125,14 @@ def predict(np_, flags, cache, calibrate):
     return json.loads(out)["time"]
 
 
+def calibrate_comm(np_, cache):
+    """Times trident's collectives over np_ ranks (cached next to the kernels' calibration)."""
+    subprocess.run([shutil.which("mpirun"), "-np", str(np_), CLI, "plan", "--gpu", "cpu",
+                    "--threads-per-rank", "1", "--calibrate-comm"] + (
+                    ["--calibration-file", cache] if cache else []),
+                   check=True, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="small,medium")
@@ -132,7 +142,10 @@ def main():
     ap.add_argument("--calibration-file", default="")
     ap.add_argument("--no-shape-calibration", action="store_true",
                     help="predict from the shape grid only (no exact timing of the layout's shapes)")
+    ap.add_argument("--no-comm-calibration", action="store_true",
+                    help="price collectives from the copy bandwidth (no --calibrate-comm runs)")
     args = ap.parse_args()
+    comm_done = set()
     work = tempfile.mkdtemp(prefix="trident_plan_bench_")
     make_corpus(os.path.join(work, "corpus"))
     print("load average before: %.1f" % os.getloadavg()[0])
@@ -146,6 +159,9 @@ def main():
             flags = MODELS[model] + " --make-vocab-size-divisible-by %d " % (128 // tp) + lflags
             if not args.no_shape_calibration:
                 predict(np_, flags, args.calibration_file, True)
+            if np_ > 1 and not args.no_comm_calibration and np_ not in comm_done:
+                calibrate_comm(np_, args.calibration_file)
+                comm_done.add(np_)
             measured, cpu, prof = measure(np_, flags, work, args.iters, args.skip)
             t = predict(np_, flags, args.calibration_file, False)
             pred = t["iteration_s"] * 1e3

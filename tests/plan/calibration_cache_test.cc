@@ -59,6 +59,13 @@ class CalibrationCache : public ::testing::Test {
     c.attention_exact["1,48,256,64"] = {0.002, 0.006};
     c.memory_bw = 9.5e9;
     c.peak_tflops = 0.1;
+    CommCosts cc;
+    cc.bytes = {4096, 65536};
+    cc.all_reduce_s = {2e-5, 1.3e-4};
+    cc.reduce_scatter_s = {1.2e-5, 4.3e-5};
+    cc.all_gather_s = {5e-6, 2.9e-5};
+    cc.p2p_s = {7e-6, 3.4e-5};
+    c.comm["2,2"] = cc;
     return c;
   }
 
@@ -118,6 +125,9 @@ TEST_F(CalibrationCache, WhatIsSavedLoadsBackUnchanged) {
     EXPECT_EQ(back.linear_exact, want.linear_exact);
     EXPECT_EQ(back.attention_exact, want.attention_exact);
     EXPECT_EQ(back.peak_tflops, want.peak_tflops);
+    EXPECT_EQ(back.comm, want.comm);
+    ASSERT_NE(back.comm_costs(2, 2), nullptr);
+    EXPECT_EQ(back.comm_costs(4, 2), nullptr);
     EXPECT_DOUBLE_EQ(back.linear_forward_s(1024, 768, 2304), 0.006);
   }
   Calibration none;
@@ -219,6 +229,26 @@ TEST_F(CalibrationCache, HostileValuesAreRefusedNamingTheKey) {
       "attention_exact.2,48,256,64", "(flash 0 or 1, then sizes >= 1)");
   refused([](json& j) { j["memory_bw"] = 0; }, "memory_bw", "must be a finite number > 0");
   refused([](json& j) { j["peak_tflops"] = -0.1; }, "peak_tflops", "> 0");
+  refused([](json& j) { j["comm"] = {1, 2}; }, "comm", "must be an object");
+  for (const std::string key : {"3,2", "2,1", "2,4", "a,2", "02,2", "2,2,2", ",2", "2,"}) {
+    refused([&](json& j) { j["comm"][key] = j["comm"]["2,2"]; }, "comm." + key,
+            "is not \"ranks,group\"");
+  }
+  refused([](json& j) { j["comm"]["2,2"] = 1; }, "comm.2,2", "must be an object");
+  refused(
+      [](json& j) {
+        j["comm"]["2,2"]["bytes"] = {65536, 4096};
+      },
+      "comm.2,2.bytes", "strictly increasing");
+  refused([](json& j) { j["comm"]["2,2"]["p2p_s"] = {1e-6}; }, "comm.2,2.p2p_s",
+          "must be a list of 2 times");
+  refused([](json& j) { j["comm"]["2,2"]["all_reduce_s"][1] = 0; }, "comm.2,2.all_reduce_s[1]",
+          "> 0");
+  refused([](json& j) { j["comm"]["2,2"].erase("all_gather_s"); }, "comm.2,2.all_gather_s",
+          "missing");
+  // Caches from before --calibrate-comm have no collectives: still valid.
+  write_edited([](json& j) { j.erase("comm"); });
+  EXPECT_EQ(error(), "");
   // Caches from before exact shapes were timed have neither map: still valid.
   write_edited([](json& j) {
     j.erase("linear_exact");

@@ -1,7 +1,8 @@
 // trident plan's per-rank memory against the peak resident memory of real `trident train`
-// processes (mpirun, one process per rank). The prediction covers trident's own tables; the rest
-// of a process (binary, MPI, oneDNN and OpenMP runtimes, data indices) is measured once as the
-// baseline of a tiny model under the same launcher, so the check is
+// processes (mpirun, one process per rank); and `--calibrate-comm` under mpirun (PlanCli, end). The
+// prediction covers trident's own tables; the rest of a process (binary, MPI, oneDNN and OpenMP
+// runtimes, data indices) is measured once as the baseline of a tiny model under the same launcher,
+// so the check is
 //   |RSS - (baseline + predicted peak)| <= 4 MiB + 8% of the predicted peak (+ 2 layers),
 // the slack covering what neither side counts: heap fragmentation of malloc'd vectors, oneDNN's
 // GEMM packing buffers (which grow with the matrix sizes), MPI's per-peer shared-memory segments
@@ -24,6 +25,8 @@
 #include <vector>
 
 #include "trident/data/indexed_dataset.h"
+#include "trident/plan/calibration.h"
+#include "trident/plan/comm_calibration.h"
 
 namespace trident {
 namespace {
@@ -141,6 +144,71 @@ TEST_F(PlanRss, Pipeline2) { expect_matches(2, kModel + "--pipeline-model-parall
 // One layer of kModel: 12 h^2 + 13 h parameters of 4 bytes.
 constexpr double kLayerBytes = (12.0 * 384 * 384 + 13.0 * 384) * 4;
 TEST_F(PlanRss, Zero3Dp2) { expect_matches(2, kModel + "--zero-stage 3", 2, 2 * kLayerBytes); }
+
+// `mpirun -np 2 trident plan --gpu cpu --calibrate-comm` adds the measured collectives of a
+// 2-rank job to an existing kernel calibration (here a hand-made one, as --calibrate would take
+// 10-30 s), and the plan of a 2-rank layout then says it prices them from the measurement. Run
+// without mpirun, or before any kernel calibration, it exits non-zero naming the fix.
+class PlanCli : public PlanRss {
+ protected:
+  static int status(const std::string& cmd, std::string& output) {
+    const std::string out = (dir() / "cli.txt").string();
+    const int rc = std::system((cmd + " > " + out + " 2>&1").c_str());
+    std::ifstream in(out);
+    std::stringstream s;
+    s << in.rdbuf();
+    output = s.str();
+    return rc;
+  }
+};
+
+TEST_F(PlanCli, CalibrateCommMeasuresTheJobsCollectives) {
+  const std::string cache = (dir() / "plan-cpu.json").string();
+  const std::string comm =
+      std::string(TRIDENT_CLI) +
+      " plan --gpu cpu --threads-per-rank 1 --calibrate-comm --calibration-file " + cache;
+  std::string out;
+  EXPECT_NE(status(launcher(2) + comm, out), 0) << out;
+  EXPECT_NE(out.find("run trident plan --gpu cpu --calibrate --threads-per-rank 1 first"),
+            std::string::npos)
+      << out;
+
+  plan::Calibration c;
+  c.cores = 2;
+  c.grid = {1, 1 << 20};
+  c.linear_fwd_s.assign(8, 1e-6);
+  c.linear_bwd_s.assign(8, 1e-6);
+  c.attn_seq = {1, 1 << 20};
+  c.attn_head_dim = {1, 1 << 20};
+  for (auto* v : {&c.attn_fwd_s, &c.attn_bwd_s, &c.flash_fwd_s, &c.flash_bwd_s}) v->assign(4, 1e-6);
+  c.memory_bw = 1e10;
+  c.peak_tflops = 0.1;
+  plan::save_calibration(cache, c);
+
+  EXPECT_NE(status(comm, out), 0) << "one process: nothing to time";
+  EXPECT_NE(out.find("under mpirun"), std::string::npos) << out;
+
+  const std::string table = run(launcher(2) + comm);
+  EXPECT_NE(table.find("| 2,2 | 16777216 |"), std::string::npos) << table;
+  plan::Calibration back;
+  ASSERT_TRUE(plan::load_calibration(cache, 1, back));
+  ASSERT_NE(back.comm_costs(2, 2), nullptr);
+  EXPECT_EQ(back.comm_costs(2, 2)->bytes, plan::comm_calibration_sizes());
+  EXPECT_EQ(back.grid, c.grid) << "the kernels' calibration is kept";
+
+  const std::string layout =
+      " --num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 32 "
+      "--micro-batch-size 1 --global-batch-size 2 --tokenizer-type NullTokenizer --vocab-size "
+      "1000 --threads-per-rank 1 --calibration-file " +
+      cache;
+  for (const int np : {2, 4}) {
+    const std::string plan_out =
+        run(std::string(TRIDENT_CLI) + " plan --gpu cpu --num-gpus " + std::to_string(np) +
+            " --tensor-model-parallel-size 2 --format json" + layout);
+    const auto j = nlohmann::json::parse(plan_out.substr(plan_out.find('{')));
+    EXPECT_EQ(j["collectives_measured"].get<bool>(), np == 2) << np;
+  }
+}
 
 }  // namespace
 }  // namespace trident

@@ -163,6 +163,28 @@ std::string attention_key(bool flash, std::int64_t bh, std::int64_t t, std::int6
          std::to_string(hs);
 }
 
+double CommCosts::at(const std::vector<std::int64_t>& bytes, const std::vector<double>& t,
+                     double b) {
+  if (bytes.empty() || t.size() != bytes.size()) return 0;
+  const std::size_t n = bytes.size();
+  if (b <= static_cast<double>(bytes.front())) return t.front();
+  if (b >= static_cast<double>(bytes.back()))
+    return t.back() * b / static_cast<double>(bytes.back());
+  std::size_t j = 0;
+  while (j + 2 < n && static_cast<double>(bytes[j + 1]) < b) ++j;
+  const double x0 = static_cast<double>(bytes[j]), x1 = static_cast<double>(bytes[j + 1]);
+  return t[j] + (t[j + 1] - t[j]) * (b - x0) / (x1 - x0);
+}
+
+std::string comm_key(int world, int group) {
+  return std::to_string(world) + "," + std::to_string(group);
+}
+
+const CommCosts* Calibration::comm_costs(int world, int group) const {
+  const auto it = comm.find(comm_key(world, group));
+  return it == comm.end() ? nullptr : &it->second;
+}
+
 double Calibration::linear_forward_s(std::int64_t rows, std::int64_t in, std::int64_t out) const {
   if (auto it = linear_exact.find(linear_key(rows, in, out)); it != linear_exact.end())
     return it->second.first;
@@ -461,6 +483,17 @@ namespace {
 // Caches written by another version (other kernels, other fields) are not read: recalibrate.
 constexpr int kCacheVersion = 2;
 nlohmann::json cost_json(const LinearCost& c) { return {c.overhead_s, c.per_element_s}; }
+nlohmann::json comm_json(const std::map<std::string, CommCosts>& comm) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [key, c] : comm) {
+    j[key] = {{"bytes", c.bytes},
+              {"all_reduce_s", c.all_reduce_s},
+              {"reduce_scatter_s", c.reduce_scatter_s},
+              {"all_gather_s", c.all_gather_s},
+              {"p2p_s", c.p2p_s}};
+  }
+  return j;
+}
 
 // The cache reader. save_calibration writes the file, but it lies in a home directory where an
 // older trident, a full disk or a hand edit may have changed it: every value is checked before the
@@ -471,11 +504,13 @@ constexpr std::size_t kMaxAxisPoints = 64;                // points per grid axi
 
 class CacheReader {
  public:
-  CacheReader(const std::string& path, std::string entry) : path_(path), entry_(std::move(entry)) {}
+  CacheReader(const std::string& path, std::string entry, std::string prefix = "")
+      : path_(path), entry_(std::move(entry)), prefix_(std::move(prefix)) {}
 
   [[noreturn]] void fail(const std::string& key, const std::string& what) const {
     throw core::DataError(core::str(
-        "the calibration cache ", path_, ": entry \"", entry_, "\", key \"", key, "\": ", what,
+        "the calibration cache ", path_, ": entry \"", entry_, "\", key \"", prefix_, key,
+        "\": ", what,
         "; delete the file, or re-run trident plan --gpu cpu --calibrate (it measures a bad "
         "entry afresh)"));
   }
@@ -588,9 +623,46 @@ class CacheReader {
     return out;
   }
 
+  // Collectives: {"world,group": {"bytes": [...], "<op>_s": [...] per op}}, world >= group >= 2
+  // and group dividing world, as --calibrate-comm writes them. Absent in caches from before it.
+  std::map<std::string, CommCosts> comm(const nlohmann::json& j) const {
+    std::map<std::string, CommCosts> out;
+    const auto it = j.find("comm");
+    if (it == j.end()) return out;
+    if (!it->is_object()) fail("comm", "must be an object of \"ranks,group\" -> costs");
+    for (const auto& [key, v] : it->items()) {
+      const std::string name = "comm." + key;
+      const std::size_t comma = key.find(',');
+      int world = 0, group = 0;
+      const bool parsed = comma != std::string::npos && comma > 0 && comma + 1 < key.size() &&
+                          comma <= 5 && key.size() - comma - 1 <= 5 &&
+                          key.find_first_not_of("0123456789,") == std::string::npos &&
+                          key.find(',', comma + 1) == std::string::npos;
+      if (parsed) {
+        world = std::stoi(key.substr(0, comma));
+        group = std::stoi(key.substr(comma + 1));
+      }
+      if (!parsed || group < 2 || world < group || world % group != 0 ||
+          comm_key(world, group) != key) {
+        fail(name, "is not \"ranks,group\" (integers, group >= 2 dividing ranks)");
+      }
+      if (!v.is_object()) fail(name, "must be an object of sizes and times");
+      const CacheReader sub(path_, entry_, name + ".");
+      CommCosts c;
+      c.bytes = sub.axis(v, "bytes");
+      c.all_reduce_s = sub.times(v, "all_reduce_s", c.bytes.size());
+      c.reduce_scatter_s = sub.times(v, "reduce_scatter_s", c.bytes.size());
+      c.all_gather_s = sub.times(v, "all_gather_s", c.bytes.size());
+      c.p2p_s = sub.times(v, "p2p_s", c.bytes.size());
+      out[key] = std::move(c);
+    }
+    return out;
+  }
+
  private:
   const std::string& path_;
   std::string entry_;
+  std::string prefix_;  // of every key named in an error (nested objects)
 };
 }  // namespace
 
@@ -629,7 +701,8 @@ void save_calibration(const std::string& path, const Calibration& c) {
                       {"linear_exact", c.linear_exact},
                       {"attention_exact", c.attention_exact},
                       {"memory_bw", c.memory_bw},
-                      {"peak_tflops", c.peak_tflops}};
+                      {"peak_tflops", c.peak_tflops},
+                      {"comm", comm_json(c.comm)}};
   all[std::to_string(c.threads)] = j;
   const std::filesystem::path p(path);
   if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
@@ -691,6 +764,7 @@ bool load_calibration(const std::string& path, int threads, Calibration& c) {
   out.attention_exact = r.exact(j, "attention_exact", 4, true);
   out.memory_bw = r.number(r.at(j, "memory_bw"), "memory_bw", true);
   out.peak_tflops = r.number(r.at(j, "peak_tflops"), "peak_tflops", true);
+  out.comm = r.comm(j);
   c = std::move(out);
   return true;
 }

@@ -26,6 +26,26 @@ struct KernelShapes {
                   // batch x heads, seq, hs
 };
 
+// trident's own collectives (comm::Communicator over MPI, as trident train runs them) for one
+// group size inside one job size: seconds per call at each measured message size. Measured by
+// `mpirun -np W trident plan --gpu cpu --calibrate-comm` (plan/comm_calibration.h), with the W
+// ranks split into W/n groups of n that communicate at once, as TP and DP groups do.
+struct CommCosts {
+  std::vector<std::int64_t> bytes;  // message sizes, increasing (all-gather, reduce-scatter: the
+                                    // gathered / scattered total; p2p: one message)
+  std::vector<double> all_reduce_s, reduce_scatter_s, all_gather_s, p2p_s;
+  // Piecewise linear in the size; below the first size its time, above the last the last rate.
+  static double at(const std::vector<std::int64_t>& bytes, const std::vector<double>& t, double b);
+  double all_reduce(double b) const { return at(bytes, all_reduce_s, b); }
+  double reduce_scatter(double b) const { return at(bytes, reduce_scatter_s, b); }
+  double all_gather(double b) const { return at(bytes, all_gather_s, b); }
+  double p2p(double b) const { return at(bytes, p2p_s, b); }
+  friend bool operator==(const CommCosts&, const CommCosts&) = default;
+};
+
+// The cache key of a group of `group` ranks inside a job of `world` ranks: "world,group".
+std::string comm_key(int world, int group);
+
 struct Calibration {
   int threads = 1;  // OpenMP / oneDNN threads per rank this was measured with
   // GEMM grid: every dimension takes the values of `grid`; seconds of linear_forward and
@@ -48,6 +68,10 @@ struct Calibration {
   double memory_bw = 0;    // bytes/s of a large copy (what shared-memory MPI moves at)
   double peak_tflops = 0;  // best FP32 GEMM rate seen
   int cores = 1;           // hardware threads of the machine
+  // Collectives by comm_key(world, group); absent until --calibrate-comm ran with that many ranks
+  // (the time model then prices them from memory_bw).
+  std::map<std::string, CommCosts> comm;
+  const CommCosts* comm_costs(int world, int group) const;
 
   double linear_forward_s(std::int64_t rows, std::int64_t in, std::int64_t out) const;
   double linear_backward_s(std::int64_t rows, std::int64_t in, std::int64_t out) const;

@@ -83,6 +83,10 @@ struct TimeBreakdown {
   std::int64_t micro_batches = 0;
 };
 
+// cpu: whether the calibration holds trident's measured collectives for a job of this many ranks
+// (`--calibrate-comm`); without them the time model prices collectives from the copy bandwidth.
+bool collectives_measured(const Cluster& cluster);
+
 // Throws InvalidArgument for a cluster that does not match the layout (cpu without calibration).
 TimeBreakdown predict_time(const train::TrainConfig& cfg, const Cluster& cluster);
 

@@ -78,6 +78,15 @@ nlohmann::json time_json(const TimeBreakdown& t) {
 
 }  // namespace
 
+bool collectives_measured(const Cluster& cluster) {
+  if (!cluster.calibration) return false;
+  const std::string prefix = std::to_string(cluster.num_gpus) + ",";
+  for (const auto& [key, c] : cluster.calibration->comm) {
+    if (key.starts_with(prefix)) return true;
+  }
+  return false;
+}
+
 Plan make_plan(const train::TrainConfig& cfg, const Cluster& cluster) {
   Plan p;
   p.memory = predict_memory(cfg, cluster.num_gpus);
@@ -195,6 +204,13 @@ std::string format_plan(const train::TrainConfig& cfg, const Cluster& cluster, c
   o << "cluster: " << world << " x " << cluster.hw.name << " (" << cluster.num_nodes()
     << " node(s) of " << cluster.hw.gpus_per_node << ")";
   if (cluster.hw.is_cpu) o << ", " << cluster.threads_per_rank << " thread(s) per rank";
+  if (cluster.hw.is_cpu && world > 1) {
+    o << (collectives_measured(cluster)
+              ? "\ncollectives: measured (trident plan --calibrate-comm over " +
+                    std::to_string(world) + " ranks)"
+              : "\ncollectives: modelled from the copy bandwidth; measure them with mpirun -np " +
+                    std::to_string(world) + " trident plan --gpu cpu --calibrate-comm");
+  }
   o << "\nlayout: tp " << cfg.tensor_model_parallel_size << " x pp "
     << cfg.pipeline_model_parallel_size << " x dp " << cfg.data_parallel_size(world) << ", "
     << cfg.virtual_pipeline_chunks() << " chunk(s) per stage, " << cfg.pipeline_schedule
@@ -284,6 +300,7 @@ nlohmann::json plan_json(const train::TrainConfig& cfg, const Cluster& cluster, 
   nlohmann::json j;
   j["gpu"] = cluster.hw.name;
   j["num_gpus"] = cluster.num_gpus;
+  if (cluster.hw.is_cpu) j["collectives_measured"] = collectives_measured(cluster);
   j["layout"] = {{"tp", cfg.tensor_model_parallel_size},
                  {"pp", cfg.pipeline_model_parallel_size},
                  {"dp", cfg.data_parallel_size(cluster.num_gpus)},

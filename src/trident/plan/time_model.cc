@@ -118,15 +118,40 @@ class Costs {
   double latency(bool across_nodes) const {
     return across_nodes ? c_.hw.inter_latency : c_.hw.intra_latency;
   }
+  // On the CPU, after `mpirun -np W trident plan --gpu cpu --calibrate-comm`: trident's own
+  // collectives as measured for a group of n inside a job of this many ranks.
+  const CommCosts* measured(int n) const {
+    return cal_ && c_.hw.is_cpu ? cal_->comm_costs(c_.num_gpus, n) : nullptr;
+  }
+  bool comm_measured(int n) const { return measured(n) != nullptr; }
   double all_reduce(double bytes, int n, bool across) const {
     if (n <= 1) return 0;
+    if (const CommCosts* m = measured(n)) return m->all_reduce(bytes);
     return 2.0 * (n - 1) / n * bytes / link_bw(across) + 2.0 * (n - 1) * latency(across);
+  }
+  // `bytes` reduced in `buckets` equal calls (DDP's gradient buckets).
+  double all_reduce_buckets(double bytes, int n, std::int64_t buckets, bool across) const {
+    if (n <= 1) return 0;
+    const double b = static_cast<double>(std::max<std::int64_t>(1, buckets));
+    if (const CommCosts* m = measured(n)) return b * m->all_reduce(bytes / b);
+    return all_reduce(bytes, n, across) + (b - 1) * 2.0 * (n - 1) * latency(across);
   }
   double all_gather(double bytes, int n, bool across) const {  // bytes: the gathered total
     if (n <= 1) return 0;
+    if (const CommCosts* m = measured(n)) return m->all_gather(bytes);
     return static_cast<double>(n - 1) / n * bytes / link_bw(across) + (n - 1) * latency(across);
   }
-  double p2p(double bytes, bool across) const { return bytes / link_bw(across) + latency(across); }
+  // bytes: the scattered total, in `buckets` equal calls. Modelled: an all-gather's cost.
+  double reduce_scatter(double bytes, int n, bool across, std::int64_t buckets = 1) const {
+    if (n <= 1) return 0;
+    const double b = static_cast<double>(std::max<std::int64_t>(1, buckets));
+    if (const CommCosts* m = measured(n)) return b * m->reduce_scatter(bytes / b);
+    return all_gather(bytes, n, across);
+  }
+  double p2p(double bytes, bool across) const {
+    if (const CommCosts* m = measured(2)) return m->p2p(bytes);
+    return bytes / link_bw(across) + latency(across);
+  }
 
  private:
   double gpu_gemm(std::int64_t m, std::int64_t k, std::int64_t n) const {
@@ -176,9 +201,10 @@ ChunkCost chunk_cost(const train::TrainConfig& cfg, const model::ModelShard& sha
   const double full_bytes = static_cast<double>(rows * C) * act;
   // The two collectives of a tensor-parallel region each way: all-reduce, or with SP an
   // all-gather plus a reduce-scatter (each moving (tp-1)/tp of the full rows).
-  const double region = tp <= 1 ? 0
-                        : sp    ? 2 * k.all_gather(full_bytes, tp, tp_across)
-                                : k.all_reduce(full_bytes, tp, tp_across);
+  const double region =
+      tp <= 1 ? 0
+      : sp ? k.all_gather(full_bytes, tp, tp_across) + k.reduce_scatter(full_bytes, tp, tp_across)
+           : k.all_reduce(full_bytes, tp, tp_across);
   const double drop = mc.hidden_dropout > 0 ? 1 : 0;
   // Hidden dropout on the rows this rank holds (after the attention and the MLP, and on the
   // embedding); the backward draws the same masks again.
@@ -247,7 +273,7 @@ ChunkCost chunk_cost(const train::TrainConfig& cfg, const model::ModelShard& sha
     Pass hb;
     hb.ew = k.ew(Ew::kLnBwd, static_cast<double>(R * C));
     hb.gemm = k.gemm_bwd(rows, C, Vl);
-    hb.tp = tp > 1 ? (sp ? k.all_gather(full_bytes, tp, tp_across)
+    hb.tp = tp > 1 ? (sp ? k.reduce_scatter(full_bytes, tp, tp_across)
                          : k.all_reduce(full_bytes, tp, tp_across))
                    : 0;
     cc.bwd += hb;
@@ -310,6 +336,7 @@ struct Stage {
   double fwd = 0, bwd = 0, rec = 0, gemm = 0, attn = 0, ew = 0, tp = 0, p2p = 0;
   double per_micro() const { return fwd + bwd + rec + tp + p2p; }
   std::int64_t numel = 0;
+  std::int64_t units = 0;  // ZeRO-3 gathers: one per layer, the embedding and the head
   double embed_bytes = 0;
 };
 
@@ -329,6 +356,7 @@ std::vector<Stage> stage_costs(const train::TrainConfig& cfg, const Layout& l, c
     st.numel = rm.total_numel();
     for (std::size_t c = 0; c < rm.chunks().size(); ++c) {
       const model::ModelShard& sh = rm.chunks()[c].shard;
+      st.units += sh.layers(mc) + (sh.has_embedding ? 1 : 0) + (sh.has_head ? 1 : 0);
       const ChunkCost cc = chunk_cost(cfg, sh, k, l.tp_across);
       st.fwd += cc.fwd.compute();
       st.bwd += cc.bwd.compute();
@@ -383,28 +411,35 @@ void add_data_parallel(TimeBreakdown& t, const train::TrainConfig& cfg, const Cl
     embed_bytes = std::max(embed_bytes, s.embed_bytes);
   }
   const double bytes = 4.0 * max_numel;
-  const double rs = k.all_gather(bytes, dp, l.dp_across);  // reduce-scatter costs the same
   double window = 0;  // backward compute the reduction can run under
   const double one_bwd = w.bwd + w.rec;
   const std::int64_t buckets =
       std::max<std::int64_t>(1, static_cast<std::int64_t>(max_numel) / cfg.ddp_bucket_size);
+  // The gradients' reduce-scatter in DDP buckets, and one all-gather of the parameters.
+  const double rs = k.reduce_scatter(bytes, dp, l.dp_across, buckets);
+  const double ag = k.all_gather(bytes, dp, l.dp_across);
   switch (cfg.zero_stage) {
     case 0:
-      t.dp_comm = k.all_reduce(bytes, dp, l.dp_across) +
-                  (buckets - 1) * 2.0 * (dp - 1) * k.latency(l.dp_across);
+      t.dp_comm = k.all_reduce_buckets(bytes, dp, buckets, l.dp_across);
       window = one_bwd;
       break;
     case 1:
-      t.dp_comm = 2 * rs;
+      t.dp_comm = rs + ag;
       window = one_bwd;
       break;
     case 2:
-      t.dp_comm = (md + 1) * rs;
+      t.dp_comm = md * rs + ag;
       window = md * one_bwd;
       break;
-    default:
-      t.dp_comm = 3 * md * rs;
+    default: {  // per micro-batch and unit: gathered for the forward and the backward, and
+                // its gradient reduce-scattered
+      double units = 1;
+      for (const Stage& s : stages) units = std::max(units, static_cast<double>(s.units));
+      t.dp_comm = md * units *
+                  (2 * k.all_gather(bytes / units, dp, l.dp_across) +
+                   k.reduce_scatter(bytes / units, dp, l.dp_across));
       window = md * (w.fwd + one_bwd);
+    }
   }
   if (dp <= 1) t.dp_comm = 0;
   // On the CPU the MPI library moves data only inside its calls: nothing overlaps.

@@ -1,0 +1,148 @@
+// `--calibrate-comm` (plan/comm_calibration.h) and how the CPU time model uses what it measured:
+// every group size that divides the job is timed, at every size, identically on every rank; a
+// layout's collectives are then priced from the measured times of its job size (and only its
+// job size), for TP, ZeRO and pipeline traffic; without them the copy-bandwidth model stays.
+#include "trident/plan/comm_calibration.h"
+
+#include <gtest/gtest.h>
+
+#include <CLI/CLI.hpp>
+#include <cmath>
+#include <mutex>
+#include <sstream>
+
+#include "trident/comm/thread_communicator.h"
+#include "trident/core/error.h"
+#include "trident/plan/plan.h"
+
+namespace trident::plan {
+namespace {
+
+TEST(CalibrateComm, TimesEveryGroupSizeThatDividesTheJob) {
+  std::vector<std::map<std::string, CommCosts>> got(4);
+  std::mutex m;
+  comm::run_on_threads(4, [&](comm::Communicator& world) {
+    auto r = calibrate_comm(world, /*passes=*/1, /*target_s=*/1e-3);
+    const std::lock_guard<std::mutex> lock(m);
+    got[static_cast<std::size_t>(world.rank())] = std::move(r);
+  });
+  ASSERT_EQ(got[0].size(), 2u);  // groups of 2 and 4; 3 does not divide 4
+  for (const std::string key : {"4,2", "4,4"}) {
+    ASSERT_TRUE(got[0].count(key)) << key;
+    const CommCosts& c = got[0].at(key);
+    EXPECT_EQ(c.bytes, comm_calibration_sizes());
+    for (const auto* t : {&c.all_reduce_s, &c.reduce_scatter_s, &c.all_gather_s, &c.p2p_s}) {
+      ASSERT_EQ(t->size(), c.bytes.size()) << key;
+      for (const double s : *t) EXPECT_TRUE(s > 0 && std::isfinite(s)) << key;
+    }
+  }
+  // The slowest rank's time, agreed: every rank holds the same costs.
+  for (int r = 1; r < 4; ++r) EXPECT_EQ(got[static_cast<std::size_t>(r)], got[0]) << r;
+}
+
+TEST(CalibrateComm, NeedsTwoRanks) {
+  comm::run_on_threads(1, [](comm::Communicator& world) {
+    EXPECT_THROW(calibrate_comm(world), core::InvalidArgument);
+  });
+}
+
+TEST(CommCosts, PiecewiseLinearInTheSizeAndTheLastRateBeyond) {
+  const std::vector<std::int64_t> b = {1000, 2000, 4000};
+  const std::vector<double> t = {1.0, 3.0, 4.0};
+  EXPECT_DOUBLE_EQ(CommCosts::at(b, t, 10), 1.0);  // below the first size: its time
+  EXPECT_DOUBLE_EQ(CommCosts::at(b, t, 1500), 2.0);
+  EXPECT_DOUBLE_EQ(CommCosts::at(b, t, 3000), 3.5);
+  EXPECT_DOUBLE_EQ(CommCosts::at(b, t, 8000), 8.0);  // above: the last point's rate
+}
+
+train::TrainConfig medium(const std::string& layout, int world) {
+  train::TrainConfig cfg;
+  CLI::App app;
+  train::add_train_options(app, cfg);
+  std::vector<std::string> args;
+  std::istringstream in(
+      "--num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 128 "
+      "--micro-batch-size 2 --global-batch-size 16 --tokenizer-type NullTokenizer "
+      "--vocab-size 300 --data-path x " +
+      layout);
+  for (std::string a; in >> a;) args.push_back(a);
+  std::reverse(args.begin(), args.end());
+  app.parse(args);
+  cfg.finalize(world);
+  cfg.model.vocab_size = 300;
+  return cfg;
+}
+
+// A complete calibration with round numbers (kernels 1 us each), and collectives for a job of
+// `world` ranks in groups of 2 that cost `seconds` per call at any size up to 1 GiB.
+Calibration flat(int world, double seconds) {
+  Calibration c;
+  c.cores = 64;  // no oversubscription term
+  c.grid = {1, 1 << 20};
+  c.linear_fwd_s.assign(8, 1e-6);
+  c.linear_bwd_s.assign(8, 1e-6);
+  c.attn_seq = {1, 1 << 20};
+  c.attn_head_dim = {1, 1 << 20};
+  for (auto* v : {&c.attn_fwd_s, &c.attn_bwd_s, &c.flash_fwd_s, &c.flash_bwd_s}) v->assign(4, 1e-6);
+  c.memory_bw = 1e10;
+  c.peak_tflops = 0.1;
+  if (seconds > 0) {
+    CommCosts cc;
+    cc.bytes = {1, std::int64_t{1} << 30};
+    for (auto* v : {&cc.all_reduce_s, &cc.reduce_scatter_s, &cc.all_gather_s, &cc.p2p_s}) {
+      v->assign(2, seconds);
+    }
+    c.comm[comm_key(world, 2)] = cc;
+  }
+  return c;
+}
+
+Cluster cpu(int world, const Calibration& cal) {
+  Cluster c;
+  c.hw.name = "cpu";
+  c.hw.is_cpu = true;
+  c.hw.gpus_per_node = 1 << 20;
+  c.num_gpus = world;
+  c.calibration = cal;
+  c.hw.memory_bw = cal.memory_bw;
+  c.hw.intra_bw = c.hw.inter_bw = cal.memory_bw / 2;
+  c.hw.intra_latency = c.hw.inter_latency = 10e-6;
+  return c;
+}
+
+// Collectives of the layout, in calls: the measured time per call is the same at every size, so
+// the priced communication is a whole number of calls, and doubling the time doubles it.
+double calls(double priced, double per_call) { return priced / per_call; }
+
+TEST(PlanTime, MeasuredCollectivesPriceTheLayoutsCommunication) {
+  const train::TrainConfig tp2 = medium("--tensor-model-parallel-size 2", 2);
+  const TimeBreakdown a = predict_time(tp2, cpu(2, flat(2, 1e-3)));
+  const TimeBreakdown b = predict_time(tp2, cpu(2, flat(2, 2e-3)));
+  ASSERT_GT(a.tp_comm, 0);
+  EXPECT_NEAR(b.tp_comm, 2 * a.tp_comm, 1e-12);
+  const double n = calls(a.tp_comm, 1e-3);
+  EXPECT_NEAR(n, std::round(n), 1e-6) << "a whole number of collectives";
+  EXPECT_GE(n, 4 * 2) << "at least the forward's two all-reduces per layer";
+  // Measured for another job size: not used (ranks sharing cores wait differently).
+  const TimeBreakdown other = predict_time(tp2, cpu(2, flat(4, 1e-3)));
+  const TimeBreakdown modelled = predict_time(tp2, cpu(2, flat(2, 0)));
+  EXPECT_DOUBLE_EQ(other.tp_comm, modelled.tp_comm);
+  EXPECT_NE(modelled.tp_comm, a.tp_comm);
+
+  // ZeRO-1 over 2 ranks: its DDP buckets' reduce-scatters and one all-gather, all exposed.
+  const train::TrainConfig z1 = medium("--zero-stage 1", 2);
+  const TimeBreakdown z = predict_time(z1, cpu(2, flat(2, 1e-3)));
+  const double zc = calls(z.dp_comm, 1e-3);
+  EXPECT_NEAR(zc, std::round(zc), 1e-6);
+  EXPECT_GE(zc, 2);
+  EXPECT_DOUBLE_EQ(z.dp_exposed, z.dp_comm);
+
+  // The pipeline's sends: one measured message per receive.
+  const train::TrainConfig pp2 = medium("--pipeline-model-parallel-size 2", 2);
+  const TimeBreakdown p = predict_time(pp2, cpu(2, flat(2, 1e-3)));
+  const TimeBreakdown pm = predict_time(pp2, cpu(2, flat(2, 0)));
+  EXPECT_GT(p.iteration, pm.iteration);
+}
+
+}  // namespace
+}  // namespace trident::plan
