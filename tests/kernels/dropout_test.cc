@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <vector>
 
 #include "kernel_test_util.h"
 #include "trident/kernels/cpu_util.h"
@@ -23,28 +24,57 @@ using testing::randn;
 
 constexpr testing::Tol kTol{0.0, 1.2e-7};
 
-// The CPU bodies decide with an integer threshold on the Philox bits (cpu_util.h); it must be
-// dropout_keep's decision (a double comparison) for every element and probability, including
-// probabilities whose p 2^53 is not an integer and the ends of the range.
-TEST(DropoutDecision, IntegerThresholdIsDropoutKeep) {
+// The CPU bodies draw four decisions per Philox block in a vectorized loop over whole blocks,
+// with the partial blocks at the ends one at a time (cpu_util.h): every decision must be
+// dropout_keep's, for every probability (including the ends of the range), for runs that start
+// and end at every offset inside a block, and for indices with high bits set.
+TEST(DropoutDecision, VectorizedRunsAreDropoutKeep) {
   const float ps[] = {
       0.0f, 1e-30f, 1e-9f, 0.1f, 0.3f, 1.0f / 3.0f, 0.5f, 0.9f, std::nextafter(1.0f, 0.0f)};
   std::int64_t checked = 0, kept = 0;
+  std::vector<float> keep(80);
   for (float p : ps) {
     const std::uint64_t threshold = detail::dropout_threshold(p);
     for (std::uint64_t seed : {1ull, 1234ull, 0xfedcba9876543210ull}) {
-      for (std::uint64_t i = 0; i < 4000; ++i) {
-        const std::uint64_t index = i * 0x9e3779b97f4a7c15ull ^ (i << 40);
-        const bool want = dropout_keep(seed, 7, index, p);
-        ASSERT_EQ(detail::dropout_keep_bits(seed, 7, index, threshold), want)
-            << "p=" << p << " seed=" << seed << " index=" << index;
-        ++checked;
-        kept += want;
+      for (std::uint64_t i = 0; i < 200; ++i) {
+        const std::uint64_t first = (i * 0x9e3779b97f4a7c15ull ^ (i << 40)) + i % 4;
+        const std::int64_t n = static_cast<std::int64_t>(i % 80);
+        detail::dropout_keep_run(seed, 7, first, n, threshold, keep.data());
+        for (std::int64_t j = 0; j < n; ++j) {
+          const std::uint64_t index = first + static_cast<std::uint64_t>(j);
+          const bool want = dropout_keep(seed, 7, index, p);
+          ASSERT_EQ(keep[static_cast<std::size_t>(j)] != 0.0f, want)
+              << "p=" << p << " seed=" << seed << " index=" << index;
+          ASSERT_EQ(detail::dropout_keep_bits(seed, 7, index, threshold), want);
+          ++checked;
+          kept += want;
+        }
       }
     }
   }
-  EXPECT_EQ(checked, 9 * 3 * 4000);
+  EXPECT_EQ(checked, 9 * 3 * (200 / 80 * (79 * 80 / 2) + (39 * 40 / 2)));
   EXPECT_GT(kept, 0);
+}
+
+// The four words of a block are four decisions: over many elements the kept fraction is 1 - p
+// within 5 standard deviations, and neighbours in a block are not correlated (the fraction of
+// pairs both kept is (1 - p)^2).
+TEST(DropoutDecision, FourPerBlockKeepOneMinusPIndependently) {
+  const std::int64_t n = 1 << 20;
+  std::vector<float> keep(static_cast<std::size_t>(n));
+  for (float p : {0.1f, 0.5f}) {
+    detail::dropout_keep_run(42, 3, 0, n, detail::dropout_threshold(p), keep.data());
+    double k = 0, pairs = 0;
+    for (std::int64_t j = 0; j < n; ++j) {
+      k += keep[static_cast<std::size_t>(j)];
+      if (j % 2 == 0)
+        pairs += keep[static_cast<std::size_t>(j)] * keep[static_cast<std::size_t>(j + 1)];
+    }
+    const double q = 1.0 - p, sd = std::sqrt(p * q / static_cast<double>(n));
+    EXPECT_NEAR(k / static_cast<double>(n), q, 5 * sd) << p;
+    const double m = static_cast<double>(n / 2), q2 = q * q;
+    EXPECT_NEAR(pairs / m, q2, 5 * std::sqrt(q2 * (1 - q2) / m)) << p;
+  }
 }
 
 TEST(HiddenDropout, MatchesReferenceAndKeepsOneMinusP) {

@@ -95,19 +95,21 @@ inline float exp_approx(float x) {
   return x < -87.3f ? 0.0f : (x != x ? x : y);
 }
 
-// The dropout decision of kernels::dropout_keep (flash_attention.h) without a call or a double
-// per element. dropout_keep(seed, stream, index, p) is philox_uniform(...) > p, with the uniform
-// u = (bits + 1) 2^-53 for 53 bits of the Philox4x32-10 block (core/rng.cc); p 2^53 is exact, so
-// u > p holds exactly when bits >= floor(p 2^53): the same mask, bit for bit. The rounds are
-// core/rng.cc's, written so that GCC vectorizes a loop over indices (32x32->64-bit products in
-// 64-bit lanes).
+// The dropout decisions of kernels::dropout_keep (flash_attention.h) without a call per element.
+// Element `index` takes 32-bit word index % 4 of the Philox4x32-10 block for counter index / 4
+// (core/rng.cc's rounds) and is kept when that word >= floor(p 2^32): four decisions per block, as
+// curand_uniform4 / PyTorch's fused dropout draw them. dropout_keep_run draws a run of consecutive
+// indices with the whole blocks in one loop that GCC vectorizes (32x32->64-bit products in 64-bit
+// lanes) and the partial blocks at either end one element at a time.
 inline std::uint64_t dropout_threshold(float p) {
-  return static_cast<std::uint64_t>(std::floor(static_cast<double>(p) * 0x1.0p53));
+  return static_cast<std::uint64_t>(std::floor(static_cast<double>(p) * 0x1.0p32));
 }
-inline bool dropout_keep_bits(std::uint64_t seed, std::uint64_t stream, std::uint64_t index,
-                              std::uint64_t threshold) {
-  std::uint32_t c0 = static_cast<std::uint32_t>(index),
-                c1 = static_cast<std::uint32_t>(index >> 32);
+struct PhiloxWords {
+  std::uint32_t w0, w1, w2, w3;
+};
+inline PhiloxWords philox_block(std::uint64_t seed, std::uint64_t stream, std::uint64_t block) {
+  std::uint32_t c0 = static_cast<std::uint32_t>(block),
+                c1 = static_cast<std::uint32_t>(block >> 32);
   std::uint32_t c2 = static_cast<std::uint32_t>(stream),
                 c3 = static_cast<std::uint32_t>(stream >> 32);
   std::uint32_t k0 = static_cast<std::uint32_t>(seed), k1 = static_cast<std::uint32_t>(seed >> 32);
@@ -123,9 +125,37 @@ inline bool dropout_keep_bits(std::uint64_t seed, std::uint64_t stream, std::uin
     k0 += 0x9E3779B9u;
     k1 += 0xBB67AE85u;
   }
-  const std::uint64_t bits =
-      ((static_cast<std::uint64_t>(c0) << 21) ^ (c1 >> 11)) & ((std::uint64_t{1} << 53) - 1);
-  return bits >= threshold;
+  return {c0, c1, c2, c3};
+}
+inline bool dropout_keep_bits(std::uint64_t seed, std::uint64_t stream, std::uint64_t index,
+                              std::uint64_t threshold) {
+  const PhiloxWords w = philox_block(seed, stream, index >> 2);
+  const std::uint32_t lane = static_cast<std::uint32_t>(index & 3);
+  const std::uint32_t word = lane == 0 ? w.w0 : lane == 1 ? w.w1 : lane == 2 ? w.w2 : w.w3;
+  return word >= threshold;
+}
+// keep[j] = the decision for index first + j (1 kept, 0 dropped), j < n.
+template <class T>
+inline void dropout_keep_run(std::uint64_t seed, std::uint64_t stream, std::uint64_t first,
+                             std::int64_t n, std::uint64_t threshold, T* keep) {
+  std::int64_t j = 0;
+  for (; j < n && ((first + static_cast<std::uint64_t>(j)) & 3) != 0; ++j) {
+    keep[j] = dropout_keep_bits(seed, stream, first + static_cast<std::uint64_t>(j), threshold);
+  }
+  const std::uint64_t b0 = (first + static_cast<std::uint64_t>(j)) >> 2;
+  const std::int64_t blocks = (n - j) / 4;
+  T* out = keep + j;
+#pragma omp simd
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    const PhiloxWords w = philox_block(seed, stream, b0 + static_cast<std::uint64_t>(b));
+    out[4 * b] = static_cast<T>(w.w0 >= threshold);
+    out[4 * b + 1] = static_cast<T>(w.w1 >= threshold);
+    out[4 * b + 2] = static_cast<T>(w.w2 >= threshold);
+    out[4 * b + 3] = static_cast<T>(w.w3 >= threshold);
+  }
+  for (j += 4 * blocks; j < n; ++j) {
+    keep[j] = dropout_keep_bits(seed, stream, first + static_cast<std::uint64_t>(j), threshold);
+  }
 }
 
 }  // namespace TRIDENT_CPU_INLINE_NS

@@ -17,7 +17,12 @@
 namespace trident::kernels {
 
 bool dropout_keep(std::uint64_t seed, std::uint64_t stream, std::uint64_t index, float p) {
-  return core::philox_uniform(seed, stream, index) > static_cast<double>(p);
+  const std::uint64_t block = index >> 2;
+  const core::Philox4x32 r = core::philox4x32(
+      {static_cast<std::uint32_t>(block), static_cast<std::uint32_t>(block >> 32),
+       static_cast<std::uint32_t>(stream), static_cast<std::uint32_t>(stream >> 32)},
+      {static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32)});
+  return static_cast<double>(r[index & 3]) >= std::floor(static_cast<double>(p) * 0x1.0p32);
 }
 
 void alibi_slopes(std::int64_t n, float* slopes) {

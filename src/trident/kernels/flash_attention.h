@@ -35,7 +35,9 @@ struct AttentionDropout {
   std::int64_t total_heads = 0;   // heads of the whole model (0: num_heads)
 };
 
-// True when element `index` of a dropout stream is kept (probability 1 - p).
+// True when element `index` of a dropout stream is kept (probability 1 - p): 32-bit word index % 4
+// of the Philox4x32-10 block (core/rng.h) for counter (index / 4, stream) and key seed is at least
+// floor(p 2^32). Four consecutive indices share one block (as curand_uniform4 draws them).
 bool dropout_keep(std::uint64_t seed, std::uint64_t stream, std::uint64_t index, float p);
 
 struct FlashAttentionForwardArgs {

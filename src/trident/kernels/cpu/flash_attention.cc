@@ -49,15 +49,8 @@ std::uint64_t dropout_index(const AttentionDropout& d, std::int64_t NH, std::int
 void keep_flags(const AttentionDropout& d, std::uint64_t threshold, std::int64_t NH, std::int64_t T,
                 std::int64_t b, std::int64_t h, std::int64_t q, std::int64_t k0, std::int64_t n,
                 float* keep) {
-  const std::uint64_t first = dropout_index(d, NH, T, b, h, q, k0);
-  const std::uint64_t seed = d.seed, stream = d.stream;
-#pragma omp simd
-  for (std::int64_t j = 0; j < n; ++j) {
-    keep[j] =
-        detail::dropout_keep_bits(seed, stream, first + static_cast<std::uint64_t>(j), threshold)
-            ? 1.0f
-            : 0.0f;
-  }
+  detail::dropout_keep_run(d.seed, d.stream, dropout_index(d, NH, T, b, h, q, k0), n, threshold,
+                           keep);
 }
 
 }  // namespace

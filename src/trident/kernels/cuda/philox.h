@@ -4,6 +4,7 @@
 // core's functions (that part runs without a GPU), and the CUDA tests compare the masks in use.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #if defined(__CUDACC__)
@@ -48,10 +49,16 @@ TRIDENT_HD double philox_uniform(std::uint64_t seed, std::uint64_t stream, std::
   return (static_cast<double>(bits & ((1ull << 53) - 1)) + 1.0) * 0x1.0p-53;
 }
 
-// kernels::dropout_keep.
+// kernels::dropout_keep: word index % 4 of the block for counter index / 4, kept when it is at
+// least floor(p 2^32).
 TRIDENT_HD bool dropout_keep(std::uint64_t seed, std::uint64_t stream, std::uint64_t index,
                              float p) {
-  return philox_uniform(seed, stream, index) > static_cast<double>(p);
+  const std::uint64_t block = index >> 2;
+  const Philox4 r =
+      philox4x32_10(static_cast<std::uint32_t>(block), static_cast<std::uint32_t>(block >> 32),
+                    static_cast<std::uint32_t>(stream), static_cast<std::uint32_t>(stream >> 32),
+                    static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32));
+  return static_cast<double>(r.x[index & 3]) >= floor(static_cast<double>(p) * 0x1.0p32);
 }
 
 // core::bf16::from_float's bits: round to nearest even, NaN kept quiet with its sign.
