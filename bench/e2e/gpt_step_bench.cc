@@ -66,6 +66,10 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup)->capture_default_str();
   app.add_option("--steps", steps)->capture_default_str();
   app.add_flag("--bf16", bf16, "BF16 mixed precision (as trident train --bf16)");
+  app.add_option("--hidden-dropout", mc.hidden_dropout, "as trident train (default here 0)")
+      ->capture_default_str();
+  app.add_option("--attention-dropout", mc.attention_dropout, "as trident train (default here 0)")
+      ->capture_default_str();
   std::int64_t loss_chunk_rows = -1;
   app.add_option("--loss-chunk-rows", loss_chunk_rows,
                  "as trident train: -1 auto, 0 materialise every row's logits")
@@ -106,6 +110,7 @@ int main(int argc, char** argv) {
     // Gradients are zeroed before the forward: the chunked head accumulates the output layer's
     // gradient in gpt_loss.
     std::memset(g.data(), 0, g.size() * sizeof(float));
+    acts.iteration = s;  // fresh dropout masks every step, as in training
     model::gpt_forward(ctx, mc, rt, params, tokens.data(), acts);
     const model::LossSum l =
         model::gpt_loss(ctx, mc, rt, params, grads, labels.data(), 1.0f / static_cast<float>(BT),
@@ -128,6 +133,7 @@ int main(int argc, char** argv) {
                         {"tokens_per_s", static_cast<double>(BT) / (median / 1e3)},
                         {"loss", loss},
                         {"loss_chunk_rows", mc.loss_chunk_rows},
+                        {"dropout", {mc.hidden_dropout, mc.attention_dropout}},
                         {"activation_bytes", acts.arena.capacity()},
                         {"params", table.num_parameters()}};
   if (profile) out["profile"] = profile_table(ms, steps);

@@ -11,6 +11,7 @@ the runtime's own libraries and, for torch.compile, its compiler).
 
 Usage (from the repo root, after scripts/build trident_gpt_step_bench and bench/setup-peer-venv):
   bench/e2e/run_step_bench.py [--rounds 2] [--threads 2] [--configs small,124m-t256,124m-t1024]
+                              [--dropout 0.1]
                               [--dtypes fp32,bf16] [--systems trident,eager,compile] [--with-debian]
 """
 import argparse
@@ -56,6 +57,9 @@ def main():
     ap.add_argument("--systems", default="trident,eager,compile")
     ap.add_argument("--with-debian", action="store_true",
                     help="also Debian's /usr/bin/python3 (PyTorch 1.13)")
+    ap.add_argument("--dropout", type=float, default=0.0, metavar="P",
+                    help="hidden and attention dropout P in every system (Megatron's default "
+                         "0.1; 0 by default here, as the published baselines)")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=2,
                     help="untimed steps first (torch.compile compiles in the first)")
@@ -86,7 +90,8 @@ def main():
     for name in args.configs.split(","):
         L, C, NH, V, B, T = CONFIGS[name]
         common = ["--num-layers", str(L), "--hidden-size", str(C), "--num-attention-heads", str(NH),
-                  "--vocab-size", str(V), "--micro-batch-size", str(B), "--seq-length", str(T)]
+                  "--vocab-size", str(V), "--micro-batch-size", str(B), "--seq-length", str(T),
+                  "--hidden-dropout", str(args.dropout), "--attention-dropout", str(args.dropout)]
         for dtype in args.dtypes.split(","):
             cmds = {}
             for s in systems:

@@ -37,6 +37,10 @@ def parse_args(argv):
     ap.add_argument("--attention", choices=["auto", "sdpa", "manual"], default="auto",
                     help="sdpa = F.scaled_dot_product_attention(is_causal=True); auto = sdpa where "
                          "the PyTorch has it (>= 2.0), else the manual masked softmax")
+    ap.add_argument("--hidden-dropout", type=float, default=0.0,
+                    help="dropout after the embedding and on both residual branches (Megatron's)")
+    ap.add_argument("--attention-dropout", type=float, default=0.0,
+                    help="dropout of the attention probabilities")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--lr", type=float, default=1e-4)
@@ -142,16 +146,18 @@ def build_model(torch, args):
             q, k, v = self.c_attn(x).split(C, dim=2)
             q, k, v = (t.view(B, T, NH, C // NH).transpose(1, 2) for t in (q, k, v))
             if use_sdpa:
-                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                   dropout_p=args.attention_dropout)
                 return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(C // NH))
             att = att.masked_fill(self.mask[:T, :T] == 0, float("-inf"))
-            y = F.softmax(att, dim=-1) @ v
+            y = F.dropout(F.softmax(att, dim=-1), args.attention_dropout) @ v
             return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
 
         def forward(self, x):
-            x = x + self.attention(self.ln_1(x))
-            return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+            p = args.hidden_dropout
+            x = x + F.dropout(self.attention(self.ln_1(x)), p)
+            return x + F.dropout(self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh")), p)
 
     class GPT(nn.Module):
         def __init__(self):
@@ -163,7 +169,7 @@ def build_model(torch, args):
 
         def forward(self, idx, targets):
             T = idx.shape[1]
-            x = self.wte(idx) + self.wpe(torch.arange(T))
+            x = F.dropout(self.wte(idx) + self.wpe(torch.arange(T)), args.hidden_dropout)
             for block in self.blocks:
                 x = block(x)
             logits = F.linear(self.ln_f(x), self.wte.weight)
