@@ -86,6 +86,13 @@ void run_calibrate_comm(const PlanOptions& o, const std::string& path) {
   if (world->rank() == 0) {
     std::cerr << "trident plan: timing trident's collectives over " << world->size()
               << " ranks...\n";
+    // The collectives are timed by the wall clock: other jobs on the cores show up in them.
+    double load = 0;
+    if (getloadavg(&load, 1) == 1 && load > cores + 0.5) {
+      std::cerr << "trident plan: warning: the machine is busy (load " << load << " on " << cores
+                << " cores); the times will include waiting for a core. Calibrate on an idle "
+                   "machine for a plan of a dedicated one\n";
+    }
   }
   const std::map<std::string, plan::CommCosts> measured = plan::calibrate_comm(*world);
   if (world->rank() != 0) return;
