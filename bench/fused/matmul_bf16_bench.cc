@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "../kernels/bench_util.h"
+#include "trident/core/view.h"
 #include "trident/kernels/bf16.h"
 #include "trident/kernels/matmul.h"
 #include "trident/kernels/matmul_bf16.h"
@@ -137,12 +138,12 @@ int run(const Options& opt) {
         fill_uniform(w.data(), out * in, 2);
         fill_uniform(dy.data(), rows * out, 3);
         std::vector<core::bf16> x16(x.size()), w16(w.size()), dy16(dy.size());
-        kernels::convert_f32_to_bf16(ctx, x16.data(), x.data(), rows * in);
-        kernels::convert_f32_to_bf16(ctx, w16.data(), w.data(), out * in);
-        kernels::convert_f32_to_bf16(ctx, dy16.data(), dy.data(), rows * out);
-        kernels::convert_bf16_to_f32(ctx, x.data(), x16.data(), rows * in);
-        kernels::convert_bf16_to_f32(ctx, w.data(), w16.data(), out * in);
-        kernels::convert_bf16_to_f32(ctx, dy.data(), dy16.data(), rows * out);
+        kernels::convert(ctx, {.out = core::view(x16.data(), {rows * in}), .in = core::view(x.data(), {rows * in})});
+        kernels::convert(ctx, {.out = core::view(w16.data(), {out * in}), .in = core::view(w.data(), {out * in})});
+        kernels::convert(ctx, {.out = core::view(dy16.data(), {rows * out}), .in = core::view(dy.data(), {rows * out})});
+        kernels::convert(ctx, {.out = core::view(x.data(), {rows * in}), .in = core::view(x16.data(), {rows * in})});
+        kernels::convert(ctx, {.out = core::view(w.data(), {out * in}), .in = core::view(w16.data(), {out * in})});
+        kernels::convert(ctx, {.out = core::view(dy.data(), {rows * out}), .in = core::view(dy16.data(), {rows * out})});
         std::vector<std::byte> scratch(
             static_cast<std::size_t>(kernels::linear_bf16_scratch_bytes(ctx, rows, in, out)));
         using kernels::Trans;
