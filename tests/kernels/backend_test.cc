@@ -10,6 +10,7 @@
 #include <string>
 
 #include "kernel_test_util.h"
+#include "trident/kernels/dispatch.h"
 #include "trident/core/error.h"
 #include "trident/kernels/layernorm.h"
 

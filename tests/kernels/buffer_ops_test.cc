@@ -13,6 +13,7 @@
 
 #include "kernel_test_util.h"
 #include "trident/core/error.h"
+#include "trident/kernels/dispatch.h"
 #include "trident/kernels/fill.h"
 #include "trident/kernels/overflow.h"
 #include "trident/kernels/ref/ref.h"

@@ -16,6 +16,7 @@
 
 #include "kernel_test_util.h"
 #include "trident/kernels/cpu_util.h"
+#include "trident/kernels/dispatch.h"
 #include "trident/kernels/ref/generic.h"
 #include "trident/kernels/ref/ref.h"
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernel_test_util.h"
+#include "trident/kernels/dispatch.h"
 #include "trident/kernels/attention.h"
 
 namespace trident::kernels {

@@ -14,16 +14,6 @@
 
 namespace trident::kernels {
 
-// The raw-pointer entry points over n elements (to become internal to kernels/).
-void gelu_forward(const core::ExecContext& ctx, float* out, const float* in, std::int64_t n);
-void gelu_backward(const core::ExecContext& ctx, float* d_in, const float* d_out, const float* in,
-                   std::int64_t n);
-void add_forward(const core::ExecContext& ctx, float* out, const float* a, const float* b,
-                 std::int64_t n);
-void scale_inplace(const core::ExecContext& ctx, float* x, float s, std::int64_t n);
-double sum_squares(const core::ExecContext& ctx, const float* x, std::int64_t n);
-bool all_finite(const core::ExecContext& ctx, const float* x, std::int64_t n);
-
 // out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). Overwrites out; out may be `in`.
 struct GeluViews {
   core::TensorView out{};  // f32, written (=)

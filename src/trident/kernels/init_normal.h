@@ -21,7 +21,6 @@ struct InitNormalArgs {
   double stddev = 1.0;
   std::int64_t base = 0, local_cols = 1, global_cols = 1, col_offset = 0;
 };
-void init_normal(const core::ExecContext& ctx, const InitNormalArgs& args);
 
 // init_normal over a typed view: out an f32 view of any shape on ctx.device holding the local
 // elements [begin, begin + out's elements) of the parameter. OpenMP over elements; every

@@ -17,7 +17,6 @@ struct OverflowCountArgs {
   float threshold = 0.0f;    // >= 0 (with +inf only NaN counts: |inf| <= inf holds)
   std::int64_t n = 0;
 };
-std::int64_t overflow_count(const core::ExecContext& ctx, const OverflowCountArgs& args);
 
 // overflow_count over a typed view: x an f32 view of any shape on ctx.device (n = its elements;
 // a view of no elements counts 0).

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernel_test_util.h"
+#include "trident/kernels/dispatch.h"
 #include "trident/core/bf16.h"
 #include "trident/core/error.h"
 #include "trident/kernels/adamw.h"
