@@ -103,7 +103,8 @@ int main(int argc, char** argv) {
   for (int s = 0; s < warmup + steps; ++s) {
     if (profile && s == warmup) core::profile::set_enabled(true);
     core::Timer t;
-    if (bf16) kernels::convert(ctx, {.out = core::view(p16.data(), {n}), .in = core::view(p.data(), {n})});
+    if (bf16)
+      kernels::convert(ctx, {.out = core::view(p16.data(), {n}), .in = core::view(p.data(), {n})});
     // Gradients are zeroed before the forward: the chunked head accumulates the output layer's
     // gradient in gpt_loss.
     std::memset(g.data(), 0, g.size() * sizeof(float));

@@ -138,12 +138,18 @@ int run(const Options& opt) {
         fill_uniform(w.data(), out * in, 2);
         fill_uniform(dy.data(), rows * out, 3);
         std::vector<core::bf16> x16(x.size()), w16(w.size()), dy16(dy.size());
-        kernels::convert(ctx, {.out = core::view(x16.data(), {rows * in}), .in = core::view(x.data(), {rows * in})});
-        kernels::convert(ctx, {.out = core::view(w16.data(), {out * in}), .in = core::view(w.data(), {out * in})});
-        kernels::convert(ctx, {.out = core::view(dy16.data(), {rows * out}), .in = core::view(dy.data(), {rows * out})});
-        kernels::convert(ctx, {.out = core::view(x.data(), {rows * in}), .in = core::view(x16.data(), {rows * in})});
-        kernels::convert(ctx, {.out = core::view(w.data(), {out * in}), .in = core::view(w16.data(), {out * in})});
-        kernels::convert(ctx, {.out = core::view(dy.data(), {rows * out}), .in = core::view(dy16.data(), {rows * out})});
+        kernels::convert(ctx, {.out = core::view(x16.data(), {rows * in}),
+                               .in = core::view(x.data(), {rows * in})});
+        kernels::convert(ctx, {.out = core::view(w16.data(), {out * in}),
+                               .in = core::view(w.data(), {out * in})});
+        kernels::convert(ctx, {.out = core::view(dy16.data(), {rows * out}),
+                               .in = core::view(dy.data(), {rows * out})});
+        kernels::convert(ctx, {.out = core::view(x.data(), {rows * in}),
+                               .in = core::view(x16.data(), {rows * in})});
+        kernels::convert(ctx, {.out = core::view(w.data(), {out * in}),
+                               .in = core::view(w16.data(), {out * in})});
+        kernels::convert(ctx, {.out = core::view(dy.data(), {rows * out}),
+                               .in = core::view(dy16.data(), {rows * out})});
         std::vector<std::byte> scratch(
             static_cast<std::size_t>(kernels::linear_bf16_scratch_bytes(ctx, rows, in, out)));
         using kernels::Trans;

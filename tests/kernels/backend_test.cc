@@ -10,8 +10,8 @@
 #include <string>
 
 #include "kernel_test_util.h"
-#include "trident/kernels/dispatch.h"
 #include "trident/core/error.h"
+#include "trident/kernels/dispatch.h"
 #include "trident/kernels/layernorm.h"
 
 namespace trident::kernels::testing {

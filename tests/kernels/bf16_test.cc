@@ -213,7 +213,8 @@ TEST(Bf16Convert, ViewsPickTheDirectionFromTheDtypes) {
 TEST(Bf16Convert, RejectsBadArguments) {
   std::vector<float> f(4);
   std::vector<core::bf16> h(4);
-  convert(cpu_ctx(), {.out = core::view<core::bf16>(nullptr, {0}), .in = core::view<float>(nullptr, {0})});
+  convert(cpu_ctx(),
+          {.out = core::view<core::bf16>(nullptr, {0}), .in = core::view<float>(nullptr, {0})});
   EXPECT_THROW(convert_f32_to_bf16(cpu_ctx(), h.data(), nullptr, 4), core::InvalidArgument);
   EXPECT_THROW(convert_f32_to_bf16(cpu_ctx(), h.data(), f.data(), -1), core::InvalidArgument);
   EXPECT_THROW(convert_bf16_to_f32(cpu_ctx(), nullptr, h.data(), 4), core::InvalidArgument);

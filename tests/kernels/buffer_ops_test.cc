@@ -116,7 +116,8 @@ TEST(OverflowCount, ClosedForms) {
   const std::vector<core::bf16> h(8);
   const std::string e = testing::invalid_argument_of(
       [&] { (void)overflow_count(ctx_with(2), {.x = testing::view_of(h, {8}), .threshold = 1}); });
-  EXPECT_NE(e.find("overflow_count: view `x` holds bf16, the op needs f32"), std::string::npos) << e;
+  EXPECT_NE(e.find("overflow_count: view `x` holds bf16, the op needs f32"), std::string::npos)
+      << e;
 }
 
 }  // namespace

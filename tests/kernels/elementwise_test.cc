@@ -85,7 +85,8 @@ TEST(Gelu, InPlace) {
   EXPECT_TRUE(testing::all_equal("gelu in place", buf, expect));
   gelu_backward(cpu_ctx(), {.d_in = flat(expect), .d_out = flat(d_out), .in = flat(x)});
   buf = d_out;
-  gelu_backward(cpu_ctx(), {.d_in = flat(buf), .d_out = flat(buf), .in = flat(x)});  // d_in is d_out
+  gelu_backward(cpu_ctx(),
+                {.d_in = flat(buf), .d_out = flat(buf), .in = flat(x)});  // d_in is d_out
   EXPECT_TRUE(testing::all_equal("gelu backward in place", buf, expect));
 }
 
@@ -102,23 +103,27 @@ TEST(ElementwiseViews, ABadViewIsAnErrorNamingIt) {
   const std::vector<float> x(6, 1.0f), y(6, 1.0f), short_x(5, 1.0f);
   const std::vector<core::bf16> x16(6);
   const auto msg = [](auto&& fn) { return testing::invalid_argument_of(fn); };
-  EXPECT_NE(msg([&] { gelu(cpu_ctx(), {.out = flat(x), .in = flat(short_x)}); })
-                .find("gelu: view `in` has shape (5), the op needs (6)"),
+  EXPECT_NE(msg([&] {
+              gelu(cpu_ctx(), {.out = flat(x), .in = flat(short_x)});
+            }).find("gelu: view `in` has shape (5), the op needs (6)"),
             std::string::npos);
   EXPECT_NE(msg([&] {
               gelu_backward(cpu_ctx(), {.d_in = flat(x), .d_out = flat(y), .in = {}});
             }).find("gelu_backward: view `in` is empty"),
             std::string::npos);
-  EXPECT_NE(msg([&] { scale(cpu_ctx(), {.x = testing::view_of(x16, {6}), .s = 2.0f}); })
-                .find("scale: view `x` holds bf16, the op needs f32"),
+  EXPECT_NE(msg([&] {
+              scale(cpu_ctx(), {.x = testing::view_of(x16, {6}), .s = 2.0f});
+            }).find("scale: view `x` holds bf16, the op needs f32"),
             std::string::npos);
-  EXPECT_NE(msg([&] { (void)sum_squares(cpu_ctx(), {.x = testing::view_of(x16, {2, 3})}); })
-                .find("sum_squares: view `x` holds bf16"),
+  EXPECT_NE(msg([&] {
+              (void)sum_squares(cpu_ctx(), {.x = testing::view_of(x16, {2, 3})});
+            }).find("sum_squares: view `x` holds bf16"),
             std::string::npos);
   core::TensorView on_gpu = flat(x);
   on_gpu.device = {core::DeviceKind::kCuda, 0};
-  EXPECT_NE(msg([&] { (void)all_finite(cpu_ctx(), {.x = on_gpu}); })
-                .find("all_finite: view `x` is on another device"),
+  EXPECT_NE(msg([&] {
+              (void)all_finite(cpu_ctx(), {.x = on_gpu});
+            }).find("all_finite: view `x` is on another device"),
             std::string::npos);
   // A view of no elements needs no memory.
   EXPECT_EQ(sum_squares(cpu_ctx(), {.x = core::view<float>(nullptr, {0})}), 0.0);

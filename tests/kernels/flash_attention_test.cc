@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "kernel_test_util.h"
-#include "trident/kernels/dispatch.h"
 #include "trident/kernels/attention.h"
+#include "trident/kernels/dispatch.h"
 
 namespace trident::kernels {
 namespace {

@@ -89,13 +89,11 @@ TEST(InitNormal, ABadViewOrRangeIsAnError) {
   std::string e = testing::invalid_argument_of(
       [&] { init_normal(testing::backend_ctx(), {.out = testing::view_of(h, {8})}); });
   EXPECT_NE(e.find("init_normal: view `out` holds bf16, the op needs f32"), std::string::npos) << e;
-  e = testing::invalid_argument_of([&] {
-    init_normal(testing::backend_ctx(), {.out = core::view<float>(nullptr, {8})});
-  });
+  e = testing::invalid_argument_of(
+      [&] { init_normal(testing::backend_ctx(), {.out = core::view<float>(nullptr, {8})}); });
   EXPECT_NE(e.find("init_normal: view `out` is empty"), std::string::npos) << e;
-  e = testing::invalid_argument_of([&] {
-    init_normal(testing::backend_ctx(), {.out = testing::view_of(v, {8}), .begin = -1});
-  });
+  e = testing::invalid_argument_of(
+      [&] { init_normal(testing::backend_ctx(), {.out = testing::view_of(v, {8}), .begin = -1}); });
   EXPECT_NE(e.find("init_normal: bad range [-1, 7)"), std::string::npos) << e;
   // No elements: nothing to write, no memory needed.
   init_normal(testing::backend_ctx(), {.out = core::view<float>(nullptr, {0}), .begin = 5});

@@ -27,8 +27,8 @@
 #include <vector>
 
 #include "kernel_test_util.h"
-#include "trident/kernels/dispatch.h"
 #include "trident/kernels/bf16.h"
+#include "trident/kernels/dispatch.h"
 #include "trident/kernels/ref/fused_ref.h"
 #include "trident/kernels/ref/ref.h"
 

@@ -50,7 +50,7 @@ TEST(Documents, IdsLiveInTheActivationArenaAndFollowTheTokens) {
   std::mt19937 rng(11);
   ModelRuntime rt;
   const core::ExecContext ctx;
-  for (int step = 0; step < 2; ++step) {  // a warm forward reuses the same slots
+  for (int step = 0; step < 2; ++step) {                  // a warm forward reuses the same slots
     const auto tokens = testing::random_ids(rng, BT, 8);  // eod 3: many documents
     const std::int32_t* positions = acts.positions;
     gpt_forward(ctx, cfg, rt, p, tokens.data(), acts);

@@ -26,8 +26,7 @@ inline ModelConfig tiny_config(std::int64_t seq_length, std::int64_t vocab_size)
 }
 
 // n ids uniform in [0, bound), the next n draws of rng (successive calls continue its stream).
-inline std::vector<std::int32_t> random_ids(std::mt19937& rng, std::int64_t n,
-                                            std::int64_t bound) {
+inline std::vector<std::int32_t> random_ids(std::mt19937& rng, std::int64_t n, std::int64_t bound) {
   std::vector<std::int32_t> v(static_cast<std::size_t>(n));
   for (auto& t : v) t = static_cast<std::int32_t>(rng() % bound);
   return v;

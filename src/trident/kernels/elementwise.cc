@@ -57,7 +57,6 @@ void add_forward(const core::ExecContext& ctx, float* out, const float* a, const
   }
 }
 
-
 void scale_inplace(const core::ExecContext& ctx, float* x, float s, std::int64_t n) {
   const core::profile::Scope prof(core::profile::Kind::kOptimizer, "scale_inplace", 0, 4.0 * 2 * n);
   switch (ctx.device.kind) {

@@ -42,7 +42,8 @@ void copy(const core::ExecContext& ctx, const CopyArgs& args) {
 
 void fill(const core::ExecContext& ctx, const FillViews& v) {
   detail::check_view("fill", "out", v.out, core::DType::kF32, v.out.shape, ctx);
-  fill(ctx, FillArgs{.out = detail::data_or_null<float>(v.out), .value = v.value, .n = v.out.numel()});
+  fill(ctx,
+       FillArgs{.out = detail::data_or_null<float>(v.out), .value = v.value, .n = v.out.numel()});
 }
 
 void copy(const core::ExecContext& ctx, const CopyViews& v) {

@@ -27,9 +27,9 @@ std::int64_t overflow_count(const core::ExecContext& ctx, const OverflowCountArg
 
 std::int64_t overflow_count(const core::ExecContext& ctx, const OverflowCountViews& v) {
   detail::check_view("overflow_count", "x", v.x, core::DType::kF32, v.x.shape, ctx);
-  return overflow_count(ctx, OverflowCountArgs{.x = detail::data_or_null<float>(v.x),
-                                               .threshold = v.threshold,
-                                               .n = v.x.numel()});
+  return overflow_count(
+      ctx, OverflowCountArgs{
+               .x = detail::data_or_null<float>(v.x), .threshold = v.threshold, .n = v.x.numel()});
 }
 
 }  // namespace trident::kernels

@@ -21,7 +21,7 @@ struct OverflowCountArgs {
 // overflow_count over a typed view: x an f32 view of any shape on ctx.device (n = its elements;
 // a view of no elements counts 0).
 struct OverflowCountViews {
-  core::TensorView x{};   // f32
+  core::TensorView x{};    // f32
   float threshold = 0.0f;  // >= 0
 };
 std::int64_t overflow_count(const core::ExecContext& ctx, const OverflowCountViews& v);

@@ -41,8 +41,8 @@ double grad_norm_squared_share(const core::ExecContext& ctx, const model::ParamT
     const std::int64_t lo = std::max(p.offset, range.begin);
     const std::int64_t hi = std::min(p.offset + counted, range.end);
     if (lo < hi) {
-      sum += kernels::sum_squares(ctx, {.x = core::view(grads + (lo - range.begin), {hi - lo},
-                                                         ctx.device)});
+      sum += kernels::sum_squares(
+          ctx, {.x = core::view(grads + (lo - range.begin), {hi - lo}, ctx.device)});
     }
   }
   return sum;

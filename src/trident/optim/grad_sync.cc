@@ -157,9 +157,8 @@ class LayerReduceScatter final : public GradSync {
     }
     float* acc = buf_.grad_shard() + (mine.begin - buf_.shard().begin);
     const core::TensorView acc_view = core::view(acc, {mine.size()}, ctx.device);
-    kernels::add(ctx, {.out = acc_view,
-                       .a = acc_view,
-                       .b = core::view(piece, {mine.size()}, ctx.device)});
+    kernels::add(
+        ctx, {.out = acc_view, .a = acc_view, .b = core::view(piece, {mine.size()}, ctx.device)});
   }
 };
 

@@ -237,14 +237,16 @@ std::pair<double, double> time_attention(const core::ExecContext& ctx, bool flas
     const double f = time_call([&] {
       k::flash_attention(ctx, {.out = prefix(out, out_shape),
                                .lse = prefix(lse, {B, NH, T}),
-                               .qkv = prefix(qkv, qkv_shape)});
+                               .qkv = prefix(qkv, qkv_shape),
+                               .dropout = {}});
     });
     const double b = time_call([&] {
       k::flash_attention_backward(ctx, {.d_qkv = prefix(dqkv, qkv_shape),
                                         .d_out = prefix(dout, out_shape),
                                         .qkv = prefix(qkv, qkv_shape),
                                         .out = prefix(out, out_shape),
-                                        .lse = prefix(lse, {B, NH, T})});
+                                        .lse = prefix(lse, {B, NH, T}),
+                                        .dropout = {}});
     });
     return {f, b};
   }
