@@ -138,18 +138,15 @@ int run(const Options& opt) {
         fill_uniform(w.data(), out * in, 2);
         fill_uniform(dy.data(), rows * out, 3);
         std::vector<core::bf16> x16(x.size()), w16(w.size()), dy16(dy.size());
-        kernels::convert(ctx, {.out = core::view(x16.data(), {rows * in}),
-                               .in = core::view(x.data(), {rows * in})});
-        kernels::convert(ctx, {.out = core::view(w16.data(), {out * in}),
-                               .in = core::view(w.data(), {out * in})});
-        kernels::convert(ctx, {.out = core::view(dy16.data(), {rows * out}),
-                               .in = core::view(dy.data(), {rows * out})});
-        kernels::convert(ctx, {.out = core::view(x.data(), {rows * in}),
-                               .in = core::view(x16.data(), {rows * in})});
-        kernels::convert(ctx, {.out = core::view(w.data(), {out * in}),
-                               .in = core::view(w16.data(), {out * in})});
-        kernels::convert(ctx, {.out = core::view(dy.data(), {rows * out}),
-                               .in = core::view(dy16.data(), {rows * out})});
+        // Each operand to bf16 and back: the FP32 copy then holds exactly the bf16 values.
+        const auto round_to_bf16 = [&](std::vector<float>& f, std::vector<core::bf16>& h) {
+          const core::Shape s{static_cast<std::int64_t>(f.size())};
+          kernels::convert(ctx, {.out = core::view(h.data(), s), .in = core::view(f.data(), s)});
+          kernels::convert(ctx, {.out = core::view(f.data(), s), .in = core::view(h.data(), s)});
+        };
+        round_to_bf16(x, x16);
+        round_to_bf16(w, w16);
+        round_to_bf16(dy, dy16);
         std::vector<std::byte> scratch(
             static_cast<std::size_t>(kernels::linear_bf16_scratch_bytes(ctx, rows, in, out)));
         using kernels::Trans;
