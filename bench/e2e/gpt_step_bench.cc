@@ -16,6 +16,7 @@
 #include "trident/core/arena.h"
 #include "trident/core/profile.h"
 #include "trident/core/timer.h"
+#include "trident/core/view.h"
 #include "trident/kernels/bf16.h"
 #include "trident/kernels/elementwise.h"
 #include "trident/model/gpt.h"
@@ -106,7 +107,8 @@ int main(int argc, char** argv) {
   for (int s = 0; s < warmup + steps; ++s) {
     if (profile && s == warmup) core::profile::set_enabled(true);
     core::Timer t;
-    if (bf16) kernels::convert_f32_to_bf16(ctx, p16.data(), p.data(), n);
+    if (bf16)
+      kernels::convert(ctx, {.out = core::view(p16.data(), {n}), .in = core::view(p.data(), {n})});
     // Gradients are zeroed before the forward: the chunked head accumulates the output layer's
     // gradient in gpt_loss.
     std::memset(g.data(), 0, g.size() * sizeof(float));

@@ -174,10 +174,20 @@ void time_conversions(const core::ExecContext& ctx, int reps, const std::vector<
                       std::vector<float>& back, const std::vector<float>& other) {
   const auto n = static_cast<std::int64_t>(f32.size());
   const std::function<void()> calls[] = {
-      [&] { kernels::convert_f32_to_bf16(ctx, h1.data(), f32.data(), n); },
+      [&] {
+        kernels::convert(ctx,
+                         {.out = core::view(h1.data(), {n}), .in = core::view(f32.data(), {n})});
+      },
       [&] { convert_portable(ctx, h2.data(), f32.data(), n); },
-      [&] { kernels::convert_bf16_to_f32(ctx, back.data(), h1.data(), n); },
-      [&] { kernels::add_forward(ctx, back.data(), f32.data(), other.data(), n); }};
+      [&] {
+        kernels::convert(ctx,
+                         {.out = core::view(back.data(), {n}), .in = core::view(h1.data(), {n})});
+      },
+      [&] {
+        kernels::add(ctx, {.out = core::view(back.data(), {n}),
+                           .a = core::view(f32.data(), {n}),
+                           .b = core::view(other.data(), {n})});
+      }};
   const char* names[] = {kernels::detail::has_avx512bf16_convert()
                              ? "convert_f32_to_bf16 (vcvtne2ps2bf16)"
                              : "convert_f32_to_bf16 (portable: no avx512_bf16 in this build)",
@@ -289,7 +299,9 @@ int run(int reps, const std::vector<int>& thread_counts) {
                                       .bias = core::view(l_bias.data(), {l_cols})});
   };
   auto ln_fwd_unfused = [&](const core::ExecContext& ctx, float* s, float* y) {
-    kernels::add_forward(ctx, s, l_a.data(), l_b.data(), ln);
+    kernels::add(ctx, {.out = core::view(s, {ln}),
+                       .a = core::view(l_a.data(), {ln}),
+                       .b = core::view(l_b.data(), {ln})});
     kernels::layernorm(ctx, {.out = core::view(y, {l_rows, l_cols}),
                              .mean = core::view(l_mean.data(), {l_rows}),
                              .rstd = core::view(l_rstd.data(), {l_rows}),
@@ -326,8 +338,11 @@ int run(int reps, const std::vector<int>& thread_counts) {
     const std::int64_t n = 1 << 20;
     std::vector<float> p1(a_p.begin(), a_p.begin() + n), p2 = p1, m1(n, 0.01f), m2 = m1,
                                                          v1(n, 0.02f), v2 = v1, d(n);
-    kernels::adamw_update(
-        ctx, hp, {.param = p1.data(), .m = m1.data(), .v = v1.data(), .grad = a_g.data(), .n = n});
+    kernels::adamw_update(ctx, hp,
+                          {.param = core::view(p1.data(), {n}),
+                           .m = core::view(m1.data(), {n}),
+                           .v = core::view(v1.data(), {n}),
+                           .grad = core::view(a_g.data(), {n})});
     adamw_5_pass(ctx, hp, p2.data(), m2.data(), v2.data(), a_g.data(), d.data(), n);
     return max_abs_diff(p1.data(), p2.data(), n);
   };
@@ -337,15 +352,18 @@ int run(int reps, const std::vector<int>& thread_counts) {
        [&](const core::ExecContext& ctx) { gelu_fwd_fused(ctx, g_out.data(), nullptr); },
        [&](const core::ExecContext& ctx) {
          add_bias(ctx, g_t.data(), g_in.data(), g_bias.data(), g_rows, g_cols);
-         kernels::gelu_forward(ctx, g_out2.data(), g_t.data(), gn);
+         kernels::gelu(
+             ctx, {.out = core::view(g_out2.data(), {gn}), .in = core::view(g_t.data(), {gn})});
        },
        [&](const core::ExecContext&) { return max_abs_diff(g_out.data(), g_out2.data(), gn); }},
       {"bias+gelu forward, bf16 out (8192x3072)", (f + h) * gn, (4 * f + f + h) * gn,
        [&](const core::ExecContext& ctx) { gelu_fwd_fused(ctx, nullptr, g_out16.data()); },
        [&](const core::ExecContext& ctx) {
          add_bias(ctx, g_t.data(), g_in.data(), g_bias.data(), g_rows, g_cols);
-         kernels::gelu_forward(ctx, g_out2.data(), g_t.data(), gn);
-         kernels::convert_f32_to_bf16(ctx, g_out16b.data(), g_out2.data(), gn);
+         kernels::gelu(
+             ctx, {.out = core::view(g_out2.data(), {gn}), .in = core::view(g_t.data(), {gn})});
+         kernels::convert(ctx, {.out = core::view(g_out16b.data(), {gn}),
+                                .in = core::view(g_out2.data(), {gn})});
        },
        [&](const core::ExecContext&) { return max_abs_diff(g_out16.data(), g_out16b.data(), gn); }},
       // Unfused backward: t = in + bias was saved by the unfused forward, so no recompute.
@@ -354,7 +372,9 @@ int run(int reps, const std::vector<int>& thread_counts) {
          gelu_bwd_fused(ctx, g_out.data(), nullptr, g_db.data());
        },
        [&](const core::ExecContext& ctx) {
-         kernels::gelu_backward(ctx, g_out2.data(), g_dout.data(), g_t.data(), gn);
+         kernels::gelu_backward(ctx, {.d_in = core::view(g_out2.data(), {gn}),
+                                      .d_out = core::view(g_dout.data(), {gn}),
+                                      .in = core::view(g_t.data(), {gn})});
          add_column_sums(ctx, g_db2.data(), g_out2.data(), g_rows, g_cols);
        },
        [&](const core::ExecContext&) { return max_abs_diff(g_out.data(), g_out2.data(), gn); }},
@@ -363,9 +383,12 @@ int run(int reps, const std::vector<int>& thread_counts) {
          gelu_bwd_fused(ctx, nullptr, g_out16.data(), g_db.data());
        },
        [&](const core::ExecContext& ctx) {
-         kernels::gelu_backward(ctx, g_out2.data(), g_dout.data(), g_t.data(), gn);
+         kernels::gelu_backward(ctx, {.d_in = core::view(g_out2.data(), {gn}),
+                                      .d_out = core::view(g_dout.data(), {gn}),
+                                      .in = core::view(g_t.data(), {gn})});
          add_column_sums(ctx, g_db2.data(), g_out2.data(), g_rows, g_cols);
-         kernels::convert_f32_to_bf16(ctx, g_out16b.data(), g_out2.data(), gn);
+         kernels::convert(ctx, {.out = core::view(g_out16b.data(), {gn}),
+                                .in = core::view(g_out2.data(), {gn})});
        },
        [&](const core::ExecContext&) { return max_abs_diff(g_out16.data(), g_out16b.data(), gn); }},
       {"resid+layernorm forward, f32 out (16384x768)", 4 * f * ln, 5 * f * ln,
@@ -376,7 +399,8 @@ int run(int reps, const std::vector<int>& thread_counts) {
        [&](const core::ExecContext& ctx) { ln_fwd_fused(ctx, l_s.data(), nullptr, l_y16.data()); },
        [&](const core::ExecContext& ctx) {
          ln_fwd_unfused(ctx, l_s2.data(), l_y2.data());
-         kernels::convert_f32_to_bf16(ctx, l_y16b.data(), l_y2.data(), ln);
+         kernels::convert(
+             ctx, {.out = core::view(l_y16b.data(), {ln}), .in = core::view(l_y2.data(), {ln})});
        },
        [&](const core::ExecContext&) { return max_abs_diff(l_y16.data(), l_y16b.data(), ln); }},
       // d_out, resid read; d_resid read and written. layernorm_backward's weight-gradient pass
@@ -388,15 +412,18 @@ int run(int reps, const std::vector<int>& thread_counts) {
        [&](const core::ExecContext& ctx) { ln_bwd_fused(ctx, l_dres.data(), l_y16.data()); },
        [&](const core::ExecContext& ctx) {
          ln_bwd_unfused(ctx, l_dres2.data());
-         kernels::convert_f32_to_bf16(ctx, l_y16b.data(), l_dres2.data(), ln);
+         kernels::convert(
+             ctx, {.out = core::view(l_y16b.data(), {ln}), .in = core::view(l_dres2.data(), {ln})});
        },
        nullptr},
       // param, m, v read and written, grad read: 7 floats per parameter; the 5 passes move 14.
       {"adamw 32M params (fused vs 5-pass)", 7 * f * an, 14 * f * an,
        [&](const core::ExecContext& ctx) {
-         kernels::adamw_update(
-             ctx, hp,
-             {.param = a_p.data(), .m = a_m.data(), .v = a_v.data(), .grad = a_g.data(), .n = an});
+         kernels::adamw_update(ctx, hp,
+                               {.param = core::view(a_p.data(), {an}),
+                                .m = core::view(a_m.data(), {an}),
+                                .v = core::view(a_v.data(), {an}),
+                                .grad = core::view(a_g.data(), {an})});
        },
        [&](const core::ExecContext& ctx) {
          adamw_5_pass(ctx, hp, a_p.data(), a_m.data(), a_v.data(), a_g.data(), a_denom.data(), an);

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "../kernels/bench_util.h"
+#include "trident/core/view.h"
 #include "trident/kernels/bf16.h"
 #include "trident/kernels/matmul.h"
 #include "trident/kernels/matmul_bf16.h"
@@ -137,12 +138,15 @@ int run(const Options& opt) {
         fill_uniform(w.data(), out * in, 2);
         fill_uniform(dy.data(), rows * out, 3);
         std::vector<core::bf16> x16(x.size()), w16(w.size()), dy16(dy.size());
-        kernels::convert_f32_to_bf16(ctx, x16.data(), x.data(), rows * in);
-        kernels::convert_f32_to_bf16(ctx, w16.data(), w.data(), out * in);
-        kernels::convert_f32_to_bf16(ctx, dy16.data(), dy.data(), rows * out);
-        kernels::convert_bf16_to_f32(ctx, x.data(), x16.data(), rows * in);
-        kernels::convert_bf16_to_f32(ctx, w.data(), w16.data(), out * in);
-        kernels::convert_bf16_to_f32(ctx, dy.data(), dy16.data(), rows * out);
+        // Each operand to bf16 and back: the FP32 copy then holds exactly the bf16 values.
+        const auto round_to_bf16 = [&](std::vector<float>& f, std::vector<core::bf16>& h) {
+          const core::Shape s{static_cast<std::int64_t>(f.size())};
+          kernels::convert(ctx, {.out = core::view(h.data(), s), .in = core::view(f.data(), s)});
+          kernels::convert(ctx, {.out = core::view(f.data(), s), .in = core::view(h.data(), s)});
+        };
+        round_to_bf16(x, x16);
+        round_to_bf16(w, w16);
+        round_to_bf16(dy, dy16);
         std::vector<std::byte> scratch(
             static_cast<std::size_t>(kernels::linear_bf16_scratch_bytes(ctx, rows, in, out)));
         using kernels::Trans;

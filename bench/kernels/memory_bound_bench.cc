@@ -77,7 +77,9 @@ int run(int reps, const std::vector<int>& thread_counts) {
   const std::vector<Case> cases = {
       {"add (STREAM add: 2 reads, 1 write)", 3 * f * add_n,
        [&](const core::ExecContext& ctx) {
-         kernels::add_forward(ctx, a3.data(), a1.data(), a2.data(), add_n);
+         kernels::add(ctx, {.out = core::view(a3.data(), {add_n}),
+                            .a = core::view(a1.data(), {add_n}),
+                            .b = core::view(a2.data(), {add_n})});
        }},
       {"layernorm_forward 16384x768", 2 * f * ln_n,
        [&](const core::ExecContext& ctx) {
@@ -103,31 +105,35 @@ int run(int reps, const std::vector<int>& thread_counts) {
        }},
       {"gelu_forward 8192x3072", 2 * f * gelu_n,
        [&](const core::ExecContext& ctx) {
-         kernels::gelu_forward(ctx, g_out.data(), g_in.data(), gelu_n);
+         kernels::gelu(ctx, {.out = core::view(g_out.data(), {gelu_n}),
+                             .in = core::view(g_in.data(), {gelu_n})});
        }},
       {"gelu_backward 8192x3072", 3 * f * gelu_n,
        [&](const core::ExecContext& ctx) {
-         kernels::gelu_backward(ctx, g_out.data(), g_dout.data(), g_in.data(), gelu_n);
+         kernels::gelu_backward(ctx, {.d_in = core::view(g_out.data(), {gelu_n}),
+                                      .d_out = core::view(g_dout.data(), {gelu_n}),
+                                      .in = core::view(g_in.data(), {gelu_n})});
        }},
       // logits read, d_logits written (the max, exp and scale passes re-read the row from the
       // caches; that traffic is not counted).
       {"cross_entropy_forward_backward 1024x50304", 2 * f * ce_n,
        [&](const core::ExecContext& ctx) {
-         kernels::cross_entropy_forward_backward(ctx, {.losses = ce_loss.data(),
-                                                       .d_logits = ce_logits.data(),
-                                                       .logits = ce_in.data(),
-                                                       .targets = ce_targets.data(),
-                                                       .d_scale = 1e-3f,
-                                                       .rows = ce_rows,
-                                                       .vocab = 50257,
-                                                       .vocab_padded = ce_vocab});
+         kernels::cross_entropy_forward_backward(
+             ctx, {.losses = core::view(ce_loss.data(), {ce_rows}),
+                   .d_logits = core::view(ce_logits.data(), {ce_rows, ce_vocab}),
+                   .logits = core::view(ce_in.data(), {ce_rows, ce_vocab}),
+                   .targets = core::view(ce_targets.data(), {ce_rows}),
+                   .d_scale = 1e-3f,
+                   .vocab = 50257});
        }},
       // param, m, v read and written; grad read.
       {"adamw_update 32M params", 7 * f * adam_n,
        [&](const core::ExecContext& ctx) {
-         kernels::adamw_update(
-             ctx, {.lr = 1e-4f, .weight_decay = 0.1f, .step = 10},
-             {.param = p.data(), .m = m.data(), .v = v.data(), .grad = grad.data(), .n = adam_n});
+         kernels::adamw_update(ctx, {.lr = 1e-4f, .weight_decay = 0.1f, .step = 10},
+                               {.param = core::view(p.data(), {adam_n}),
+                                .m = core::view(m.data(), {adam_n}),
+                                .v = core::view(v.data(), {adam_n}),
+                                .grad = core::view(grad.data(), {adam_n})});
        }},
   };
 

@@ -11,6 +11,7 @@
 
 #include "kernel_test_util.h"
 #include "trident/core/error.h"
+#include "trident/kernels/dispatch.h"
 #include "trident/kernels/layernorm.h"
 
 namespace trident::kernels::testing {

@@ -1,16 +1,19 @@
 // fill, copy and overflow_count against their references: bitwise for fill and copy (no
 // arithmetic), exact counts for overflow_count, over sizes around the vector widths and thread
-// splits, with NaN, infinities, subnormals and values on the threshold.
+// splits, with NaN, infinities, subnormals and values on the threshold; through the typed views,
+// and the raw entry points' own checks (overlap, null, negative sizes: kernels/dispatch.h).
 #include <gtest/gtest.h>
 
 #include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "kernel_test_util.h"
 #include "trident/core/error.h"
+#include "trident/kernels/dispatch.h"
 #include "trident/kernels/fill.h"
 #include "trident/kernels/overflow.h"
 #include "trident/kernels/ref/ref.h"
@@ -89,7 +92,9 @@ TEST(OverflowCount, MatchesReferenceWithSpecialValues) {
       }
       for (float threshold : {0.0f, 150.0f, 65504.0f, inf}) {
         const OverflowCountArgs args{.x = x.data(), .threshold = threshold, .n = n};
-        EXPECT_EQ(overflow_count(ctx_with(threads), args), ref::overflow_count(args))
+        EXPECT_EQ(overflow_count(ctx_with(threads),
+                                 {.x = core::view(x.data(), {n}), .threshold = threshold}),
+                  ref::overflow_count(args))
             << "n=" << n << " threshold=" << threshold << " threads=" << threads;
       }
     }
@@ -102,13 +107,17 @@ TEST(OverflowCount, ClosedForms) {
   const float inf = std::numeric_limits<float>::infinity();
   const std::vector<float> x = {1.0f, inf, -inf, std::nanf(""), 65504.0f, 65520.0f, -7e4f, 0.0f};
   const auto count = [&](float t) {
-    return overflow_count(
-        ctx_with(2), {.x = x.data(), .threshold = t, .n = static_cast<std::int64_t>(x.size())});
+    return overflow_count(ctx_with(2), {.x = testing::view_of(x, {2, 4}), .threshold = t});
   };
   EXPECT_EQ(count(inf), 1);
   EXPECT_EQ(count(65504.0f), 5);
   EXPECT_EQ(count(0.0f), 7);
   EXPECT_THROW(count(-1.0f), core::InvalidArgument);
+  const std::vector<core::bf16> h(8);
+  const std::string e = testing::invalid_argument_of(
+      [&] { (void)overflow_count(ctx_with(2), {.x = testing::view_of(h, {8}), .threshold = 1}); });
+  EXPECT_NE(e.find("overflow_count: view `x` holds bf16, the op needs f32"), std::string::npos)
+      << e;
 }
 
 }  // namespace

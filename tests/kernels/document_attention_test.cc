@@ -12,6 +12,7 @@
 
 #include "kernel_test_util.h"
 #include "trident/kernels/attention.h"
+#include "trident/kernels/dispatch.h"
 #include "trident/kernels/embedding.h"
 #include "trident/kernels/flash_attention.h"
 #include "trident/kernels/ref/ref.h"

@@ -13,6 +13,7 @@
 
 #include "kernel_test_util.h"
 #include "trident/kernels/cpu_util.h"
+#include "trident/kernels/dispatch.h"
 #include "trident/kernels/flash_attention.h"
 
 namespace trident::kernels {

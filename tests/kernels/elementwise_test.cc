@@ -1,5 +1,6 @@
 // GeLU forward/backward against the double-precision tanh-form reference (including saturated
-// inputs and in-place use), add / scale (exact), sum_squares (double) and all_finite.
+// inputs and in-place use), add / scale (exact), sum_squares (double) and all_finite, through the
+// typed views; the views' checks; the raw entry points' own argument checks (kernels/dispatch.h).
 //
 // GeLU tolerance: |x - ref| <= 1e-6 + 1e-5 |ref|. The kernel evaluates 0.5(1 + tanh u) as
 // 1 / (1 + exp(-2u)) with a polynomial exp (about 1 ulp), so the result is within a few FP32 ulp;
@@ -15,6 +16,7 @@
 
 #include "kernel_test_util.h"
 #include "trident/kernels/cpu_util.h"
+#include "trident/kernels/dispatch.h"
 #include "trident/kernels/ref/generic.h"
 #include "trident/kernels/ref/ref.h"
 
@@ -45,13 +47,18 @@ std::vector<float> gelu_inputs(std::int64_t n, std::uint64_t seed) {
   return x;
 }
 
+// A 1-D view of all of x.
+core::TensorView flat(const std::vector<float>& x) {
+  return testing::view_of(x, {static_cast<std::int64_t>(x.size())});
+}
+
 const std::int64_t kSizes[] = {1, 7, 33, 1000, 256 * 3072};  // last: a GPT-2 MLP activation
 
 TEST(Gelu, ForwardMatchesReference) {
   for (std::int64_t n : kSizes) {
     const auto x = gelu_inputs(n, static_cast<std::uint64_t>(n));
     std::vector<float> out(n, kNaN), out_ref(n, kNaN);
-    gelu_forward(cpu_ctx(), out.data(), x.data(), n);
+    gelu(cpu_ctx(), {.out = flat(out), .in = flat(x)});
     ref::gelu_forward(out_ref.data(), x.data(), n);
     EXPECT_TRUE(all_close(("gelu out n=" + std::to_string(n)).c_str(), out, out_ref, kGeluTol));
   }
@@ -62,7 +69,7 @@ TEST(Gelu, BackwardMatchesReference) {
     const auto x = gelu_inputs(n, static_cast<std::uint64_t>(n) + 1);
     const auto d_out = randn(n, static_cast<std::uint64_t>(n) + 2);
     std::vector<float> d_in(n, kNaN), d_in_ref(n, kNaN);
-    gelu_backward(cpu_ctx(), d_in.data(), d_out.data(), x.data(), n);
+    gelu_backward(cpu_ctx(), {.d_in = flat(d_in), .d_out = flat(d_out), .in = flat(x)});
     ref::gelu_backward(d_in_ref.data(), d_out.data(), x.data(), n);
     EXPECT_TRUE(all_close(("gelu d_in n=" + std::to_string(n)).c_str(), d_in, d_in_ref, kGeluTol));
   }
@@ -73,20 +80,54 @@ TEST(Gelu, InPlace) {
   const auto x = gelu_inputs(n, 5);
   const auto d_out = randn(n, 6);
   std::vector<float> expect(n), buf = x;
-  gelu_forward(cpu_ctx(), expect.data(), x.data(), n);
-  gelu_forward(cpu_ctx(), buf.data(), buf.data(), n);  // out aliases in
+  gelu(cpu_ctx(), {.out = flat(expect), .in = flat(x)});
+  gelu(cpu_ctx(), {.out = flat(buf), .in = flat(buf)});  // out is in
   EXPECT_TRUE(testing::all_equal("gelu in place", buf, expect));
-  gelu_backward(cpu_ctx(), expect.data(), d_out.data(), x.data(), n);
+  gelu_backward(cpu_ctx(), {.d_in = flat(expect), .d_out = flat(d_out), .in = flat(x)});
   buf = d_out;
-  gelu_backward(cpu_ctx(), buf.data(), buf.data(), x.data(), n);  // d_in aliases d_out
+  gelu_backward(cpu_ctx(),
+                {.d_in = flat(buf), .d_out = flat(buf), .in = flat(x)});  // d_in is d_out
   EXPECT_TRUE(testing::all_equal("gelu backward in place", buf, expect));
 }
 
 TEST(Gelu, RejectsBadArguments) {
   std::vector<float> buf(4);
+  // The raw entry point's own checks (the backend contract).
   EXPECT_THROW(gelu_forward(cpu_ctx(), buf.data(), nullptr, 4), core::InvalidArgument);
   EXPECT_THROW(gelu_forward(cpu_ctx(), buf.data(), buf.data(), -1), core::InvalidArgument);
   gelu_forward(cpu_ctx(), nullptr, nullptr, 0);  // n = 0: nothing to touch
+}
+
+// Every views op names the view that does not fit: its shape, its dtype, an empty one.
+TEST(ElementwiseViews, ABadViewIsAnErrorNamingIt) {
+  const std::vector<float> x(6, 1.0f), y(6, 1.0f), short_x(5, 1.0f);
+  const std::vector<core::bf16> x16(6);
+  const auto msg = [](auto&& fn) { return testing::invalid_argument_of(fn); };
+  EXPECT_NE(msg([&] {
+              gelu(cpu_ctx(), {.out = flat(x), .in = flat(short_x)});
+            }).find("gelu: view `in` has shape (5), the op needs (6)"),
+            std::string::npos);
+  EXPECT_NE(msg([&] {
+              gelu_backward(cpu_ctx(), {.d_in = flat(x), .d_out = flat(y), .in = {}});
+            }).find("gelu_backward: view `in` is empty"),
+            std::string::npos);
+  EXPECT_NE(msg([&] {
+              scale(cpu_ctx(), {.x = testing::view_of(x16, {6}), .s = 2.0f});
+            }).find("scale: view `x` holds bf16, the op needs f32"),
+            std::string::npos);
+  EXPECT_NE(msg([&] {
+              (void)sum_squares(cpu_ctx(), {.x = testing::view_of(x16, {2, 3})});
+            }).find("sum_squares: view `x` holds bf16"),
+            std::string::npos);
+  core::TensorView on_gpu = flat(x);
+  on_gpu.device = {core::DeviceKind::kCuda, 0};
+  EXPECT_NE(msg([&] {
+              (void)all_finite(cpu_ctx(), {.x = on_gpu});
+            }).find("all_finite: view `x` is on another device"),
+            std::string::npos);
+  // A view of no elements needs no memory.
+  EXPECT_EQ(sum_squares(cpu_ctx(), {.x = core::view<float>(nullptr, {0})}), 0.0);
+  EXPECT_TRUE(all_finite(cpu_ctx(), {.x = core::view<float>(nullptr, {0})}));
 }
 
 // The reference derivative against central differences of the reference forward, in double.
@@ -137,7 +178,7 @@ TEST(Add, IsExactAndMayAlias) {
                     .b = testing::view_of(b, {n})});
     EXPECT_TRUE(testing::all_equal("add out", out, expect));
     auto inplace = a;
-    add_forward(cpu_ctx(), inplace.data(), inplace.data(), b.data(), n);
+    add(cpu_ctx(), {.out = flat(inplace), .a = flat(inplace), .b = flat(b)});
     EXPECT_TRUE(testing::all_equal("add out aliasing a", inplace, expect));
   }
 }
@@ -147,7 +188,7 @@ TEST(Scale, IsExact) {
   auto x = randn(n, 3);
   std::vector<float> expect(n);
   for (std::int64_t i = 0; i < n; ++i) expect[i] = x[i] * 0.37f;
-  scale_inplace(cpu_ctx(), x.data(), 0.37f, n);
+  scale(cpu_ctx(), {.x = flat(x), .s = 0.37f});
   EXPECT_TRUE(testing::all_equal("scale x", x, expect));
 }
 
@@ -160,9 +201,9 @@ TEST(SumSquares, MatchesDoubleSumAndIsReproducible) {
     double expect = 0.0;
     for (float v : x) expect += static_cast<double>(v) * v;
     for (int threads : {1, 2}) {
-      const double got = sum_squares(cpu_ctx(threads), x.data(), n);
+      const double got = sum_squares(cpu_ctx(threads), {.x = flat(x)});
       EXPECT_NEAR(got, expect, 1e-12 * expect) << "n=" << n << " threads=" << threads;
-      EXPECT_EQ(got, sum_squares(cpu_ctx(threads), x.data(), n)) << "not reproducible, n=" << n;
+      EXPECT_EQ(got, sum_squares(cpu_ctx(threads), {.x = flat(x)})) << "not reproducible, n=" << n;
     }
   }
 }
@@ -170,17 +211,17 @@ TEST(SumSquares, MatchesDoubleSumAndIsReproducible) {
 TEST(AllFinite, FindsNaNAndInfinityAnywhere) {
   const std::int64_t n = 10007;
   auto x = randn(n, 5);
-  EXPECT_TRUE(all_finite(cpu_ctx(), x.data(), n));
-  EXPECT_TRUE(all_finite(cpu_ctx(), nullptr, 0));
+  EXPECT_TRUE(all_finite(cpu_ctx(), {.x = flat(x)}));
+  EXPECT_TRUE(all_finite(cpu_ctx(), nullptr, 0));  // the raw entry point: nothing to touch
   x[3] = std::numeric_limits<float>::max();
   x[4] = std::numeric_limits<float>::denorm_min();
-  EXPECT_TRUE(all_finite(cpu_ctx(), x.data(), n));
+  EXPECT_TRUE(all_finite(cpu_ctx(), {.x = flat(x)}));
   for (std::int64_t pos : {std::int64_t{0}, n / 2, n - 1}) {
     for (float bad : {kNaN, kInf, -kInf}) {
       auto y = x;
       y[pos] = bad;
-      EXPECT_FALSE(all_finite(cpu_ctx(), y.data(), n)) << "missed " << bad << " at " << pos;
-      EXPECT_FALSE(all_finite(cpu_ctx(1), y.data(), n)) << "missed " << bad << " at " << pos;
+      EXPECT_FALSE(all_finite(cpu_ctx(), {.x = flat(y)})) << "missed " << bad << " at " << pos;
+      EXPECT_FALSE(all_finite(cpu_ctx(1), {.x = flat(y)})) << "missed " << bad << " at " << pos;
     }
   }
 }

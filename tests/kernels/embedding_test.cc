@@ -13,6 +13,7 @@
 #include <string>
 
 #include "kernel_test_util.h"
+#include "trident/kernels/dispatch.h"
 #include "trident/kernels/ref/ref.h"
 
 namespace trident::kernels {

@@ -11,6 +11,7 @@
 
 #include "kernel_test_util.h"
 #include "trident/kernels/attention.h"
+#include "trident/kernels/dispatch.h"
 
 namespace trident::kernels {
 namespace {

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "kernel_test_util.h"
+#include "trident/kernels/dispatch.h"
 #include "trident/kernels/elementwise.h"
 #include "trident/kernels/fused_bias_gelu.h"
 #include "trident/kernels/fused_residual_layernorm.h"

@@ -1,11 +1,13 @@
 // Normal initialization against its reference (exactly: the same Philox draw and one rounding),
 // and layout independence: tp shards along dim 0 and dim 1, and sub-ranges of a shard, reassemble
-// the values of the unsplit parameter; the sample moments are those of N(0, stddev^2).
+// the values of the unsplit parameter; the sample moments are those of N(0, stddev^2). Through the
+// typed view; a bad view and a bad range are errors naming them.
 #include "trident/kernels/init_normal.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
 
 #include "kernel_test_util.h"
 
@@ -18,9 +20,8 @@ constexpr std::int64_t kRows = 24, kCols = 40;
 
 std::vector<float> whole(double stddev) {
   std::vector<float> v(kRows * kCols);
-  init_normal(testing::backend_ctx(), {.out = v.data(),
+  init_normal(testing::backend_ctx(), {.out = testing::view_of(v, {kRows, kCols}),
                                        .begin = 0,
-                                       .end = kRows * kCols,
                                        .seed = 3,
                                        .stream = 99,
                                        .stddev = stddev,
@@ -62,9 +63,8 @@ TEST(InitNormal, ShardsReassembleTheWholeParameter) {
       // Two sub-ranges (as a ZeRO shard boundary would cut it).
       const std::int64_t cut = rows * cols / 3;
       for (auto [b, e] : {std::pair<std::int64_t, std::int64_t>{0, cut}, {cut, rows * cols}}) {
-        init_normal(testing::backend_ctx(), {.out = shard.data() + b,
+        init_normal(testing::backend_ctx(), {.out = core::view(shard.data() + b, {e - b}),
                                              .begin = b,
-                                             .end = e,
                                              .seed = 3,
                                              .stream = 99,
                                              .stddev = 1.0,
@@ -81,6 +81,22 @@ TEST(InitNormal, ShardsReassembleTheWholeParameter) {
     }
     EXPECT_TRUE(all_equal("reassembled", joined, ref)) << "split dim " << dim;
   }
+}
+
+TEST(InitNormal, ABadViewOrRangeIsAnError) {
+  std::vector<float> v(8);
+  std::vector<core::bf16> h(8);
+  std::string e = testing::invalid_argument_of(
+      [&] { init_normal(testing::backend_ctx(), {.out = testing::view_of(h, {8})}); });
+  EXPECT_NE(e.find("init_normal: view `out` holds bf16, the op needs f32"), std::string::npos) << e;
+  e = testing::invalid_argument_of(
+      [&] { init_normal(testing::backend_ctx(), {.out = core::view<float>(nullptr, {8})}); });
+  EXPECT_NE(e.find("init_normal: view `out` is empty"), std::string::npos) << e;
+  e = testing::invalid_argument_of(
+      [&] { init_normal(testing::backend_ctx(), {.out = testing::view_of(v, {8}), .begin = -1}); });
+  EXPECT_NE(e.find("init_normal: bad range [-1, 7)"), std::string::npos) << e;
+  // No elements: nothing to write, no memory needed.
+  init_normal(testing::backend_ctx(), {.out = core::view<float>(nullptr, {0}), .begin = 5});
 }
 
 }  // namespace

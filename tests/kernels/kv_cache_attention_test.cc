@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "kernel_test_util.h"
+#include "trident/kernels/dispatch.h"
 #include "trident/kernels/flash_attention.h"
 
 namespace trident::kernels {

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "kernel_test_util.h"
+#include "trident/kernels/dispatch.h"
 #include "trident/kernels/ref/generic.h"
 #include "trident/kernels/ref/ref.h"
 

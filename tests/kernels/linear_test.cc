@@ -11,6 +11,7 @@
 #include "kernel_test_util.h"
 #include "trident/core/bf16.h"
 #include "trident/core/error.h"
+#include "trident/kernels/dispatch.h"
 #include "trident/kernels/matmul.h"
 #include "trident/kernels/matmul_bf16.h"
 #include "trident/kernels/ref/ref.h"

@@ -15,6 +15,7 @@
 #include <tuple>
 
 #include "kernel_test_util.h"
+#include "trident/kernels/dispatch.h"
 #include "trident/kernels/ref/generic.h"
 #include "trident/kernels/ref/ref.h"
 

@@ -10,12 +10,12 @@
 #include <algorithm>
 #include <cmath>
 #include <mutex>
-#include <random>
+#include <utility>
 #include <vector>
 
+#include "tiny_model.h"
 #include "trident/comm/thread_communicator.h"
 #include "trident/model/gpt.h"
-#include "trident/model/param_table.h"
 
 namespace trident::model {
 namespace {
@@ -28,7 +28,7 @@ struct Result {
 };
 
 ModelConfig tiny(bool llama) {
-  ModelConfig c;
+  ModelConfig c = testing::tiny_config(/*seq_length=*/8, /*vocab_size=*/250);
   if (llama) {
     c.normalization = Normalization::kRmsNorm;
     c.position_embedding = PositionEmbedding::kRope;
@@ -37,44 +37,29 @@ ModelConfig tiny(bool llama) {
     c.untie_embeddings_and_output_weights = true;
     c.add_bias_linear = false;
   }
-  c.num_layers = 2;
-  c.hidden_size = 32;
-  c.num_attention_heads = 4;
   c.ffn_hidden_size = 64;
-  c.seq_length = 8;
-  c.vocab_size = 250;
   c.make_vocab_size_divisible_by = 128;
   c.init_method_std = 0.1f;
   return c;
 }
 
-std::vector<std::int32_t> ids(std::uint32_t seed, std::int64_t n, std::int64_t vocab) {
-  std::mt19937 rng(seed);
-  std::vector<std::int32_t> v(static_cast<std::size_t>(n));
-  for (auto& t : v) t = static_cast<std::int32_t>(rng() % vocab);
-  return v;
-}
-
 Result run(const ModelConfig& cfg, const ModelShard& shard, comm::Communicator* tp) {
   const core::ExecContext ctx;
-  const ParamTable table = build_gpt_param_table(cfg, shard);
-  std::vector<float> params(static_cast<std::size_t>(table.total_numel));
+  testing::TinyParams model(cfg, 5, shard);
   Result r;
-  r.grads.assign(params.size(), 0.0f);
-  init_params(cfg, table, 5, params.data(), shard.tp_rank);
   ModelRuntime rt;
   rt.shard = shard;
   rt.tp = tp;
   rt.training = true;
-  const GptParams p = gpt_param_views(cfg, table, params.data());
-  const GptGrads g = gpt_grad_views(cfg, table, r.grads.data());
+  const GptParams p = model.views();
+  const GptGrads g = model.grad_views();
   GptActivations acts;
   const std::int64_t B = 2, T = cfg.seq_length;
   make_activations(cfg, shard, B, T, acts);
   r.arena_bytes = acts.arena.capacity();
   for (int micro = 0; micro < 2; ++micro) {
-    const auto tokens = ids(10 + micro, B * T, cfg.vocab_size);
-    auto labels = ids(20 + micro, B * T, cfg.vocab_size);
+    const auto tokens = testing::random_ids(10 + micro, B * T, cfg.vocab_size);
+    auto labels = testing::random_ids(20 + micro, B * T, cfg.vocab_size);
     labels[3] = -1;                                             // an ignored row
     labels[6] = static_cast<std::int32_t>(cfg.vocab_size - 1);  // the last real column
     gpt_forward(ctx, cfg, rt, p, tokens.data(), acts);
@@ -83,6 +68,7 @@ Result run(const ModelConfig& cfg, const ModelShard& shard, comm::Communicator* 
     r.count += l.count;
     gpt_backward(ctx, cfg, rt, p, g, tokens.data(), acts);
   }
+  r.grads = std::move(model.grads);
   return r;
 }
 

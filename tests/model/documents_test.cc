@@ -7,21 +7,16 @@
 #include <random>
 #include <vector>
 
+#include "tiny_model.h"
 #include "trident/core/arena.h"
 #include "trident/kernels/ref/ref.h"
 #include "trident/model/gpt.h"
-#include "trident/model/param_table.h"
 
 namespace trident::model {
 namespace {
 
 ModelConfig documents_config(bool documents) {
-  ModelConfig cfg;
-  cfg.num_layers = 2;
-  cfg.hidden_size = 32;
-  cfg.num_attention_heads = 4;
-  cfg.seq_length = 16;
-  cfg.vocab_size = 50;
+  ModelConfig cfg = testing::tiny_config(/*seq_length=*/16, /*vocab_size=*/50);
   cfg.reset_position_ids = cfg.reset_attention_mask = documents;
   cfg.eod_token = 3;
   return cfg;
@@ -42,10 +37,8 @@ TEST(Documents, IdsLiveInTheActivationArenaAndFollowTheTokens) {
   EXPECT_EQ(
       activation_bytes(cfg, shard, B, T) - activation_bytes(documents_config(false), shard, B, T),
       2 * core::Arena::footprint(core::DType::kF32, {BT}));
-  const ParamTable table = build_gpt_param_table(cfg);
-  std::vector<float> params(static_cast<std::size_t>(table.total_numel));
-  init_params(cfg, table, 5, params.data());
-  const GptParams p = gpt_param_views(cfg, table, params.data());
+  const testing::TinyParams model(cfg, 5);
+  const GptParams p = model.views();
   GptActivations acts;
   make_activations(cfg, shard, B, T, acts);
   ASSERT_NE(acts.positions, nullptr);
@@ -57,9 +50,8 @@ TEST(Documents, IdsLiveInTheActivationArenaAndFollowTheTokens) {
   std::mt19937 rng(11);
   ModelRuntime rt;
   const core::ExecContext ctx;
-  for (int step = 0; step < 2; ++step) {  // a warm forward reuses the same slots
-    std::vector<std::int32_t> tokens(static_cast<std::size_t>(BT));
-    for (auto& t : tokens) t = static_cast<std::int32_t>(rng() % 8);  // eod 3: many documents
+  for (int step = 0; step < 2; ++step) {                  // a warm forward reuses the same slots
+    const auto tokens = testing::random_ids(rng, BT, 8);  // eod 3: many documents
     const std::int32_t* positions = acts.positions;
     gpt_forward(ctx, cfg, rt, p, tokens.data(), acts);
     EXPECT_EQ(acts.positions, positions);

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "support/tensor_file.h"
+#include "trident/core/view.h"
 #include "trident/kernels/elementwise.h"
 #include "trident/model/gpt.h"
 #include "trident/model/param_table.h"
@@ -197,7 +198,7 @@ TEST(Golden, MatchesPyTorch) {
                      testing::find_tensor(ref, "grad." + spec.name));
       }
     }
-    const double norm = std::sqrt(kernels::sum_squares(ctx, g.data(), n));
+    const double norm = std::sqrt(kernels::sum_squares(ctx, {.x = core::view(g.data(), {n})}));
     const float norm_f = static_cast<float>(norm);
     expect_close("grad_norm_" + b, &norm_f, testing::find_tensor(ref, "grad_norm_" + b));
     optim::adamw_step(

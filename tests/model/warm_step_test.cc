@@ -8,42 +8,37 @@
 #include <random>
 #include <vector>
 
+#include "tiny_model.h"
 #include "trident/core/bf16.h"
 #include "trident/kernels/matmul_bf16.h"
 #include "trident/model/gpt.h"
-#include "trident/model/param_table.h"
 
 namespace trident::model {
 namespace {
 
 // One BF16 step of the model (forward, loss, backward) on fresh tokens.
 struct Bf16Model {
-  ModelConfig cfg;
-  ParamTable table;
-  std::vector<float> params, grads;
+  testing::TinyParams f32;
+  const ModelConfig& cfg = f32.cfg;
   std::vector<core::bf16> params16;
   GptParamsBf16 views16;
   ModelRuntime rt;
   GptActivations acts;
   std::mt19937 rng{3};
 
-  Bf16Model(const ModelConfig& c, std::int64_t B) : cfg(c), table(build_gpt_param_table(c)) {
-    params.resize(static_cast<std::size_t>(table.total_numel));
-    grads.assign(params.size(), 0.0f);
-    init_params(cfg, table, 9, params.data());
-    for (float x : params) params16.push_back(core::bf16::from_float(x));
-    views16 = gpt_param_views_bf16(cfg, table, params16.data());
+  Bf16Model(const ModelConfig& c, std::int64_t B) : f32(c, 9) {
+    for (float x : f32.params) params16.push_back(core::bf16::from_float(x));
+    views16 = gpt_param_views_bf16(cfg, f32.table, params16.data());
     rt.params_bf16 = &views16;
     make_activations(cfg, rt.shard, B, cfg.seq_length, /*bf16=*/true, acts);
   }
 
   void step(const core::ExecContext& ctx) {
     const std::int64_t n = acts.batch * acts.seq_len;
-    std::vector<std::int32_t> tokens(static_cast<std::size_t>(n)), labels(tokens.size());
-    for (auto& t : tokens) t = static_cast<std::int32_t>(rng() % cfg.vocab_size);
-    for (auto& t : labels) t = static_cast<std::int32_t>(rng() % cfg.vocab_size);
-    const GptParams p = gpt_param_views(cfg, table, params.data());
-    const GptGrads g = gpt_grad_views(cfg, table, grads.data());
+    const auto tokens = testing::random_ids(rng, n, cfg.vocab_size);
+    const auto labels = testing::random_ids(rng, n, cfg.vocab_size);
+    const GptParams p = f32.views();
+    const GptGrads g = f32.grad_views();
     gpt_forward(ctx, cfg, rt, p, tokens.data(), acts);
     gpt_loss(ctx, cfg, rt, p, g, labels.data(), 1.0f / static_cast<float>(n), LossGrad::kCompute,
              acts);
@@ -52,12 +47,7 @@ struct Bf16Model {
 };
 
 ModelConfig small(bool chunked_head) {
-  ModelConfig cfg;
-  cfg.num_layers = 2;
-  cfg.hidden_size = 32;
-  cfg.num_attention_heads = 4;
-  cfg.seq_length = 16;
-  cfg.vocab_size = 300;
+  ModelConfig cfg = testing::tiny_config(/*seq_length=*/16, /*vocab_size=*/300);
   // The chunked head runs its output layer on chunks of 20 rows: 32 rows = a full and a partial
   // chunk, two more product shapes.
   cfg.loss_chunk_rows = chunked_head ? 20 : 0;

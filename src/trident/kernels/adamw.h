@@ -35,7 +35,6 @@ struct AdamWArgs {
   const float* grad = nullptr;  // (n)
   std::int64_t n = 0;
 };
-void adamw_update(const core::ExecContext& ctx, const AdamWHyper& hp, const AdamWArgs& args);
 
 // adamw_update over typed views; n is read from `param`.
 struct AdamWViews {

@@ -29,9 +29,8 @@ struct AttentionForwardArgs {
   std::int64_t batch = 0, seq_len = 0, num_heads = 0, head_dim = 0;
   const std::int32_t* doc = nullptr;  // (B, T) document id of each token, or null: one document
 };
-// The backward needs no document ids: the masked probabilities are 0.
-void attention_forward(const core::ExecContext& ctx, const AttentionForwardArgs& args);
 
+// The backward needs no document ids: the masked probabilities are 0.
 struct AttentionBackwardArgs {
   float* d_qkv = nullptr;        // (B, T, NH, 3, HS)  written (=)
   float* d_probs = nullptr;      // (B, NH, T, T)      scratch, contents undefined after
@@ -40,7 +39,6 @@ struct AttentionBackwardArgs {
   const float* probs = nullptr;  // (B, NH, T, T)      from attention_forward
   std::int64_t batch = 0, seq_len = 0, num_heads = 0, head_dim = 0;
 };
-void attention_backward(const core::ExecContext& ctx, const AttentionBackwardArgs& args);
 
 // attention_forward over typed views. B, T, NH and HS are read from qkv, a 4-D view whose last
 // dimension holds each head's q, k and v (3 * HS).

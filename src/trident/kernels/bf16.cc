@@ -10,6 +10,7 @@
 #include "trident/core/error.h"
 #include "trident/core/profile.h"
 #include "trident/kernels/backend.h"
+#include "trident/kernels/dispatch.h"
 #include "trident/kernels/view_check.h"
 #ifdef TRIDENT_HAVE_CUDA
 #include "trident/kernels/cuda/cuda_ops.h"
@@ -113,16 +114,19 @@ void convert_bf16_to_f32(const core::ExecContext& ctx, float* dst, const core::b
 void convert(const core::ExecContext& ctx, const ConvertViews& v) {
   constexpr const char* op = "convert";
   constexpr core::DType f32 = core::DType::kF32, bf16 = core::DType::kBF16;
-  TRIDENT_CHECK(!v.in.empty(), op, ": view `in` is empty");
+  TRIDENT_CHECK(!v.in.empty() || v.in.numel() == 0, op, ": view `in` is empty");
   TRIDENT_CHECK(v.in.dtype == f32 || v.in.dtype == bf16, op, ": view `in` holds ",
                 core::dtype_name(v.in.dtype), "; the op converts f32 to bf16 and bf16 to f32");
   const core::DType to = v.in.dtype == f32 ? bf16 : f32;
   detail::check_view(op, "in", v.in, v.in.dtype, v.in.shape, ctx);
   detail::check_view(op, "out", v.out, to, v.in.shape, ctx,
                      to == bf16 ? " (in is f32: out gets its bf16 rounding)" : " (in is bf16)");
-  if (to == bf16)
-    return convert_f32_to_bf16(ctx, v.out.as<core::bf16>(), v.in.as<float>(), v.in.numel());
-  convert_bf16_to_f32(ctx, v.out.as<float>(), v.in.as<core::bf16>(), v.in.numel());
+  if (to == bf16) {
+    return convert_f32_to_bf16(ctx, detail::data_or_null<core::bf16>(v.out),
+                               detail::data_or_null<float>(v.in), v.in.numel());
+  }
+  convert_bf16_to_f32(ctx, detail::data_or_null<float>(v.out),
+                      detail::data_or_null<core::bf16>(v.in), v.in.numel());
 }
 
 }  // namespace trident::kernels

@@ -11,22 +11,17 @@
 
 namespace trident::kernels {
 
-// dst[i] = core::bf16::from_float(src[i]) for i in [0, n), bit for bit: round to nearest, ties to
-// even; NaN stays NaN (sign and top payload bits kept, quiet bit set); infinities, signed zeros and
-// subnormals (rounded, not flushed) as in core/bf16.h. Overwrites dst. dst and src must not
-// overlap. Uses the avx512_bf16 instruction vcvtne2ps2bf16 when the processor has it (see
-// detail::has_avx512bf16_convert), else an integer-arithmetic loop; both give the same bits.
-void convert_f32_to_bf16(const core::ExecContext& ctx, core::bf16* dst, const float* src,
-                         std::int64_t n);
-
-// dst[i] = src[i].to_float() for i in [0, n) (exact: a bf16 is the top half of a float).
-// Overwrites dst. dst and src must not overlap.
-void convert_bf16_to_f32(const core::ExecContext& ctx, float* dst, const core::bf16* src,
-                         std::int64_t n);
-
-// The conversion over typed views: the dtypes pick the direction (f32 -> bf16 or bf16 -> f32, as
-// the two functions above), the shapes must be equal, both views on ctx.device (checked as
-// kernels/view_check.h says; a mismatch is a core::InvalidArgument naming the view).
+// The conversion over typed views: the dtypes pick the direction, the shapes must be equal, both
+// views on ctx.device (checked as kernels/view_check.h says; a mismatch is a
+// core::InvalidArgument naming the view). Overwrites out; out and in must not overlap.
+//   f32 -> bf16: out[i] = core::bf16::from_float(in[i]), bit for bit: round to nearest, ties to
+//     even; NaN stays NaN (sign and top payload bits kept, quiet bit set); infinities, signed
+//     zeros and subnormals (rounded, not flushed) as in core/bf16.h. Uses the avx512_bf16
+//     instruction vcvtne2ps2bf16 when the processor has it (see
+//     detail::has_avx512bf16_convert), else an integer-arithmetic loop; both give the same bits.
+//   bf16 -> f32: out[i] = in[i].to_float() (exact: a bf16 is the top half of a float).
+// The raw-pointer entry points behind it (convert_f32_to_bf16, convert_bf16_to_f32: pointers and
+// a length) are internal to kernels/ (kernels/dispatch.h).
 struct ConvertViews {
   core::TensorView out{};  // bf16 (from f32) or f32 (from bf16), written (=)
   core::TensorView in{};   // f32 or bf16, the same shape, disjoint from out

@@ -24,7 +24,6 @@ struct CrossEntropyArgs {
   float d_scale = 1.0f;                   // dL/dloss_row, e.g. 1 / (tokens in the global batch)
   std::int64_t rows = 0, vocab = 0, vocab_padded = 0;
 };
-void cross_entropy_forward_backward(const core::ExecContext& ctx, const CrossEntropyArgs& args);
 
 // cross_entropy_forward_backward over typed views; rows and vocab_padded from the logits.
 struct CrossEntropyViews {

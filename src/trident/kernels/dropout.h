@@ -28,10 +28,9 @@ struct HiddenDropoutArgs {
   std::uint64_t seed = 0;
   std::uint64_t stream = 0;  // the dropout site and iteration
 };
-// OpenMP over rows; the result does not depend on the thread count.
-void hidden_dropout(const core::ExecContext& ctx, const HiddenDropoutArgs& args);
 
-// hidden_dropout over typed views; rows and cols are read from `in`.
+// hidden_dropout over typed views; rows and cols are read from `in`. OpenMP over rows; the result
+// does not depend on the thread count.
 struct HiddenDropoutViews {
   core::TensorView out{};      // (rows, cols) f32, written (=); may be `in` itself
   core::TensorView in{};       // (rows, cols) f32

@@ -1,9 +1,11 @@
-// Backend dispatch of elementwise.h: one switch on the device per op; the CPU bodies are in
-// kernels/cpu/elementwise.cc (one per instruction-set variant), the reference in kernels/ref/.
+// Backend dispatch of elementwise.h: the views' checks, then one switch on the device per op; the
+// CPU bodies are in kernels/cpu/elementwise.cc (one per instruction-set variant), the reference in
+// kernels/ref/.
 #include "trident/kernels/elementwise.h"
 
 #include "trident/core/profile.h"
 #include "trident/kernels/backend.h"
+#include "trident/kernels/dispatch.h"
 #include "trident/kernels/view_check.h"
 #ifdef TRIDENT_HAVE_CUDA
 #include "trident/kernels/cuda/cuda_ops.h"
@@ -55,12 +57,6 @@ void add_forward(const core::ExecContext& ctx, float* out, const float* a, const
   }
 }
 
-void add(const core::ExecContext& ctx, const AddViews& v) {
-  detail::check_views("add", ctx, core::DType::kF32, v.out.shape,
-                      {{"out", v.out}, {"a", v.a}, {"b", v.b}});
-  add_forward(ctx, v.out.as<float>(), v.a.as<float>(), v.b.as<float>(), v.out.numel());
-}
-
 void scale_inplace(const core::ExecContext& ctx, float* x, float s, std::int64_t n) {
   const core::profile::Scope prof(core::profile::Kind::kOptimizer, "scale_inplace", 0, 4.0 * 2 * n);
   switch (ctx.device.kind) {
@@ -103,6 +99,42 @@ bool all_finite(const core::ExecContext& ctx, const float* x, std::int64_t n) {
 #endif
   }
   unknown_device("all_finite");
+}
+
+constexpr core::DType kF32 = core::DType::kF32;
+
+void gelu(const core::ExecContext& ctx, const GeluViews& v) {
+  detail::check_views("gelu", ctx, kF32, v.out.shape, {{"out", v.out}, {"in", v.in}});
+  gelu_forward(ctx, detail::data_or_null<float>(v.out), detail::data_or_null<float>(v.in),
+               v.out.numel());
+}
+
+void gelu_backward(const core::ExecContext& ctx, const GeluBackwardViews& v) {
+  detail::check_views("gelu_backward", ctx, kF32, v.d_in.shape,
+                      {{"d_in", v.d_in}, {"d_out", v.d_out}, {"in", v.in}});
+  gelu_backward(ctx, detail::data_or_null<float>(v.d_in), detail::data_or_null<float>(v.d_out),
+                detail::data_or_null<float>(v.in), v.d_in.numel());
+}
+
+void add(const core::ExecContext& ctx, const AddViews& v) {
+  detail::check_views("add", ctx, kF32, v.out.shape, {{"out", v.out}, {"a", v.a}, {"b", v.b}});
+  add_forward(ctx, detail::data_or_null<float>(v.out), detail::data_or_null<float>(v.a),
+              detail::data_or_null<float>(v.b), v.out.numel());
+}
+
+void scale(const core::ExecContext& ctx, const ScaleViews& v) {
+  detail::check_view("scale", "x", v.x, kF32, v.x.shape, ctx);
+  scale_inplace(ctx, detail::data_or_null<float>(v.x), v.s, v.x.numel());
+}
+
+double sum_squares(const core::ExecContext& ctx, const SumSquaresViews& v) {
+  detail::check_view("sum_squares", "x", v.x, kF32, v.x.shape, ctx);
+  return sum_squares(ctx, detail::data_or_null<float>(v.x), v.x.numel());
+}
+
+bool all_finite(const core::ExecContext& ctx, const AllFiniteViews& v) {
+  detail::check_view("all_finite", "x", v.x, kF32, v.x.shape, ctx);
+  return all_finite(ctx, detail::data_or_null<float>(v.x), v.x.numel());
 }
 
 }  // namespace trident::kernels

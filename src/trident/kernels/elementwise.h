@@ -1,5 +1,10 @@
 // Elementwise kernels: GeLU (tanh form, as GPT-2 and Megatron's fused bias-GeLU), residual add,
-// scaling and reductions used by the optimizer and gradient clipping.
+// scaling and the reductions used by the optimizer and gradient clipping.
+//
+// Callers use the typed views below: f32 views of any shape (contiguous, row-major: a view has
+// no strides) on ctx.device, the views of one op of one shape; a mismatch is a
+// core::InvalidArgument naming the op and the view. The raw-pointer entry points the views call
+// (pointer + length) are the backend contract, internal to kernels/ (kernels/dispatch.h).
 #pragma once
 
 #include <cstdint>
@@ -9,26 +14,45 @@
 
 namespace trident::kernels {
 
-// out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). Overwrites out; out may alias in.
-void gelu_forward(const core::ExecContext& ctx, float* out, const float* in, std::int64_t n);
-// d_in = d_out * gelu'(in). Overwrites d_in; d_in may alias d_out.
-void gelu_backward(const core::ExecContext& ctx, float* d_in, const float* d_out, const float* in,
-                   std::int64_t n);
+// out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). Overwrites out; out may be `in`.
+struct GeluViews {
+  core::TensorView out{};  // f32, written (=)
+  core::TensorView in{};   // f32, out's shape
+};
+void gelu(const core::ExecContext& ctx, const GeluViews& v);
 
-// out = a + b. Overwrites out; out may alias a or b.
-void add_forward(const core::ExecContext& ctx, float* out, const float* a, const float* b,
-                 std::int64_t n);
-// add_forward over typed views (checked as kernels/view_check.h says): three f32 views of one
-// shape on ctx.device; out may be a or b.
+// d_in = d_out * gelu'(in). Overwrites d_in; d_in may be d_out.
+struct GeluBackwardViews {
+  core::TensorView d_in{};   // f32, written (=)
+  core::TensorView d_out{};  // f32, d_in's shape
+  core::TensorView in{};     // f32, d_in's shape: the forward's input
+};
+void gelu_backward(const core::ExecContext& ctx, const GeluBackwardViews& v);
+
+// out = a + b. Overwrites out; out may be a or b.
 struct AddViews {
   core::TensorView out{}, a{}, b{};
 };
 void add(const core::ExecContext& ctx, const AddViews& v);
+
 // x *= s.
-void scale_inplace(const core::ExecContext& ctx, float* x, float s, std::int64_t n);
-// Sum of squares, accumulated in double. Bitwise reproducible for a given ctx.num_threads.
-double sum_squares(const core::ExecContext& ctx, const float* x, std::int64_t n);
-// True when every element is finite.
-bool all_finite(const core::ExecContext& ctx, const float* x, std::int64_t n);
+struct ScaleViews {
+  core::TensorView x{};  // f32, updated in place
+  float s = 1.0f;
+};
+void scale(const core::ExecContext& ctx, const ScaleViews& v);
+
+// Sum of the squares of x's elements, accumulated in double. Bitwise reproducible for a given
+// ctx.num_threads. A view of no elements sums to 0.
+struct SumSquaresViews {
+  core::TensorView x{};  // f32
+};
+double sum_squares(const core::ExecContext& ctx, const SumSquaresViews& v);
+
+// True when every element of x is finite (true for a view of no elements).
+struct AllFiniteViews {
+  core::TensorView x{};  // f32
+};
+bool all_finite(const core::ExecContext& ctx, const AllFiniteViews& v);
 
 }  // namespace trident::kernels

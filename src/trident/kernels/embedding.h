@@ -26,7 +26,6 @@ struct EmbeddingForwardArgs {
   // or null: position_offset + t.
   const std::int32_t* positions = nullptr;
 };
-void embedding_forward(const core::ExecContext& ctx, const EmbeddingForwardArgs& args);
 
 // Positions are 0..T-1 (training uses no position offset). Token rows are scatter-added in a fixed
 // order: the result does not depend on the thread count. Negative token ids are rejected
@@ -40,7 +39,6 @@ struct EmbeddingBackwardArgs {
   std::int64_t vocab_start = 0, vocab_local = 0;
   const std::int32_t* positions = nullptr;  // (B*T) as in the forward, or null: t
 };
-void embedding_backward(const core::ExecContext& ctx, const EmbeddingBackwardArgs& args);
 
 // embedding_forward over typed views. B and T are read from tokens, vocab_local and C from wte.
 // Without per-row positions the position rows position_offset .. position_offset + T - 1 of wpe

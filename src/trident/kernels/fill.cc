@@ -4,6 +4,7 @@
 
 #include "trident/core/profile.h"
 #include "trident/kernels/backend.h"
+#include "trident/kernels/dispatch.h"
 #include "trident/kernels/view_check.h"
 #ifdef TRIDENT_HAVE_CUDA
 #include "trident/kernels/cuda/cuda_ops.h"
@@ -41,12 +42,15 @@ void copy(const core::ExecContext& ctx, const CopyArgs& args) {
 
 void fill(const core::ExecContext& ctx, const FillViews& v) {
   detail::check_view("fill", "out", v.out, core::DType::kF32, v.out.shape, ctx);
-  fill(ctx, FillArgs{.out = v.out.as<float>(), .value = v.value, .n = v.out.numel()});
+  fill(ctx,
+       FillArgs{.out = detail::data_or_null<float>(v.out), .value = v.value, .n = v.out.numel()});
 }
 
 void copy(const core::ExecContext& ctx, const CopyViews& v) {
   detail::check_views("copy", ctx, core::DType::kF32, v.out.shape, {{"out", v.out}, {"in", v.in}});
-  copy(ctx, CopyArgs{.out = v.out.as<float>(), .in = v.in.as<float>(), .n = v.out.numel()});
+  copy(ctx, CopyArgs{.out = detail::data_or_null<float>(v.out),
+                     .in = detail::data_or_null<float>(v.in),
+                     .n = v.out.numel()});
 }
 
 }  // namespace trident::kernels

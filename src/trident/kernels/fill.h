@@ -2,7 +2,8 @@
 // and the trainer, as kernels (a device backend needs no memset above kernels/).
 //   fill: out[i] = value            for i in [0, n)
 //   copy: out[i] = in[i]            for i in [0, n); out and in must not overlap
-// Bandwidth-bound; bitwise exact (no arithmetic).
+// Bandwidth-bound; bitwise exact (no arithmetic). Callers use the typed views (FillViews,
+// CopyViews, below); FillArgs and CopyArgs are the backend contract.
 #pragma once
 
 #include <cstdint>
@@ -17,14 +18,12 @@ struct FillArgs {
   float value = 0.0f;
   std::int64_t n = 0;
 };
-void fill(const core::ExecContext& ctx, const FillArgs& args);
 
 struct CopyArgs {
   float* out = nullptr;       // (n) overwritten
   const float* in = nullptr;  // (n), disjoint from out
   std::int64_t n = 0;
 };
-void copy(const core::ExecContext& ctx, const CopyArgs& args);
 
 // fill and copy over typed views (checked as kernels/view_check.h says): f32 views of any shape
 // on ctx.device; copy's `in` has out's shape.

@@ -10,6 +10,7 @@
 #include "trident/core/rng.h"
 #include "trident/kernels/attention_views.h"
 #include "trident/kernels/backend.h"
+#include "trident/kernels/dispatch.h"
 #ifdef TRIDENT_HAVE_CUDA
 #include "trident/kernels/cuda/cuda_ops.h"
 #endif

@@ -49,7 +49,6 @@ struct FlashAttentionForwardArgs {
   std::int64_t batch = 0, seq_len = 0, num_heads = 0, head_dim = 0;
   const std::int32_t* doc = nullptr;  // (B, T) document id of each token, or null: one document
 };
-void flash_attention_forward(const core::ExecContext& ctx, const FlashAttentionForwardArgs& args);
 
 struct FlashAttentionBackwardArgs {
   float* d_qkv = nullptr;        // (B, T, NH, 3, HS)  written (=)
@@ -62,7 +61,6 @@ struct FlashAttentionBackwardArgs {
   std::int64_t batch = 0, seq_len = 0, num_heads = 0, head_dim = 0;
   const std::int32_t* doc = nullptr;  // (B, T) as in the forward
 };
-void flash_attention_backward(const core::ExecContext& ctx, const FlashAttentionBackwardArgs& args);
 
 // flash_attention_forward over typed views. B, T, NH and HS are read from qkv, a 4-D view whose
 // last dimension holds each head's q, k and v (3 * HS).

@@ -5,6 +5,7 @@
 #include "trident/core/error.h"
 #include "trident/core/profile.h"
 #include "trident/kernels/backend.h"
+#include "trident/kernels/dispatch.h"
 #ifdef TRIDENT_HAVE_CUDA
 #include "trident/kernels/cuda/cuda_ops.h"
 #endif

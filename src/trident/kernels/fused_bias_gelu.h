@@ -30,7 +30,6 @@ struct BiasGeluForwardArgs {
   const float* bias = nullptr;     // (cols)
   std::int64_t rows = 0, cols = 0;
 };
-void bias_gelu_forward(const core::ExecContext& ctx, const BiasGeluForwardArgs& args);
 
 // d_in[r,c] = d_out[r,c] * gelu_tanh'(in[r,c] + bias[c])        (=)
 // d_bias[c] += sum_r d_in[r,c]                                   (+=)
@@ -51,7 +50,6 @@ struct BiasGeluBackwardArgs {
   std::int64_t rows = 0, cols = 0;
   std::span<std::byte> scratch{};  // bias_gelu_backward_scratch_bytes(rows, cols) bytes
 };
-void bias_gelu_backward(const core::ExecContext& ctx, const BiasGeluBackwardArgs& args);
 
 // Scratch bytes bias_gelu_backward needs: one double per column per chunk of 64 rows
 // (rows 8192 x cols 3072: 3 MiB).

@@ -37,8 +37,6 @@ struct ResidualLayerNormForwardArgs {
   std::int64_t rows = 0, cols = 0;
   float eps = 1e-5f;
 };
-void residual_layernorm_forward(const core::ExecContext& ctx,
-                                const ResidualLayerNormForwardArgs& args);
 
 // Backward, with layernorm_backward's semantics on the residual stream:
 //   d_resid  (+=) the LayerNorm input gradient. On entry d_resid holds the gradient that reached
@@ -68,8 +66,6 @@ struct ResidualLayerNormBackwardArgs {
   std::int64_t rows = 0, cols = 0;
   std::span<std::byte> scratch{};  // residual_layernorm_backward_scratch_bytes(rows, cols)
 };
-void residual_layernorm_backward(const core::ExecContext& ctx,
-                                 const ResidualLayerNormBackwardArgs& args);
 
 // Scratch bytes residual_layernorm_backward needs: two doubles per column per chunk of 64 rows
 // (rows 16384 x cols 768: 3 MiB).

@@ -4,6 +4,8 @@
 
 #include "trident/core/error.h"
 #include "trident/kernels/backend.h"
+#include "trident/kernels/dispatch.h"
+#include "trident/kernels/view_check.h"
 #ifdef TRIDENT_HAVE_CUDA
 #include "trident/kernels/cuda/cuda_ops.h"
 #endif
@@ -24,6 +26,20 @@ void init_normal(const core::ExecContext& ctx, const InitNormalArgs& a) {
       no_cuda_backend("init_normal");
 #endif
   }
+}
+
+void init_normal(const core::ExecContext& ctx, const InitNormalViews& v) {
+  detail::check_view("init_normal", "out", v.out, core::DType::kF32, v.out.shape, ctx);
+  init_normal(ctx, InitNormalArgs{.out = detail::data_or_null<float>(v.out),
+                                  .begin = v.begin,
+                                  .end = v.begin + v.out.numel(),
+                                  .seed = v.seed,
+                                  .stream = v.stream,
+                                  .stddev = v.stddev,
+                                  .base = v.base,
+                                  .local_cols = v.local_cols,
+                                  .global_cols = v.global_cols,
+                                  .col_offset = v.col_offset});
 }
 
 }  // namespace trident::kernels

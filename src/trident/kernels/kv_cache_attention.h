@@ -29,7 +29,6 @@ struct KvCacheAttentionArgs {
   std::int64_t max_positions = 0, num_heads = 0, head_dim = 0;
   std::span<float> scratch{};  // kv_cache_attention_scratch_floats(...) floats (scores)
 };
-void kv_cache_attention(const core::ExecContext& ctx, const KvCacheAttentionArgs& args);
 [[nodiscard]] std::int64_t kv_cache_attention_scratch_floats(std::int64_t max_positions,
                                                              std::int64_t num_heads);
 

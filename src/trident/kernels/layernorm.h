@@ -25,7 +25,6 @@ struct LayerNormForwardArgs {
   std::int64_t rows = 0, cols = 0;
   float eps = 1e-5f;
 };
-void layernorm_forward(const core::ExecContext& ctx, const LayerNormForwardArgs& args);
 
 // ACCUMULATES into d_in (+=): LayerNorm inputs sit on the residual stream, whose gradient is
 // already in d_in. Accumulates into d_weight and d_bias (+=) for micro-batch accumulation.
@@ -40,7 +39,6 @@ struct LayerNormBackwardArgs {
   const float* rstd = nullptr;    // (rows)
   std::int64_t rows = 0, cols = 0;
 };
-void layernorm_backward(const core::ExecContext& ctx, const LayerNormBackwardArgs& args);
 
 // layernorm_forward over typed views; rows and cols are read from `in`.
 struct LayerNormViews {

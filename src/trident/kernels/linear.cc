@@ -5,6 +5,7 @@
 #include "trident/core/error.h"
 #include "trident/core/profile.h"
 #include "trident/kernels/backend.h"
+#include "trident/kernels/dispatch.h"
 #include "trident/kernels/matmul.h"
 #include "trident/kernels/matmul_bf16.h"
 #include "trident/kernels/view_check.h"

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "trident/kernels/backend.h"
+#include "trident/kernels/dispatch.h"
 #ifdef TRIDENT_HAVE_CUDA
 #include "trident/kernels/cuda/cuda_ops.h"
 #endif

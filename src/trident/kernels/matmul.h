@@ -41,7 +41,6 @@ struct LinearForwardArgs {
   const float* bias = nullptr;    // (out_features) or null
   std::int64_t rows = 0, in_features = 0, out_features = 0;
 };
-void linear_forward(const core::ExecContext& ctx, const LinearForwardArgs& args);
 
 // Backward of linear_forward.
 //   d_in      (=)  d_out @ weight          (skipped when null)
@@ -57,6 +56,5 @@ struct LinearBackwardArgs {
   const float* weight = nullptr;  // (out_features, in_features)
   std::int64_t rows = 0, in_features = 0, out_features = 0;
 };
-void linear_backward(const core::ExecContext& ctx, const LinearBackwardArgs& args);
 
 }  // namespace trident::kernels

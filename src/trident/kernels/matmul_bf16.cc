@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "trident/kernels/backend.h"
+#include "trident/kernels/dispatch.h"
 #ifdef TRIDENT_HAVE_CUDA
 #include "trident/kernels/cuda/cuda_ops.h"
 #endif

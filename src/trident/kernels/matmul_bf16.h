@@ -76,7 +76,6 @@ struct LinearForwardBf16Args {
   std::int64_t rows = 0, in_features = 0, out_features = 0;
   std::span<std::byte> scratch{};
 };
-void linear_forward_bf16(const core::ExecContext& ctx, const LinearForwardBf16Args& args);
 
 // Backward of linear_forward_bf16. The caller supplies the upstream gradient twice: in bf16 for the
 // products and in FP32 for the bias gradient (whose column sums need no bf16 rounding).
@@ -96,7 +95,6 @@ struct LinearBackwardBf16Args {
   std::int64_t rows = 0, in_features = 0, out_features = 0;
   std::span<std::byte> scratch{};
 };
-void linear_backward_bf16(const core::ExecContext& ctx, const LinearBackwardBf16Args& args);
 
 // Scratch bytes that serve linear_forward_bf16 (with or without bias) and linear_backward_bf16 for
 // these sizes and ctx.num_threads: the largest of the three products' needs.

@@ -21,7 +21,6 @@ struct RmsNormForwardArgs {
   std::int64_t rows = 0, cols = 0;
   float eps = 1e-5f;
 };
-void rmsnorm_forward(const core::ExecContext& ctx, const RmsNormForwardArgs& args);
 
 // With xhat = x * rstd and g = d_out * weight:
 //   d_in += rstd * (g - xhat * mean(g * xhat))   ACCUMULATED (+=): the residual stream's gradient
@@ -35,7 +34,6 @@ struct RmsNormBackwardArgs {
   const float* rstd = nullptr;    // (rows)
   std::int64_t rows = 0, cols = 0;
 };
-void rmsnorm_backward(const core::ExecContext& ctx, const RmsNormBackwardArgs& args);
 
 // rmsnorm_forward over typed views; rows and cols are read from `in`.
 struct RmsNormViews {

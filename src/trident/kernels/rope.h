@@ -40,7 +40,6 @@ struct RopeQkvForwardArgs {
   const float* in = nullptr;  // (rows, in_cols)
   RopeQkvShape shape;
 };
-void rope_qkv_forward(const core::ExecContext& ctx, const RopeQkvForwardArgs& args);
 
 // The transpose: d_in (=) rotates d_out's query and key back and sums each group's key and value
 // gradients over its query heads.
@@ -49,7 +48,6 @@ struct RopeQkvBackwardArgs {
   const float* d_out = nullptr;  // (rows, out_cols)
   RopeQkvShape shape;
 };
-void rope_qkv_backward(const core::ExecContext& ctx, const RopeQkvBackwardArgs& args);
 
 // The head layout and positions of the views ops (rows come from the activation views).
 struct RopeQkvGeometry {

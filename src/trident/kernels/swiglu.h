@@ -18,7 +18,6 @@ struct SwiGluForwardArgs {
   const float* in = nullptr;  // (rows, 2 * cols)  [gate | up]
   std::int64_t rows = 0, cols = 0;
 };
-void swiglu_forward(const core::ExecContext& ctx, const SwiGluForwardArgs& args);
 
 // d_gate = d_out * up * silu'(gate), d_up = d_out * silu(gate); d_in written (=). d_in must not
 // alias d_out.
@@ -28,7 +27,6 @@ struct SwiGluBackwardArgs {
   const float* in = nullptr;     // (rows, 2 * cols)
   std::int64_t rows = 0, cols = 0;
 };
-void swiglu_backward(const core::ExecContext& ctx, const SwiGluBackwardArgs& args);
 
 // swiglu_forward over typed views; rows and cols are read from `out`.
 struct SwiGluViews {

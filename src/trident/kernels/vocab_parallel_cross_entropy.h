@@ -44,7 +44,6 @@ struct VocabParallelCeMaxArgs {
   std::int64_t rows = 0;
   VocabParallelShard shard;
 };
-void vocab_parallel_ce_max(const core::ExecContext& ctx, const VocabParallelCeMaxArgs& args);
 
 struct VocabParallelCeSumArgs {
   float* sum_exp = nullptr;               // (rows) written (=), summed in double
@@ -55,7 +54,6 @@ struct VocabParallelCeSumArgs {
   std::int64_t rows = 0;
   VocabParallelShard shard;
 };
-void vocab_parallel_ce_sum_target(const core::ExecContext& ctx, const VocabParallelCeSumArgs& args);
 
 struct VocabParallelCeLossArgs {
   float* losses = nullptr;                // (rows) written (=)
@@ -70,14 +68,11 @@ struct VocabParallelCeLossArgs {
   std::int64_t rows = 0;
   VocabParallelShard shard;
 };
-void vocab_parallel_ce_loss(const core::ExecContext& ctx, const VocabParallelCeLossArgs& args);
 
 struct TokenLossSum {
   double sum = 0;          // sum of the counted tokens' losses, in row order, in double
   std::int64_t count = 0;  // tokens with a non-negative target
 };
-TokenLossSum sum_token_losses(const core::ExecContext& ctx, const float* losses,
-                              const std::int32_t* targets, std::int64_t rows);
 
 // The three steps and the sum over typed views. rows and the shard's vocab_local (the row stride)
 // are read from the logits (rows, vocab_local); the shard's real vocabulary and first column are

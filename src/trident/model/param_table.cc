@@ -5,6 +5,7 @@
 
 #include "trident/core/error.h"
 #include "trident/core/rng.h"
+#include "trident/core/view.h"
 #include "trident/kernels/fill.h"
 #include "trident/kernels/init_normal.h"
 
@@ -221,7 +222,7 @@ void init_params_range(const ModelConfig& cfg, const ParamTable& table, std::uin
   TRIDENT_CHECK(0 <= begin && begin <= end && end <= table.total_numel, "init range [", begin, ", ",
                 end, ") outside the table's ", table.total_numel, " elements");
   const core::ExecContext ctx;
-  kernels::fill(ctx, {.out = out, .value = 0.0f, .n = end - begin});
+  kernels::fill(ctx, {.out = core::view(out, {end - begin}, ctx.device), .value = 0.0f});
   const double std_normal = cfg.init_method_std;
   const double std_scaled =
       cfg.init_method_std / std::sqrt(2.0 * static_cast<double>(cfg.num_layers));
@@ -235,7 +236,7 @@ void init_params_range(const ModelConfig& cfg, const ParamTable& table, std::uin
       case InitRule::kZeros:
         break;
       case InitRule::kOnes:
-        kernels::fill(ctx, {.out = dst, .value = 1.0f, .n = hi - lo});
+        kernels::fill(ctx, {.out = core::view(dst, {hi - lo}, ctx.device), .value = 1.0f});
         break;
       case InitRule::kNormal:
       case InitRule::kScaledNormal: {
@@ -246,9 +247,8 @@ void init_params_range(const ModelConfig& cfg, const ParamTable& table, std::uin
           for (const auto& [a, b] :
                {std::pair{lo, std::min(hi, rb)}, std::pair{std::max(lo, rb), hi}}) {
             if (a >= b) continue;
-            kernels::init_normal(ctx, {.out = dst + (a - lo),
+            kernels::init_normal(ctx, {.out = core::view(dst + (a - lo), {b - a}, ctx.device),
                                        .begin = a,
-                                       .end = b,
                                        .seed = seed,
                                        .stream = core::fnv1a64(p.name.c_str()),
                                        .stddev = stddev,
@@ -262,9 +262,8 @@ void init_params_range(const ModelConfig& cfg, const ParamTable& table, std::uin
         const bool by_cols = p.tp_split_dim == 1;
         const std::int64_t local_cols = by_cols ? p.numel / p.shape[0] : 1;
         const std::int64_t global_cols = by_cols ? local_cols / p.shape[1] * p.global_shape[1] : 1;
-        kernels::init_normal(ctx, {.out = dst,
+        kernels::init_normal(ctx, {.out = core::view(dst, {hi - lo}, ctx.device),
                                    .begin = lo,
-                                   .end = hi,
                                    .seed = seed,
                                    .stream = core::fnv1a64(p.name.c_str()),
                                    .stddev = p.init == InitRule::kNormal ? std_normal : std_scaled,

@@ -40,7 +40,10 @@ double grad_norm_squared_share(const core::ExecContext& ctx, const model::ParamT
     const std::int64_t counted = tp_rank % p.tp_replicas == 0 ? p.numel : p.replicated_begin();
     const std::int64_t lo = std::max(p.offset, range.begin);
     const std::int64_t hi = std::min(p.offset + counted, range.end);
-    if (lo < hi) sum += kernels::sum_squares(ctx, grads + (lo - range.begin), hi - lo);
+    if (lo < hi) {
+      sum += kernels::sum_squares(
+          ctx, {.x = core::view(grads + (lo - range.begin), {hi - lo}, ctx.device)});
+    }
   }
   return sum;
 }

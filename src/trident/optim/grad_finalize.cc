@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <set>
 
+#include "trident/core/view.h"
 #include "trident/kernels/overflow.h"
 #include "trident/optim/adamw_optimizer.h"
 
@@ -80,7 +81,8 @@ double GradFinalizer::global_norm(const core::ExecContext& ctx, const HeldGrads&
 bool GradFinalizer::any_overflow(const core::ExecContext& ctx, const HeldGrads& held,
                                  float threshold) {
   std::int64_t bad = kernels::overflow_count(
-      ctx, {.x = held.grads.data, .threshold = threshold, .n = held.grads.range.size()});
+      ctx, {.x = core::view(held.grads.data, {held.grads.range.size()}, ctx.device),
+            .threshold = threshold});
   par_.world().all_reduce(&bad, 1, comm::Datatype::kI64, comm::ReduceOp::kSum);
   return bad > 0;
 }

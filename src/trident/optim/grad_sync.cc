@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "trident/core/error.h"
+#include "trident/core/view.h"
 #include "trident/kernels/elementwise.h"
 #include "trident/kernels/fill.h"
 
@@ -14,7 +15,7 @@ using comm::Datatype;
 using comm::ReduceOp;
 
 void zero(const core::ExecContext& ctx, float* x, std::int64_t n) {
-  kernels::fill(ctx, {.out = x, .value = 0.0f, .n = n});
+  kernels::fill(ctx, {.out = core::view(x, {n}, ctx.device), .value = 0.0f});
 }
 
 // Stages 0-1: backward accumulates straight into the full gradient; each bucket of consecutive
@@ -155,7 +156,9 @@ class LayerReduceScatter final : public GradSync {
       piece = buf_.rs_piece();
     }
     float* acc = buf_.grad_shard() + (mine.begin - buf_.shard().begin);
-    kernels::add_forward(ctx, acc, acc, piece, mine.size());
+    const core::TensorView acc_view = core::view(acc, {mine.size()}, ctx.device);
+    kernels::add(
+        ctx, {.out = acc_view, .a = acc_view, .b = core::view(piece, {mine.size()}, ctx.device)});
   }
 };
 

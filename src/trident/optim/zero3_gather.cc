@@ -6,6 +6,7 @@
 #include <new>
 
 #include "trident/core/error.h"
+#include "trident/core/view.h"
 #include "trident/kernels/bf16.h"
 
 namespace trident::optim {
@@ -115,8 +116,9 @@ void Zero3ParamGatherer::begin_iteration(const core::ExecContext& ctx, bool trai
     c += r.size();
   }
   if (buf_.bf16_params() != nullptr) {
-    kernels::convert_f32_to_bf16(ctx, buf_.bf16_params(), buf_.rest_params(),
-                                 buf_.layout().rest_numel());
+    const std::int64_t n = buf_.layout().rest_numel();
+    kernels::convert(ctx, {.out = core::view(buf_.bf16_params(), {n}, ctx.device),
+                           .in = core::view(buf_.rest_params(), {n}, ctx.device)});
   }
   if (store_ != nullptr) read_ahead();
 }
@@ -220,7 +222,8 @@ StagedLayer Zero3ParamGatherer::acquire(const core::ExecContext& ctx, int u, int
   StagedLayer staged{slot, buf_.param_slot(slot), nullptr};
   if (buf_.bf16_slot(slot) != nullptr) {
     const Range& r = buf_.layout().units()[static_cast<std::size_t>(u)].range;
-    kernels::convert_f32_to_bf16(ctx, buf_.bf16_slot(slot), buf_.param_slot(slot), r.size());
+    kernels::convert(ctx, {.out = core::view(buf_.bf16_slot(slot), {r.size()}, ctx.device),
+                           .in = core::view(buf_.param_slot(slot), {r.size()}, ctx.device)});
     staged.params_bf16 = buf_.bf16_slot(slot);
   }
   const int other = 1 - slot;

@@ -17,6 +17,7 @@
 
 #include "trident/core/error.h"
 #include "trident/core/exec_context.h"
+#include "trident/core/view.h"
 #include "trident/kernels/adamw.h"
 #include "trident/kernels/attention.h"
 #include "trident/kernels/cross_entropy.h"
@@ -26,7 +27,7 @@
 #include "trident/kernels/flash_attention.h"
 #include "trident/kernels/fused_bias_gelu.h"
 #include "trident/kernels/layernorm.h"
-#include "trident/kernels/matmul.h"
+#include "trident/kernels/linear.h"
 
 namespace trident::plan {
 
@@ -79,6 +80,15 @@ std::vector<float> normal(std::int64_t n, float std, unsigned seed) {
   std::vector<float> v(static_cast<std::size_t>(std::max<std::int64_t>(n, 1)));
   for (float& x : v) x = d(rng);
   return v;
+}
+
+// A view of the first shape.numel() elements of x (the element-wise kernels are timed on
+// prefixes of one set of buffers).
+template <class T>
+core::TensorView prefix(const std::vector<T>& x, core::Shape shape) {
+  TRIDENT_ASSERT(shape.numel() <= static_cast<std::int64_t>(x.size()), "calibration: a view of ",
+                 shape.numel(), " elements of a buffer of ", x.size());
+  return core::view(x.data(), shape);
 }
 
 // Fits overhead + per-element cost from a small and a large call.
@@ -220,24 +230,18 @@ std::pair<double, double> time_linear(const core::ExecContext& ctx, std::int64_t
   std::vector<float> y = filled(R * O, 0.0f), dx = filled(R * I, 0.0f), dw = filled(O * I, 0.0f),
                      db = filled(O, 0.0f);
   const double f = time_call([&] {
-    k::linear_forward(ctx, {.out = y.data(),
-                            .in = x.data(),
-                            .weight = w.data(),
-                            .bias = bias.data(),
-                            .rows = R,
-                            .in_features = I,
-                            .out_features = O});
+    k::linear(ctx, {.out = prefix(y, {R, O}),
+                    .in = prefix(x, {R, I}),
+                    .weight = prefix(w, {O, I}),
+                    .bias = prefix(bias, {O})});
   });
   const double b = time_call([&] {
-    k::linear_backward(ctx, {.d_in = dx.data(),
-                             .d_weight = dw.data(),
-                             .d_bias = db.data(),
-                             .d_out = dy.data(),
-                             .in = x.data(),
-                             .weight = w.data(),
-                             .rows = R,
-                             .in_features = I,
-                             .out_features = O});
+    k::linear_backward(ctx, {.d_in = prefix(dx, {R, I}),
+                             .d_weight = prefix(dw, {O, I}),
+                             .d_bias = prefix(db, {O}),
+                             .d_out = prefix(dy, {R, O}),
+                             .in = prefix(x, {R, I}),
+                             .weight = prefix(w, {O, I})});
   });
   return {f, b};
 }
@@ -246,57 +250,40 @@ std::pair<double, double> time_linear(const core::ExecContext& ctx, std::int64_t
 std::pair<double, double> time_attention(const core::ExecContext& ctx, bool flash, std::int64_t NH,
                                          std::int64_t T, std::int64_t HS) {
   const std::int64_t B = 1, C = NH * HS;
+  const core::Shape qkv_shape{B, T, NH, 3 * HS}, out_shape{B, T, C};
   const std::vector<float> qkv = normal(B * T * 3 * C, 1.0f, 9),
                            dout = normal(B * T * C, 1e-3f, 10);
   std::vector<float> out = filled(B * T * C, 0.0f), dqkv = filled(B * T * 3 * C, 0.0f),
                      lse = filled(B * NH * T, 0.0f);
   if (flash) {
     const double f = time_call([&] {
-      k::flash_attention_forward(ctx, {.out = out.data(),
-                                       .lse = lse.data(),
-                                       .qkv = qkv.data(),
-                                       .alibi = nullptr,
-                                       .dropout = {},
-                                       .batch = B,
-                                       .seq_len = T,
-                                       .num_heads = NH,
-                                       .head_dim = HS});
+      k::flash_attention(ctx, {.out = prefix(out, out_shape),
+                               .lse = prefix(lse, {B, NH, T}),
+                               .qkv = prefix(qkv, qkv_shape),
+                               .dropout = {}});
     });
     const double b = time_call([&] {
-      k::flash_attention_backward(ctx, {.d_qkv = dqkv.data(),
-                                        .d_out = dout.data(),
-                                        .qkv = qkv.data(),
-                                        .out = out.data(),
-                                        .lse = lse.data(),
-                                        .alibi = nullptr,
-                                        .dropout = {},
-                                        .batch = B,
-                                        .seq_len = T,
-                                        .num_heads = NH,
-                                        .head_dim = HS});
+      k::flash_attention_backward(ctx, {.d_qkv = prefix(dqkv, qkv_shape),
+                                        .d_out = prefix(dout, out_shape),
+                                        .qkv = prefix(qkv, qkv_shape),
+                                        .out = prefix(out, out_shape),
+                                        .lse = prefix(lse, {B, NH, T}),
+                                        .dropout = {}});
     });
     return {f, b};
   }
   std::vector<float> probs = filled(B * NH * T * T, 0.0f), dprobs = probs;
   const double f = time_call([&] {
-    k::attention_forward(ctx, {.out = out.data(),
-                               .probs = probs.data(),
-                               .qkv = qkv.data(),
-                               .batch = B,
-                               .seq_len = T,
-                               .num_heads = NH,
-                               .head_dim = HS});
+    k::attention(ctx, {.out = prefix(out, out_shape),
+                       .probs = prefix(probs, {B, NH, T, T}),
+                       .qkv = prefix(qkv, qkv_shape)});
   });
   const double b = time_call([&] {
-    k::attention_backward(ctx, {.d_qkv = dqkv.data(),
-                                .d_probs = dprobs.data(),
-                                .d_out = dout.data(),
-                                .qkv = qkv.data(),
-                                .probs = probs.data(),
-                                .batch = B,
-                                .seq_len = T,
-                                .num_heads = NH,
-                                .head_dim = HS});
+    k::attention_backward(ctx, {.d_qkv = prefix(dqkv, qkv_shape),
+                                .d_probs = prefix(dprobs, {B, NH, T, T}),
+                                .d_out = prefix(dout, out_shape),
+                                .qkv = prefix(qkv, qkv_shape),
+                                .probs = prefix(probs, {B, NH, T, T})});
   });
   return {f, b};
 }
@@ -366,77 +353,73 @@ Calibration calibrate_grid(int threads, const core::ExecContext& ctx) {
       static_cast<std::size_t>(k::bias_gelu_backward_scratch_bytes(8192, cols)));
   c.layernorm_fwd = fit(
       [&](std::int64_t e) {
-        k::layernorm_forward(ctx, {.out = o2.data(),
-                                   .mean = mean.data(),
-                                   .rstd = rstd.data(),
-                                   .in = a.data(),
-                                   .weight = gw.data(),
-                                   .bias = gb.data(),
-                                   .rows = e / cols,
-                                   .cols = cols});
+        k::layernorm(ctx, {.out = prefix(o2, {e / cols, cols}),
+                           .mean = prefix(mean, {e / cols}),
+                           .rstd = prefix(rstd, {e / cols}),
+                           .in = prefix(a, {e / cols, cols}),
+                           .weight = prefix(gw, {cols}),
+                           .bias = prefix(gb, {cols})});
       },
       8 * cols, big);
   c.layernorm_bwd = fit(
       [&](std::int64_t e) {
-        k::layernorm_backward(ctx, {.d_in = o2.data(),
-                                    .d_weight = dgw.data(),
-                                    .d_bias = dgb.data(),
-                                    .d_out = b.data(),
-                                    .in = a.data(),
-                                    .weight = gw.data(),
-                                    .mean = mean.data(),
-                                    .rstd = rstd.data(),
-                                    .rows = e / cols,
-                                    .cols = cols});
+        k::layernorm_backward(ctx, {.d_in = prefix(o2, {e / cols, cols}),
+                                    .d_weight = prefix(dgw, {cols}),
+                                    .d_bias = prefix(dgb, {cols}),
+                                    .d_out = prefix(b, {e / cols, cols}),
+                                    .in = prefix(a, {e / cols, cols}),
+                                    .weight = prefix(gw, {cols}),
+                                    .mean = prefix(mean, {e / cols}),
+                                    .rstd = prefix(rstd, {e / cols})});
       },
       8 * cols, big);
   c.bias_gelu_fwd = fit(
       [&](std::int64_t e) {
-        k::bias_gelu_forward(
-            ctx,
-            {.out = o2.data(), .in = a.data(), .bias = gb.data(), .rows = e / cols, .cols = cols});
+        k::bias_gelu(ctx, {.out = prefix(o2, {e / cols, cols}),
+                           .in = prefix(a, {e / cols, cols}),
+                           .bias = prefix(gb, {cols})});
       },
       8 * cols, big);
   c.bias_gelu_bwd = fit(
       [&](std::int64_t e) {
-        k::bias_gelu_backward(ctx, {.d_in = o2.data(),
-                                    .d_bias = dgb.data(),
-                                    .d_out = b.data(),
-                                    .in = a.data(),
-                                    .bias = gb.data(),
-                                    .rows = e / cols,
-                                    .cols = cols,
+        k::bias_gelu_backward(ctx, {.d_in = prefix(o2, {e / cols, cols}),
+                                    .d_bias = prefix(dgb, {cols}),
+                                    .d_out = prefix(b, {e / cols, cols}),
+                                    .in = prefix(a, {e / cols, cols}),
+                                    .bias = prefix(gb, {cols}),
                                     .scratch = scratch});
       },
       8 * cols, big);
-  c.add = fit([&](std::int64_t e) { k::add_forward(ctx, o2.data(), a.data(), b.data(), e); },
-              8 * cols, big);
+  c.add = fit(
+      [&](std::int64_t e) {
+        k::add(ctx, {.out = prefix(o2, {e}), .a = prefix(a, {e}), .b = prefix(b, {e})});
+      },
+      8 * cols, big);
   std::vector<std::int32_t> targets(8192, 1);
   c.cross_entropy = fit(
       [&](std::int64_t e) {
-        k::cross_entropy_forward_backward(ctx, {.losses = mean.data(),
-                                                .d_logits = o2.data(),
-                                                .logits = a.data(),
-                                                .targets = targets.data(),
-                                                .rows = e / cols,
-                                                .vocab = cols,
-                                                .vocab_padded = cols});
+        k::cross_entropy_forward_backward(ctx, {.losses = prefix(mean, {e / cols}),
+                                                .d_logits = prefix(o2, {e / cols, cols}),
+                                                .logits = prefix(a, {e / cols, cols}),
+                                                .targets = prefix(targets, {e / cols}),
+                                                .vocab = cols});
       },
       8 * cols, big);
   std::vector<float> m = filled(big, 0), v = filled(big, 0);
   c.adamw = fit(
       [&](std::int64_t e) {
-        k::adamw_update(
-            ctx, {}, {.param = o2.data(), .m = m.data(), .v = v.data(), .grad = b.data(), .n = e});
+        k::adamw_update(ctx, {},
+                        {.param = prefix(o2, {e}),
+                         .m = prefix(m, {e}),
+                         .v = prefix(v, {e}),
+                         .grad = prefix(b, {e})});
       },
       8 * cols, big);
   c.embedding = c.add;
   c.dropout = fit(
       [&](std::int64_t e) {
-        k::hidden_dropout(ctx, {.out = o2.data(),
-                                .in = a.data(),
-                                .rows = e / cols,
-                                .cols = cols,
+        k::hidden_dropout(ctx, {.out = prefix(o2, {e / cols, cols}),
+                                .in = prefix(a, {e / cols, cols}),
                                 .first_row = 0,
                                 .p = 0.1f,
                                 .seed = 1,

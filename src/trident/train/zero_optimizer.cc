@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include "trident/core/error.h"
+#include "trident/core/view.h"
 #include "trident/kernels/bf16.h"
 #include "trident/kernels/fill.h"
 
@@ -204,13 +205,14 @@ void ZeroOptimizer::init_params(std::uint64_t seed) {
     // Chunk by chunk through the store's window into the file.
     store_->stream([&](std::int64_t lo, std::int64_t hi, float* const* d) {
       float* p = d[param_array_];
-      kernels::fill(hook_ctx_, {.out = p, .value = 0.0f, .n = hi - lo});
+      kernels::fill(hook_ctx_, {.out = core::view(p, {hi - lo}, hook_ctx_.device), .value = 0.0f});
       const parallel::Range part{shard.begin + lo, std::min(shard.begin + hi, held.end)};
       if (part.size() > 0) model_.init_range(seed, part, p);
     });
     return;
   }
-  kernels::fill(hook_ctx_, {.out = b.master(), .value = 0.0f, .n = shard.size()});
+  kernels::fill(hook_ctx_,
+                {.out = core::view(b.master(), {shard.size()}, hook_ctx_.device), .value = 0.0f});
   if (held.size() > 0) model_.init_range(seed, held, b.master());
 }
 
@@ -218,7 +220,8 @@ void ZeroOptimizer::refresh_bf16(const core::ExecContext& ctx) {
   // Stage 3 converts when it gathers (begin_iteration, before each layer).
   const optim::ParamGradBuffers& b = *buffers_;
   if (b.bf16_params() != nullptr && b.full_params() != nullptr) {
-    kernels::convert_f32_to_bf16(ctx, b.bf16_params(), b.full_params(), layout_.numel());
+    kernels::convert(ctx, {.out = core::view(b.bf16_params(), {layout_.numel()}, ctx.device),
+                           .in = core::view(b.full_params(), {layout_.numel()}, ctx.device)});
   }
 }
 

@@ -20,6 +20,7 @@
 #include "trident/kernels/bf16.h"
 #include "trident/kernels/cross_entropy.h"
 #include "trident/kernels/cuda/device.h"
+#include "trident/kernels/dispatch.h"
 #include "trident/kernels/dropout.h"
 #include "trident/kernels/elementwise.h"
 #include "trident/kernels/embedding.h"
