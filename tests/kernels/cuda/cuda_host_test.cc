@@ -14,6 +14,7 @@
 #include "trident/core/rng.h"
 #include "trident/kernels/cuda/device.h"
 #include "trident/kernels/cuda/philox.h"
+#include "trident/kernels/dispatch.h"
 #include "trident/kernels/elementwise.h"
 #include "trident/kernels/flash_attention.h"
 
