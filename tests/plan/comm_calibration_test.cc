@@ -11,6 +11,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "flat_calibration.h"
 #include "trident/comm/thread_communicator.h"
 #include "trident/core/error.h"
 #include "trident/plan/plan.h"
@@ -76,16 +77,7 @@ train::TrainConfig medium(const std::string& layout, int world) {
 // A complete calibration with round numbers (kernels 1 us each), and collectives for a job of
 // `world` ranks in groups of 2 that cost `seconds` per call at any size up to 1 GiB.
 Calibration flat(int world, double seconds) {
-  Calibration c;
-  c.cores = 64;  // no oversubscription term
-  c.grid = {1, 1 << 20};
-  c.linear_fwd_s.assign(8, 1e-6);
-  c.linear_bwd_s.assign(8, 1e-6);
-  c.attn_seq = {1, 1 << 20};
-  c.attn_head_dim = {1, 1 << 20};
-  for (auto* v : {&c.attn_fwd_s, &c.attn_bwd_s, &c.flash_fwd_s, &c.flash_bwd_s}) v->assign(4, 1e-6);
-  c.memory_bw = 1e10;
-  c.peak_tflops = 0.1;
+  Calibration c = testing::flat_kernels(64);  // 64 cores: no oversubscription term
   if (seconds > 0) {
     CommCosts cc;
     cc.bytes = {1, std::int64_t{1} << 30};

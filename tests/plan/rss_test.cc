@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "flat_calibration.h"
 #include "trident/data/indexed_dataset.h"
 #include "trident/plan/calibration.h"
 #include "trident/plan/comm_calibration.h"
@@ -173,16 +174,7 @@ TEST_F(PlanCli, CalibrateCommMeasuresTheJobsCollectives) {
             std::string::npos)
       << out;
 
-  plan::Calibration c;
-  c.cores = 2;
-  c.grid = {1, 1 << 20};
-  c.linear_fwd_s.assign(8, 1e-6);
-  c.linear_bwd_s.assign(8, 1e-6);
-  c.attn_seq = {1, 1 << 20};
-  c.attn_head_dim = {1, 1 << 20};
-  for (auto* v : {&c.attn_fwd_s, &c.attn_bwd_s, &c.flash_fwd_s, &c.flash_bwd_s}) v->assign(4, 1e-6);
-  c.memory_bw = 1e10;
-  c.peak_tflops = 0.1;
+  const plan::Calibration c = plan::testing::flat_kernels(2);
   plan::save_calibration(cache, c);
 
   EXPECT_NE(status(comm, out), 0) << "one process: nothing to time";
