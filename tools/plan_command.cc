@@ -94,7 +94,10 @@ void run_calibrate_comm(const PlanOptions& o, const std::string& path) {
                    "machine for a plan of a dedicated one\n";
     }
   }
-  const std::map<std::string, plan::CommCosts> measured = plan::calibrate_comm(*world);
+  std::map<std::string, plan::CommCosts> measured = plan::calibrate_comm(*world);
+  // How the ranks slow each other inside a step (sharing caches, memory, and the cores when they
+  // outnumber them; waiting for each other at every collective).
+  plan::calibrate_interference(*world, threads, cores, measured);
   if (world->rank() != 0) return;
   for (const auto& [key, c] : measured) cal.comm[key] = c;
   plan::save_calibration(path, cal);
@@ -106,6 +109,16 @@ void run_calibrate_comm(const PlanOptions& o, const std::string& path) {
                 << c.reduce_scatter_s[i] * 1e6 << " | " << c.all_gather_s[i] * 1e6 << " | "
                 << c.p2p_s[i] * 1e6 << " |\n";
     }
+  }
+  std::cout << "\n| ranks,group | GEMM with all ranks computing / alone"
+            << (static_cast<std::int64_t>(world->size()) * threads > cores
+                    ? " / their share of a core"
+                    : "")
+            << " | wait per synchronising call us | + fraction of the compute before it |\n"
+               "|---|---:|---:|---:|\n";
+  for (const auto& [key, c] : measured) {
+    std::cout << "| " << key << " | " << c.corun_gemm << " | " << c.sync_wait_s * 1e6 << " | "
+              << c.sync_wait_fraction << " |\n";
   }
   std::cerr << "trident plan: collectives saved to " << path << "\n";
 }

@@ -10,6 +10,7 @@ calibration first:  build/tools/trident plan --gpu cpu --calibrate --threads-per
 `mpirun -np N trident plan --gpu cpu --calibrate-comm`, unless told not to).
 Usage (repo root, after scripts/build trident_cli):
   bench/plan/compare_cpu.py [--models small,medium] [--layouts dp2,tp2,...] [--iters 8]
+                            [--rounds 3]
 """
 import argparse
 import json
@@ -138,6 +139,10 @@ def main():
     ap.add_argument("--models", default="small,medium")
     ap.add_argument("--layouts", default=",".join(LAYOUTS))
     ap.add_argument("--iters", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="times every layout is trained, the layouts taking turns (round 1 of "
+                         "every layout, then round 2, ...), so that the machine's drift hits all "
+                         "of them; the median round is compared")
     ap.add_argument("--skip", type=int, default=3)
     ap.add_argument("--calibration-file", default="")
     ap.add_argument("--no-shape-calibration", action="store_true",
@@ -149,10 +154,12 @@ def main():
     work = tempfile.mkdtemp(prefix="trident_plan_bench_")
     make_corpus(os.path.join(work, "corpus"))
     print("load average before: %.1f" % os.getloadavg()[0])
-    print("| model | layout | ranks | measured ms (wall) | rank-0 CPU ms | predicted ms | error vs "
-          "wall | error vs CPU | compute / comm / bubble / shared-cores ms | load |")
+    print("| model | layout | ranks | measured ms (wall), median round (range) | rank-0 CPU ms | "
+          "predicted ms | error vs wall | error vs CPU | compute / comm / bubble / shared-cores "
+          "ms | load |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     errors, cpu_errors, kinds = [], [], []
+    runs = []  # (model, name, np_, flags)
     for model in args.models.split(","):
         for name in args.layouts.split(","):
             np_, lflags, tp = LAYOUTS[name]
@@ -162,20 +169,29 @@ def main():
             if np_ > 1 and not args.no_comm_calibration and np_ not in comm_done:
                 calibrate_comm(np_, args.calibration_file)
                 comm_done.add(np_)
-            measured, cpu, prof = measure(np_, flags, work, args.iters, args.skip)
-            t = predict(np_, flags, args.calibration_file, False)
-            pred = t["iteration_s"] * 1e3
-            err = (pred - measured) / measured
-            err_cpu = (pred - cpu) / cpu
-            errors.append(abs(err))
-            cpu_errors.append(abs(err_cpu))
-            comp = (t["forward_s"] + t["backward_s"] + t["recompute_s"]) * 1e3
-            comm = (t["tp_comm_s"] + t["pp_comm_s"] + t["dp_exposed_s"]) * 1e3
-            print("| %s | %s | %d | %.2f | %.2f | %.2f | %+.1f%% | %+.1f%% | %.2f / %.2f / %.2f / %.2f "
-                  "| %.1f |" % (model, name, np_, measured, cpu, pred, 100 * err, 100 * err_cpu,
-                                comp, comm, t["bubble_s"] * 1e3, t["oversubscription_s"] * 1e3,
-                                os.getloadavg()[0]), flush=True)
-            kinds.append((model, name, prof["ms_per_iteration"], t))
+            runs.append((model, name, np_, flags))
+    rounds = {r[:2]: [] for r in runs}
+    for _ in range(args.rounds):
+        for model, name, np_, flags in runs:
+            rounds[(model, name)].append(measure(np_, flags, work, args.iters, args.skip) +
+                                         (os.getloadavg()[0],))
+    for model, name, np_, flags in runs:
+        got = sorted(rounds[(model, name)], key=lambda r: r[0])
+        measured, cpu, prof, load = got[len(got) // 2]
+        spread = "%.0f-%.0f" % (got[0][0], got[-1][0])
+        t = predict(np_, flags, args.calibration_file, False)
+        pred = t["iteration_s"] * 1e3
+        err = (pred - measured) / measured
+        err_cpu = (pred - cpu) / cpu
+        errors.append(abs(err))
+        cpu_errors.append(abs(err_cpu))
+        comp = (t["forward_s"] + t["backward_s"] + t["recompute_s"]) * 1e3
+        comm = (t["tp_comm_s"] + t["pp_comm_s"] + t["dp_exposed_s"]) * 1e3
+        print("| %s | %s | %d | %.2f (%s) | %.2f | %.2f | %+.1f%% | %+.1f%% | %.2f / %.2f / %.2f / "
+              "%.2f | %.1f |" % (model, name, np_, measured, spread, cpu, pred, 100 * err,
+                                 100 * err_cpu, comp, comm, t["bubble_s"] * 1e3,
+                                 t["oversubscription_s"] * 1e3, load), flush=True)
+        kinds.append((model, name, prof["ms_per_iteration"], t))
     print("\nRank 0's profile (trident train --profile, same iterations) against the plan's "
           "terms, ms per iteration, measured / predicted:\n")
     print("| model | layout | " + " | ".join(k[0] for k in KINDS) + " |")

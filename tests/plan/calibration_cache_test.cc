@@ -65,6 +65,9 @@ class CalibrationCache : public ::testing::Test {
     cc.reduce_scatter_s = {1.2e-5, 4.3e-5};
     cc.all_gather_s = {5e-6, 2.9e-5};
     cc.p2p_s = {7e-6, 3.4e-5};
+    cc.corun_gemm = 1.08;
+    cc.sync_wait_s = 3e-5;
+    cc.sync_wait_fraction = 0.02;
     c.comm["2,2"] = cc;
     return c;
   }
@@ -246,6 +249,18 @@ TEST_F(CalibrationCache, HostileValuesAreRefusedNamingTheKey) {
           "> 0");
   refused([](json& j) { j["comm"]["2,2"].erase("all_gather_s"); }, "comm.2,2.all_gather_s",
           "missing");
+  refused([](json& j) { j["comm"]["2,2"]["corun_gemm"] = 0.1; }, "comm.2,2.corun_gemm",
+          "must lie in [0.5, 16]");
+  refused([](json& j) { j["comm"]["2,2"]["sync_wait_s"] = -1e-5; }, "comm.2,2.sync_wait_s",
+          "must be a finite number >= 0");
+  refused([](json& j) { j["comm"]["2,2"]["sync_wait_fraction"] = "0.1"; },
+          "comm.2,2.sync_wait_fraction", "must be a finite number >= 0");
+  // Caches from before the ranks' interference was measured: none.
+  write_edited([](json& j) {
+    for (const char* k : {"corun_gemm", "sync_wait_s", "sync_wait_fraction"})
+      j["comm"]["2,2"].erase(k);
+  });
+  EXPECT_EQ(error(), "");
   // Caches from before --calibrate-comm have no collectives: still valid.
   write_edited([](json& j) { j.erase("comm"); });
   EXPECT_EQ(error(), "");

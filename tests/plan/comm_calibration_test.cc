@@ -41,6 +41,26 @@ TEST(CalibrateComm, TimesEveryGroupSizeThatDividesTheJob) {
   for (int r = 1; r < 4; ++r) EXPECT_EQ(got[static_cast<std::size_t>(r)], got[0]) << r;
 }
 
+TEST(CalibrateComm, InterferenceIsMeasuredForEveryGroupAndAgreed) {
+  std::vector<std::map<std::string, CommCosts>> got(2);
+  std::mutex m;
+  comm::run_on_threads(2, [&](comm::Communicator& world) {
+    auto r = calibrate_comm(world, /*passes=*/1, /*target_s=*/1e-3);
+    calibrate_interference(world, /*threads=*/1, /*cores=*/2, r, /*passes=*/1,
+                           /*target_s=*/0.01);
+    const std::lock_guard<std::mutex> lock(m);
+    got[static_cast<std::size_t>(world.rank())] = std::move(r);
+  });
+  ASSERT_TRUE(got[0].count("2,2"));
+  const CommCosts& c = got[0].at("2,2");
+  EXPECT_NE(c.corun_gemm, 1.0) << "a measured ratio";
+  EXPECT_GE(c.corun_gemm, 0.5);
+  EXPECT_LE(c.corun_gemm, 16);
+  EXPECT_TRUE(c.sync_wait_s >= 0 && c.sync_wait_s <= 1) << c.sync_wait_s;
+  EXPECT_TRUE(c.sync_wait_fraction >= 0 && c.sync_wait_fraction <= 4) << c.sync_wait_fraction;
+  EXPECT_EQ(got[1], got[0]) << "every rank holds the same figures";
+}
+
 TEST(CalibrateComm, NeedsTwoRanks) {
   comm::run_on_threads(1, [](comm::Communicator& world) {
     EXPECT_THROW(calibrate_comm(world), core::InvalidArgument);
@@ -134,6 +154,39 @@ TEST(PlanTime, MeasuredCollectivesPriceTheLayoutsCommunication) {
   const TimeBreakdown p = predict_time(pp2, cpu(2, flat(2, 1e-3)));
   const TimeBreakdown pm = predict_time(pp2, cpu(2, flat(2, 0)));
   EXPECT_GT(p.iteration, pm.iteration);
+}
+
+// With the ranks' interference measured, a job of several ranks pays it: GEMMs by the co-run ratio
+// and the noise fraction, the other kernels by the noise fraction, and every synchronising call
+// its fixed wait; with more ranks than cores, inside the shared-cores bound.
+TEST(PlanTime, TheRanksInterferenceSlowsComputeAndEveryCollective) {
+  const train::TrainConfig tp2 = medium("--tensor-model-parallel-size 2", 2);
+  Calibration cal = flat(2, 1e-3);
+  const TimeBreakdown base = predict_time(tp2, cpu(2, cal));
+  CommCosts& c = cal.comm.at("2,2");
+  c.corun_gemm = 1.5, c.sync_wait_s = 1e-4, c.sync_wait_fraction = 0.1;
+  const TimeBreakdown with = predict_time(tp2, cpu(2, cal));
+  EXPECT_NEAR(with.gemm, base.gemm * 1.5 * 1.1, 1e-9 * base.gemm);
+  EXPECT_NEAR(with.attention, base.attention * 1.1, 1e-9 * base.attention);
+  EXPECT_NEAR(with.elementwise, base.elementwise * 1.1, 1e-9 * base.elementwise);
+  EXPECT_NEAR(with.optimizer, base.optimizer * 1.1, 1e-9 * base.optimizer);
+  EXPECT_NEAR(with.tp_comm, base.tp_comm * 1.1, 1e-9 * base.tp_comm) << "1 ms + 0.1 ms a call";
+  EXPECT_GT(with.iteration, base.iteration);
+
+  // Two ranks on one core: the same terms, inside the shared-cores bound (all ranks' work over
+  // the cores).
+  cal.cores = 1;
+  Calibration none = cal;
+  none.comm.at("2,2") = CommCosts{.bytes = c.bytes,
+                                  .all_reduce_s = c.all_reduce_s,
+                                  .reduce_scatter_s = c.reduce_scatter_s,
+                                  .all_gather_s = c.all_gather_s,
+                                  .p2p_s = c.p2p_s};
+  const TimeBreakdown shared = predict_time(tp2, cpu(2, cal));
+  const TimeBreakdown shared_none = predict_time(tp2, cpu(2, none));
+  ASSERT_GT(shared_none.oversubscription, 0);
+  EXPECT_NEAR(shared.gemm, shared_none.gemm * 1.5 * 1.1, 1e-9 * shared_none.gemm);
+  EXPECT_GT(shared.iteration, shared_none.iteration * 1.1);
 }
 
 }  // namespace

@@ -186,6 +186,9 @@ TEST_F(PlanCli, CalibrateCommMeasuresTheJobsCollectives) {
   ASSERT_TRUE(plan::load_calibration(cache, 1, back));
   ASSERT_NE(back.comm_costs(2, 2), nullptr);
   EXPECT_EQ(back.comm_costs(2, 2)->bytes, plan::comm_calibration_sizes());
+  EXPECT_NE(back.comm_costs(2, 2)->corun_gemm, 1.0) << "the ranks' interference, measured";
+  EXPECT_NE(table.find("| ranks,group | GEMM with all ranks computing / alone"), std::string::npos)
+      << table;
   EXPECT_EQ(back.grid, c.grid) << "the kernels' calibration is kept";
 
   const std::string layout =

@@ -473,7 +473,10 @@ nlohmann::json comm_json(const std::map<std::string, CommCosts>& comm) {
               {"all_reduce_s", c.all_reduce_s},
               {"reduce_scatter_s", c.reduce_scatter_s},
               {"all_gather_s", c.all_gather_s},
-              {"p2p_s", c.p2p_s}};
+              {"p2p_s", c.p2p_s},
+              {"corun_gemm", c.corun_gemm},
+              {"sync_wait_s", c.sync_wait_s},
+              {"sync_wait_fraction", c.sync_wait_fraction}};
   }
   return j;
 }
@@ -530,6 +533,16 @@ class CacheReader {
            core::str("must be a finite number ", positive ? "> 0" : ">= 0", ", got ", v.dump()));
     }
     return v.get<double>();
+  }
+
+  // An optional number in [lo, hi]; `fallback` when the key is absent.
+  double optional(const nlohmann::json& j, const std::string& key, double fallback, double lo,
+                  double hi) const {
+    const auto it = j.find(key);
+    if (it == j.end()) return fallback;
+    const double x = number(*it, key, false);
+    if (x < lo || x > hi) fail(key, core::str("must lie in [", lo, ", ", hi, "], got ", x));
+    return x;
   }
 
   // A grid axis: 1 to kMaxAxisPoints integers in [1, kMaxAxis], strictly increasing.
@@ -637,6 +650,10 @@ class CacheReader {
       c.reduce_scatter_s = sub.times(v, "reduce_scatter_s", c.bytes.size());
       c.all_gather_s = sub.times(v, "all_gather_s", c.bytes.size());
       c.p2p_s = sub.times(v, "p2p_s", c.bytes.size());
+      // The ranks' interference (absent in caches from before it was measured: none).
+      c.corun_gemm = sub.optional(v, "corun_gemm", 1.0, 0.5, 16.0);
+      c.sync_wait_s = sub.optional(v, "sync_wait_s", 0.0, 0.0, 1.0);
+      c.sync_wait_fraction = sub.optional(v, "sync_wait_fraction", 0.0, 0.0, 4.0);
       out[key] = std::move(c);
     }
     return out;

@@ -40,6 +40,14 @@ struct CommCosts {
   double reduce_scatter(double b) const { return at(bytes, reduce_scatter_s, b); }
   double all_gather(double b) const { return at(bytes, all_gather_s, b); }
   double p2p(double b) const { return at(bytes, p2p_s, b); }
+  // How the ranks slow each other inside a step, measured with the job's ranks computing at once
+  // (when they fit the machine's cores; otherwise left at "none" and the time model's
+  // shared-cores bound prices them): `corun_gemm`, a GEMM's time with every rank running GEMMs
+  // over its time alone (shared caches and memory bandwidth); and the wait of a synchronising
+  // call (a collective or a message) for the group's slowest rank, `sync_wait_s` per call plus
+  // `sync_wait_fraction` of the compute since the previous one: the machine's noise (interrupts,
+  // other processes, the hypervisor) delays one rank and every other one waits for it.
+  double corun_gemm = 1, sync_wait_s = 0, sync_wait_fraction = 0;
   friend bool operator==(const CommCosts&, const CommCosts&) = default;
 };
 

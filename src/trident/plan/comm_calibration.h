@@ -24,4 +24,19 @@ std::vector<std::int64_t> comm_calibration_sizes();
 std::map<std::string, CommCosts> calibrate_comm(comm::Communicator& world, int passes = 3,
                                                 double target_s = 0.05);
 
+// The ranks' interference inside a step (CommCosts::corun_gemm, sync_wait_s, sync_wait_fraction)
+// for every entry of `costs` (as calibrate_comm returned them, on every rank), with `threads`
+// threads per rank on a machine of `cores` hardware threads. Collective over `world`, identical
+// results on every rank. Each rank runs GEMMs (linear 256 x 256 -> 512):
+// - alone (world rank 0, the others asleep) and all at once: corun_gemm is the ratio, beyond the
+//   share of a core each rank gets when the ranks' threads outnumber the cores;
+// - in loops of 1 and of 8 GEMMs, each closed by an all-reduce of 4 KiB inside the group: the
+//   loop's wall time beyond those GEMMs' time (the ranks' mean, by the thread's CPU time with one
+//   thread, over their share of a core) and the all-reduce's own is the wait;
+//   sync_wait_s + sync_wait_fraction x compute fits the two loops (medians of `passes`).
+// About 6 s for 2 ranks on 2 cores; proportionally longer with shared cores.
+void calibrate_interference(comm::Communicator& world, int threads, int cores,
+                            std::map<std::string, CommCosts>& costs, int passes = 5,
+                            double target_s = 0.25);
+
 }  // namespace trident::plan

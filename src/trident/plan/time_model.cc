@@ -25,50 +25,32 @@ class Costs {
 
   double gemm_fwd(std::int64_t rows, std::int64_t in, std::int64_t out) const {
     if (rec_) return rec_->linear.emplace_back(rows, in, out), 1e-9;
-    if (cal_) return cal_->linear_forward_s(rows, in, out);
+    if (cal_) return gemm_factor() * cal_->linear_forward_s(rows, in, out);
     return gpu_gemm(rows, in, out);
   }
   // d_in and d_weight (and d_bias).
   double gemm_bwd(std::int64_t rows, std::int64_t in, std::int64_t out) const {
     if (rec_) return rec_->linear.emplace_back(rows, in, out), 1e-9;
-    if (cal_) return cal_->linear_backward_s(rows, in, out);
+    if (cal_) return gemm_factor() * cal_->linear_backward_s(rows, in, out);
     return gpu_gemm(rows, out, in) + gpu_gemm(out, rows, in);
   }
   double attn_fwd(bool flash, std::int64_t bh, std::int64_t T, std::int64_t hs) const {
     if (rec_) return rec_->attention.emplace_back(flash, bh, T, hs), 1e-9;
-    if (cal_) return cal_->attention_forward_s(flash, bh, T, hs);
+    if (cal_) return compute_factor() * cal_->attention_forward_s(flash, bh, T, hs);
     // q k^T and p v over the causal half (flash kernels skip the masked blocks).
     const double flops = 4.0 * static_cast<double>(bh) * T * T * hs * (flash ? 0.5 : 1.0);
     return flops / (c_.hw.peak_tflops * 1e12 * c_.hw.attention_efficiency);
   }
   double attn_bwd(bool flash, std::int64_t bh, std::int64_t T, std::int64_t hs) const {
     if (rec_) return rec_->attention.emplace_back(flash, bh, T, hs), 1e-9;
-    if (cal_) return cal_->attention_backward_s(flash, bh, T, hs);
+    if (cal_) return compute_factor() * cal_->attention_backward_s(flash, bh, T, hs);
     return 2.5 * attn_fwd(flash, bh, T, hs);  // two GEMMs per forward one, plus the recompute
   }
   double ew(Ew kind, double elements) const {
-    if (cal_) {
-      switch (kind) {
-        case Ew::kLnFwd:
-          return cal_->layernorm_fwd.at(elements);
-        case Ew::kLnBwd:
-          return cal_->layernorm_bwd.at(elements);
-        case Ew::kGeluFwd:
-          return cal_->bias_gelu_fwd.at(elements);
-        case Ew::kGeluBwd:
-          return cal_->bias_gelu_bwd.at(elements);
-        case Ew::kAdd:
-          return cal_->add.at(elements);
-        case Ew::kCrossEntropy:
-          return cal_->cross_entropy.at(elements);
-        case Ew::kEmbedding:
-          return cal_->embedding.at(elements);
-        case Ew::kDropout:
-          return cal_->dropout.at(elements);
-      }
-    }
+    if (cal_) return compute_factor() * calibrated_ew(kind, elements);
     // Bytes moved per element: reads and writes of the kernel.
     double passes = 2;
+
     double bytes = act_bytes_;
     switch (kind) {
       case Ew::kLnFwd:
@@ -101,11 +83,14 @@ class Costs {
   // The attention-dropout draws of one pass: one per causal score (CPU flash kernels; on GPUs
   // they hide under the attention's arithmetic).
   double attention_dropout(double scores) const {
-    return cal_ ? cal_->dropout.per_element_s * scores : 0.0;
+    return cal_ ? compute_factor() * cal_->dropout.per_element_s * scores : 0.0;
   }
   // AdamW over n elements and the reads of the gradient norm and zeroing over n_grad.
   double optimizer(double n, double n_grad, bool bf16) const {
-    if (cal_) return cal_->adamw.at(n) + 2 * cal_->add.at(n_grad) + (bf16 ? cal_->add.at(n) : 0);
+    if (cal_) {
+      return compute_factor() *
+             (cal_->adamw.at(n) + 2 * cal_->add.at(n_grad) + (bf16 ? cal_->add.at(n) : 0));
+    }
     const double bytes = 28.0 * n + 8.0 * n_grad + (bf16 ? 6.0 * n : 0.0);
     return bytes / (c_.hw.memory_bw * c_.hw.bandwidth_efficiency);
   }
@@ -123,33 +108,54 @@ class Costs {
   const CommCosts* measured(int n) const {
     return cal_ && c_.hw.is_cpu ? cal_->comm_costs(c_.num_gpus, n) : nullptr;
   }
+  // A job of several ranks, after --calibrate-comm measured how they slow each other
+  // (CommCosts::corun_gemm, sync_wait_*): the job-wide group's figures. With more ranks than
+  // cores, they are relative to a rank's share of a core (the shared-cores bound applies it).
+  const CommCosts* interference() const {
+    return c_.num_gpus >= 2 ? measured(c_.num_gpus) : nullptr;
+  }
+  // Every kernel pays the noise-driven waits in proportion to its time; GEMMs also slow down
+  // when every rank computes at once.
+  double compute_factor() const {
+    const CommCosts* m = interference();
+    return m ? 1 + m->sync_wait_fraction : 1.0;
+  }
+  double gemm_factor() const {
+    const CommCosts* m = interference();
+    return m ? m->corun_gemm * (1 + m->sync_wait_fraction) : 1.0;
+  }
+  // The fixed wait of one synchronising call in a group of n.
+  double sync_wait(int n) const {
+    const CommCosts* m = interference() ? measured(n) : nullptr;
+    return m ? m->sync_wait_s : 0.0;
+  }
   bool comm_measured(int n) const { return measured(n) != nullptr; }
   double all_reduce(double bytes, int n, bool across) const {
     if (n <= 1) return 0;
-    if (const CommCosts* m = measured(n)) return m->all_reduce(bytes);
+    if (const CommCosts* m = measured(n)) return m->all_reduce(bytes) + sync_wait(n);
     return 2.0 * (n - 1) / n * bytes / link_bw(across) + 2.0 * (n - 1) * latency(across);
   }
   // `bytes` reduced in `buckets` equal calls (DDP's gradient buckets).
   double all_reduce_buckets(double bytes, int n, std::int64_t buckets, bool across) const {
     if (n <= 1) return 0;
     const double b = static_cast<double>(std::max<std::int64_t>(1, buckets));
-    if (const CommCosts* m = measured(n)) return b * m->all_reduce(bytes / b);
+    if (const CommCosts* m = measured(n)) return b * (m->all_reduce(bytes / b) + sync_wait(n));
     return all_reduce(bytes, n, across) + (b - 1) * 2.0 * (n - 1) * latency(across);
   }
   double all_gather(double bytes, int n, bool across) const {  // bytes: the gathered total
     if (n <= 1) return 0;
-    if (const CommCosts* m = measured(n)) return m->all_gather(bytes);
+    if (const CommCosts* m = measured(n)) return m->all_gather(bytes) + sync_wait(n);
     return static_cast<double>(n - 1) / n * bytes / link_bw(across) + (n - 1) * latency(across);
   }
   // bytes: the scattered total, in `buckets` equal calls. Modelled: an all-gather's cost.
   double reduce_scatter(double bytes, int n, bool across, std::int64_t buckets = 1) const {
     if (n <= 1) return 0;
     const double b = static_cast<double>(std::max<std::int64_t>(1, buckets));
-    if (const CommCosts* m = measured(n)) return b * m->reduce_scatter(bytes / b);
+    if (const CommCosts* m = measured(n)) return b * (m->reduce_scatter(bytes / b) + sync_wait(n));
     return all_gather(bytes, n, across);
   }
   double p2p(double bytes, bool across) const {
-    if (const CommCosts* m = measured(2)) return m->p2p(bytes);
+    if (const CommCosts* m = measured(2)) return m->p2p(bytes) + sync_wait(2);
     return bytes / link_bw(across) + latency(across);
   }
 
@@ -160,6 +166,28 @@ class Costs {
     const double eff = c_.hw.gemm_efficiency * sat(static_cast<double>(m)) *
                        sat(static_cast<double>(n)) * sat(static_cast<double>(k));
     return 2.0 * static_cast<double>(m) * k * n / (c_.hw.peak_tflops * 1e12 * eff) + 4e-6;
+  }
+
+  double calibrated_ew(Ew kind, double elements) const {
+    switch (kind) {
+      case Ew::kLnFwd:
+        return cal_->layernorm_fwd.at(elements);
+      case Ew::kLnBwd:
+        return cal_->layernorm_bwd.at(elements);
+      case Ew::kGeluFwd:
+        return cal_->bias_gelu_fwd.at(elements);
+      case Ew::kGeluBwd:
+        return cal_->bias_gelu_bwd.at(elements);
+      case Ew::kAdd:
+        return cal_->add.at(elements);
+      case Ew::kCrossEntropy:
+        return cal_->cross_entropy.at(elements);
+      case Ew::kEmbedding:
+        return cal_->embedding.at(elements);
+      case Ew::kDropout:
+        return cal_->dropout.at(elements);
+    }
+    return 0;
   }
 
   const Cluster& c_;
@@ -234,7 +262,9 @@ ChunkCost chunk_cost(const train::TrainConfig& cfg, const model::ModelShard& sha
   lb.gemm = k.gemm_bwd(rows, C, QKVl) + k.gemm_bwd(rows, Cl, C) + k.gemm_bwd(rows, C, UPl) +
             k.gemm_bwd(rows, Fl, C);
   lb.attn = k.attn_bwd(flash, B * NHl, T, HS) + attn_drop;
-  lb.tp = 2 * region;
+  // SP's backward gathers each region's input again for the weight gradient (the forward kept
+  // only the local rows).
+  lb.tp = 2 * region + (sp ? 2 * k.all_gather(full_bytes, tp, tp_across) : 0);
 
   ChunkCost cc;
   const std::int64_t L = shard.layers(mc);
@@ -257,9 +287,13 @@ ChunkCost chunk_cost(const train::TrainConfig& cfg, const model::ModelShard& sha
     Pass eb;
     eb.ew = k.ew(Ew::kEmbedding, static_cast<double>(rows * C)) +
             (mc.embed_layernorm ? k.ew(Ew::kLnBwd, static_cast<double>(rows * C)) : 0) + dropout;
-    eb.tp = tp > 1 ? k.all_reduce(full_bytes, tp, tp_across) : 0;  // vocab-parallel embedding
+    // The vocab-parallel embedding sums its partial rows (SP: reduce-scatters them); the
+    // backward of that sum is a copy (SP: an all-gather).
+    eb.tp = sp ? k.all_gather(full_bytes, tp, tp_across) : 0;
     cc.bwd += eb;
-    cc.fwd.tp += tp > 1 ? k.all_reduce(full_bytes, tp, tp_across) : 0;
+    cc.fwd.tp += sp       ? k.reduce_scatter(full_bytes, tp, tp_across)
+                 : tp > 1 ? k.all_reduce(full_bytes, tp, tp_across)
+                          : 0;
   }
   if (shard.has_head) {
     Pass h;
@@ -273,7 +307,9 @@ ChunkCost chunk_cost(const train::TrainConfig& cfg, const model::ModelShard& sha
     Pass hb;
     hb.ew = k.ew(Ew::kLnBwd, static_cast<double>(R * C));
     hb.gemm = k.gemm_bwd(rows, C, Vl);
-    hb.tp = tp > 1 ? (sp ? k.reduce_scatter(full_bytes, tp, tp_across)
+    // SP gathers the input again for the weight gradient, then reduce-scatters the input's.
+    hb.tp = tp > 1 ? (sp ? k.all_gather(full_bytes, tp, tp_across) +
+                               k.reduce_scatter(full_bytes, tp, tp_across)
                          : k.all_reduce(full_bytes, tp, tp_across))
                    : 0;
     cc.bwd += hb;
