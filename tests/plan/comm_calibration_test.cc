@@ -173,6 +173,18 @@ TEST(PlanTime, TheRanksInterferenceSlowsComputeAndEveryCollective) {
   EXPECT_NEAR(with.tp_comm, base.tp_comm * 1.1, 1e-9 * base.tp_comm) << "1 ms + 0.1 ms a call";
   EXPECT_GT(with.iteration, base.iteration);
 
+  // A pipeline whose first stage holds one layer of four: its rank computes about a third of
+  // the time, so the slowest stage's GEMMs are slowed for that share only.
+  const train::TrainConfig uneven =
+      medium("--pipeline-model-parallel-size 2 --decoder-first-pipeline-num-layers 1", 2);
+  Calibration plain = flat(2, 1e-9);  // the stages' time in their kernels, not in messages
+  Calibration corun = plain;
+  corun.comm.at("2,2").corun_gemm = 1.5;
+  const double ratio =
+      predict_time(uneven, cpu(2, corun)).gemm / predict_time(uneven, cpu(2, plain)).gemm;
+  EXPECT_GT(ratio, 1.05);
+  EXPECT_LT(ratio, 1.35);
+
   // Two ranks on one core: the same terms, inside the shared-cores bound (all ranks' work over
   // the cores).
   cal.cores = 1;

@@ -122,7 +122,13 @@ class Costs {
   }
   double gemm_factor() const {
     const CommCosts* m = interference();
-    return m ? m->corun_gemm * (1 + m->sync_wait_fraction) : 1.0;
+    return m ? (1 + (m->corun_gemm - 1) * busy_) * (1 + m->sync_wait_fraction) : 1.0;
+  }
+  // The share of its time the other ranks compute (1 unless a pipeline's stages differ; with
+  // more ranks than cores the cores are always busy).
+  void set_corunners_busy(double busy) { busy_ = ranks_fit_cores() ? busy : 1.0; }
+  bool ranks_fit_cores() const {
+    return cal_ && static_cast<double>(c_.num_gpus) * c_.threads_per_rank <= cal_->cores;
   }
   // The fixed wait of one synchronising call in a group of n.
   double sync_wait(int n) const {
@@ -194,6 +200,7 @@ class Costs {
   const Calibration* cal_;
   KernelShapes* rec_;
   double act_bytes_ = 4;
+  double busy_ = 1;
 };
 
 struct Pass {  // one micro-batch through one chunk
@@ -545,12 +552,30 @@ void add_throughput(TimeBreakdown& t, const train::TrainConfig& cfg, const Clust
 }
 
 TimeBreakdown predict(const train::TrainConfig& cfg, const Cluster& cluster, KernelShapes* rec) {
-  const Costs k(cluster, rec);
+  Costs k(cluster, rec);
   const Layout l = layout_of(cfg, cluster);
-  const std::vector<Stage> stages = stage_costs(cfg, l, k);
-  std::size_t worst = 0;
-  for (std::size_t s = 0; s < stages.size(); ++s) {
-    if (stages[s].per_micro() > stages[worst].per_micro()) worst = s;
+  std::vector<Stage> stages = stage_costs(cfg, l, k);
+  auto slowest = [&stages] {
+    std::size_t worst = 0;
+    for (std::size_t s = 0; s < stages.size(); ++s) {
+      if (stages[s].per_micro() > stages[worst].per_micro()) worst = s;
+    }
+    return worst;
+  };
+  std::size_t worst = slowest();
+  if (l.pp > 1 && k.ranks_fit_cores()) {
+    // The slowest stage's GEMMs are slowed by the other ranks only while those compute: its
+    // tensor- and data-parallel peers always, the other stages' ranks for their share of it.
+    const double wm = stages[worst].per_micro();
+    double others = static_cast<double>(l.tp) * l.dp - 1;
+    for (std::size_t s = 0; s < stages.size(); ++s) {
+      if (s != worst && wm > 0) {
+        others += static_cast<double>(l.tp) * l.dp * std::min(1.0, stages[s].per_micro() / wm);
+      }
+    }
+    k.set_corunners_busy(others / std::max(1, l.world - 1));
+    stages = stage_costs(cfg, l, k);
+    worst = slowest();
   }
   const Stage& w = stages[worst];
   TimeBreakdown t;
