@@ -49,11 +49,14 @@ double now_s() {
   return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
 }
 
-// Best of a few batches of calls, each batch at least `min_s` long: seconds per call.
+// The median of a few batches of calls, each batch at least `min_s` long: seconds per call. The
+// median, not the best: the plan predicts a typical iteration (bench/plan/compare_cpu.py compares
+// it with the median one), and on a machine whose speed moves by 10 % from one second to the next
+// the best batch is a lucky one (session 7: every layout predicted 5-10 % fast with the best).
 template <class F>
 double time_call(F&& f, double min_s = 0.01, int batches = 3) {
   f();  // warm-up (first-touch, oneDNN's JIT)
-  double best = 1e30;
+  std::vector<double> per_call;
   for (int b = 0; b < batches; ++b) {
     int n = 0;
     const double t0 = now_s();
@@ -63,9 +66,10 @@ double time_call(F&& f, double min_s = 0.01, int batches = 3) {
       ++n;
       el = now_s() - t0;
     } while (el < min_s && n < 1000);
-    best = std::min(best, el / n);
+    per_call.push_back(el / n);
   }
-  return best;
+  std::sort(per_call.begin(), per_call.end());
+  return per_call[per_call.size() / 2];
 }
 
 std::vector<float> filled(std::int64_t n, float v) {
