@@ -3,6 +3,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -116,42 +117,52 @@ std::map<std::string, CommCosts> calibrate_comm(comm::Communicator& world, int p
     std::unique_ptr<comm::Communicator> g =
         world.split(world.rank() / n, world.rank(), "calibrate-" + std::to_string(n));
     const int r = g->rank();
+    // t[size][op]: one time per pass. The passes run over all sizes in turn, so that a slow
+    // moment of the machine (seconds long, here) hits one pass of a few sizes, which the median
+    // drops, rather than every pass of one size.
+    std::vector<std::array<std::vector<double>, 4>> t(sizes.size());
+    for (int p = 0; p < passes; ++p) {
+      for (std::size_t si = 0; si < sizes.size(); ++si) {
+        const std::int64_t count = sizes[si] / 4;  // FP32 elements of the whole buffer
+        const std::int64_t block = std::max<std::int64_t>(count / n, 1);
+        std::vector<float> buf(static_cast<std::size_t>(std::max(count, block * n)), 1.0f);
+        std::vector<float> part(static_cast<std::size_t>(block), 1.0f);
+        // p2p: ranks paired (0,1), (2,3), ... inside the group, one message each way per call; a
+        // rank without a partner (odd n) joins the barriers only.
+        const int peer = (r % 2 == 0) ? r + 1 : r - 1;
+        const bool paired = peer < n;
+        const std::array<std::function<void()>, 4> ops = {
+            [&] { g->all_reduce(buf.data(), count, Datatype::kF32, ReduceOp::kSum); },
+            [&] {
+              g->reduce_scatter(buf.data(), part.data(), block, Datatype::kF32, ReduceOp::kSum);
+            },
+            [&] { g->all_gather(part.data(), buf.data(), block, Datatype::kF32); },
+            [&] {
+              if (!paired) return;
+              if (r % 2 == 0) {
+                g->send(buf.data(), count, Datatype::kF32, peer);
+                g->recv(buf.data(), count, Datatype::kF32, peer);
+              } else {
+                g->recv(buf.data(), count, Datatype::kF32, peer);
+                g->send(buf.data(), count, Datatype::kF32, peer);
+              }
+            }};
+        for (std::size_t o = 0; o < ops.size(); ++o)
+          t[si][o].push_back(time_batch(world, ops[o], target_s));
+      }
+    }
     CommCosts c;
     c.bytes = sizes;
-    for (const std::int64_t bytes : sizes) {
-      const std::int64_t count = bytes / 4;  // FP32 elements of the whole buffer
-      const std::int64_t block = std::max<std::int64_t>(count / n, 1);
-      std::vector<float> buf(static_cast<std::size_t>(std::max(count, block * n)), 1.0f);
-      std::vector<float> part(static_cast<std::size_t>(block), 1.0f);
-      // p2p: ranks paired (0,1), (2,3), ... inside the group, one message each way per call; a
-      // rank without a partner (odd n) joins the barriers only.
-      const int peer = (r % 2 == 0) ? r + 1 : r - 1;
-      const bool paired = peer < n;
-      const std::vector<std::function<void()>> ops = {
-          [&] { g->all_reduce(buf.data(), count, Datatype::kF32, ReduceOp::kSum); },
-          [&] {
-            g->reduce_scatter(buf.data(), part.data(), block, Datatype::kF32, ReduceOp::kSum);
-          },
-          [&] { g->all_gather(part.data(), buf.data(), block, Datatype::kF32); },
-          [&] {
-            if (!paired) return;
-            if (r % 2 == 0) {
-              g->send(buf.data(), count, Datatype::kF32, peer);
-              g->recv(buf.data(), count, Datatype::kF32, peer);
-            } else {
-              g->recv(buf.data(), count, Datatype::kF32, peer);
-              g->send(buf.data(), count, Datatype::kF32, peer);
-            }
-          }};
-      std::vector<std::vector<double>> t(ops.size());
-      for (int p = 0; p < passes; ++p) {  // interleaved, so a slow moment hits every op
-        for (std::size_t o = 0; o < ops.size(); ++o)
-          t[o].push_back(time_batch(world, ops[o], target_s));
-      }
-      c.all_reduce_s.push_back(median(t[0]));
-      c.reduce_scatter_s.push_back(median(t[1]));
-      c.all_gather_s.push_back(median(t[2]));
-      c.p2p_s.push_back(median(t[3]) / 2);  // one message of the round trip
+    for (std::size_t si = 0; si < sizes.size(); ++si) {
+      c.all_reduce_s.push_back(median(t[si][0]));
+      c.reduce_scatter_s.push_back(median(t[si][1]));
+      c.all_gather_s.push_back(median(t[si][2]));
+      c.p2p_s.push_back(median(t[si][3]) / 2);  // one message of the round trip
+    }
+    // A larger message never costs less: a size timed slower than the next one met a slow
+    // moment in most passes, and takes the next size's time.
+    for (auto* v : {&c.all_reduce_s, &c.reduce_scatter_s, &c.all_gather_s, &c.p2p_s}) {
+      for (std::size_t si = v->size() - 1; si-- > 0;) (*v)[si] = std::min((*v)[si], (*v)[si + 1]);
     }
     out[comm_key(W, n)] = std::move(c);
   }
