@@ -7,6 +7,8 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <string>
+#include <unordered_set>
 
 #include "trident/core/error.h"
 #include "trident/train/train_config.h"
@@ -240,19 +242,41 @@ std::string strip_digit_underscores(const std::string& s) {
 }
 
 void add_compat_options(CLI::App& app, TrainConfig& cfg) {
+  // Registering ~1,100 flags on one CLI11 App is quadratic: CLI11 2.1 compares each new option's
+  // names with every option of its App (get_option_no_throw and add_option's duplicate check scan
+  // them all, copying each one's name list per comparison), 650k comparisons and seconds of
+  // allocation per registration under ASan. So the long names registered so far are kept in a hash
+  // set (a table flag already registered is skipped, as before), and the compatibility flags go
+  // into option groups of kPerGroup flags: CLI11's parser, its get_option and the --config reader
+  // look for a name in the app and then in each of its option groups, so they are found as before;
+  // only the duplicate check now runs within a group.
+  constexpr std::size_t kPerGroup = 32;
+  const std::string heading = "Megatron / DeepSpeed compatibility (docs/flags.md)";
+  std::unordered_set<std::string> registered;
+  for (const CLI::Option* o : app.get_options()) {
+    for (const std::string& l : o->get_lnames()) registered.insert("--" + l);
+  }
+  CLI::App* group = nullptr;
+  std::size_t in_group = 0;
   for (const CompatFlag& f : kTable) {
     if (f.status == FlagStatus::kImplemented) continue;
     const std::string name(f.name);
     // A flag another part of trident registered itself (implemented there) wins.
-    if (app.get_option_no_throw(name) != nullptr) continue;
+    if (!registered.insert(name).second) continue;
+    if (group == nullptr || in_group == kPerGroup) {
+      group = app.add_option_group(heading);
+      group->set_help_flag();  // the group inherits the app's --help; one is enough
+      in_group = 0;
+    }
+    ++in_group;
     const std::string help = str("[", flag_status_name(f.status), "] ", f.meaning, ": ", f.note);
     auto store = [&cfg, name](const std::vector<std::string>& v) { cfg.compat[name] = v; };
     CLI::Option* o = nullptr;
     if (f.values == 0) {
-      o = app.add_flag_callback(
+      o = group->add_flag_callback(
           name, [&cfg, name] { cfg.compat[name] = {}; }, help);
     } else {
-      o = app.add_option_function<std::vector<std::string>>(name, store, help);
+      o = group->add_option_function<std::vector<std::string>>(name, store, help);
       constexpr int kMany = CLI::detail::expected_max_vector_size;
       switch (f.values) {
         case -1:
@@ -269,8 +293,25 @@ void add_compat_options(CLI::App& app, TrainConfig& cfg) {
       }
       o->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
     }
-    o->group("Megatron / DeepSpeed compatibility (docs/flags.md)");
+    o->group(heading);
   }
+}
+
+std::vector<CLI::Option*> train_options(CLI::App& app) {
+  std::vector<CLI::Option*> all = app.get_options();
+  for (CLI::App* g : app.get_subcommands([](CLI::App* s) { return s->get_name().empty(); })) {
+    for (CLI::Option* o : g->get_options()) all.push_back(o);
+  }
+  return all;
+}
+
+std::vector<const CLI::Option*> train_options(const CLI::App& app) {
+  std::vector<const CLI::Option*> all = app.get_options();
+  for (const CLI::App* g :
+       app.get_subcommands([](const CLI::App* s) { return s->get_name().empty(); })) {
+    for (const CLI::Option* o : g->get_options()) all.push_back(o);
+  }
+  return all;
 }
 
 void apply_compat_flags(TrainConfig& cfg) {
