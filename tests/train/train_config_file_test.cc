@@ -77,5 +77,42 @@ TEST_F(TrainConfigFileTest, BadFilesAreParseErrors) {
   EXPECT_THROW(parse_train({"--config", path_}), CLI::ConfigError);
 }
 
+// The ~1,000 Megatron / DeepSpeed compatibility flags are registered in CLI11 option groups
+// (compat_flags.cc: registering them all on one App was quadratic). The parser, the --config
+// reader, the digit-underscore transform and record_given_flags must find them there, in the first
+// group and in the last.
+TEST_F(TrainConfigFileTest, CompatibilityFlagsAreFoundOnTheLineAndInTheFile) {
+  write("checkpoint-activations = true\nDDP-impl = \"local\"\n");
+  std::vector<std::string> args = {"trident",
+                                   "train",
+                                   "--config",
+                                   path_,
+                                   "--batch-size",
+                                   "1_0",
+                                   "--abort-on-unmet-fused-kernel-constraints",  // the first one
+                                   "--zero-reduce-scatter"};                     // the last one
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  CLI::App app{"trident"};
+  TrainConfig cfg;
+  CLI::App* sub = app.add_subcommand("train", "train");
+  add_train_options(*sub, cfg);
+  app.parse(static_cast<int>(argv.size()), argv.data());
+  record_given_flags(*sub, cfg);
+  EXPECT_EQ(cfg.compat.at("--batch-size"), std::vector<std::string>{"10"});
+  EXPECT_EQ(cfg.compat.at("--DDP-impl"), std::vector<std::string>{"local"});
+  for (const char* f : {"--batch-size", "--DDP-impl", "--checkpoint-activations",
+                        "--abort-on-unmet-fused-kernel-constraints", "--zero-reduce-scatter"}) {
+    EXPECT_TRUE(cfg.compat.contains(f)) << f;
+    EXPECT_TRUE(cfg.given.contains(f)) << f;
+  }
+  EXPECT_FALSE(cfg.given.contains("--hidden-size"));
+  // An unknown flag is still an error, not taken by a group.
+  args.push_back("--no-such-flag");
+  argv.clear();
+  for (std::string& a : args) argv.push_back(a.data());
+  EXPECT_THROW(app.parse(static_cast<int>(argv.size()), argv.data()), CLI::ExtrasError);
+}
+
 }  // namespace
 }  // namespace trident::train
