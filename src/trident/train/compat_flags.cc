@@ -242,41 +242,31 @@ std::string strip_digit_underscores(const std::string& s) {
 }
 
 void add_compat_options(CLI::App& app, TrainConfig& cfg) {
-  // Registering ~1,100 flags on one CLI11 App is quadratic: CLI11 2.1 compares each new option's
-  // names with every option of its App (get_option_no_throw and add_option's duplicate check scan
-  // them all, copying each one's name list per comparison), 650k comparisons and seconds of
-  // allocation per registration under ASan. So the long names registered so far are kept in a hash
-  // set (a table flag already registered is skipped, as before), and the compatibility flags go
-  // into option groups of kPerGroup flags: CLI11's parser, its get_option and the --config reader
-  // look for a name in the app and then in each of its option groups, so they are found as before;
-  // only the duplicate check now runs within a group.
-  constexpr std::size_t kPerGroup = 32;
-  const std::string heading = "Megatron / DeepSpeed compatibility (docs/flags.md)";
+  // The long names registered so far, looked up in a hash set: CLI11 2.1's get_option_no_throw
+  // scans every option and copies each one's name list per call (detail::find_member takes the
+  // vector by value), which made this loop quadratic in the ~1,150 flags (a third of a
+  // registration's time, seconds under ASan). CLI11's own duplicate check in add_option is
+  // quadratic the same way and stays: the way around it, CLI11 option groups of a few dozen flags,
+  // changes what an empty argument means (CLI11 takes "" for the name of a nameless option group:
+  // `trident train ... ""` was accepted, and the values of a many-valued flag ended at a ""; and a
+  // run of them took seconds: found by fuzz_train_args).
   std::unordered_set<std::string> registered;
   for (const CLI::Option* o : app.get_options()) {
     for (const std::string& l : o->get_lnames()) registered.insert("--" + l);
   }
-  CLI::App* group = nullptr;
-  std::size_t in_group = 0;
   for (const CompatFlag& f : kTable) {
     if (f.status == FlagStatus::kImplemented) continue;
     const std::string name(f.name);
     // A flag another part of trident registered itself (implemented there) wins.
     if (!registered.insert(name).second) continue;
-    if (group == nullptr || in_group == kPerGroup) {
-      group = app.add_option_group(heading);
-      group->set_help_flag();  // the group inherits the app's --help; one is enough
-      in_group = 0;
-    }
-    ++in_group;
     const std::string help = str("[", flag_status_name(f.status), "] ", f.meaning, ": ", f.note);
     auto store = [&cfg, name](const std::vector<std::string>& v) { cfg.compat[name] = v; };
     CLI::Option* o = nullptr;
     if (f.values == 0) {
-      o = group->add_flag_callback(
+      o = app.add_flag_callback(
           name, [&cfg, name] { cfg.compat[name] = {}; }, help);
     } else {
-      o = group->add_option_function<std::vector<std::string>>(name, store, help);
+      o = app.add_option_function<std::vector<std::string>>(name, store, help);
       constexpr int kMany = CLI::detail::expected_max_vector_size;
       switch (f.values) {
         case -1:
@@ -293,25 +283,8 @@ void add_compat_options(CLI::App& app, TrainConfig& cfg) {
       }
       o->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
     }
-    o->group(heading);
+    o->group("Megatron / DeepSpeed compatibility (docs/flags.md)");
   }
-}
-
-std::vector<CLI::Option*> train_options(CLI::App& app) {
-  std::vector<CLI::Option*> all = app.get_options();
-  for (CLI::App* g : app.get_subcommands([](CLI::App* s) { return s->get_name().empty(); })) {
-    for (CLI::Option* o : g->get_options()) all.push_back(o);
-  }
-  return all;
-}
-
-std::vector<const CLI::Option*> train_options(const CLI::App& app) {
-  std::vector<const CLI::Option*> all = app.get_options();
-  for (const CLI::App* g :
-       app.get_subcommands([](const CLI::App* s) { return s->get_name().empty(); })) {
-    for (const CLI::Option* o : g->get_options()) all.push_back(o);
-  }
-  return all;
 }
 
 void apply_compat_flags(TrainConfig& cfg) {

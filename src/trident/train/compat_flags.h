@@ -8,12 +8,10 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <vector>
 
 namespace CLI {
 class App;
-class Option;
-}  // namespace CLI
+}
 
 namespace trident::train {
 
@@ -37,11 +35,7 @@ const CompatFlag* find_compat_flag(std::string_view name);
 std::string flag_table_markdown();
 
 // Registers every table flag that is not a trident flag; what is given lands in cfg.compat.
-// They go into option groups of the app (nameless subcommands, searched by the parser).
 void add_compat_options(CLI::App& app, TrainConfig& cfg);
-// Every option of the app and of its option groups (CLI11's get_options lists the app's own).
-std::vector<CLI::Option*> train_options(CLI::App& app);
-std::vector<const CLI::Option*> train_options(const CLI::App& app);
 
 // Applies cfg.compat: mapped flags set trident settings, no-ops add one line each to
 // cfg.warnings, refused flags (or refused values) throw InvalidArgument with the reason.

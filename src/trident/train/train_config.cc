@@ -411,13 +411,13 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
         return std::string();
       },
       "", "digit underscores");
-  for (CLI::Option* o : train_options(app)) {
+  for (CLI::Option* o : app.get_options()) {
     if (o->get_items_expected_max() > 0) o->transform(underscores);
   }
 }
 
 void record_given_flags(const CLI::App& app, TrainConfig& c) {
-  for (const CLI::Option* o : train_options(app)) {
+  for (const CLI::Option* o : app.get_options()) {
     if (o->count() > 0 && !o->get_lnames().empty()) c.given.insert("--" + o->get_lnames()[0]);
   }
 }
