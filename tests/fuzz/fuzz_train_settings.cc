@@ -5,10 +5,10 @@
 // Bad settings may only end in CLI11's ParseError (printed with the option's name, exit code
 // non-zero) or InvalidArgument from TrainConfig::finalize; a config that passes must serialize.
 //
-// The parser is built once per process, as `trident` builds it once: registering the ~700 train
-// and Megatron compatibility flags costs CLI11 a quadratic name check (3-4 s per input under ASan,
-// so the target never got past its first seeds). Each input starts from the configuration as it
-// was right after registration, and CLI11 clears every option's results at the start of a parse.
+// The parser is built once per process, as `trident` builds it once (registering the ~1,150 train
+// and Megatron compatibility flags took 3-4 s under ASan while it was quadratic, and is still the
+// costliest step). Each input starts from the configuration as it was right after registration,
+// and CLI11 clears every option's results at the start of a parse.
 // The one value outside the configuration, the --config path, is given by every input of
 // fuzz_train_config and by none of fuzz_train_args (which skips inputs that mention it).
 #include "fuzz_train_settings.h"

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <string>
+#include <unordered_set>
 
 #include "trident/core/error.h"
 #include "trident/train/train_config.h"
@@ -240,11 +242,23 @@ std::string strip_digit_underscores(const std::string& s) {
 }
 
 void add_compat_options(CLI::App& app, TrainConfig& cfg) {
+  // The long names registered so far, looked up in a hash set: CLI11 2.1's get_option_no_throw
+  // scans every option and copies each one's name list per call (detail::find_member takes the
+  // vector by value), which made this loop quadratic in the ~1,150 flags (a third of a
+  // registration's time, seconds under ASan). CLI11's own duplicate check in add_option is
+  // quadratic the same way and stays: the way around it, CLI11 option groups of a few dozen flags,
+  // changes what an empty argument means (CLI11 takes "" for the name of a nameless option group:
+  // `trident train ... ""` was accepted, and the values of a many-valued flag ended at a ""; and a
+  // run of them took seconds: found by fuzz_train_args).
+  std::unordered_set<std::string> registered;
+  for (const CLI::Option* o : app.get_options()) {
+    for (const std::string& l : o->get_lnames()) registered.insert("--" + l);
+  }
   for (const CompatFlag& f : kTable) {
     if (f.status == FlagStatus::kImplemented) continue;
     const std::string name(f.name);
     // A flag another part of trident registered itself (implemented there) wins.
-    if (app.get_option_no_throw(name) != nullptr) continue;
+    if (!registered.insert(name).second) continue;
     const std::string help = str("[", flag_status_name(f.status), "] ", f.meaning, ": ", f.note);
     auto store = [&cfg, name](const std::vector<std::string>& v) { cfg.compat[name] = v; };
     CLI::Option* o = nullptr;
