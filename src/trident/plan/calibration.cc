@@ -31,23 +31,23 @@
 
 namespace trident::plan {
 
+double calibration_clock_s(int threads) {
+  if (threads == 1) {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
 namespace {
 
 namespace k = kernels;
 using Clock = std::chrono::steady_clock;
 
-// The clock calibration times with: with one thread, the thread's CPU time, so that a machine
-// shared with other jobs (its cores time-sliced) still measures the kernels' own speed; with
-// several, the wall clock (CPU time would hide their synchronisation).
+// The thread count calibrate() times with (calibration_clock_s).
 int g_threads = 1;
-double now_s() {
-  if (g_threads == 1) {
-    timespec ts{};
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
-  }
-  return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
-}
+double now_s() { return calibration_clock_s(g_threads); }
 
 // The median of a few batches of calls, each batch at least `min_s` long: seconds per call. The
 // median, not the best: the plan predicts a typical iteration (bench/plan/compare_cpu.py compares

@@ -96,6 +96,11 @@ struct Calibration {
 Calibration calibrate(int threads, const KernelShapes& shapes = {},
                       const Calibration* base = nullptr);
 
+// The clock kernels are timed by: with one thread, the thread's CPU time (a machine shared with
+// other jobs, its cores time-sliced, still measures the kernels' own speed); with several, the
+// wall clock (CPU time would hide their synchronisation). Seconds.
+double calibration_clock_s(int threads);
+
 // The cache: one calibration per thread count, in a JSON file.
 std::string default_calibration_path();  // $TRIDENT_PLAN_CACHE or ~/.cache/trident/plan-cpu.json
 void save_calibration(const std::string& path, const Calibration& c);

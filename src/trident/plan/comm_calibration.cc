@@ -1,7 +1,5 @@
 #include "trident/plan/comm_calibration.h"
 
-#include <time.h>
-
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -76,17 +74,6 @@ class GemmLoad {
   std::vector<float> x_ = std::vector<float>(kRows * kIn), w_ = std::vector<float>(kOut * kIn),
                      b_ = std::vector<float>(kOut, 0.0f), y_ = std::vector<float>(kRows * kOut);
 };
-
-// The thread's CPU time with one thread per rank (what its GEMMs cost it, without the time it
-// waited for a core), else the wall clock.
-double compute_clock_s(int threads) {
-  if (threads == 1) {
-    timespec ts{};
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
-  }
-  return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
-}
 
 double sum_over(comm::Communicator& c, double v) {
   c.all_reduce(&v, 1, Datatype::kF64, ReduceOp::kSum);
@@ -188,7 +175,7 @@ void calibrate_interference(comm::Communicator& world, int threads, int cores,
   // A GEMM alone (world rank 0; the others sleep, leaving the cores idle) and with every rank
   // running GEMMs at once: seconds per call. With ranks sharing cores the time-sliced share is
   // the expected part of the slowdown; corun_gemm is what comes on top.
-  std::vector<double> alone_s, ratios;
+  std::vector<double> ratios;
   for (int p = 0; p < passes; ++p) {
     world.barrier();
     double alone = 0;
@@ -204,11 +191,9 @@ void calibrate_interference(comm::Communicator& world, int threads, int cores,
     t0 = Clock::now();
     gemm.run(calls);
     const double together = sum_over(world, elapsed_s(t0) / calls) / W;
-    alone_s.push_back(alone);
     ratios.push_back(together / (alone * share));
   }
   const double corun = std::clamp(median(ratios), 0.5, 16.0);
-  const double gemm_s = median(alone_s);
 
   for (auto& [key, c] : costs) {
     const int n = std::stoi(key.substr(key.find(',') + 1));
@@ -227,9 +212,9 @@ void calibrate_interference(comm::Communicator& world, int threads, int cores,
       double compute = 0;
       const Clock::time_point start = Clock::now();
       for (int i = 0; i < loops; ++i) {
-        const double c0 = compute_clock_s(threads);
+        const double c0 = calibration_clock_s(threads);
         gemm.run(reps);
-        compute += compute_clock_s(threads) - c0;
+        compute += calibration_clock_s(threads) - c0;
         g->all_reduce(buf.data(), 1024, Datatype::kF32, ReduceOp::kSum);
       }
       const double wall = max_over(world, elapsed_s(start) / loops);
