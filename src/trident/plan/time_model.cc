@@ -381,6 +381,10 @@ struct Stage {
   std::int64_t numel = 0;
   std::int64_t units = 0;  // ZeRO-3 gathers: one per layer, the embedding and the head
   double embed_bytes = 0;
+  // How trident's gradient sync calls the data-parallel group (optim/grad_sync.cc): the layers'
+  // elements, their DDP buckets (stages 0-1), and the non-layer ranges (embeddings, final
+  // LayerNorm), each reduced in its own call once per iteration.
+  std::int64_t layer_numel = 0, layer_calls = 0, buckets = 0, rest_calls = 0;
 };
 
 std::vector<Stage> stage_costs(const train::TrainConfig& cfg, const Layout& l, const Costs& k) {
@@ -397,6 +401,11 @@ std::vector<Stage> stage_costs(const train::TrainConfig& cfg, const Layout& l, c
     const train::RankModel rm(mc, split, l.tp, 0, s, cfg.sequence_parallel);
     Stage st;
     st.numel = rm.total_numel();
+    const optim::FlatLayout flat = train::flat_layout_of(rm);
+    st.layer_numel = st.numel - flat.rest_numel();
+    st.layer_calls = static_cast<std::int64_t>(flat.units().size());
+    st.buckets = static_cast<std::int64_t>(flat.layer_buckets(cfg.ddp_bucket_size).size());
+    st.rest_calls = static_cast<std::int64_t>(flat.rest().size());
     for (std::size_t c = 0; c < rm.chunks().size(); ++c) {
       const model::ModelShard& sh = rm.chunks()[c].shard;
       st.units += sh.layers(mc) + (sh.has_embedding ? 1 : 0) + (sh.has_head ? 1 : 0);
@@ -449,31 +458,43 @@ void add_data_parallel(TimeBreakdown& t, const train::TrainConfig& cfg, const Cl
   const int dp = l.dp;
   const double md = static_cast<double>(l.m);
   double max_numel = 0, embed_bytes = 0;
+  const Stage* big = &stages.front();  // the stage with the most elements sets the DP traffic
   for (const Stage& s : stages) {
-    max_numel = std::max(max_numel, static_cast<double>(s.numel));
+    if (s.numel > big->numel) big = &s;
     embed_bytes = std::max(embed_bytes, s.embed_bytes);
   }
+  max_numel = static_cast<double>(big->numel);
   const double bytes = 4.0 * max_numel;
+  const double layer_bytes = 4.0 * static_cast<double>(big->layer_numel);
+  const double rest_bytes = bytes - layer_bytes;
   double window = 0;  // backward compute the reduction can run under
   const double one_bwd = w.bwd + w.rec;
-  const std::int64_t buckets =
-      std::max<std::int64_t>(1, static_cast<std::int64_t>(max_numel) / cfg.ddp_bucket_size);
-  // The gradients' reduce-scatter in DDP buckets, and one all-gather of the parameters.
-  const double rs = k.reduce_scatter(bytes, dp, l.dp_across, buckets);
+  // Stages 0-1: the layers' DDP buckets on the last micro-batch, then each non-layer range.
+  const std::int64_t buckets = std::max<std::int64_t>(1, big->buckets);
+  const std::int64_t rest_calls = std::max<std::int64_t>(1, big->rest_calls);
+  const double rest_rs =
+      rest_bytes > 0 ? k.reduce_scatter(rest_bytes, dp, l.dp_across, rest_calls) : 0;
+  // One all-gather of the parameters after the step.
   const double ag = k.all_gather(bytes, dp, l.dp_across);
   switch (cfg.zero_stage) {
     case 0:
-      t.dp_comm = k.all_reduce_buckets(bytes, dp, buckets, l.dp_across);
+      t.dp_comm =
+          k.all_reduce_buckets(layer_bytes, dp, buckets, l.dp_across) +
+          (rest_bytes > 0 ? k.all_reduce_buckets(rest_bytes, dp, rest_calls, l.dp_across) : 0);
       window = one_bwd;
       break;
     case 1:
-      t.dp_comm = rs + ag;
+      t.dp_comm = k.reduce_scatter(layer_bytes, dp, l.dp_across, buckets) + rest_rs + ag;
       window = one_bwd;
       break;
-    case 2:
-      t.dp_comm = md * rs + ag;
+    case 2: {
+      // Every micro-batch reduce-scatters each layer's gradient after its backward (one call a
+      // layer); the non-layer gradients accumulate whole and are reduce-scattered once.
+      const std::int64_t layers = std::max<std::int64_t>(1, big->layer_calls);
+      t.dp_comm = md * k.reduce_scatter(layer_bytes, dp, l.dp_across, layers) + rest_rs + ag;
       window = md * one_bwd;
       break;
+    }
     default: {  // per micro-batch and unit: gathered for the forward and the backward, and
                 // its gradient reduce-scattered
       double units = 1;
