@@ -149,6 +149,17 @@ TEST(PlanTime, MeasuredCollectivesPriceTheLayoutsCommunication) {
   EXPECT_GE(zc, 2);
   EXPECT_DOUBLE_EQ(z.dp_exposed, z.dp_comm);
 
+  // ZeRO-2: every micro-batch reduce-scatters each of the 4 layers in its own call; the
+  // non-layer gradients (embeddings, final LayerNorm) once per iteration. Twice the micro-batches
+  // (4 -> 8) add 4 x 4 layer calls and no other.
+  const TimeBreakdown z2 = predict_time(medium("--zero-stage 2", 2), cpu(2, flat(2, 1e-3)));
+  const TimeBreakdown z2x2 =
+      predict_time(medium("--zero-stage 2 --global-batch-size 32", 2), cpu(2, flat(2, 1e-3)));
+  const double c2 = calls(z2.dp_comm, 1e-3);
+  EXPECT_NEAR(c2, std::round(c2), 1e-6);
+  EXPECT_GE(c2, 4 * 4 + 2) << "the layers' calls, at least one non-layer range, the all-gather";
+  EXPECT_NEAR(calls(z2x2.dp_comm, 1e-3) - c2, 4 * 4, 1e-6);
+
   // The pipeline's sends: one measured message per receive.
   const train::TrainConfig pp2 = medium("--pipeline-model-parallel-size 2", 2);
   const TimeBreakdown p = predict_time(pp2, cpu(2, flat(2, 1e-3)));

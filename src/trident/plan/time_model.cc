@@ -457,14 +457,13 @@ void add_data_parallel(TimeBreakdown& t, const train::TrainConfig& cfg, const Cl
                        const Stage& w) {
   const int dp = l.dp;
   const double md = static_cast<double>(l.m);
-  double max_numel = 0, embed_bytes = 0;
+  double embed_bytes = 0;
   const Stage* big = &stages.front();  // the stage with the most elements sets the DP traffic
   for (const Stage& s : stages) {
     if (s.numel > big->numel) big = &s;
     embed_bytes = std::max(embed_bytes, s.embed_bytes);
   }
-  max_numel = static_cast<double>(big->numel);
-  const double bytes = 4.0 * max_numel;
+  const double bytes = 4.0 * static_cast<double>(big->numel);
   const double layer_bytes = 4.0 * static_cast<double>(big->layer_numel);
   const double rest_bytes = bytes - layer_bytes;
   double window = 0;  // backward compute the reduction can run under
