@@ -1,6 +1,7 @@
 // Bus bandwidth of all-reduce, reduce-scatter and all-gather per message size, through trident's
 // MpiCommunicator (non-blocking MPI + the timed polling wait) and through plain blocking MPI, so
-// the cost of the timeout machinery is visible. Run: mpirun -np 2 trident_comm_bench [max_mib=64]
+// the cost of the timeout machinery is visible; and reduce_scatter_v with the uneven splits ZeRO's
+// buckets produce. Run: mpirun -np 2 trident_comm_bench [max_mib=64]
 // [min_kib=1] (sizes min_kib KiB, x4, ..., up to max_mib MiB).
 //
 // busbw (nccl-tests convention): all_reduce 2(n-1)/n x bytes / t; reduce_scatter and all_gather
@@ -74,8 +75,9 @@ int main(int argc, char** argv) {
     std::printf(
         "| bytes | all_reduce MPI | MPI_Iallreduce+Wait | all_reduce trident |"
         " all_reduce trident spin | reduce_scatter MPI | reduce_scatter trident |"
+        " reduce_scatter_v trident, one owner | reduce_scatter_v trident, two owners |"
         " all_gather MPI | all_gather trident |\n");
-    std::printf("|---|---|---|---|---|---|---|---|---|\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
   }
   for (std::int64_t bytes = min_kib << 10; bytes <= (max_mib << 20); bytes *= 4) {
     const std::int64_t count = bytes / 4;                             // whole buffer, f32
@@ -86,6 +88,14 @@ int main(int argc, char** argv) {
     const double b = static_cast<double>(count * 4);
     const double full_bytes = static_cast<double>(block * n * 4);
     const int icount = static_cast<int>(count), iblock = static_cast<int>(block);
+    std::vector<std::int64_t> one_owner(static_cast<std::size_t>(n), 0), two_owners = one_owner;
+    one_owner[0] = block * n;
+    two_owners[0] = block * n / 2;
+    two_owners[1] = block * n - two_owners[0];
+    const int me = world->rank();
+    std::vector<float> part_v(static_cast<std::size_t>(std::max<std::int64_t>(
+        std::max(one_owner[static_cast<std::size_t>(me)], two_owners[static_cast<std::size_t>(me)]),
+        1)));
 
     struct Op {
       double factor;
@@ -113,6 +123,19 @@ int main(int argc, char** argv) {
         {rs_factor, full_bytes,
          [&] {
            world->reduce_scatter(full.data(), part.data(), block, Datatype::kF32, ReduceOp::kSum);
+         }},
+        // ZeRO's calls: reduce_scatter_v with the shard plan's split of one bucket, which mostly
+        // lies inside one rank's shard (all of it to rank 0), or across a shard boundary (half to
+        // rank 0, half to rank 1). Bus bandwidth counted as for equal blocks, for comparison.
+        {rs_factor, full_bytes,
+         [&] {
+           world->reduce_scatter_v(full.data(), part_v.data(), one_owner, Datatype::kF32,
+                                   ReduceOp::kSum);
+         }},
+        {rs_factor, full_bytes,
+         [&] {
+           world->reduce_scatter_v(full.data(), part_v.data(), two_owners, Datatype::kF32,
+                                   ReduceOp::kSum);
          }},
         {rs_factor, full_bytes,
          [&] {
