@@ -252,6 +252,12 @@ TEST(Gpt2Bpe, FileErrorsNameFileAndLine) {
   write_bytes(dir / "broken.json", "{\"a\": 0,\n \"b\": }\n");
   expect_error<core::DataError>([&] { GPT2BPETokenizer(dir / "broken.json", m); },
                                 {"broken.json", ":2:"});
+  // A number too large for a double (nlohmann's out_of_range 406, which carries no position)
+  // escaped the reader as an unexpected exception; found by fuzz_gpt2_bpe, input in
+  // tests/fuzz/regressions/fuzz_gpt2_bpe/vocab-number-overflow.
+  write_bytes(dir / "overflow.json", "{\"a\": 1e999}");
+  expect_error<core::DataError>([&] { GPT2BPETokenizer(dir / "overflow.json", m); },
+                                {"overflow.json", "not valid JSON", "number overflow"});
   write_bytes(dir / "array.json", "[1, 2]");
   expect_error<core::DataError>([&] { GPT2BPETokenizer(dir / "array.json", m); },
                                 {"array.json", "object"});

@@ -48,6 +48,10 @@ nlohmann::json parse_json_file(const std::string& path, std::string_view what) {
     const auto [line, col] = line_col(text, e.byte > 0 ? e.byte - 1 : 0);
     throw DataError(str(what, " ", path, ":", line, ":", col, " (byte ", e.byte,
                         "): not valid JSON: ", e.what()));
+  } catch (const nlohmann::json::exception& e) {
+    // The parser's other errors carry no position: a number too large for a double (406),
+    // nesting deeper than the parser allows.
+    throw DataError(str(what, " ", path, ": not valid JSON: ", e.what()));
   }
 }
 
@@ -61,6 +65,9 @@ nlohmann::json parse_json_line(std::string_view line, const std::string& path,
                         "): ", e.what(),
                         "; each line of a .jsonl/.json input must hold one JSON "
                         "object"));
+  } catch (const nlohmann::json::exception& e) {  // e.g. a number too large for a double
+    throw DataError(str(path, ":", line_no, ": not a valid JSON line: ", e.what(),
+                        "; each line of a .jsonl/.json input must hold one JSON object"));
   }
   if (!j.is_object()) {
     throw DataError(str(path, ":", line_no, ": expected a JSON object, found a JSON ",
