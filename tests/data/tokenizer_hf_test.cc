@@ -148,6 +148,11 @@ TEST(HuggingFaceTokenizer, UnsupportedPartsAndBadFilesAreNamed) {
   write_bytes(tmp / "cut.json", read_bytes(gpt2_json()).substr(0, 5000));
   expect_error<core::DataError>([&] { HuggingFaceTokenizer y(tmp / "cut.json"); },
                                 {"cut.json", "not valid JSON"});
+  // A number too large for a double escaped as an unexpected exception (found by
+  // fuzz_hf_tokenizer's long run, input in tests/fuzz/regressions/fuzz_hf_tokenizer/).
+  write_bytes(tmp / "overflow.json", "{\"model\": {\"dropout\": 33e3333333333}}");
+  expect_error<core::DataError>([&] { HuggingFaceTokenizer y(tmp / "overflow.json"); },
+                                {"overflow.json", "not valid JSON", "number overflow"});
   expect_error<core::DataError>([&] { HuggingFaceTokenizer y(tmp / "absent.json"); },
                                 {"absent.json"});
 }
