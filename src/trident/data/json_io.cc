@@ -49,8 +49,8 @@ nlohmann::json parse_json_file(const std::string& path, std::string_view what) {
     throw DataError(str(what, " ", path, ":", line, ":", col, " (byte ", e.byte,
                         "): not valid JSON: ", e.what()));
   } catch (const nlohmann::json::exception& e) {
-    // The parser's other errors carry no position: a number too large for a double (406),
-    // nesting deeper than the parser allows.
+    // The parser's other errors carry no position, e.g. a number too large for a double
+    // (out_of_range 406).
     throw DataError(str(what, " ", path, ": not valid JSON: ", e.what()));
   }
 }
