@@ -17,6 +17,7 @@
 #include "trident/ckpt/save_lock.h"
 #include "trident/core/error.h"
 #include "trident/core/log.h"
+#include "trident/data/json_io.h"
 #include "trident/model/param_table.h"
 #include "trident/train/train_config.h"
 
@@ -31,7 +32,7 @@ nlohmann::json read_json(const fs::path& p) {
   std::ifstream in(p);
   if (!in) throw core::DataError(str(p.string(), ": cannot open"));
   try {
-    return nlohmann::json::parse(in);
+    return data::parse_json_strict(in);
   } catch (const nlohmann::json::exception& e) {
     throw core::DataError(str(p.string(), ": malformed JSON (", e.what(), ")"));
   }

@@ -138,6 +138,12 @@ TEST(Safetensors, HostileHeadersAreRefusedNamingTheFault) {
             R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
             8);
   expect_refused(d / "overlap", "tensors a and b overlap");
+  // A tensor named twice: the JSON reader kept the second entry, and the first was lost silently.
+  write_raw(d / "twice",
+            R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+            R"("a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+            8);
+  expect_refused(d / "twice", "the key \"a\" appears twice");
   fs::remove_all(d);
 }
 

@@ -231,6 +231,11 @@ TEST(Preprocess, ErrorsNameTheFileAndLineAndLeaveNothingBehind) {
   expect_error<core::DataError>(
       [&] { run("overflow.jsonl", "{\"text\": \"a\"}\n{\"text\": \"b\", \"n\": 1e999}\n"); },
       {"overflow.jsonl:2:", "not a valid JSON line", "number overflow"});
+  // The key read given twice in a line: which text was meant? Other duplicates keep the last value
+  // (Megatron's json.loads does the same).
+  expect_error<core::DataError>(
+      [&] { run("twice.jsonl", "{\"text\": \"a\"}\n{\"text\": \"b\", \"text\": \"c\"}\n"); },
+      {"twice.jsonl:2:", "\"text\" appears twice"});
   expect_error<core::DataError>([&] { run("array.json", "[\n{\"text\": \"a\"}\n]\n"); },
                                 {"array.json:1:", "JSON array", "one JSON object per line"});
   expect_error<core::DataError>([&] { run("empty.jsonl", ""); }, {"empty corpus", "empty.jsonl"});

@@ -258,6 +258,10 @@ TEST(Gpt2Bpe, FileErrorsNameFileAndLine) {
   write_bytes(dir / "overflow.json", "{\"a\": 1e999}");
   expect_error<core::DataError>([&] { GPT2BPETokenizer(dir / "overflow.json", m); },
                                 {"overflow.json", "not valid JSON", "number overflow"});
+  // A token given twice: the second id won, and the first id was left without a token.
+  write_bytes(dir / "twice.json", "{\"a\": 0,\n \"b\": 1,\n \"a\": 2}");
+  expect_error<core::DataError>([&] { GPT2BPETokenizer(dir / "twice.json", m); },
+                                {"twice.json", "the key \"a\" appears twice"});
   write_bytes(dir / "array.json", "[1, 2]");
   expect_error<core::DataError>([&] { GPT2BPETokenizer(dir / "array.json", m); },
                                 {"array.json", "object"});

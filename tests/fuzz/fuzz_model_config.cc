@@ -12,6 +12,7 @@
 #include "fuzz_util.h"
 #include "trident/ckpt/hf_model.h"
 #include "trident/ckpt/model_config_json.h"
+#include "trident/data/json_io.h"
 #include "trident/model/param_table.h"
 
 namespace {
@@ -19,7 +20,7 @@ namespace {
 // Parses like tools/convert_hf.cc's read_json (a malformed file is a DataError there).
 nlohmann::json parse(std::string_view text) {
   try {
-    return nlohmann::json::parse(text);
+    return trident::data::parse_json_strict(text);
   } catch (const nlohmann::json::exception& e) {
     throw trident::core::DataError(std::string("config.json: malformed JSON (") + e.what() + ")");
   }

@@ -147,6 +147,21 @@ TEST_F(CheckpointInputTest, MalformedManifestAndFloatsAreNamed) {
   EXPECT_NE(load_manifest(float_iteration).find("\"iteration\" is 1e+300, not an integer"),
             std::string::npos)
       << load_manifest(float_iteration);
+  // A key given twice (written by hand: a JSON library cannot produce one) kept the last value.
+  {
+    std::string text = m.dump();
+    text.insert(1, "\"iteration\": 99, ");
+    std::ofstream(manifest) << text;
+    std::vector<float> flat(static_cast<std::size_t>(table_.total_numel));
+    try {
+      load_full_params(dir_.string(), -1, table_, flat.data());
+      ADD_FAILURE() << "a manifest naming \"iteration\" twice was accepted";
+    } catch (const core::DataError& e) {
+      EXPECT_NE(std::string(e.what()).find("\"iteration\" appears twice"), std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("manifest.json"), std::string::npos) << e.what();
+    }
+  }
   json not_object = json::array({1, 2});
   EXPECT_NE(load_manifest(not_object).find("not a trident checkpoint"), std::string::npos);
   std::ofstream(manifest) << m.dump(1);

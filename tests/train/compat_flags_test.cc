@@ -4,6 +4,7 @@
 #include "trident/train/compat_flags.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -250,6 +251,24 @@ TEST(DeepSpeedJson, ContradictionsAreRefused) {
   EXPECT_NE(err({}, R"({"scheduler": {"type": "WarmupLR"}})").find("Remove the block"),
             std::string::npos);
   EXPECT_EQ(err({"--global-batch-size", "32"}, R"({"train_batch_size": 32})"), "");
+}
+
+// A key given twice in the file: DeepSpeed refuses it (its config reader's object_pairs_hook), and
+// so does trident, naming the key; before, the second value won silently.
+TEST(DeepSpeedJson, AKeyGivenTwiceIsRefused) {
+  const fs::path p = fs::temp_directory_path() / ("trident_ds_dup_" + std::to_string(::getpid()));
+  std::ofstream(p) << R"({"train_batch_size": 32, "zero_optimization": {"stage": 1, "stage": 3}})";
+  TrainConfig c = parse(with({"--deepspeed", "--deepspeed_config", p.string()}), 2, false);
+  try {
+    apply_deepspeed_config(c, 2);
+    ADD_FAILURE() << "accepted";
+  } catch (const core::InvalidArgument& e) {
+    const std::string m = e.what();
+    for (const char* piece : {"--deepspeed_config", "\"stage\"", "twice", "/zero_optimization"}) {
+      EXPECT_NE(m.find(piece), std::string::npos) << m;
+    }
+  }
+  fs::remove(p);
 }
 
 // Found by fuzz_deepspeed_config (inputs in tests/fuzz/regressions/fuzz_deepspeed_config/):

@@ -21,6 +21,7 @@
 #include "trident/ckpt/reshard.h"
 #include "trident/core/error.h"
 #include "trident/core/log.h"
+#include "trident/data/json_io.h"
 
 namespace trident::ckpt {
 
@@ -51,7 +52,7 @@ std::string read_text(const std::string& path) {
 
 nlohmann::json parse_json_file(const std::string& path) {
   try {
-    return nlohmann::json::parse(read_text(path));
+    return data::parse_json_strict(read_text(path));
   } catch (const nlohmann::json::exception& e) {
     throw CorruptCheckpoint(str(path, ": corrupt JSON (", e.what(), ")"));
   }

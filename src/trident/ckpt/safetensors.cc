@@ -15,6 +15,7 @@
 
 #include "trident/core/bf16.h"
 #include "trident/core/error.h"
+#include "trident/data/json_io.h"
 
 namespace trident::ckpt {
 
@@ -129,8 +130,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     }
     nlohmann::json h;
     try {
-      h = nlohmann::json::parse(reinterpret_cast<const char*>(base + 8),
-                                reinterpret_cast<const char*>(base + 8 + header));
+      h = data::parse_json_strict(std::string_view(reinterpret_cast<const char*>(base + 8),
+                                                   static_cast<std::size_t>(header)));
     } catch (const nlohmann::json::exception& e) {
       throw DataError(str(path, ": malformed safetensors header (", e.what(), ")"));
     }
@@ -244,7 +245,7 @@ SafetensorsModel::SafetensorsModel(const std::string& dir) : dir_(dir) {
     nlohmann::json j;
     try {
       std::ifstream in(index);
-      j = nlohmann::json::parse(in);
+      j = data::parse_json_strict(in);
     } catch (const nlohmann::json::exception& e) {
       throw DataError(str(index.string(), ": malformed index (", e.what(), ")"));
     }

@@ -1,9 +1,13 @@
 // File and JSON helpers with DataError messages that name the file and the place.
 #include "trident/data/json_io.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <istream>
+#include <iterator>
+#include <unordered_set>
 
 #include "trident/core/error.h"
 
@@ -25,6 +29,153 @@ std::string read_file_bytes(const std::string& path, std::string_view what) {
   return data;
 }
 
+JsonDuplicateKey::JsonDuplicateKey(const std::string& what)
+    : nlohmann::json::exception(601, what.c_str()) {}
+
+namespace {
+
+// The parser callbacks that find a key given twice. The first pass only counts: an object whose
+// key events outnumber the keys it ends up with held a duplicate (nlohmann keeps one), which costs
+// a counter per open object. Only when that finds one does a second pass name it:
+// DuplicateKeyCheck keeps, per open object or array, an object's keys so far and its current key,
+// an array's current index, which give the JSON pointer of the object the duplicate is in.
+struct FoundDuplicate {};
+
+class DuplicateKeyCount {
+ public:
+  bool operator()(int /*depth*/, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    using E = nlohmann::json::parse_event_t;
+    switch (event) {
+      case E::object_start:
+        keys_.push_back(0);
+        break;
+      case E::key:
+        ++keys_.back();
+        break;
+      case E::object_end:
+        if (keys_.back() != static_cast<std::int64_t>(parsed.size())) throw FoundDuplicate{};
+        keys_.pop_back();
+        break;
+      default:
+        break;
+    }
+    return true;
+  }
+
+ private:
+  std::vector<std::int64_t> keys_;  // key events of each open object
+};
+
+class DuplicateKeyCheck {
+ public:
+  explicit DuplicateKeyCheck(const std::vector<std::string>& unique_top_level)
+      : only_(unique_top_level) {}
+
+  bool operator()(int /*depth*/, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    using E = nlohmann::json::parse_event_t;
+    switch (event) {
+      case E::object_start:
+      case E::array_start:
+        next_element();
+        stack_.push_back(Frame{event == E::object_start, -1, {}, {}});
+        break;
+      case E::object_end:
+      case E::array_end:
+        stack_.pop_back();
+        break;
+      case E::key: {
+        Frame& f = stack_.back();
+        f.key = parsed.get_ref<const std::string&>();
+        const bool check = only_.empty() ||
+                           (stack_.size() == 1 &&
+                            std::find(only_.begin(), only_.end(), f.key) != only_.end());
+        if (check && !f.keys.insert(f.key).second) {
+          const std::string where = pointer();
+          throw JsonDuplicateKey(
+              str("the key \"", f.key, "\" appears twice in the object at ",
+                  where.empty() ? "the top level" : str(where, " (JSON pointer)"),
+                  ": a JSON reader keeps only one of the two values; remove or rename one"));
+        }
+        break;
+      }
+      case E::value:
+        next_element();
+        break;
+    }
+    return true;
+  }
+
+ private:
+  struct Frame {
+    bool object;
+    std::int64_t index;  // an array's current element
+    std::string key;     // an object's current key
+    std::unordered_set<std::string> keys;
+  };
+
+  // A value starts: in an array, it is the next element.
+  void next_element() {
+    if (!stack_.empty() && !stack_.back().object) ++stack_.back().index;
+  }
+
+  // The JSON pointer (RFC 6901) of the innermost open object.
+  std::string pointer() const {
+    std::string p;
+    for (std::size_t i = 0; i + 1 < stack_.size(); ++i) {
+      p += '/';
+      if (!stack_[i].object) {
+        p += std::to_string(stack_[i].index);
+        continue;
+      }
+      for (char ch : stack_[i].key) {
+        if (ch == '~') {
+          p += "~0";
+        } else if (ch == '/') {
+          p += "~1";
+        } else {
+          p += ch;
+        }
+      }
+    }
+    return p;
+  }
+
+  const std::vector<std::string>& only_;
+  std::vector<Frame> stack_;
+};
+
+nlohmann::json parse_naming_the_duplicate(std::string_view text,
+                                          const std::vector<std::string>& unique_top_level) {
+  DuplicateKeyCheck check(unique_top_level);
+  return nlohmann::json::parse(
+      text, [&check](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+        return check(depth, event, parsed);
+      });
+}
+
+}  // namespace
+
+nlohmann::json parse_json_strict(std::string_view text,
+                                 const std::vector<std::string>& unique_top_level) {
+  // Only some top-level keys (a corpus line): the naming pass is cheap enough.
+  if (!unique_top_level.empty()) return parse_naming_the_duplicate(text, unique_top_level);
+  try {
+    DuplicateKeyCount count;
+    return nlohmann::json::parse(
+        text, [&count](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+          return count(depth, event, parsed);
+        });
+  } catch (const FoundDuplicate&) {
+    parse_naming_the_duplicate(text, unique_top_level);  // throws JsonDuplicateKey
+    throw core::InternalError("parse_json_strict: the two passes disagree about a duplicate key");
+  }
+}
+
+nlohmann::json parse_json_strict(std::istream& in) {
+  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  return parse_json_strict(text);
+}
+
 namespace {
 // Line and column (1-based) of byte offset `pos` in `text`.
 std::pair<std::int64_t, std::int64_t> line_col(std::string_view text, std::size_t pos) {
@@ -43,7 +194,9 @@ std::pair<std::int64_t, std::int64_t> line_col(std::string_view text, std::size_
 nlohmann::json parse_json_file(const std::string& path, std::string_view what) {
   const std::string text = read_file_bytes(path, what);
   try {
-    return nlohmann::json::parse(text);
+    return parse_json_strict(text);
+  } catch (const JsonDuplicateKey& e) {
+    throw DataError(str(what, " ", path, ": ", e.what()));
   } catch (const nlohmann::json::parse_error& e) {
     const auto [line, col] = line_col(text, e.byte > 0 ? e.byte - 1 : 0);
     throw DataError(str(what, " ", path, ":", line, ":", col, " (byte ", e.byte,
@@ -56,10 +209,12 @@ nlohmann::json parse_json_file(const std::string& path, std::string_view what) {
 }
 
 nlohmann::json parse_json_line(std::string_view line, const std::string& path,
-                               std::int64_t line_no) {
+                               std::int64_t line_no, const std::vector<std::string>& keys_read) {
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(line);
+    j = keys_read.empty() ? nlohmann::json::parse(line) : parse_json_strict(line, keys_read);
+  } catch (const JsonDuplicateKey& e) {
+    throw DataError(str(path, ":", line_no, ": ", e.what()));
   } catch (const nlohmann::json::parse_error& e) {
     throw DataError(str(path, ":", line_no, ": not a valid JSON line (column ", e.byte,
                         "): ", e.what(),

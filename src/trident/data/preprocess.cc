@@ -199,7 +199,9 @@ BatchResult process_batch(const Batch& b, const Tokenizer& tok, const Preprocess
                             ":1: the file looks like one JSON array; trident (like "
                             "Megatron) expects one JSON object per line (JSON Lines)"));
       }
-      obj = parse_json_line(raw, b.path, rec.line);
+      // A key read given twice in a line is an error (which text was meant?); other duplicates
+      // keep the last value, as Megatron's json.loads does.
+      obj = parse_json_line(raw, b.path, rec.line, cfg.json_keys);
     }
     for (std::size_t k = 0; k < nkeys; ++k) {
       sentences.clear();

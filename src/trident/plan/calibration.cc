@@ -18,6 +18,7 @@
 #include "trident/core/error.h"
 #include "trident/core/exec_context.h"
 #include "trident/core/view.h"
+#include "trident/data/json_io.h"
 #include "trident/kernels/adamw.h"
 #include "trident/kernels/attention.h"
 #include "trident/kernels/cross_entropy.h"
@@ -721,7 +722,7 @@ bool load_calibration(const std::string& path, int threads, Calibration& c) {
   if (!in) return false;
   nlohmann::json all;
   try {
-    all = nlohmann::json::parse(in);
+    all = data::parse_json_strict(in);
   } catch (const nlohmann::json::exception& e) {
     throw core::DataError(core::str("the calibration cache ", path, " is not JSON (", e.what(),
                                     "); delete the file, or re-run trident plan --gpu cpu "

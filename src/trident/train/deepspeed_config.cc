@@ -8,6 +8,7 @@
 #include <string>
 
 #include "trident/core/error.h"
+#include "trident/data/json_io.h"
 #include "trident/train/train_config.h"
 
 namespace trident::train {
@@ -363,7 +364,9 @@ void apply_deepspeed_config(TrainConfig& c, int world_size) {
   ss << in.rdbuf();
   json ds;
   try {
-    ds = json::parse(ss.str());
+    ds = data::parse_json_strict(ss.str());  // DeepSpeed also refuses duplicate keys
+  } catch (const data::JsonDuplicateKey& e) {
+    throw core::InvalidArgument(str("--deepspeed_config ", c.deepspeed_config, ": ", e.what()));
   } catch (const json::exception& e) {
     throw core::InvalidArgument(
         str("--deepspeed_config ", c.deepspeed_config, ": not valid JSON: ", e.what()));
