@@ -2,6 +2,8 @@
 // json.loads, keeps the last value silently). Checked against Python's json module refusing
 // duplicates through object_pairs_hook (reference/json_duplicates.py, the way DeepSpeed reads its
 // config), on random documents.
+#include "trident/data/json_io.h"
+
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -12,7 +14,6 @@
 
 #include "reference/reference_util.h"
 #include "trident/core/error.h"
-#include "trident/data/json_io.h"
 
 namespace trident::data {
 namespace {

@@ -86,9 +86,9 @@ class DuplicateKeyCheck {
       case E::key: {
         Frame& f = stack_.back();
         f.key = parsed.get_ref<const std::string&>();
-        const bool check = only_.empty() ||
-                           (stack_.size() == 1 &&
-                            std::find(only_.begin(), only_.end(), f.key) != only_.end());
+        const bool check =
+            only_.empty() ||
+            (stack_.size() == 1 && std::find(only_.begin(), only_.end(), f.key) != only_.end());
         if (check && !f.keys.insert(f.key).second) {
           const std::string where = pointer();
           throw JsonDuplicateKey(
@@ -208,8 +208,8 @@ nlohmann::json parse_json_file(const std::string& path, std::string_view what) {
   }
 }
 
-nlohmann::json parse_json_line(std::string_view line, const std::string& path,
-                               std::int64_t line_no, const std::vector<std::string>& keys_read) {
+nlohmann::json parse_json_line(std::string_view line, const std::string& path, std::int64_t line_no,
+                               const std::vector<std::string>& keys_read) {
   nlohmann::json j;
   try {
     j = keys_read.empty() ? nlohmann::json::parse(line) : parse_json_strict(line, keys_read);

@@ -39,8 +39,7 @@ nlohmann::json parse_json_file(const std::string& path, std::string_view what);
 
 // Parses one line of a JSON-lines file. Throws DataError "<path>:<line>: ..." when the line is not
 // valid JSON or not a JSON object, or names one of `keys_read` twice.
-nlohmann::json parse_json_line(std::string_view line, const std::string& path,
-                               std::int64_t line_no,
+nlohmann::json parse_json_line(std::string_view line, const std::string& path, std::int64_t line_no,
                                const std::vector<std::string>& keys_read = {});
 
 }  // namespace trident::data
