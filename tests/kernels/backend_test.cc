@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "kernel_test_util.h"
 #include "trident/core/error.h"
@@ -125,23 +126,30 @@ TEST(CpuIsa, AVariantTheProcessorLacksIsAClearError) {
   }
 }
 
-TEST(Dispatch, ACudaTensorInABuildWithoutCudaIsAClearError) {
+// A CUDA tensor: without CUDA in the build the op is Unavailable, naming it; in a build with CUDA
+// (real or emulated) a typed view that claims a CUDA device but holds host memory is refused by
+// the views' memory check, naming the op, the view and the memory.
+TEST(Dispatch, HostMemoryInACudaViewIsAClearError) {
   core::ExecContext ctx{};
-  ctx.device.kind = core::DeviceKind::kCuda;
-  float x[4] = {1, 2, 3, 4}, y[4], mean[1], rstd[1], w[4] = {1, 1, 1, 1}, b[4] = {};
+  ctx.device = {core::DeviceKind::kCuda, 0};
+  std::vector<float> x(4, 1.0f), y(4), mean(1), rstd(1), w(4, 1.0f), b(4);
+  const core::Device dev = ctx.device;
+  const LayerNormViews v{.out = core::view(y.data(), {1, 4}, dev),
+                         .mean = core::view(mean.data(), {1}, dev),
+                         .rstd = core::view(rstd.data(), {1}, dev),
+                         .in = core::view(x.data(), {1, 4}, dev),
+                         .weight = core::view(w.data(), {4}, dev),
+                         .bias = core::view(b.data(), {4}, dev)};
   try {
-    layernorm_forward(ctx, {.out = y,
-                            .mean = mean,
-                            .rstd = rstd,
-                            .in = x,
-                            .weight = w,
-                            .bias = b,
-                            .rows = 1,
-                            .cols = 4});
+    layernorm(ctx, v);
     FAIL() << "expected an error";
+  } catch (const core::InvalidArgument& e) {
+    EXPECT_TRUE(cuda_built()) << e.what();
+    EXPECT_NE(std::string(e.what()).find("layernorm: view `in` is host memory"), std::string::npos)
+        << e.what();
   } catch (const core::Unavailable& e) {
-    EXPECT_NE(std::strstr(e.what(), "layernorm_forward"), nullptr) << e.what();
-    EXPECT_NE(std::strstr(e.what(), "CUDA"), nullptr) << e.what();
+    EXPECT_FALSE(cuda_built()) << e.what();
+    EXPECT_NE(std::string(e.what()).find("layernorm_forward"), std::string::npos) << e.what();
   }
 }
 

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "kernel_test_util.h"
+#include "trident/kernels/backend.h"
 #include "trident/kernels/dispatch.h"
 #include "trident/kernels/ref/generic.h"
 #include "trident/kernels/ref/ref.h"
@@ -176,7 +177,11 @@ TEST(LayerNorm, RejectsBadArguments) {
   core::ExecContext cuda = cpu_ctx();
   cuda.device.kind = core::DeviceKind::kCuda;
   args.cols = 2;
-  EXPECT_THROW(layernorm_forward(cuda, args), core::Unavailable);
+  // Without CUDA in the build a CUDA context is Unavailable; with it, the raw entry points trust
+  // their pointers (Dispatch.HostMemoryInACudaViewIsAClearError tests the typed views' check).
+  if (!cuda_built()) {
+    EXPECT_THROW(layernorm_forward(cuda, args), core::Unavailable);
+  }
 }
 
 // Every view is checked before a pointer is read: the error names the op and the view.

@@ -129,6 +129,14 @@ const CpuOps& cpu_ops(const ExecContext& ctx) {
       " kernels (leave the instruction set on auto, or pick one it has)"));
 }
 
+bool cuda_built() {
+#ifdef TRIDENT_HAVE_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
 void no_cuda_backend(const char* op) {
   throw core::Unavailable(core::str(
       op,

@@ -11,6 +11,9 @@
 
 namespace trident::kernels {
 
+// Whether this build has the CUDA backend (a real one, or the emulated build of the tests).
+bool cuda_built();
+
 // Throws core::Unavailable: `op` was asked to run on a CUDA device, and this build (or this op)
 // has no CUDA kernel. Names the op and how to get a CUDA build.
 [[noreturn]] void no_cuda_backend(const char* op);

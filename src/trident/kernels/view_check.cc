@@ -1,6 +1,9 @@
 #include "trident/kernels/view_check.h"
 
 #include "trident/core/error.h"
+#ifdef TRIDENT_HAVE_CUDA
+#include "trident/kernels/cuda/device.h"
+#endif
 
 namespace trident::kernels::detail {
 
@@ -25,6 +28,15 @@ void check_optional_view(const char* op, const char* name, const core::TensorVie
                 v.device.kind == core::DeviceKind::kCuda ? "cuda" : "cpu", ":", v.device.index,
                 ", context: ", ctx.device.kind == core::DeviceKind::kCuda ? "cuda" : "cpu", ":",
                 ctx.device.index, ")");
+#ifdef TRIDENT_HAVE_CUDA
+  // A view's device tag is what its maker says; its memory is what cudaMalloc gave. A host buffer
+  // in a CUDA view is an illegal address on a GPU (or, with HMM, PCIe traffic): named here.
+  if (ctx.device.kind == core::DeviceKind::kCuda && cuda::pointer_checks_enabled()) {
+    const std::string problem = cuda::device_memory_problem(v.data, ctx.device.index);
+    TRIDENT_CHECK(problem.empty(), op, ": view `", name, "` is ", problem,
+                  ": copy it to the device (or allocate it there) first");
+  }
+#endif
 }
 
 void check_views(const char* op, const core::ExecContext& ctx, core::DType dtype,

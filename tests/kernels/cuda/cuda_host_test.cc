@@ -47,8 +47,12 @@ TEST(CudaHost, Bf16RoundingIsCores) {
   }
 }
 
-TEST(CudaHost, WithoutAGpuACudaOpSaysSo) {
-  if (cuda::device_count() > 0) GTEST_SKIP() << "this machine has a GPU (the CUDA tests run)";
+// Run by CTest with CUDA_VISIBLE_DEVICES set empty (tests/kernels/cuda/CMakeLists.txt), so that
+// the CUDA runtime sees no GPU on every machine, with a GPU or without, real or emulated: a CUDA
+// op is then Unavailable, saying why.
+TEST(NoGpu, ACudaOpSaysSo) {
+  ASSERT_EQ(cuda::device_count(), 0)
+      << "this test needs CUDA_VISIBLE_DEVICES= (empty) set before the process starts";
   EXPECT_FALSE(cuda::no_device_reason().empty());
   float x = 1.0f;
   try {

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 
 #include "trident/core/error.h"
 #include "trident/core/exec_context.h"
@@ -23,9 +24,16 @@ void throw_cuda_error(cudaError_t err, const char* what, const char* file, int l
       ::trident::kernels::cuda::throw_cuda_error(trident_cuda_err_, #expr, __FILE__, __LINE__); \
   } while (0)
 
-// After a kernel launch: launch errors (bad configuration) surface here; faults inside the kernel
-// surface at the next synchronizing call.
-#define TRIDENT_CUDA_LAUNCH_CHECK(name) TRIDENT_CUDA_CHECK(cudaGetLastError())
+// After a kernel launch: launch errors (bad configuration) surface here, naming the op; faults
+// inside the kernel surface at the next synchronizing call.
+#define TRIDENT_CUDA_LAUNCH_CHECK(name)                                                         \
+  do {                                                                                          \
+    const cudaError_t trident_cuda_err_ = cudaGetLastError();                                   \
+    if (trident_cuda_err_ != cudaSuccess)                                                       \
+      ::trident::kernels::cuda::throw_cuda_error(                                               \
+          trident_cuda_err_, (std::string("the kernel launch of ") + (name)).c_str(), __FILE__, \
+          __LINE__);                                                                            \
+  } while (0)
 
 inline cudaStream_t stream_of(const core::ExecContext& ctx) {
   return static_cast<cudaStream_t>(ctx.stream);

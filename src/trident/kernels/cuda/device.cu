@@ -2,6 +2,8 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "trident/core/error.h"
@@ -92,6 +94,43 @@ void fill_zero(void* dst, std::int64_t bytes, void* stream) {
       cudaMemsetAsync(dst, 0, static_cast<size_t>(bytes), static_cast<cudaStream_t>(stream)));
 }
 
+std::string device_memory_problem(const void* p, int device) {
+  if (p == nullptr) return "";
+  cudaPointerAttributes attr{};
+  const cudaError_t err = cudaPointerGetAttributes(&attr, p);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return core::str("unknown to CUDA (", cudaGetErrorString(err), ")");
+  }
+  char at[32];
+  std::snprintf(at, sizeof(at), "%p", p);
+  switch (attr.type) {
+    case cudaMemoryTypeDevice:
+      if (attr.device == device) return "";
+      return core::str("memory of CUDA device ", attr.device, " (", at, "), not of device ",
+                       device);
+    case cudaMemoryTypeManaged:
+      return "";
+    case cudaMemoryTypeHost:
+      return core::str("pinned host memory (", at, "), not device memory");
+    case cudaMemoryTypeUnregistered:
+      break;
+  }
+  return core::str("host memory (", at, "), not memory of CUDA device ", device);
+}
+
+bool pointer_checks_enabled() {
+#if defined(TRIDENT_CUDA_EMULATED) || !defined(NDEBUG)
+  return true;
+#else
+  static const bool on = [] {
+    const char* v = std::getenv("TRIDENT_CUDA_CHECK_POINTERS");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return on;
+#endif
+}
+
 namespace {
 std::atomic<std::int64_t> g_in_use{0}, g_peak{0};
 }
@@ -147,12 +186,21 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
 
 DeviceBuffer::~DeviceBuffer() { free_counted(data_, bytes_); }
 
-DeviceArena::DeviceArena(std::int64_t capacity_bytes) : buffer_(capacity_bytes) {
+DeviceArena::DeviceArena(std::int64_t capacity_bytes, void* stream) : buffer_(capacity_bytes) {
   int dev = 0;
   TRIDENT_CUDA_CHECK(cudaGetDevice(&dev));
   device_ = {core::DeviceKind::kCuda, dev};
   if (capacity_bytes > 0) {
-    TRIDENT_CUDA_CHECK(cudaMemset(buffer_.data(), 0, static_cast<size_t>(capacity_bytes)));
+    if (stream != nullptr) {
+      // Stream-ordered: work queued on `stream` after this sees the zeros.
+      TRIDENT_CUDA_CHECK(cudaMemsetAsync(buffer_.data(), 0, static_cast<size_t>(capacity_bytes),
+                                         static_cast<cudaStream_t>(stream)));
+    } else {
+      // cudaMemset runs on the legacy default stream, which trident's non-blocking streams do not
+      // order after: wait for it, so that any stream sees the zeros (arenas are made at start-up).
+      TRIDENT_CUDA_CHECK(cudaMemset(buffer_.data(), 0, static_cast<size_t>(capacity_bytes)));
+      TRIDENT_CUDA_CHECK(cudaDeviceSynchronize());
+    }
   }
 }
 

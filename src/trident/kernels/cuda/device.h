@@ -36,6 +36,15 @@ void fill_zero(void* dst, std::int64_t bytes, void* stream);
 void* device_alloc(std::int64_t bytes);  // cudaMalloc on the current device; throws on failure
 void device_free(void* p);
 
+// Why `p` may not be given to a kernel on CUDA device `device` ("host memory (...)", "memory of
+// CUDA device 1", ...), or "" when it may (device or managed memory of that device), from
+// cudaPointerGetAttributes.
+std::string device_memory_problem(const void* p, int device);
+// Whether the typed views check their memory with device_memory_problem (kernels/view_check.cc):
+// in debug builds, in the emulated build, and where TRIDENT_CUDA_CHECK_POINTERS=1 (a driver call
+// per view: off by default in release builds on a GPU).
+bool pointer_checks_enabled();
+
 // The largest device memory in use since the process started or the last reset (bytes), from the
 // arenas and DeviceBuffers; for the benchmark table.
 std::int64_t peak_device_bytes();
@@ -75,7 +84,8 @@ class DeviceArena {
   static constexpr std::int64_t kAlign = 256;  // cuBLASLt and vector loads like 256-byte alignment
 
   DeviceArena() = default;
-  explicit DeviceArena(std::int64_t capacity_bytes);
+  // Zero-filled on `stream` (stream-ordered), or, with no stream, before the constructor returns.
+  explicit DeviceArena(std::int64_t capacity_bytes, void* stream = nullptr);
 
   core::TensorView alloc(core::DType dtype, const core::Shape& shape);
   void reset() { used_ = 0; }

@@ -69,6 +69,14 @@ struct Product {
   std::int64_t ldc;
 };
 
+// The largest power of two up to 256 that divides the address (cuBLASLt's alignment preference).
+std::uint32_t pointer_alignment(const void* p) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  std::uint32_t r = 256;
+  while (r > 1 && a % r != 0) r >>= 1;
+  return r;
+}
+
 void lt_matmul(cudaStream_t stream, cudaDataType_t operand, const Product& p) {
   LtObjects o;
   TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&o.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -90,6 +98,19 @@ void lt_matmul(cudaStream_t stream, cudaDataType_t operand, const Product& p) {
   const std::uint64_t ws = kWorkspaceBytes;
   TRIDENT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
       o.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  // The heuristic otherwise assumes 256-byte-aligned operands; row chunks, heads and weights in a
+  // flat buffer are often less aligned, and an algorithm chosen for 256 may refuse them or fault.
+  // cuBLASLt's A is our X (= B), its B our Y (= A), C and D are c.
+  const std::uint32_t align_x = pointer_alignment(p.b), align_y = pointer_alignment(p.a),
+                      align_c = pointer_alignment(p.c);
+  TRIDENT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      o.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_x, sizeof(align_x)));
+  TRIDENT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      o.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_y, sizeof(align_y)));
+  TRIDENT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      o.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof(align_c)));
+  TRIDENT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      o.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof(align_c)));
   cublasLtHandle_t handle = lt_handle();
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
