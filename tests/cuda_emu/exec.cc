@@ -261,10 +261,17 @@ struct Block {
   // Under the lock: the calling thread waits until woken; throws KillBlock if the block fails.
   template <class Lock>
   void wait(int tid, Lock& lock, const char* what, const Loc& loc) {
-    state[tid] = TState::kWaiting;
     waiting_at[tid] = {what, loc};
+    if (waiting + 1 == nthreads - exited) {
+      // Every other live thread waits too: nothing can complete. (The calling thread is named in
+      // the report as waiting, but is not marked so: it unwinds now, not when woken.)
+      state[tid] = TState::kWaiting;
+      const std::string report = deadlock_report();
+      state[tid] = TState::kReady;
+      fail(tid, report);
+    }
+    state[tid] = TState::kWaiting;
     ++waiting;
-    if (waiting == nthreads - exited) fail(tid, deadlock_report());
     if (threaded) {
       cvs[static_cast<std::size_t>(tid)].wait(lock, [&] { return state[tid] != TState::kWaiting; });
     } else {

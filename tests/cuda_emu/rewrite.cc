@@ -136,7 +136,7 @@ std::size_t name_start(const Source& s, std::size_t pos) {
     }
     break;
   }
-  if (i == pos || !ident_char(s.text[i]) && s.text[i] != ':')
+  if (i == pos || (!ident_char(s.text[i]) && s.text[i] != ':'))
     s.fail(pos, "no kernel name before <<<");
   return i;
 }
@@ -219,8 +219,8 @@ void rewrite_shared(const Source& s, std::vector<Edit>& edits) {
     if (semi == std::string::npos) s.fail(pos, "a __shared__ declaration without ';'");
     const std::string decl = t.substr(pos + kw.size(), semi - pos - kw.size());
     if (decl.find(',') != std::string::npos || decl.find('=') != std::string::npos ||
-        decl.find('(') != std::string::npos && decl.find("alignas") == std::string::npos &&
-            decl.find("__align__") == std::string::npos) {
+        (decl.find('(') != std::string::npos && decl.find("alignas") == std::string::npos &&
+         decl.find("__align__") == std::string::npos)) {
       s.fail(pos, "unsupported __shared__ declaration (one variable, no initializer): " +
                       collapse(decl));
     }
