@@ -187,6 +187,44 @@ TEST(SampleSchedule, TrainSamplesWithRampCountsAsMegatron) {
             std::string::npos);
 }
 
+TEST(SampleSchedule, StepBatchSizeScheduleFlags) {
+  // seq-length 32: 320 tokens are 10 samples. As Megatron-LM, the global batch size outside the
+  // schedule is micro x dp, and --train-samples counts iterations until the samples are reached.
+  TrainConfig c = parse(with({"--step-batch-size-schedule", "0:2 320:4", "--micro-batch-size", "1",
+                              "--train-samples", "23", "--lr-warmup-samples", "4"}),
+                        2);
+  ASSERT_EQ(c.step_schedule.size(), 2u);
+  EXPECT_EQ(c.step_schedule[1].threshold, 10);
+  EXPECT_EQ(c.global_batch_size, 2);
+  EXPECT_EQ(c.train_iters, 9);  // 5 x 2 = 10, then 4 x 4 = 26: the last passes 23
+  // The words of an unquoted schedule are joined back (Megatron-LM's GPT-3 example).
+  c = parse(with({"--step-batch-size-schedule", "0:2", "320:4", "--micro-batch-size", "1",
+                  "--train-iters", "5"}),
+            2);
+  EXPECT_EQ(c.step_batch_size_schedule, "0:2 320:4");
+  // --global-batch-size: only the last stage, with a warning that Megatron-LM refuses the pair.
+  c = parse(with({"--step-batch-size-schedule", "0:2 320:4", "--global-batch-size", "4",
+                  "--micro-batch-size", "1", "--train-iters", "5", "--lr-decay-iters", "5"}),
+            2);
+  EXPECT_TRUE(warned(c, "Megatron-LM refuses the pair"));
+  EXPECT_DOUBLE_EQ(c.lr_steps.decay_iters, 20);  // 5 iterations x 4
+  EXPECT_NE(error_of(with({"--step-batch-size-schedule", "0:2 320:4", "--global-batch-size", "8",
+                           "--micro-batch-size", "1"}),
+                     2)
+                .find("whose last batch size is 4"),
+            std::string::npos);
+  EXPECT_NE(error_of(with({"--step-batch-size-schedule", "0:2 320:4", "--rampup-batch-size", "2",
+                           "2", "10"}))
+                .find("not both"),
+            std::string::npos);
+  EXPECT_NE(
+      error_of(with({"--step-batch-size-schedule", "0:2 320:4", "--decrease-batch-size-if-needed"}))
+          .find("--decrease-batch-size-if-needed"),
+      std::string::npos);
+  EXPECT_NE(error_of(with({"--step-batch-size-schedule", "64:2 320:4"})).find("start at 0"),
+            std::string::npos);
+}
+
 TEST(SampleSchedule, SkippedStepsDoNotAdvanceTheScheduler) {
   optim::LrSchedule s{.lr = 1.0, .min_lr = 0.0, .warmup_iters = 10, .decay_iters = 20};
   optim::MegatronLrScheduler sched({.samples = s});

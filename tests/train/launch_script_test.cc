@@ -13,6 +13,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -260,6 +261,48 @@ TEST_F(LaunchScriptTest, MegatronLmGpt3Fp16SkippedStepsDoNotAdvanceTheSchedule) 
                                     {"lr_warmup_fraction", 0.001},
                                     {"lr_decay_iters", 16},
                                     {"seq_length", 16}},
+                                   steps));
+}
+
+TEST_F(LaunchScriptTest, MegatronLmGpt3StepBatchSizeSchedule) {
+  // Megatron-LM's current GPT-3 example: --step-batch-size-schedule with token thresholds (here
+  // 0, 500 and 1600 tokens of 32: samples 0, 15 and 50) next to --global-batch-size (its last
+  // stage), 2 data-parallel ranks, FP16 from a 2^32 loss scale (the first steps are skipped). The
+  // example's unquoted bash array splits the schedule into words, which trident joins back.
+  // Batch sizes, consumed samples and learning rates must be megatron-core 0.19.2's
+  // StepBatchsizeNumMicroBatchesCalculator's, with Megatron's scheduler.
+  const std::string log =
+      run("megatron_lm_gpt3_175b_step_schedule.sh", 2,
+          {"NUM_LAYERS=2", "HIDDEN_SIZE=32", "NUM_HEADS=4", "SEQ_LEN=32", "GLOBAL_BATCH_SIZE=8",
+           "STEP_SCHEDULE=0:2 0.5K:4 1.6k:8", "TRAIN_ITERS=40", "LR_DECAY_ITERS=40", "TP=1", "PP=1",
+           "LOG_INTERVAL=1", "EVAL_INTERVAL=20", "EVAL_ITERS=1", "SAVE_INTERVAL=100"},
+          {(dir_ / "s3_ckpt").string(), (dir_ / "s3_tb").string(), vocab(), merges(), data()});
+  expect_ran(log);
+  EXPECT_NE(log.find("> using step batch size schedule: 0:2 0.5K:4 1.6k:8"), std::string::npos);
+  EXPECT_NE(log.find(">= 1,600 tokens (50 samples) -> batch_size=8, num_microbatches=4"),
+            std::string::npos);
+  EXPECT_NE(log.find("Megatron-LM refuses the pair"), std::string::npos)
+      << "no warning says that Megatron-LM refuses --global-batch-size with the schedule";
+  const std::vector<Step> steps = parse_steps(log);
+  std::set<long long> sizes;
+  int skipped = 0;
+  for (const Step& st : steps) {
+    sizes.insert(st.gbs);
+    skipped += st.skipped > 0;
+  }
+  EXPECT_EQ(sizes, (std::set<long long>{2, 4, 8})) << "every stage must be trained";
+  EXPECT_LT(skipped + 10, static_cast<int>(steps.size())) << "too few applied steps to compare";
+  expect_schedule(steps, reference({{"global_batch_size", 8},
+                                    {"micro_batch_size", 1},
+                                    {"data_parallel_size", 2},
+                                    {"step_batch_size_schedule", "0:2 0.5K:4 1.6k:8"},
+                                    {"train_iters", 40},
+                                    {"lr", 6e-5},
+                                    {"min_lr", 6e-6},
+                                    {"lr_decay_style", "cosine"},
+                                    {"lr_warmup_fraction", 0.001},
+                                    {"lr_decay_iters", 40},
+                                    {"seq_length", 32}},
                                    steps));
 }
 

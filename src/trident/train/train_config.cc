@@ -239,6 +239,20 @@ void add_data_options(CLI::App& app, TrainConfig& c) {
   app.add_option("--rampup-batch-size", c.rampup_batch_size,
                  "START INCREMENT SAMPLES: grow the global batch over SAMPLES consumed samples")
       ->expected(3);
+  // One value in Megatron-LM; several are joined with spaces, because Megatron-LM's own GPT-3
+  // example passes the quoted schedule through an unquoted bash array, which splits it into words.
+  app.add_option_function<std::vector<std::string>>(
+         "--step-batch-size-schedule",
+         [&c](const std::vector<std::string>& v) {
+           c.step_batch_size_schedule.clear();
+           for (const std::string& x : v)
+             c.step_batch_size_schedule += (c.step_batch_size_schedule.empty() ? "" : " ") + x;
+         },
+         "\"THRESHOLD:BATCH_SIZE ...\" (Megatron-LM): the global batch size from each "
+         "threshold of consumed tokens on, e.g. \"0:16 2.4B:320 4.8B:624\" (suffixes K, M, B, "
+         "T)")
+      ->expected(1, CLI::detail::expected_max_vector_size)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_flag("--decrease-batch-size-if-needed", c.decrease_batch_size_if_needed,
                "Round global batches down to a multiple of micro x data-parallel size");
   app.add_option("--split", c.split, "Train/valid/test split weights")->capture_default_str();
@@ -432,6 +446,20 @@ int TrainConfig::virtual_pipeline_chunks() const {
                           (num_layers_per_virtual_pipeline_stage * pipeline_model_parallel_size));
 }
 
+data::BatchScheduleConfig TrainConfig::batch_schedule_config(int dp) const {
+  std::optional<data::RampupBatchSize> rampup;
+  if (rampup_batch_size.size() == 3) {
+    rampup =
+        data::RampupBatchSize{rampup_batch_size[0], rampup_batch_size[1], rampup_batch_size[2]};
+  }
+  return {.global_batch_size = global_batch_size,
+          .micro_batch_size = micro_batch_size,
+          .data_parallel_size = dp,
+          .rampup = rampup,
+          .step_schedule = step_schedule,
+          .decrease_batch_size_if_needed = decrease_batch_size_if_needed};
+}
+
 std::int64_t TrainConfig::num_micro_batches(int world_size) const {
   return global_batch_size / (micro_batch_size * data_parallel_size(world_size));
 }
@@ -439,16 +467,14 @@ std::int64_t TrainConfig::num_micro_batches(int world_size) const {
 namespace {
 
 // Megatron's update_train_iters: the iterations --train-samples takes, the ramp counted step by
-// step (a partial last batch is dropped).
+// step (a partial last batch is dropped); a step schedule counted until the samples are reached
+// (its last batch may overshoot them, as in Megatron-LM).
 std::int64_t train_iters_from_samples(const TrainConfig& c, int dp) {
+  if (!c.step_schedule.empty()) {
+    return data::BatchSchedule(c.batch_schedule_config(dp)).iterations_for_samples(c.train_samples);
+  }
   if (c.rampup_batch_size.empty()) return c.train_samples / c.global_batch_size;
-  const data::BatchSchedule sched(
-      {.global_batch_size = c.global_batch_size,
-       .micro_batch_size = c.micro_batch_size,
-       .data_parallel_size = dp,
-       .rampup = data::RampupBatchSize{c.rampup_batch_size[0], c.rampup_batch_size[1],
-                                       c.rampup_batch_size[2]},
-       .decrease_batch_size_if_needed = c.decrease_batch_size_if_needed});
+  const data::BatchSchedule sched(c.batch_schedule_config(dp));
   std::int64_t iterations = 0, consumed = 0;
   while (consumed <= c.rampup_batch_size[2] && consumed <= c.train_samples) {
     consumed += sched.at(consumed).global_batch_size;
@@ -663,6 +689,32 @@ void TrainConfig::finalize_schedule(int dp) {
   lr.decay_style = optim::parse_lr_decay_style(lr_decay_style);
   TRIDENT_CHECK(micro_batch_size > 0, "--micro-batch-size must be positive, got ",
                 micro_batch_size);
+  if (!step_batch_size_schedule.empty()) {
+    // Megatron-LM: the schedule excludes --rampup-batch-size and --decrease-batch-size-if-needed,
+    // and sets the global batch size (evaluation, --lr-*-iters in samples) to micro x dp.
+    TRIDENT_CHECK(rampup_batch_size.empty(),
+                  "give --step-batch-size-schedule or --rampup-batch-size, not both");
+    TRIDENT_CHECK(!decrease_batch_size_if_needed,
+                  "--step-batch-size-schedule cannot be combined with "
+                  "--decrease-batch-size-if-needed (as in Megatron-LM)");
+    step_schedule =
+        data::parse_step_batch_size_schedule(step_batch_size_schedule, model.seq_length);
+    const std::int64_t last = step_schedule.back().batch_size;
+    if (global_batch_size != 0) {
+      TRIDENT_CHECK(global_batch_size == last, "--global-batch-size ", global_batch_size,
+                    " with --step-batch-size-schedule, whose last batch size is ", last,
+                    ": Megatron-LM refuses the two together; drop --global-batch-size (then "
+                    "micro x data-parallel, as Megatron-LM) or make it ",
+                    last);
+      warnings.push_back(
+          str("--global-batch-size ", global_batch_size,
+              " with --step-batch-size-schedule: Megatron-LM refuses the pair; trident accepts it "
+              "because it equals the schedule's last batch size, and uses it where Megatron uses "
+              "--global-batch-size (evaluation batches, --lr-*-iters converted to samples); "
+              "without it those use micro x data-parallel = ",
+              micro_batch_size * dp));
+    }
+  }
   if (global_batch_size == 0) global_batch_size = micro_batch_size * dp;
   TRIDENT_CHECK(global_batch_size % (micro_batch_size * dp) == 0, "--global-batch-size (",
                 global_batch_size, ") must be a multiple of --micro-batch-size (", micro_batch_size,
@@ -768,6 +820,7 @@ nlohmann::json TrainConfig::to_json() const {
   j["valid_data_path"] = valid_data_path;
   j["test_data_path"] = test_data_path;
   j["rampup_batch_size"] = rampup_batch_size;
+  j["step_batch_size_schedule"] = step_batch_size_schedule;
   j["split"] = split;
   j["tokenizer_type"] = tokenizer_type;
   j["vocab_file"] = vocab_file;

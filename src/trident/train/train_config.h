@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "trident/data/data_loader.h"
 #include "trident/model/config.h"
 #include "trident/optim/adamw_optimizer.h"
 #include "trident/optim/lr_schedule.h"
@@ -63,6 +64,10 @@ struct TrainConfig {
   std::string data_cache_path;
   double mid_level_dataset_surplus = 0.005;
   std::vector<std::int64_t> rampup_batch_size;  // START INCREMENT SAMPLES
+  // --step-batch-size-schedule "0:16 2.4B:320 ...": thresholds in tokens (Megatron-LM); parsed
+  // into step_schedule (thresholds in samples) by finalize.
+  std::string step_batch_size_schedule;
+  std::vector<data::StepBatchStage> step_schedule;
   bool decrease_batch_size_if_needed = false;
   std::string tokenizer_type = "GPT2BPETokenizer";
   std::string vocab_file, merge_file, tokenizer_model;
@@ -151,6 +156,9 @@ struct TrainConfig {
     model.loss_chunk_rows = loss_chunk_rows < 0 ? model.auto_loss_chunk_rows() : loss_chunk_rows;
   }
   int data_parallel_size(int world_size) const;
+  // The batch-size schedule (--global-batch-size, --rampup-batch-size or
+  // --step-batch-size-schedule) for data-parallel size dp, after finalize.
+  data::BatchScheduleConfig batch_schedule_config(int dp) const;
   int virtual_pipeline_chunks() const;
   std::int64_t num_micro_batches(int world_size) const;
 

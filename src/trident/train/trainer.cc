@@ -3,6 +3,7 @@
 #include <omp.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -337,8 +338,17 @@ void Trainer::build_data() {
   dcfg.split = cfg_.split;
   dcfg.seq_length = mc.seq_length;
   dcfg.seed = static_cast<std::int64_t>(cfg_.seed);
+  batches_.emplace(cfg_.batch_schedule_config(dp_));
+  std::int64_t train_samples =
+      cfg_.train_samples > 0 ? cfg_.train_samples : cfg_.train_iters * cfg_.global_batch_size;
+  if (!cfg_.step_schedule.empty() && cfg_.train_samples == 0) {
+    // Megatron-LM sizes it as train_iters x --global-batch-size, which under a step schedule is
+    // micro x dp unless given: fewer samples than the schedule consumes. trident builds what the
+    // iterations will read when that is more.
+    train_samples = std::max(train_samples, batches_->samples_for_iterations(cfg_.train_iters));
+  }
   dcfg.num_samples = {
-      cfg_.train_samples > 0 ? cfg_.train_samples : cfg_.train_iters * cfg_.global_batch_size,
+      train_samples,
       (cfg_.train_iters / cfg_.eval_interval + 1) * cfg_.eval_iters * cfg_.global_batch_size,
       cfg_.eval_iters * cfg_.global_batch_size};
   dcfg.data_cache_path = cfg_.data_cache_path;
@@ -356,17 +366,6 @@ void Trainer::build_data() {
   log::info("data: train ", datasets_.train->describe());
   if (datasets_.valid) log::info("data: valid ", datasets_.valid->describe());
   if (datasets_.test) log::info("data: test ", datasets_.test->describe());
-  std::optional<data::RampupBatchSize> rampup;
-  if (!cfg_.rampup_batch_size.empty()) {
-    rampup = data::RampupBatchSize{cfg_.rampup_batch_size[0], cfg_.rampup_batch_size[1],
-                                   cfg_.rampup_batch_size[2]};
-  }
-  batches_.emplace(data::BatchScheduleConfig{
-      .global_batch_size = cfg_.global_batch_size,
-      .micro_batch_size = cfg_.micro_batch_size,
-      .data_parallel_size = dp_,
-      .rampup = rampup,
-      .decrease_batch_size_if_needed = cfg_.decrease_batch_size_if_needed});
 }
 
 // This rank's part of the model (its pipeline chunks, each a tensor-parallel slice), its
@@ -497,6 +496,12 @@ void Trainer::resume_or_initialise() {
 // The MFU reference, the writers, the loss scaler and the learning-rate schedule (restored from
 // the checkpoint when there is one).
 void Trainer::build_schedules() {
+  if (!cfg_.step_schedule.empty()) {
+    // The stages still ahead must fit this layout (earlier ones may have run on another).
+    batches_->check_from(progress_.consumed);
+    log::info("> using step batch size schedule: ", cfg_.step_batch_size_schedule, "\n",
+              batches_->describe_step_schedule(cfg_.model.seq_length));
+  }
   peak_tflops_ = cfg_.peak_tflops;
   if (peak_tflops_ <= 0) {
     peak_tflops_ = measure_peak_tflops();
@@ -614,7 +619,7 @@ IterationResult Trainer::train_iteration() {
   par_.set_step(progress_.iteration + 1);
   r.batch = batches_->at(progress_.consumed);
   if (r.batch.num_micro_batches != micro_batches_) {
-    micro_batches_ = r.batch.num_micro_batches;  // --rampup-batch-size
+    micro_batches_ = r.batch.num_micro_batches;  // --rampup-batch-size, a step schedule
     executor_->set_num_microbatches(static_cast<int>(micro_batches_));
   }
   r.tokens = r.batch.running_global_batch_size * T_;
