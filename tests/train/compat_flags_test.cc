@@ -225,6 +225,58 @@ TEST(SampleSchedule, StepBatchSizeScheduleFlags) {
             std::string::npos);
 }
 
+TEST(SplitPathsFlags, BigScienceDataFlagsAndTheirExclusions) {
+  const std::vector<std::string> base = {"--num-layers",          "2", "--hidden-size", "64",
+                                         "--num-attention-heads", "4", "--seq-length",  "32"};
+  auto args = [&](std::vector<std::string> extra) {
+    std::vector<std::string> v = base;
+    v.insert(v.end(), extra.begin(), extra.end());
+    return v;
+  };
+  const std::string dir =
+      fs::temp_directory_path() / ("trident-split-flags-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string file = dir + "/valid-splits.txt";
+  std::ofstream(file) << "\"valid: 1 0.95:1 A\" \"valid_b: 1 0.95:1 B\"\n";
+  // The -path file is read into the groups; several validation groups, one training group.
+  TrainConfig c = parse(args({"--train-weighted-split-paths", "train: 1 0:0.95 A, 2 0:0.95 B",
+                              "--valid-weighted-split-paths-path", file}));
+  EXPECT_EQ(c.train_weighted_split_paths,
+            (std::vector<std::string>{"train: 1 0:0.95 A, 2 0:0.95 B"}));
+  EXPECT_EQ(c.valid_weighted_split_paths,
+            (std::vector<std::string>{"valid: 1 0.95:1 A", "valid_b: 1 0.95:1 B"}));
+  c = parse(args({"--train-weighted-split-paths", "train: 1 0:0.95 A",
+                  "--valid-weighted-split-paths", "v1: 1 0.95:1 A", "v2: 1 0.95:1 A"}));
+  EXPECT_EQ(c.valid_weighted_split_paths.size(), 2u);
+  // BigScience's exclusions and the grammar's errors, before anything runs.
+  EXPECT_NE(
+      error_of(args({"--train-weighted-split-paths", "train: 1 0:0.95 A", "--data-path", "corpus"}))
+          .find("mutually exclusive"),
+      std::string::npos);
+  EXPECT_NE(
+      error_of(args({"--train-weighted-split-paths", "train: 1 0:0.95 A", "--split", "98,2,0"}))
+          .find("mutually exclusive"),
+      std::string::npos);
+  EXPECT_NE(error_of(args({"--valid-weighted-split-paths-path", file}))
+                .find("need --train-weighted-split-paths"),
+            std::string::npos);
+  EXPECT_NE(error_of(args({"--train-weighted-split-paths", "train: 1 0:0.95 A",
+                           "--valid-weighted-split-paths", "v: 1 0.95:1 A",
+                           "--valid-weighted-split-paths-path", file}))
+                .find("give one of them"),
+            std::string::npos);
+  EXPECT_NE(error_of(args({"--train-weighted-split-paths", "a: 1 0:0.95 A", "b: 1 0:0.95 B"}))
+                .find("takes one group"),
+            std::string::npos);
+  EXPECT_NE(
+      error_of(args({"--train-weighted-split-paths", "train: 1 0.95:0.5 A"})).find("reversed"),
+      std::string::npos);
+  EXPECT_NE(error_of(args({"--train-weighted-split-paths-path", dir + "/missing.txt"}))
+                .find("missing.txt: cannot read"),
+            std::string::npos);
+  fs::remove_all(dir);
+}
+
 TEST(SampleSchedule, SkippedStepsDoNotAdvanceTheScheduler) {
   optim::LrSchedule s{.lr = 1.0, .min_lr = 0.0, .warmup_iters = 10, .decay_iters = 20};
   optim::MegatronLrScheduler sched({.samples = s});

@@ -400,7 +400,9 @@ std::string GPTDataset::describe() const {
       cfg_.bigscience ? "BigScience GPTDataset(" + cfg_.bigscience_name + ", " : "GPTDataset(",
       cfg_.dataset_path, ", ", split_name(cfg_.index_split), ", sequences [", begin_, ", ", end_,
       "), ", num_samples_, " samples, ", num_epochs_, " epochs, seq_length ", cfg_.sequence_length,
-      ", seed ", cfg_.random_seed, ", hash ", hash_, ")");
+      ", seed ", cfg_.random_seed,
+      cfg_.bigscience ? str(", cache ", cfg_.bigscience_cache_stem, "*") : str(", hash ", hash_),
+      ")");
 }
 
 }  // namespace trident::data

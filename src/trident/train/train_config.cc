@@ -7,10 +7,12 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 
 #include "trident/core/error.h"
 #include "trident/data/data_loader.h"
 #include "trident/data/utf8.h"
+#include "trident/data/weighted_split_paths.h"
 #include "trident/train/compat_flags.h"
 #include "trident/train/deepspeed_config.h"
 
@@ -231,6 +233,25 @@ void add_data_options(CLI::App& app, TrainConfig& c) {
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_option("--test-data-path", c.test_data_path, "Test blend")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  for (auto [split, groups, file] :
+       {std::tuple{"train", &c.train_weighted_split_paths, &c.train_weighted_split_paths_path},
+        std::tuple{"valid", &c.valid_weighted_split_paths, &c.valid_weighted_split_paths_path},
+        std::tuple{"test", &c.test_weighted_split_paths, &c.test_weighted_split_paths_path}}) {
+    const std::string flag = str("--", split, "-weighted-split-paths");
+    app.add_option(flag, *groups,
+                   str("BigScience's named ", split,
+                       " groups: \"NAME: WEIGHT START:END PREFIX, ...\" (START:END: fractions of "
+                       "each dataset's documents)",
+                       std::string(split) == "train" ? ""
+                                                     : "; each group is evaluated and logged "
+                                                       "under its name"))
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+    app.add_option(flag + "-path", *file,
+                   str("A file holding the ", flag, " groups, one line of quoted groups"));
+  }
+  app.add_flag("--allow-split-paths-overlap", c.allow_split_paths_overlap,
+               "Let a validation or test range of --*-weighted-split-paths share documents with "
+               "the training range of the same dataset (refused by default)");
   app.add_option("--data-cache-path", c.data_cache_path,
                  "Where the dataset indices are cached (default: next to the data)");
   app.add_option("--mid-level-dataset-surplus", c.mid_level_dataset_surplus,
@@ -520,9 +541,11 @@ void TrainConfig::finalize(int world_size) {
   finalize_model();
   finalize_parallel(world_size);
   finalize_schedule(data_parallel_size(world_size));
-  TRIDENT_CHECK(!data_path.empty() || !train_data_path.empty(),
-                "--data-path (or --train-data-path) is required: a prefix made by trident "
-                "preprocess, or a weighted list 0.3 A 0.7 B");
+  finalize_split_paths();
+  TRIDENT_CHECK(
+      !data_path.empty() || !train_data_path.empty() || !train_weighted_split_paths.empty(),
+      "--data-path (or --train-data-path, or --train-weighted-split-paths) is required: "
+      "a prefix made by trident preprocess, or a weighted list 0.3 A 0.7 B");
   TRIDENT_CHECK(eval_interval > 0, "--eval-interval must be positive");
   TRIDENT_CHECK(eval_iters >= 0, "--eval-iters must be >= 0");
   TRIDENT_CHECK(log_interval > 0, "--log-interval must be positive");
@@ -549,6 +572,35 @@ void TrainConfig::finalize(int world_size) {
                   "10)");
   }
   require_utf8(to_json(), "");
+}
+
+// BigScience's --*-weighted-split-paths: the -path files read, the groups parsed (errors up
+// front, on every rank), and BigScience's exclusions: --data-path and an explicit --split.
+void TrainConfig::finalize_split_paths() {
+  for (auto [which, groups, file] :
+       {std::tuple{"train", &train_weighted_split_paths, &train_weighted_split_paths_path},
+        std::tuple{"valid", &valid_weighted_split_paths, &valid_weighted_split_paths_path},
+        std::tuple{"test", &test_weighted_split_paths, &test_weighted_split_paths_path}}) {
+    const std::string flag = str("--", which, "-weighted-split-paths");
+    if (!file->empty()) {
+      TRIDENT_CHECK(groups->empty(), flag, " and ", flag,
+                    "-path both give the groups; give one of them");
+      *groups = data::read_weighted_split_paths_file(*file, flag + "-path");
+    }
+    (void)data::parse_weighted_split_paths(*groups, flag);
+  }
+  const bool any = !train_weighted_split_paths.empty() || !valid_weighted_split_paths.empty() ||
+                   !test_weighted_split_paths.empty();
+  if (!any) return;
+  TRIDENT_CHECK(!train_weighted_split_paths.empty(),
+                "--valid-weighted-split-paths / --test-weighted-split-paths need "
+                "--train-weighted-split-paths (BigScience's data option 2 starts from the training "
+                "group)");
+  TRIDENT_CHECK(data_path.empty() && train_data_path.empty() && valid_data_path.empty() &&
+                    test_data_path.empty() && !given.contains("--split"),
+                "--data-path/--split (or --train/valid/test-data-path) and "
+                "--train/valid/test-weighted-split-paths are mutually exclusive (BigScience's "
+                "\"Mode 1\" and \"Mode 2\" of data loading); use one or the other");
 }
 
 // --model presets, positions, norms, grouped-query attention, recomputation, the chunked head.
@@ -819,6 +871,10 @@ nlohmann::json TrainConfig::to_json() const {
   j["train_data_path"] = train_data_path;
   j["valid_data_path"] = valid_data_path;
   j["test_data_path"] = test_data_path;
+  j["train_weighted_split_paths"] = train_weighted_split_paths;
+  j["valid_weighted_split_paths"] = valid_weighted_split_paths;
+  j["test_weighted_split_paths"] = test_weighted_split_paths;
+  j["allow_split_paths_overlap"] = allow_split_paths_overlap;
   j["rampup_batch_size"] = rampup_batch_size;
   j["step_batch_size_schedule"] = step_batch_size_schedule;
   j["split"] = split;

@@ -60,6 +60,13 @@ struct TrainConfig {
   // Data.
   std::vector<std::string> data_path;  // "prefix" or "w1 prefix1 w2 prefix2 ..." (a blend)
   std::vector<std::string> train_data_path, valid_data_path, test_data_path;
+  // BigScience's named groups (--train/valid/test-weighted-split-paths, or the -path files, which
+  // finalize reads into these); docs/data-indices.md.
+  std::vector<std::string> train_weighted_split_paths, valid_weighted_split_paths,
+      test_weighted_split_paths;
+  std::string train_weighted_split_paths_path, valid_weighted_split_paths_path,
+      test_weighted_split_paths_path;
+  bool allow_split_paths_overlap = false;  // validation/test ranges may overlap training's
   std::string split = "969, 30, 1";
   std::string data_cache_path;
   double mid_level_dataset_surplus = 0.005;
@@ -173,6 +180,7 @@ struct TrainConfig {
   void finalize_parallel(int world_size);
   void finalize_offload();
   void finalize_schedule(int dp);
+  void finalize_split_paths();
 };
 
 // Registers every flag on `app` (the `train` subcommand), writing into cfg, and --config FILE.
