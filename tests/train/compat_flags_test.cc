@@ -77,7 +77,9 @@ TEST(CompatFlags, TableIsConsistentWithTheRegisteredFlags) {
     EXPECT_TRUE(names.insert(f.name).second) << "twice: " << f.name;
     ++count[f.status];
     EXPECT_FALSE(f.meaning.empty()) << f.name;
-    if (f.status != FlagStatus::kImplemented) EXPECT_FALSE(f.note.empty()) << f.name;
+    if (f.status != FlagStatus::kImplemented) {
+      EXPECT_FALSE(f.note.empty()) << f.name;
+    }
     // Every flag of the table is accepted by `trident train` (implemented ones natively).
     EXPECT_NO_THROW(app.get_option(std::string(f.name))) << f.name;
   }
@@ -279,7 +281,8 @@ TEST(SplitPathsFlags, BigScienceDataFlagsAndTheirExclusions) {
 
 TEST(SampleSchedule, SkippedStepsDoNotAdvanceTheScheduler) {
   optim::LrSchedule s{.lr = 1.0, .min_lr = 0.0, .warmup_iters = 10, .decay_iters = 20};
-  optim::MegatronLrScheduler sched({.samples = s});
+  optim::MegatronLrScheduler sched(
+      {.samples = s, .warmup_tokens = std::nullopt, .decay_tokens = std::nullopt});
   EXPECT_DOUBLE_EQ(sched.lr(), 0.0);
   sched.step(4, 0);
   EXPECT_DOUBLE_EQ(sched.lr(), 0.4);
