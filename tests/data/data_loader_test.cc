@@ -372,6 +372,14 @@ TEST(StepBatchSchedule, MatchesMegatronCoreCalculator) {
       loader.advance();
     }
     EXPECT_GE(sizes.size(), 3u) << "the loop must cross stages to test anything";
+    // The samples consumed before step k, computed stage by stage.
+    const auto& loop = out[k].at("loop");
+    for (std::size_t step :
+         {std::size_t{0}, std::size_t{1}, loop.size() / 3, loop.size() / 2, loop.size() - 1}) {
+      EXPECT_EQ(s.samples_for_iterations(static_cast<std::int64_t>(step)),
+                loop[step][0].get<std::int64_t>())
+          << "after " << step << " steps";
+    }
     EXPECT_EQ(s.iterations_for_samples(cases[k].train_samples),
               out[k].at("train_iters_for_samples").get<std::int64_t>());
   }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <limits>
 
 #include "trident/core/error.h"
 #include "trident/data/dataset_split.h"
@@ -228,19 +229,50 @@ void BatchSchedule::check_from(std::int64_t consumed_samples) const {
   }
 }
 
+// Both walk the schedule stage by stage (steps of one batch size at a time), not step by step:
+// a schedule of 16-sample batches over 10^12 samples is counted at once.
+namespace {
+// The consumed samples at which the batch size after `consumed` may change (the next stage's
+// threshold), or INT64_MAX.
+std::int64_t next_threshold(const std::vector<StepBatchStage>& st, std::int64_t consumed) {
+  for (const StepBatchStage& s : st) {
+    if (s.threshold > consumed) return s.threshold;
+  }
+  return std::numeric_limits<std::int64_t>::max();
+}
+}  // namespace
+
 std::int64_t BatchSchedule::iterations_for_samples(std::int64_t train_samples) const {
-  std::int64_t iterations = 0, consumed = 0;
+  using i128 = __int128;
+  std::int64_t iterations = 0;
+  i128 consumed = 0;
   while (consumed < train_samples) {
-    consumed += at(consumed).global_batch_size;
-    ++iterations;
+    const auto c = static_cast<std::int64_t>(consumed);
+    const std::int64_t b = at(c).global_batch_size;
+    const i128 limit = std::min<i128>(train_samples, next_threshold(cfg_.step_schedule, c));
+    const i128 steps = cfg_.step_schedule.empty() ? 1 : (limit - consumed + b - 1) / b;
+    consumed += steps * b;
+    iterations += static_cast<std::int64_t>(steps);
   }
   return iterations;
 }
 
 std::int64_t BatchSchedule::samples_for_iterations(std::int64_t iterations) const {
-  std::int64_t consumed = 0;
-  for (std::int64_t k = 0; k < iterations; ++k) consumed += at(consumed).running_global_batch_size;
-  return consumed;
+  using i128 = __int128;
+  i128 consumed = 0;
+  std::int64_t done = 0;
+  const i128 cap = std::numeric_limits<std::int64_t>::max();
+  while (done < iterations && consumed < cap) {
+    const auto c = static_cast<std::int64_t>(consumed);
+    const std::int64_t b = at(c).running_global_batch_size;
+    const i128 in_stage = cfg_.step_schedule.empty()
+                              ? 1
+                              : (next_threshold(cfg_.step_schedule, c) - consumed + b - 1) / b;
+    const i128 steps = std::min<i128>(in_stage, iterations - done);
+    consumed += steps * b;
+    done += static_cast<std::int64_t>(steps);
+  }
+  return static_cast<std::int64_t>(std::min(consumed, cap));
 }
 
 std::string BatchSchedule::describe_step_schedule(std::optional<std::int64_t> seq_length) const {

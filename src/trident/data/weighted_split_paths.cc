@@ -159,6 +159,12 @@ std::vector<SplitPathsGroup> parse_weighted_split_paths(const std::vector<std::s
 
 std::vector<std::string> read_weighted_split_paths_file(const std::string& path,
                                                         std::string_view flag) {
+  std::error_code ec;
+  TRIDENT_CHECK(std::filesystem::is_regular_file(path, ec), flag, " ", path,
+                ": cannot read the file (not a regular file)");
+  const auto bytes = std::filesystem::file_size(path, ec);
+  TRIDENT_CHECK(!ec && bytes <= (std::uintmax_t{64} << 20), flag, " ", path, ": the file holds ",
+                bytes, " bytes; a file of groups is one line (at most 64 MiB)");
   std::ifstream in(path, std::ios::binary);
   TRIDENT_CHECK(in.good(), flag, " ", path, ": cannot read the file");
   std::stringstream ss;
