@@ -1,7 +1,10 @@
 // The data loader: which samples each data-parallel rank reads per step (Megatron's
 // MegatronPretrainingSampler order, closed-form expectations), exact resume from
-// consumed_samples, and the --rampup-batch-size schedule against megatron-core's own
-// num-microbatches calculator (tests/data/reference/megatron_batch_schedule.py, run here).
+// consumed_samples, and the --rampup-batch-size and --step-batch-size-schedule schedules against
+// megatron-core's own num-microbatches calculators
+// (tests/data/reference/megatron_batch_schedule.py, run here: 0.16.1's for the ramp, 0.19.2's
+// StepBatchsizeNumMicroBatchesCalculator for the step schedule, read from the pinned wheel because
+// 0.16.1 predates it).
 #include "trident/data/data_loader.h"
 
 #include <gtest/gtest.h>
@@ -41,7 +44,8 @@ BatchScheduleConfig schedule(std::int64_t gbs, std::int64_t mbs, std::int64_t dp
   return BatchScheduleConfig{.global_batch_size = gbs,
                              .micro_batch_size = mbs,
                              .data_parallel_size = dp,
-                             .rampup = std::nullopt};
+                             .rampup = std::nullopt,
+                             .step_schedule = {}};
 }
 
 TEST(DataLoader, RanksSliceEachGlobalBatchAsMegatron) {
@@ -236,6 +240,180 @@ TEST(BatchSchedule, BadInputsGiveClearErrors) {
                  "data-parallel rank");
   expect_invalid([&] { DataLoader l(ds, {.schedule = schedule(8, 2, 2), .dp_rank = 0}, 100); },
                  "no samples left");
+}
+
+// The step schedule's grammar, string by string, against megatron-core 0.19.2's _parse_schedule
+// and _validate_schedule: the same stages (thresholds in samples) or both refuse.
+TEST(StepBatchSchedule, GrammarMatchesMegatronCore) {
+  const testing::TempDir tmp;
+  const fs::path dir(tmp.path());
+  const std::vector<std::pair<std::string, std::optional<std::int64_t>>> inputs = {
+      {"0:16 2.4B:320 4.8B:624 7.2B:928 9.6B:1232 12B:1536", 2048},  // GPT-3 175B example
+      {"0:768 250B:1536 500B:3072 750B:6144", 4096},
+      {"0:768 61035156250:1536", std::nullopt},  // thresholds in samples
+      {"0:16,2.4b:320 , 4.8B:624", 2048},        // commas, lower case
+      {"  0:8   1k:16\t2.5K:32 ", 16},
+      {"1M:64 0:32 3m:128", 1000},          // unsorted
+      {"0:1.5k 1T:3K", 100},                // suffixed, fractional batch sizes
+      {"0:16.9 100.7:24.2", std::nullopt},  // truncated toward zero
+      {"0:2 1e3:4 2.5e3:8", 3},
+      {"0:4 2_000:8", 10},            // digit underscores, as float() takes them
+      {"0:16 2047:32", 2048},         // 2047 tokens are 0 samples: not strictly increasing
+      {"5:16 100:32", std::nullopt},  // no stage at 0
+      {"0:16 100:0", std::nullopt},   // batch size 0
+      {"0:16 100:-8", std::nullopt},
+      {"0:16 100", std::nullopt},     // no colon
+      {"0:16 abc:32", std::nullopt},  // not a number
+      {"0:16 1Q:32", std::nullopt},
+      {"", std::nullopt},
+      {"0:16 100:32 100:64", std::nullopt},  // repeated threshold
+      {"0:16 1:2:3", std::nullopt},
+  };
+  nlohmann::json spec;
+  spec["cases"] = nlohmann::json::array();
+  spec["parse"] = nlohmann::json::array();
+  for (const auto& [text, seq] : inputs) {
+    spec["parse"].push_back({text, seq ? nlohmann::json(*seq) : nlohmann::json()});
+  }
+  std::ofstream(dir / "spec.json") << spec.dump();
+  ASSERT_TRUE(testing::run_reference("megatron_batch_schedule.py",
+                                     {(dir / "spec.json").string(), (dir / "out.json").string()}));
+  std::ifstream in(dir / "out.json");
+  const nlohmann::json out = nlohmann::json::parse(in).at("parse");
+  ASSERT_EQ(out.size(), inputs.size());
+  int refused = 0;
+  for (std::size_t k = 0; k < inputs.size(); ++k) {
+    SCOPED_TRACE("schedule \"" + inputs[k].first + "\"");
+    const nlohmann::json& ref = out[k];
+    if (ref.is_string()) {
+      ++refused;
+      try {
+        (void)parse_step_batch_size_schedule(inputs[k].first, inputs[k].second);
+        ADD_FAILURE() << "trident accepted what megatron-core refuses: " << ref.get<std::string>();
+      } catch (const core::InvalidArgument& e) {
+        EXPECT_NE(std::string(e.what()).find("--step-batch-size-schedule"), std::string::npos)
+            << e.what();
+      }
+      continue;
+    }
+    const std::vector<StepBatchStage> got =
+        parse_step_batch_size_schedule(inputs[k].first, inputs[k].second);
+    ASSERT_EQ(got.size(), ref.size());
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i].threshold, ref[i][0].get<std::int64_t>()) << "stage " << i;
+      EXPECT_EQ(got[i].batch_size, ref[i][1].get<std::int64_t>()) << "stage " << i;
+    }
+  }
+  EXPECT_EQ(refused, 10) << "the refused inputs above must be refused by megatron-core too";
+}
+
+// The schedule as a function of consumed samples, the training loop's steps, and Megatron-LM's
+// iteration count for --train-samples, against megatron-core 0.19.2's calculator.
+TEST(StepBatchSchedule, MatchesMegatronCoreCalculator) {
+  const testing::TempDir tmp;
+  const fs::path dir(tmp.path());
+  struct Case {
+    std::string schedule;
+    std::optional<std::int64_t> seq_length;
+    std::int64_t mbs, dp, train_samples, steps;
+  };
+  const std::vector<Case> cases = {
+      {"0:16 2.4B:320 4.8B:624 7.2B:928 9.6B:1232 12B:1536", 2048, 1, 8, 20'000'000, 78'000},
+      {"0:8 1000:24 1500:24 4000:96", std::nullopt, 2, 4, 12'345, 3000},
+      {"0:4 100K:12 250K:36", 64, 1, 4, 9'000, 3000},
+  };
+  std::vector<std::int64_t> consumed;
+  for (std::int64_t v = 0; v < 7'000'000; v += 99'991) consumed.push_back(v);
+  for (std::int64_t v : {1, 999, 1000, 1001, 1499, 1500, 1562, 1563, 3906, 3907, 1'171'874,
+                         1'171'875, 1'171'876, 5'859'375})
+    consumed.push_back(v);
+  nlohmann::json spec;
+  spec["cases"] = nlohmann::json::array();
+  spec["step_cases"] = nlohmann::json::array();
+  for (const Case& c : cases) {
+    spec["step_cases"].push_back(
+        {{"schedule", c.schedule},
+         {"seq_length", c.seq_length ? nlohmann::json(*c.seq_length) : nlohmann::json()},
+         {"micro_batch_size", c.mbs},
+         {"data_parallel_size", c.dp},
+         {"consumed", consumed},
+         {"train_steps", c.steps},
+         {"train_samples", c.train_samples}});
+  }
+  std::ofstream(dir / "spec.json") << spec.dump();
+  ASSERT_TRUE(testing::run_reference("megatron_batch_schedule.py",
+                                     {(dir / "spec.json").string(), (dir / "out.json").string()}));
+  std::ifstream in(dir / "out.json");
+  const nlohmann::json out = nlohmann::json::parse(in).at("step_cases");
+  ASSERT_EQ(out.size(), cases.size());
+  for (std::size_t k = 0; k < cases.size(); ++k) {
+    SCOPED_TRACE("schedule \"" + cases[k].schedule + "\"");
+    BatchScheduleConfig cfg = schedule(cases[k].mbs * cases[k].dp, cases[k].mbs, cases[k].dp);
+    cfg.step_schedule = parse_step_batch_size_schedule(cases[k].schedule, cases[k].seq_length);
+    ASSERT_EQ(cfg.step_schedule.size(), out[k].at("stages").size());
+    const BatchSchedule s(cfg);
+    s.check_from(0);
+    const auto& at = out[k].at("at");
+    ASSERT_EQ(at.size(), consumed.size());
+    for (std::size_t i = 0; i < consumed.size(); ++i) {
+      const StepBatch b = s.at(consumed[i]);
+      ASSERT_EQ(b.global_batch_size, at[i][0].get<std::int64_t>()) << "consumed " << consumed[i];
+      ASSERT_EQ(b.running_global_batch_size, at[i][1].get<std::int64_t>()) << consumed[i];
+      ASSERT_EQ(b.num_micro_batches, at[i][2].get<std::int64_t>()) << consumed[i];
+    }
+    const auto ds = std::make_shared<CountingDataset>(std::int64_t{1} << 40, 4);
+    DataLoader loader(ds, DataLoaderConfig{.schedule = cfg, .dp_rank = 0}, 0);
+    std::set<std::int64_t> sizes;
+    for (const auto& row : out[k].at("loop")) {
+      ASSERT_EQ(loader.consumed_samples(), row[0].get<std::int64_t>());
+      ASSERT_EQ(loader.current_step().global_batch_size, row[1].get<std::int64_t>());
+      ASSERT_EQ(loader.current_step().num_micro_batches, row[3].get<std::int64_t>());
+      sizes.insert(loader.current_step().global_batch_size);
+      loader.advance();
+    }
+    EXPECT_GE(sizes.size(), 3u) << "the loop must cross stages to test anything";
+    // The samples consumed before step k, computed stage by stage.
+    const auto& loop = out[k].at("loop");
+    for (std::size_t step :
+         {std::size_t{0}, std::size_t{1}, loop.size() / 3, loop.size() / 2, loop.size() - 1}) {
+      EXPECT_EQ(s.samples_for_iterations(static_cast<std::int64_t>(step)),
+                loop[step][0].get<std::int64_t>())
+          << "after " << step << " steps";
+    }
+    EXPECT_EQ(s.iterations_for_samples(cases[k].train_samples),
+              out[k].at("train_iters_for_samples").get<std::int64_t>());
+  }
+}
+
+TEST(StepBatchSchedule, BadInputsGiveClearErrors) {
+  auto cfg = [](const std::string& text, std::int64_t mbs, std::int64_t dp) {
+    BatchScheduleConfig c = schedule(mbs * dp, mbs, dp);
+    c.step_schedule = parse_step_batch_size_schedule(text, std::nullopt);
+    return c;
+  };
+  // 12 is not a multiple of 8: refused at start-up, naming the stage.
+  expect_invalid([&] { BatchSchedule(cfg("0:8 100:12 200:16", 2, 4)).check_from(0); },
+                 "the stage from 100 samples has global batch size 12");
+  // Past that stage (resumed with another data-parallel size), it no longer matters.
+  EXPECT_NO_THROW(BatchSchedule(cfg("0:8 100:12 200:16", 2, 4)).check_from(200));
+  expect_invalid([&] { BatchSchedule(cfg("0:16 100:8", 1, 1)).check_from(0); }, "would shrink");
+  EXPECT_NO_THROW(BatchSchedule(cfg("0:16 100:8", 1, 1)).check_from(100));
+  BatchScheduleConfig both = cfg("0:8 100:16", 1, 1);
+  both.rampup = RampupBatchSize{.start = 4, .increment = 4, .samples = 100};
+  expect_invalid([&] { BatchSchedule s(both); }, "not both");
+  BatchScheduleConfig decrease = cfg("0:8 100:16", 1, 1);
+  decrease.decrease_batch_size_if_needed = true;
+  expect_invalid([&] { BatchSchedule s(decrease); }, "--decrease-batch-size-if-needed");
+  expect_invalid([] { (void)parse_step_batch_size_schedule("0:16 1X:32", 2048); },
+                 "\"1X\" in \"1X:32\" is not a number");
+  expect_invalid([] { (void)parse_step_batch_size_schedule("0:16 1000:32", 2048); },
+                 "strictly increasing, got 0 before 0 samples (thresholds are tokens");
+  // The schedule as Megatron logs it.
+  EXPECT_EQ(BatchSchedule(cfg("0:16 1171875:320", 1, 8)).describe_step_schedule(2048),
+            "step batch size schedule (2 steps):\n"
+            "  >= 0 tokens (0 samples) -> batch_size=16, num_microbatches=2\n"
+            "  >= 2,400,000,000 tokens (1,171,875 samples) -> batch_size=320, "
+            "num_microbatches=40");
 }
 
 }  // namespace

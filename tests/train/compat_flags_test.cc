@@ -77,7 +77,9 @@ TEST(CompatFlags, TableIsConsistentWithTheRegisteredFlags) {
     EXPECT_TRUE(names.insert(f.name).second) << "twice: " << f.name;
     ++count[f.status];
     EXPECT_FALSE(f.meaning.empty()) << f.name;
-    if (f.status != FlagStatus::kImplemented) EXPECT_FALSE(f.note.empty()) << f.name;
+    if (f.status != FlagStatus::kImplemented) {
+      EXPECT_FALSE(f.note.empty()) << f.name;
+    }
     // Every flag of the table is accepted by `trident train` (implemented ones natively).
     EXPECT_NO_THROW(app.get_option(std::string(f.name))) << f.name;
   }
@@ -187,9 +189,100 @@ TEST(SampleSchedule, TrainSamplesWithRampCountsAsMegatron) {
             std::string::npos);
 }
 
+TEST(SampleSchedule, StepBatchSizeScheduleFlags) {
+  // seq-length 32: 320 tokens are 10 samples. As Megatron-LM, the global batch size outside the
+  // schedule is micro x dp, and --train-samples counts iterations until the samples are reached.
+  TrainConfig c = parse(with({"--step-batch-size-schedule", "0:2 320:4", "--micro-batch-size", "1",
+                              "--train-samples", "23", "--lr-warmup-samples", "4"}),
+                        2);
+  ASSERT_EQ(c.step_schedule.size(), 2u);
+  EXPECT_EQ(c.step_schedule[1].threshold, 10);
+  EXPECT_EQ(c.global_batch_size, 2);
+  EXPECT_EQ(c.train_iters, 9);  // 5 x 2 = 10, then 4 x 4 = 26: the last passes 23
+  // The words of an unquoted schedule are joined back (Megatron-LM's GPT-3 example).
+  c = parse(with({"--step-batch-size-schedule", "0:2", "320:4", "--micro-batch-size", "1",
+                  "--train-iters", "5"}),
+            2);
+  EXPECT_EQ(c.step_batch_size_schedule, "0:2 320:4");
+  // --global-batch-size: only the last stage, with a warning that Megatron-LM refuses the pair.
+  c = parse(with({"--step-batch-size-schedule", "0:2 320:4", "--global-batch-size", "4",
+                  "--micro-batch-size", "1", "--train-iters", "5", "--lr-decay-iters", "5"}),
+            2);
+  EXPECT_TRUE(warned(c, "Megatron-LM refuses the pair"));
+  EXPECT_DOUBLE_EQ(c.lr_steps.decay_iters, 20);  // 5 iterations x 4
+  EXPECT_NE(error_of(with({"--step-batch-size-schedule", "0:2 320:4", "--global-batch-size", "8",
+                           "--micro-batch-size", "1"}),
+                     2)
+                .find("whose last batch size is 4"),
+            std::string::npos);
+  EXPECT_NE(error_of(with({"--step-batch-size-schedule", "0:2 320:4", "--rampup-batch-size", "2",
+                           "2", "10"}))
+                .find("not both"),
+            std::string::npos);
+  EXPECT_NE(
+      error_of(with({"--step-batch-size-schedule", "0:2 320:4", "--decrease-batch-size-if-needed"}))
+          .find("--decrease-batch-size-if-needed"),
+      std::string::npos);
+  EXPECT_NE(error_of(with({"--step-batch-size-schedule", "64:2 320:4"})).find("start at 0"),
+            std::string::npos);
+}
+
+TEST(SplitPathsFlags, BigScienceDataFlagsAndTheirExclusions) {
+  const std::vector<std::string> base = {"--num-layers",          "2", "--hidden-size", "64",
+                                         "--num-attention-heads", "4", "--seq-length",  "32"};
+  auto args = [&](std::vector<std::string> extra) {
+    std::vector<std::string> v = base;
+    v.insert(v.end(), extra.begin(), extra.end());
+    return v;
+  };
+  const std::string dir =
+      fs::temp_directory_path() / ("trident-split-flags-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string file = dir + "/valid-splits.txt";
+  std::ofstream(file) << "\"valid: 1 0.95:1 A\" \"valid_b: 1 0.95:1 B\"\n";
+  // The -path file is read into the groups; several validation groups, one training group.
+  TrainConfig c = parse(args({"--train-weighted-split-paths", "train: 1 0:0.95 A, 2 0:0.95 B",
+                              "--valid-weighted-split-paths-path", file}));
+  EXPECT_EQ(c.train_weighted_split_paths,
+            (std::vector<std::string>{"train: 1 0:0.95 A, 2 0:0.95 B"}));
+  EXPECT_EQ(c.valid_weighted_split_paths,
+            (std::vector<std::string>{"valid: 1 0.95:1 A", "valid_b: 1 0.95:1 B"}));
+  c = parse(args({"--train-weighted-split-paths", "train: 1 0:0.95 A",
+                  "--valid-weighted-split-paths", "v1: 1 0.95:1 A", "v2: 1 0.95:1 A"}));
+  EXPECT_EQ(c.valid_weighted_split_paths.size(), 2u);
+  // BigScience's exclusions and the grammar's errors, before anything runs.
+  EXPECT_NE(
+      error_of(args({"--train-weighted-split-paths", "train: 1 0:0.95 A", "--data-path", "corpus"}))
+          .find("mutually exclusive"),
+      std::string::npos);
+  EXPECT_NE(
+      error_of(args({"--train-weighted-split-paths", "train: 1 0:0.95 A", "--split", "98,2,0"}))
+          .find("mutually exclusive"),
+      std::string::npos);
+  EXPECT_NE(error_of(args({"--valid-weighted-split-paths-path", file}))
+                .find("need --train-weighted-split-paths"),
+            std::string::npos);
+  EXPECT_NE(error_of(args({"--train-weighted-split-paths", "train: 1 0:0.95 A",
+                           "--valid-weighted-split-paths", "v: 1 0.95:1 A",
+                           "--valid-weighted-split-paths-path", file}))
+                .find("give one of them"),
+            std::string::npos);
+  EXPECT_NE(error_of(args({"--train-weighted-split-paths", "a: 1 0:0.95 A", "b: 1 0:0.95 B"}))
+                .find("takes one group"),
+            std::string::npos);
+  EXPECT_NE(
+      error_of(args({"--train-weighted-split-paths", "train: 1 0.95:0.5 A"})).find("reversed"),
+      std::string::npos);
+  EXPECT_NE(error_of(args({"--train-weighted-split-paths-path", dir + "/missing.txt"}))
+                .find("missing.txt: cannot read"),
+            std::string::npos);
+  fs::remove_all(dir);
+}
+
 TEST(SampleSchedule, SkippedStepsDoNotAdvanceTheScheduler) {
   optim::LrSchedule s{.lr = 1.0, .min_lr = 0.0, .warmup_iters = 10, .decay_iters = 20};
-  optim::MegatronLrScheduler sched({.samples = s});
+  optim::MegatronLrScheduler sched(
+      {.samples = s, .warmup_tokens = std::nullopt, .decay_tokens = std::nullopt});
   EXPECT_DOUBLE_EQ(sched.lr(), 0.0);
   sched.step(4, 0);
   EXPECT_DOUBLE_EQ(sched.lr(), 0.4);

@@ -31,6 +31,10 @@ class Builder {
   explicit Builder(const DatasetBuildConfig& cfg) : cfg_(cfg) {}
 
   TrainValidTestDatasets build() {
+    if (!cfg_.train_weighted_split_paths.empty() || !cfg_.valid_weighted_split_paths.empty() ||
+        !cfg_.test_weighted_split_paths.empty()) {
+      return build_split_paths();
+    }
     const bool per_split = !cfg_.train_data_path.empty() || !cfg_.valid_data_path.empty() ||
                            !cfg_.test_data_path.empty();
     TRIDENT_CHECK(!(per_split && !cfg_.data_path.empty()),
@@ -192,6 +196,35 @@ class Builder {
       }
       (s == Split::kTrain ? out.train : s == Split::kValid ? out.valid : out.test) = ds;
     }
+    return out;
+  }
+
+  // BigScience's option 2: one dataset per named group.
+  TrainValidTestDatasets build_split_paths() {
+    TRIDENT_CHECK(cfg_.data_path.empty() && cfg_.train_data_path.empty() &&
+                      cfg_.valid_data_path.empty() && cfg_.test_data_path.empty(),
+                  "--data-path/--train-data-path/--valid-data-path/--test-data-path cannot be "
+                  "combined with --train/valid/test-weighted-split-paths (BigScience: \"Mode 1 and "
+                  "Mode 2 are mutually exclusive\"); use one or the other");
+    SplitPathsBuildConfig sp;
+    sp.groups = {cfg_.train_weighted_split_paths, cfg_.valid_weighted_split_paths,
+                 cfg_.test_weighted_split_paths};
+    sp.seq_length = cfg_.seq_length;
+    sp.seed = cfg_.seed;
+    for (Split s : kAllSplits) {
+      const std::optional<std::int64_t> n = size(s);
+      TRIDENT_CHECK(n.has_value(), "--", split_name(s),
+                    "-weighted-split-paths needs the number of ", split_name(s), " samples");
+      sp.num_samples[static_cast<std::size_t>(s)] = *n;
+    }
+    sp.data_cache_path = cfg_.data_cache_path;
+    sp.cache_mode = cfg_.cache_mode;
+    sp.allow_overlap = cfg_.allow_split_paths_overlap;
+    SplitPathsDatasets ds = build_split_paths_datasets(sp);
+    TrainValidTestDatasets out;
+    out.train = std::move(ds.train);
+    out.valid_groups = std::move(ds.valid);
+    out.test_groups = std::move(ds.test);
     return out;
   }
 

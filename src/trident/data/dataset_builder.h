@@ -15,6 +15,7 @@
 #include "trident/data/dataset_split.h"
 #include "trident/data/gpt_dataset.h"
 #include "trident/data/sample_dataset.h"
+#include "trident/data/weighted_split_paths.h"
 
 namespace trident::data {
 
@@ -24,9 +25,15 @@ struct DatasetBuildConfig {
   // --train-data-path / --valid-data-path / --test-data-path (same syntax, one blend per split;
   // an empty list means no dataset for that split). Not combinable with data_path.
   std::vector<std::string> train_data_path, valid_data_path, test_data_path;
-  std::string split = kDefaultSplit;  // --split (only with data_path)
-  std::int64_t seq_length = 0;        // --seq-length
-  std::int64_t seed = 1234;           // --seed
+  // BigScience's --train/valid/test-weighted-split-paths: the groups' texts (the -path files
+  // already read). Excludes data_path, split (when given) and the per-split paths; see
+  // weighted_split_paths.h.
+  std::vector<std::string> train_weighted_split_paths, valid_weighted_split_paths,
+      test_weighted_split_paths;
+  bool allow_split_paths_overlap = false;  // --allow-split-paths-overlap
+  std::string split = kDefaultSplit;       // --split (only with data_path)
+  std::int64_t seq_length = 0;             // --seq-length
+  std::int64_t seed = 1234;                // --seed
   // Samples wanted per split, computed by the caller (train: train_iters * global_batch;
   // valid: (train_iters // eval_interval + 1) * eval_iters * global_batch; test: eval_iters *
   // global_batch). nullopt = one epoch of that split.
@@ -46,6 +53,10 @@ struct DatasetBuildConfig {
 
 struct TrainValidTestDatasets {
   std::shared_ptr<const SampleDataset> train, valid, test;  // null: no data for that split
+  // With BigScience's split paths: the named validation and test groups, each evaluated and
+  // logged on its own (valid and test are then null).
+  std::vector<NamedDataset> valid_groups, test_groups;
+  bool split_paths() const { return !valid_groups.empty() || !test_groups.empty(); }
   const std::shared_ptr<const SampleDataset>& get(Split s) const {
     return s == Split::kTrain ? train : s == Split::kValid ? valid : test;
   }

@@ -22,7 +22,7 @@ constexpr std::int64_t kExtra = 1;
 }  // namespace
 
 EpochPlan plan_epochs(std::int64_t tokens_per_epoch, std::int64_t seq_length,
-                      std::optional<std::int64_t> num_samples) {
+                      std::optional<std::int64_t> num_samples, double last_epoch_cutoff) {
   TRIDENT_ASSERT(tokens_per_epoch > 0 && seq_length > 0, "plan_epochs needs positive sizes");
   EpochPlan plan;
   if (!num_samples) return plan;
@@ -36,7 +36,8 @@ EpochPlan plan_epochs(std::int64_t tokens_per_epoch, std::int64_t seq_length,
   TRIDENT_ASSERT(from_final >= 0 && from_final <= per_epoch + 1,
                  "samples from the final epoch out of range: ", from_final);
   // int(0.80 * per_epoch): the double product truncated toward zero, as Python's int() does.
-  const auto threshold = static_cast<std::int64_t>(0.80 * static_cast<double>(per_epoch));
+  const auto threshold =
+      static_cast<std::int64_t>(last_epoch_cutoff * static_cast<double>(per_epoch));
   plan.separate_final_epoch = from_final < threshold;
   plan.num_samples_sans_final_epoch = sans_final;
   return plan;
@@ -163,6 +164,8 @@ GPTDataset::GPTDataset(std::shared_ptr<const IndexedDataset> dataset, std::int64
                 split_name(cfg_.index_split), " must be >= 0, got ", *cfg_.num_samples);
   TRIDENT_CHECK(0 <= begin_ && begin_ <= end_ && end_ <= dataset_->num_sequences(),
                 "bad sequence range [", begin_, ", ", end_, ") of ", dataset_->prefix());
+  TRIDENT_CHECK(!cfg_.bigscience || (cfg_.num_samples && !cfg_.bigscience_cache_stem.empty()),
+                "a BigScience GPTDataset needs num_samples and a cache stem");
 
   // MegatronDataset.__init__: the identifiers, in this order, are the cache key.
   identifiers_["class"] = "GPTDataset";
@@ -187,40 +190,44 @@ GPTDataset::GPTDataset(std::shared_ptr<const IndexedDataset> dataset, std::int64
                         dataset_->num_sequences(), ") holds ", tokens_per_epoch_,
                         " tokens, too few for one sample; change --split or use more data"));
   }
-  const EpochPlan plan = plan_epochs(tokens_per_epoch_, cfg_.sequence_length, cfg_.num_samples);
+  const EpochPlan plan = plan_epochs(tokens_per_epoch_, cfg_.sequence_length, cfg_.num_samples,
+                                     cfg_.bigscience ? 0.95 : 0.80);
   num_epochs_ = plan.num_epochs;
   separate_final_epoch_ = plan.separate_final_epoch;
   num_samples_sans_final_epoch_ = plan.num_samples_sans_final_epoch;
-  const bool drop_last =
-      cfg_.index_split != Split::kValid || cfg_.drop_last_partial_validation_sequence;
+  const bool drop_last = cfg_.bigscience || cfg_.index_split != Split::kValid ||
+                         cfg_.drop_last_partial_validation_sequence;
   num_samples_ =
       sample_index_num_samples(cfg_.sequence_length, num_epochs_, tokens_per_epoch_, drop_last);
 
+  const std::string what = cfg_.bigscience ? str("BigScience GPTDataset ", cfg_.bigscience_name)
+                                           : str("GPTDataset ", split_name(cfg_.index_split));
+  const bool cached = cfg_.bigscience || !cfg_.cache_dir.empty();
   core::Timer timer;
-  if (!cfg_.cache_dir.empty() && try_load_cache()) {
+  if (cached && try_load_cache()) {
     source_ = IndexSource::kLoadedFromCache;
-    log::info("data: GPTDataset ", split_name(cfg_.index_split), " ", cfg_.dataset_path,
-              ": loaded cached indices ", cache_file_stem(), "* (", num_samples_, " samples, ",
-              num_epochs_, " epochs) in ", timer.elapsed_s(), " s");
+    log::info("data: ", what, " ", cfg_.dataset_path, ": loaded cached indices ", cache_file_stem(),
+              "* (", num_samples_, " samples, ", num_epochs_, " epochs) in ", timer.elapsed_s(),
+              " s");
     return;
   }
   if (cfg_.cache_mode == CacheMode::kLoadOnly) {
-    throw DataError(str("no valid cached indices at ", cache_file_stem(), "* for the GPTDataset ",
-                        split_name(cfg_.index_split), " split of ", cfg_.dataset_path,
+    throw DataError(str("no valid cached indices at ", cache_file_stem(), "* for the ", what,
+                        " of ", cfg_.dataset_path,
                         "; rank 0 must build them first (same settings, "
                         "same --data-cache-path)"));
   }
   build_indices();
   source_ = IndexSource::kBuilt;
   const double build_s = timer.elapsed_s();
-  if (!cfg_.cache_dir.empty()) save_cache();
-  log::info("data: GPTDataset ", split_name(cfg_.index_split), " ", cfg_.dataset_path,
-            ": built indices (", num_samples_, " samples, ", num_epochs_, " epochs",
-            separate_final_epoch_ ? ", last epoch shuffled separately" : "", ") in ", build_s, " s",
-            cfg_.cache_dir.empty() ? "" : str("; saved to ", cache_file_stem(), "*"));
+  if (cached) save_cache();
+  log::info("data: ", what, " ", cfg_.dataset_path, ": built indices (", num_samples_, " samples, ",
+            num_epochs_, " epochs", separate_final_epoch_ ? ", last epoch shuffled separately" : "",
+            ") in ", build_s, " s", cached ? str("; saved to ", cache_file_stem(), "*") : "");
 }
 
 std::string GPTDataset::cache_file_stem() const {
+  if (cfg_.bigscience) return cfg_.bigscience_cache_stem;
   return (std::filesystem::path(cfg_.cache_dir) /
           str(hash_, "-GPTDataset-", split_name(cfg_.index_split), "-"))
       .string();
@@ -229,19 +236,25 @@ std::string GPTDataset::cache_file_stem() const {
 bool GPTDataset::try_load_cache() {
   const std::string stem = cache_file_stem();
   const std::string desc_path = stem + "description.txt";
-  const std::string doc_path = stem + "document_index.npy";
-  const std::string sample_path = stem + "sample_index.npy";
-  const std::string shuffle_path = stem + "shuffle_index.npy";
+  const std::string doc_path = stem + (cfg_.bigscience ? "doc_idx.npy" : "document_index.npy");
+  const std::string sample_path = stem + (cfg_.bigscience ? "sample_idx.npy" : "sample_index.npy");
+  const std::string shuffle_path =
+      stem + (cfg_.bigscience ? "shuffle_idx.npy" : "shuffle_index.npy");
   namespace fs = std::filesystem;
   std::error_code ec;
-  for (const auto& p : {desc_path, doc_path, sample_path, shuffle_path}) {
-    if (!fs::is_regular_file(p, ec)) return false;  // Megatron's cache-hit rule: all four exist
+  // Megatron's cache-hit rule: all four files exist (BigScience's: the three arrays).
+  if (!cfg_.bigscience && !fs::is_regular_file(desc_path, ec)) return false;
+  for (const auto& p : {doc_path, sample_path, shuffle_path}) {
+    if (!fs::is_regular_file(p, ec)) return false;
   }
   auto stale = [&](const std::string& why) {
     log::warn("data: ignoring cached GPTDataset indices ", stem, "*: ", why, "; rebuilding");
     return false;
   };
-  const auto text = read_text_file(desc_path);
+  // BigScience's cache has no description (its file name leaves out the document range and the
+  // data): the array checks below are what tells a stale one.
+  const auto text =
+      cfg_.bigscience ? std::optional<std::string>(description_) : read_text_file(desc_path);
   if (!text || *text != description_) {
     return stale("its description differs from this dataset's (settings changed or file edited)");
   }
@@ -337,13 +350,20 @@ void GPTDataset::build_indices() {
 }
 
 void GPTDataset::save_cache() const {
+  const std::string stem = cache_file_stem();
+  if (cfg_.bigscience) {
+    // doc_idx, sample_idx, shuffle_idx: BigScience's order; a crash before the last leaves no hit.
+    write_npy(stem + "doc_idx.npy", document_index_);
+    write_npy(stem + "sample_idx.npy", sample_index_);
+    write_npy(stem + "shuffle_idx.npy", shuffle_index_);
+    return;
+  }
   std::error_code ec;
   std::filesystem::create_directories(cfg_.cache_dir, ec);
   if (ec) {
     throw DataError(str("cannot create the index cache directory ", cfg_.cache_dir, ": ",
                         ec.message(), "; pass --data-cache-path with a writable directory"));
   }
-  const std::string stem = cache_file_stem();
   write_npy(stem + "document_index.npy", document_index_);
   write_npy(stem + "sample_index.npy", sample_index_);
   write_npy(stem + "shuffle_index.npy", shuffle_index_);
@@ -376,10 +396,13 @@ void GPTDataset::sample(std::int64_t i, std::span<std::int32_t> out) const {
 }
 
 std::string GPTDataset::describe() const {
-  return str("GPTDataset(", cfg_.dataset_path, ", ", split_name(cfg_.index_split), ", sequences [",
-             begin_, ", ", end_, "), ", num_samples_, " samples, ", num_epochs_,
-             " epochs, seq_length ", cfg_.sequence_length, ", seed ", cfg_.random_seed, ", hash ",
-             hash_, ")");
+  return str(
+      cfg_.bigscience ? "BigScience GPTDataset(" + cfg_.bigscience_name + ", " : "GPTDataset(",
+      cfg_.dataset_path, ", ", split_name(cfg_.index_split), ", sequences [", begin_, ", ", end_,
+      "), ", num_samples_, " samples, ", num_epochs_, " epochs, seq_length ", cfg_.sequence_length,
+      ", seed ", cfg_.random_seed,
+      cfg_.bigscience ? str(", cache ", cfg_.bigscience_cache_stem, "*") : str(", hash ", hash_),
+      ")");
 }
 
 }  // namespace trident::data

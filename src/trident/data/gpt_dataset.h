@@ -46,6 +46,15 @@ struct GPTDatasetConfig {
   // split keeps a last, padded, partial sample. Not part of Megatron's description hash, so a
   // cache built with the other setting is recognised by its array lengths instead.
   bool drop_last_partial_validation_sequence = true;
+  // BigScience Megatron-DeepSpeed's GPTDataset (--*-weighted-split-paths, megatron/data/
+  // gpt_dataset.py) instead of megatron-core's: the last epoch is shuffled apart below 95% of an
+  // epoch (not 80%), a last partial sample is always dropped (valid too), num_samples must be
+  // set, and the cache is BigScience's: no description, the files <stem>doc_idx.npy,
+  // <stem>sample_idx.npy and <stem>shuffle_idx.npy with bigscience_cache_stem =
+  // "<dir>/<prefix>_<group name>_indexmap_<N>ns_<L>sl_<seed>s_" (cache_dir is not used).
+  bool bigscience = false;
+  std::string bigscience_name;        // the group name, for logs
+  std::string bigscience_cache_stem;  // required when bigscience
 };
 
 class GPTDataset : public SampleDataset {
@@ -77,7 +86,8 @@ class GPTDataset : public SampleDataset {
   const IndexArray& shuffle_index() const { return shuffle_index_; }    // (num_samples,)
   std::int64_t num_epochs() const { return num_epochs_; }
   IndexSource index_source() const { return source_; }
-  // "<cache_dir>/<hash>-GPTDataset-<split>-" (the cache file names append "description.txt", ...)
+  // "<cache_dir>/<hash>-GPTDataset-<split>-" (the cache file names append "description.txt", ...);
+  // BigScience's bigscience_cache_stem with cfg.bigscience.
   std::string cache_file_stem() const;
 
  private:
@@ -115,8 +125,9 @@ struct EpochPlan {
 // num_epochs = smallest E >= 1 with E * tokens_per_epoch >= num_samples * seq_length + 1 (1 when
 // num_samples is nullopt). For E > 1 the last epoch is separate iff the samples it must supply,
 // num_samples - ((E-1) * T - 1) // L, are fewer than int(0.8 * ((T - 1) // L)).
+// last_epoch_cutoff: megatron-core's 0.80; BigScience's Megatron-DeepSpeed uses 0.95.
 EpochPlan plan_epochs(std::int64_t tokens_per_epoch, std::int64_t seq_length,
-                      std::optional<std::int64_t> num_samples);
+                      std::optional<std::int64_t> num_samples, double last_epoch_cutoff = 0.80);
 
 // The document index: sequence ids begin..end-1 repeated num_epochs times (epoch-major), as int32,
 // shuffled with `rng`; when separated, the first E-1 epochs and the last one are shuffled apart

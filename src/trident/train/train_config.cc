@@ -7,10 +7,12 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 
 #include "trident/core/error.h"
 #include "trident/data/data_loader.h"
 #include "trident/data/utf8.h"
+#include "trident/data/weighted_split_paths.h"
 #include "trident/train/compat_flags.h"
 #include "trident/train/deepspeed_config.h"
 
@@ -231,6 +233,25 @@ void add_data_options(CLI::App& app, TrainConfig& c) {
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_option("--test-data-path", c.test_data_path, "Test blend")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  for (auto [split, groups, file] :
+       {std::tuple{"train", &c.train_weighted_split_paths, &c.train_weighted_split_paths_path},
+        std::tuple{"valid", &c.valid_weighted_split_paths, &c.valid_weighted_split_paths_path},
+        std::tuple{"test", &c.test_weighted_split_paths, &c.test_weighted_split_paths_path}}) {
+    const std::string flag = str("--", split, "-weighted-split-paths");
+    app.add_option(flag, *groups,
+                   str("BigScience's named ", split,
+                       " groups: \"NAME: WEIGHT START:END PREFIX, ...\" (START:END: fractions of "
+                       "each dataset's documents)",
+                       std::string(split) == "train" ? ""
+                                                     : "; each group is evaluated and logged "
+                                                       "under its name"))
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+    app.add_option(flag + "-path", *file,
+                   str("A file holding the ", flag, " groups, one line of quoted groups"));
+  }
+  app.add_flag("--allow-split-paths-overlap", c.allow_split_paths_overlap,
+               "Let a validation or test range of --*-weighted-split-paths share documents with "
+               "the training range of the same dataset (refused by default)");
   app.add_option("--data-cache-path", c.data_cache_path,
                  "Where the dataset indices are cached (default: next to the data)");
   app.add_option("--mid-level-dataset-surplus", c.mid_level_dataset_surplus,
@@ -239,6 +260,20 @@ void add_data_options(CLI::App& app, TrainConfig& c) {
   app.add_option("--rampup-batch-size", c.rampup_batch_size,
                  "START INCREMENT SAMPLES: grow the global batch over SAMPLES consumed samples")
       ->expected(3);
+  // One value in Megatron-LM; several are joined with spaces, because Megatron-LM's own GPT-3
+  // example passes the quoted schedule through an unquoted bash array, which splits it into words.
+  app.add_option_function<std::vector<std::string>>(
+         "--step-batch-size-schedule",
+         [&c](const std::vector<std::string>& v) {
+           c.step_batch_size_schedule.clear();
+           for (const std::string& x : v)
+             c.step_batch_size_schedule += (c.step_batch_size_schedule.empty() ? "" : " ") + x;
+         },
+         "\"THRESHOLD:BATCH_SIZE ...\" (Megatron-LM): the global batch size from each "
+         "threshold of consumed tokens on, e.g. \"0:16 2.4B:320 4.8B:624\" (suffixes K, M, B, "
+         "T)")
+      ->expected(1, CLI::detail::expected_max_vector_size)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_flag("--decrease-batch-size-if-needed", c.decrease_batch_size_if_needed,
                "Round global batches down to a multiple of micro x data-parallel size");
   app.add_option("--split", c.split, "Train/valid/test split weights")->capture_default_str();
@@ -432,6 +467,20 @@ int TrainConfig::virtual_pipeline_chunks() const {
                           (num_layers_per_virtual_pipeline_stage * pipeline_model_parallel_size));
 }
 
+data::BatchScheduleConfig TrainConfig::batch_schedule_config(int dp) const {
+  std::optional<data::RampupBatchSize> rampup;
+  if (rampup_batch_size.size() == 3) {
+    rampup =
+        data::RampupBatchSize{rampup_batch_size[0], rampup_batch_size[1], rampup_batch_size[2]};
+  }
+  return {.global_batch_size = global_batch_size,
+          .micro_batch_size = micro_batch_size,
+          .data_parallel_size = dp,
+          .rampup = rampup,
+          .step_schedule = step_schedule,
+          .decrease_batch_size_if_needed = decrease_batch_size_if_needed};
+}
+
 std::int64_t TrainConfig::num_micro_batches(int world_size) const {
   return global_batch_size / (micro_batch_size * data_parallel_size(world_size));
 }
@@ -439,16 +488,14 @@ std::int64_t TrainConfig::num_micro_batches(int world_size) const {
 namespace {
 
 // Megatron's update_train_iters: the iterations --train-samples takes, the ramp counted step by
-// step (a partial last batch is dropped).
+// step (a partial last batch is dropped); a step schedule counted until the samples are reached
+// (its last batch may overshoot them, as in Megatron-LM).
 std::int64_t train_iters_from_samples(const TrainConfig& c, int dp) {
+  if (!c.step_schedule.empty()) {
+    return data::BatchSchedule(c.batch_schedule_config(dp)).iterations_for_samples(c.train_samples);
+  }
   if (c.rampup_batch_size.empty()) return c.train_samples / c.global_batch_size;
-  const data::BatchSchedule sched(
-      {.global_batch_size = c.global_batch_size,
-       .micro_batch_size = c.micro_batch_size,
-       .data_parallel_size = dp,
-       .rampup = data::RampupBatchSize{c.rampup_batch_size[0], c.rampup_batch_size[1],
-                                       c.rampup_batch_size[2]},
-       .decrease_batch_size_if_needed = c.decrease_batch_size_if_needed});
+  const data::BatchSchedule sched(c.batch_schedule_config(dp));
   std::int64_t iterations = 0, consumed = 0;
   while (consumed <= c.rampup_batch_size[2] && consumed <= c.train_samples) {
     consumed += sched.at(consumed).global_batch_size;
@@ -494,9 +541,11 @@ void TrainConfig::finalize(int world_size) {
   finalize_model();
   finalize_parallel(world_size);
   finalize_schedule(data_parallel_size(world_size));
-  TRIDENT_CHECK(!data_path.empty() || !train_data_path.empty(),
-                "--data-path (or --train-data-path) is required: a prefix made by trident "
-                "preprocess, or a weighted list 0.3 A 0.7 B");
+  finalize_split_paths();
+  TRIDENT_CHECK(
+      !data_path.empty() || !train_data_path.empty() || !train_weighted_split_paths.empty(),
+      "--data-path (or --train-data-path, or --train-weighted-split-paths) is required: "
+      "a prefix made by trident preprocess, or a weighted list 0.3 A 0.7 B");
   TRIDENT_CHECK(eval_interval > 0, "--eval-interval must be positive");
   TRIDENT_CHECK(eval_iters >= 0, "--eval-iters must be >= 0");
   TRIDENT_CHECK(log_interval > 0, "--log-interval must be positive");
@@ -523,6 +572,35 @@ void TrainConfig::finalize(int world_size) {
                   "10)");
   }
   require_utf8(to_json(), "");
+}
+
+// BigScience's --*-weighted-split-paths: the -path files read, the groups parsed (errors up
+// front, on every rank), and BigScience's exclusions: --data-path and an explicit --split.
+void TrainConfig::finalize_split_paths() {
+  for (auto [which, groups, file] :
+       {std::tuple{"train", &train_weighted_split_paths, &train_weighted_split_paths_path},
+        std::tuple{"valid", &valid_weighted_split_paths, &valid_weighted_split_paths_path},
+        std::tuple{"test", &test_weighted_split_paths, &test_weighted_split_paths_path}}) {
+    const std::string flag = str("--", which, "-weighted-split-paths");
+    if (!file->empty()) {
+      TRIDENT_CHECK(groups->empty(), flag, " and ", flag,
+                    "-path both give the groups; give one of them");
+      *groups = data::read_weighted_split_paths_file(*file, flag + "-path");
+    }
+    (void)data::parse_weighted_split_paths(*groups, flag);
+  }
+  const bool any = !train_weighted_split_paths.empty() || !valid_weighted_split_paths.empty() ||
+                   !test_weighted_split_paths.empty();
+  if (!any) return;
+  TRIDENT_CHECK(!train_weighted_split_paths.empty(),
+                "--valid-weighted-split-paths / --test-weighted-split-paths need "
+                "--train-weighted-split-paths (BigScience's data option 2 starts from the training "
+                "group)");
+  TRIDENT_CHECK(data_path.empty() && train_data_path.empty() && valid_data_path.empty() &&
+                    test_data_path.empty() && !given.contains("--split"),
+                "--data-path/--split (or --train/valid/test-data-path) and "
+                "--train/valid/test-weighted-split-paths are mutually exclusive (BigScience's "
+                "\"Mode 1\" and \"Mode 2\" of data loading); use one or the other");
 }
 
 // --model presets, positions, norms, grouped-query attention, recomputation, the chunked head.
@@ -663,6 +741,32 @@ void TrainConfig::finalize_schedule(int dp) {
   lr.decay_style = optim::parse_lr_decay_style(lr_decay_style);
   TRIDENT_CHECK(micro_batch_size > 0, "--micro-batch-size must be positive, got ",
                 micro_batch_size);
+  if (!step_batch_size_schedule.empty()) {
+    // Megatron-LM: the schedule excludes --rampup-batch-size and --decrease-batch-size-if-needed,
+    // and sets the global batch size (evaluation, --lr-*-iters in samples) to micro x dp.
+    TRIDENT_CHECK(rampup_batch_size.empty(),
+                  "give --step-batch-size-schedule or --rampup-batch-size, not both");
+    TRIDENT_CHECK(!decrease_batch_size_if_needed,
+                  "--step-batch-size-schedule cannot be combined with "
+                  "--decrease-batch-size-if-needed (as in Megatron-LM)");
+    step_schedule =
+        data::parse_step_batch_size_schedule(step_batch_size_schedule, model.seq_length);
+    const std::int64_t last = step_schedule.back().batch_size;
+    if (global_batch_size != 0) {
+      TRIDENT_CHECK(global_batch_size == last, "--global-batch-size ", global_batch_size,
+                    " with --step-batch-size-schedule, whose last batch size is ", last,
+                    ": Megatron-LM refuses the two together; drop --global-batch-size (then "
+                    "micro x data-parallel, as Megatron-LM) or make it ",
+                    last);
+      warnings.push_back(
+          str("--global-batch-size ", global_batch_size,
+              " with --step-batch-size-schedule: Megatron-LM refuses the pair; trident accepts it "
+              "because it equals the schedule's last batch size, and uses it where Megatron uses "
+              "--global-batch-size (evaluation batches, --lr-*-iters converted to samples); "
+              "without it those use micro x data-parallel = ",
+              micro_batch_size * dp));
+    }
+  }
   if (global_batch_size == 0) global_batch_size = micro_batch_size * dp;
   TRIDENT_CHECK(global_batch_size % (micro_batch_size * dp) == 0, "--global-batch-size (",
                 global_batch_size, ") must be a multiple of --micro-batch-size (", micro_batch_size,
@@ -767,7 +871,12 @@ nlohmann::json TrainConfig::to_json() const {
   j["train_data_path"] = train_data_path;
   j["valid_data_path"] = valid_data_path;
   j["test_data_path"] = test_data_path;
+  j["train_weighted_split_paths"] = train_weighted_split_paths;
+  j["valid_weighted_split_paths"] = valid_weighted_split_paths;
+  j["test_weighted_split_paths"] = test_weighted_split_paths;
+  j["allow_split_paths_overlap"] = allow_split_paths_overlap;
   j["rampup_batch_size"] = rampup_batch_size;
+  j["step_batch_size_schedule"] = step_batch_size_schedule;
   j["split"] = split;
   j["tokenizer_type"] = tokenizer_type;
   j["vocab_file"] = vocab_file;

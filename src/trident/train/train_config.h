@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "trident/data/data_loader.h"
 #include "trident/model/config.h"
 #include "trident/optim/adamw_optimizer.h"
 #include "trident/optim/lr_schedule.h"
@@ -59,10 +60,21 @@ struct TrainConfig {
   // Data.
   std::vector<std::string> data_path;  // "prefix" or "w1 prefix1 w2 prefix2 ..." (a blend)
   std::vector<std::string> train_data_path, valid_data_path, test_data_path;
+  // BigScience's named groups (--train/valid/test-weighted-split-paths, or the -path files, which
+  // finalize reads into these); docs/data-indices.md.
+  std::vector<std::string> train_weighted_split_paths, valid_weighted_split_paths,
+      test_weighted_split_paths;
+  std::string train_weighted_split_paths_path, valid_weighted_split_paths_path,
+      test_weighted_split_paths_path;
+  bool allow_split_paths_overlap = false;  // validation/test ranges may overlap training's
   std::string split = "969, 30, 1";
   std::string data_cache_path;
   double mid_level_dataset_surplus = 0.005;
   std::vector<std::int64_t> rampup_batch_size;  // START INCREMENT SAMPLES
+  // --step-batch-size-schedule "0:16 2.4B:320 ...": thresholds in tokens (Megatron-LM); parsed
+  // into step_schedule (thresholds in samples) by finalize.
+  std::string step_batch_size_schedule;
+  std::vector<data::StepBatchStage> step_schedule;
   bool decrease_batch_size_if_needed = false;
   std::string tokenizer_type = "GPT2BPETokenizer";
   std::string vocab_file, merge_file, tokenizer_model;
@@ -151,6 +163,9 @@ struct TrainConfig {
     model.loss_chunk_rows = loss_chunk_rows < 0 ? model.auto_loss_chunk_rows() : loss_chunk_rows;
   }
   int data_parallel_size(int world_size) const;
+  // The batch-size schedule (--global-batch-size, --rampup-batch-size or
+  // --step-batch-size-schedule) for data-parallel size dp, after finalize.
+  data::BatchScheduleConfig batch_schedule_config(int dp) const;
   int virtual_pipeline_chunks() const;
   std::int64_t num_micro_batches(int world_size) const;
 
@@ -165,6 +180,7 @@ struct TrainConfig {
   void finalize_parallel(int world_size);
   void finalize_offload();
   void finalize_schedule(int dp);
+  void finalize_split_paths();
 };
 
 // Registers every flag on `app` (the `train` subcommand), writing into cfg, and --config FILE.

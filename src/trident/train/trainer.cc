@@ -3,6 +3,7 @@
 #include <omp.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -197,6 +198,9 @@ class Trainer {
   void log_tensorboard(const IterationResult& r);
   void log_interval(const IterationResult& r);
   void evaluate(std::int64_t it, const char* suffix = "", bool test = false);
+  void evaluate_groups(std::int64_t it, bool at_end, bool test);
+  double evaluation_loss(const data::SampleDataset& ds, std::int64_t& consumed,
+                         std::int64_t eval_micro, std::int64_t it);
   void save(std::int64_t it);
   int stop_code();
   void profile_before_iteration();
@@ -334,11 +338,24 @@ void Trainer::build_data() {
   dcfg.train_data_path = cfg_.train_data_path;
   dcfg.valid_data_path = cfg_.valid_data_path;
   dcfg.test_data_path = cfg_.test_data_path;
+  dcfg.train_weighted_split_paths = cfg_.train_weighted_split_paths;
+  dcfg.valid_weighted_split_paths = cfg_.valid_weighted_split_paths;
+  dcfg.test_weighted_split_paths = cfg_.test_weighted_split_paths;
+  dcfg.allow_split_paths_overlap = cfg_.allow_split_paths_overlap;
   dcfg.split = cfg_.split;
   dcfg.seq_length = mc.seq_length;
   dcfg.seed = static_cast<std::int64_t>(cfg_.seed);
+  batches_.emplace(cfg_.batch_schedule_config(dp_));
+  std::int64_t train_samples =
+      cfg_.train_samples > 0 ? cfg_.train_samples : cfg_.train_iters * cfg_.global_batch_size;
+  if (!cfg_.step_schedule.empty() && cfg_.train_samples == 0) {
+    // Megatron-LM sizes it as train_iters x --global-batch-size, which under a step schedule is
+    // micro x dp unless given: fewer samples than the schedule consumes. trident builds what the
+    // iterations will read when that is more.
+    train_samples = std::max(train_samples, batches_->samples_for_iterations(cfg_.train_iters));
+  }
   dcfg.num_samples = {
-      cfg_.train_samples > 0 ? cfg_.train_samples : cfg_.train_iters * cfg_.global_batch_size,
+      train_samples,
       (cfg_.train_iters / cfg_.eval_interval + 1) * cfg_.eval_iters * cfg_.global_batch_size,
       cfg_.eval_iters * cfg_.global_batch_size};
   dcfg.data_cache_path = cfg_.data_cache_path;
@@ -356,17 +373,12 @@ void Trainer::build_data() {
   log::info("data: train ", datasets_.train->describe());
   if (datasets_.valid) log::info("data: valid ", datasets_.valid->describe());
   if (datasets_.test) log::info("data: test ", datasets_.test->describe());
-  std::optional<data::RampupBatchSize> rampup;
-  if (!cfg_.rampup_batch_size.empty()) {
-    rampup = data::RampupBatchSize{cfg_.rampup_batch_size[0], cfg_.rampup_batch_size[1],
-                                   cfg_.rampup_batch_size[2]};
+  for (const data::NamedDataset& g : datasets_.valid_groups) {
+    log::info("data: valid group \"", g.name, "\": ", g.dataset->describe());
   }
-  batches_.emplace(data::BatchScheduleConfig{
-      .global_batch_size = cfg_.global_batch_size,
-      .micro_batch_size = cfg_.micro_batch_size,
-      .data_parallel_size = dp_,
-      .rampup = rampup,
-      .decrease_batch_size_if_needed = cfg_.decrease_batch_size_if_needed});
+  for (const data::NamedDataset& g : datasets_.test_groups) {
+    log::info("data: test group \"", g.name, "\": ", g.dataset->describe());
+  }
 }
 
 // This rank's part of the model (its pipeline chunks, each a tensor-parallel slice), its
@@ -497,6 +509,12 @@ void Trainer::resume_or_initialise() {
 // The MFU reference, the writers, the loss scaler and the learning-rate schedule (restored from
 // the checkpoint when there is one).
 void Trainer::build_schedules() {
+  if (!cfg_.step_schedule.empty()) {
+    // The stages still ahead must fit this layout (earlier ones may have run on another).
+    batches_->check_from(progress_.consumed);
+    log::info("> using step batch size schedule: ", cfg_.step_batch_size_schedule, "\n",
+              batches_->describe_step_schedule(cfg_.model.seq_length));
+  }
   peak_tflops_ = cfg_.peak_tflops;
   if (peak_tflops_ <= 0) {
     peak_tflops_ = measure_peak_tflops();
@@ -614,7 +632,7 @@ IterationResult Trainer::train_iteration() {
   par_.set_step(progress_.iteration + 1);
   r.batch = batches_->at(progress_.consumed);
   if (r.batch.num_micro_batches != micro_batches_) {
-    micro_batches_ = r.batch.num_micro_batches;  // --rampup-batch-size
+    micro_batches_ = r.batch.num_micro_batches;  // --rampup-batch-size, a step schedule
     executor_->set_num_microbatches(static_cast<int>(micro_batches_));
   }
   r.tokens = r.batch.running_global_batch_size * T_;
@@ -749,25 +767,81 @@ void Trainer::log_interval(const IterationResult& r) {
 
 // Evaluation continues through the validation set (consumed_valid_samples), as Megatron's
 // validation iterator does, at the full global batch size.
-void Trainer::evaluate(std::int64_t it, const char* suffix, bool test) {
-  const data::SampleDataset* eval_ds = test ? datasets_.test.get() : datasets_.valid.get();
-  if (!eval_ds || cfg_.eval_iters == 0) return;
-  std::int64_t test_consumed = 0;
-  std::int64_t& eval_consumed = test ? test_consumed : progress_.consumed_valid;
+// The mean loss of eval_iters batches of eval_micro micro-batches from sample `consumed` on
+// (advanced past them).
+double Trainer::evaluation_loss(const data::SampleDataset& ds, std::int64_t& consumed,
+                                std::int64_t eval_micro, std::int64_t it) {
   const model::TpTraffic training_traffic = tp_traffic_;  // evaluation is not counted
   if (profiling_) core::profile::set_enabled(false);      // nor profiled
   model::LossSum total;
   optimizer_->begin_evaluation();  // ZeRO-3: gather the weights the last step updated
-  const std::int64_t eval_micro = cfg_.global_batch_size / (B_ * dp_);
   for (std::int64_t e = 0; e < cfg_.eval_iters; ++e) {
     const model::LossSum l =
         executor_->evaluate(ctx_, optimizer_->views(), static_cast<int>(eval_micro),
-                            micro_batches_of(*eval_ds, eval_consumed, it));
-    eval_consumed += cfg_.global_batch_size;
+                            micro_batches_of(ds, consumed, it));
+    consumed += eval_micro * B_ * dp_;
     total.sum += l.sum;
     total.count += l.count;
   }
-  const double loss = global_loss(total);
+  tp_traffic_ = training_traffic;
+  if (profiling_) core::profile::resume();
+  return global_loss(total);
+}
+
+// BigScience's evaluate_and_print_results over the named groups of --valid/test-weighted-split-
+// paths: each group evaluated and logged under its name ("NAME loss at iteration N | ..."), with
+// TensorBoard scalars under lm-loss-validation/NAME/. As BigScience's training loop: a batch is the
+// current one (get_num_microbatches(), the ramp's), the validation groups read from
+// consumed_valid_samples / (number of groups) each and consumed_valid_samples counts them all, the
+// test groups read from 0 (and their scalars go to step 0).
+void Trainer::evaluate_groups(std::int64_t it, bool at_end, bool test) {
+  const std::vector<data::NamedDataset>& groups =
+      test ? datasets_.test_groups : datasets_.valid_groups;
+  if (groups.empty() || cfg_.eval_iters == 0) return;
+  const auto n = static_cast<std::int64_t>(groups.size());
+  const std::int64_t start = test ? 0 : progress_.consumed_valid / n;
+  const std::string where = test     ? std::string("the end of training for test data")
+                            : at_end ? std::string("the end of training for val data")
+                                     : str("iteration ", it);
+  for (const data::NamedDataset& g : groups) {
+    std::int64_t consumed = start;
+    const double loss = evaluation_loss(*g.dataset, consumed, micro_batches_, it);
+    const double ppl = std::exp(std::min(loss, 20.0));
+    const std::string line = str(g.name, " loss at ", where, " | lm loss value: ", fmt_e(loss),
+                                 " | lm loss PPL: ", fmt_e(ppl), " | ");
+    log::info(std::string(line.size() + 1, '-'));
+    log::info(line);
+    log::info(std::string(line.size() + 1, '-'));
+    metrics_->write({{"iteration", it},
+                     {"split", test ? "test" : "valid"},
+                     {"name", g.name},
+                     {"lm_loss", loss},
+                     {"ppl", ppl}});
+    const std::string tag = "lm-loss-validation/" + g.name + "/lm loss validation";
+    const std::int64_t step = test ? 0 : it;
+    tb_->add_scalar(tag, loss, step);
+    tb_->add_scalar(tag + " vs samples", loss, progress_.consumed);
+    tb_->add_scalar(tag + " vs tokens", loss, progress_.consumed * T_);
+    if (cfg_.log_validation_ppl_to_tensorboard) {
+      tb_->add_scalar(tag + " ppl", ppl, step);
+      tb_->add_scalar(tag + " ppl vs samples", ppl, progress_.consumed);
+      tb_->add_scalar(tag + " ppl vs tokens", ppl, progress_.consumed * T_);
+    }
+  }
+  if (!test) progress_.consumed_valid += n * cfg_.eval_iters * micro_batches_ * B_ * dp_;
+}
+
+void Trainer::evaluate(std::int64_t it, const char* suffix, bool test) {
+  if (!datasets_.valid_groups.empty() || !datasets_.test_groups.empty()) {
+    evaluate_groups(it, suffix[0] != '\0', test);
+    return;
+  }
+  const data::SampleDataset* eval_ds = test ? datasets_.test.get() : datasets_.valid.get();
+  if (!eval_ds || cfg_.eval_iters == 0) return;
+  std::int64_t test_consumed = 0;
+  std::int64_t& eval_consumed = test ? test_consumed : progress_.consumed_valid;
+  const double loss =
+      evaluation_loss(*eval_ds, eval_consumed, cfg_.global_batch_size / (B_ * dp_), it);
   const double ppl = std::exp(std::min(loss, 20.0));
   // Megatron's lines: dashes, the result, dashes.
   const std::string line =
@@ -786,8 +860,6 @@ void Trainer::evaluate(std::int64_t it, const char* suffix, bool test) {
       tb_->add_scalar("lm loss validation ppl vs samples", ppl, progress_.consumed);
     }
   }
-  tp_traffic_ = training_traffic;
-  if (profiling_) core::profile::resume();
 }
 
 void Trainer::save(std::int64_t it) {

@@ -33,3 +33,29 @@ def load_megatron_core():
     import torch.distributed
     if not torch.distributed.is_initialized():
         torch.distributed.get_rank = lambda *args, **kwargs: 0
+
+
+STEP_WHEEL = "megatron_core-0.19.2-cp312-cp312-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl"
+
+
+def load_step_calculator():
+    """megatron-core 0.19.2's megatron/core/num_microbatches_calculator.py, unmodified.
+
+    --step-batch-size-schedule (StepBatchsizeNumMicroBatchesCalculator) arrived in megatron-core
+    0.18; the venv's 0.16.1 predates it, and 0.18+ wheels need Python >= 3.12 (Debian has 3.11).
+    scripts/install-python-deps downloads the pinned 0.19.2 wheel (sha256 checked) without
+    installing it; this reads that one module (it imports only logging, abc and typing) out of
+    the wheel and runs it under its own module name. $TRIDENT_MCORE_STEP_WHEEL overrides the path.
+    """
+    import zipfile
+    path = os.environ.get("TRIDENT_MCORE_STEP_WHEEL",
+                          os.path.join(sys.prefix, "wheels", STEP_WHEEL))
+    if not os.path.isfile(path):
+        sys.exit(path + " not found: run scripts/install-python-deps (it downloads megatron-core "
+                 "0.19.2 for the --step-batch-size-schedule reference)")
+    with zipfile.ZipFile(path) as z:
+        source = z.read("megatron/core/num_microbatches_calculator.py")
+    module = types.ModuleType("mcore_0_19_num_microbatches_calculator")
+    module.__file__ = path + "/megatron/core/num_microbatches_calculator.py"
+    exec(compile(source, module.__file__, "exec"), module.__dict__)
+    return module

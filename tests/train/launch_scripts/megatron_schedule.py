@@ -6,7 +6,8 @@ SPEC.json: {"global_batch_size", "micro_batch_size", "data_parallel_size", "ramp
 null, "train_iters" or "train_samples", "lr", "min_lr", "lr_decay_style", "lr_warmup_init",
 "lr_warmup_iters" | "lr_warmup_samples" | "lr_warmup_fraction", "lr_decay_iters" |
 "lr_decay_samples", "train_tokens", "seq_length", "skipped": [iterations whose update was
-skipped], "lr_warmup_tokens" and "lr_decay_tokens" for Megatron-DeepSpeed's token schedule}
+skipped], "lr_warmup_tokens" and "lr_decay_tokens" for Megatron-DeepSpeed's token schedule, "step_batch_size_schedule" for
+Megatron-LM's step schedule (thresholds in tokens of seq_length)}
 
 OUT.json: {"train_iters": n, "steps": [[iteration, consumed samples after it, global batch
 size, learning rate used by it], ...]}.
@@ -23,6 +24,12 @@ of a sample-based run follows Megatron's training.update_train_iters (the ramp c
 step, a partial last batch dropped), and the warm-up / decay conversion follows
 get_optimizer_param_scheduler (iterations x global batch size); those two functions live in
 megatron/training, which the megatron-core wheel does not ship, so they are written out here.
+
+A step schedule (--step-batch-size-schedule) uses megatron-core 0.19.2's
+StepBatchsizeNumMicroBatchesCalculator, read from the pinned wheel (0.16.1 predates it; see
+tests/data/reference/mcore_import.py), with the thresholds in tokens as Megatron-LM passes
+seq_length; "global_batch_size" is then the value the run uses for --lr-*-iters (Megatron-LM's
+args.global_batch_size).
 """
 import json
 import os
@@ -30,7 +37,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "data",
                                 "reference"))
-from mcore_import import load_megatron_core  # noqa: E402
+from mcore_import import load_megatron_core, load_step_calculator  # noqa: E402
 
 load_megatron_core()
 
@@ -49,13 +56,26 @@ def main():
     with open(sys.argv[1]) as f:
         a = json.load(f)
     gbs, mbs, dp = a["global_batch_size"], a["micro_batch_size"], a["data_parallel_size"]
-    calc = _build_num_microbatches_calculator(
-        rank=1, rampup_batch_size=a.get("rampup"), global_batch_size=gbs,
-        micro_batch_size=mbs, data_parallel_size=dp, decrease_batch_size_if_needed=False)
+    step = a.get("step_batch_size_schedule")
+    if step is not None:
+        calc = load_step_calculator()._build_num_microbatches_calculator(
+            1, None, mbs, dp, False, step, a["seq_length"])
+    else:
+        calc = _build_num_microbatches_calculator(
+            rank=1, rampup_batch_size=a.get("rampup"), global_batch_size=gbs,
+            micro_batch_size=mbs, data_parallel_size=dp, decrease_batch_size_if_needed=False)
 
     if a.get("train_samples"):
         train_samples = a["train_samples"]
-        if a.get("rampup") is None:
+        if step is not None:  # update_train_iters, step-schedule branch
+            iterations = consumed = 0
+            while consumed < train_samples:
+                calc.update(consumed, False)
+                consumed += calc.get_current_global_batch_size()
+                iterations += 1
+            calc.update(0, False)
+            train_iters = iterations
+        elif a.get("rampup") is None:
             train_iters = train_samples // gbs
         else:  # update_train_iters
             iterations = consumed = 0

@@ -19,6 +19,7 @@ sed -e "s|^export LAUNCHER=.*|export LAUNCHER=\"$launch\"|" \
     -e "s|^LAUNCHER=.*|LAUNCHER=\"$launch\"|" \
     -e 's|bash -c "$LAUNCHER --node_rank \\$SLURM_PROCID $CMD"|bash -c "$LAUNCHER $CMD"|' \
     -e 's|^srun --jobid ${SLURM_JOBID:-0} ||' \
+    -e 's|^clear; srun $SRUN_ARGS --jobid $SLURM_JOB_ID ||' \
     -e 's|`pwd`/pretrain_gpt.py||' \
     -e "s|^torchrun \${DISTRIBUTED_ARGS\[@\]} pretrain_gpt.py|$launch|" \
     -e "s|^python -m torch.distributed.launch \$DISTRIBUTED_ARGS|$launch|" \
