@@ -96,6 +96,7 @@ Stream* resolve_stream(cudaStream_t s);  // null / legacy / per-thread -> the de
 std::uint64_t enqueue(Stream* s, const char* what, std::function<void()> fn,
                       std::vector<std::pair<Stream*, std::uint64_t>> extra_deps = {});
 void wait_for(Stream* s, std::uint64_t seq);  // until s has completed seq tasks
+std::uint64_t queued(Stream* s);              // tasks queued on s so far
 int current_device();
 
 // ---- kernels

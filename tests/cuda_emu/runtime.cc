@@ -569,12 +569,14 @@ void wait_for(Stream* s, std::uint64_t seq) {
   g().progress.wait(lock, [&] { return s->completed >= seq; });
 }
 
-namespace {
-
-std::uint64_t enqueued_of(Stream* s) {
+std::uint64_t queued(Stream* s) {
   std::lock_guard<std::mutex> lock(g().mu);
   return s->enqueued;
 }
+
+namespace {
+
+std::uint64_t enqueued_of(Stream* s) { return queued(s); }
 
 void sync_device(int device) {
   std::vector<std::pair<Stream*, std::uint64_t>> targets;

@@ -4,7 +4,9 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <atomic>
+#include <functional>
 #include <vector>
 
 #include "trident/core/error.h"
@@ -79,14 +81,38 @@ const char* at(const void* p, std::int64_t elems, Datatype t) {
 // ---------------------------------------------------------------------------------------------
 // NcclCommunicator
 
+// A point-to-point operation waiting to be posted with the others of its batch.
+struct P2pOp {
+  bool send;
+  void* buf;
+  std::size_t count;
+  ncclDataType_t type;
+  int peer;
+};
+
+// Sends and receives posted between two waits go to NCCL together, in one ncclGroupStart/End:
+// NCCL blocks a send until the peer has posted the matching receive, so two neighbours that each
+// post a send before their receive (a 1F1B pipeline's steady state) deadlock unless the operations
+// are grouped (Megatron's batch_isend_irecv). A batch is posted when one of its requests is first
+// tested, or before any other operation of the communicator.
+struct P2pBatch {
+  std::vector<P2pOp> ops;
+  cudaEvent_t done = nullptr;  // recorded on the communication stream after the group
+  bool posted = false;
+};
+
 struct NcclCommunicator::State {
   ncclComm_t comm = nullptr;
   std::atomic<bool> aborted{false};
+  std::shared_ptr<P2pBatch> open;  // the batch collecting sends and receives, or null
+  // Posts the open batch (set by the communicator: it knows the streams).
+  std::function<void()> flush;
   explicit State(ncclComm_t c) : comm(c) {}
   ~State() {
     if (comm != nullptr && !aborted.load()) ncclCommDestroy(comm);
   }
-  // The watchdog's action: frees every rank of this communicator from a stuck operation.
+  // The watchdog's action: stops this rank's operations on the communicator (ncclCommAbort frees
+  // the local rank only; the peers' own watchdogs, or abort_job, end theirs).
   void abort() noexcept {
     if (!aborted.exchange(true) && comm != nullptr) ncclCommAbort(comm);
   }
@@ -96,14 +122,21 @@ namespace {
 
 class NcclRequest final : public detail::RequestImpl {
  public:
+  // An operation already posted, complete when `ev` is reached.
   NcclRequest(cudaEvent_t ev, std::shared_ptr<NcclCommunicator::State> state)
       : ev_(ev), state_(std::move(state)) {}
-  ~NcclRequest() override { cudaEventDestroy(ev_); }
+  // A send or receive of a batch that is posted when first tested.
+  NcclRequest(std::shared_ptr<P2pBatch> batch, std::shared_ptr<NcclCommunicator::State> state)
+      : batch_(std::move(batch)), state_(std::move(state)) {}
+  ~NcclRequest() override {
+    if (ev_) cudaEventDestroy(ev_);
+  }
   bool test() override;
   void abandon() noexcept override;
 
  private:
-  cudaEvent_t ev_;
+  cudaEvent_t ev_ = nullptr;
+  std::shared_ptr<P2pBatch> batch_;
   std::shared_ptr<NcclCommunicator::State> state_;
 };
 
@@ -113,7 +146,8 @@ bool NcclRequest::test() {
   if (state_->aborted.load()) {
     throw core::CommError("the NCCL communicator was aborted (an earlier operation timed out)");
   }
-  const cudaError_t e = cudaEventQuery(ev_);
+  if (batch_ && !batch_->posted) state_->flush();
+  const cudaError_t e = cudaEventQuery(batch_ ? batch_->done : ev_);
   if (e == cudaSuccess) return true;
   if (e != cudaErrorNotReady) check_cuda(e, "the NCCL operation's stream");
   ncclResult_t async = ncclSuccess;
@@ -156,9 +190,36 @@ NcclCommunicator::NcclCommunicator(std::unique_ptr<Communicator> host, std::shar
   check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
   comm_stream_ = s;
   check_cuda(cudaMalloc(&barrier_buf_, sizeof(float)), "cudaMalloc");
+  state_->flush = [this] { flush_p2p(); };
+}
+
+void NcclCommunicator::flush_p2p() {
+  std::shared_ptr<P2pBatch> batch = std::move(state_->open);
+  if (!batch || batch->posted) return;
+  batch->posted = true;
+  before_op();
+  const auto stream = static_cast<cudaStream_t>(comm_stream_);
+  check_nccl(ncclGroupStart(), "ncclGroupStart");
+  for (const P2pOp& op : batch->ops) {
+    if (op.send) {
+      check_nccl(ncclSend(op.buf, op.count, op.type, op.peer, state_->comm, stream), "ncclSend");
+    } else {
+      check_nccl(ncclRecv(op.buf, op.count, op.type, op.peer, state_->comm, stream), "ncclRecv");
+    }
+  }
+  check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+  check_cuda(cudaEventCreateWithFlags(&batch->done, cudaEventDisableTiming), "cudaEventCreate");
+  check_cuda(cudaEventRecord(batch->done, stream), "cudaEventRecord");
 }
 
 NcclCommunicator::~NcclCommunicator() {
+  if (!state_->aborted.load()) {
+    try {
+      flush_p2p();
+    } catch (const std::exception&) {
+    }
+  }
+  state_->flush = [] {};
   if (comm_stream_) {
     cudaStreamSynchronize(static_cast<cudaStream_t>(comm_stream_));
     cudaStreamDestroy(static_cast<cudaStream_t>(comm_stream_));
@@ -171,14 +232,17 @@ void NcclCommunicator::before_op() {
     throw core::CommError("the NCCL communicator was aborted (an earlier operation timed out)");
   }
   check_cuda(cudaSetDevice(device_), "cudaSetDevice");
-  if (compute_stream_ != nullptr) {
-    cudaEvent_t ev = nullptr;
-    check_cuda(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
-    check_cuda(cudaEventRecord(ev, static_cast<cudaStream_t>(compute_stream_)), "cudaEventRecord");
-    check_cuda(cudaStreamWaitEvent(static_cast<cudaStream_t>(comm_stream_), ev, 0),
-               "cudaStreamWaitEvent");
-    cudaEventDestroy(ev);  // released once the wait is satisfied
-  }
+  // After the work queued on the compute stream; a null compute stream is the kernels' null
+  // stream, i.e. the legacy default stream, which the non-blocking communication stream would not
+  // otherwise wait for.
+  const cudaStream_t compute =
+      compute_stream_ != nullptr ? static_cast<cudaStream_t>(compute_stream_) : cudaStreamLegacy;
+  cudaEvent_t ev = nullptr;
+  check_cuda(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
+  check_cuda(cudaEventRecord(ev, compute), "cudaEventRecord");
+  check_cuda(cudaStreamWaitEvent(static_cast<cudaStream_t>(comm_stream_), ev, 0),
+             "cudaStreamWaitEvent");
+  cudaEventDestroy(ev);  // released once the wait is satisfied
 }
 
 Communicator::ImplPtr NcclCommunicator::after_op(const char* what) {
@@ -191,6 +255,7 @@ Communicator::ImplPtr NcclCommunicator::after_op(const char* what) {
 
 Communicator::ImplPtr NcclCommunicator::post_all_reduce(void* buf, std::int64_t count,
                                                         Datatype dtype, ReduceOp op) {
+  flush_p2p();
   before_op();
   const NcclType t = nccl_type(dtype, true);
   check_nccl(ncclAllReduce(buf, buf, static_cast<size_t>(count), t.type, nccl_op(op), state_->comm,
@@ -202,6 +267,7 @@ Communicator::ImplPtr NcclCommunicator::post_all_reduce(void* buf, std::int64_t 
 Communicator::ImplPtr NcclCommunicator::post_reduce_scatter(const void* in, void* out,
                                                             std::int64_t count, Datatype dtype,
                                                             ReduceOp op) {
+  flush_p2p();
   before_op();
   const NcclType t = nccl_type(dtype, true);
   check_nccl(ncclReduceScatter(in, out, static_cast<size_t>(count), t.type, nccl_op(op),
@@ -213,6 +279,7 @@ Communicator::ImplPtr NcclCommunicator::post_reduce_scatter(const void* in, void
 Communicator::ImplPtr NcclCommunicator::post_reduce_scatter_v(const void* in, void* out,
                                                               std::span<const std::int64_t> counts,
                                                               Datatype dtype, ReduceOp op) {
+  flush_p2p();
   before_op();
   const NcclType t = nccl_type(dtype, true);
   // One reduce per block, rooted at the block's owner, fused into one NCCL group.
@@ -233,6 +300,7 @@ Communicator::ImplPtr NcclCommunicator::post_reduce_scatter_v(const void* in, vo
 
 Communicator::ImplPtr NcclCommunicator::post_all_gather(const void* in, void* out,
                                                         std::int64_t count, Datatype dtype) {
+  flush_p2p();
   before_op();
   const NcclType t = nccl_type(dtype, false);
   check_nccl(ncclAllGather(in, out, static_cast<size_t>(count * t.scale), t.type, state_->comm,
@@ -244,6 +312,7 @@ Communicator::ImplPtr NcclCommunicator::post_all_gather(const void* in, void* ou
 Communicator::ImplPtr NcclCommunicator::post_all_gather_v(const void* in, void* out,
                                                           std::span<const std::int64_t> counts,
                                                           Datatype dtype) {
+  flush_p2p();
   before_op();
   const NcclType t = nccl_type(dtype, false);
   check_nccl(ncclGroupStart(), "ncclGroupStart");
@@ -262,6 +331,7 @@ Communicator::ImplPtr NcclCommunicator::post_all_gather_v(const void* in, void* 
 
 Communicator::ImplPtr NcclCommunicator::post_broadcast(void* buf, std::int64_t count,
                                                        Datatype dtype, int root) {
+  flush_p2p();
   before_op();
   const NcclType t = nccl_type(dtype, false);
   check_nccl(ncclBroadcast(buf, buf, static_cast<size_t>(count * t.scale), t.type, root,
@@ -272,25 +342,27 @@ Communicator::ImplPtr NcclCommunicator::post_broadcast(void* buf, std::int64_t c
 
 Communicator::ImplPtr NcclCommunicator::post_send(const void* buf, std::int64_t count,
                                                   Datatype dtype, int peer, int /*tag*/) {
-  before_op();
-  const NcclType t = nccl_type(dtype, false);
-  check_nccl(ncclSend(buf, static_cast<size_t>(count * t.scale), t.type, peer, state_->comm,
-                      static_cast<cudaStream_t>(comm_stream_)),
-             "ncclSend");
-  return after_op("send");
+  return post_p2p(true, const_cast<void*>(buf), count, dtype, peer);
 }
 
 Communicator::ImplPtr NcclCommunicator::post_recv(void* buf, std::int64_t count, Datatype dtype,
                                                   int peer, int /*tag*/) {
-  before_op();
+  return post_p2p(false, buf, count, dtype, peer);
+}
+
+Communicator::ImplPtr NcclCommunicator::post_p2p(bool send, void* buf, std::int64_t count,
+                                                 Datatype dtype, int peer) {
+  if (state_->aborted.load()) {
+    throw core::CommError("the NCCL communicator was aborted (an earlier operation timed out)");
+  }
   const NcclType t = nccl_type(dtype, false);
-  check_nccl(ncclRecv(buf, static_cast<size_t>(count * t.scale), t.type, peer, state_->comm,
-                      static_cast<cudaStream_t>(comm_stream_)),
-             "ncclRecv");
-  return after_op("recv");
+  if (!state_->open) state_->open = std::make_shared<P2pBatch>();
+  state_->open->ops.push_back({send, buf, static_cast<std::size_t>(count * t.scale), t.type, peer});
+  return std::make_unique<NcclRequest>(state_->open, state_);
 }
 
 Communicator::ImplPtr NcclCommunicator::post_barrier() {
+  flush_p2p();
   before_op();
   check_nccl(ncclAllReduce(barrier_buf_, barrier_buf_, 1, ncclFloat32, ncclSum, state_->comm,
                            static_cast<cudaStream_t>(comm_stream_)),
@@ -300,6 +372,7 @@ Communicator::ImplPtr NcclCommunicator::post_barrier() {
 
 std::unique_ptr<Communicator> NcclCommunicator::do_split(int color, int key,
                                                          const std::string& new_name) {
+  flush_p2p();
   host_->set_step(step());
   std::unique_ptr<Communicator> host_child = host_->split(color, key, new_name);
   ncclComm_t child = nullptr;
@@ -308,8 +381,10 @@ std::unique_ptr<Communicator> NcclCommunicator::do_split(int color, int key,
                            &child, nullptr),
              "ncclCommSplit");
   if (host_child == nullptr) return nullptr;
-  return std::unique_ptr<Communicator>(
+  auto c = std::unique_ptr<NcclCommunicator>(
       new NcclCommunicator(std::move(host_child), std::make_shared<State>(child), device_));
+  c->set_compute_stream(compute_stream_);  // the child orders after the same compute stream
+  return c;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -434,24 +509,62 @@ Communicator::ImplPtr HostStagedCommunicator::post_broadcast(void* buf, std::int
   return nullptr;
 }
 
+namespace {
+
+// A host-staged send or receive in flight: the host operation on a pinned buffer of its own; a
+// receive copies the buffer to the device when the host operation completes. (A blocking host
+// send or receive would deadlock two ranks that each post a receive before their send.)
+class StagedP2pRequest final : public detail::RequestImpl {
+ public:
+  StagedP2pRequest(Request inner, void* pinned, void* device_dst, std::int64_t bytes)
+      : inner_(std::move(inner)), pinned_(pinned), device_dst_(device_dst), bytes_(bytes) {}
+  ~StagedP2pRequest() override {
+    // A request dropped in flight: MPI may still write the buffer; keep it (a leak, not a crash).
+    if (done_ && pinned_) cudaFreeHost(pinned_);
+  }
+  bool test() override {
+    if (done_) return true;
+    if (!inner_.test()) return false;
+    if (device_dst_) h2d(device_dst_, pinned_, bytes_);
+    done_ = true;
+    return true;
+  }
+
+ private:
+  Request inner_;
+  void* pinned_;
+  void* device_dst_;  // null for a send
+  std::int64_t bytes_;
+  bool done_ = false;
+};
+
+void* pinned_buffer(std::int64_t bytes) {
+  void* p = nullptr;
+  check_cuda(cudaHostAlloc(&p, static_cast<size_t>(std::max<std::int64_t>(bytes, 1)),
+                           cudaHostAllocDefault),
+             "cudaHostAlloc (host-staged communicator)");
+  return p;
+}
+
+}  // namespace
+
 Communicator::ImplPtr HostStagedCommunicator::post_send(const void* buf, std::int64_t count,
                                                         Datatype dtype, int peer, int tag) {
   sync_host_step();
   const std::int64_t bytes = count * size_of(dtype);
-  void* h = staging(bytes);
+  void* h = pinned_buffer(bytes);
   d2h(h, buf, bytes);
-  host_->send(h, count, dtype, peer, tag);
-  return nullptr;
+  return std::make_unique<StagedP2pRequest>(host_->isend(h, count, dtype, peer, tag), h, nullptr,
+                                            bytes);
 }
 
 Communicator::ImplPtr HostStagedCommunicator::post_recv(void* buf, std::int64_t count,
                                                         Datatype dtype, int peer, int tag) {
   sync_host_step();
   const std::int64_t bytes = count * size_of(dtype);
-  void* h = staging(bytes);
-  host_->recv(h, count, dtype, peer, tag);
-  h2d(buf, h, bytes);
-  return nullptr;
+  void* h = pinned_buffer(bytes);
+  return std::make_unique<StagedP2pRequest>(host_->irecv(h, count, dtype, peer, tag), h, buf,
+                                            bytes);
 }
 
 Communicator::ImplPtr HostStagedCommunicator::post_barrier() {

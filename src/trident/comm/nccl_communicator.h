@@ -8,12 +8,17 @@
 // Request's timeout is the watchdog: a stuck NCCL operation becomes the CommError the MPI
 // communicator gives (operation, group, global ranks, step) and the NCCL communicator is aborted
 // (ncclCommAbort), so the caller's abort_job ends the job instead of hanging. Tags of send/recv
-// are checked but not matched: NCCL orders the messages between two ranks by posting order.
+// are checked but not matched: NCCL orders the messages between two ranks by posting order. Sends
+// and receives posted between two waits go to NCCL as one group (posted when one of their
+// requests is first tested, or before any other operation): an ungrouped NCCL send blocks until
+// the peer posts its receive, so two neighbours that both send first would deadlock.
 //
 // HostStagedCommunicator: the same interface over any host communicator (MPI), for several ranks
 // that share one GPU (NCCL refuses that): each operation copies its device input to pinned host
 // memory, runs the host collective (with its timeout and errors) and copies the result back.
-// Synchronous: the returned Requests are complete.
+// Collectives are synchronous (their Requests are complete); sends and receives are posted on the
+// host and complete later (a receive copies to the device then), so that two ranks that each
+// post a receive before their send do not deadlock.
 #pragma once
 
 #include <memory>
@@ -31,8 +36,9 @@ class NcclCommunicator final : public Communicator {
   static std::unique_ptr<NcclCommunicator> create(std::unique_ptr<Communicator> host, int device);
   ~NcclCommunicator() override;
 
-  // Operations wait for the work queued on `stream` (a cudaStream_t; null: none) before they
-  // start, so that they see the gradients the backward pass wrote.
+  // Operations wait for the work queued on `stream` (a cudaStream_t; null: the legacy default
+  // stream, the kernels' null stream) before they start, so that they see the gradients the
+  // backward pass wrote. Children made by split() inherit it.
   void set_compute_stream(void* stream) { compute_stream_ = stream; }
   void* comm_stream() const { return comm_stream_; }
   int device() const { return device_; }
@@ -59,6 +65,8 @@ class NcclCommunicator final : public Communicator {
   NcclCommunicator(std::unique_ptr<Communicator> host, std::shared_ptr<State> state, int device);
   void before_op();
   ImplPtr after_op(const char* what);
+  ImplPtr post_p2p(bool send, void* buf, std::int64_t count, Datatype dtype, int peer);
+  void flush_p2p();  // posts the open batch of sends and receives as one NCCL group
 
   std::unique_ptr<Communicator> host_;
   std::shared_ptr<State> state_;  // the ncclComm_t, shared with pending requests (abort)

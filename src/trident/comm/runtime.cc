@@ -48,6 +48,10 @@ int launcher_tasks(std::string* source) {
 }  // namespace
 
 MpiRuntime::MpiRuntime(int& argc, char**& argv, ThreadLevel required) {
+#ifdef TRIDENT_CUDA_EMULATED
+  // The emulated build's NCCL (tests/cuda_emu/nccl.cc) runs MPI on the emulated streams' threads.
+  required = ThreadLevel::kMultiple;
+#endif
   int initialized = 0;
   MPI_Initialized(&initialized);
   int provided = MPI_THREAD_SINGLE;

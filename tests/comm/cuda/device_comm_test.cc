@@ -9,12 +9,17 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "trident/comm/mpi_communicator.h"
 #include "trident/comm/nccl_communicator.h"
 #include "trident/core/error.h"
 #include "trident/kernels/cuda/device.h"
+#ifdef TRIDENT_CUDA_EMULATED
+#include <cuda_runtime.h>
+#include <nccl.h>
+#endif
 
 namespace trident::comm {
 namespace {
@@ -202,6 +207,51 @@ TEST(DeviceComm, NcclWatchdogTurnsAStuckOperationIntoCommError) {
   }
   sync->barrier();
 }
+
+#ifdef TRIDENT_CUDA_EMULATED
+// The emulated NCCL keeps NCCL's blocking rule: an ungrouped ncclRecv waits for its data and
+// holds the stream, so two ranks that each post a receive before their send on one stream
+// deadlock (as they would on NCCL); ncclCommAbort frees the stream. The same exchange grouped
+// completes. (Emulator only: on a GPU the first half would hang the test.)
+TEST(DeviceComm, EmulatedNcclKeepsNcclsBlockingRuleForSendAndRecv) {
+  auto world = make_world();
+  const int me = world->rank(), peer = 1 - me;
+  ASSERT_EQ(world->size(), 2);
+  ASSERT_GE(cuda::device_count(), 2) << "run with CUEMU_DEVICE_COUNT=2";
+  cuda::set_device(me);
+  ncclUniqueId id{};
+  if (me == 0) {
+    ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  }
+  world->broadcast(&id, static_cast<std::int64_t>(sizeof(id)), Datatype::kU8, 0);
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  cuda::DeviceBuffer out(64), in(64);
+  for (const bool grouped : {false, true}) {
+    ncclComm_t comm = nullptr;
+    ASSERT_EQ(ncclCommInitRank(&comm, 2, id, me), ncclSuccess);
+    if (grouped) ncclGroupStart();
+    ASSERT_EQ(ncclRecv(in.data(), 16, ncclFloat32, peer, comm, s), ncclSuccess);
+    ASSERT_EQ(ncclSend(out.data(), 16, ncclFloat32, peer, comm, s), ncclSuccess);
+    if (grouped) ncclGroupEnd();
+    if (grouped) {
+      EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+      EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      EXPECT_EQ(cudaStreamQuery(s), cudaErrorNotReady) << "the ungrouped exchange completed";
+      ncclCommAbort(comm);
+      EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess) << "the abort freed the stream";
+    }
+    world->barrier();
+    if (me == 0) {
+      ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+    }
+    world->broadcast(&id, static_cast<std::int64_t>(sizeof(id)), Datatype::kU8, 0);
+  }
+  cudaStreamDestroy(s);
+}
+#endif
 
 }  // namespace
 }  // namespace trident::comm
