@@ -789,6 +789,29 @@ ModelProps model_props() {
 
 // ---- launches
 // ----------------------------------------------------------------------------------------------
+namespace {
+
+// CUEMU_LAUNCH_LOG=path: each distinct (kernel, threads per block, dynamic shared memory, source
+// file) of the process is appended to the file, one line each, so that the block sizes the kernels
+// really run with can be checked against nvcc's register counts (scripts/check-cuda-resources).
+void log_launch(const LaunchConfig& cfg) {
+  static const char* path = std::getenv("CUEMU_LAUNCH_LOG");
+  if (path == nullptr || *path == '\0') return;
+  static std::mutex mu;
+  static std::set<std::string> seen;
+  const std::string line = std::string(cfg.kernel) + " " +
+                           std::to_string(cfg.block.x * cfg.block.y * cfg.block.z) + " " +
+                           std::to_string(cfg.dynamic_smem) + " " + cfg.file + "\n";
+  std::lock_guard<std::mutex> lock(mu);
+  if (!seen.insert(line).second) return;
+  if (FILE* f = std::fopen(path, "a")) {
+    std::fputs(line.c_str(), f);
+    std::fclose(f);
+  }
+}
+
+}  // namespace
+
 void launch(const LaunchConfig& cfg, std::vector<PointerArg> pointers,
             std::function<void()> thread_body) {
   install_segv_handler();
@@ -831,6 +854,7 @@ void launch(const LaunchConfig& cfg, std::vector<PointerArg> pointers,
                  " (raise it with cudaFuncSetAttribute(MaxDynamicSharedMemorySize))");
     }
   }
+  log_launch(cfg);
   auto run = std::make_shared<KernelRun>();
   run->config = cfg;
   run->device = s->device;

@@ -15,7 +15,6 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
-#include <source_location>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -196,7 +195,25 @@ long long clock64();
 // --------------------------------------------------------
 namespace cuemu::detail {
 
-using Loc = std::source_location;
+// Where a barrier or warp operation is called (std::source_location's role; clang 14 with
+// libstdc++ 12 lacks it, the builtins work in both compilers).
+struct Loc {
+  const char* file = "";
+  unsigned ln = 0, col = 0;
+#if defined(__has_builtin) && __has_builtin(__builtin_COLUMN)
+  static constexpr Loc current(const char* f = __builtin_FILE(), unsigned l = __builtin_LINE(),
+                               unsigned c = __builtin_COLUMN()) {
+    return {f, l, c};
+  }
+#else  // GCC 12
+  static constexpr Loc current(const char* f = __builtin_FILE(), unsigned l = __builtin_LINE()) {
+    return {f, l, 0};
+  }
+#endif
+  const char* file_name() const { return file; }
+  unsigned line() const { return ln; }
+  unsigned column() const { return col; }
+};
 
 enum class BarrierKind : int { kPlain, kCount, kAnd, kOr };
 int syncthreads(BarrierKind kind, int predicate, Loc loc);
