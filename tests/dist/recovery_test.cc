@@ -3,8 +3,11 @@
 //    TP1 x PP4 x DP2, TP4 x PP1 x DP2 with sequence parallelism, DP8 with ZeRO-3 and PP2 x DP2
 //    interleaved, and converted offline (`trident convert`) to DP2 ZeRO-2: iterations 11-20 give
 //    the uninterrupted single-process run's losses within 1e-5 relative;
-//  - clean stops: SIGTERM with --exit-signal-handler saves and exits 10; the kill switch stops
-//    every rank of an mpirun job with 12; a wrong flag exits 2 under mpirun;
+//  - clean stops: every planned stop (SIGTERM / SIGUSR1 with --exit-signal-handler, the kill
+//    switch, --exit-duration-in-mins, --exit-interval, the end of training) saves and exits 0 on
+//    every rank under mpirun, without Open MPI's abort banner; with --exit-codes distinct they exit
+//    10-13, and `trident supervise` turns those on for its command; a wrong flag exits 2 under
+//    mpirun;
 //  - a second job on a running job's --save directory is refused with exit code 4;
 //  - kill -9 of a random rank at a random moment, ten trials (4 ranks, TP2 x DP2): `trident
 //    supervise` relaunches, the final losses and weights equal the uninterrupted run's bitwise,
@@ -15,6 +18,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -98,6 +102,16 @@ class Recovery : public ::testing::Test {
     return std::string(std::istreambuf_iterator<char>(in), {});
   }
   static std::string log_of(const std::string& name) { return read(path(name + ".log")); }
+  // Whether the run's output holds Open MPI's banner for a job that did not end normally ("...
+  // returned a non-zero exit code. Per user-direction, the job has been aborted.") or an abort.
+  static bool abort_banner(const std::string& log) {
+    std::string lower = log;
+    std::transform(lower.begin(), lower.end(), lower.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    return lower.find("abort") != std::string::npos ||
+           lower.find("non-zero exit") != std::string::npos ||
+           lower.find("non-zero status") != std::string::npos;
+  }
 
   // Starts `cmd` (with the MPI environment, output into <name>.log) in its own process group.
   static pid_t spawn(const std::string& name, const std::string& cmd, const std::string& env = "") {
@@ -192,7 +206,8 @@ class Recovery : public ::testing::Test {
           "save_3d", train_cmd(8, 2,
                                "--pipeline-model-parallel-size 2 --zero-stage 1 --save " + ckpt +
                                    " --exit-interval 10 --metrics-jsonl " + path("save_3d.jsonl")));
-      EXPECT_EQ(code, 13) << log_of("save_3d");
+      EXPECT_EQ(code, 0) << log_of("save_3d");  // --exit-interval: a planned stop exits 0
+      EXPECT_FALSE(abort_banner(log_of("save_3d"))) << log_of("save_3d");
     }
     return ckpt;
   }
@@ -252,33 +267,42 @@ TEST_F(Recovery, ConvertOfflineThenResume) {
 }
 
 // SIGTERM (what Slurm sends before the time limit) with --exit-signal-handler: the run finishes
-// its iteration, saves and exits 10; under mpirun, SIGUSR1 to mpirun (which forwards it) does
-// the same for every rank.
+// its iteration, saves and exits 0 (10 with --exit-codes distinct); under mpirun, SIGUSR1 to
+// mpirun (which forwards it) does the same for every rank, and mpirun prints no abort banner.
 TEST_F(Recovery, SigtermSavesAndExits) {
-  for (int np : {1, 2}) {
-    const std::string name = "sigterm" + std::to_string(np);
+  struct Case {
+    int np;
+    bool distinct;
+  };
+  for (const Case c : {Case{1, false}, Case{2, false}, Case{2, true}}) {
+    const std::string name = "sigterm" + std::to_string(c.np) + (c.distinct ? "d" : "");
     const std::string ckpt = path(name + "_ckpt"), m = path(name + ".jsonl");
-    const pid_t pid = spawn(
-        name,
-        train_cmd(np, 1, "--exit-signal-handler --save " + ckpt + " --metrics-jsonl " + m, 100000));
+    const pid_t pid =
+        spawn(name, train_cmd(c.np, 1,
+                              "--exit-signal-handler --save " + ckpt + " --metrics-jsonl " + m +
+                                  (c.distinct ? " --exit-codes distinct" : ""),
+                              100000));
     ASSERT_TRUE(wait_for_records(m, 3, 120)) << log_of(name);
-    if (np == 1) {
+    if (c.np == 1) {
       const std::vector<int> ranks = train_pids(ckpt);
       ASSERT_EQ(ranks.size(), 1u);
       ::kill(ranks[0], SIGTERM);
     } else {
       ::kill(pid, SIGUSR1);  // mpirun is the spawned process (exec)
     }
-    EXPECT_EQ(wait_code(pid, 120), 10) << log_of(name);
+    EXPECT_EQ(wait_code(pid, 120), c.distinct ? 10 : 0) << log_of(name);
     const auto got = losses(m);
     ASSERT_FALSE(got.empty());
     EXPECT_EQ(ckpt::latest_iteration(ckpt), got.back().first) << log_of(name);
     EXPECT_NE(log_of(name).find("stopped: signal"), std::string::npos) << log_of(name);
+    if (!c.distinct) {
+      EXPECT_FALSE(abort_banner(log_of(name))) << log_of(name);
+    }
   }
 }
 
-// The kill switch stops every rank of an mpirun job after the same iteration, saved, with 12; bad
-// input exits 2 through mpirun, before and after MPI starts.
+// The kill switch stops every rank of an mpirun job after the same iteration, saved, with 0 and
+// no abort banner; bad input exits 2 through mpirun, before and after MPI starts.
 TEST_F(Recovery, KillSwitchAndBadInputUnderMpirun) {
   const std::string ckpt = path("ks_ckpt"), m = path("ks.jsonl"), stop = path("STOP");
   const pid_t pid = spawn(
@@ -287,11 +311,61 @@ TEST_F(Recovery, KillSwitchAndBadInputUnderMpirun) {
                 100000));
   ASSERT_TRUE(wait_for_records(m, 2, 120)) << log_of("ks");
   std::ofstream(stop) << "";
-  EXPECT_EQ(wait_code(pid, 120), 12) << log_of("ks");
+  EXPECT_EQ(wait_code(pid, 120), 0) << log_of("ks");
+  EXPECT_FALSE(abort_banner(log_of("ks"))) << log_of("ks");
+  EXPECT_NE(log_of("ks").find("stopped: --kill-switch-path"), std::string::npos) << log_of("ks");
   EXPECT_EQ(ckpt::latest_iteration(ckpt), losses(m).back().first);
   EXPECT_EQ(run("badflag", train_cmd(2, 1, "--num-layerz 3")), 2) << log_of("badflag");
   EXPECT_EQ(run("baddata", train_cmd(2, 1, "--data-path " + path("nothing"))), 2)
       << log_of("baddata");
+}
+
+// Every other planned stop under mpirun: --exit-interval, --exit-duration-in-mins and the end of
+// training exit 0 on every rank, saved, with no abort banner; --exit-codes distinct (flag or
+// TRIDENT_EXIT_CODES) gives --exit-interval 13 and the duration 11, with the banner mpirun prints
+// for any non-zero code.
+TEST_F(Recovery, PlannedStopsExitZeroUnderMpirun) {
+  struct Case {
+    std::string name, flags, env;
+    int code, iteration;  // the exit code; the iteration saved (-1: any before the end)
+  };
+  const Case cases[] = {
+      {"stop_interval", "--exit-interval 3", "", 0, 3},
+      {"stop_duration", "--exit-duration-in-mins 0.0001", "", 0, -1},
+      {"stop_end", "", "", 0, 6},
+      {"stop_interval_distinct", "--exit-interval 3 --exit-codes distinct", "", 13, 3},
+      {"stop_duration_env", "--exit-duration-in-mins 0.0001", "TRIDENT_EXIT_CODES=distinct ", 11,
+       -1},
+  };
+  for (const Case& c : cases) {
+    const std::string ckpt = path(c.name + "_ckpt");
+    const pid_t pid = spawn(c.name, train_cmd(2, 1, c.flags + " --save " + ckpt, 6), c.env);
+    EXPECT_EQ(wait_code(pid, 120), c.code) << log_of(c.name);
+    EXPECT_EQ(abort_banner(log_of(c.name)), c.code != 0) << log_of(c.name);
+    const std::int64_t saved = ckpt::latest_iteration(ckpt);
+    if (c.iteration > 0) {
+      EXPECT_EQ(saved, c.iteration) << log_of(c.name);
+    } else {
+      EXPECT_GE(saved, 1) << log_of(c.name);
+      EXPECT_LT(saved, 6) << log_of(c.name);
+    }
+  }
+}
+
+// `trident supervise` runs its command with distinct exit codes, so it tells a planned stop from
+// "done" and passes the stop's code on: the kill switch gives 12, not relaunched.
+TEST_F(Recovery, SuperviseSeesDistinctStopCodes) {
+  const std::string ckpt = path("sup_ks_ckpt"), stop = path("SUP_STOP");
+  std::ofstream(stop) << "";
+  const int code = run(
+      "sup_ks",
+      std::string(TRIDENT_CLI) + " supervise --backoff 0.2 -- " +
+          train_cmd(2, 1, "--kill-switch-path " + stop + " --save " + ckpt + " --load " + ckpt, 6));
+  EXPECT_EQ(code, 12) << log_of("sup_ks");
+  EXPECT_NE(log_of("sup_ks").find("stopped: --kill-switch-path"), std::string::npos)
+      << log_of("sup_ks");
+  EXPECT_EQ(log_of("sup_ks").find("attempt 2"), std::string::npos) << log_of("sup_ks");
+  EXPECT_EQ(ckpt::latest_iteration(ckpt), 1);
 }
 
 // A second job on the --save directory of a running job is refused (exit code 4), naming it.
@@ -305,7 +379,7 @@ TEST_F(Recovery, SecondJobOnTheSameSaveDirIsRefused) {
   EXPECT_NE(log_of("lock_second").find("in use by another running job"), std::string::npos)
       << log_of("lock_second");
   ::kill(first, SIGUSR1);
-  EXPECT_EQ(wait_code(first, 120), 10) << log_of("lock_first");
+  EXPECT_EQ(wait_code(first, 120), 0) << log_of("lock_first");
   // The first job is gone: its directory can be taken (and resumed).
   EXPECT_EQ(run("lock_third", train_cmd(1, 1, "--save " + ckpt + " --load " + ckpt,
                                         ckpt::latest_iteration(ckpt) + 1)),

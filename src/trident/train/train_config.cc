@@ -15,6 +15,7 @@
 #include "trident/data/weighted_split_paths.h"
 #include "trident/train/compat_flags.h"
 #include "trident/train/deepspeed_config.h"
+#include "trident/train/exit_codes.h"
 
 namespace trident::train {
 
@@ -361,6 +362,11 @@ void add_checkpoint_options(CLI::App& app, TrainConfig& c) {
                  "Save (if --save) and exit once the run has trained this many minutes");
   app.add_option("--kill-switch-path", c.kill_switch_path,
                  "Save (if --save) and exit when this file appears");
+  app.add_option("--exit-codes", c.exit_codes,
+                 "What a planned stop (signal, duration, kill switch, --exit-interval) exits "
+                 "with: megatron (0, as Megatron; the default) or distinct (10-13, one per stop; "
+                 "also TRIDENT_EXIT_CODES=distinct, which trident supervise sets)")
+      ->capture_default_str();
 }
 
 // Parallelism, ZeRO, offload, pipeline schedule and the communication timeout.
@@ -558,6 +564,11 @@ void TrainConfig::finalize(int world_size) {
   }
   TRIDENT_CHECK(save_retain >= 0, "--save-retain must be >= 0 (0 keeps every checkpoint)");
   TRIDENT_CHECK(exit_duration_in_mins >= 0, "--exit-duration-in-mins must be >= 0");
+  TRIDENT_CHECK(exit_codes == "megatron" || exit_codes == "distinct",
+                "--exit-codes: unknown value '", exit_codes,
+                "' (use megatron: every planned stop exits 0, or distinct: signal 10, duration "
+                "11, kill switch 12, --exit-interval 13; the environment variable ",
+                kExitCodesEnv, " sets it when the flag is not given)");
   TRIDENT_CHECK(dataloader_type == "single", "--dataloader-type: unknown type '", dataloader_type,
                 "' (use single)");
   TRIDENT_CHECK(pad_vocab_size_to >= 0, "--pad-vocab-size-to must be >= 0");
@@ -917,6 +928,7 @@ nlohmann::json TrainConfig::to_json() const {
   j["load"] = load;
   j["save_interval"] = save_interval;
   j["exit_interval"] = exit_interval;
+  j["exit_codes"] = exit_codes;
   j["loss_scale"] = loss_scale;
   j["initial_loss_scale"] = initial_loss_scale;
   j["min_loss_scale"] = min_loss_scale;

@@ -119,6 +119,10 @@ struct TrainConfig {
   bool exit_signal_handler = false;  // --exit-signal-handler: SIGTERM / SIGUSR1 save and exit
   double exit_duration_in_mins = 0;  // --exit-duration-in-mins: save and exit after this long
   std::string kill_switch_path;      // --kill-switch-path: save and exit when this file exists
+  // --exit-codes: what a planned stop exits with: "megatron" (0, the default) or "distinct" (its
+  // own code, 10-13; exit_codes.h). TRIDENT_EXIT_CODES sets it when the flag is not given.
+  std::string exit_codes = "megatron";
+  bool distinct_exit_codes() const { return exit_codes == "distinct"; }
   // --loss-chunk-rows: -1 auto (model::auto_loss_chunk_rows, once the vocabulary is known), 0 the
   // full logits, else rows per chunk; resolved into model.loss_chunk_rows by
   // resolve_loss_chunk_rows().

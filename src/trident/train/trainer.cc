@@ -605,11 +605,14 @@ int Trainer::run() {
     if ((cfg_.save_interval > 0 && it % cfg_.save_interval == 0) || stop != 0) save(it);
     if (stop != 0) {
       saver_->poll(world_, /*block=*/true);
-      log::info("train: exiting at iteration ", it, " with code ", stop, " (", exit_code_name(stop),
-                ")");
+      // A planned stop exits 0 (Megatron's), or its own code with --exit-codes distinct.
+      const int code = planned_stop_exit_code(stop, cfg_.distinct_exit_codes());
+      log::info("train: exiting at iteration ", it, " with code ", code, " (", exit_code_name(stop),
+                code == stop ? std::string(")")
+                             : str("; --exit-codes distinct exits with ", stop, " instead)"));
       finish_profile();
       log_peak_rss(world_);
-      return stop;
+      return code;
     }
   }
   finish_profile();
@@ -928,8 +931,9 @@ void Trainer::finish_profile() {
   core::profile::reset();
 }
 
-// The exit code of a clean stop after this iteration (0: go on): a signal, the duration or the
-// kill switch (collective), --exit-interval; never at the last iteration.
+// The code of a clean stop after this iteration (0: go on): a signal, the duration or the kill
+// switch (collective), --exit-interval; never at the last iteration. run() turns it into the
+// process exit code (planned_stop_exit_code).
 int Trainer::stop_code() {
   int stop = stops_->check(world_);
   if (stop == 0 && cfg_.exit_interval > 0 && progress_.iteration % cfg_.exit_interval == 0)
