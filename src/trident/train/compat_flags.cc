@@ -181,9 +181,9 @@ void apply_mapped(TrainConfig& c, const CompatFlag& f, const std::vector<std::st
     c.group_query_attention = true;
     c.model.num_query_groups = to_int(n, v);
   } else if (n == "--rotary-position-embeddings-theta") {
-    c.model.rotary_base = static_cast<float>(to_double(n, v));
+    c.model.rotary_base = to_double(n, v);
   } else if (n == "--norm-epsilon") {
-    c.model.layernorm_epsilon = static_cast<float>(to_double(n, v));
+    c.model.layernorm_epsilon = to_double(n, v);
   } else if (n == "--decoder-num-layers") {
     c.model.num_layers = to_int(n, v);
   } else if (n == "--use-flash-attn-v1" || n == "--use-flash-attn-v2" ||

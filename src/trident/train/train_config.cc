@@ -2,6 +2,8 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -20,8 +22,8 @@
 namespace trident::train {
 
 TrainConfig::TrainConfig() {
-  model.hidden_dropout = 0.1f;  // Megatron's defaults
-  model.attention_dropout = 0.1f;
+  model.hidden_dropout = 0.1;  // Megatron's defaults
+  model.attention_dropout = 0.1;
 }
 
 namespace {
@@ -637,7 +639,7 @@ void TrainConfig::finalize_model() {
                 "--normalization: unknown value '", normalization, "' (use LayerNorm or RMSNorm)");
   model.normalization = normalization == "RMSNorm" ? model::Normalization::kRmsNorm
                                                    : model::Normalization::kLayerNorm;
-  TRIDENT_CHECK(rotary_percent == 1.0f, "--rotary-percent ", rotary_percent,
+  TRIDENT_CHECK(rotary_percent == 1.0, "--rotary-percent ", rotary_percent,
                 " is not supported: trident rotates whole heads (use 1.0)");
   TRIDENT_CHECK(group_query_attention || model.num_query_groups == 0 ||
                     model.num_query_groups == model.num_attention_heads,
@@ -870,8 +872,13 @@ nlohmann::json TrainConfig::to_json() const {
   j["lr"] = lr.lr;
   j["min_lr"] = lr.min_lr;
   j["lr_decay_style"] = lr_decay_style;
-  j["lr_warmup_iters"] = lr.warmup_iters;
-  j["lr_decay_iters"] = lr.decay_iters;
+  // Iteration counts (Megatron's are ints) as integers when they are whole.
+  const auto count = [](double x) {
+    return x == std::floor(x) && std::abs(x) < 0x1p53 ? nlohmann::json(static_cast<std::int64_t>(x))
+                                                      : nlohmann::json(x);
+  };
+  j["lr_warmup_iters"] = count(lr.warmup_iters);
+  j["lr_decay_iters"] = count(lr.decay_iters);
   j["weight_decay"] = adamw.weight_decay;
   j["clip_grad"] = adamw.clip_grad;
   j["adam_beta1"] = adamw.beta1;
@@ -948,16 +955,68 @@ nlohmann::json TrainConfig::to_json() const {
   return j;
 }
 
+std::string python_float_repr(double x) {
+  if (std::isnan(x)) return "nan";
+  if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
+  // The shortest digits that read back as x, in scientific form: "-1.2345e-08".
+  char buf[64];
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), x, std::chars_format::scientific);
+  TRIDENT_ASSERT(ec == std::errc(), "to_chars failed");
+  const std::string sci(buf, end);
+  const std::size_t e = sci.find('e');
+  std::string mantissa = sci.substr(0, e);
+  const bool negative = !mantissa.empty() && mantissa[0] == '-';
+  if (negative) mantissa.erase(0, 1);
+  std::string digits;
+  for (char ch : mantissa)
+    if (ch != '.') digits += ch;
+  // x = 0.DIGITS x 10^decpt (dtoa's decimal point position), as Python's float_repr_style
+  // 'short' uses it: exponent notation when decpt <= -4 or decpt > 16, else fixed with ".0".
+  const int decpt = std::stoi(sci.substr(e + 1)) + 1;
+  const int n = static_cast<int>(digits.size());
+  std::string out = negative ? "-" : "";
+  if (decpt <= -4 || decpt > 16) {
+    out += digits.substr(0, 1);
+    if (n > 1) out += "." + digits.substr(1);
+    const int exp10 = decpt - 1;
+    char ebuf[16];
+    std::snprintf(ebuf, sizeof(ebuf), "e%c%02d", exp10 < 0 ? '-' : '+', std::abs(exp10));
+    out += ebuf;
+  } else if (decpt <= 0) {
+    out += "0." + std::string(static_cast<std::size_t>(-decpt), '0') + digits;
+  } else if (decpt >= n) {
+    out += digits + std::string(static_cast<std::size_t>(decpt - n), '0') + ".0";
+  } else {
+    out += digits.substr(0, static_cast<std::size_t>(decpt)) + "." +
+           digits.substr(static_cast<std::size_t>(decpt));
+  }
+  return out;
+}
+
+namespace {
+
+// A setting's value as Megatron's argument table prints it (Python's str of the argparse value):
+// floats as repr (0.9, 1e-08), booleans True / False, lists ['a', 'b'], null None.
+std::string python_value(const nlohmann::json& v, bool in_list = false) {
+  if (v.is_string()) return in_list ? "'" + v.get<std::string>() + "'" : v.get<std::string>();
+  if (v.is_boolean()) return v.get<bool>() ? "True" : "False";
+  if (v.is_null()) return "None";
+  if (v.is_number_float()) return python_float_repr(v.get<double>());
+  if (v.is_array()) {
+    std::string s = "[";
+    for (const nlohmann::json& x : v) s += (s.size() > 1 ? ", " : "") + python_value(x, true);
+    return s + "]";
+  }
+  return v.dump();
+}
+
+}  // namespace
+
 std::string TrainConfig::arguments_table() const {
   const nlohmann::json j = to_json();  // keys sorted
   std::string s = "------------------------ arguments ------------------------\n";
   for (const auto& [k, v] : j.items()) {
-    std::string value = v.is_string() ? v.get<std::string>() : v.dump();
-    if (v.is_number_float()) {
-      char buf[32];
-      std::snprintf(buf, sizeof(buf), "%.8g", v.get<double>());
-      value = buf;
-    }
+    const std::string value = python_value(v);
     s += "  " + k + " " + std::string(k.size() < 48 ? 48 - k.size() : 1, '.') + " " + value + "\n";
   }
   for (const auto& [k, v] : compat) {

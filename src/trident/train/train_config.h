@@ -38,7 +38,7 @@ struct TrainConfig {
   std::string position_embedding_type = "learned_absolute";
   std::string normalization = "LayerNorm";  // --normalization LayerNorm|RMSNorm
   bool group_query_attention = false;       // --group-query-attention (with --num-query-groups)
-  float rotary_percent = 1.0f;              // --rotary-percent: only 1.0
+  double rotary_percent = 1.0;              // --rotary-percent: only 1.0
 
   // Batches.
   std::int64_t micro_batch_size = 4;
@@ -186,6 +186,11 @@ struct TrainConfig {
   void finalize_schedule(int dp);
   void finalize_split_paths();
 };
+
+// Python's repr of a float (what Megatron's argument table prints): the shortest digits that
+// read back as x, in fixed notation with at least one decimal (0.9, 1000.0, 0.0001) unless the
+// decimal exponent is below -4 or above 15 (1e-08, 1e+16).
+std::string python_float_repr(double x);
 
 // Registers every flag on `app` (the `train` subcommand), writing into cfg, and --config FILE.
 void add_train_options(CLI::App& app, TrainConfig& cfg);
