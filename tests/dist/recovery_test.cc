@@ -3,6 +3,10 @@
 //    TP1 x PP4 x DP2, TP4 x PP1 x DP2 with sequence parallelism, DP8 with ZeRO-3 and PP2 x DP2
 //    interleaved, and converted offline (`trident convert`) to DP2 ZeRO-2: iterations 11-20 give
 //    the uninterrupted single-process run's losses within 1e-5 relative;
+//  - resume in another layout with default flags: a TP2 checkpoint (vocabulary padded to 512
+//    rows) resumed in TP1, TP4 and PP2 adopts its padding and matches the uninterrupted TP2 run
+//    within 1e-5; padding chosen otherwise (--make-vocab-size-divisible-by, or `trident convert`)
+//    drops the extra padding rows or adds copies of the last row, loudly;
 //  - clean stops: every planned stop (SIGTERM / SIGUSR1 with --exit-signal-handler, the kill
 //    switch, --exit-duration-in-mins, --exit-interval, the end of training) saves and exits 0 on
 //    every rank under mpirun, without Open MPI's abort banner; with --exit-codes distinct they exit
@@ -72,8 +76,10 @@ class Recovery : public ::testing::Test {
   static std::string path(const std::string& name) { return (dir() / name).string(); }
 
   // The `trident train` command line (under mpirun when np > 1) of the tiny model; `tp` picks
-  // --make-vocab-size-divisible-by so that every layout pads the vocabulary to the same 384 rows.
-  static std::string train_cmd(int np, int tp, const std::string& flags, int iters = 20) {
+  // --make-vocab-size-divisible-by so that every layout pads the vocabulary to the same 384 rows
+  // (pad = false: the default padding, 128 x TP).
+  static std::string train_cmd(int np, int tp, const std::string& flags, int iters = 20,
+                               bool pad = true) {
     std::string cmd =
         np > 1 ? std::string(TRIDENT_MPIEXEC) + " -np " + std::to_string(np) + " " : std::string();
     cmd += std::string(TRIDENT_CLI) +
@@ -84,8 +90,8 @@ class Recovery : public ::testing::Test {
            " --vocab-size 300 --split 98,2,0 --log-interval 1 --eval-interval 1000"
            " --eval-iters 0 --peak-tflops 1 --train-iters " +
            std::to_string(iters) + " --data-path " + path("corpus") + " --data-cache-path " +
-           path("cache") + " --make-vocab-size-divisible-by " + std::to_string(128 / tp) + " " +
-           flags;
+           path("cache") + " " +
+           (pad ? "--make-vocab-size-divisible-by " + std::to_string(128 / tp) + " " : "") + flags;
     if (tp > 1) cmd += " --tensor-model-parallel-size " + std::to_string(tp);
     return cmd;
   }
@@ -233,6 +239,47 @@ class Recovery : public ::testing::Test {
     std::printf("%s: iterations 11-20, max loss rel diff vs the uninterrupted run %.2e\n",
                 name.c_str(), worst);
   }
+
+  // A TP2 run with default flags (vocabulary 301 padded to 512 rows, a multiple of 128 x 2):
+  // the uninterrupted 20 iterations, and its checkpoint of iteration 10 (once).
+  static const std::map<std::int64_t, double>& reference_tp2() {
+    static std::map<std::int64_t, double> ref;
+    if (ref.empty()) {
+      EXPECT_EQ(run("ref_tp2",
+                    train_cmd(2, 2, "--metrics-jsonl " + path("ref_tp2.jsonl"), 20, /*pad=*/false)),
+                0)
+          << log_of("ref_tp2");
+      ref = last_loss_per_iteration(path("ref_tp2.jsonl"));
+    }
+    return ref;
+  }
+  static std::string saved_tp2() {
+    const std::string ckpt = path("ckpt_tp2");
+    if (!fs::exists(ckpt)) {
+      EXPECT_EQ(run("save_tp2",
+                    train_cmd(2, 2, "--save " + ckpt + " --exit-interval 10", 20, /*pad=*/false)),
+                0)
+          << log_of("save_tp2");
+    }
+    return ckpt;
+  }
+
+  // The word embedding's rows of iteration 10 of a checkpoint whose vocabulary is padded to `rows`.
+  static std::vector<float> embedding_rows(const std::string& ckpt, std::int64_t rows) {
+    model::ModelConfig c;
+    c.num_layers = 4;
+    c.hidden_size = 32;
+    c.num_attention_heads = 4;
+    c.seq_length = 16;
+    c.vocab_size = 301;
+    c.make_vocab_size_divisible_by = rows;
+    const model::ParamTable table = model::build_gpt_param_table(c);
+    std::vector<float> flat(static_cast<std::size_t>(table.total_numel));
+    ckpt::load_full_params(ckpt, 10, table, flat.data());
+    const model::ParamSpec& e = table.find("embedding.word_embeddings.weight");
+    EXPECT_EQ(e.global_shape[0], rows);
+    return std::vector<float>(flat.begin() + e.offset, flat.begin() + e.offset + e.numel);
+  }
 };
 
 TEST_F(Recovery, ResumeTp1Pp4Dp2) {
@@ -264,6 +311,124 @@ TEST_F(Recovery, ConvertOfflineThenResume) {
                                    " --save " + path("bad") + " --tensor-model-parallel-size 3"),
             2);
   EXPECT_NE(log_of("convert_bad").find("error"), std::string::npos) << log_of("convert_bad");
+}
+
+// Resume in another layout with default flags: the TP2 checkpoint's 512 rows split over TP1, TP4
+// and PP2, so each adopts them and continues the uninterrupted TP2 run (within 1e-5 relative).
+TEST_F(Recovery, ResumeTp2CheckpointWithDefaultFlags) {
+  const auto& ref = reference_tp2();
+  ASSERT_EQ(ref.size(), 20u);
+  struct Case {
+    const char* name;
+    int np, tp;
+    const char* flags;
+    bool adopts;  // the layout's default padding differs from 512
+  };
+  for (const Case& c : {Case{"tp2_in_tp1", 1, 1, "", true}, Case{"tp2_in_tp4", 4, 4, "", false},
+                        Case{"tp2_in_pp2", 2, 1, "--pipeline-model-parallel-size 2", true}}) {
+    const std::string m = path(std::string(c.name) + ".jsonl");
+    ASSERT_EQ(run(c.name, train_cmd(c.np, c.tp,
+                                    std::string(c.flags) + " --load " + saved_tp2() +
+                                        " --metrics-jsonl " + m,
+                                    20, /*pad=*/false)),
+              0)
+        << log_of(c.name);
+    const std::string log = log_of(c.name);
+    EXPECT_EQ(
+        log.find("adopting the checkpoint's padded vocabulary of 512 rows") != std::string::npos,
+        c.adopts)
+        << log;
+    EXPECT_EQ(log.find("***"), std::string::npos) << log;
+    const auto got = losses(m);
+    ASSERT_EQ(got.size(), 10u) << log;
+    EXPECT_EQ(got.front().first, 11);
+    double worst = 0;
+    for (auto [it, loss] : got) {
+      const double rel = std::abs(loss - ref.at(it)) / ref.at(it);
+      EXPECT_LE(rel, 1e-5) << c.name << " iteration " << it;
+      worst = std::max(worst, rel);
+    }
+    std::printf(
+        "%s (default flags): iterations 11-20, max loss rel diff vs the uninterrupted TP2 "
+        "run %.2e\n",
+        c.name, worst);
+  }
+}
+
+// Padding chosen otherwise: the run (or `trident convert`) drops the checkpoint's extra padding
+// rows, or adds copies of its last row, and says so loudly; the real rows are the checkpoint's,
+// and the losses continue the uninterrupted run's.
+TEST_F(Recovery, VocabularyPaddingTrimmedOrAddedLoudly) {
+  const std::string src = saved_tp2();
+  // Training in TP1 with --make-vocab-size-divisible-by 128 (384 rows: 128 padding rows dropped)
+  // and 640 (128 rows added): padding rows take no probability in the loss, so both continue the
+  // uninterrupted TP2 run (up to summation order).
+  const auto& ref = reference_tp2();
+  for (const int rows : {384, 640}) {
+    const std::string name = "pad_run_" + std::to_string(rows);
+    const std::string m = path(name + ".jsonl");
+    ASSERT_EQ(run(name, train_cmd(1, 1,
+                                  "--make-vocab-size-divisible-by " + std::to_string(rows) +
+                                      " --load " + src + " --metrics-jsonl " + m,
+                                  20, /*pad=*/false)),
+              0)
+        << log_of(name);
+    EXPECT_NE(log_of(name).find("*** the checkpoint's vocabulary is padded to 512 rows"),
+              std::string::npos)
+        << log_of(name);
+    EXPECT_NE(log_of(name).find(rows < 512 ? "padding rows 384..511 are dropped"
+                                           : "rows 512..639 are added as copies of row 511"),
+              std::string::npos)
+        << log_of(name);
+    const auto got = losses(m);
+    ASSERT_EQ(got.size(), 10u);
+    double worst = 0;
+    for (auto [it, loss] : got) {
+      const double rel = std::abs(loss - ref.at(it)) / ref.at(it);
+      EXPECT_LE(rel, 1e-5) << name << " iteration " << it;
+      worst = std::max(worst, rel);
+    }
+    std::printf("%s: padded to %d rows, iterations 11-20, max loss rel diff %.2e\n", name.c_str(),
+                rows, worst);
+  }
+  // Offline: trimmed to 384 rows and grown to 640, each with the checkpoint's rows.
+  const std::vector<float> rows512 = embedding_rows(src, 512);
+  const std::int64_t h = 32;
+  for (const std::int64_t rows : {384, 640}) {
+    const std::string out = path("padded_" + std::to_string(rows));
+    const std::string name = "convert_" + std::to_string(rows);
+    ASSERT_EQ(run(name, std::string(TRIDENT_CLI) + " convert --load " + src + " --save " + out +
+                            " --tensor-model-parallel-size 1 --make-vocab-size-divisible-by " +
+                            std::to_string(rows) + " --true-vocab-size 301"),
+              0)
+        << log_of(name);
+    EXPECT_NE(log_of(name).find(rows < 512 ? "padding rows 384..511 are dropped"
+                                           : "rows 512..639 are added as copies of row 511"),
+              std::string::npos)
+        << log_of(name);
+    const std::vector<float> got_rows = embedding_rows(out, rows);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const std::int64_t from = std::min<std::int64_t>(r, 511);
+      for (std::int64_t j = 0; j < h; ++j) {
+        ASSERT_EQ(got_rows[static_cast<std::size_t>(r * h + j)],
+                  rows512[static_cast<std::size_t>(from * h + j)])
+            << rows << " rows: row " << r << " column " << j;
+      }
+    }
+  }
+  // Without the flag the target keeps the 512 rows; a --true-vocab-size that is not the
+  // checkpoint's is refused.
+  ASSERT_EQ(run("convert_keep", std::string(TRIDENT_CLI) + " convert --load " + src + " --save " +
+                                    path("padded_keep") + " --tensor-model-parallel-size 1"),
+            0)
+      << log_of("convert_keep");
+  EXPECT_EQ(embedding_rows(path("padded_keep"), 512), rows512);
+  EXPECT_EQ(run("convert_true", std::string(TRIDENT_CLI) + " convert --load " + src + " --save " +
+                                    path("padded_true") + " --true-vocab-size 50257"),
+            2);
+  EXPECT_NE(log_of("convert_true").find("differs from the checkpoint's vocabulary of 301"),
+            std::string::npos)
+      << log_of("convert_true");
 }
 
 // SIGTERM (what Slurm sends before the time limit) with --exit-signal-handler: the run finishes
