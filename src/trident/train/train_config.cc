@@ -547,6 +547,7 @@ void TrainConfig::finalize(int world_size) {
     save_interval = 0;
   }
   finalize_model();
+  check_compat_combinations(*this);
   finalize_parallel(world_size);
   finalize_schedule(data_parallel_size(world_size));
   finalize_split_paths();
