@@ -41,6 +41,10 @@ struct ConvertArgs {
   int tp = -2, pp = -2, dp = -2, zero_stage = -2;
   std::int64_t layers_per_virtual_stage = -2, first_stage_layers = -2, last_stage_layers = -2;
   std::string sequence_parallel;  // "", "on", "off"
+  // The vocabulary's padding: 0 keeps the checkpoint's rows when the target TP splits them, else
+  // pads as Megatron does (a multiple of 128 x TP); > 0 pads to a multiple of this x TP.
+  std::int64_t make_vocab_size_divisible_by = 0;
+  std::int64_t true_vocab_size = 0;  // Megatron's converters' flag: checked against the checkpoint
 };
 
 void convert(const ConvertArgs& a) {
@@ -68,12 +72,43 @@ void convert(const ConvertArgs& a) {
   TRIDENT_CHECK(tp >= 1 && pp >= 1 && dp >= 1, "parallel sizes must be >= 1");
   TRIDENT_CHECK(stage >= 0 && stage <= 3, "--zero-stage must be 0, 1, 2 or 3");
   model::ModelConfig mc = ckpt::model_config_from_json(config);
-  // The padded vocabulary stays the checkpoint's (its rows are trained weights): the target's
-  // --make-vocab-size-divisible-by is chosen to give the same padding at the new TP size.
+  // The true vocabulary is in the checkpoint; Megatron's converters take it as --true-vocab-size.
+  TRIDENT_CHECK(a.true_vocab_size == 0 || a.true_vocab_size == mc.vocab_size,
+                "convert: --true-vocab-size ", a.true_vocab_size,
+                " differs from the checkpoint's "
+                "vocabulary of ",
+                mc.vocab_size,
+                " tokens (trident records it; leave the flag out, or check the checkpoint)");
+  TRIDENT_CHECK(a.make_vocab_size_divisible_by >= 0,
+                "--make-vocab-size-divisible-by must be positive");
+  // The padded vocabulary stays the checkpoint's (its rows are trained weights) when the target's
+  // tensor-parallel size splits it: the target's make_vocab_size_divisible_by is chosen to give
+  // the same rows. Otherwise (or when --make-vocab-size-divisible-by is given) the rows are padded
+  // for the target, dropping padding rows or adding copies of the last row (ckpt/reshard.h).
   const std::int64_t padded = mc.padded_vocab_size(sl.at("tp").get<int>());
-  TRIDENT_CHECK(padded % tp == 0, "convert: the checkpoint's padded vocabulary of ", padded,
-                " rows does not split over --tensor-model-parallel-size ", tp);
-  mc.make_vocab_size_divisible_by = padded / tp;
+  if (a.make_vocab_size_divisible_by == 0 && padded % tp == 0) {
+    mc.make_vocab_size_divisible_by = padded / tp;
+  } else {
+    mc.make_vocab_size_divisible_by =
+        a.make_vocab_size_divisible_by > 0 ? a.make_vocab_size_divisible_by : 128;
+    const std::int64_t target = mc.padded_vocab_size(tp);
+    if (target != padded) {
+      log::warn("convert: *** the checkpoint's vocabulary is padded to ", padded,
+                " rows, the "
+                "target's to ",
+                target, " (",
+                a.make_vocab_size_divisible_by > 0
+                    ? str("--make-vocab-size-divisible-by ", a.make_vocab_size_divisible_by)
+                    : str("--tensor-model-parallel-size ", tp, " does not split ", padded,
+                          "; Megatron's padding to a multiple of 128 x ", tp),
+                "): ",
+                padded > target ? str("padding rows ", target, "..", padded - 1, " are dropped")
+                                : str("rows ", padded, "..", target - 1,
+                                      " are added as copies of row ", padded - 1),
+                " (the ", mc.vocab_size,
+                " real tokens are kept; padding rows take no probability in the loss) ***");
+    }
+  }
   config["make_vocab_size_divisible_by"] = mc.make_vocab_size_divisible_by;
   const int chunks = per_virtual > 0 ? static_cast<int>(mc.num_layers / (per_virtual * pp)) : 1;
   TRIDENT_CHECK(per_virtual <= 0 || per_virtual * pp * chunks == mc.num_layers,
@@ -183,6 +218,12 @@ void register_convert(CLI::App& app) {
   sub->add_option("--decoder-last-pipeline-num-layers", a->last_stage_layers,
                   "Target layers of the last stage (-1: even split)");
   sub->add_option("--sequence-parallel", a->sequence_parallel, "on or off");
+  sub->add_option("--make-vocab-size-divisible-by", a->make_vocab_size_divisible_by,
+                  "Pad the target's vocabulary to a multiple of this x its tensor-parallel size "
+                  "(default: keep the checkpoint's rows when the target splits them, else 128)");
+  sub->add_option("--true-vocab-size", a->true_vocab_size,
+                  "The real vocabulary size (Megatron's converters' flag); trident reads it from "
+                  "the checkpoint, this only checks it");
   sub->callback([a, hf_in, hf_out] {
     TRIDENT_CHECK(hf_in->from_hf.empty() || hf_out->to_hf.empty(),
                   "convert: --from-hf and --to-hf exclude each other");
@@ -198,7 +239,8 @@ void register_convert(CLI::App& app) {
                   "convert --from-hf DIR needs --save CHECKPOINT (and no --load)");
     const bool relayout = a->tp != -2 || a->pp != -2 || a->dp != -2 || a->zero_stage != -2 ||
                           a->layers_per_virtual_stage != -2 || a->first_stage_layers != -2 ||
-                          a->last_stage_layers != -2 || !a->sequence_parallel.empty();
+                          a->last_stage_layers != -2 || !a->sequence_parallel.empty() ||
+                          a->make_vocab_size_divisible_by != 0;
     hf_in->save = a->save;
     if (!relayout) return import_from_hf(*hf_in);
     // Import as one rank, then reshard into the layout asked for.

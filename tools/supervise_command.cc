@@ -6,7 +6,11 @@
 // Bad input (exit code 2), a failed save (3) and a locked save directory (4) are never retried.
 // SIGTERM, SIGINT and SIGUSR1 sent to the supervisor are forwarded to the command's process group
 // (as --forward-signal when given: mpirun forwards SIGUSR1 to every rank but answers SIGTERM by
-// killing the job), and the supervisor then does not relaunch. docs/failures-and-recovery.md.
+// killing the job), and the supervisor then does not relaunch. The command's planned stops exit
+// with their own codes (10-13) so that the supervisor can tell them from "done": it sets
+// TRIDENT_EXIT_CODES=distinct in the command's environment and adds --exit-codes distinct after
+// `trident train` when the command names it (mpirun does not pass the environment to other
+// hosts). docs/failures-and-recovery.md.
 #include <signal.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -15,6 +19,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -55,6 +60,22 @@ std::string flag_value(const std::vector<std::string>& cmd, const std::string& f
   for (std::size_t i = 0; i + 1 < cmd.size(); ++i)
     if (cmd[i] == flag) return cmd[i + 1];
   return {};
+}
+
+// The command with `--exit-codes distinct` added after `trident train` (when the command names
+// trident's train subcommand and does not choose --exit-codes itself).
+std::vector<std::string> with_distinct_exit_codes(std::vector<std::string> cmd) {
+  if (std::find(cmd.begin(), cmd.end(), "--exit-codes") != cmd.end()) return cmd;
+  for (std::size_t i = 0; i + 1 < cmd.size(); ++i) {
+    const std::string& prog = cmd[i];
+    const std::size_t slash = prog.rfind('/');
+    const std::string base = slash == std::string::npos ? prog : prog.substr(slash + 1);
+    if (base == "trident" && cmd[i + 1] == "train") {
+      cmd.insert(cmd.begin() + static_cast<std::ptrdiff_t>(i + 2), {"--exit-codes", "distinct"});
+      return cmd;
+    }
+  }
+  return cmd;
 }
 
 std::int64_t newest_checkpoint(const std::string& save) {
@@ -128,8 +149,11 @@ int supervise(const SuperviseArgs& a) {
   TRIDENT_CHECK(a.max_retries >= 0, "--max-retries must be >= 0");
   TRIDENT_CHECK(a.backoff >= 0 && a.max_backoff >= a.backoff,
                 "--backoff must be >= 0 and <= --max-backoff");
-  const std::string save = flag_value(a.command, "--save");
-  const std::string load = flag_value(a.command, "--load");
+  // The planned stops' own codes (exit_codes.h), for every process the command starts here.
+  ::setenv(train::kExitCodesEnv, "distinct", 1);
+  const std::vector<std::string> command = with_distinct_exit_codes(a.command);
+  const std::string save = flag_value(command, "--save");
+  const std::string load = flag_value(command, "--load");
   if (save.empty()) {
     log::warn("supervise: the command has no --save: a relaunch starts from scratch");
   } else if (load != save) {
@@ -157,9 +181,9 @@ int supervise(const SuperviseArgs& a) {
   double wait = a.backoff;
   std::int64_t progress = newest_checkpoint(save);
   for (int attempt = 1;; ++attempt) {
-    log::info("supervise: attempt ", attempt, ": ", a.command.front(), " ... (newest checkpoint: ",
+    log::info("supervise: attempt ", attempt, ": ", command.front(), " ... (newest checkpoint: ",
               progress >= 0 ? std::to_string(progress) : std::string("none"), ")");
-    const int code = run_once(a.command, save, a.hang_timeout);
+    const int code = run_once(command, save, a.hang_timeout);
     const std::int64_t now = newest_checkpoint(save);
     if (g_signalled != 0) {
       log::info("supervise: stopped by signal ", g_signalled, "; the command exited with ", code,

@@ -31,6 +31,13 @@ void register_train(CLI::App& app) {
       return;
     }
     train::record_given_flags(*sub, *cfg);
+    // TRIDENT_EXIT_CODES=distinct (what `trident supervise` sets for its command) when
+    // --exit-codes is not given: the planned stops' own codes (exit_codes.h).
+    if (cfg->given.count("--exit-codes") == 0) {
+      if (const char* env = std::getenv(train::kExitCodesEnv); env != nullptr && *env != '\0') {
+        cfg->exit_codes = env;
+      }
+    }
     int argc = 0;
     char** argv = nullptr;
     comm::MpiRuntime mpi(argc, argv);

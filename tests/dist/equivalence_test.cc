@@ -315,8 +315,8 @@ TEST_F(Equivalence, PipelineZero2And3) {
 }
 TEST_F(Equivalence, Zero3ResumeIsBitwise) {
   ASSERT_EQ(train({"zero3_full", 2, {"--zero-stage 3"}, 1}), 0);
-  // --exit-interval stops with its own exit code, 13 (docs/failures-and-recovery.md).
-  ASSERT_EQ(WEXITSTATUS(train({"zero3_part", 2, {"--zero-stage 3 --exit-interval 5"}, 1})), 13);
+  // --exit-interval is a planned stop: exit code 0 (docs/failures-and-recovery.md).
+  ASSERT_EQ(WEXITSTATUS(train({"zero3_part", 2, {"--zero-stage 3 --exit-interval 5"}, 1})), 0);
   ASSERT_EQ(
       train({"zero3_part", 2, {"--zero-stage 3 --load " + run_dir("zero3_part") + "/ckpt"}, 1}), 0);
   const auto a = losses("zero3_full"), b = losses("zero3_part");
@@ -710,7 +710,7 @@ TEST_F(Offload, ResumeIsBitwise) {
   const Layout full{"zero1dp2", 2, {"--zero-stage 1 --ddp-bucket-size 5000"}, 1};
   baseline(full);
   const std::string flags = "--zero-stage 1 --ddp-bucket-size 5000 " + offload_flags("resume");
-  ASSERT_EQ(WEXITSTATUS(train({"offload_resume", 2, {flags + " --exit-interval 5"}, 1})), 13);
+  ASSERT_EQ(WEXITSTATUS(train({"offload_resume", 2, {flags + " --exit-interval 5"}, 1})), 0);
   ASSERT_EQ(
       train({"offload_resume", 2, {flags + " --load " + run_dir("offload_resume") + "/ckpt"}, 1}),
       0);
@@ -758,7 +758,7 @@ TEST_F(Offload, ParamsResumeIsBitwiseAndReshards) {
   const Layout full{"zero3dp2", 2, {"--zero-stage 3"}, 1};
   baseline(full);
   const std::string flags = "--zero-stage 3 " + offload_flags("presume", kBoth);
-  ASSERT_EQ(WEXITSTATUS(train({"poffload_resume", 2, {flags + " --exit-interval 5"}, 1})), 13);
+  ASSERT_EQ(WEXITSTATUS(train({"poffload_resume", 2, {flags + " --exit-interval 5"}, 1})), 0);
   const std::string saved = run_dir("poffload_resume") + "/ckpt";
   fs::copy(saved, run_dir("poffload_saved5"), fs::copy_options::recursive);
   ASSERT_EQ(train({"poffload_resume", 2, {flags + " --load " + saved}, 1}), 0);

@@ -3,8 +3,15 @@
 //    TP1 x PP4 x DP2, TP4 x PP1 x DP2 with sequence parallelism, DP8 with ZeRO-3 and PP2 x DP2
 //    interleaved, and converted offline (`trident convert`) to DP2 ZeRO-2: iterations 11-20 give
 //    the uninterrupted single-process run's losses within 1e-5 relative;
-//  - clean stops: SIGTERM with --exit-signal-handler saves and exits 10; the kill switch stops
-//    every rank of an mpirun job with 12; a wrong flag exits 2 under mpirun;
+//  - resume in another layout with default flags: a TP2 checkpoint (vocabulary padded to 512
+//    rows) resumed in TP1, TP4 and PP2 adopts its padding and matches the uninterrupted TP2 run
+//    within 1e-5; padding chosen otherwise (--make-vocab-size-divisible-by, or `trident convert`)
+//    drops the extra padding rows or adds copies of the last row, loudly;
+//  - clean stops: every planned stop (SIGTERM / SIGUSR1 with --exit-signal-handler, the kill
+//    switch, --exit-duration-in-mins, --exit-interval, the end of training) saves and exits 0 on
+//    every rank under mpirun, without Open MPI's abort banner; with --exit-codes distinct they exit
+//    10-13, and `trident supervise` turns those on for its command; a wrong flag exits 2 under
+//    mpirun;
 //  - a second job on a running job's --save directory is refused with exit code 4;
 //  - kill -9 of a random rank at a random moment, ten trials (4 ranks, TP2 x DP2): `trident
 //    supervise` relaunches, the final losses and weights equal the uninterrupted run's bitwise,
@@ -15,6 +22,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -68,8 +76,10 @@ class Recovery : public ::testing::Test {
   static std::string path(const std::string& name) { return (dir() / name).string(); }
 
   // The `trident train` command line (under mpirun when np > 1) of the tiny model; `tp` picks
-  // --make-vocab-size-divisible-by so that every layout pads the vocabulary to the same 384 rows.
-  static std::string train_cmd(int np, int tp, const std::string& flags, int iters = 20) {
+  // --make-vocab-size-divisible-by so that every layout pads the vocabulary to the same 384 rows
+  // (pad = false: the default padding, 128 x TP).
+  static std::string train_cmd(int np, int tp, const std::string& flags, int iters = 20,
+                               bool pad = true) {
     std::string cmd =
         np > 1 ? std::string(TRIDENT_MPIEXEC) + " -np " + std::to_string(np) + " " : std::string();
     cmd += std::string(TRIDENT_CLI) +
@@ -80,8 +90,8 @@ class Recovery : public ::testing::Test {
            " --vocab-size 300 --split 98,2,0 --log-interval 1 --eval-interval 1000"
            " --eval-iters 0 --peak-tflops 1 --train-iters " +
            std::to_string(iters) + " --data-path " + path("corpus") + " --data-cache-path " +
-           path("cache") + " --make-vocab-size-divisible-by " + std::to_string(128 / tp) + " " +
-           flags;
+           path("cache") + " " +
+           (pad ? "--make-vocab-size-divisible-by " + std::to_string(128 / tp) + " " : "") + flags;
     if (tp > 1) cmd += " --tensor-model-parallel-size " + std::to_string(tp);
     return cmd;
   }
@@ -98,6 +108,16 @@ class Recovery : public ::testing::Test {
     return std::string(std::istreambuf_iterator<char>(in), {});
   }
   static std::string log_of(const std::string& name) { return read(path(name + ".log")); }
+  // Whether the run's output holds Open MPI's banner for a job that did not end normally ("...
+  // returned a non-zero exit code. Per user-direction, the job has been aborted.") or an abort.
+  static bool abort_banner(const std::string& log) {
+    std::string lower = log;
+    std::transform(lower.begin(), lower.end(), lower.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    return lower.find("abort") != std::string::npos ||
+           lower.find("non-zero exit") != std::string::npos ||
+           lower.find("non-zero status") != std::string::npos;
+  }
 
   // Starts `cmd` (with the MPI environment, output into <name>.log) in its own process group.
   static pid_t spawn(const std::string& name, const std::string& cmd, const std::string& env = "") {
@@ -192,7 +212,8 @@ class Recovery : public ::testing::Test {
           "save_3d", train_cmd(8, 2,
                                "--pipeline-model-parallel-size 2 --zero-stage 1 --save " + ckpt +
                                    " --exit-interval 10 --metrics-jsonl " + path("save_3d.jsonl")));
-      EXPECT_EQ(code, 13) << log_of("save_3d");
+      EXPECT_EQ(code, 0) << log_of("save_3d");  // --exit-interval: a planned stop exits 0
+      EXPECT_FALSE(abort_banner(log_of("save_3d"))) << log_of("save_3d");
     }
     return ckpt;
   }
@@ -217,6 +238,47 @@ class Recovery : public ::testing::Test {
     EXPECT_EQ(got.front().first, 11);
     std::printf("%s: iterations 11-20, max loss rel diff vs the uninterrupted run %.2e\n",
                 name.c_str(), worst);
+  }
+
+  // A TP2 run with default flags (vocabulary 301 padded to 512 rows, a multiple of 128 x 2):
+  // the uninterrupted 20 iterations, and its checkpoint of iteration 10 (once).
+  static const std::map<std::int64_t, double>& reference_tp2() {
+    static std::map<std::int64_t, double> ref;
+    if (ref.empty()) {
+      EXPECT_EQ(run("ref_tp2",
+                    train_cmd(2, 2, "--metrics-jsonl " + path("ref_tp2.jsonl"), 20, /*pad=*/false)),
+                0)
+          << log_of("ref_tp2");
+      ref = last_loss_per_iteration(path("ref_tp2.jsonl"));
+    }
+    return ref;
+  }
+  static std::string saved_tp2() {
+    const std::string ckpt = path("ckpt_tp2");
+    if (!fs::exists(ckpt)) {
+      EXPECT_EQ(run("save_tp2",
+                    train_cmd(2, 2, "--save " + ckpt + " --exit-interval 10", 20, /*pad=*/false)),
+                0)
+          << log_of("save_tp2");
+    }
+    return ckpt;
+  }
+
+  // The word embedding's rows of iteration 10 of a checkpoint whose vocabulary is padded to `rows`.
+  static std::vector<float> embedding_rows(const std::string& ckpt, std::int64_t rows) {
+    model::ModelConfig c;
+    c.num_layers = 4;
+    c.hidden_size = 32;
+    c.num_attention_heads = 4;
+    c.seq_length = 16;
+    c.vocab_size = 301;
+    c.make_vocab_size_divisible_by = rows;
+    const model::ParamTable table = model::build_gpt_param_table(c);
+    std::vector<float> flat(static_cast<std::size_t>(table.total_numel));
+    ckpt::load_full_params(ckpt, 10, table, flat.data());
+    const model::ParamSpec& e = table.find("embedding.word_embeddings.weight");
+    EXPECT_EQ(e.global_shape[0], rows);
+    return std::vector<float>(flat.begin() + e.offset, flat.begin() + e.offset + e.numel);
   }
 };
 
@@ -251,34 +313,161 @@ TEST_F(Recovery, ConvertOfflineThenResume) {
   EXPECT_NE(log_of("convert_bad").find("error"), std::string::npos) << log_of("convert_bad");
 }
 
+// Resume in another layout with default flags: the TP2 checkpoint's 512 rows split over TP1, TP4
+// and PP2, so each adopts them and continues the uninterrupted TP2 run (within 1e-5 relative).
+TEST_F(Recovery, ResumeTp2CheckpointWithDefaultFlags) {
+  const auto& ref = reference_tp2();
+  ASSERT_EQ(ref.size(), 20u);
+  struct Case {
+    const char* name;
+    int np, tp;
+    const char* flags;
+    bool adopts;  // the layout's default padding differs from 512
+  };
+  for (const Case& c : {Case{"tp2_in_tp1", 1, 1, "", true}, Case{"tp2_in_tp4", 4, 4, "", false},
+                        Case{"tp2_in_pp2", 2, 1, "--pipeline-model-parallel-size 2", true}}) {
+    const std::string m = path(std::string(c.name) + ".jsonl");
+    ASSERT_EQ(run(c.name, train_cmd(c.np, c.tp,
+                                    std::string(c.flags) + " --load " + saved_tp2() +
+                                        " --metrics-jsonl " + m,
+                                    20, /*pad=*/false)),
+              0)
+        << log_of(c.name);
+    const std::string log = log_of(c.name);
+    EXPECT_EQ(
+        log.find("adopting the checkpoint's padded vocabulary of 512 rows") != std::string::npos,
+        c.adopts)
+        << log;
+    EXPECT_EQ(log.find("***"), std::string::npos) << log;
+    const auto got = losses(m);
+    ASSERT_EQ(got.size(), 10u) << log;
+    EXPECT_EQ(got.front().first, 11);
+    double worst = 0;
+    for (auto [it, loss] : got) {
+      const double rel = std::abs(loss - ref.at(it)) / ref.at(it);
+      EXPECT_LE(rel, 1e-5) << c.name << " iteration " << it;
+      worst = std::max(worst, rel);
+    }
+    std::printf(
+        "%s (default flags): iterations 11-20, max loss rel diff vs the uninterrupted TP2 "
+        "run %.2e\n",
+        c.name, worst);
+  }
+}
+
+// Padding chosen otherwise: the run (or `trident convert`) drops the checkpoint's extra padding
+// rows, or adds copies of its last row, and says so loudly; the real rows are the checkpoint's,
+// and the losses continue the uninterrupted run's.
+TEST_F(Recovery, VocabularyPaddingTrimmedOrAddedLoudly) {
+  const std::string src = saved_tp2();
+  // Training in TP1 with --make-vocab-size-divisible-by 128 (384 rows: 128 padding rows dropped)
+  // and 640 (128 rows added): padding rows take no probability in the loss, so both continue the
+  // uninterrupted TP2 run (up to summation order).
+  const auto& ref = reference_tp2();
+  for (const int rows : {384, 640}) {
+    const std::string name = "pad_run_" + std::to_string(rows);
+    const std::string m = path(name + ".jsonl");
+    ASSERT_EQ(run(name, train_cmd(1, 1,
+                                  "--make-vocab-size-divisible-by " + std::to_string(rows) +
+                                      " --load " + src + " --metrics-jsonl " + m,
+                                  20, /*pad=*/false)),
+              0)
+        << log_of(name);
+    EXPECT_NE(log_of(name).find("*** the checkpoint's vocabulary is padded to 512 rows"),
+              std::string::npos)
+        << log_of(name);
+    EXPECT_NE(log_of(name).find(rows < 512 ? "padding rows 384..511 are dropped"
+                                           : "rows 512..639 are added as copies of row 511"),
+              std::string::npos)
+        << log_of(name);
+    const auto got = losses(m);
+    ASSERT_EQ(got.size(), 10u);
+    double worst = 0;
+    for (auto [it, loss] : got) {
+      const double rel = std::abs(loss - ref.at(it)) / ref.at(it);
+      EXPECT_LE(rel, 1e-5) << name << " iteration " << it;
+      worst = std::max(worst, rel);
+    }
+    std::printf("%s: padded to %d rows, iterations 11-20, max loss rel diff %.2e\n", name.c_str(),
+                rows, worst);
+  }
+  // Offline: trimmed to 384 rows and grown to 640, each with the checkpoint's rows.
+  const std::vector<float> rows512 = embedding_rows(src, 512);
+  const std::int64_t h = 32;
+  for (const std::int64_t rows : {384, 640}) {
+    const std::string out = path("padded_" + std::to_string(rows));
+    const std::string name = "convert_" + std::to_string(rows);
+    ASSERT_EQ(run(name, std::string(TRIDENT_CLI) + " convert --load " + src + " --save " + out +
+                            " --tensor-model-parallel-size 1 --make-vocab-size-divisible-by " +
+                            std::to_string(rows) + " --true-vocab-size 301"),
+              0)
+        << log_of(name);
+    EXPECT_NE(log_of(name).find(rows < 512 ? "padding rows 384..511 are dropped"
+                                           : "rows 512..639 are added as copies of row 511"),
+              std::string::npos)
+        << log_of(name);
+    const std::vector<float> got_rows = embedding_rows(out, rows);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const std::int64_t from = std::min<std::int64_t>(r, 511);
+      for (std::int64_t j = 0; j < h; ++j) {
+        ASSERT_EQ(got_rows[static_cast<std::size_t>(r * h + j)],
+                  rows512[static_cast<std::size_t>(from * h + j)])
+            << rows << " rows: row " << r << " column " << j;
+      }
+    }
+  }
+  // Without the flag the target keeps the 512 rows; a --true-vocab-size that is not the
+  // checkpoint's is refused.
+  ASSERT_EQ(run("convert_keep", std::string(TRIDENT_CLI) + " convert --load " + src + " --save " +
+                                    path("padded_keep") + " --tensor-model-parallel-size 1"),
+            0)
+      << log_of("convert_keep");
+  EXPECT_EQ(embedding_rows(path("padded_keep"), 512), rows512);
+  EXPECT_EQ(run("convert_true", std::string(TRIDENT_CLI) + " convert --load " + src + " --save " +
+                                    path("padded_true") + " --true-vocab-size 50257"),
+            2);
+  EXPECT_NE(log_of("convert_true").find("differs from the checkpoint's vocabulary of 301"),
+            std::string::npos)
+      << log_of("convert_true");
+}
+
 // SIGTERM (what Slurm sends before the time limit) with --exit-signal-handler: the run finishes
-// its iteration, saves and exits 10; under mpirun, SIGUSR1 to mpirun (which forwards it) does
-// the same for every rank.
+// its iteration, saves and exits 0 (10 with --exit-codes distinct); under mpirun, SIGUSR1 to
+// mpirun (which forwards it) does the same for every rank, and mpirun prints no abort banner.
 TEST_F(Recovery, SigtermSavesAndExits) {
-  for (int np : {1, 2}) {
-    const std::string name = "sigterm" + std::to_string(np);
+  struct Case {
+    int np;
+    bool distinct;
+  };
+  for (const Case c : {Case{1, false}, Case{2, false}, Case{2, true}}) {
+    const std::string name = "sigterm" + std::to_string(c.np) + (c.distinct ? "d" : "");
     const std::string ckpt = path(name + "_ckpt"), m = path(name + ".jsonl");
-    const pid_t pid = spawn(
-        name,
-        train_cmd(np, 1, "--exit-signal-handler --save " + ckpt + " --metrics-jsonl " + m, 100000));
+    const pid_t pid =
+        spawn(name, train_cmd(c.np, 1,
+                              "--exit-signal-handler --save " + ckpt + " --metrics-jsonl " + m +
+                                  (c.distinct ? " --exit-codes distinct" : ""),
+                              100000));
     ASSERT_TRUE(wait_for_records(m, 3, 120)) << log_of(name);
-    if (np == 1) {
+    if (c.np == 1) {
       const std::vector<int> ranks = train_pids(ckpt);
       ASSERT_EQ(ranks.size(), 1u);
       ::kill(ranks[0], SIGTERM);
     } else {
       ::kill(pid, SIGUSR1);  // mpirun is the spawned process (exec)
     }
-    EXPECT_EQ(wait_code(pid, 120), 10) << log_of(name);
+    EXPECT_EQ(wait_code(pid, 120), c.distinct ? 10 : 0) << log_of(name);
     const auto got = losses(m);
     ASSERT_FALSE(got.empty());
     EXPECT_EQ(ckpt::latest_iteration(ckpt), got.back().first) << log_of(name);
     EXPECT_NE(log_of(name).find("stopped: signal"), std::string::npos) << log_of(name);
+    if (!c.distinct) {
+      EXPECT_FALSE(abort_banner(log_of(name))) << log_of(name);
+    }
   }
 }
 
-// The kill switch stops every rank of an mpirun job after the same iteration, saved, with 12; bad
-// input exits 2 through mpirun, before and after MPI starts.
+// The kill switch stops every rank of an mpirun job after the same iteration, saved, with 0 and
+// no abort banner; bad input exits 2 through mpirun, before and after MPI starts.
 TEST_F(Recovery, KillSwitchAndBadInputUnderMpirun) {
   const std::string ckpt = path("ks_ckpt"), m = path("ks.jsonl"), stop = path("STOP");
   const pid_t pid = spawn(
@@ -287,11 +476,61 @@ TEST_F(Recovery, KillSwitchAndBadInputUnderMpirun) {
                 100000));
   ASSERT_TRUE(wait_for_records(m, 2, 120)) << log_of("ks");
   std::ofstream(stop) << "";
-  EXPECT_EQ(wait_code(pid, 120), 12) << log_of("ks");
+  EXPECT_EQ(wait_code(pid, 120), 0) << log_of("ks");
+  EXPECT_FALSE(abort_banner(log_of("ks"))) << log_of("ks");
+  EXPECT_NE(log_of("ks").find("stopped: --kill-switch-path"), std::string::npos) << log_of("ks");
   EXPECT_EQ(ckpt::latest_iteration(ckpt), losses(m).back().first);
   EXPECT_EQ(run("badflag", train_cmd(2, 1, "--num-layerz 3")), 2) << log_of("badflag");
   EXPECT_EQ(run("baddata", train_cmd(2, 1, "--data-path " + path("nothing"))), 2)
       << log_of("baddata");
+}
+
+// Every other planned stop under mpirun: --exit-interval, --exit-duration-in-mins and the end of
+// training exit 0 on every rank, saved, with no abort banner; --exit-codes distinct (flag or
+// TRIDENT_EXIT_CODES) gives --exit-interval 13 and the duration 11, with the banner mpirun prints
+// for any non-zero code.
+TEST_F(Recovery, PlannedStopsExitZeroUnderMpirun) {
+  struct Case {
+    std::string name, flags, env;
+    int code, iteration;  // the exit code; the iteration saved (-1: any before the end)
+  };
+  const Case cases[] = {
+      {"stop_interval", "--exit-interval 3", "", 0, 3},
+      {"stop_duration", "--exit-duration-in-mins 0.0001", "", 0, -1},
+      {"stop_end", "", "", 0, 6},
+      {"stop_interval_distinct", "--exit-interval 3 --exit-codes distinct", "", 13, 3},
+      {"stop_duration_env", "--exit-duration-in-mins 0.0001", "TRIDENT_EXIT_CODES=distinct ", 11,
+       -1},
+  };
+  for (const Case& c : cases) {
+    const std::string ckpt = path(c.name + "_ckpt");
+    const pid_t pid = spawn(c.name, train_cmd(2, 1, c.flags + " --save " + ckpt, 6), c.env);
+    EXPECT_EQ(wait_code(pid, 120), c.code) << log_of(c.name);
+    EXPECT_EQ(abort_banner(log_of(c.name)), c.code != 0) << log_of(c.name);
+    const std::int64_t saved = ckpt::latest_iteration(ckpt);
+    if (c.iteration > 0) {
+      EXPECT_EQ(saved, c.iteration) << log_of(c.name);
+    } else {
+      EXPECT_GE(saved, 1) << log_of(c.name);
+      EXPECT_LT(saved, 6) << log_of(c.name);
+    }
+  }
+}
+
+// `trident supervise` runs its command with distinct exit codes, so it tells a planned stop from
+// "done" and passes the stop's code on: the kill switch gives 12, not relaunched.
+TEST_F(Recovery, SuperviseSeesDistinctStopCodes) {
+  const std::string ckpt = path("sup_ks_ckpt"), stop = path("SUP_STOP");
+  std::ofstream(stop) << "";
+  const int code = run(
+      "sup_ks",
+      std::string(TRIDENT_CLI) + " supervise --backoff 0.2 -- " +
+          train_cmd(2, 1, "--kill-switch-path " + stop + " --save " + ckpt + " --load " + ckpt, 6));
+  EXPECT_EQ(code, 12) << log_of("sup_ks");
+  EXPECT_NE(log_of("sup_ks").find("stopped: --kill-switch-path"), std::string::npos)
+      << log_of("sup_ks");
+  EXPECT_EQ(log_of("sup_ks").find("attempt 2"), std::string::npos) << log_of("sup_ks");
+  EXPECT_EQ(ckpt::latest_iteration(ckpt), 1);
 }
 
 // A second job on the --save directory of a running job is refused (exit code 4), naming it.
@@ -305,7 +544,7 @@ TEST_F(Recovery, SecondJobOnTheSameSaveDirIsRefused) {
   EXPECT_NE(log_of("lock_second").find("in use by another running job"), std::string::npos)
       << log_of("lock_second");
   ::kill(first, SIGUSR1);
-  EXPECT_EQ(wait_code(first, 120), 10) << log_of("lock_first");
+  EXPECT_EQ(wait_code(first, 120), 0) << log_of("lock_first");
   // The first job is gone: its directory can be taken (and resumed).
   EXPECT_EQ(run("lock_third", train_cmd(1, 1, "--save " + ckpt + " --load " + ckpt,
                                         ckpt::latest_iteration(ckpt) + 1)),

@@ -148,7 +148,7 @@ TEST_F(CalibrationCache, AnotherFormatVersionIsNotRead) {
   Calibration back;
   ASSERT_TRUE(load_calibration(path_, 1, back));
   EXPECT_EQ(back.dropout.per_element_s, 1.1e-8);
-  for (const json v : {json(1), json("2"), json(nullptr)}) {
+  for (const json& v : {json(1), json("2"), json(nullptr)}) {
     write_edited([&](json& e) { e["version"] = v; });
     Calibration other = small(7);
     EXPECT_FALSE(load_calibration(path_, 1, other)) << v.dump();

@@ -124,6 +124,57 @@ TEST(CompatFlags, OldNamesMapToTheirMeaning) {
             1);
 }
 
+// The no-ops reviewed for issue 35 (docs/flags.md): those whose Megatron run differs are now
+// mapped, refused or warned about with what differs.
+TEST(CompatFlags, ReviewedNoOps) {
+  // Mapped: Megatron's GPT takes --encoder-num-layers / --encoder-seq-length as its sizes.
+  const std::vector<std::string> no_sizes = {"--hidden-size", "64",    "--num-attention-heads", "4",
+                                             "--data-path",   "corpus"};
+  std::vector<std::string> args = no_sizes;
+  for (const char* a :
+       {"--encoder-num-layers", "3", "--encoder-seq-length", "48", "--max-position-embeddings",
+        "64", "--padded-vocab-size", "51200", "--disable-log-loss-scale-to-tensorboard"}) {
+    args.push_back(a);
+  }
+  const TrainConfig m = parse(args);
+  EXPECT_EQ(m.model.num_layers, 3);
+  EXPECT_EQ(m.model.seq_length, 48);
+  EXPECT_EQ(m.pad_vocab_size_to, 51200);
+  EXPECT_TRUE(m.no_log_loss_scale_to_tensorboard);
+  EXPECT_NE(error_of(with({"--encoder-num-layers", "3"})).find("give one"), std::string::npos);
+  EXPECT_NE(error_of(with({"--encoder-seq-length", "32"})).find("give one"), std::string::npos);
+  // Refused: what Megatron would do instead of this run.
+  EXPECT_NE(error_of(with({"--ckpt-convert-format", "torch"})).find("trident convert"),
+            std::string::npos);
+  EXPECT_NE(error_of(with({"--no-rope-freq", "4", "--position-embedding-type", "rope"}))
+                .find("RoPE in every layer"),
+            std::string::npos);
+  EXPECT_NE(error_of(with({"--swiglu", "--glu-linear-offset", "1.0"})).find("no offset"),
+            std::string::npos);
+  EXPECT_EQ(error_of(with({"--swiglu", "--glu-linear-offset", "0"})), "");
+  EXPECT_EQ(error_of(with({"--add-qkv-bias"})), "");  // trident's QKV has its bias
+  EXPECT_NE(error_of(with({"--add-qkv-bias", "--swiglu", "--disable-bias-linear"}))
+                .find("bias on QKV alone"),
+            std::string::npos);
+  EXPECT_NE(error_of(with({"--add-qkv-bias", "--model", "llama"})).find("bias on QKV alone"),
+            std::string::npos);
+  // Accepted, with a warning naming what differs from Megatron's run.
+  const TrainConfig d = parse(with({"--no-bias-gelu-fusion", "--fp16-lm-cross-entropy",
+                                    "--no-save-optim", "--non-persistent-save-interval", "100"}));
+  EXPECT_TRUE(warned(d,
+                     "--no-bias-gelu-fusion: accepted, but the run differs from Megatron's: "
+                     "Megatron's MLP then uses the exact (erf) GeLU"));
+  EXPECT_TRUE(warned(d, "--fp16-lm-cross-entropy: accepted, but the run differs"));
+  EXPECT_TRUE(warned(d, "--no-save-optim: accepted, but the run differs"));
+  EXPECT_TRUE(warned(d, "--non-persistent-save-interval 100: accepted, but the run differs"));
+  EXPECT_NE(d.arguments_table().find("[no-op, differs]"), std::string::npos);
+  // The table's counts: every no-op of the review is accounted for.
+  std::map<FlagStatus, int> count;
+  for (const CompatFlag& f : megatron_flag_table()) ++count[f.status];
+  EXPECT_EQ(count[FlagStatus::kNoOp] + count[FlagStatus::kNoOpDiffers], 813);
+  EXPECT_EQ(count[FlagStatus::kNoOpDiffers], 8);
+}
+
 TEST(CompatFlags, RefusedFlagsNameTheReason) {
   EXPECT_NE(error_of(with({"--squared-relu"})).find("trident's MLP is GeLU"), std::string::npos);
   EXPECT_NE(error_of(with({"--fp8-format", "hybrid"})).find("no FP8"), std::string::npos);

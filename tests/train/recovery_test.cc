@@ -3,7 +3,8 @@
 // corrupt newest checkpoint falls back to the previous one, loudly, and the resumed run still
 // gives the uninterrupted run's losses bitwise; --save-retain keeps the newest N; a second job on
 // a locked save directory is refused while a stale lock is taken over; a NaN gradient skips the
-// step on every rank, counted; the kill-switch and duration stops save and return their codes.
+// step on every rank, counted; the kill-switch, duration and interval stops save and exit 0 (their
+// own codes with --exit-codes distinct).
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -78,7 +79,7 @@ TEST_F(TrainTest, NotEnoughSpaceIsRefusedBeforeWriting) {
   // The size of one checkpoint of this model, measured.
   ASSERT_EQ(run(parse({"--train-iters", "3", "--exit-interval", "1", "--save",
                        (dir_ / "probe").string()})),
-            kExitIntervalStop);
+            kExitDone);
   const auto bytes = fs::file_size(dir_ / "probe/iter_0000001/rank_00000.bin");
   // A real tmpfs that holds one checkpoint (and the 64 KiB margin) but not two, when this process
   // may mount one (root, or a user namespace).
@@ -114,7 +115,7 @@ TEST_F(TrainTest, CorruptNewestFallsBackToThePrevious) {
   const std::string ckpt = (dir_ / "ckpt").string();
   ASSERT_EQ(run(parse({"--train-iters", "6", "--save", ckpt, "--save-interval", "2",
                        "--exit-interval", "4"})),
-            kExitIntervalStop);
+            kExitDone);
   // Flip one byte of the newest checkpoint's weights.
   {
     std::fstream f(dir_ / "ckpt/iter_0000004/rank_00000.bin",
@@ -218,24 +219,53 @@ TEST_F(TrainTest, NonFiniteGradientSkipsTheStep) {
             read_bytes(dir_ / "ckpt/iter_0000004/rank_00000.bin"));
 }
 
+// Planned stops save and exit 0 (Megatron's); with --exit-codes distinct each has its own code.
 TEST_F(TrainTest, KillSwitchAndDurationSaveAndStop) {
-  const std::string ckpt = (dir_ / "ckpt").string();
-  const fs::path kill = dir_ / "STOP";
-  std::ofstream(kill) << "";
-  EXPECT_EQ(run(parse({"--train-iters", "6", "--save", ckpt, "--kill-switch-path", kill.string()})),
-            kExitKillSwitch);
-  EXPECT_EQ(ckpt::latest_iteration(ckpt), 1);  // stopped after the first iteration, saved
-  fs::remove(kill);
-  // A budget of 0.0001 minutes (6 ms, counted from start-up) is spent within a few iterations;
-  // how many depends on the machine's speed, so the run is long enough never to finish first.
-  EXPECT_EQ(run(parse({"--train-iters", "200", "--load", ckpt, "--save", ckpt,
-                       "--exit-duration-in-mins", "0.0001"})),
-            kExitDuration);
-  const std::int64_t stopped_at = ckpt::latest_iteration(ckpt);
-  EXPECT_GE(stopped_at, 2);  // resumed from 1, trained at least one iteration, saved
-  EXPECT_LT(stopped_at, 200);
-  EXPECT_EQ(run(parse({"--train-iters", "200", "--load", ckpt, "--save", ckpt})), kExitDone);
-  EXPECT_EQ(ckpt::latest_iteration(ckpt), 200);
+  for (const bool distinct : {false, true}) {
+    SCOPED_TRACE(distinct ? "--exit-codes distinct" : "default exit codes");
+    const std::string ckpt = (dir_ / (distinct ? "ckpt_distinct" : "ckpt")).string();
+    std::vector<std::string> codes;
+    if (distinct) codes = {"--exit-codes", "distinct"};
+    auto with = [&](std::vector<std::string> flags) {
+      flags.insert(flags.end(), codes.begin(), codes.end());
+      return parse(flags);
+    };
+    const fs::path kill = dir_ / "STOP";
+    std::ofstream(kill) << "";
+    testing::internal::CaptureStdout();  // info lines
+    EXPECT_EQ(
+        run(with({"--train-iters", "6", "--save", ckpt, "--kill-switch-path", kill.string()})),
+        distinct ? kExitKillSwitch : kExitDone);
+    const std::string log = testing::internal::GetCapturedStdout();
+    EXPECT_NE(log.find(distinct ? "with code 12 (stopped: --kill-switch-path)"
+                                : "with code 0 (stopped: --kill-switch-path; --exit-codes "
+                                  "distinct exits with 12 instead)"),
+              std::string::npos)
+        << log;
+    EXPECT_EQ(ckpt::latest_iteration(ckpt), 1);  // stopped after the first iteration, saved
+    fs::remove(kill);
+    // A budget of 0.0001 minutes (6 ms, counted from start-up) is spent within a few iterations;
+    // how many depends on the machine's speed, so the run is long enough never to finish first.
+    EXPECT_EQ(run(with({"--train-iters", "200", "--load", ckpt, "--save", ckpt,
+                        "--exit-duration-in-mins", "0.0001"})),
+              distinct ? kExitDuration : kExitDone);
+    const std::int64_t stopped_at = ckpt::latest_iteration(ckpt);
+    EXPECT_GE(stopped_at, 2);  // resumed from 1, trained at least one iteration, saved
+    EXPECT_LT(stopped_at, 150);
+    EXPECT_EQ(run(with({"--train-iters", "200", "--load", ckpt, "--save", ckpt, "--exit-interval",
+                        "150"})),
+              distinct ? kExitIntervalStop : kExitDone);
+    EXPECT_EQ(ckpt::latest_iteration(ckpt), 150);
+    EXPECT_EQ(run(with({"--train-iters", "200", "--load", ckpt, "--save", ckpt})), kExitDone);
+    EXPECT_EQ(ckpt::latest_iteration(ckpt), 200);
+  }
+  // An unknown value is refused, naming the values.
+  try {
+    run(parse({"--train-iters", "2", "--exit-codes", "zero"}));
+    FAIL() << "no error";
+  } catch (const core::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("use megatron"), std::string::npos) << e.what();
+  }
 }
 
 // --async-save writes the same checkpoints as the synchronous path, byte for byte, finishes the
@@ -249,7 +279,7 @@ TEST_F(TrainTest, AsyncSaveWritesTheSameCheckpoints) {
             0);
   ASSERT_EQ(run(parse({"--train-iters", "6", "--save", async, "--save-interval", "2",
                        "--async-save", "", "--exit-interval", "4", "--metrics-jsonl", part})),
-            kExitIntervalStop);
+            kExitDone);
   EXPECT_EQ(ckpt::latest_iteration(async), 4);  // the stop waited for the background save
   ASSERT_EQ(run(parse({"--train-iters", "6", "--save", async, "--load", async, "--save-interval",
                        "2", "--async-save", "", "--metrics-jsonl", part})),

@@ -400,10 +400,18 @@ bool architecture_matches(const nlohmann::json& a, const nlohmann::json& b, std:
     }
     return kDefaults.contains(key) ? kDefaults[key] : nlohmann::json();
   };
+  // A real-valued setting (rotary_base) was written as a float's value before settings became
+  // doubles: equal when both round to the same float.
+  const auto same = [](const nlohmann::json& x, const nlohmann::json& y) {
+    if ((x.is_number_float() && y.is_number()) || (x.is_number() && y.is_number_float())) {
+      return static_cast<float>(x.get<double>()) == static_cast<float>(y.get<double>());
+    }
+    return x == y;
+  };
   for (const char* key : kKeys) {
     const nlohmann::json va = value_of(a, key);
     const nlohmann::json vb = value_of(b, key);
-    if (va != vb)
+    if (!same(va, vb))
       diff << " " << key << ": checkpoint " << va.dump() << " vs run " << vb.dump() << ";";
   }
   if (why) *why = diff.str();

@@ -91,8 +91,8 @@ HfImport hf_config_to_trident(const json& c, std::int64_t seq_length) {
       m.num_attention_heads = int_at(c, "n_head");
       m.ffn_hidden_size = int_or(c, "n_inner", 4 * m.hidden_size);
       m.max_position_embeddings = int_at(c, "n_positions");
-      m.layernorm_epsilon = get_or<float>(c, "layer_norm_epsilon", 1e-5f);
-      m.init_method_std = get_or<float>(c, "initializer_range", 0.02f);
+      m.layernorm_epsilon = get_or<double>(c, "layer_norm_epsilon", 1e-5);
+      m.init_method_std = get_or<double>(c, "initializer_range", 0.02);
       const std::string act = get_or<std::string>(c, "activation_function", "gelu_new");
       refuse_if(act != "gelu_new" && act != "gelu_pytorch_tanh",
                 str("activation_function ", act,
@@ -112,8 +112,8 @@ HfImport hf_config_to_trident(const json& c, std::int64_t seq_length) {
       m.num_layers = int_at(c, "n_layer");
       m.num_attention_heads = int_at(c, "n_head");
       m.ffn_hidden_size = 4 * m.hidden_size;
-      m.layernorm_epsilon = get_or<float>(c, "layer_norm_epsilon", 1e-5f);
-      m.init_method_std = get_or<float>(c, "initializer_range", 0.02f);
+      m.layernorm_epsilon = get_or<double>(c, "layer_norm_epsilon", 1e-5);
+      m.init_method_std = get_or<double>(c, "initializer_range", 0.02);
       m.position_embedding = model::PositionEmbedding::kAlibi;
       m.embed_layernorm = true;
       refuse_if(get_or<bool>(c, "apply_residual_connection_post_layernorm", false),
@@ -127,8 +127,8 @@ HfImport hf_config_to_trident(const json& c, std::int64_t seq_length) {
       m.num_attention_heads = int_at(c, "num_attention_heads");
       m.ffn_hidden_size = int_at(c, "intermediate_size");
       m.max_position_embeddings = int_at(c, "max_position_embeddings");
-      m.layernorm_epsilon = get_or<float>(c, "rms_norm_eps", 1e-6f);
-      m.init_method_std = get_or<float>(c, "initializer_range", 0.02f);
+      m.layernorm_epsilon = get_or<double>(c, "rms_norm_eps", 1e-6);
+      m.init_method_std = get_or<double>(c, "initializer_range", 0.02);
       m.normalization = model::Normalization::kRmsNorm;
       m.position_embedding = model::PositionEmbedding::kRope;
       m.swiglu = true;
@@ -136,7 +136,7 @@ HfImport hf_config_to_trident(const json& c, std::int64_t seq_length) {
       m.untie_embeddings_and_output_weights = !get_or<bool>(c, "tie_word_embeddings", false);
       const std::int64_t kv = int_or(c, "num_key_value_heads", m.num_attention_heads);
       m.num_query_groups = kv == m.num_attention_heads ? 0 : kv;
-      m.rotary_base = get_or<float>(c, "rope_theta", 10000.0f);
+      m.rotary_base = get_or<double>(c, "rope_theta", 10000.0);
       refuse_if(get_or<std::string>(c, "hidden_act", "silu") != "silu",
                 "hidden_act other than silu is not supported");
       refuse_if(get_or<bool>(c, "attention_bias", false),

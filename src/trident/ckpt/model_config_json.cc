@@ -59,8 +59,8 @@ model::ModelConfig model_config_from_json(const nlohmann::json& c) {
     m.vocab_size = int_of(c.at("vocab_size"), "vocab_size");
     m.make_vocab_size_divisible_by =
         int_of(c.at("make_vocab_size_divisible_by"), "make_vocab_size_divisible_by");
-    m.layernorm_epsilon = c.value("layernorm_epsilon", 1e-5f);
-    m.init_method_std = c.value("init_method_std", 0.02f);
+    m.layernorm_epsilon = c.value("layernorm_epsilon", 1e-5);
+    m.init_method_std = c.value("init_method_std", 0.02);
     const std::string pos = c.value("position_embedding_type", std::string("learned_absolute"));
     if (pos == "alibi") m.position_embedding = model::PositionEmbedding::kAlibi;
     if (pos == "rope") m.position_embedding = model::PositionEmbedding::kRope;
@@ -72,11 +72,11 @@ model::ModelConfig model_config_from_json(const nlohmann::json& c) {
     m.num_query_groups = int_or(c, "num_query_groups", 0);
     m.untie_embeddings_and_output_weights = c.value("untie_embeddings_and_output_weights", false);
     m.add_bias_linear = c.value("add_bias_linear", true);
-    m.rotary_base = c.value("rotary_base", 10000.0f);
+    m.rotary_base = c.value("rotary_base", 10000.0);
     m.rope_scaling = c.value("use_rope_scaling", false);
-    m.rope_scaling_factor = c.value("rope_scaling_factor", 8.0f);
-    m.rope_low_freq_factor = c.value("rope_low_freq_factor", 1.0f);
-    m.rope_high_freq_factor = c.value("rope_high_freq_factor", 4.0f);
+    m.rope_scaling_factor = c.value("rope_scaling_factor", 8.0);
+    m.rope_low_freq_factor = c.value("rope_low_freq_factor", 1.0);
+    m.rope_high_freq_factor = c.value("rope_high_freq_factor", 4.0);
     m.rope_original_max_positions = int_or(c, "rope_original_max_position_embeddings", 8192);
   } catch (const nlohmann::json::exception& e) {
     throw core::DataError(core::str("checkpoint config: ", e.what()));

@@ -142,6 +142,12 @@ class SourceShard {
   std::size_t map_size_ = 0;
 };
 
+// The parameters whose rows are the vocabulary, padded (the word embedding, an untied output
+// layer).
+bool vocabulary_rows(const std::string& name) {
+  return name == "embedding.word_embeddings.weight" || name == "output_layer.weight";
+}
+
 // One source rank's copy of a parameter (a tensor-parallel slice, or a replica).
 struct SourceParam {
   SourceShard* shard = nullptr;
@@ -244,30 +250,34 @@ void load_resharded(const fs::path& it_dir, const nlohmann::json& manifest,
                               " (saved from another model?)"));
         }
         std::vector<SourceParam>& cands = found->second;
-        if (cands.front().spec.global_shape != p.global_shape) {
-          throw DataError(
-              str(it_dir.string(), ": parameter ", p.name, " has global shape ",
-                  nlohmann::json(cands.front().spec.global_shape).dump(), ", this run expects ",
-                  nlohmann::json(p.global_shape).dump(),
-                  p.name.find("word_embeddings") != std::string::npos
-                      ? " (the padded vocabulary differs: choose --make-vocab-size-divisible-by "
-                        "so that the vocabulary padded to a multiple of it times the tensor-"
-                        "parallel size equals the checkpoint's)"
-                      : ""));
+        const std::vector<std::int64_t>& src_shape = cands.front().spec.global_shape;
+        // The vocabulary's rows padded otherwise (another tensor-parallel size): the source's
+        // padding rows beyond ours are dropped, ours beyond its are copies of its last row.
+        const bool vocab_rows = vocabulary_rows(p.name) && src_shape.size() == 2 &&
+                                p.global_shape.size() == 2 && src_shape[1] == p.global_shape[1] &&
+                                src_shape[0] >= 1 && src_shape != p.global_shape;
+        if (src_shape != p.global_shape && !vocab_rows) {
+          throw DataError(str(it_dir.string(), ": parameter ", p.name, " has global shape ",
+                              nlohmann::json(cands.front().spec.global_shape).dump(),
+                              ", this run expects ", nlohmann::json(p.global_shape).dump()));
         }
         for (const SourceParam& sp : cands) {
-          if (sp.spec.global_shape != p.global_shape) {
+          if (sp.spec.global_shape != src_shape) {
             throw CorruptCheckpoint(
                 str(sp.shard->json_path(), ": parameter ", p.name, " has global shape ",
                     nlohmann::json(sp.spec.global_shape).dump(), " where another rank's has ",
                     nlohmann::json(cands.front().spec.global_shape).dump()));
           }
-          check_param_slice(sp.spec, p.global_shape, sp.offset, sp.shard->numel(),
-                            sp.shard->tp_rank(), sp.shard->json_path());
+          check_param_slice(sp.spec, src_shape, sp.offset, sp.shard->numel(), sp.shard->tp_rank(),
+                            sp.shard->json_path());
         }
         std::size_t last = 0;  // the candidate that served the previous element
         for (std::int64_t at = lo; at < hi; ++at) {
-          const std::int64_t g = p.global_index(at - at0, state.tp_rank);
+          std::int64_t g = p.global_index(at - at0, state.tp_rank);
+          if (vocab_rows) {
+            const std::int64_t cols = p.global_shape[1];
+            g = std::min(g / cols, src_shape[0] - 1) * cols + g % cols;
+          }
           bool done = false;
           for (std::size_t n = 0; n < cands.size() && !done; ++n) {
             const std::size_t c = (last + n) % cands.size();

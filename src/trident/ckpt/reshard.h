@@ -13,9 +13,13 @@
 
 namespace trident::ckpt {
 
-// Fills the slices of `state` with non-null data (padding between parameters zeroed). Throws
-// CorruptCheckpoint for a missing, truncated or corrupt source shard, DataError when a parameter
-// is missing from the checkpoint or its global shape differs (e.g. another padded vocabulary).
+// Fills the slices of `state` with non-null data (padding between parameters zeroed). The
+// vocabulary's rows (word embedding, untied output layer) may be padded to another count than the
+// checkpoint's: its padding rows beyond the destination's are dropped, and destination rows beyond
+// its are copies of its last row (weights and Adam moments), as Megatron's checkpoint converters
+// pad; the caller says so. Throws CorruptCheckpoint for a missing, truncated or corrupt source
+// shard, DataError when a parameter is missing from the checkpoint or its global shape differs
+// otherwise.
 void load_resharded(const std::filesystem::path& it_dir, const nlohmann::json& manifest,
                     CheckpointState& state);
 

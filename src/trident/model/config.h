@@ -27,26 +27,28 @@ struct ModelConfig {
   std::int64_t max_position_embeddings = 0;  // 0 -> seq_length
   std::int64_t vocab_size = 0;               // real tokens of the tokenizer
   std::int64_t make_vocab_size_divisible_by = 128;
-  float init_method_std = 0.02f;
-  float layernorm_epsilon = 1e-5f;
+  // Hyperparameters are doubles, as the user wrote them (Megatron's Python floats); the kernels
+  // take float where they compute in float.
+  double init_method_std = 0.02;
+  double layernorm_epsilon = 1e-5;
   PositionEmbedding position_embedding = PositionEmbedding::kLearnedAbsolute;
   bool embed_layernorm = false;  // BLOOM: LayerNorm right after the word embedding
   Normalization normalization = Normalization::kLayerNorm;
   // Rotary positions (--position-embedding-type rope): --rotary-base, and Llama-3's frequency
   // scaling (--use-rope-scaling, --rope-scaling-factor; the other three as Megatron and Llama 3.1:
   // transformers' rope_scaling {"rope_type": "llama3", ...}).
-  float rotary_base = 10000.0f;
+  double rotary_base = 10000.0;
   bool rope_scaling = false;
-  float rope_scaling_factor = 8.0f;
-  float rope_low_freq_factor = 1.0f;
-  float rope_high_freq_factor = 4.0f;
+  double rope_scaling_factor = 8.0;
+  double rope_low_freq_factor = 1.0;
+  double rope_high_freq_factor = 4.0;
   std::int64_t rope_original_max_positions = 8192;
   bool swiglu = false;                // --swiglu: gated SiLU MLP (two up-projections)
   std::int64_t num_query_groups = 0;  // --group-query-attention --num-query-groups; 0: heads
   bool untie_embeddings_and_output_weights = false;  // own output layer (not the embedding)
   bool add_bias_linear = true;  // --disable-bias-linear: no bias in any linear layer
-  float hidden_dropout = 0.0f;  // embedding output and both residual branches
-  float attention_dropout = 0.0f;
+  double hidden_dropout = 0.0;  // embedding output and both residual branches
+  double attention_dropout = 0.0;
   // Attention kernel: the fused flash-style one (no (T x T) probabilities kept) or the unfused
   // one; ALiBi and attention dropout need the fused kernel.
   bool use_flash_attention = false;
@@ -71,7 +73,7 @@ struct ModelConfig {
 
   bool flash_attention() const {
     return use_flash_attention || position_embedding == PositionEmbedding::kAlibi ||
-           attention_dropout > 0.0f;
+           attention_dropout > 0.0;
   }
 
   std::int64_t ffn() const { return ffn_hidden_size > 0 ? ffn_hidden_size : 4 * hidden_size; }

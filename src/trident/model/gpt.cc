@@ -194,11 +194,12 @@ std::vector<float> rotary_inv_freq(const ModelConfig& cfg) {
   std::vector<float> f(static_cast<std::size_t>(HS / 2));
   for (std::size_t i = 0; i < f.size(); ++i) {
     const float e = static_cast<float>(2 * static_cast<std::int64_t>(i)) / static_cast<float>(HS);
-    f[i] = 1.0f / std::pow(cfg.rotary_base, e);
+    f[i] = 1.0f / std::pow(static_cast<float>(cfg.rotary_base), e);
   }
   if (!cfg.rope_scaling) return f;
-  const float factor = cfg.rope_scaling_factor, lo = cfg.rope_low_freq_factor,
-              hi = cfg.rope_high_freq_factor;
+  const auto factor = static_cast<float>(cfg.rope_scaling_factor);
+  const auto lo = static_cast<float>(cfg.rope_low_freq_factor);
+  const auto hi = static_cast<float>(cfg.rope_high_freq_factor);
   const float old_len = static_cast<float>(cfg.rope_original_max_positions);
   const float low_wavelen = old_len / lo, high_wavelen = old_len / hi;
   for (float& x : f) {
@@ -288,7 +289,7 @@ struct Architecture {
                                               ? layers::NormKind::kRmsNorm
                                               : layers::NormKind::kLayerNorm,
                                   .hidden = C,
-                                  .eps = cfg.layernorm_epsilon};
+                                  .eps = static_cast<float>(cfg.layernorm_epsilon)};
     if (cfg.position_embedding == PositionEmbedding::kAlibi) {
       alibi.resize(static_cast<std::size_t>(cfg.num_attention_heads));
       k::alibi_slopes(cfg.num_attention_heads, alibi.data());
@@ -370,8 +371,9 @@ struct Transformer {
            .ws = a_.ws,
            .batch = a_.batch,
            .seq_len = a_.seq_len,
-           .dropout = {.hidden_p = rt_.training ? cfg_.hidden_dropout : 0.0f,
-                       .attention_p = rt_.training ? cfg_.attention_dropout : 0.0f,
+           .dropout = {.hidden_p = rt_.training ? static_cast<float>(cfg_.hidden_dropout) : 0.0f,
+                       .attention_p =
+                           rt_.training ? static_cast<float>(cfg_.attention_dropout) : 0.0f,
                        .seed = rt_.dropout_seed,
                        .iteration = a_.iteration,
                        .first_sample = a_.first_sample},

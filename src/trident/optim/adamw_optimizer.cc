@@ -16,18 +16,19 @@ void adamw_step(const core::ExecContext& ctx, const model::ParamTable& table,
     const std::int64_t hi = std::min(p.offset + p.numel, shard.range.end);
     if (lo >= hi) continue;
     const std::int64_t at = lo - shard.range.begin;
-    kernels::adamw_update(ctx,
-                          {.lr = static_cast<float>(lr),
-                           .beta1 = cfg.beta1,
-                           .beta2 = cfg.beta2,
-                           .eps = cfg.eps,
-                           .weight_decay = p.weight_decay ? cfg.weight_decay : 0.0f,
-                           .step = step,
-                           .grad_scale = grad_scale},
-                          {.param = core::view(shard.params + at, {hi - lo}, ctx.device),
-                           .m = core::view(shard.m + at, {hi - lo}, ctx.device),
-                           .v = core::view(shard.v + at, {hi - lo}, ctx.device),
-                           .grad = core::view(shard.grads + at, {hi - lo}, ctx.device)});
+    kernels::adamw_update(
+        ctx,
+        {.lr = static_cast<float>(lr),
+         .beta1 = static_cast<float>(cfg.beta1),
+         .beta2 = static_cast<float>(cfg.beta2),
+         .eps = static_cast<float>(cfg.eps),
+         .weight_decay = p.weight_decay ? static_cast<float>(cfg.weight_decay) : 0.0f,
+         .step = step,
+         .grad_scale = grad_scale},
+        {.param = core::view(shard.params + at, {hi - lo}, ctx.device),
+         .m = core::view(shard.m + at, {hi - lo}, ctx.device),
+         .v = core::view(shard.v + at, {hi - lo}, ctx.device),
+         .grad = core::view(shard.grads + at, {hi - lo}, ctx.device)});
   }
 }
 
@@ -48,9 +49,9 @@ double grad_norm_squared_share(const core::ExecContext& ctx, const model::ParamT
   return sum;
 }
 
-float clip_coefficient(double grad_norm, float clip_grad) {
-  if (clip_grad <= 0.0f) return 1.0f;
-  const double coeff = static_cast<double>(clip_grad) / (grad_norm + 1e-6);
+float clip_coefficient(double grad_norm, double clip_grad) {
+  if (clip_grad <= 0.0) return 1.0f;
+  const double coeff = clip_grad / (grad_norm + 1e-6);
   return coeff < 1.0 ? static_cast<float>(coeff) : 1.0f;
 }
 

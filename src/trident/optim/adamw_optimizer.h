@@ -11,12 +11,14 @@
 
 namespace trident::optim {
 
+// The hyperparameters as the user wrote them (doubles, as Megatron's Python floats); the update
+// kernel takes them as float.
 struct AdamWConfig {
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float eps = 1e-8f;
-  float weight_decay = 0.01f;
-  float clip_grad = 1.0f;  // global-norm clipping threshold; 0 disables
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.01;
+  double clip_grad = 1.0;  // global-norm clipping threshold; 0 disables
   friend bool operator==(const AdamWConfig&, const AdamWConfig&) = default;
 };
 
@@ -51,6 +53,6 @@ double grad_norm_squared_share(const core::ExecContext& ctx, const model::ParamT
 
 // Clipping coefficient from the global gradient norm, as Megatron / torch.nn.utils: scale by
 // clip / (norm + 1e-6) when that is < 1, else 1.
-float clip_coefficient(double grad_norm, float clip_grad);
+float clip_coefficient(double grad_norm, double clip_grad);
 
 }  // namespace trident::optim

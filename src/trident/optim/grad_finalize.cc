@@ -10,7 +10,7 @@
 namespace trident::optim {
 
 GradFinalizer::GradFinalizer(const FlatLayout& layout, const parallel::ParallelContext& par,
-                             float clip_grad)
+                             double clip_grad)
     : layout_(layout), par_(par), clip_grad_(clip_grad) {
   model_parallel_ = par.world().split(par.coord().dp, par.rank(), "mp");
   // Every rank of a tp group has the same tables, so all of them split (collectively) alike.

@@ -39,7 +39,7 @@ struct FinalizedGrads {
 
 class GradFinalizer {
  public:
-  GradFinalizer(const FlatLayout& layout, const parallel::ParallelContext& par, float clip_grad);
+  GradFinalizer(const FlatLayout& layout, const parallel::ParallelContext& par, double clip_grad);
 
   // Tied word embedding: sums the first and last stage's gradients (pp > 1). Call after
   // GradSync::finish_layers() and before GradSync::reduce_rest().
@@ -59,7 +59,7 @@ class GradFinalizer {
  private:
   const FlatLayout& layout_;
   const parallel::ParallelContext& par_;
-  float clip_grad_;
+  double clip_grad_;
   std::unique_ptr<comm::Communicator> model_parallel_;  // ranks with this rank's dp coordinate
   // tp_replicas -> the subgroup of that many consecutive tp ranks holding this rank's copies.
   std::map<int, std::unique_ptr<comm::Communicator>> replica_groups_;

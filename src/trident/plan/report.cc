@@ -223,7 +223,11 @@ std::string format_plan(const train::TrainConfig& cfg, const Cluster& cluster, c
        "(slots)   total\n";
   for (const RankMemory& r : plan.memory.stages) {
     std::string slots;
-    for (int s : r.slots_per_chunk) slots += (slots.empty() ? "" : "+") + std::to_string(s);
+    for (int s : r.slots_per_chunk) {
+      // Appended in two steps: GCC 12 warns (-Wrestrict, a false positive) about "+" + to_string.
+      if (!slots.empty()) slots += '+';
+      slots += std::to_string(s);
+    }
     char line[512];
     std::snprintf(line, sizeof(line), "  %5d  %-15s %-15s %-15s %-15s %-15s (%s)  %-15s%s\n",
                   r.pp_rank, gib(static_cast<double>(r.parameters)).c_str(),

@@ -108,6 +108,7 @@ bool accepted_value(const TrainConfig& c, std::string_view name,
   }
   if (name == "--microbatch-group-size-per-virtual-pipeline-stage")
     return is_num(c.pipeline_model_parallel_size);
+  if (name == "--glu-linear-offset") return is_num(0.0);
   return false;
 }
 
@@ -181,9 +182,9 @@ void apply_mapped(TrainConfig& c, const CompatFlag& f, const std::vector<std::st
     c.group_query_attention = true;
     c.model.num_query_groups = to_int(n, v);
   } else if (n == "--rotary-position-embeddings-theta") {
-    c.model.rotary_base = static_cast<float>(to_double(n, v));
+    c.model.rotary_base = to_double(n, v);
   } else if (n == "--norm-epsilon") {
-    c.model.layernorm_epsilon = static_cast<float>(to_double(n, v));
+    c.model.layernorm_epsilon = to_double(n, v);
   } else if (n == "--decoder-num-layers") {
     c.model.num_layers = to_int(n, v);
   } else if (n == "--use-flash-attn-v1" || n == "--use-flash-attn-v2" ||
@@ -191,6 +192,20 @@ void apply_mapped(TrainConfig& c, const CompatFlag& f, const std::vector<std::st
     c.model.use_flash_attention = true;
   } else if (n == "--exit-on-missing-checkpoint") {
     c.exit_on_missing_checkpoint = true;
+  } else if (n == "--encoder-num-layers") {
+    // Megatron's validate_args: GPT's layers, unless --num-layers is given too (an error there).
+    TRIDENT_CHECK(c.given.count("--num-layers") == 0,
+                  "--encoder-num-layers with --num-layers: give one (Megatron refuses both: "
+                  "'cannot have both num-layers and encoder-num-layers specified')");
+    c.model.num_layers = to_int(n, v);
+  } else if (n == "--encoder-seq-length") {
+    TRIDENT_CHECK(c.given.count("--seq-length") == 0,
+                  "--encoder-seq-length with --seq-length: give one (Megatron refuses both)");
+    c.model.seq_length = to_int(n, v);
+  } else if (n == "--padded-vocab-size") {
+    c.pad_vocab_size_to = to_int(n, v);
+  } else if (n == "--disable-log-loss-scale-to-tensorboard") {
+    c.no_log_loss_scale_to_tensorboard = true;
   } else {
     throw core::Error(str("internal: mapped flag ", n, " has no mapping"));
   }
@@ -206,6 +221,8 @@ const char* flag_status_name(FlagStatus s) {
       return "mapped";
     case FlagStatus::kNoOp:
       return "no-op";
+    case FlagStatus::kNoOpDiffers:
+      return "no-op, differs";
     case FlagStatus::kRefused:
       return "refused";
   }
@@ -301,8 +318,59 @@ void apply_compat_flags(TrainConfig& cfg) {
       cfg.warnings.push_back(str(name, v.empty() ? "" : " ", joined(v),
                                  ": accepted, no effect in trident (", f->note, ")"));
     }
+    if (f->status == FlagStatus::kNoOpDiffers) {
+      cfg.warnings.push_back(str(name, v.empty() ? "" : " ", joined(v),
+                                 ": accepted, but the run differs from Megatron's: ", f->note));
+    }
   }
 }
+
+void check_compat_combinations(const TrainConfig& cfg) {
+  TRIDENT_CHECK(!cfg.compat.contains("--add-qkv-bias") || cfg.model.add_bias_linear,
+                "--add-qkv-bias with --disable-bias-linear (or --model llama): Megatron keeps a "
+                "bias on QKV alone, trident cannot; remove one of them from the launch script. See "
+                "docs/flags.md");
+}
+
+// The review of the no-ops (issue 35), printed into docs/flags.md above the table.
+constexpr const char* kNoOpReview =
+    "## The no-ops, reviewed (issue 35)\n\n"
+    "Each of the 820 flags that were no-ops was checked against one question: would a user of "
+    "that flag get a different run from Megatron's without being told? (Megatron-LM's "
+    "`arguments.py` and the code reading each setting, at d98e8a64; Megatron-DeepSpeed's for "
+    "its flags.) 15 changed status, one more is refused in one combination, and 73 notes were "
+    "corrected:\n\n"
+    "- **4 now mapped**: `--encoder-num-layers` and `--encoder-seq-length` are GPT's "
+    "`--num-layers` / `--seq-length` in Megatron when those are not given (trident used its "
+    "defaults: another model); `--padded-vocab-size` (Megatron forks) = `--pad-vocab-size-to`; "
+    "`--disable-log-loss-scale-to-tensorboard` = `--no-log-loss-scale-to-tensorboard`.\n"
+    "- **3 now refused**, and one refused in combination: `--ckpt-convert-format` (Megatron "
+    "converts the checkpoint and exits without training; trident trained), `--no-rope-freq` "
+    "(Megatron skips RoPE in some layers), `--glu-linear-offset` other than 0 (an offset in "
+    "SwiGLU, which trident now has); `--add-qkv-bias` with `--disable-bias-linear` (Megatron "
+    "keeps the QKV bias alone; alone the flag stays a no-op, trident's QKV has a bias).\n"
+    "- **8 now warn what differs** (`no-op, differs`): `--no-bias-gelu-fusion` and `--onnx-safe` "
+    "(Megatron switches to the exact erf GeLU, trident keeps the tanh approximation: up to 4.7e-4 "
+    "per value), `--allow-ambiguous-pad-tokens` (Megatron masks the loss on labels equal to a "
+    "pad id shared with end-of-document), `--fp16-lm-cross-entropy` (FP16 loss in Megatron), "
+    "`--non-persistent-save-interval` (extra checkpoints Megatron writes and resumes from), "
+    "`--save-retain-interval` (which checkpoints stay on disk), `--no-save-optim` and "
+    "`--no-save-rng` (Megatron's checkpoints then lack that state, so its resume restarts "
+    "it).\n"
+    "- **Notes corrected, still no-ops**: the 67 MLA / DSA / Mamba / MTP / YaRN / muP settings "
+    "said RoPE models were refused (RoPE is implemented; none of these is read by a RoPE model), "
+    "`--no-rope-fusion` is a kernel switch, `--ckpt-convert-save` only goes with the refused "
+    "`--ckpt-convert-format`, and the four `--save-*-interval` dumps are debugging output, not "
+    "checkpoint format.\n"
+    "- **805 stay no-ops** (`--add-qkv-bias` alone among them), because Megatron's run with the "
+    "flag is trident's run: GPU kernel, "
+    "fusion, memory and communication switches (the same mathematics), inference / RL serving "
+    "settings, settings read only by refused features (mixture of experts, MLA, Mamba, MTP, "
+    "FP8/FP4, distillation, Muon, FIM, RL) or by Megatron's other models (BERT, T5, vision, "
+    "RETRO), checkpoint formats and asynchronous-save tuning, logging, telemetry and profiling "
+    "outputs, data-loader and data-parallel tuning, and flags asking for what trident always "
+    "does (FP32 softmax, residual stream and gradient reduction, the tanh GeLU, full "
+    "checkpoints).\n\n";
 
 std::string flag_table_markdown() {
   std::map<FlagStatus, int> count;
@@ -316,16 +384,21 @@ std::string flag_table_markdown() {
       "- **implemented**: a trident flag of the same name and meaning "
       "(`trident train --help`);\n"
       "- **mapped**: translated into trident's settings as the note says;\n"
-      "- **no-op**: accepted, no effect on what trident computes; one warning line at start-up "
-      "names it;\n"
+      "- **no-op**: accepted, no effect on what trident computes, and Megatron's run with it is "
+      "trident's run without it; one warning line at start-up names it;\n"
+      "- **no-op, differs**: accepted, but Megatron's run with it differs from trident's; the "
+      "warning line says what differs (`... accepted, but the run differs from Megatron's: "
+      "...`);\n"
       "- **refused**: an error giving the reason (for some, the value that says what trident "
       "does anyway is accepted, as the note says).\n\n"
       "Integers may be written with `_` (`9_765_625`), as Python accepts them. This file is "
       "generated: `trident train --print-flag-table > docs/flags.md` (a test compares them).\n\n";
-  s += str("Counts: ", kTable[0].name.empty() ? 0 : static_cast<int>(std::size(kTable)),
-           " flags: ", count[FlagStatus::kImplemented], " implemented, ",
-           count[FlagStatus::kMapped], " mapped, ", count[FlagStatus::kNoOp], " no-op, ",
-           count[FlagStatus::kRefused], " refused.\n\n");
+  s +=
+      str("Counts: ", kTable[0].name.empty() ? 0 : static_cast<int>(std::size(kTable)),
+          " flags: ", count[FlagStatus::kImplemented], " implemented, ", count[FlagStatus::kMapped],
+          " mapped, ", count[FlagStatus::kNoOp], " no-op, ", count[FlagStatus::kNoOpDiffers],
+          " no-op that differs, ", count[FlagStatus::kRefused], " refused.\n\n");
+  s += kNoOpReview;
   s += "| flag | values | meaning | status | trident |\n|---|---|---|---|---|\n";
   for (const CompatFlag& f : kTable) {
     const std::string values = f.values == 0    ? "-"

@@ -1,7 +1,9 @@
 // Every argument of Megatron-LM's pretrain_gpt.py (2021-2026), Megatron-DeepSpeed's and
 // DeepSpeed's launcher arguments, each with what trident does with it: implemented (a trident
 // flag of the same name), mapped (translated into trident settings), a no-op (accepted, one
-// warning line naming it) or refused (an error giving the reason). The table is docs/flags.md.
+// warning line naming it: Megatron's run with it is trident's without it), a no-op that differs
+// (accepted, one warning line naming what differs from Megatron's run) or refused (an error giving
+// the reason). The table is docs/flags.md.
 #pragma once
 
 #include <cstdint>
@@ -17,7 +19,7 @@ namespace trident::train {
 
 struct TrainConfig;
 
-enum class FlagStatus : std::uint8_t { kImplemented, kMapped, kNoOp, kRefused };
+enum class FlagStatus : std::uint8_t { kImplemented, kMapped, kNoOp, kNoOpDiffers, kRefused };
 const char* flag_status_name(FlagStatus s);
 
 struct CompatFlag {
@@ -41,6 +43,10 @@ void add_compat_options(CLI::App& app, TrainConfig& cfg);
 // cfg.warnings, refused flags (or refused values) throw InvalidArgument with the reason.
 // Runs in TrainConfig::finalize before the checks.
 void apply_compat_flags(TrainConfig& cfg);
+
+// The compatibility flags refused only in combination with the final settings (after the model
+// presets): --add-qkv-bias with --disable-bias-linear. Runs in TrainConfig::finalize.
+void check_compat_combinations(const TrainConfig& cfg);
 
 // "9_765_625" -> "9765625" (Python's int() accepts underscores between digits); other text is
 // returned unchanged.

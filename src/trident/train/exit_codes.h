@@ -1,5 +1,9 @@
 // Exit codes of `trident train`, so a scheduler script or `trident supervise` can tell "done",
-// "stopped on request" and "failed" apart (docs/failures-and-recovery.md).
+// "stopped on request" and "failed" apart (docs/failures-and-recovery.md). A planned stop (a
+// signal, --exit-duration-in-mins, the kill switch, --exit-interval) exits 0 by default, as
+// Megatron does, so that mpirun prints no abort banner and Slurm marks the job COMPLETED (an
+// `afterok` chain continues); --exit-codes distinct (or TRIDENT_EXIT_CODES=distinct in the
+// environment, which `trident supervise` sets for its command) gives each its own code, 10-13.
 #pragma once
 
 #include <exception>
@@ -17,6 +21,13 @@ enum ExitCode : int {
   kExitKillSwitch = 12,    // --kill-switch-path appeared; saved and stopped
   kExitIntervalStop = 13,  // --exit-interval reached; saved and stopped
 };
+
+// The environment variable that sets --exit-codes when the flag is not given.
+inline constexpr const char* kExitCodesEnv = "TRIDENT_EXIT_CODES";
+
+// The process exit code of a planned stop whose own code is `stop` (kExitSignal ..
+// kExitIntervalStop): `stop` with --exit-codes distinct, else 0 (Megatron's).
+inline int planned_stop_exit_code(int stop, bool distinct) { return distinct ? stop : kExitDone; }
 
 // The exit code for an error that ended the run (by its type: core::InvalidArgument and
 // core::DataError are bad input, ckpt::SaveError and ckpt::LockError their own codes).

@@ -2,6 +2,8 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -15,12 +17,13 @@
 #include "trident/data/weighted_split_paths.h"
 #include "trident/train/compat_flags.h"
 #include "trident/train/deepspeed_config.h"
+#include "trident/train/exit_codes.h"
 
 namespace trident::train {
 
 TrainConfig::TrainConfig() {
-  model.hidden_dropout = 0.1f;  // Megatron's defaults
-  model.attention_dropout = 0.1f;
+  model.hidden_dropout = 0.1;  // Megatron's defaults
+  model.attention_dropout = 0.1;
 }
 
 namespace {
@@ -361,6 +364,11 @@ void add_checkpoint_options(CLI::App& app, TrainConfig& c) {
                  "Save (if --save) and exit once the run has trained this many minutes");
   app.add_option("--kill-switch-path", c.kill_switch_path,
                  "Save (if --save) and exit when this file appears");
+  app.add_option("--exit-codes", c.exit_codes,
+                 "What a planned stop (signal, duration, kill switch, --exit-interval) exits "
+                 "with: megatron (0, as Megatron; the default) or distinct (10-13, one per stop; "
+                 "also TRIDENT_EXIT_CODES=distinct, which trident supervise sets)")
+      ->capture_default_str();
 }
 
 // Parallelism, ZeRO, offload, pipeline schedule and the communication timeout.
@@ -539,6 +547,7 @@ void TrainConfig::finalize(int world_size) {
     save_interval = 0;
   }
   finalize_model();
+  check_compat_combinations(*this);
   finalize_parallel(world_size);
   finalize_schedule(data_parallel_size(world_size));
   finalize_split_paths();
@@ -558,6 +567,11 @@ void TrainConfig::finalize(int world_size) {
   }
   TRIDENT_CHECK(save_retain >= 0, "--save-retain must be >= 0 (0 keeps every checkpoint)");
   TRIDENT_CHECK(exit_duration_in_mins >= 0, "--exit-duration-in-mins must be >= 0");
+  TRIDENT_CHECK(exit_codes == "megatron" || exit_codes == "distinct",
+                "--exit-codes: unknown value '", exit_codes,
+                "' (use megatron: every planned stop exits 0, or distinct: signal 10, duration "
+                "11, kill switch 12, --exit-interval 13; the environment variable ",
+                kExitCodesEnv, " sets it when the flag is not given)");
   TRIDENT_CHECK(dataloader_type == "single", "--dataloader-type: unknown type '", dataloader_type,
                 "' (use single)");
   TRIDENT_CHECK(pad_vocab_size_to >= 0, "--pad-vocab-size-to must be >= 0");
@@ -626,7 +640,7 @@ void TrainConfig::finalize_model() {
                 "--normalization: unknown value '", normalization, "' (use LayerNorm or RMSNorm)");
   model.normalization = normalization == "RMSNorm" ? model::Normalization::kRmsNorm
                                                    : model::Normalization::kLayerNorm;
-  TRIDENT_CHECK(rotary_percent == 1.0f, "--rotary-percent ", rotary_percent,
+  TRIDENT_CHECK(rotary_percent == 1.0, "--rotary-percent ", rotary_percent,
                 " is not supported: trident rotates whole heads (use 1.0)");
   TRIDENT_CHECK(group_query_attention || model.num_query_groups == 0 ||
                     model.num_query_groups == model.num_attention_heads,
@@ -859,8 +873,13 @@ nlohmann::json TrainConfig::to_json() const {
   j["lr"] = lr.lr;
   j["min_lr"] = lr.min_lr;
   j["lr_decay_style"] = lr_decay_style;
-  j["lr_warmup_iters"] = lr.warmup_iters;
-  j["lr_decay_iters"] = lr.decay_iters;
+  // Iteration counts (Megatron's are ints) as integers when they are whole.
+  const auto count = [](double x) {
+    return x == std::floor(x) && std::abs(x) < 0x1p53 ? nlohmann::json(static_cast<std::int64_t>(x))
+                                                      : nlohmann::json(x);
+  };
+  j["lr_warmup_iters"] = count(lr.warmup_iters);
+  j["lr_decay_iters"] = count(lr.decay_iters);
   j["weight_decay"] = adamw.weight_decay;
   j["clip_grad"] = adamw.clip_grad;
   j["adam_beta1"] = adamw.beta1;
@@ -917,6 +936,7 @@ nlohmann::json TrainConfig::to_json() const {
   j["load"] = load;
   j["save_interval"] = save_interval;
   j["exit_interval"] = exit_interval;
+  j["exit_codes"] = exit_codes;
   j["loss_scale"] = loss_scale;
   j["initial_loss_scale"] = initial_loss_scale;
   j["min_loss_scale"] = min_loss_scale;
@@ -936,16 +956,68 @@ nlohmann::json TrainConfig::to_json() const {
   return j;
 }
 
+std::string python_float_repr(double x) {
+  if (std::isnan(x)) return "nan";
+  if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
+  // The shortest digits that read back as x, in scientific form: "-1.2345e-08".
+  char buf[64];
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), x, std::chars_format::scientific);
+  TRIDENT_ASSERT(ec == std::errc(), "to_chars failed");
+  const std::string sci(buf, end);
+  const std::size_t e = sci.find('e');
+  std::string mantissa = sci.substr(0, e);
+  const bool negative = !mantissa.empty() && mantissa[0] == '-';
+  if (negative) mantissa.erase(0, 1);
+  std::string digits;
+  for (char ch : mantissa)
+    if (ch != '.') digits += ch;
+  // x = 0.DIGITS x 10^decpt (dtoa's decimal point position), as Python's float_repr_style
+  // 'short' uses it: exponent notation when decpt <= -4 or decpt > 16, else fixed with ".0".
+  const int decpt = std::stoi(sci.substr(e + 1)) + 1;
+  const int n = static_cast<int>(digits.size());
+  std::string out = negative ? "-" : "";
+  if (decpt <= -4 || decpt > 16) {
+    out += digits.substr(0, 1);
+    if (n > 1) out += "." + digits.substr(1);
+    const int exp10 = decpt - 1;
+    char ebuf[16];
+    std::snprintf(ebuf, sizeof(ebuf), "e%c%02d", exp10 < 0 ? '-' : '+', std::abs(exp10));
+    out += ebuf;
+  } else if (decpt <= 0) {
+    out += "0." + std::string(static_cast<std::size_t>(-decpt), '0') + digits;
+  } else if (decpt >= n) {
+    out += digits + std::string(static_cast<std::size_t>(decpt - n), '0') + ".0";
+  } else {
+    out += digits.substr(0, static_cast<std::size_t>(decpt)) + "." +
+           digits.substr(static_cast<std::size_t>(decpt));
+  }
+  return out;
+}
+
+namespace {
+
+// A setting's value as Megatron's argument table prints it (Python's str of the argparse value):
+// floats as repr (0.9, 1e-08), booleans True / False, lists ['a', 'b'], null None.
+std::string python_value(const nlohmann::json& v, bool in_list = false) {
+  if (v.is_string()) return in_list ? "'" + v.get<std::string>() + "'" : v.get<std::string>();
+  if (v.is_boolean()) return v.get<bool>() ? "True" : "False";
+  if (v.is_null()) return "None";
+  if (v.is_number_float()) return python_float_repr(v.get<double>());
+  if (v.is_array()) {
+    std::string s = "[";
+    for (const nlohmann::json& x : v) s += (s.size() > 1 ? ", " : "") + python_value(x, true);
+    return s + "]";
+  }
+  return v.dump();
+}
+
+}  // namespace
+
 std::string TrainConfig::arguments_table() const {
   const nlohmann::json j = to_json();  // keys sorted
   std::string s = "------------------------ arguments ------------------------\n";
   for (const auto& [k, v] : j.items()) {
-    std::string value = v.is_string() ? v.get<std::string>() : v.dump();
-    if (v.is_number_float()) {
-      char buf[32];
-      std::snprintf(buf, sizeof(buf), "%.8g", v.get<double>());
-      value = buf;
-    }
+    const std::string value = python_value(v);
     s += "  " + k + " " + std::string(k.size() < 48 ? 48 - k.size() : 1, '.') + " " + value + "\n";
   }
   for (const auto& [k, v] : compat) {

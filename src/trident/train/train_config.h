@@ -38,7 +38,7 @@ struct TrainConfig {
   std::string position_embedding_type = "learned_absolute";
   std::string normalization = "LayerNorm";  // --normalization LayerNorm|RMSNorm
   bool group_query_attention = false;       // --group-query-attention (with --num-query-groups)
-  float rotary_percent = 1.0f;              // --rotary-percent: only 1.0
+  double rotary_percent = 1.0;              // --rotary-percent: only 1.0
 
   // Batches.
   std::int64_t micro_batch_size = 4;
@@ -119,6 +119,10 @@ struct TrainConfig {
   bool exit_signal_handler = false;  // --exit-signal-handler: SIGTERM / SIGUSR1 save and exit
   double exit_duration_in_mins = 0;  // --exit-duration-in-mins: save and exit after this long
   std::string kill_switch_path;      // --kill-switch-path: save and exit when this file exists
+  // --exit-codes: what a planned stop exits with: "megatron" (0, the default) or "distinct" (its
+  // own code, 10-13; exit_codes.h). TRIDENT_EXIT_CODES sets it when the flag is not given.
+  std::string exit_codes = "megatron";
+  bool distinct_exit_codes() const { return exit_codes == "distinct"; }
   // --loss-chunk-rows: -1 auto (model::auto_loss_chunk_rows, once the vocabulary is known), 0 the
   // full logits, else rows per chunk; resolved into model.loss_chunk_rows by
   // resolve_loss_chunk_rows().
@@ -182,6 +186,11 @@ struct TrainConfig {
   void finalize_schedule(int dp);
   void finalize_split_paths();
 };
+
+// Python's repr of a float (what Megatron's argument table prints): the shortest digits that
+// read back as x, in fixed notation with at least one decimal (0.9, 1000.0, 0.0001) unless the
+// decimal exponent is below -4 or above 15 (1e-08, 1e+16).
+std::string python_float_repr(double x);
 
 // Registers every flag on `app` (the `train` subcommand), writing into cfg, and --config FILE.
 void add_train_options(CLI::App& app, TrainConfig& cfg);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "trident/ckpt/checkpoint.h"
+#include "trident/ckpt/model_config_json.h"
 #include "trident/ckpt/save_lock.h"
 #include "trident/comm/launch.h"
 #include "trident/core/arena.h"
@@ -187,6 +188,7 @@ class Trainer {
   // Set-up, in order.
   void place_ranks();
   void build_tokenizer();
+  void adopt_checkpoint_vocabulary();
   void build_data();
   void build_model();
   void log_model() const;
@@ -269,6 +271,7 @@ Trainer::Trainer(TrainConfig cfg, comm::Communicator& world)
       dp_rank_(par_.coord().dp) {
   place_ranks();
   build_tokenizer();
+  adopt_checkpoint_vocabulary();
   build_data();
   build_model();
   log_model();
@@ -327,6 +330,64 @@ void Trainer::build_tokenizer() {
   mask_eod_ = cfg_.eod_mask_loss ? tokenizer_->eod() : -1;
   // --reset-position-ids / --reset-attention-mask: documents end at the tokenizer's EOD.
   if (cfg_.model.documents()) cfg_.model.eod_token = tokenizer_->eod();
+}
+
+// Resuming (--load) from a checkpoint whose vocabulary is padded to other rows than this layout's
+// default (its tensor-parallel size differed: Megatron pads to a multiple of 128 x TP): when this
+// layout can split the checkpoint's rows and the padding was not chosen by a flag, the run adopts
+// them, so it continues with exactly the saved model (and Megatron's rows). Otherwise the
+// checkpoint's padding rows are trimmed, or rows are added (copies of its last row, as Megatron's
+// checkpoint converters pad), when it loads (ckpt/reshard.h); said loudly. Padding rows take no
+// probability in trident's loss (kernels/cross_entropy.h), so either way training continues
+// the same up to summation order.
+void Trainer::adopt_checkpoint_vocabulary() {
+  if (cfg_.load.empty()) return;
+  const int tp = layout_.tp_size;
+  const std::int64_t mine = cfg_.model.padded_vocab_size(tp);
+  // Rank 0 reads the newest manifest and decides; -1: nothing to adopt (no checkpoint, or one
+  // load_checkpoint will report: corrupt, another vocabulary).
+  std::int64_t saved[2] = {-1, 1};  // rows, tensor-parallel size
+  if (world_.rank() == 0) {
+    try {
+      if (ckpt::has_checkpoint(cfg_.load)) {
+        const nlohmann::json m = ckpt::read_manifest(cfg_.load, -1);
+        const model::ModelConfig mc = ckpt::model_config_from_json(m.at("config"));
+        const int saved_tp = m.at("layout").value("tp", 1);
+        if (mc.vocab_size == cfg_.model.vocab_size && saved_tp >= 1) {
+          saved[0] = mc.padded_vocab_size(saved_tp);
+          saved[1] = saved_tp;
+        }
+      }
+    } catch (const std::exception&) {
+      // load_checkpoint names the problem (and may fall back to an older checkpoint).
+    }
+  }
+  if (world_.size() > 1) world_.broadcast(saved, 2, comm::Datatype::kI64, 0);
+  const std::int64_t rows = saved[0];
+  if (rows < 0 || rows == mine) return;
+  const bool chosen =
+      cfg_.given.count("--make-vocab-size-divisible-by") > 0 || cfg_.pad_vocab_size_to > 0;
+  if (!chosen && rows % tp == 0) {
+    cfg_.model.make_vocab_size_divisible_by = rows / tp;
+    cfg_.resolve_loss_chunk_rows();
+    log::info("ckpt: adopting the checkpoint's padded vocabulary of ", rows,
+              " rows (saved with tensor-parallel size ", saved[1], "; ", rows / tp,
+              " per rank here) instead of this layout's ", mine,
+              ": the run continues with exactly the saved model");
+    return;
+  }
+  if (world_.rank() == 0) {
+    log::warn("ckpt: *** the checkpoint's vocabulary is padded to ", rows,
+              " rows (saved with tensor-parallel size ", saved[1], "), this run's to ", mine, " (",
+              chosen ? "--make-vocab-size-divisible-by / --pad-vocab-size-to"
+                     : str("tensor-parallel size ", tp, " does not split ", rows),
+              "): ",
+              rows > mine
+                  ? str("padding rows ", mine, "..", rows - 1, " are dropped")
+                  : str("rows ", rows, "..", mine - 1, " are added as copies of row ", rows - 1),
+              " (the ", cfg_.model.vocab_size,
+              " real tokens are kept; padding rows take no probability in the loss) ***");
+  }
 }
 
 // Megatron's GPTDataset / BlendedDataset indices, built (or loaded from the cache) on rank 0
@@ -605,11 +666,14 @@ int Trainer::run() {
     if ((cfg_.save_interval > 0 && it % cfg_.save_interval == 0) || stop != 0) save(it);
     if (stop != 0) {
       saver_->poll(world_, /*block=*/true);
-      log::info("train: exiting at iteration ", it, " with code ", stop, " (", exit_code_name(stop),
-                ")");
+      // A planned stop exits 0 (Megatron's), or its own code with --exit-codes distinct.
+      const int code = planned_stop_exit_code(stop, cfg_.distinct_exit_codes());
+      log::info("train: exiting at iteration ", it, " with code ", code, " (", exit_code_name(stop),
+                code == stop ? std::string(")")
+                             : str("; --exit-codes distinct exits with ", stop, " instead)"));
       finish_profile();
       log_peak_rss(world_);
-      return stop;
+      return code;
     }
   }
   finish_profile();
@@ -928,8 +992,9 @@ void Trainer::finish_profile() {
   core::profile::reset();
 }
 
-// The exit code of a clean stop after this iteration (0: go on): a signal, the duration or the
-// kill switch (collective), --exit-interval; never at the last iteration.
+// The code of a clean stop after this iteration (0: go on): a signal, the duration or the kill
+// switch (collective), --exit-interval; never at the last iteration. run() turns it into the
+// process exit code (planned_stop_exit_code).
 int Trainer::stop_code() {
   int stop = stops_->check(world_);
   if (stop == 0 && cfg_.exit_interval > 0 && progress_.iteration % cfg_.exit_interval == 0)
