@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -434,6 +435,25 @@ TEST_F(Emu, AFaultIsStickyAsOnAGpu) {
   void* p = nullptr;
   EXPECT_EQ(cudaMalloc(&p, 16), cudaErrorLaunchFailure) << "every later call fails";
   EXPECT_FALSE(cuemu::last_fault().empty());
+}
+
+// Run by CTest with CUEMU_STRICT_HOST=1 (tests/cuda_emu/tests.cmake): host code that touches
+// device memory dies naming the allocation; kernels and copies still work, inline.
+TEST(EmuStrictHost, HostCodeTouchingDeviceMemoryIsNamed) {
+  ASSERT_NE(std::getenv("CUEMU_STRICT_HOST"), nullptr) << "run with CUEMU_STRICT_HOST=1";
+  float* d = device_floats(16);
+  ASSERT_EQ(cudaMemset(d, 0, 16 * sizeof(float)), cudaSuccess);
+  add_one_kernel<<<1, 16>>>(d, 16);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  for (float v : to_host(d, 16)) EXPECT_EQ(v, 1.0f);
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        volatile float x = d[3];
+        (void)x;
+      },
+      "host code accessed device memory");
+  EXPECT_DEATH({ d[0] = 2.0f; }, "host code accessed device memory");
 }
 
 // ---- documented semantics

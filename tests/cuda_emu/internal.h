@@ -28,6 +28,10 @@ struct Config {
   std::int64_t quarantine_bytes = 256ll << 20;  // CUEMU_QUARANTINE_MB: freed memory kept unmapped
   bool host_pinned_in_kernels = false;  // CUEMU_ALLOW_PINNED_IN_KERNELS=1: zero-copy host memory
   bool quiet = false;                   // CUEMU_QUIET=1: faults are not printed to stderr
+  // CUEMU_STRICT_HOST=1: every stream operation runs at once on the calling thread, and device
+  // memory is unmapped (PROT_NONE) whenever none runs, so host code that reads or writes device
+  // memory faults and is named (on a GPU it would be an illegal access, or PCIe traffic with HMM).
+  bool strict_host = false;
 };
 const Config& config();
 

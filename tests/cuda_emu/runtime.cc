@@ -2,6 +2,7 @@
 // runtime's documented semantics (CUDA Runtime API, "API synchronization behavior" and "Stream
 // synchronization behavior"). See cuda_runtime.h for the summary and docs/gpu.md for what the
 // emulator checks and what it cannot.
+#include <execinfo.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -71,6 +72,7 @@ const Config& config() {
       c.quarantine_bytes = std::atoll(v) << 20;
     c.host_pinned_in_kernels = env_flag("CUEMU_ALLOW_PINNED_IN_KERNELS");
     c.quiet = env_flag("CUEMU_QUIET");
+    c.strict_host = env_flag("CUEMU_STRICT_HOST");
     // CUDA_VISIBLE_DEVICES: the listed indices, up to the first invalid one (as the driver reads
     // it).
     if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) {
@@ -277,6 +279,9 @@ namespace {
 constexpr std::size_t kPage = 4096;
 constexpr std::size_t kAlign = 256;
 
+std::mutex g_open_mu;  // CUEMU_STRICT_HOST: device memory is open while g_open > 0
+int g_open = 0;        // stream operations running
+
 std::size_t round_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
 
 const char* kind_name(MemKind k) {
@@ -327,6 +332,10 @@ void* map_device(std::size_t bytes, MemKind kind, int device, bool stream_ordere
     a.id = g().next_id++;
     g().allocs[a.base] = a;
   }
+  if (config().strict_host && kind == MemKind::kDevice) {
+    std::lock_guard<std::mutex> lock(g_open_mu);
+    if (g_open == 0) mprotect(m, map_bytes - kPage, PROT_NONE);
+  }
   {
     std::lock_guard<std::mutex> lock(g().mu);
     DeviceState& d = dev_state(device);
@@ -374,6 +383,39 @@ bool release(std::uintptr_t base, const std::string& by) {
   return true;
 }
 
+// ---- strict host access (CUEMU_STRICT_HOST=1) ----
+// Device memory is readable only while a stream operation runs (they all run inline then); the
+// rest of the time host code touching it faults, and the SIGSEGV handler names the allocation.
+bool protectable(const Allocation& a) {
+  return a.map_base != nullptr && !a.freed && a.kind == MemKind::kDevice;
+}
+
+void set_device_access(bool open) {  // under alloc_mu
+  for (const auto& [base, a] : g().allocs) {
+    if (!protectable(a)) continue;
+    mprotect(a.map_base, a.map_bytes - kPage, open ? PROT_READ | PROT_WRITE : PROT_NONE);
+  }
+}
+
+struct OpenDeviceMemory {
+  OpenDeviceMemory() {
+    if (!config().strict_host) return;
+    std::lock_guard<std::mutex> lock(g_open_mu);
+    if (g_open++ == 0) {
+      std::lock_guard<std::mutex> alloc_lock(g().alloc_mu);
+      set_device_access(true);
+    }
+  }
+  ~OpenDeviceMemory() {
+    if (!config().strict_host) return;
+    std::lock_guard<std::mutex> lock(g_open_mu);
+    if (--g_open == 0) {
+      std::lock_guard<std::mutex> alloc_lock(g().alloc_mu);
+      set_device_access(false);
+    }
+  }
+};
+
 // The SIGSEGV handler: a fault inside a guard page or freed memory is named before the process
 // dies (best effort: the registry lock may be held by the faulting thread).
 CUEMU_TLS const KernelRun* t_kernel = nullptr;
@@ -395,6 +437,14 @@ void segv_handler(int sig, siginfo_t* info, void* ctx) {
                             "freed (%s): a use after free\n",
                             info->si_addr, a.id, a.bytes, reinterpret_cast<void*>(a.base),
                             a.freed_by.c_str());
+      } else if (config().strict_host && addr >= a.base && addr < a.base + a.bytes) {
+        len = std::snprintf(msg, sizeof(msg),
+                            "cuemu: host code accessed device memory at %p: allocation %" PRIu64
+                            " (%zu bytes on device %d), offset %zu. On a GPU this is an illegal "
+                            "access (or, with HMM, PCIe traffic): copy it through the staging code "
+                            "(CUEMU_STRICT_HOST=1)\n",
+                            info->si_addr, a.id, a.bytes, a.device,
+                            static_cast<std::size_t>(addr - a.base));
       } else {
         len = std::snprintf(msg, sizeof(msg),
                             "cuemu: access to %p, %zu bytes past the end of allocation %" PRIu64
@@ -417,8 +467,11 @@ void segv_handler(int sig, siginfo_t* info, void* ctx) {
                         blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x, threadIdx.y, threadIdx.z);
       (void)!write(2, msg, static_cast<std::size_t>(len));
     } else {
-      const char host[] = "cuemu: by host code (not in a kernel)\n";
+      const char host[] = "cuemu: by host code (not in a kernel); its stack:\n";
       (void)!write(2, host, sizeof(host) - 1);
+      void* frames[48];
+      const int n = backtrace(frames, 48);
+      backtrace_symbols_fd(frames, n, 2);
     }
   }
   sigaction(SIGSEGV, &g_old_segv, nullptr);
@@ -508,8 +561,10 @@ Stream* new_stream_locked(int device, bool legacy, bool blocking, const std::str
   g().all_streams.push_back(std::move(s));
   g().live_streams.insert(raw);
   dev_state(device).streams.push_back(raw);
-  raw->worker = std::thread(worker_loop, raw);
-  raw->worker.detach();
+  if (!config().strict_host) {  // strict mode runs every operation inline
+    raw->worker = std::thread(worker_loop, raw);
+    raw->worker.detach();
+  }
   return raw;
 }
 
@@ -542,6 +597,31 @@ Stream* resolve_stream(cudaStream_t handle) {
 
 std::uint64_t enqueue(Stream* s, const char* what, std::function<void()> fn,
                       std::vector<std::pair<Stream*, std::uint64_t>> extra_deps) {
+  if (config().strict_host) {
+    // Inline: everything queued before has run, so every dependency holds.
+    std::uint64_t seq = 0;
+    {
+      std::lock_guard<std::mutex> lock(g().mu);
+      seq = ++s->enqueued;
+    }
+    if (sticky_error(s->device) == cudaSuccess) {
+      const int saved = t_device;
+      t_device = s->device;
+      try {
+        const OpenDeviceMemory open;
+        fn();
+      } catch (const std::exception& e) {
+        fault(s->device, cudaErrorLaunchFailure, std::string(what) + ": " + e.what());
+      }
+      t_device = saved;
+    }
+    {
+      std::lock_guard<std::mutex> lock(g().mu);
+      ++s->completed;
+    }
+    g().progress.notify_all();
+    return seq;
+  }
   std::lock_guard<std::mutex> lock(g().mu);
   Task t;
   t.fn = std::move(fn);
