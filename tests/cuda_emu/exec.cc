@@ -13,6 +13,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -25,8 +26,9 @@
 #error "cuemu's fibers switch x86-64 stacks; use CUEMU_THREADS=1 semantics on other machines"
 #endif
 
-// Switches stacks: saves the callee-saved registers, MXCSR and the x87 control word on the current
-// stack, stores the stack pointer in *save and resumes the context whose stack pointer is `to`.
+// Switches stacks: saves the callee-saved registers on the current stack, stores the stack pointer
+// in *save and resumes the context whose stack pointer is `to`. (The floating-point control state,
+// MXCSR and the x87 control word, is not switched: device code does not change it.)
 extern "C" void cuemu_switch(void** save, void* to);
 extern "C" void cuemu_trampoline();
 asm(R"(
@@ -40,14 +42,8 @@ cuemu_switch:
   pushq %r13
   pushq %r14
   pushq %r15
-  subq $8, %rsp
-  stmxcsr (%rsp)
-  fnstcw 4(%rsp)
   movq %rsp, (%rdi)
   movq %rsi, %rsp
-  ldmxcsr (%rsp)
-  fldcw 4(%rsp)
-  addq $8, %rsp
   popq %r15
   popq %r14
   popq %r13
@@ -143,14 +139,13 @@ struct StackPool {
 // -------------------------------------------------------------------------------------
 enum class TState : std::uint8_t { kReady, kWaiting, kExited };
 
+// A warp operation some lanes of a mask wait at (their values are in the block's lane arrays).
 struct WarpOp {
-  WarpKind kind;
-  unsigned mask;
-  int width;
+  WarpKind kind{};
+  unsigned mask = 0;  // 0: a free slot
+  int width = 32;
   Loc loc;
   unsigned arrived = 0;
-  std::uint64_t bits[32] = {};
-  int arg[32] = {};
 };
 
 struct Block;
@@ -181,10 +176,15 @@ struct Block {
   int bar_acc = 0, bar_result = 0;
 
   // warps
-  std::vector<std::vector<WarpOp>> pending;  // per warp
-  std::vector<unsigned> present, gone;       // lanes that exist / have exited, per warp
+  // Pending warp operations, per warp: a few groups of one warp may wait at once (a slot is free
+  // when its mask is 0).
+  static constexpr int kSlots = 8;
+  std::vector<std::array<WarpOp, kSlots>> pending;
+  std::vector<unsigned> present, gone;  // lanes that exist / have exited, per warp
   std::vector<std::uint64_t> result;
-  std::vector<bool> result_ready;
+  std::vector<std::uint8_t> result_ready;
+  std::vector<std::uint64_t> lane_bits;  // a waiting lane's value (per thread)
+  std::vector<int> lane_arg;             // and its source lane, delta or lane mask
 
   // shared memory (the launch's layout, this block's contents)
   std::vector<std::pair<const void*, std::size_t>>* slots = nullptr;
@@ -258,6 +258,20 @@ struct Block {
     return os.str();
   }
 
+  // Fiber mode: leaves the current fiber (its stack pointer saved in *save) for the next runnable
+  // one directly, or for the scheduler when none is (the block is done, or deadlocked).
+  void switch_away(void** save) {
+    if (!runq.empty()) {
+      const int t = runq.front();
+      runq.pop_front();
+      t_tid = t;
+      threadIdx = tidx[static_cast<std::size_t>(t)];
+      cuemu_switch(save, fiber_sp[static_cast<std::size_t>(t)]);
+    } else {
+      cuemu_switch(save, sched_sp);
+    }
+  }
+
   // Under the lock: the calling thread waits until woken; throws KillBlock if the block fails.
   template <class Lock>
   void wait(int tid, Lock& lock, const char* what, const Loc& loc) {
@@ -275,7 +289,7 @@ struct Block {
     if (threaded) {
       cvs[static_cast<std::size_t>(tid)].wait(lock, [&] { return state[tid] != TState::kWaiting; });
     } else {
-      cuemu_switch(&fiber_sp[static_cast<std::size_t>(tid)], sched_sp);
+      switch_away(&fiber_sp[static_cast<std::size_t>(tid)]);
     }
     if (killed) throw KillBlock{};
   }
@@ -295,7 +309,7 @@ struct Block {
       return;
     }
     for (const WarpOp& op : pending[static_cast<std::size_t>(w)]) {
-      if (op.mask & bit) {
+      if (op.mask != 0 && (op.mask & bit)) {
         kill(prefix(tid) + "exited while lanes " + lanes_text(op.arrived) + " wait for it at " +
              warp_kind_name(op.kind) + " at " + at(op.loc) + " with mask " + mask_text(op.mask) +
              ": the mask names a lane that has exited");
@@ -349,7 +363,7 @@ void fiber_main(void* arg) {
   Block& b = *fa->block;
   run_thread_body(b, fa->tid);
   void* dead = nullptr;
-  cuemu_switch(&dead, b.sched_sp);
+  b.switch_away(&dead);
   std::abort();  // never resumed
 }
 
@@ -360,8 +374,8 @@ void* init_fiber(char* stack_low, FiberArg* arg) {
   top &= ~std::uintptr_t{15};
   auto* sp = reinterpret_cast<std::uint64_t*>(top);
   // From the top: padding, the return address (the trampoline), rbp, rbx, r12 (arg), r13 (entry),
-  // r14, r15, then MXCSR and the x87 control word. After the switch pops these, rsp is 16-aligned
-  // at the trampoline, whose call then enters fiber_main with the ABI's alignment.
+  // r14, r15. After the switch pops these and returns, rsp is 16-aligned at the trampoline, whose
+  // call then enters fiber_main with the ABI's alignment.
   *--sp = 0;
   *--sp = 0;
   *--sp = reinterpret_cast<std::uint64_t>(&cuemu_trampoline);
@@ -371,12 +385,6 @@ void* init_fiber(char* stack_low, FiberArg* arg) {
   *--sp = reinterpret_cast<std::uint64_t>(&fiber_main);  // r13
   *--sp = 0;                                             // r14
   *--sp = 0;                                             // r15
-  std::uint32_t csr[2];
-  asm volatile("stmxcsr %0" : "=m"(csr[0]));
-  asm volatile("fnstcw %0" : "=m"(csr[1]));
-  std::uint64_t packed = 0;
-  std::memcpy(&packed, csr, sizeof(packed));
-  *--sp = packed;
   return sp;
 }
 
@@ -390,13 +398,9 @@ void run_block_fibers(Block& b, const std::vector<int>& order) {
         init_fiber(t_stacks->get(static_cast<std::size_t>(t)), &args[static_cast<std::size_t>(t)]);
   }
   for (int t : order) b.runq.push_back(t);
-  while (!b.runq.empty()) {
-    const int t = b.runq.front();
-    b.runq.pop_front();
-    t_tid = t;
-    threadIdx = b.tidx[static_cast<std::size_t>(t)];
-    cuemu_switch(&b.sched_sp, b.fiber_sp[static_cast<std::size_t>(t)]);
-  }
+  // The fibers switch among themselves (Block::switch_away) and come back here when none is
+  // runnable.
+  while (!b.runq.empty()) b.switch_away(&b.sched_sp);
   // Every thread has exited (a failed block's waiting threads were woken and unwound).
 }
 
@@ -546,10 +550,13 @@ std::uint64_t warp_op(WarpKind kind, unsigned mask, std::uint64_t bits, int arg,
   if (kind <= WarpKind::kShflXor && (width <= 0 || width > 32 || (width & (width - 1)) != 0)) {
     b.fail(tid, name_of() + ": width " + std::to_string(width) + " is not a power of two up to 32");
   }
-  std::vector<WarpOp>& ops = b.pending[w];
+  std::array<WarpOp, Block::kSlots>& ops = b.pending[w];
   WarpOp* op = nullptr;
+  WarpOp* free_slot = nullptr;
   for (WarpOp& o : ops) {
-    if (o.mask == mask) {
+    if (o.mask == 0) {
+      if (!free_slot) free_slot = &o;
+    } else if (o.mask == mask) {
       op = &o;
     } else if (o.mask & mask) {
       b.fail(tid, name_of() + " with mask " + mask_text(mask) + " while lanes " +
@@ -564,25 +571,34 @@ std::uint64_t warp_op(WarpKind kind, unsigned mask, std::uint64_t bits, int arg,
                     at(op->loc) + ": the lanes of one mask are at different warp operations");
   }
   if (op == nullptr) {
-    ops.push_back(WarpOp{kind, mask, width, loc});
-    op = &ops.back();
+    if (free_slot == nullptr) {
+      b.fail(tid, name_of() + ": more than " + std::to_string(Block::kSlots) +
+                      " groups of one warp wait at warp operations at once (cuemu's limit)");
+    }
+    op = free_slot;
+    op->kind = kind;
+    op->mask = mask;
+    op->width = width;
+    op->loc = loc;
+    op->arrived = 0;
   }
-  op->bits[lane] = bits;
-  op->arg[lane] = arg;
+  b.lane_bits[static_cast<std::size_t>(tid)] = bits;
+  b.lane_arg[static_cast<std::size_t>(tid)] = arg;
   op->arrived |= bit;
-  b.result_ready[static_cast<std::size_t>(tid)] = false;
+  b.result_ready[static_cast<std::size_t>(tid)] = 0;
   if (op->arrived != mask) {
     while (!b.result_ready[static_cast<std::size_t>(tid)])
       b.wait(tid, lock, warp_kind_name(kind), loc);
     return b.result[static_cast<std::size_t>(tid)];
   }
-  // The last lane of the mask: every lane's result.
-  const WarpOp done = *op;
-  ops.erase(ops.begin() + (op - ops.data()));
+  // The last lane of the mask: every lane's result; the slot is free again afterwards.
+  const WarpOp& done = *op;
   const int base_tid = static_cast<int>(w) * 32;
+  const std::uint64_t* vals = b.lane_bits.data() + base_tid;
+  const int* args = b.lane_arg.data() + base_tid;
   unsigned ballot = 0;
   for (int l = 0; l < 32; ++l) {
-    if ((done.mask >> l & 1u) && done.bits[l] != 0) ballot |= 1u << l;
+    if ((done.mask >> l & 1u) && vals[l] != 0) ballot |= 1u << l;
   }
   for (int l = 0; l < 32; ++l) {
     if (!(done.mask >> l & 1u)) continue;
@@ -591,16 +607,16 @@ std::uint64_t warp_op(WarpKind kind, unsigned mask, std::uint64_t bits, int arg,
     int src = -1;
     switch (done.kind) {
       case WarpKind::kShflIdx:
-        src = seg + (done.arg[l] & (done.width - 1));
+        src = seg + (args[l] & (done.width - 1));
         break;
       case WarpKind::kShflUp:
-        src = (l - seg) >= done.arg[l] ? l - done.arg[l] : l;
+        src = (l - seg) >= args[l] ? l - args[l] : l;
         break;
       case WarpKind::kShflDown:
-        src = (l - seg) + done.arg[l] < done.width ? l + done.arg[l] : l;
+        src = (l - seg) + args[l] < done.width ? l + args[l] : l;
         break;
       case WarpKind::kShflXor: {
-        const int x = l ^ done.arg[l];
+        const int x = l ^ args[l];
         src = (x >= 0 && x < seg + done.width) ? x : l;  // a later group: the lane's own value
         break;
       }
@@ -623,13 +639,14 @@ std::uint64_t warp_op(WarpKind kind, unsigned mask, std::uint64_t bits, int arg,
                                  std::to_string(src) + ", which is not in the mask " +
                                  mask_text(done.mask) + " (its value is undefined)");
       }
-      r = done.bits[src];
+      r = vals[src];
     }
     const auto t = static_cast<std::size_t>(base_tid + l);
     b.result[t] = r;
-    b.result_ready[t] = true;
+    b.result_ready[t] = 1;
     b.wake(base_tid + l);
   }
+  op->mask = 0;
   b.wake_done();
   return b.result[static_cast<std::size_t>(tid)];
 }
@@ -684,6 +701,31 @@ void run_kernel(KernelRun& run) {
   blockDim = c.block;
   const std::uint64_t nblocks = std::uint64_t{c.grid.x} * c.grid.y * c.grid.z;
   std::size_t poisoned = sizeof(static_smem);
+  // One Block for the whole launch, reset per block.
+  Block b(run, threaded);
+  b.nthreads = nthreads;
+  b.waiting_at.assign(static_cast<std::size_t>(nthreads), Block::Site{});
+  b.tidx.resize(static_cast<std::size_t>(nthreads));
+  for (int t = 0; t < nthreads; ++t) {
+    const auto u = static_cast<unsigned>(t);
+    b.tidx[static_cast<std::size_t>(t)] = {u % c.block.x, u / c.block.x % c.block.y,
+                                           u / (c.block.x * c.block.y)};
+  }
+  b.pending.assign(static_cast<std::size_t>(nwarps), {});
+  b.present.assign(static_cast<std::size_t>(nwarps), 0u);
+  for (int t = 0; t < nthreads; ++t) b.present[static_cast<std::size_t>(t >> 5)] |= 1u << (t & 31);
+  b.gone.assign(static_cast<std::size_t>(nwarps), 0u);
+  b.result.assign(static_cast<std::size_t>(nthreads), 0);
+  b.result_ready.assign(static_cast<std::size_t>(nthreads), 0);
+  b.lane_bits.assign(static_cast<std::size_t>(nthreads), 0);
+  b.lane_arg.assign(static_cast<std::size_t>(nthreads), 0);
+  b.slots = &slots;
+  b.static_used = &static_used;
+  b.static_smem = static_smem;
+  b.dynamic_smem = dyn;
+  if (threaded) {
+    b.cvs = std::make_unique<std::condition_variable[]>(static_cast<std::size_t>(nthreads));
+  }
   for (std::uint64_t i = 0; i < nblocks; ++i) {
     const std::uint64_t lin = config().reverse_blocks ? nblocks - 1 - i : i;
     const uint3 bi{static_cast<unsigned>(lin % c.grid.x),
@@ -694,31 +736,16 @@ void run_kernel(KernelRun& run) {
     std::memset(static_smem, 0xff, poisoned);
     std::memset(dyn, 0xff, c.dynamic_smem);
 
-    Block b(run, threaded);
-    b.nthreads = nthreads;
     b.bidx = bi;
     b.state.assign(static_cast<std::size_t>(nthreads), TState::kReady);
-    b.waiting_at.assign(static_cast<std::size_t>(nthreads), Block::Site{});
-    b.tidx.resize(static_cast<std::size_t>(nthreads));
-    for (int t = 0; t < nthreads; ++t) {
-      const auto u = static_cast<unsigned>(t);
-      b.tidx[static_cast<std::size_t>(t)] = {u % c.block.x, u / c.block.x % c.block.y,
-                                             u / (c.block.x * c.block.y)};
+    b.exited = b.waiting = 0;
+    b.killed = false;
+    b.bar_arrived = 0;
+    for (auto& slots_of_warp : b.pending) {
+      for (WarpOp& o : slots_of_warp) o.mask = 0;
     }
-    b.pending.assign(static_cast<std::size_t>(nwarps), {});
-    b.present.assign(static_cast<std::size_t>(nwarps), 0u);
-    for (int t = 0; t < nthreads; ++t)
-      b.present[static_cast<std::size_t>(t >> 5)] |= 1u << (t & 31);
-    b.gone.assign(static_cast<std::size_t>(nwarps), 0u);
-    b.result.assign(static_cast<std::size_t>(nthreads), 0);
-    b.result_ready.assign(static_cast<std::size_t>(nthreads), false);
-    b.slots = &slots;
-    b.static_used = &static_used;
-    b.static_smem = static_smem;
-    b.dynamic_smem = dyn;
-    if (threaded)
-      b.cvs = std::make_unique<std::condition_variable[]>(static_cast<std::size_t>(nthreads));
-
+    std::fill(b.gone.begin(), b.gone.end(), 0u);
+    std::fill(b.result_ready.begin(), b.result_ready.end(), 0);
     if (threaded) {
       run_block_threads(b);
     } else {

@@ -63,11 +63,16 @@ __global__ void scale_kernel(float* x, float s, std::int64_t n) {
   }
 }
 
-// Fixed partition: kParts contiguous ranges, one block each, summed in double by a fixed tree.
+// A partition fixed by n: parts_for(n) contiguous ranges (at most kParts, about 4 elements per
+// thread each), one block each, summed in double by a fixed tree, then in order.
 constexpr int kParts = 512;
+int parts_for(std::int64_t n) {
+  const std::int64_t parts = (n + 4 * kThreads - 1) / (4 * kThreads);
+  return static_cast<int>(parts < 1 ? 1 : (parts > kParts ? kParts : parts));
+}
 
 __global__ void sum_squares_partial_kernel(double* partial, const float* x, std::int64_t n) {
-  const std::int64_t chunk = (n + kParts - 1) / kParts;
+  const std::int64_t chunk = (n + gridDim.x - 1) / gridDim.x;
   const std::int64_t begin = min(n, chunk * blockIdx.x), end = min(n, begin + chunk);
   double acc = 0.0;
   for (std::int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
@@ -78,10 +83,10 @@ __global__ void sum_squares_partial_kernel(double* partial, const float* x, std:
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
 
-__global__ void sum_partials_kernel(double* out, const double* partial) {
+__global__ void sum_partials_kernel(double* out, const double* partial, int parts) {
   if (threadIdx.x != 0) return;
   double total = 0.0;
-  for (int p = 0; p < kParts; ++p) total += partial[p];
+  for (int p = 0; p < parts; ++p) total += partial[p];
   *out = total;
 }
 
@@ -180,13 +185,14 @@ double sum_squares(const ExecContext& ctx, const float* x, std::int64_t n) {
   check_n("sum_squares", n, x != nullptr);
   if (n == 0) return 0.0;
   cudaStream_t s = stream_of(ctx);
-  StreamScratch partial((kParts + 1) * static_cast<std::int64_t>(sizeof(double)), s);
-  sum_squares_partial_kernel<<<kParts, kThreads, 0, s>>>(partial.as<double>(), x, n);
+  const int parts = parts_for(n);
+  StreamScratch partial((parts + 1) * static_cast<std::int64_t>(sizeof(double)), s);
+  sum_squares_partial_kernel<<<parts, kThreads, 0, s>>>(partial.as<double>(), x, n);
   TRIDENT_CUDA_LAUNCH_CHECK("sum_squares");
-  sum_partials_kernel<<<1, 32, 0, s>>>(partial.as<double>() + kParts, partial.as<double>());
+  sum_partials_kernel<<<1, 32, 0, s>>>(partial.as<double>() + parts, partial.as<double>(), parts);
   TRIDENT_CUDA_LAUNCH_CHECK("sum_squares");
   double total = 0.0;
-  TRIDENT_CUDA_CHECK(cudaMemcpyAsync(&total, partial.as<double>() + kParts, sizeof(double),
+  TRIDENT_CUDA_CHECK(cudaMemcpyAsync(&total, partial.as<double>() + parts, sizeof(double),
                                      cudaMemcpyDeviceToHost, s));
   TRIDENT_CUDA_CHECK(cudaStreamSynchronize(s));
   return total;
