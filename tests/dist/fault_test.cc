@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -44,6 +45,13 @@ class Fault : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
+  // TRIDENT_FAULT_TEST_FLAGS: more flags for the run (CTest's device variant of this test runs
+  // it with --device cuda on the emulated GPUs, through the emulated NCCL).
+  static std::string extra_flags() {
+    const char* v = std::getenv("TRIDENT_FAULT_TEST_FLAGS");
+    return v ? v : "";
+  }
+
   // Starts training in the background; returns when rank pids are known and training runs.
   void start() {
     const std::string log = (dir_ / "log.txt").string();
@@ -58,9 +66,9 @@ class Fault : public ::testing::Test {
         " --tokenizer-type NullTokenizer --vocab-size 300 --data-path " +
         (dir_ / "corpus").string() +
         " --log-interval 1 --eval-iters 0 --peak-tflops 1 --comm-timeout 3"
-        " --hidden-dropout 0 --attention-dropout 0"
-        " --metrics-jsonl " +
-        (dir_ / "m.jsonl").string() + "; echo EXIT=$? >> " + log;
+        " --hidden-dropout 0 --attention-dropout 0 " +
+        extra_flags() + " --metrics-jsonl " + (dir_ / "m.jsonl").string() + "; echo EXIT=$? >> " +
+        log;
     std::system(("(" + cmd + ") > " + log + " 2>&1 &").c_str());
     // Wait for a few iterations, then find the ranks (processes named "trident" whose command
     // line carries our directory).

@@ -10,6 +10,7 @@
 #include "trident/kernels/fused_bias_gelu.h"
 #include "trident/kernels/fused_residual_layernorm.h"
 #include "trident/kernels/matmul_bf16.h"
+#include "trident/kernels/memory.h"
 
 namespace trident::model {
 
@@ -162,6 +163,13 @@ void layout_activations(const ModelConfig& cfg, const ModelShard& shard, std::in
     a.positions = reinterpret_cast<std::int32_t*>(take(BT));
     a.docs = reinterpret_cast<std::int32_t*>(take(BT));
   }
+  if (stage_reads_tokens(cfg, shard)) {  // the micro-batch's tokens and labels, staged in
+    a.tokens = reinterpret_cast<std::int32_t*>(take(BT));
+    a.labels = reinterpret_cast<std::int32_t*>(take(BT));
+  }
+  // The constant tables the attention reads, on the activations' device (make_activations).
+  if (cfg.position_embedding == PositionEmbedding::kAlibi) a.alibi = take(cfg.num_attention_heads);
+  if (cfg.position_embedding == PositionEmbedding::kRope) a.inv_freq = take(cfg.head_dim() / 2);
   if (bf16) {
     // The widest matmul input and output of the shard, in bf16 (two per float), and the largest
     // oneDNN workspace any of its matmuls needs.
@@ -262,14 +270,27 @@ std::int64_t activation_bytes(const ModelConfig& cfg, const ModelShard& shard, s
 }
 
 void make_activations(const ModelConfig& cfg, const ModelShard& shard, std::int64_t batch,
-                      std::int64_t seq_len, bool bf16, GptActivations& acts) {
+                      std::int64_t seq_len, bool bf16, GptActivations& acts,
+                      const core::ExecContext& ctx) {
   acts = GptActivations{};
   acts.batch = batch;
   acts.seq_len = seq_len;
-  acts.arena = core::Arena(activation_bytes(cfg, shard, batch, seq_len, bf16));
+  acts.arena = core::Arena(activation_bytes(cfg, shard, batch, seq_len, bf16), k::memory_for(ctx));
   layout_activations(
       cfg, shard, batch, seq_len, bf16,
       [&](std::int64_t n) { return acts.arena.alloc(core::DType::kF32, {n}).as<float>(); }, &acts);
+  // The tables, computed once on the host and copied in (the copy is staged before it returns).
+  if (acts.alibi != nullptr) {
+    std::vector<float> slopes(static_cast<std::size_t>(cfg.num_attention_heads));
+    k::alibi_slopes(cfg.num_attention_heads, slopes.data());
+    k::copy_to_device(ctx, acts.alibi, slopes.data(),
+                      static_cast<std::int64_t>(slopes.size() * sizeof(float)));
+  }
+  if (acts.inv_freq != nullptr) {
+    const std::vector<float> f = rotary_inv_freq(cfg);
+    k::copy_to_device(ctx, acts.inv_freq, f.data(),
+                      static_cast<std::int64_t>(f.size() * sizeof(float)));
+  }
 }
 
 namespace {
@@ -283,18 +304,29 @@ struct Architecture {
 
   std::vector<float> inv_freq;  // rotary inverse frequencies (head_dim / 2), or empty
 
-  Architecture(const ModelConfig& cfg, int tp, int tp_rank) {
+  // alibi_table / inv_freq_table: the tables on the activations' device (GptActivations), or null
+  // to compute them here on the host.
+  Architecture(const ModelConfig& cfg, int tp, int tp_rank, const float* alibi_table,
+               const float* inv_freq_table) {
     const std::int64_t C = cfg.hidden_size, Vl = cfg.padded_vocab_size(tp) / tp;
     const layers::NormConfig norm{.kind = cfg.normalization == Normalization::kRmsNorm
                                               ? layers::NormKind::kRmsNorm
                                               : layers::NormKind::kLayerNorm,
                                   .hidden = C,
                                   .eps = static_cast<float>(cfg.layernorm_epsilon)};
-    if (cfg.position_embedding == PositionEmbedding::kAlibi) {
+    const float* slopes = alibi_table;
+    if (cfg.position_embedding == PositionEmbedding::kAlibi && slopes == nullptr) {
       alibi.resize(static_cast<std::size_t>(cfg.num_attention_heads));
       k::alibi_slopes(cfg.num_attention_heads, alibi.data());
+      slopes = alibi.data();
     }
-    if (cfg.position_embedding == PositionEmbedding::kRope) inv_freq = rotary_inv_freq(cfg);
+    const float* freqs = inv_freq_table;
+    if (cfg.position_embedding == PositionEmbedding::kRope && freqs == nullptr) {
+      inv_freq = rotary_inv_freq(cfg);
+      freqs = inv_freq.data();
+    }
+    if (cfg.position_embedding != PositionEmbedding::kAlibi) slopes = nullptr;
+    if (cfg.position_embedding != PositionEmbedding::kRope) freqs = nullptr;
     embedding = {.hidden = C,
                  .vocab_local = Vl,
                  .max_positions = cfg.max_positions(),
@@ -307,10 +339,10 @@ struct Architecture {
                       .heads = cfg.num_attention_heads,
                       .head_dim = cfg.head_dim(),
                       .flash = cfg.flash_attention(),
-                      .alibi = alibi.empty() ? nullptr : alibi.data() + tp_rank * local_heads,
+                      .alibi = slopes == nullptr ? nullptr : slopes + tp_rank * local_heads,
                       .query_groups = cfg.query_groups(),
                       .expand_qkv = expands_qkv(cfg),
-                      .inv_freq = inv_freq.empty() ? nullptr : inv_freq.data()},
+                      .inv_freq = freqs},
         .mlp = {.activation = cfg.swiglu ? layers::Activation::kSwiGlu : layers::Activation::kGelu,
                 .hidden = C,
                 .ffn = cfg.ffn()}};
@@ -363,7 +395,7 @@ struct Transformer {
         rt(rt_),
         p(p_),
         a(a_),
-        arch(cfg_, tp_size_of(rt_), tp_rank_of(rt_)),
+        arch(cfg_, tp_size_of(rt_), tp_rank_of(rt_), a_.alibi, a_.inv_freq),
         region(tp_group_of(rt_), rt_.shard.sequence_parallel, a_.batch * a_.seq_len,
                cfg_.hidden_size),
         lc{.ctx = ctx,

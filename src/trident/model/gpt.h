@@ -153,6 +153,14 @@ struct GptActivations {
   std::int32_t* docs = nullptr;
   float* d_x = nullptr;  // (B*T, C) gradient of the residual stream; on a stage without the
                          // embedding, the gradient of its input after gpt_backward
+  // The micro-batch's tokens and labels (B*T) on the activations' device, on the stages that read
+  // them (stage_reads_tokens); the caller copies them in. Null elsewhere.
+  std::int32_t* tokens = nullptr;
+  std::int32_t* labels = nullptr;
+  // Constant tables on the activations' device, written by make_activations: the ALiBi slope of
+  // every head (NH), the rotary inverse frequencies (head_dim / 2); null when not used.
+  float* alibi = nullptr;
+  float* inv_freq = nullptr;
 
   // The stage's output (the last layer's residual stream, or `encoded` without layers).
   const float* output() const { return layers.empty() ? encoded : layers.back().out; }
@@ -163,11 +171,13 @@ std::int64_t activation_bytes(const ModelConfig& cfg, const ModelShard& shard, s
                               std::int64_t seq_len);
 void make_activations(const ModelConfig& cfg, const ModelShard& shard, std::int64_t batch,
                       std::int64_t seq_len, GptActivations& acts);
-// BF16 mode adds the scratch above (bf16 = true).
+// BF16 mode adds the scratch above (bf16 = true). The arena is memory of ctx's device
+// (kernels::memory_for), and the constant tables are written there.
 std::int64_t activation_bytes(const ModelConfig& cfg, const ModelShard& shard, std::int64_t batch,
                               std::int64_t seq_len, bool bf16);
 void make_activations(const ModelConfig& cfg, const ModelShard& shard, std::int64_t batch,
-                      std::int64_t seq_len, bool bf16, GptActivations& acts);
+                      std::int64_t seq_len, bool bf16, GptActivations& acts,
+                      const core::ExecContext& ctx = {});
 
 // Forward of the shard. First stage: embeds tokens (B*T); otherwise reads acts.encoded (the
 // previous stage's output, written there by the caller). Last stage: computes acts.logits (with

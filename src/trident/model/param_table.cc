@@ -213,15 +213,15 @@ ParamTable build_gpt_param_table(const ModelConfig& cfg, const ModelShard& shard
 }
 
 void init_params(const ModelConfig& cfg, const ParamTable& table, std::uint64_t seed, float* flat,
-                 int tp_rank) {
-  init_params_range(cfg, table, seed, 0, table.total_numel, flat, tp_rank);
+                 int tp_rank, const core::ExecContext& ctx) {
+  init_params_range(cfg, table, seed, 0, table.total_numel, flat, tp_rank, ctx);
 }
 
 void init_params_range(const ModelConfig& cfg, const ParamTable& table, std::uint64_t seed,
-                       std::int64_t begin, std::int64_t end, float* out, int tp_rank) {
+                       std::int64_t begin, std::int64_t end, float* out, int tp_rank,
+                       const core::ExecContext& ctx) {
   TRIDENT_CHECK(0 <= begin && begin <= end && end <= table.total_numel, "init range [", begin, ", ",
                 end, ") outside the table's ", table.total_numel, " elements");
-  const core::ExecContext ctx;
   kernels::fill(ctx, {.out = core::view(out, {end - begin}, ctx.device), .value = 0.0f});
   const double std_normal = cfg.init_method_std;
   const double std_scaled =

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "trident/core/exec_context.h"
 #include "trident/model/config.h"
 
 namespace trident::model {
@@ -95,11 +96,13 @@ ParamTable build_gpt_param_table(const ModelConfig& cfg, const ModelShard& shard
 // Fills `flat` (table.total_numel elements) with the initial weights: N(0, std) draws keyed by
 // (seed, parameter name, global element index) so that every parallel layout starts from the
 // same weights. Padding between parameters is zeroed. tp_rank selects the slice of split tensors.
+// `flat` is memory of ctx's device: the kernels draw there (a GPU's shard directly).
 void init_params(const ModelConfig& cfg, const ParamTable& table, std::uint64_t seed, float* flat,
-                 int tp_rank = 0);
+                 int tp_rank = 0, const core::ExecContext& ctx = {});
 // The same values for elements [begin, end) of the table's flat layout only, written to
 // out[0, end - begin): a ZeRO-3 rank initializes its shard without the whole model.
 void init_params_range(const ModelConfig& cfg, const ParamTable& table, std::uint64_t seed,
-                       std::int64_t begin, std::int64_t end, float* out, int tp_rank = 0);
+                       std::int64_t begin, std::int64_t end, float* out, int tp_rank = 0,
+                       const core::ExecContext& ctx = {});
 
 }  // namespace trident::model

@@ -30,7 +30,8 @@ DistributedAdamW::DistributedAdamW(ParamGradBuffers& buffers, comm::Communicator
     v_ = store_->mapped(moment_array_ + 1);
     return;
   }
-  moments_ = core::Arena(2 * core::Arena::footprint(core::DType::kF32, {n}));
+  moments_ =
+      core::Arena(2 * core::Arena::footprint(core::DType::kF32, {n}), buffers.memory_resource());
   if (n > 0) {
     m_ = moments_.alloc(core::DType::kF32, {n}).as<float>();
     v_ = moments_.alloc(core::DType::kF32, {n}).as<float>();

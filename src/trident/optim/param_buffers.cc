@@ -19,19 +19,22 @@ core::bf16* take_bf16(core::Arena& a, std::int64_t n) {
 }  // namespace
 
 ParamGradBuffers::ParamGradBuffers(const FlatLayout& layout, const parallel::ShardPlan& plan,
-                                   ZeroPolicy policy, int dp_rank, bool bf16, bool offload_params)
+                                   ZeroPolicy policy, int dp_rank, bool bf16, bool offload_params,
+                                   core::MemoryResource& memory)
     : layout_(layout),
       plan_(plan),
       policy_(policy),
       dp_rank_(dp_rank),
-      sizes_(buffer_sizes(layout, plan, policy, bf16, offload_params)) {
+      sizes_(buffer_sizes(layout, plan, policy, bf16, offload_params)),
+      memory_(&memory) {
   const BufferSizes& s = sizes_;
-  params_arena_ = core::Arena(f32_bytes(s.full_params) + f32_bytes(s.master));
-  grads_arena_ = core::Arena(f32_bytes(s.full_grads) + f32_bytes(s.grad_shard));
+  params_arena_ = core::Arena(f32_bytes(s.full_params) + f32_bytes(s.master), memory);
+  grads_arena_ = core::Arena(f32_bytes(s.full_grads) + f32_bytes(s.grad_shard), memory);
   staging_arena_ =
       core::Arena(f32_bytes(s.rest_params) + f32_bytes(s.rest_grads) + f32_bytes(s.grad_slot) +
-                  f32_bytes(s.rs_piece) + 2 * f32_bytes(s.param_slot));
-  bf16_arena_ = core::Arena(bf16_bytes(s.bf16_params) + 2 * bf16_bytes(s.bf16_slot));
+                      f32_bytes(s.rs_piece) + 2 * f32_bytes(s.param_slot),
+                  memory);
+  bf16_arena_ = core::Arena(bf16_bytes(s.bf16_params) + 2 * bf16_bytes(s.bf16_slot), memory);
   full_params_ = take(params_arena_, s.full_params);
   master_ = take(params_arena_, s.master);
   full_grads_ = take(grads_arena_, s.full_grads);

@@ -31,12 +31,16 @@ struct FlatSpan {
 
 class ParamGradBuffers {
  public:
+  // The buffers are allocated from `memory` (the host's, or a device's: kernels::memory_for).
   ParamGradBuffers(const FlatLayout& layout, const parallel::ShardPlan& plan, ZeroPolicy policy,
-                   int dp_rank, bool bf16, bool offload_params = false);
+                   int dp_rank, bool bf16, bool offload_params = false,
+                   core::MemoryResource& memory = core::host_memory());
   ParamGradBuffers(const ParamGradBuffers&) = delete;
   ParamGradBuffers& operator=(const ParamGradBuffers&) = delete;
 
   const FlatLayout& layout() const { return layout_; }
+  // Where the buffers live; the optimizer state beside them comes from it too.
+  core::MemoryResource& memory_resource() const { return *memory_; }
   const parallel::ShardPlan& plan() const { return plan_; }
   const BufferSizes& sizes() const { return sizes_; }
   ZeroPolicy policy() const { return policy_; }
@@ -73,6 +77,7 @@ class ParamGradBuffers {
   ZeroPolicy policy_;
   int dp_rank_ = 0;
   BufferSizes sizes_;
+  core::MemoryResource* memory_;
   core::Arena params_arena_, grads_arena_, staging_arena_, bf16_arena_;
   float* full_params_ = nullptr;
   float* master_ = nullptr;

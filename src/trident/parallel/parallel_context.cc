@@ -1,6 +1,7 @@
 // ParallelContext: four splits of the world communicator, in a fixed order on every rank.
 #include "trident/parallel/parallel_context.h"
 
+#include "trident/comm/device_communicator.h"
 #include "trident/comm/hierarchical_communicator.h"
 #include "trident/core/error.h"
 
@@ -69,23 +70,40 @@ comm::Communicator& ParallelContext::embedding() const {
   TRIDENT_CHECK(embedding_ != nullptr, "rank ", rank(), " (", coord_,
                 ") is a middle pipeline stage and has no embedding group; only the first and "
                 "last stage do (check in_embedding_group())");
-  return *embedding_;
+  return embedding_dev_ ? *embedding_dev_ : *embedding_;
+}
+
+std::string ParallelContext::use_device(const core::ExecContext& ctx) {
+  if (ctx.device.kind != core::DeviceKind::kCuda) return "host";
+  // In the same order on every rank: tp, dp, pp, then the embedding group's members (the split
+  // that makes it is collective over the world).
+  std::string kinds;
+  auto make = [&](const std::unique_ptr<comm::Communicator>& host, const char* name,
+                  std::unique_ptr<comm::Communicator>& out) {
+    comm::DeviceCommunicator d =
+        comm::make_device_communicator(host->split(0, host->rank(), host->name()), ctx);
+    out = std::move(d.comm);
+    kinds += core::str(kinds.empty() ? "" : ", ", name, " ", d.kind);
+  };
+  make(tp_, "tp", tp_dev_);
+  make(dp_, "dp", dp_dev_);
+  make(pp_, "pp", pp_dev_);
+  if (embedding_) make(embedding_, "embedding", embedding_dev_);
+  return kinds;
 }
 
 void ParallelContext::set_step(std::int64_t step) {
   world_->set_step(step);
-  tp_->set_step(step);
-  dp_->set_step(step);
-  pp_->set_step(step);
-  if (embedding_) embedding_->set_step(step);
+  for (auto* c : {&tp_, &dp_, &pp_, &embedding_, &tp_dev_, &dp_dev_, &pp_dev_, &embedding_dev_}) {
+    if (*c) (*c)->set_step(step);
+  }
 }
 
 void ParallelContext::set_timeout(double seconds) {
   world_->set_timeout(seconds);
-  tp_->set_timeout(seconds);
-  dp_->set_timeout(seconds);
-  pp_->set_timeout(seconds);
-  if (embedding_) embedding_->set_timeout(seconds);
+  for (auto* c : {&tp_, &dp_, &pp_, &embedding_, &tp_dev_, &dp_dev_, &pp_dev_, &embedding_dev_}) {
+    if (*c) (*c)->set_timeout(seconds);
+  }
 }
 
 std::string ParallelContext::coords_string() const {

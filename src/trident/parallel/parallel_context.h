@@ -1,6 +1,11 @@
 // ParallelContext: the communicators of one rank for a ParallelLayout (world, tp, dp, pp and the
 // embedding group), built once by train/ and passed down by const reference. No globals: every
 // call site names its group, par.tp().all_reduce(...), par.dp().reduce_scatter(...).
+//
+// Each group has a host communicator (MPI) for scalars and control, and, once use_device() has
+// run on a CUDA context, a device communicator for tensors (NCCL, or host-staged where ranks share
+// a GPU: comm/device_communicator.h). tp(), dp(), pp() and embedding() are the groups' tensor
+// channels (the host communicators on the CPU); *_host() and world() carry host scalars.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +13,7 @@
 #include <string>
 
 #include "trident/comm/communicator.h"
+#include "trident/core/exec_context.h"
 #include "trident/parallel/layout.h"
 
 namespace trident::parallel {
@@ -29,10 +35,18 @@ class ParallelContext {
   // Communicators are handed out non-const from a const context: communicating changes a
   // group's sequence state, not the layout.
   comm::Communicator& world() const { return *world_; }
-  comm::Communicator& tp() const { return *tp_; }
-  comm::Communicator& dp() const { return *dp_; }
-  comm::Communicator& pp() const { return *pp_; }
+  comm::Communicator& tp() const { return tp_dev_ ? *tp_dev_ : *tp_; }
+  comm::Communicator& dp() const { return dp_dev_ ? *dp_dev_ : *dp_; }
+  comm::Communicator& pp() const { return pp_dev_ ? *pp_dev_ : *pp_; }
   comm::Communicator& group(Axis axis) const;
+  // The groups' host communicators (for host scalars); the same objects on the CPU.
+  comm::Communicator& tp_host() const { return *tp_; }
+  comm::Communicator& dp_host() const { return *dp_; }
+  comm::Communicator& pp_host() const { return *pp_; }
+
+  // Collective over the world: gives every group a device communicator for tensors on ctx's
+  // device (a no-op on the CPU). Returns what each group got, e.g. "tp nccl, dp nccl, pp nccl".
+  std::string use_device(const core::ExecContext& ctx);
 
   // The first and last pipeline stage of each (tp, dp) pair form an embedding group (just the
   // first when pp_size == 1): the tied input and output embeddings sum their gradients over it.
@@ -56,6 +70,7 @@ class ParallelContext {
   ParallelLayout layout_;
   Coord coord_;
   std::unique_ptr<comm::Communicator> tp_, dp_, pp_, embedding_;
+  std::unique_ptr<comm::Communicator> tp_dev_, dp_dev_, pp_dev_, embedding_dev_;
 };
 
 }  // namespace trident::parallel

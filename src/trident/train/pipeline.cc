@@ -4,14 +4,17 @@
 
 #include "trident/core/error.h"
 #include "trident/core/timer.h"
+#include "trident/kernels/memory.h"
 
 namespace trident::train {
 
 PipelineExecutor::PipelineExecutor(const RankModel& model, const parallel::ParallelContext& par,
                                    parallel::PipelineScheduleKind kind, int num_microbatches,
                                    std::int64_t micro_batch_size,
-                                   std::vector<model::ModelRuntime> runtimes)
-    : model_(model),
+                                   std::vector<model::ModelRuntime> runtimes,
+                                   const core::ExecContext& ctx)
+    : ctx_(ctx),
+      model_(model),
       par_(par),
       runtimes_(std::move(runtimes)),
       kind_(kind),
@@ -53,9 +56,10 @@ void PipelineExecutor::build(int num_microbatches) {
     slots.resize(static_cast<std::size_t>(peak[static_cast<std::size_t>(c)]));
     for (std::size_t i = had; i < slots.size(); ++i) {
       Slot& s = slots[i];
-      model::make_activations(
-          cfg, model_.chunks()[static_cast<std::size_t>(c)].shard, micro_batch_size_,
-          cfg.seq_length, runtimes_[static_cast<std::size_t>(c)].params_bf16 != nullptr, s.acts);
+      model::make_activations(cfg, model_.chunks()[static_cast<std::size_t>(c)].shard,
+                              micro_batch_size_, cfg.seq_length,
+                              runtimes_[static_cast<std::size_t>(c)].params_bf16 != nullptr, s.acts,
+                              ctx_);
       s.tokens.resize(static_cast<std::size_t>(micro_batch_size_ * cfg.seq_length));
       s.labels.resize(s.tokens.size());
     }
@@ -99,7 +103,14 @@ void PipelineExecutor::forward_step(const core::ExecContext& ctx, const ModelVie
   Slot& s = acquire(chunk, micro);
   const std::int64_t rows = s.acts.stage_rows;  // B*T, or this tp rank's rows with SP
   const model::ModelShard& shard = model_.chunks()[static_cast<std::size_t>(chunk)].shard;
-  if (model::stage_reads_tokens(cfg, shard)) batches.fill(micro, s.tokens.data(), s.labels.data());
+  if (model::stage_reads_tokens(cfg, shard)) {
+    // Filled on the host, then staged to the activations' device (the copy of pageable memory is
+    // staged before the call returns, so the vectors may be refilled at once).
+    batches.fill(micro, s.tokens.data(), s.labels.data());
+    const auto bytes = static_cast<std::int64_t>(s.tokens.size() * sizeof(std::int32_t));
+    kernels::copy_to_device(ctx, s.acts.tokens, s.tokens.data(), bytes);
+    kernels::copy_to_device(ctx, s.acts.labels, s.labels.data(), bytes);
+  }
   s.acts.first_sample = batches.first_sample(micro);
   s.acts.iteration = batches.iteration;
   comm::Communicator& pp = par_.pp();
@@ -111,7 +122,7 @@ void PipelineExecutor::forward_step(const core::ExecContext& ctx, const ModelVie
   core::Timer t;
   model::ModelRuntime& rt = runtimes_[static_cast<std::size_t>(chunk)];
   rt.training = grad == model::LossGrad::kCompute;
-  model::gpt_forward(ctx, cfg, rt, views.params[static_cast<std::size_t>(chunk)], s.tokens.data(),
+  model::gpt_forward(ctx, cfg, rt, views.params[static_cast<std::size_t>(chunk)], s.acts.tokens,
                      s.acts);
   if (shard.has_head) {
     // A chunked head (--loss-chunk-rows) runs its output layer here, and with gradients its
@@ -121,7 +132,7 @@ void PipelineExecutor::forward_step(const core::ExecContext& ctx, const ModelVie
     const model::LossSum l = model::gpt_loss(
         ctx, cfg, rt, views.params[c],
         grad == model::LossGrad::kCompute && c < views.grads.size() ? views.grads[c] : none,
-        s.labels.data(), d_scale, grad, s.acts);
+        s.acts.labels, d_scale, grad, s.acts);
     loss.sum += l.sum;
     loss.count += l.count;
   }
@@ -147,7 +158,7 @@ void PipelineExecutor::backward_step(const core::ExecContext& ctx, const ModelVi
   core::Timer t;
   model::gpt_backward(ctx, cfg, runtimes_[static_cast<std::size_t>(chunk)],
                       views.params[static_cast<std::size_t>(chunk)],
-                      views.grads[static_cast<std::size_t>(chunk)], s.tokens.data(), s.acts);
+                      views.grads[static_cast<std::size_t>(chunk)], s.acts.tokens, s.acts);
   busy_ms += t.elapsed_ms();
   if (!is_first_virtual(chunk)) {
     s.pending.push_back(pp.isend(s.acts.d_x, rows * C, comm::Datatype::kF32,

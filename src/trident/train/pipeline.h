@@ -37,10 +37,12 @@ struct PipelineStats {
 
 class PipelineExecutor {
  public:
-  // runtimes[c]: the model runtime of chunk c (tp group, hooks).
+  // runtimes[c]: the model runtime of chunk c (tp group, hooks). The activation slots live on
+  // ctx's device.
   PipelineExecutor(const RankModel& model, const parallel::ParallelContext& par,
                    parallel::PipelineScheduleKind kind, int num_microbatches,
-                   std::int64_t micro_batch_size, std::vector<model::ModelRuntime> runtimes);
+                   std::int64_t micro_batch_size, std::vector<model::ModelRuntime> runtimes,
+                   const core::ExecContext& ctx = {});
 
   // Rebuilds the schedule for another micro-batch count (--rampup-batch-size), adding
   // activation slots when the new schedule keeps more alive.
@@ -92,6 +94,7 @@ class PipelineExecutor {
   void drain();
   void build(int num_microbatches);
 
+  core::ExecContext ctx_;  // where the activation slots live
   const RankModel& model_;
   const parallel::ParallelContext& par_;
   std::vector<model::ModelRuntime> runtimes_;

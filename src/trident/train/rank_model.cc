@@ -82,18 +82,19 @@ model::GptGrads RankModel::grads(int c, float* flat) const {
   return model::gpt_grad_views(cfg_, ch.table, flat + ch.base);
 }
 
-void RankModel::init(std::uint64_t seed, float* flat) const {
+void RankModel::init(std::uint64_t seed, float* flat, const core::ExecContext& ctx) const {
   for (const ModelChunk& ch : chunks_)
-    model::init_params(cfg_, ch.table, seed, flat + ch.base, tp_rank_);
+    model::init_params(cfg_, ch.table, seed, flat + ch.base, tp_rank_, ctx);
 }
 
-void RankModel::init_range(std::uint64_t seed, parallel::Range range, float* out) const {
+void RankModel::init_range(std::uint64_t seed, parallel::Range range, float* out,
+                           const core::ExecContext& ctx) const {
   for (const ModelChunk& ch : chunks_) {
     const std::int64_t lo = std::max(range.begin, ch.base);
     const std::int64_t hi = std::min(range.end, ch.base + ch.table.total_numel);
     if (lo >= hi) continue;
     model::init_params_range(cfg_, ch.table, seed, lo - ch.base, hi - ch.base,
-                             out + (lo - range.begin), tp_rank_);
+                             out + (lo - range.begin), tp_rank_, ctx);
   }
 }
 

@@ -48,9 +48,10 @@ class RankModel {
   model::GptParams params(int c, const float* flat) const;
   model::GptGrads grads(int c, float* flat) const;
   // Layout-independent initialization of every chunk into flat.
-  void init(std::uint64_t seed, float* flat) const;
+  void init(std::uint64_t seed, float* flat, const core::ExecContext& ctx = {}) const;
   // The same values for flat elements [range.begin, range.end) only, written to out[0, size).
-  void init_range(std::uint64_t seed, parallel::Range range, float* out) const;
+  void init_range(std::uint64_t seed, parallel::Range range, float* out,
+                  const core::ExecContext& ctx = {}) const;
 
  private:
   model::ModelConfig cfg_;

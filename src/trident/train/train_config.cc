@@ -373,6 +373,10 @@ void add_checkpoint_options(CLI::App& app, TrainConfig& c) {
 
 // Parallelism, ZeRO, offload, pipeline schedule and the communication timeout.
 void add_parallel_options(CLI::App& app, TrainConfig& c) {
+  app.add_option("--device", c.device,
+                 "Where to train: cpu, cuda (each rank on the GPU of its local rank), or auto "
+                 "(cuda when this build has CUDA and a GPU is visible, else cpu)")
+      ->capture_default_str();
   app.add_option("--tensor-model-parallel-size", c.tensor_model_parallel_size, "TP size")
       ->capture_default_str();
   app.add_option("--pipeline-model-parallel-size", c.pipeline_model_parallel_size, "PP size")
@@ -567,6 +571,8 @@ void TrainConfig::finalize(int world_size) {
   }
   TRIDENT_CHECK(save_retain >= 0, "--save-retain must be >= 0 (0 keeps every checkpoint)");
   TRIDENT_CHECK(exit_duration_in_mins >= 0, "--exit-duration-in-mins must be >= 0");
+  TRIDENT_CHECK(device == "auto" || device == "cpu" || device == "cuda",
+                "--device: unknown device '", device, "' (use cpu, cuda or auto)");
   TRIDENT_CHECK(exit_codes == "megatron" || exit_codes == "distinct",
                 "--exit-codes: unknown value '", exit_codes,
                 "' (use megatron: every planned stop exits 0, or distinct: signal 10, duration "

@@ -136,6 +136,10 @@ struct TrainConfig {
   bool use_distributed_optimizer = false;
   // --hierarchical-dp: host-aware data-parallel all-reduce (docs/clusters.md)
   bool hierarchical_dp = false;
+  // --device: where the model trains: "cpu", "cuda" (this rank's GPU: its local rank among the
+  // ranks of its host, modulo the GPUs it sees), or "auto" (the default: cuda when the build has
+  // CUDA and a GPU is visible, else cpu).
+  std::string device = "auto";
   std::int64_t ddp_bucket_size = 40'000'000;  // elements per gradient bucket
   // Optimizer-state offload (docs/offload.md): --offload-optimizer {none,cpu,nvme},
   // --offload-path DIR, --offload-window-mib, --offload-io {uring,threads}, --offload-buffered.

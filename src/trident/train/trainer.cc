@@ -26,6 +26,7 @@
 #include "trident/data/indexed_dataset.h"
 #include "trident/data/tokenizer.h"
 #include "trident/kernels/elementwise.h"
+#include "trident/kernels/memory.h"
 #include "trident/model/gpt.h"
 #include "trident/optim/loss_scaler.h"
 #include "trident/parallel/layout.h"
@@ -187,12 +188,17 @@ class Trainer {
  private:
   // Set-up, in order.
   void place_ranks();
+  void select_device();
   void build_tokenizer();
   void adopt_checkpoint_vocabulary();
   void build_data();
   void build_model();
   void log_model() const;
   void describe_checkpoint_state();
+  // A checkpoint of device state goes through host buffers (checkpoint_out before a save,
+  // checkpoint_in after a load); on the CPU the slices are the state itself.
+  void checkpoint_out();
+  void checkpoint_in();
   void resume_or_initialise();
   void build_schedules();
   // An iteration and what follows it.
@@ -216,7 +222,7 @@ class Trainer {
   TrainConfig cfg_;
   comm::Communicator& world_;
   core::Workspace workspace_;  // the kernels' scratch: grown in the first iteration, then reused
-  const core::ExecContext ctx_{.workspace = &workspace_};
+  core::ExecContext ctx_{.workspace = &workspace_};  // the device: the host, or a GPU (--device)
   const parallel::ParallelLayout layout_;
   parallel::ParallelContext par_;
   const int dp_, dp_rank_;
@@ -235,6 +241,10 @@ class Trainer {
   std::int64_t B_ = 0, T_ = 0, micro_batches_ = 0;
   MemoryReport mem_{};
   ckpt::CheckpointState state_;
+  // On a device: the host buffers the checkpoint slices go through, and where they live on the
+  // device (params, exp_avg, exp_avg_sq).
+  std::vector<kernels::HostBuffer> ckpt_host_;
+  std::vector<ckpt::CheckpointState::Slice> ckpt_device_;
   Progress progress_;
   bool have_checkpoint_ = false;
   double peak_tflops_ = 0;
@@ -270,6 +280,7 @@ Trainer::Trainer(TrainConfig cfg, comm::Communicator& world)
       dp_(layout_.dp_size),
       dp_rank_(par_.coord().dp) {
   place_ranks();
+  select_device();
   build_tokenizer();
   adopt_checkpoint_vocabulary();
   build_data();
@@ -303,6 +314,59 @@ void Trainer::place_ranks() {
   if (thread_plan.oversubscribed && placement.local_rank == 0) {
     log::warn("launch: more ranks than cores on this host, they share cores: ", thread_plan.text);
   }
+}
+
+// --device: the host, or this rank's GPU, with its stream and the groups' device communicators.
+// What does not run on a GPU yet is refused here, by name.
+void Trainer::select_device() {
+  std::string device = cfg_.device;
+  const int gpus = kernels::cuda_device_count();
+  if (device == "auto") device = gpus > 0 ? "cuda" : "cpu";
+  if (device == "cpu") {
+    log::info("device: cpu", cfg_.device == "auto" && !kernels::cuda_no_device_reason().empty()
+                                 ? str(" (--device auto: ", kernels::cuda_no_device_reason(), ")")
+                                 : std::string());
+    return;
+  }
+  TRIDENT_CHECK(gpus > 0, "--device cuda: no GPU: ", kernels::cuda_no_device_reason(),
+                " (check nvidia-smi and CUDA_VISIBLE_DEVICES, or use --device cpu)");
+  auto refuse = [](bool used, const char* what) {
+    TRIDENT_CHECK(!used, what,
+                  " does not run with --device cuda yet: drop it, or use --device cpu");
+  };
+  refuse(cfg_.offload.device != optim::OffloadDevice::kNone, "--offload-optimizer");
+  refuse(cfg_.offload_params != "none", "--offload-params");
+  refuse(cfg_.model.documents(),
+         "--reset-position-ids / --reset-attention-mask (attention within documents has no CUDA "
+         "kernel)");
+  refuse(cfg_.hierarchical_dp, "--hierarchical-dp (NCCL is host-aware itself)");
+  // The GPU of this rank: its local rank (the launcher's, else by host name) modulo the GPUs.
+  int local = comm::host_placement(world_).local_rank;
+  for (const char* var :
+       {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"}) {
+    if (const char* v = std::getenv(var)) {
+      local = std::atoi(v);
+      break;
+    }
+  }
+  const int gpu = local % gpus;
+  core::Workspace* ws = ctx_.workspace;
+  ctx_ = kernels::make_cuda_context(gpu);
+  ctx_.workspace = ws;
+  log::info("device: cuda:", gpu, " (", kernels::cuda_device_name(gpu), "; local rank ", local,
+            ", ", gpus, " GPU", gpus == 1 ? "" : "s", " visible)");
+  const std::string comms = par_.use_device(ctx_);
+  if (world_.rank() == 0) log::info("device communicators: ", comms);
+  // NCCL matches sends and receives between two ranks by posting order, not by tag; the
+  // interleaved schedule posts a pair's activations and gradients of different virtual stages in
+  // orders that differ between the two ranks (MPI's tags sort them out), so on NCCL it would
+  // deadlock or deliver a message into another stage's buffer.
+  TRIDENT_CHECK(
+      cfg_.virtual_pipeline_chunks() == 1 || comms.find("pp nccl") == std::string::npos,
+      "the interleaved pipeline schedule (--num-layers-per-virtual-pipeline-stage) does "
+      "not run over NCCL yet: its point-to-point order is not the same on both ranks of a "
+      "pair (tags order it on MPI). Use the 1F1B schedule, or ranks that share a GPU "
+      "(host-staged), or --device cpu");
 }
 
 // The tokenizer sets the vocabulary size.
@@ -456,7 +520,8 @@ void Trainer::build_model() {
                                 .bucket_size = cfg_.ddp_bucket_size,
                                 .bf16 = cfg_.bf16,
                                 .offload = cfg_.offload,
-                                .offload_params = cfg_.offload_params == "nvme"});
+                                .offload_params = cfg_.offload_params == "nvme",
+                                .ctx = ctx_});
   offload_report_.emplace(*optimizer_, cfg_);
   B_ = cfg_.micro_batch_size;
   T_ = cfg_.model.seq_length;
@@ -473,7 +538,7 @@ void Trainer::build_model() {
   optimizer_->install_hooks(runtimes);
   schedule_kind_ = parallel::parse_pipeline_schedule(cfg_.pipeline_schedule);
   executor_.emplace(*rank_model_, par_, schedule_kind_, static_cast<int>(micro_batches_), B_,
-                    std::move(runtimes));
+                    std::move(runtimes), ctx_);
   executor_->set_backward_listener(
       [this](int chunk, bool last) { optimizer_->begin_backward(chunk, last); });
   mem_ = optimizer_->memory();
@@ -523,12 +588,38 @@ void Trainer::describe_checkpoint_state() {
   state_.exp_avg_sq = slice(optimizer_->exp_avg_sq_slice());
   state_.exp_avg.mapped = state_.exp_avg_sq.mapped = optimizer_->moments_offloaded();
   state_.params.mapped = optimizer_->params_offloaded();
+  if (ctx_.device.kind == core::DeviceKind::kCuda) {
+    // The checkpoint code reads and writes host memory: each slice gets a pinned host buffer.
+    for (ckpt::CheckpointState::Slice* s : {&state_.params, &state_.exp_avg, &state_.exp_avg_sq}) {
+      ckpt_device_.push_back(*s);
+      ckpt_host_.emplace_back(ctx_, (s->end - s->begin) * static_cast<std::int64_t>(sizeof(float)));
+      s->data = ckpt_host_.back().as<float>();
+    }
+  }
   // `trident convert` writes other layouts' shards from the same rule (zero_optimizer.h).
   TRIDENT_ASSERT(ZeroOptimizer::stored_range(cfg_.zero_stage, false, n, dp_, dp_rank_) ==
                          optimizer_->params_slice().range &&
                      ZeroOptimizer::stored_range(cfg_.zero_stage, true, n, dp_, dp_rank_) ==
                          optimizer_->exp_avg_slice().range,
                  "checkpoint slices disagree with ZeroOptimizer::stored_range");
+}
+
+void Trainer::checkpoint_out() {
+  for (std::size_t i = 0; i < ckpt_device_.size(); ++i) {
+    const ckpt::CheckpointState::Slice& d = ckpt_device_[i];
+    kernels::copy_to_host(ctx_, ckpt_host_[i].data(), d.data,
+                          (d.end - d.begin) * static_cast<std::int64_t>(sizeof(float)));
+  }
+  kernels::synchronize(ctx_);
+}
+
+void Trainer::checkpoint_in() {
+  for (std::size_t i = 0; i < ckpt_device_.size(); ++i) {
+    const ckpt::CheckpointState::Slice& d = ckpt_device_[i];
+    kernels::copy_to_device(ctx_, d.data, ckpt_host_[i].data(),
+                            (d.end - d.begin) * static_cast<std::int64_t>(sizeof(float)));
+  }
+  kernels::synchronize(ctx_);
 }
 
 void Trainer::resume_or_initialise() {
@@ -547,11 +638,17 @@ void Trainer::resume_or_initialise() {
       ckpt::load_checkpoint(cfg_.load, -1, state_, world_);
       state_.exp_avg = m;
       state_.exp_avg_sq = v;
+      if (!ckpt_device_.empty()) {  // only the weights came from the checkpoint
+        kernels::copy_to_device(ctx_, ckpt_device_[0].data, ckpt_host_[0].data(),
+                                ckpt_host_[0].bytes());
+        kernels::synchronize(ctx_);
+      }
       state_.trainer_state = nlohmann::json::object();
       log::info("train: --finetune: weights of ", cfg_.load, " iteration ", state_.iteration,
                 "; starting at iteration 0 with a fresh optimizer");
     } else {
       ckpt::load_checkpoint(cfg_.load, -1, state_, world_);
+      checkpoint_in();
       progress_.iteration = state_.iteration;
       progress_.consumed = state_.consumed_train_samples;
       progress_.consumed_valid = state_.consumed_valid_samples;
@@ -767,7 +864,7 @@ void Trainer::log_interval(const IterationResult& r) {
   // Pipeline bubble: the share of the schedule this stage spent waiting, per stage.
   std::vector<double> idle(static_cast<std::size_t>(layout_.pp_size), 0.0);
   const double my_idle = s.pipe_ms > 0 ? 1.0 - s.busy_ms / s.pipe_ms : 0.0;
-  par_.pp().all_gather(&my_idle, idle.data(), 1, comm::Datatype::kF64);
+  par_.pp_host().all_gather(&my_idle, idle.data(), 1, comm::Datatype::kF64);
   const std::int64_t it = progress_.iteration;
   if (cfg_.log_timers_to_tensorboard) {
     tb_->add_scalar("iteration-time", avg_ms / 1e3, it);
@@ -941,6 +1038,7 @@ void Trainer::save(std::int64_t it) {
                           {"lr_num_steps", lr.num_steps},
                           {"lr_num_tokens", lr.num_tokens}};
   if (lr.warmup_tokens) state_.trainer_state["lr_warmup_tokens"] = *lr.warmup_tokens;
+  checkpoint_out();
   const double blocked = saver_->save(state_, world_);
   optimizer_->checkpoint_io_done(/*written=*/false);
   log::info("ckpt: ", cfg_.async_save ? "started saving" : "saved", " iteration ", it, " to ",

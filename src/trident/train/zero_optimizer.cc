@@ -6,6 +6,7 @@
 #include "trident/core/view.h"
 #include "trident/kernels/bf16.h"
 #include "trident/kernels/fill.h"
+#include "trident/kernels/memory.h"
 
 namespace trident::train {
 
@@ -29,8 +30,10 @@ ZeroOptimizer::ZeroOptimizer(const RankModel& model, const parallel::ParallelCon
   TRIDENT_CHECK(!zero.offload_params || policy_.shards_parameters(),
                 "--offload-params nvme needs --zero-stage 3 (got ", zero.stage,
                 "): only ZeRO-3 shards the weights; use --zero-stage 3 or drop --offload-params");
-  buffers_ = std::make_unique<optim::ParamGradBuffers>(layout_, plan, policy_, dp.rank(), zero.bf16,
-                                                       zero.offload_params);
+  hook_ctx_ = zero.ctx;
+  buffers_ =
+      std::make_unique<optim::ParamGradBuffers>(layout_, plan, policy_, dp.rank(), zero.bf16,
+                                                zero.offload_params, kernels::memory_for(zero.ctx));
   // One store for everything offloaded: the optimizer streams the arrays together.
   std::vector<std::string> arrays;
   if (zero.offload_params) {
@@ -195,7 +198,7 @@ void ZeroOptimizer::install_hooks(std::vector<model::ModelRuntime>& runtimes) {
 void ZeroOptimizer::init_params(std::uint64_t seed) {
   const optim::ParamGradBuffers& b = *buffers_;
   if (b.full_params() != nullptr) {
-    model_.init(seed, b.full_params());
+    model_.init(seed, b.full_params(), hook_ctx_);
     return;
   }
   // Stage 3: only this rank's shard; the padding past the last parameter stays zero.
@@ -207,13 +210,13 @@ void ZeroOptimizer::init_params(std::uint64_t seed) {
       float* p = d[param_array_];
       kernels::fill(hook_ctx_, {.out = core::view(p, {hi - lo}, hook_ctx_.device), .value = 0.0f});
       const parallel::Range part{shard.begin + lo, std::min(shard.begin + hi, held.end)};
-      if (part.size() > 0) model_.init_range(seed, part, p);
+      if (part.size() > 0) model_.init_range(seed, part, p, hook_ctx_);
     });
     return;
   }
   kernels::fill(hook_ctx_,
                 {.out = core::view(b.master(), {shard.size()}, hook_ctx_.device), .value = 0.0f});
-  if (held.size() > 0) model_.init_range(seed, held, b.master());
+  if (held.size() > 0) model_.init_range(seed, held, b.master(), hook_ctx_);
 }
 
 void ZeroOptimizer::refresh_bf16(const core::ExecContext& ctx) {

@@ -57,6 +57,9 @@ struct ZeroConfig {
   // --offload-params nvme (stage 3): the master shard in a file under offload.path, streamed by
   // the optimizer step and read ahead of each layer's gather (docs/offload.md).
   bool offload_params = false;
+  // Where the weights, gradients and optimizer state live and the optimizer's kernels run (the
+  // host, or a CUDA device: --device).
+  core::ExecContext ctx{};
 };
 
 struct OptimizerStepResult {

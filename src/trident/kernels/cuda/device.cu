@@ -165,6 +165,25 @@ void free_counted(void* p, std::int64_t bytes) {
 }
 }  // namespace
 
+void device_free_counted(void* p, std::int64_t bytes) noexcept { free_counted(p, bytes); }
+
+void* pinned_alloc(std::int64_t bytes) {
+  void* p = nullptr;
+  const cudaError_t err = cudaHostAlloc(&p, static_cast<size_t>(bytes), cudaHostAllocDefault);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    throw core::Unavailable(core::str("cudaHostAlloc of ", bytes,
+                                      " bytes of page-locked host memory "
+                                      "failed (",
+                                      cudaGetErrorString(err), ")"));
+  }
+  return p;
+}
+
+void pinned_free(void* p) noexcept {
+  if (p) cudaFreeHost(p);
+}
+
 void device_free(void* p) {
   if (p) cudaFree(p);  // uncounted: callers of the raw API track their own sizes
 }

@@ -35,6 +35,11 @@ void fill_zero(void* dst, std::int64_t bytes, void* stream);
 
 void* device_alloc(std::int64_t bytes);  // cudaMalloc on the current device; throws on failure
 void device_free(void* p);
+// Frees a device_alloc of `bytes`, subtracting it from the in-use count of peak_device_bytes().
+void device_free_counted(void* p, std::int64_t bytes) noexcept;
+// Page-locked host memory (cudaHostAlloc): copies from and to it are fully asynchronous.
+void* pinned_alloc(std::int64_t bytes);
+void pinned_free(void* p) noexcept;
 
 // Why `p` may not be given to a kernel on CUDA device `device` ("host memory (...)", "memory of
 // CUDA device 1", ...), or "" when it may (device or managed memory of that device), from

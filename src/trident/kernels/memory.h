@@ -1,0 +1,74 @@
+// Memory and transfers on the device of an ExecContext, for everything above kernels/: the arenas'
+// memory (memory_for), host <-> device copies through staging buffers, device copies, the stream,
+// and which GPU a rank uses. On the CPU every call is a plain host operation; on a CUDA device
+// the CUDA runtime's (kernels/cuda/device.h), in the context's stream order. A CUDA context in a
+// build without CUDA is core::Unavailable naming the call.
+//
+// Nothing above kernels/ copies training state with memcpy: it calls these, so that the same
+// code runs on either device (docs/gpu.md, "Where memory lives").
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "trident/core/exec_context.h"
+#include "trident/core/memory.h"
+
+namespace trident::kernels {
+
+// The memory of ctx's device: the host's, or CUDA device ctx.device.index's (cudaMalloc; the
+// zero-fill of a new arena is queued on ctx.stream). The reference lives as long as the process.
+core::MemoryResource& memory_for(const core::ExecContext& ctx);
+
+// Copies on ctx's stream. `host` may be pageable (staged before the call returns) or a
+// HostBuffer (pinned: fully asynchronous; keep it alive and unwritten until synchronize()).
+void copy_to_device(const core::ExecContext& ctx, void* device_dst, const void* host_src,
+                    std::int64_t bytes);
+// Queues the copy; the host buffer holds the data only after synchronize(ctx).
+void copy_to_host(const core::ExecContext& ctx, void* host_dst, const void* device_src,
+                  std::int64_t bytes);
+void copy_on_device(const core::ExecContext& ctx, void* dst, const void* src, std::int64_t bytes);
+void zero_on_device(const core::ExecContext& ctx, void* dst, std::int64_t bytes);
+// Waits until every operation queued on ctx's stream has finished (a no-op on the CPU).
+void synchronize(const core::ExecContext& ctx);
+// copy_to_host then synchronize.
+void download(const core::ExecContext& ctx, void* host_dst, const void* device_src,
+              std::int64_t bytes);
+
+// A host buffer for transfers: page-locked on a CUDA context (copies from and to it are fully
+// asynchronous), ordinary memory on the CPU.
+class HostBuffer {
+ public:
+  HostBuffer() = default;
+  HostBuffer(const core::ExecContext& ctx, std::int64_t bytes);
+  HostBuffer(HostBuffer&& o) noexcept;
+  HostBuffer& operator=(HostBuffer&& o) noexcept;
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+  ~HostBuffer();
+  void* data() const { return data_; }
+  std::int64_t bytes() const { return bytes_; }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
+
+ private:
+  void* data_ = nullptr;
+  std::int64_t bytes_ = 0;
+  bool pinned_ = false;
+};
+
+// The GPUs this process sees (0 without CUDA in the build or without a driver), why there are
+// none, and a GPU's name.
+int cuda_device_count();
+std::string cuda_no_device_reason();
+std::string cuda_device_name(int device);
+// Makes `device` current on the calling thread and returns an ExecContext on it, with a new
+// non-blocking stream of its own (destroy it with destroy_context_stream).
+core::ExecContext make_cuda_context(int device);
+void destroy_context_stream(const core::ExecContext& ctx);
+// The device memory in use at its peak since the start (arenas and device buffers), in bytes.
+std::int64_t peak_device_bytes(const core::ExecContext& ctx);
+
+}  // namespace trident::kernels

@@ -1,0 +1,262 @@
+// `trident train --device cuda` against the CPU: the same losses as one process on the CPU, on one
+// device and in the layouts of a representative set (tensor, interleaved pipeline, data parallel
+// with ZeRO-1 and ZeRO-3, 3D with sequence parallelism, Llama with grouped-query attention),
+// through NCCL where each rank owns a device and through the host-staged communicator where ranks
+// share one; a checkpoint saved on the device resumes on the CPU and the other way round.
+//
+// Built in CUDA builds. In the emulated build (TRIDENT_CUDA_EMU) the devices are cuemu's, NCCL is
+// its stand-in over MPI, and every run of the one-rank cases also runs with CUEMU_STRICT_HOST=1
+// (host code that touches device memory dies naming it). On a GPU machine the multi-rank cases need
+// mpirun and as many GPUs as ranks.
+//
+// Tolerance: FP32 losses within 1e-5 relative of the CPU's (other summation orders: cuBLASLt's,
+// the CUDA reductions'); BF16 within 2e-3 relative (a BF16 rounding that differs by one ulp moves
+// the loss by about that much after a few steps; the CPU's BF16 layouts agree to 1e-4).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "trident/data/indexed_dataset.h"
+
+namespace trident {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct TrainRun {
+  std::string name;
+  int np = 1;
+  std::string flags;        // layout and device flags
+  std::string env;          // e.g. CUEMU_DEVICE_COUNT=4
+  std::string model_flags;  // shared with the CPU reference it is compared with
+};
+
+class Device : public ::testing::Test {
+ protected:
+  static fs::path dir() {
+    return fs::temp_directory_path() / ("trident_device_" + std::to_string(::getpid()));
+  }
+  static void SetUpTestSuite() {
+    fs::remove_all(dir());
+    fs::create_directories(dir());
+    // A learnable corpus: runs of increasing ids with noise (as tests/dist/equivalence_test.cc).
+    data::IndexedDatasetBuilder builder((dir() / "corpus").string(), data::TokenDType::kU16);
+    std::mt19937 rng(11);
+    for (int doc = 0; doc < 200; ++doc) {
+      std::vector<std::int32_t> ids(30 + doc % 23);
+      std::int32_t t = static_cast<std::int32_t>(rng() % 300);
+      for (auto& x : ids) {
+        x = (rng() % 4 == 0) ? static_cast<std::int32_t>(rng() % 300) : t;
+        t = (t + 1) % 300;
+      }
+      builder.add_sequence(ids);
+      builder.end_document();
+    }
+    builder.finalize();
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir()); }
+
+  static bool emulated() {
+#ifdef TRIDENT_CUDA_EMULATED
+    return true;
+#else
+    return false;
+#endif
+  }
+
+  static std::string out(const std::string& name) { return (dir() / name).string(); }
+
+  // Runs `trident train` (under mpirun when np > 1); returns its exit code.
+  static int train(const TrainRun& r, int iters = 10, const std::string& extra = "") {
+    fs::create_directories(out(r.name));
+    std::string cmd = r.env + " OMP_NUM_THREADS=1 CUEMU_QUIET=1 ";
+    if (r.np > 1) {
+      cmd += std::string(
+                 "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+                 "OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_mpi_yield_when_idle=1 ") +
+             TRIDENT_MPIEXEC + " -np " + std::to_string(r.np) + " ";
+    }
+    cmd += std::string(TRIDENT_CLI) +
+           " train --num-layers 4 --hidden-size 32 --num-attention-heads 4 --seq-length 16"
+           " --micro-batch-size 2 --global-batch-size 8 --lr 3e-3 --lr-warmup-iters 2"
+           " --lr-decay-style cosine --min-lr 3e-4 --weight-decay 0.1 --clip-grad 1.0"
+           " --adam-eps 1e-5 --init-method-std 0.05 --seed 9 --tokenizer-type NullTokenizer"
+           " --vocab-size 300 --split 98,2,0 --make-vocab-size-divisible-by 32"
+           " --log-interval 1 --eval-interval 100 --eval-iters 0 --peak-tflops 1"
+           " --hidden-dropout 0 --attention-dropout 0 --train-iters " +
+           std::to_string(iters) + " --data-path " + (dir() / "corpus").string() +
+           " --data-cache-path " + (dir() / "cache").string() + " --metrics-jsonl " + out(r.name) +
+           "/metrics.jsonl " + r.flags + " " + r.model_flags + " " + extra;
+    cmd += " >> " + out(r.name) + "/log.txt 2>&1";
+    const int rc = std::system(cmd.c_str());
+    if (rc != 0) {
+      std::ifstream log(out(r.name) + "/log.txt");
+      std::cerr << "command failed (" << rc << "): " << cmd << "\n" << log.rdbuf();
+    }
+    return rc;
+  }
+
+  static std::vector<double> losses(const std::string& name) {
+    std::vector<double> v;
+    std::ifstream in(out(name) + "/metrics.jsonl");
+    std::string line;
+    while (std::getline(in, line)) {
+      const auto j = nlohmann::json::parse(line);
+      if (!j.contains("split") && j.contains("lm_loss")) v.push_back(j["lm_loss"]);
+    }
+    return v;
+  }
+
+  static std::string log_of(const std::string& name) {
+    std::ifstream in(out(name) + "/log.txt");
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+
+  // The CPU run of one process with these model flags (made once).
+  static std::string reference(const std::string& model_flags) {
+    std::string name = "cpu";
+    for (char ch : model_flags) name += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+    if (!fs::exists(out(name) + "/metrics.jsonl")) {
+      EXPECT_EQ(train({name, 1, "--device cpu", "", model_flags}), 0) << name;
+    }
+    return name;
+  }
+
+  static void expect_close(const std::string& name, const std::string& ref, double rtol) {
+    const std::vector<double> a = losses(ref), b = losses(name);
+    ASSERT_EQ(a.size(), 10u) << ref;
+    ASSERT_EQ(b.size(), a.size()) << name;
+    double worst = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      EXPECT_NEAR(b[i], a[i], rtol * a[i]) << name << " iteration " << i + 1;
+      worst = std::max(worst, std::abs(b[i] - a[i]) / a[i]);
+    }
+    EXPECT_LT(a.back(), a.front()) << "the reference learns";
+    std::printf("%s: max loss rel diff %.2e against %s\n", name.c_str(), worst, ref.c_str());
+  }
+
+  void expect_equal_to_cpu(const TrainRun& r, double rtol = 1e-5) {
+    const std::string ref = reference(r.model_flags);
+    ASSERT_EQ(train(r), 0) << r.name;
+    EXPECT_NE(log_of(r.name).find("device: cuda:"), std::string::npos) << "not on a device";
+    expect_close(r.name, ref, rtol);
+  }
+
+  void need_ranks(int np) {
+    if (!emulated() && std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr &&
+        std::system((std::string(TRIDENT_MPIEXEC) + " --version > /dev/null 2>&1").c_str()) != 0) {
+      GTEST_SKIP() << "the " << np << "-rank case needs mpirun";
+    }
+  }
+};
+
+constexpr const char* kCuda = "--device cuda";
+constexpr const char* kLlama =
+    "--model llama --group-query-attention --num-query-groups 2 --use-rope-scaling "
+    "--rope-scaling-factor 4";
+
+TEST_F(Device, OneRankFp32EqualsTheCpu) { expect_equal_to_cpu({"cuda1", 1, kCuda}); }
+
+TEST_F(Device, OneRankBf16WithinTheBf16Bound) {
+  expect_equal_to_cpu({"cuda1_bf16", 1, kCuda, "", "--bf16"}, 2e-3);
+}
+
+TEST_F(Device, OneRankBloomAndLlama) {
+  expect_equal_to_cpu({"cuda1_bloom", 1, kCuda, "", "--model bloom"});
+  expect_equal_to_cpu({"cuda1_llama", 1, kCuda, "", kLlama});
+}
+
+// Host code touching device memory dies, naming the allocation (emulator only).
+TEST_F(Device, NothingAboveTheKernelsTouchesDeviceMemory) {
+  if (!emulated()) GTEST_SKIP() << "CUEMU_STRICT_HOST is the emulator's";
+  expect_equal_to_cpu({"cuda1_strict", 1, kCuda, "CUEMU_STRICT_HOST=1"});
+  expect_equal_to_cpu({"cuda1_strict_bf16", 1, std::string(kCuda) + " --zero-stage 3",
+                       "CUEMU_STRICT_HOST=1", "--bf16"},
+                      2e-3);
+}
+
+// NCCL: each rank owns a device (CUEMU_DEVICE_COUNT: the emulator's devices per process).
+TEST_F(Device, TensorParallel2Nccl) {
+  need_ranks(2);
+  expect_equal_to_cpu({"tp2_nccl", 2, std::string(kCuda) + " --tensor-model-parallel-size 2",
+                       "CUEMU_DEVICE_COUNT=2"});
+  EXPECT_NE(log_of("tp2_nccl").find("tp nccl"), std::string::npos);
+}
+
+TEST_F(Device, Pipeline2Nccl) {
+  need_ranks(2);
+  expect_equal_to_cpu({"pp2_nccl", 2, std::string(kCuda) + " --pipeline-model-parallel-size 2",
+                       "CUEMU_DEVICE_COUNT=2"});
+}
+
+// The interleaved schedule's point-to-point order differs between the two ranks of a pair: MPI's
+// tags sort it out (host-staged, ranks sharing a device), NCCL's posting order cannot, so over
+// NCCL it is refused at start-up by name.
+constexpr const char* kInterleaved =
+    " --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1";
+TEST_F(Device, Pipeline2InterleavedHostStagedAndRefusedOnNccl) {
+  need_ranks(2);
+  expect_equal_to_cpu(
+      {"pp2v2_shared", 2, std::string(kCuda) + kInterleaved, "CUEMU_DEVICE_COUNT=1"});
+  EXPECT_NE(train({"pp2v2_nccl", 2, std::string(kCuda) + kInterleaved, "CUEMU_DEVICE_COUNT=2"}), 0);
+  EXPECT_NE(log_of("pp2v2_nccl").find("interleaved pipeline schedule"), std::string::npos);
+}
+
+TEST_F(Device, DataParallel2Zero1AndZero3Nccl) {
+  need_ranks(2);
+  expect_equal_to_cpu(
+      {"dp2_zero1_nccl", 2, std::string(kCuda) + " --zero-stage 1", "CUEMU_DEVICE_COUNT=2"});
+  expect_equal_to_cpu(
+      {"dp2_zero3_nccl", 2, std::string(kCuda) + " --zero-stage 3", "CUEMU_DEVICE_COUNT=2"});
+}
+
+TEST_F(Device, ThreeDimensionalWithSequenceParallelNccl) {
+  need_ranks(8);
+  expect_equal_to_cpu({"tp2pp2dp2sp_nccl", 8,
+                       std::string(kCuda) +
+                           " --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2"
+                           " --sequence-parallel --zero-stage 1",
+                       "CUEMU_DEVICE_COUNT=8"});
+}
+
+TEST_F(Device, LlamaGroupedQueryTensorParallel2Nccl) {
+  need_ranks(2);
+  expect_equal_to_cpu({"llama_tp2_nccl", 2,
+                       std::string(kCuda) + " --tensor-model-parallel-size 2 --sequence-parallel",
+                       "CUEMU_DEVICE_COUNT=2", kLlama});
+}
+
+// Ranks that share one device: the host-staged communicator.
+TEST_F(Device, SharedDeviceHostStaged) {
+  need_ranks(2);
+  expect_equal_to_cpu({"tp2_shared", 2, std::string(kCuda) + " --tensor-model-parallel-size 2",
+                       "CUEMU_DEVICE_COUNT=1"});
+  EXPECT_NE(log_of("tp2_shared").find("tp host-staged"), std::string::npos);
+  expect_equal_to_cpu({"pp2dp2_shared", 4,
+                       std::string(kCuda) + " --pipeline-model-parallel-size 2 --zero-stage 3",
+                       "CUEMU_DEVICE_COUNT=1"});
+}
+
+// A checkpoint of device state resumes on the CPU, and the other way round: the losses of the
+// resumed iterations are the uninterrupted run's.
+TEST_F(Device, CheckpointsMoveBetweenDeviceAndCpu) {
+  const std::string ref = reference("");
+  for (const auto& [first, second] :
+       {std::pair<std::string, std::string>{kCuda, "--device cpu"}, {"--device cpu", kCuda}}) {
+    const std::string name = first == kCuda ? "cuda_then_cpu" : "cpu_then_cuda";
+    const std::string ckpt = out(name) + "/ckpt";
+    ASSERT_EQ(train({name, 1, first}, 10, "--save " + ckpt + " --exit-interval 5"), 0) << name;
+    ASSERT_EQ(train({name, 1, second}, 10, "--load " + ckpt), 0) << name;
+    expect_close(name, ref, 1e-5);
+  }
+}
+
+}  // namespace
+}  // namespace trident
