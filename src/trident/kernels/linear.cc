@@ -1,10 +1,9 @@
-// The typed-view linear layer (linear.h): checks the views, picks the product from the weight's
-// dtype, dispatches on the device.
+// The typed-view linear layer (linear.h): checks the views and picks the product from the weight's
+// dtype; the products' raw entry points (matmul.h, matmul_bf16.h) dispatch on the device.
 #include "trident/kernels/linear.h"
 
 #include "trident/core/error.h"
 #include "trident/core/profile.h"
-#include "trident/kernels/backend.h"
 #include "trident/kernels/dispatch.h"
 #include "trident/kernels/matmul.h"
 #include "trident/kernels/matmul_bf16.h"
@@ -34,7 +33,7 @@ Sizes sizes_of(const char* op, const core::TensorView& in, const core::TensorVie
   return {in.shape[0], in.shape[1], weight.shape[0]};
 }
 
-void cpu_linear(const core::ExecContext& ctx, const LinearViews& v, const Sizes& s) {
+void run_linear(const core::ExecContext& ctx, const LinearViews& v, const Sizes& s) {
   const float* bias = v.bias.empty() ? nullptr : v.bias.as<float>();
   if (v.weight.dtype == core::DType::kF32) {
     return linear_forward(ctx, {.out = v.out.as<float>(),
@@ -55,7 +54,7 @@ void cpu_linear(const core::ExecContext& ctx, const LinearViews& v, const Sizes&
                             .scratch = v.scratch});
 }
 
-void cpu_linear_backward(const core::ExecContext& ctx, const LinearBackwardViews& v,
+void run_linear_backward(const core::ExecContext& ctx, const LinearBackwardViews& v,
                          const Sizes& s) {
   float* d_in = v.d_in.empty() ? nullptr : v.d_in.as<float>();
   float* d_bias = v.d_bias.empty() ? nullptr : v.d_bias.as<float>();
@@ -96,12 +95,7 @@ void linear(const core::ExecContext& ctx, const LinearViews& v) {
   const core::profile::Scope prof(
       core::profile::Kind::kGemm, wt == core::DType::kBF16 ? "linear bf16" : "linear fp32",
       2.0 * s.rows * s.in_features * s.out_features, 0, s.rows, s.out_features, s.in_features);
-  switch (ctx.device.kind) {
-    case core::DeviceKind::kCpu:
-      return cpu_linear(ctx, v, s);
-    case core::DeviceKind::kCuda:
-      no_cuda_backend(op);
-  }
+  run_linear(ctx, v, s);  // linear_forward(_bf16) dispatch on ctx.device
 }
 
 void linear_backward(const core::ExecContext& ctx, const LinearBackwardViews& v) {
@@ -124,12 +118,7 @@ void linear_backward(const core::ExecContext& ctx, const LinearBackwardViews& v)
       core::profile::Kind::kGemm,
       wt == core::DType::kBF16 ? "linear_backward bf16" : "linear_backward fp32",
       v.d_in.empty() ? product : 2 * product, 0, s.rows, s.out_features, s.in_features);
-  switch (ctx.device.kind) {
-    case core::DeviceKind::kCpu:
-      return cpu_linear_backward(ctx, v, s);
-    case core::DeviceKind::kCuda:
-      no_cuda_backend(op);
-  }
+  run_linear_backward(ctx, v, s);  // linear_backward(_bf16) dispatch on ctx.device
 }
 
 }  // namespace trident::kernels
