@@ -51,9 +51,10 @@ struct Case {
            " NH=" + std::to_string(NH) + " HS=" + std::to_string(HS);
   }
 };
-// Single elements, odd sizes, T across the kernel's 64-row blocks, and GPT-2 small heads (T=256).
-const Case kCases[] = {{1, 1, 1, 1},   {1, 3, 1, 2},   {2, 7, 3, 5},
-                       {1, 65, 2, 17}, {2, 130, 3, 8}, {1, 256, 12, 64}};
+// Single elements, odd sizes, T across the kernel's 64-row blocks, GPT-2 small heads (T=256), and
+// GPT-2's context (T=1024) at two small heads.
+const Case kCases[] = {{1, 1, 1, 1},   {1, 3, 1, 2},     {2, 7, 3, 5},   {1, 65, 2, 17},
+                       {2, 130, 3, 8}, {1, 256, 12, 64}, {1, 1024, 2, 8}};
 
 struct Forward {
   std::vector<float> out, probs;

@@ -152,6 +152,42 @@ TEST(Bf16ConvertCpuOnly, AllTailLengthsAndOffsets) {
   }
 }
 
+// Every length 0..100 through the op, at element offsets 0, 1 and 5 into the source and
+// destination buffers (addresses only element-aligned, as in a flat buffer), in both directions:
+// the grid's and the vector blocks' tails; nothing is written past the end.
+TEST(Bf16Convert, EveryLengthAndOffset) {
+  const std::vector<float> pool = testing::randn(200, 3, 100.0);
+  const std::vector<core::bf16> pool16 = [&] {
+    std::vector<core::bf16> h(pool.size());
+    for (std::size_t i = 0; i < h.size(); ++i) h[i] = core::bf16::from_float(pool[i]);
+    return h;
+  }();
+  for (std::int64_t offset : {0, 1, 5}) {
+    for (std::int64_t n = 0; n <= 100; ++n) {
+      const std::string name = "n=" + std::to_string(n) + " offset=" + std::to_string(offset);
+      std::vector<core::bf16> got(static_cast<std::size_t>(n + offset + 1),
+                                  core::bf16::from_bits(0xdead));
+      convert(cpu_ctx(), {.out = testing::view_at(got, offset, {n}),
+                          .in = testing::view_at(pool, offset, {n})});
+      testing::fetch(got);
+      for (std::int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(got[offset + i].bits, core::bf16::from_float(pool[offset + i]).bits)
+            << name << " i=" << i;
+      }
+      ASSERT_EQ(got[offset + n].bits, 0xdead) << "wrote past the end, " << name;
+      if (offset > 0) ASSERT_EQ(got[offset - 1].bits, 0xdead) << "wrote before, " << name;
+      std::vector<float> wide(static_cast<std::size_t>(n + offset + 1), -7.0f);
+      convert(cpu_ctx(), {.out = testing::view_at(wide, offset, {n}),
+                          .in = testing::view_at(pool16, offset, {n})});
+      testing::fetch(wide);
+      for (std::int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(wide[offset + i], pool16[offset + i].to_float()) << name << " i=" << i;
+      }
+      ASSERT_EQ(wide[offset + n], -7.0f) << "wrote past the end, " << name;
+    }
+  }
+}
+
 // The threaded entry point on arrays large enough to be split (1, 2 and 3 threads, odd length).
 TEST(Bf16Convert, ThreadedF32ToBf16MatchesScalar) {
   const std::int64_t n = 1'000'003;

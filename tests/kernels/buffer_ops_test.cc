@@ -25,7 +25,10 @@ namespace {
 
 using testing::randn;
 
+// Around the vector widths and thread splits; the last is past the CUDA overflow count's grid of
+// 4096 x 256 threads (its grid-stride loop wraps).
 constexpr std::int64_t kSizes[] = {0, 1, 7, 16, 17, 1000, 100003};
+constexpr std::int64_t kWrap = (std::int64_t{1} << 20) + 4099;
 
 core::ExecContext ctx_with(int threads) {
   core::ExecContext ctx = testing::backend_ctx();
@@ -86,7 +89,8 @@ TEST(OverflowCount, MatchesReferenceWithSpecialValues) {
   const float inf = std::numeric_limits<float>::infinity();
   const float nan = std::numeric_limits<float>::quiet_NaN();
   for (int threads : {1, 3}) {
-    for (std::int64_t n : kSizes) {
+    for (std::int64_t n : {std::int64_t{0}, std::int64_t{1}, std::int64_t{7}, std::int64_t{16},
+                           std::int64_t{17}, std::int64_t{1000}, std::int64_t{100003}, kWrap}) {
       std::vector<float> x = randn(n, 11, 100.0);
       // Specials at a few positions, spread so that they fall in different thread ranges.
       const float specials[] = {inf, -inf, nan, 65504.0f, -65504.0f, 65505.0f, 1e-40f};

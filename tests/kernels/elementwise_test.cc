@@ -215,6 +215,19 @@ TEST(SumSquares, MatchesDoubleSumAndIsReproducible) {
   }
 }
 
+// Past 4096 blocks of 256 threads (1,048,576 elements) the CUDA kernel's threads take a second
+// element each (the grid-stride loop): the bad value in that second pass must be found too.
+TEST(AllFinite, FindsABadValueInTheGridStrideWrap) {
+  const std::int64_t n = (std::int64_t{1} << 20) + 4099;
+  auto x = randn(n, 6);
+  EXPECT_TRUE(all_finite(cpu_ctx(), {.x = flat(x)}));
+  for (std::int64_t pos : {n - 1, (std::int64_t{1} << 20) + 17}) {
+    auto y = x;
+    y[pos] = kInf;
+    EXPECT_FALSE(all_finite(cpu_ctx(), {.x = flat(y)})) << "missed inf at " << pos;
+  }
+}
+
 TEST(AllFinite, FindsNaNAndInfinityAnywhere) {
   const std::int64_t n = 10007;
   auto x = randn(n, 5);

@@ -52,6 +52,8 @@ const Case kCases[] = {
     {2, 8, 64, 10, 20, 45, 0, true},           // vocab-parallel middle shard
     {2, 5, 16, 0, 30, 60, 0, false},           // first shard, no position table
     {4, 64, 768, 6288, 3144, 50304, 0, true},  // GPT-2 small, one shard of 16-way TP
+    {2, 33, 96, 0, 50257, 50257, 3, false},    // BLOOM / Llama: no table; the offset is unused
+    {1, 1, 7, 0, 3, 3, 9, true},               // one token at position 9 (generation)
 };
 
 // Tokens drawn from a small range of the full vocabulary so that rows repeat.

@@ -67,11 +67,11 @@ core::ExecContext cpu_ctx(int threads = 0) {
 struct Case {
   std::int64_t rows, cols;
 };
-// 1, odd sizes, sizes that are not multiples of 16, several 64-row chunks with a partial last one
-// (130 rows), and GPT-2 small shapes (MLP activation 3072 wide, hidden 768).
-const Case kGeluCases[] = {{1, 1},    {1, 7},    {3, 17},   {5, 33},
+// 1, odd sizes, one column, sizes that are not multiples of 16, several 64-row chunks with a
+// partial last one (130 rows), and GPT-2 small shapes (MLP activation 3072 wide, hidden 768).
+const Case kGeluCases[] = {{1, 1},    {1, 7},    {3, 17},   {67, 1},   {5, 33},
                            {17, 100}, {4, 1027}, {130, 40}, {64, 3072}};
-const Case kLnCases[] = {{1, 1},    {1, 7},    {3, 17},   {5, 33},
+const Case kLnCases[] = {{1, 1},    {1, 7},    {3, 17},   {67, 1},   {5, 33},
                          {17, 100}, {4, 1027}, {130, 40}, {256, 768}};
 
 std::string shape_name(const std::string& tensor, const Case& c) {

@@ -42,8 +42,11 @@ core::ExecContext cpu_ctx(int threads = 0) {
 struct Case {
   std::int64_t rows, cols;
 };
-// 1, odd sizes, sizes that are not multiples of 16, and GPT-2 small (rows=256, C=768).
-const Case kCases[] = {{1, 1}, {1, 7}, {3, 17}, {5, 33}, {17, 100}, {4, 1027}, {256, 768}};
+// 1, odd sizes, one column, sizes that are not multiples of 16 (nor of the CUDA kernels' 256
+// threads), GPT-2 small (rows=256, C=768), a batch of GPT-2 small rows (B*T = 8192) and the widest
+// hidden sizes in use (12288, GPT-3 175B).
+const Case kCases[] = {{1, 1},    {1, 7},    {3, 17},    {7, 1},      {5, 33},
+                       {17, 100}, {4, 1027}, {256, 768}, {8192, 768}, {2, 12288}};
 
 std::string shape_name(const char* tensor, const Case& c) {
   return std::string(tensor) + " rows=" + std::to_string(c.rows) +

@@ -33,7 +33,10 @@ const float kNaN = std::numeric_limits<float>::quiet_NaN();
 struct Case {
   std::int64_t rows, cols;
 };
-const Case kCases[] = {{1, 1}, {1, 7}, {3, 17}, {17, 100}, {4, 1027}, {64, 256}};
+// 1, odd sizes, one column, sizes that are not multiples of the CUDA blocks (256 threads), Llama
+// 7B's hidden size (4096).
+const Case kCases[] = {{1, 1},    {1, 7},    {3, 17},   {33, 1},
+                       {17, 100}, {4, 1027}, {64, 256}, {5, 4096}};
 
 std::string name(const char* what, const Case& c) {
   return std::string(what) + " rows=" + std::to_string(c.rows) + " cols=" + std::to_string(c.cols);
@@ -205,9 +208,10 @@ struct RopeCase {
   std::int64_t rows, seq_len, position, groups, heads_per_group, head_dim;
   bool rotate;
 };
-const RopeCase kRopeCases[] = {{6, 3, 0, 2, 1, 8, true},    {10, 5, 7, 1, 4, 16, true},
-                               {8, 8, 0, 2, 3, 6, true},    {12, 4, 0, 3, 2, 8, false},
-                               {33, 11, 2, 2, 2, 32, true}, {1, 1, 40, 4, 1, 64, true}};
+const RopeCase kRopeCases[] = {{6, 3, 0, 2, 1, 8, true},     {10, 5, 7, 1, 4, 16, true},
+                               {8, 8, 0, 2, 3, 6, true},     {12, 4, 0, 3, 2, 8, false},
+                               {33, 11, 2, 2, 2, 32, true},  {1, 1, 40, 4, 1, 64, true},
+                               {6, 3, 1000, 2, 4, 128, true}};  // Llama: GQA, head_dim 128
 
 TEST(RopeQkv, ForwardAndBackwardMatchReference) {
   std::uint64_t seed = 200;

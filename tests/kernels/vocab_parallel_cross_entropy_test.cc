@@ -55,7 +55,9 @@ std::vector<float> shard_of(const Problem& p, int s, int n) {
 
 TEST(VocabParallelCeKernels, ShardsWithReductionsMatchTheUnsplitReference) {
   // V = 70 of Vp = 128: with 4 shards, shard 2 holds 6 real columns and shard 3 only padding.
-  for (const auto& [rows, V, Vp] : {std::tuple{9, 70, 128}, std::tuple{5, 1000, 1024}}) {
+  // ... and GPT-2's vocabulary (50257 of 50304: with 4 shards the last holds 47 padding columns).
+  for (const auto& [rows, V, Vp] :
+       {std::tuple{9, 70, 128}, std::tuple{5, 1000, 1024}, std::tuple{3, 50257, 50304}}) {
     const Problem p = make_problem(rows, V, Vp, static_cast<std::uint64_t>(V));
     std::vector<float> losses_ref(rows), d_ref(p.logits.size());
     ref::cross_entropy_forward_backward({.losses = losses_ref.data(),
