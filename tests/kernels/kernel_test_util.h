@@ -57,8 +57,7 @@ inline core::Device other_device() {
   GTEST_SKIP() << "a test of the CPU backend only (" why "); the "                                 \
                << ::trident::kernels::testing::test_backend().name << " run does not register it"
 
-// ---- Test buffers that follow the backend
-// --------------------------------------------------------
+// ---- Test buffers that follow the backend ----
 //
 // Tests hold host std::vectors. On the CPU backends the helpers below are the vectors themselves.
 // On the cuda backend every vector handed to a kernel has a device mirror, kept coherent at each
@@ -74,9 +73,13 @@ inline core::Device other_device() {
 // host edit is never lost. A mirror lives as long as its vector's memory: freeing that memory
 // (the vector destroyed or reallocated) drops it (kernel_test_util.cc replaces operator delete
 // for that), so a new vector at a reused address starts from its own contents. In-place use
-// (.out = view_of(x), .in = view_of(x)) gets one device buffer. What the mechanism cannot see is a
-// host read of an output without fetch: outputs start as NaN (or values the result must differ
-// from), so such a read fails; TestBuffers.* checks the mechanism itself.
+// (.out = view_of(x), .in = view_of(x)) gets one device buffer. What the mechanism cannot see:
+// - a host read of an output without fetch (a helper that returns results fetches them):
+//   outputs start as NaN (or values the result must differ from), so such a read fails;
+// - a host edit made after a view was taken and before that stored view is used: the edit goes
+//   up at the next hand-over, so take views after editing their vectors.
+// Use from the test's own thread. TestBuffers.* checks the mechanism itself;
+// TRIDENT_TEST_BUFFERS_AUDIT=1 lists, per test, the buffers kernels wrote and nobody fetched.
 namespace detail {
 bool mirrors_enabled();
 // The device mirror of [host, host + bytes), a whole vector's memory, reconciled first.
@@ -227,6 +230,22 @@ inline double dot(const std::vector<double>& w, const std::vector<double>& y) {
   double s = 0.0;
   for (std::size_t i = 0; i < w.size(); ++i) s += w[i] * y[i];
   return s;
+}
+
+// The tolerance of a LayerNorm input gradient, base plus what its rstd amplifies: d_in is rstd
+// times a bracket (g - mean(g) - xhat mean(g xhat), g = d_out w) whose terms, of size max |g|,
+// cancel exactly in a row of zero variance (one column). rstd is then 1/sqrt(eps) ~ 316, and where
+// the compiler contracts d_out * w - mean(g) into an FMA (the AVX2 and AVX-512 builds, nvcc) the
+// bracket keeps the rounding of d_out * w: the absolute part gains 4 FP32 ulps of max |g| times
+// the largest rstd (~1e-6 for rows of unit variance, ~5e-4 for one-column rows).
+inline Tol layernorm_d_in_tol(Tol base, const std::vector<float>& rstd,
+                              const std::vector<float>& d_out, const std::vector<float>& weight) {
+  double max_rstd = 0.0, max_g = 0.0;
+  for (float r : rstd) max_rstd = std::max(max_rstd, static_cast<double>(std::abs(r)));
+  for (std::size_t i = 0; i < d_out.size(); ++i) {
+    max_g = std::max(max_g, std::abs(static_cast<double>(d_out[i]) * weight[i % weight.size()]));
+  }
+  return {base.atol + 4.0 * 0x1.0p-23 * max_g * max_rstd, base.rtol};
 }
 
 // The tolerance for comparing a double-precision analytic gradient with central differences at
