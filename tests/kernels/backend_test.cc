@@ -1,6 +1,6 @@
-// The kernel tests' backend loop (see kernel_test_util.h): which backend this run uses, a global
-// environment that skips every test when this machine cannot run it, and tests of the run-time
-// instruction-set choice itself.
+// The kernel tests' backend loop (see kernel_test_util.h): a global environment that skips every
+// test when this machine cannot run the backend (and names the GPU on the cuda backend), and tests
+// of the run-time instruction-set choice itself (CPU-only: the cuda run does not register them).
 #include "trident/kernels/backend.h"
 
 #include <gtest/gtest.h>
@@ -14,36 +14,29 @@
 #include "trident/core/error.h"
 #include "trident/kernels/dispatch.h"
 #include "trident/kernels/layernorm.h"
+#ifdef TRIDENT_TEST_CUDA
+#include "trident/kernels/cuda/device.h"
+#endif
 
 namespace trident::kernels::testing {
-
-TestBackend test_backend() {
-  const char* env = std::getenv("TRIDENT_TEST_BACKEND");
-  const std::string name = env != nullptr ? env : "cpu";
-  TestBackend b;
-  if (name == "cpu") return b;
-  if (name == "cpu-x86_64") {
-    b.name = "cpu-x86_64";
-    b.ctx.cpu_isa = core::CpuIsa::kX86_64;
-  } else if (name == "cpu-avx2") {
-    b.name = "cpu-avx2";
-    b.ctx.cpu_isa = core::CpuIsa::kAvx2;
-  } else if (name == "cpu-avx512") {
-    b.name = "cpu-avx512";
-    b.ctx.cpu_isa = core::CpuIsa::kAvx512;
-  } else {
-    ADD_FAILURE() << "TRIDENT_TEST_BACKEND=" << name
-                  << " is not a backend of this build (cpu, cpu-x86_64, cpu-avx2, cpu-avx512)";
-  }
-  return b;
-}
 
 namespace {
 
 class BackendEnvironment : public ::testing::Environment {
  public:
   void SetUp() override {
-    const TestBackend b = test_backend();
+    const TestBackend& b = test_backend();
+    if (b.ctx.device.kind == core::DeviceKind::kCuda) {
+      // The message CTest reads as skipped in a CUDA build without a GPU
+      // (tests/kernels/CMakeLists.txt); nothing else may skip in the cuda runs.
+      if (!b.unavailable.empty())
+        GTEST_SKIP() << "backend cuda: CUDA tests need a GPU: " << b.unavailable;
+#ifdef TRIDENT_TEST_CUDA
+      std::printf("kernel tests on backend cuda (device 0: %s; stream %p, non-blocking)\n",
+                  cuda::device_name(0).c_str(), b.ctx.stream);
+#endif
+      return;
+    }
     if (!cpu_built(b.ctx.cpu_isa)) {
       GTEST_SKIP() << "backend " << b.name << ": this build has no " << cpu_isa_name(b.ctx.cpu_isa)
                    << " kernels (TRIDENT_CPU_ISAS=" << cpu_isas_built()
@@ -56,6 +49,13 @@ class BackendEnvironment : public ::testing::Environment {
     }
     std::printf("kernel tests on backend %s (CPU kernels: %s)\n", b.name, cpu_ops(b.ctx).isa);
   }
+  void TearDown() override {
+    detail::release_test_buffers();
+#ifdef TRIDENT_TEST_CUDA
+    const TestBackend& b = test_backend();
+    if (b.ctx.stream != nullptr) cuda::destroy_stream(b.ctx.stream);
+#endif
+  }
 };
 
 [[maybe_unused]] ::testing::Environment* const kEnvironment =
@@ -63,7 +63,8 @@ class BackendEnvironment : public ::testing::Environment {
 
 // The variant chosen at run time is the widest this build has and this processor runs, and the
 // dispatch takes it.
-TEST(CpuIsa, AutoTakesTheWidestVariantTheProcessorRuns) {
+TEST(IsaCpuOnly, AutoTakesTheWidestVariantTheProcessorRuns) {
+  TRIDENT_CPU_ONLY("the CPU instruction-set choice");
   const bool avx512 = cpu_built(core::CpuIsa::kAvx512) && __builtin_cpu_supports("avx512f") &&
                       __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
                       __builtin_cpu_supports("avx512vl");
@@ -78,7 +79,8 @@ TEST(CpuIsa, AutoTakesTheWidestVariantTheProcessorRuns) {
   RecordProperty("cpu_kernels", cpu_ops(automatic).isa);
 }
 
-TEST(CpuIsa, PinnedVariantIsTheOneThatRuns) {
+TEST(IsaCpuOnly, PinnedVariantIsTheOneThatRuns) {
+  TRIDENT_CPU_ONLY("the CPU instruction-set choice");
   core::ExecContext ctx{};
   ctx.cpu_isa = core::CpuIsa::kX86_64;
   EXPECT_STREQ(cpu_ops(ctx).isa, "x86_64");
@@ -92,7 +94,8 @@ TEST(CpuIsa, PinnedVariantIsTheOneThatRuns) {
 
 // The sanitizer build compiles only the baseline (TRIDENT_CPU_ISAS=x86_64): asking for a variant
 // it lacks is an error that says so, not another variant's kernels.
-TEST(CpuIsa, AVariantTheBuildLacksIsAClearError) {
+TEST(IsaCpuOnly, AVariantTheBuildLacksIsAClearError) {
+  TRIDENT_CPU_ONLY("the CPU instruction-set choice");
   bool missing = false;
   for (const core::CpuIsa isa : {core::CpuIsa::kAvx2, core::CpuIsa::kAvx512}) {
     if (cpu_built(isa)) continue;
@@ -110,7 +113,8 @@ TEST(CpuIsa, AVariantTheBuildLacksIsAClearError) {
   if (!missing) GTEST_SKIP() << "this build has every variant (" << cpu_isas_built() << ")";
 }
 
-TEST(CpuIsa, AVariantTheProcessorLacksIsAClearError) {
+TEST(IsaCpuOnly, AVariantTheProcessorLacksIsAClearError) {
+  TRIDENT_CPU_ONLY("the CPU instruction-set choice");
   if (!cpu_built(core::CpuIsa::kAvx512)) {
     GTEST_SKIP() << "this build has no avx512 kernels (TRIDENT_CPU_ISAS=" << cpu_isas_built()
                  << "): AVariantTheBuildLacksIsAClearError checks that error";
@@ -129,7 +133,8 @@ TEST(CpuIsa, AVariantTheProcessorLacksIsAClearError) {
 // A CUDA tensor: without CUDA in the build the op is Unavailable, naming it; in a build with CUDA
 // (real or emulated) a typed view that claims a CUDA device but holds host memory is refused by
 // the views' memory check, naming the op, the view and the memory.
-TEST(Dispatch, HostMemoryInACudaViewIsAClearError) {
+TEST(DispatchCpuOnly, HostMemoryInACudaViewIsAClearError) {
+  TRIDENT_CPU_ONLY("its own CUDA context, the same on every backend");
   core::ExecContext ctx{};
   ctx.device = {core::DeviceKind::kCuda, 0};
   std::vector<float> x(4, 1.0f), y(4), mean(1), rstd(1), w(4, 1.0f), b(4);

@@ -2,7 +2,8 @@
 // bit against core::bf16::from_float over every high half-word (so every sign, exponent and top
 // mantissa, all NaN payloads, infinities, zeros and subnormals) combined with the low half-words
 // that decide rounding (ties with even and odd kept bits, just below and above a tie), every tail
-// length, and the threaded entry points. Exact comparisons: conversion has one right answer.
+// length, and the threaded entry points. Exact comparisons: conversion has one right answer, on
+// every backend (the CUDA kernels round with core/bf16.h's integer arithmetic).
 #include "trident/kernels/bf16.h"
 
 #include <gtest/gtest.h>
@@ -74,7 +75,8 @@ std::vector<std::uint16_t> expected_bits(const std::vector<float>& x) {
          << name << ": " << num_bad << " of " << want.size() << " differ; " << buf;
 }
 
-TEST(Bf16Convert, NativePathIsTakenWhenTheProcessorHasIt) {
+TEST(Bf16ConvertCpuOnly, NativePathIsTakenWhenTheProcessorHasIt) {
+  TRIDENT_CPU_ONLY("the CPU's choice of conversion body");
   // The tests below compare the vcvtne2ps2bf16 path only where the processor runs it; this pins
   // that it is taken whenever the processor offers avx512_bf16 (the binary is built for any
   // x86-64; the path is chosen at run time).
@@ -82,7 +84,8 @@ TEST(Bf16Convert, NativePathIsTakenWhenTheProcessorHasIt) {
   RecordProperty("avx512bf16_path", detail::has_avx512bf16_convert() ? "yes" : "no");
 }
 
-TEST(Bf16Convert, PortableMatchesScalarBitForBit) {
+TEST(Bf16ConvertCpuOnly, PortableMatchesScalarBitForBit) {
+  TRIDENT_CPU_ONLY("the portable CPU body itself");
   const std::vector<float> x = interesting_floats();
   const auto want = expected_bits(x);
   std::vector<core::bf16> got(x.size());
@@ -90,7 +93,8 @@ TEST(Bf16Convert, PortableMatchesScalarBitForBit) {
   EXPECT_TRUE(same_bits("portable", got, want, x));
 }
 
-TEST(Bf16Convert, Avx512Bf16MatchesScalarBitForBit) {
+TEST(Bf16ConvertCpuOnly, Avx512Bf16MatchesScalarBitForBit) {
+  TRIDENT_CPU_ONLY("the avx512_bf16 CPU body itself");
   const std::vector<float> x = interesting_floats();
   const auto n = static_cast<std::int64_t>(x.size());
   std::vector<core::bf16> got(x.size());
@@ -104,7 +108,8 @@ TEST(Bf16Convert, Avx512Bf16MatchesScalarBitForBit) {
 
 // Subnormals are where the instruction (which flushes them) and from_float (which rounds them)
 // differ: blocks of pure subnormals, and single subnormals among normals, at every lane position.
-TEST(Bf16Convert, Avx512Bf16RoundsSubnormalsLikeScalar) {
+TEST(Bf16ConvertCpuOnly, Avx512Bf16RoundsSubnormalsLikeScalar) {
+  TRIDENT_CPU_ONLY("the avx512_bf16 CPU body itself");
   std::vector<float> x;
   for (std::uint32_t m = 1; m < 0x800000; m += 0x1357) {
     x.push_back(std::bit_cast<float>(m));                // positive subnormal
@@ -124,7 +129,8 @@ TEST(Bf16Convert, Avx512Bf16RoundsSubnormalsLikeScalar) {
 }
 
 // Every length 0..100 at unaligned starts: the 32-float blocks plus the scalar tail.
-TEST(Bf16Convert, AllTailLengthsAndOffsets) {
+TEST(Bf16ConvertCpuOnly, AllTailLengthsAndOffsets) {
+  TRIDENT_CPU_ONLY("the CPU bodies' blocks and tails; EveryLengthAndOffset runs on every backend");
   const std::vector<float> pool = testing::randn(200, 3, 100.0);
   const bool native = detail::has_avx512bf16_convert();
   for (std::int64_t offset : {0, 1, 5}) {
@@ -146,6 +152,42 @@ TEST(Bf16Convert, AllTailLengthsAndOffsets) {
   }
 }
 
+// Every length 0..100 through the op, at element offsets 0, 1 and 5 into the source and
+// destination buffers (addresses only element-aligned, as in a flat buffer), in both directions:
+// the grid's and the vector blocks' tails; nothing is written past the end.
+TEST(Bf16Convert, EveryLengthAndOffset) {
+  const std::vector<float> pool = testing::randn(200, 3, 100.0);
+  const std::vector<core::bf16> pool16 = [&] {
+    std::vector<core::bf16> h(pool.size());
+    for (std::size_t i = 0; i < h.size(); ++i) h[i] = core::bf16::from_float(pool[i]);
+    return h;
+  }();
+  for (std::int64_t offset : {0, 1, 5}) {
+    for (std::int64_t n = 0; n <= 100; ++n) {
+      const std::string name = "n=" + std::to_string(n) + " offset=" + std::to_string(offset);
+      std::vector<core::bf16> got(static_cast<std::size_t>(n + offset + 1),
+                                  core::bf16::from_bits(0xdead));
+      convert(cpu_ctx(), {.out = testing::view_at(got, offset, {n}),
+                          .in = testing::view_at(pool, offset, {n})});
+      testing::fetch(got);
+      for (std::int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(got[offset + i].bits, core::bf16::from_float(pool[offset + i]).bits)
+            << name << " i=" << i;
+      }
+      ASSERT_EQ(got[offset + n].bits, 0xdead) << "wrote past the end, " << name;
+      if (offset > 0) ASSERT_EQ(got[offset - 1].bits, 0xdead) << "wrote before, " << name;
+      std::vector<float> wide(static_cast<std::size_t>(n + offset + 1), -7.0f);
+      convert(cpu_ctx(), {.out = testing::view_at(wide, offset, {n}),
+                          .in = testing::view_at(pool16, offset, {n})});
+      testing::fetch(wide);
+      for (std::int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(wide[offset + i], pool16[offset + i].to_float()) << name << " i=" << i;
+      }
+      ASSERT_EQ(wide[offset + n], -7.0f) << "wrote past the end, " << name;
+    }
+  }
+}
+
 // The threaded entry point on arrays large enough to be split (1, 2 and 3 threads, odd length).
 TEST(Bf16Convert, ThreadedF32ToBf16MatchesScalar) {
   const std::int64_t n = 1'000'003;
@@ -154,7 +196,7 @@ TEST(Bf16Convert, ThreadedF32ToBf16MatchesScalar) {
   for (int threads : {1, 2, 3}) {
     std::vector<core::bf16> got(n);
     convert(cpu_ctx(threads), {.out = testing::view_of(got, {n}), .in = testing::view_of(x, {n})});
-    EXPECT_TRUE(same_bits("threads=" + std::to_string(threads), got, want, x));
+    EXPECT_TRUE(same_bits("threads=" + std::to_string(threads), testing::fetch(got), want, x));
   }
 }
 
@@ -169,6 +211,8 @@ TEST(Bf16Convert, Bf16ToF32IsExactForEveryPattern) {
   convert(cpu_ctx(2), {.out = testing::view_of(y, {n}), .in = testing::view_of(x, {n})});
   std::vector<core::bf16> back(n);
   convert(cpu_ctx(2), {.out = testing::view_of(back, {n}), .in = testing::view_of(y, {n})});
+  testing::fetch(y);
+  testing::fetch(back);
   std::int64_t bad_widen = 0, bad_back = 0;
   for (std::int64_t i = 0; i < n; ++i) {
     const std::uint32_t bits = x[i].bits;
@@ -188,7 +232,7 @@ TEST(Bf16Convert, ViewsPickTheDirectionFromTheDtypes) {
   std::vector<core::bf16> h(x.size());
   convert(cpu_ctx(),
           {.out = testing::view_of(h, {rows, cols}), .in = testing::view_of(x, {rows, cols})});
-  EXPECT_TRUE(same_bits("convert f32 -> bf16", h, expected_bits(x), x));
+  EXPECT_TRUE(same_bits("convert f32 -> bf16", testing::fetch(h), expected_bits(x), x));
   std::vector<float> back(x.size()), back_want(x.size());
   convert(cpu_ctx(),
           {.out = testing::view_of(back, {rows, cols}), .in = testing::view_of(h, {rows, cols})});
@@ -215,10 +259,12 @@ TEST(Bf16Convert, RejectsBadArguments) {
   std::vector<core::bf16> h(4);
   convert(cpu_ctx(),
           {.out = core::view<core::bf16>(nullptr, {0}), .in = core::view<float>(nullptr, {0})});
-  EXPECT_THROW(convert_f32_to_bf16(cpu_ctx(), h.data(), nullptr, 4), core::InvalidArgument);
-  EXPECT_THROW(convert_f32_to_bf16(cpu_ctx(), h.data(), f.data(), -1), core::InvalidArgument);
-  EXPECT_THROW(convert_bf16_to_f32(cpu_ctx(), nullptr, h.data(), 4), core::InvalidArgument);
-  EXPECT_THROW(convert_bf16_to_f32(cpu_ctx(), f.data(), h.data(), -2), core::InvalidArgument);
+  core::bf16* const h_dev = testing::dev(h);
+  float* const f_dev = testing::dev(f);
+  EXPECT_THROW(convert_f32_to_bf16(cpu_ctx(), h_dev, nullptr, 4), core::InvalidArgument);
+  EXPECT_THROW(convert_f32_to_bf16(cpu_ctx(), h_dev, f_dev, -1), core::InvalidArgument);
+  EXPECT_THROW(convert_bf16_to_f32(cpu_ctx(), nullptr, h_dev, 4), core::InvalidArgument);
+  EXPECT_THROW(convert_bf16_to_f32(cpu_ctx(), f_dev, h_dev, -2), core::InvalidArgument);
   convert_f32_to_bf16(cpu_ctx(), nullptr, nullptr, 0);  // n = 0: nothing to touch
   convert_bf16_to_f32(cpu_ctx(), nullptr, nullptr, 0);
 }

@@ -1,7 +1,9 @@
 // fill, copy and overflow_count against their references: bitwise for fill and copy (no
 // arithmetic), exact counts for overflow_count, over sizes around the vector widths and thread
 // splits, with NaN, infinities, subnormals and values on the threshold; through the typed views,
-// and the raw entry points' own checks (overlap, null, negative sizes: kernels/dispatch.h).
+// and the raw entry points' own checks (overlap, null, negative sizes: kernels/dispatch.h). Exact
+// on every backend (no arithmetic; a count is a count). The outputs sit one element into their
+// buffers, so their addresses are only 4-byte aligned.
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -23,7 +25,10 @@ namespace {
 
 using testing::randn;
 
+// Around the vector widths and thread splits; the last is past the CUDA overflow count's grid of
+// 4096 x 256 threads (its grid-stride loop wraps).
 constexpr std::int64_t kSizes[] = {0, 1, 7, 16, 17, 1000, 100003};
+constexpr std::int64_t kWrap = (std::int64_t{1} << 20) + 4099;
 
 core::ExecContext ctx_with(int threads) {
   core::ExecContext ctx = testing::backend_ctx();
@@ -44,9 +49,9 @@ TEST(Fill, MatchesReferenceBitwise) {
     for (std::int64_t n : kSizes) {
       for (float value : {0.0f, -0.0f, 1.5f, std::numeric_limits<float>::quiet_NaN()}) {
         std::vector<float> fast = randn(n + 2, 5), slow = fast;  // the guard elements stay
-        fill(ctx_with(threads), {.out = core::view(fast.data() + 1, {n}), .value = value});
+        fill(ctx_with(threads), {.out = testing::view_at(fast, 1, {n}), .value = value});
         ref::fill({.out = slow.data() + 1, .value = value, .n = n});
-        EXPECT_TRUE(same_bits(fast, slow)) << "n=" << n << " value=" << value;
+        EXPECT_TRUE(same_bits(testing::fetch(fast), slow)) << "n=" << n << " value=" << value;
       }
     }
   }
@@ -63,27 +68,29 @@ TEST(Copy, MatchesReferenceBitwise) {
       }
       std::vector<float> fast = randn(n + 2, 6), slow = fast;
       copy(ctx_with(threads),
-           {.out = core::view(fast.data() + 1, {n}), .in = core::view(in.data(), {n})});
+           {.out = testing::view_at(fast, 1, {n}), .in = testing::view_of(in, {n})});
       ref::copy({.out = slow.data() + 1, .in = in.data(), .n = n});
-      EXPECT_TRUE(same_bits(fast, slow)) << "n=" << n;
+      EXPECT_TRUE(same_bits(testing::fetch(fast), slow)) << "n=" << n;
     }
   }
 }
 
 TEST(Copy, RejectsOverlapAndNull) {
   std::vector<float> buf(10);
-  EXPECT_THROW(copy(ctx_with(1), {.out = buf.data() + 1, .in = buf.data(), .n = 5}),
-               core::InvalidArgument);
-  EXPECT_THROW(copy(ctx_with(1), {.out = nullptr, .in = buf.data(), .n = 5}),
-               core::InvalidArgument);
-  EXPECT_THROW(fill(ctx_with(1), {.out = buf.data(), .n = -1}), core::InvalidArgument);
+  float* const dev = testing::dev(buf);
+  EXPECT_THROW(copy(ctx_with(1), {.out = dev + 1, .in = dev, .n = 5}), core::InvalidArgument);
+  EXPECT_THROW(copy(ctx_with(1), {.out = dev, .in = dev + 4, .n = 5}), core::InvalidArgument);
+  EXPECT_THROW(copy(ctx_with(1), {.out = nullptr, .in = dev, .n = 5}), core::InvalidArgument);
+  EXPECT_THROW(fill(ctx_with(1), {.out = dev, .n = -1}), core::InvalidArgument);
+  copy(ctx_with(1), {.out = dev, .in = dev + 5, .n = 5});  // adjacent, not overlapping
 }
 
 TEST(OverflowCount, MatchesReferenceWithSpecialValues) {
   const float inf = std::numeric_limits<float>::infinity();
   const float nan = std::numeric_limits<float>::quiet_NaN();
   for (int threads : {1, 3}) {
-    for (std::int64_t n : kSizes) {
+    for (std::int64_t n : {std::int64_t{0}, std::int64_t{1}, std::int64_t{7}, std::int64_t{16},
+                           std::int64_t{17}, std::int64_t{1000}, std::int64_t{100003}, kWrap}) {
       std::vector<float> x = randn(n, 11, 100.0);
       // Specials at a few positions, spread so that they fall in different thread ranges.
       const float specials[] = {inf, -inf, nan, 65504.0f, -65504.0f, 65505.0f, 1e-40f};
@@ -93,7 +100,7 @@ TEST(OverflowCount, MatchesReferenceWithSpecialValues) {
       for (float threshold : {0.0f, 150.0f, 65504.0f, inf}) {
         const OverflowCountArgs args{.x = x.data(), .threshold = threshold, .n = n};
         EXPECT_EQ(overflow_count(ctx_with(threads),
-                                 {.x = core::view(x.data(), {n}), .threshold = threshold}),
+                                 {.x = testing::view_of(x, {n}), .threshold = threshold}),
                   ref::overflow_count(args))
             << "n=" << n << " threshold=" << threshold << " threads=" << threads;
       }

@@ -49,7 +49,8 @@ std::vector<std::int32_t> make_tokens(std::int64_t B, std::int64_t T, std::uint6
   return tokens;
 }
 
-TEST(DocumentIds, MatchesTheReferenceAndTheDefiningProperties) {
+TEST(DocumentIdsCpuOnly, MatchesTheReferenceAndTheDefiningProperties) {
+  TRIDENT_CPU_ONLY("document_ids has no CUDA body yet (docs/gpu.md)");
   struct Case {
     std::int64_t B, T;
   };
@@ -85,7 +86,8 @@ TEST(DocumentIds, MatchesTheReferenceAndTheDefiningProperties) {
   }
 }
 
-TEST(DocumentIds, IsIndependentOfThreadCount) {
+TEST(DocumentIdsCpuOnly, IsIndependentOfThreadCount) {
+  TRIDENT_CPU_ONLY("document_ids has no CUDA body yet (docs/gpu.md)");
   const std::int64_t B = 9, T = 300;
   const auto tokens = make_tokens(B, T, 42);
   core::ExecContext one = testing::backend_ctx(), two = one;
@@ -96,7 +98,8 @@ TEST(DocumentIds, IsIndependentOfThreadCount) {
   EXPECT_EQ(a.docs, b.docs);
 }
 
-TEST(DocumentIds, ViewsAndTheEodTokenAreChecked) {
+TEST(DocumentIdsCpuOnly, ViewsAndTheEodTokenAreChecked) {
+  TRIDENT_CPU_ONLY("document_ids has no CUDA body yet (docs/gpu.md)");
   const std::int64_t B = 2, T = 3;
   std::vector<std::int32_t> tokens(B * T, 1), pos(B * T), docs(B * T);
   const std::vector<float> f32(B * T);

@@ -3,7 +3,8 @@
 // block of rows at first_row = k draws what rows k.. of the whole buffer draw).
 //
 // Tolerance: |x - ref| <= 1e-7 |ref| (one FP32 rounding of the product in the kernel; the
-// reference rounds the double product once).
+// reference rounds the double product once). The CUDA kernel draws the CPU's Philox masks and
+// forms the same single product (nothing for nvcc to contract): the same bits as the CPU's.
 #include "trident/kernels/dropout.h"
 
 #include <gtest/gtest.h>
@@ -29,7 +30,8 @@ constexpr testing::Tol kTol{0.0, 1.2e-7};
 // with the partial blocks at the ends one at a time (cpu_util.h): every decision must be
 // dropout_keep's, for every probability (including the ends of the range), for runs that start
 // and end at every offset inside a block, and for indices with high bits set.
-TEST(DropoutDecision, VectorizedRunsAreDropoutKeep) {
+TEST(DropoutDecisionCpuOnly, VectorizedRunsAreDropoutKeep) {
+  TRIDENT_CPU_ONLY("the CPU bodies' vectorized decisions (cpu_util.h)");
   const float ps[] = {
       0.0f, 1e-30f, 1e-9f, 0.1f, 0.3f, 1.0f / 3.0f, 0.5f, 0.9f, std::nextafter(1.0f, 0.0f)};
   std::int64_t checked = 0, kept = 0;
@@ -60,7 +62,8 @@ TEST(DropoutDecision, VectorizedRunsAreDropoutKeep) {
 // The four words of a block are four decisions: over many elements the kept fraction is 1 - p
 // within 5 standard deviations, and neighbours in a block are not correlated (the fraction of
 // pairs both kept is (1 - p)^2).
-TEST(DropoutDecision, FourPerBlockKeepOneMinusPIndependently) {
+TEST(DropoutDecisionCpuOnly, FourPerBlockKeepOneMinusPIndependently) {
+  TRIDENT_CPU_ONLY("the CPU bodies' vectorized decisions (cpu_util.h)");
   const std::int64_t n = 1 << 20;
   std::vector<float> keep(static_cast<std::size_t>(n));
   for (float p : {0.1f, 0.5f}) {
@@ -107,12 +110,13 @@ TEST(HiddenDropout, MatchesReferenceAndKeepsOneMinusP) {
   }
 }
 
+// On cuda (no thread count) the two runs check that a second call gives the same bits.
 TEST(HiddenDropout, InPlaceThreadsAndGlobalIndex) {
   const std::int64_t rows = 16, cols = 40;
   const std::vector<float> in = randn(rows * cols, 4);
-  std::vector<float> one(in.size()), many(in.size()), inplace = in;
-  HiddenDropoutArgs args{.out = one.data(),
-                         .in = in.data(),
+  std::vector<float> one(in.size(), NAN), many(in.size(), NAN), inplace = in;
+  HiddenDropoutArgs args{.out = testing::dev(one),
+                         .in = testing::dev(in),
                          .rows = rows,
                          .cols = cols,
                          .first_row = 0,
@@ -124,17 +128,17 @@ TEST(HiddenDropout, InPlaceThreadsAndGlobalIndex) {
   hidden_dropout(ctx1, args);
   core::ExecContext ctx3 = testing::backend_ctx();
   ctx3.num_threads = 3;
-  args.out = many.data();
+  args.out = testing::dev(many);
   hidden_dropout(ctx3, args);
   EXPECT_TRUE(all_equal("threads", many, one));
-  args.out = inplace.data();
-  args.in = inplace.data();
+  args.out = testing::dev(inplace);
+  args.in = testing::dev(inplace);
   hidden_dropout(ctx3, args);
   EXPECT_TRUE(all_equal("in place", inplace, one));
   // Rows 5.. on their own, keyed by first_row = 5: the same values as rows 5.. of the whole.
-  std::vector<float> tail(static_cast<std::size_t>((rows - 5) * cols));
-  hidden_dropout(ctx3, {.out = tail.data(),
-                        .in = in.data() + 5 * cols,
+  std::vector<float> tail(static_cast<std::size_t>((rows - 5) * cols), NAN);
+  hidden_dropout(ctx3, {.out = testing::dev(tail),
+                        .in = testing::dev(in) + 5 * cols,
                         .rows = rows - 5,
                         .cols = cols,
                         .first_row = 5,
@@ -157,10 +161,12 @@ TEST(HiddenDropout, ViewsOfTheWrongShapeAreClearErrors) {
 }
 
 TEST(HiddenDropout, RejectsPOfOne) {
-  float x = 1.0f;
-  EXPECT_THROW(hidden_dropout(testing::backend_ctx(),
-                              {.out = &x, .in = &x, .rows = 1, .cols = 1, .p = 1.0f}),
-               core::InvalidArgument);
+  const std::vector<float> x(1, 1.0f);
+  EXPECT_THROW(
+      hidden_dropout(
+          testing::backend_ctx(),
+          {.out = testing::dev(x), .in = testing::dev(x), .rows = 1, .cols = 1, .p = 1.0f}),
+      core::InvalidArgument);
 }
 
 }  // namespace

@@ -4,6 +4,8 @@
 //
 // Tolerances: forward is one FP32 add per element, so |x - ref| <= 1e-7 + 1e-7 |ref|. Backward sums
 // up to B*T = 256 gradients per wte row in FP32 (the reference in double): 1e-6 + 1e-5 |ref|.
+// The CUDA kernels are the CPU's bits (docs/gpu.md): the same adds, the backward walking the rows
+// in the CPU's order.
 #include "trident/kernels/embedding.h"
 
 #include <gtest/gtest.h>
@@ -50,6 +52,8 @@ const Case kCases[] = {
     {2, 8, 64, 10, 20, 45, 0, true},           // vocab-parallel middle shard
     {2, 5, 16, 0, 30, 60, 0, false},           // first shard, no position table
     {4, 64, 768, 6288, 3144, 50304, 0, true},  // GPT-2 small, one shard of 16-way TP
+    {2, 33, 96, 0, 50257, 50257, 3, false},    // BLOOM / Llama: no table; the offset is unused
+    {1, 1, 7, 0, 3, 3, 9, true},               // one token at position 9 (generation)
 };
 
 // Tokens drawn from a small range of the full vocabulary so that rows repeat.
@@ -124,18 +128,19 @@ TEST(Embedding, BackwardMatchesReferenceAndAccumulates) {
 TEST(Embedding, TokensOfOtherShardsContributeZero) {
   const std::int64_t C = 4;
   const std::vector<std::int32_t> tokens = {3, 12, 15, 20};  // shard [10, 20): only 12, 15
-  std::vector<float> wte(10 * C), wpe(4 * C), out(4 * C);
+  std::vector<float> wte(10 * C), wpe(4 * C), out(4 * C, kNaN);
   for (std::size_t i = 0; i < wte.size(); ++i) wte[i] = 100.0f + static_cast<float>(i);
   for (std::size_t i = 0; i < wpe.size(); ++i) wpe[i] = static_cast<float>(i);
-  embedding_forward(cpu_ctx(), {.out = out.data(),
-                                .tokens = tokens.data(),
-                                .wte = wte.data(),
-                                .wpe = wpe.data(),
+  embedding_forward(cpu_ctx(), {.out = testing::dev(out),
+                                .tokens = testing::dev(tokens),
+                                .wte = testing::dev(wte),
+                                .wpe = testing::dev(wpe),
                                 .batch = 1,
                                 .seq_len = 4,
                                 .hidden = C,
                                 .vocab_start = 10,
                                 .vocab_local = 10});
+  testing::fetch(out);
   for (std::int64_t c = 0; c < C; ++c) {
     EXPECT_EQ(out[0 * C + c], wpe[0 * C + c]);
     EXPECT_EQ(out[1 * C + c], wte[2 * C + c] + wpe[1 * C + c]);
@@ -144,6 +149,7 @@ TEST(Embedding, TokensOfOtherShardsContributeZero) {
   }
 }
 
+// On cuda (no thread count) the two runs check that a second call gives the same bits.
 TEST(Embedding, BackwardIsIndependentOfThreadCount) {
   const Case c{3, 50, 200, 0, 100, 100, 0, true};
   const auto tokens = make_tokens(c, 5);
@@ -152,10 +158,10 @@ TEST(Embedding, BackwardIsIndependentOfThreadCount) {
   for (int t = 0; t < 2; ++t) {
     d_wte[t].assign(c.vocab_local * c.C, 0.5f);
     d_wpe[t].assign(c.T * c.C, -0.5f);
-    embedding_backward(cpu_ctx(t + 1), {.d_wte = d_wte[t].data(),
-                                        .d_wpe = d_wpe[t].data(),
-                                        .d_out = d_out.data(),
-                                        .tokens = tokens.data(),
+    embedding_backward(cpu_ctx(t + 1), {.d_wte = testing::dev(d_wte[t]),
+                                        .d_wpe = testing::dev(d_wpe[t]),
+                                        .d_out = testing::dev(d_out),
+                                        .tokens = testing::dev(tokens),
                                         .batch = c.B,
                                         .seq_len = c.T,
                                         .hidden = c.C,
@@ -170,9 +176,9 @@ TEST(Embedding, RejectsNegativeTokens) {
   const std::vector<std::int32_t> tokens = {1, -3};
   std::vector<float> wte(8), out(8);
   try {
-    embedding_forward(cpu_ctx(), {.out = out.data(),
-                                  .tokens = tokens.data(),
-                                  .wte = wte.data(),
+    embedding_forward(cpu_ctx(), {.out = testing::dev(out),
+                                  .tokens = testing::dev(tokens),
+                                  .wte = testing::dev(wte),
                                   .batch = 1,
                                   .seq_len = 2,
                                   .hidden = 4,
@@ -181,9 +187,9 @@ TEST(Embedding, RejectsNegativeTokens) {
   } catch (const core::InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("tokens[1] = -3"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(embedding_backward(cpu_ctx(), {.d_wte = wte.data(),
-                                              .d_out = out.data(),
-                                              .tokens = tokens.data(),
+  EXPECT_THROW(embedding_backward(cpu_ctx(), {.d_wte = testing::dev(wte),
+                                              .d_out = testing::dev(out),
+                                              .tokens = testing::dev(tokens),
                                               .batch = 1,
                                               .seq_len = 2,
                                               .hidden = 4,
@@ -215,17 +221,17 @@ TEST(Embedding, ViewsOfTheWrongDtypeOrShapeAreClearErrors) {
   EXPECT_NE(error(v).find("view `tokens` holds f32, the op needs i32"), std::string::npos)
       << error(v);
   v = ok;
-  v.wpe = core::view(wpe.data(), {T * C / 2, 2});
+  v.wpe = testing::view_claiming(wpe, {T * C / 2, 2});
   EXPECT_NE(error(v).find("view `wpe` has shape (6, 2), the op needs (6, 3)"), std::string::npos)
       << error(v);
   v = ok;
-  v.out = core::view(out.data(), {B * T, C});
+  v.out = testing::view_claiming(out, {B * T, C});
   EXPECT_NE(error(v).find("view `out` has shape (8, 3), the op needs (2, 4, 3)"), std::string::npos)
       << error(v);
   const std::string bwd = testing::invalid_argument_of([&] {
     embedding_backward(cpu_ctx(), {.d_wte = view_of(wte, {V, C}),
                                    .d_out = view_of(out, {B, T, C}),
-                                   .tokens = core::view(tokens.data(), {B * T})});
+                                   .tokens = testing::view_claiming(tokens, {B * T})});
   });
   EXPECT_NE(bwd.find("embedding_backward: view `tokens` must be 2-D"), std::string::npos) << bwd;
 }

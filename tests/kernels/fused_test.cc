@@ -7,7 +7,8 @@
 //   the kernel evaluates gelu with a polynomial exp (about 1 ulp), so it is within a few FP32 ulp;
 //   the bias add is the same FP32 addition in kernel and reference.
 // - LayerNorm: kLnTol (1e-5 + 1e-5 |ref|), as tests/kernels/layernorm_test.cc: FP32 row sums over
-//   up to 3072 columns, outputs O(1-10).
+//   up to 3072 columns, outputs O(1-10); d_resid's absolute part grows with rstd
+//   (testing::layernorm_d_in_tol, for the one-column rows).
 // - Column sums (d_bias, d_weight): the kernels sum in double over the rows (by chunks of 64 rows;
 //   bias-GeLU adds groups of four rows in FP32 first, ~1e-7 relative), the reference in double,
 //   of terms that differ from the reference's by the tolerances above, so they get sum_tol:
@@ -16,6 +17,11 @@
 //   bit. Against the reference they may differ by one BF16 step where kernel and reference land on
 //   opposite sides of a rounding boundary: kBf16Tol, 1e-6 + 2^-7 |ref| (2^-7 is the largest
 //   relative spacing of bf16 numbers, 8 significant bits).
+// - On cuda: GeLU through the device expf (2 ulp) with nvcc's FMA contraction, LayerNorm rows
+//   summed over a 256-thread tree in FP32, column sums in the CPU's 64-row chunks in double: the
+//   same error budgets as the CPU's, so the same tolerances. What is exact stays exact on every
+//   backend: a + b (one FP32 add), a BF16 output as the rounding of the FP32 one written by the
+//   same call, and a second call or an in-place call of the same kernel.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -62,11 +68,11 @@ core::ExecContext cpu_ctx(int threads = 0) {
 struct Case {
   std::int64_t rows, cols;
 };
-// 1, odd sizes, sizes that are not multiples of 16, several 64-row chunks with a partial last one
-// (130 rows), and GPT-2 small shapes (MLP activation 3072 wide, hidden 768).
-const Case kGeluCases[] = {{1, 1},    {1, 7},    {3, 17},   {5, 33},
+// 1, odd sizes, one column, sizes that are not multiples of 16, several 64-row chunks with a
+// partial last one (130 rows), and GPT-2 small shapes (MLP activation 3072 wide, hidden 768).
+const Case kGeluCases[] = {{1, 1},    {1, 7},    {3, 17},   {67, 1},   {5, 33},
                            {17, 100}, {4, 1027}, {130, 40}, {64, 3072}};
-const Case kLnCases[] = {{1, 1},    {1, 7},    {3, 17},   {5, 33},
+const Case kLnCases[] = {{1, 1},    {1, 7},    {3, 17},   {67, 1},   {5, 33},
                          {17, 100}, {4, 1027}, {130, 40}, {256, 768}};
 
 std::string shape_name(const std::string& tensor, const Case& c) {
@@ -82,6 +88,7 @@ std::string outputs_name(Outputs o) {
 }
 
 std::vector<float> widen(const std::vector<core::bf16>& x) {
+  testing::fetch(x);
   std::vector<float> y(x.size());
   for (std::size_t i = 0; i < x.size(); ++i) y[i] = x[i].to_float();
   return y;
@@ -91,6 +98,8 @@ std::vector<float> widen(const std::vector<core::bf16>& x) {
 ::testing::AssertionResult is_rounding_of(const std::string& name,
                                           const std::vector<core::bf16>& got16,
                                           const std::vector<float>& got32) {
+  testing::fetch(got16);
+  testing::fetch(got32);
   for (std::size_t i = 0; i < got16.size(); ++i) {
     if (got16[i].bits != core::bf16::from_float(got32[i]).bits) {
       return ::testing::AssertionFailure()
@@ -178,7 +187,7 @@ TEST(BiasGelu, BackwardMatchesReferenceAndAccumulates) {
                           .d_out = view_of(x.d_out, rc),
                           .in = view_of(x.in, rc),
                           .bias = view_of(x.bias, {c.cols}),
-                          .scratch = scratch});
+                          .scratch = testing::dev_span(scratch)});
       ref::bias_gelu_backward({.d_in = d_in_ref.data(),
                                .d_in_bf16 = d_in16_ref.data(),
                                .d_bias = d_bias_ref.data(),
@@ -210,36 +219,36 @@ TEST(BiasGelu, InPlace) {
   const GeluInputs x = gelu_inputs(c, 5);
   const std::int64_t n = c.rows * c.cols;
   std::vector<float> expect(n), buf = x.in;
-  bias_gelu_forward(cpu_ctx(), {.out = expect.data(),
-                                .in = x.in.data(),
-                                .bias = x.bias.data(),
+  bias_gelu_forward(cpu_ctx(), {.out = testing::dev(expect),
+                                .in = testing::dev(x.in),
+                                .bias = testing::dev(x.bias),
                                 .rows = c.rows,
                                 .cols = c.cols});
-  bias_gelu_forward(cpu_ctx(), {.out = buf.data(),
-                                .in = buf.data(),
-                                .bias = x.bias.data(),
+  bias_gelu_forward(cpu_ctx(), {.out = testing::dev(buf),
+                                .in = testing::dev(buf),
+                                .bias = testing::dev(x.bias),
                                 .rows = c.rows,
                                 .cols = c.cols});  // out aliases in
   EXPECT_TRUE(testing::all_equal("bias_gelu forward in place", buf, expect));
   std::vector<float> d_b1(c.cols, 0.0f), d_b2(c.cols, 0.0f);
   auto scratch = gelu_scratch(c);
-  bias_gelu_backward(cpu_ctx(), {.d_in = expect.data(),
-                                 .d_bias = d_b1.data(),
-                                 .d_out = x.d_out.data(),
-                                 .in = x.in.data(),
-                                 .bias = x.bias.data(),
+  bias_gelu_backward(cpu_ctx(), {.d_in = testing::dev(expect),
+                                 .d_bias = testing::dev(d_b1),
+                                 .d_out = testing::dev(x.d_out),
+                                 .in = testing::dev(x.in),
+                                 .bias = testing::dev(x.bias),
                                  .rows = c.rows,
                                  .cols = c.cols,
-                                 .scratch = scratch});
+                                 .scratch = testing::dev_span(scratch)});
   buf = x.d_out;
-  bias_gelu_backward(cpu_ctx(), {.d_in = buf.data(),
-                                 .d_bias = d_b2.data(),
-                                 .d_out = buf.data(),
-                                 .in = x.in.data(),
-                                 .bias = x.bias.data(),
+  bias_gelu_backward(cpu_ctx(), {.d_in = testing::dev(buf),
+                                 .d_bias = testing::dev(d_b2),
+                                 .d_out = testing::dev(buf),
+                                 .in = testing::dev(x.in),
+                                 .bias = testing::dev(x.bias),
                                  .rows = c.rows,
                                  .cols = c.cols,
-                                 .scratch = scratch});  // d_in aliases d_out
+                                 .scratch = testing::dev_span(scratch)});  // d_in aliases d_out
   EXPECT_TRUE(testing::all_equal("bias_gelu backward in place", buf, expect));
   EXPECT_TRUE(testing::all_equal("bias_gelu d_bias in place", d_b2, d_b1));
 }
@@ -254,14 +263,14 @@ TEST(BiasGelu, BackwardIsIndependentOfThreadCount) {
   for (int t = 0; t < 3; ++t) {
     d_in[t].assign(c.rows * c.cols, 0.0f);
     d_b[t].assign(c.cols, 0.25f);
-    bias_gelu_backward(cpu_ctx(t + 1), {.d_in = d_in[t].data(),
-                                        .d_bias = d_b[t].data(),
-                                        .d_out = x.d_out.data(),
-                                        .in = x.in.data(),
-                                        .bias = x.bias.data(),
+    bias_gelu_backward(cpu_ctx(t + 1), {.d_in = testing::dev(d_in[t]),
+                                        .d_bias = testing::dev(d_b[t]),
+                                        .d_out = testing::dev(x.d_out),
+                                        .in = testing::dev(x.in),
+                                        .bias = testing::dev(x.bias),
                                         .rows = c.rows,
                                         .cols = c.cols,
-                                        .scratch = scratch});
+                                        .scratch = testing::dev_span(scratch)});
   }
   for (int t = 1; t < 3; ++t) {
     const std::string threads = std::to_string(t + 1);
@@ -280,31 +289,31 @@ TEST(BiasGelu, AgreesWithTheUnfusedKernels) {
   std::vector<float> t(n), out(n), out_unfused(n), d_in(n), d_in_unfused(n);
   for (std::int64_t r = 0; r < c.rows; ++r)
     for (std::int64_t j = 0; j < c.cols; ++j) t[r * c.cols + j] = x.in[r * c.cols + j] + x.bias[j];
-  gelu_forward(cpu_ctx(), out_unfused.data(), t.data(), n);
-  gelu_backward(cpu_ctx(), d_in_unfused.data(), x.d_out.data(), t.data(), n);
+  gelu_forward(cpu_ctx(), testing::dev(out_unfused), testing::dev(t), n);
+  gelu_backward(cpu_ctx(), testing::dev(d_in_unfused), testing::dev(x.d_out), testing::dev(t), n);
   std::vector<float> d_b(c.cols, 0.0f);
   auto scratch = gelu_scratch(c);
-  bias_gelu_forward(cpu_ctx(), {.out = out.data(),
-                                .in = x.in.data(),
-                                .bias = x.bias.data(),
+  bias_gelu_forward(cpu_ctx(), {.out = testing::dev(out),
+                                .in = testing::dev(x.in),
+                                .bias = testing::dev(x.bias),
                                 .rows = c.rows,
                                 .cols = c.cols});
-  bias_gelu_backward(cpu_ctx(), {.d_in = d_in.data(),
-                                 .d_bias = d_b.data(),
-                                 .d_out = x.d_out.data(),
-                                 .in = x.in.data(),
-                                 .bias = x.bias.data(),
+  bias_gelu_backward(cpu_ctx(), {.d_in = testing::dev(d_in),
+                                 .d_bias = testing::dev(d_b),
+                                 .d_out = testing::dev(x.d_out),
+                                 .in = testing::dev(x.in),
+                                 .bias = testing::dev(x.bias),
                                  .rows = c.rows,
                                  .cols = c.cols,
-                                 .scratch = scratch});
+                                 .scratch = testing::dev_span(scratch)});
   EXPECT_TRUE(all_close("fused vs unfused gelu out", out, out_unfused, kGeluTol));
   EXPECT_TRUE(all_close("fused vs unfused gelu d_in", d_in, d_in_unfused, kGeluTol));
 }
 
 TEST(BiasGelu, RejectsBadArguments) {
   std::vector<float> buf(16, 1.0f);
-  BiasGeluForwardArgs fwd{
-      .out = buf.data(), .in = buf.data(), .bias = buf.data(), .rows = 2, .cols = 2};
+  float* const d = testing::dev(buf);
+  BiasGeluForwardArgs fwd{.out = d, .in = d, .bias = d + 8, .rows = 2, .cols = 2};
   bias_gelu_forward(cpu_ctx(), fwd);
   BiasGeluForwardArgs bad = fwd;
   bad.out = nullptr;  // and out_bf16 null: nothing to write
@@ -318,15 +327,10 @@ TEST(BiasGelu, RejectsBadArguments) {
   bad = fwd;
   bad.rows = -1;
   EXPECT_THROW(bias_gelu_forward(cpu_ctx(), bad), core::InvalidArgument);
-  BiasGeluBackwardArgs bwd{.d_in = buf.data(),
-                           .d_bias = nullptr,
-                           .d_out = buf.data(),
-                           .in = buf.data(),
-                           .bias = buf.data(),
-                           .rows = 2,
-                           .cols = 2};
+  BiasGeluBackwardArgs bwd{
+      .d_in = d, .d_bias = nullptr, .d_out = d, .in = d, .bias = d + 8, .rows = 2, .cols = 2};
   EXPECT_THROW(bias_gelu_backward(cpu_ctx(), bwd), core::InvalidArgument);  // d_bias null
-  bwd.d_bias = buf.data();
+  bwd.d_bias = d + 12;
   bwd.d_in = nullptr;
   EXPECT_THROW(bias_gelu_backward(cpu_ctx(), bwd), core::InvalidArgument);  // no d_in at all
   core::ExecContext cuda = cpu_ctx();
@@ -412,26 +416,26 @@ TEST(ResidualLayerNorm, ForwardInPlace) {
   const LnInputs x = ln_inputs(c, 31);
   const std::int64_t n = c.rows * c.cols;
   std::vector<float> resid(n), out(n), mean(c.rows), rstd(c.rows);
-  ResidualLayerNormForwardArgs args{.resid_out = resid.data(),
-                                    .out = out.data(),
-                                    .mean = mean.data(),
-                                    .rstd = rstd.data(),
-                                    .a = x.a.data(),
-                                    .b = x.b.data(),
-                                    .weight = x.weight.data(),
-                                    .bias = x.bias.data(),
+  ResidualLayerNormForwardArgs args{.resid_out = testing::dev(resid),
+                                    .out = testing::dev(out),
+                                    .mean = testing::dev(mean),
+                                    .rstd = testing::dev(rstd),
+                                    .a = testing::dev(x.a),
+                                    .b = testing::dev(x.b),
+                                    .weight = testing::dev(x.weight),
+                                    .bias = testing::dev(x.bias),
                                     .rows = c.rows,
                                     .cols = c.cols};
   residual_layernorm_forward(cpu_ctx(), args);
   for (int which = 0; which < 2; ++which) {
     std::vector<float> a = x.a, b = x.b, out2(n), mean2(c.rows), rstd2(c.rows);
     ResidualLayerNormForwardArgs in_place = args;
-    in_place.a = a.data();
-    in_place.b = b.data();
-    in_place.resid_out = which == 0 ? a.data() : b.data();
-    in_place.out = out2.data();
-    in_place.mean = mean2.data();
-    in_place.rstd = rstd2.data();
+    in_place.a = testing::dev(a);
+    in_place.b = testing::dev(b);
+    in_place.resid_out = which == 0 ? testing::dev(a) : testing::dev(b);
+    in_place.out = testing::dev(out2);
+    in_place.mean = testing::dev(mean2);
+    in_place.rstd = testing::dev(rstd2);
     residual_layernorm_forward(cpu_ctx(), in_place);
     const std::string name = which == 0 ? "resid_out aliasing a" : "resid_out aliasing b";
     EXPECT_TRUE(testing::all_equal((name + ": resid").c_str(), which == 0 ? a : b, resid));
@@ -476,7 +480,7 @@ TEST(ResidualLayerNorm, BackwardMatchesReferenceAndAccumulates) {
                       .weight = view_of(x.weight, {c.cols}),
                       .mean = view_of(mean, {c.rows}),
                       .rstd = view_of(rstd, {c.rows}),
-                      .scratch = scratch});
+                      .scratch = testing::dev_span(scratch)});
       ref::residual_layernorm_backward({.d_resid = d_resid_ref.data(),
                                         .d_resid_bf16 = d16_ref.data(),
                                         .d_weight = d_w_ref.data(),
@@ -489,8 +493,8 @@ TEST(ResidualLayerNorm, BackwardMatchesReferenceAndAccumulates) {
                                         .rows = c.rows,
                                         .cols = c.cols});
       const std::string suffix = with_bf16 ? " [f32+bf16]" : " [f32]";
-      EXPECT_TRUE(
-          all_close(shape_name("d_resid", c).append(suffix).c_str(), d_resid, d_resid_ref, kLnTol));
+      EXPECT_TRUE(all_close(shape_name("d_resid", c).append(suffix).c_str(), d_resid, d_resid_ref,
+                            testing::layernorm_d_in_tol(kLnTol, rstd, x.d_out, x.weight)));
       EXPECT_TRUE(all_close(shape_name("ln d_weight", c).append(suffix).c_str(), d_w, d_w_ref,
                             sum_tol(c.rows)));
       EXPECT_TRUE(all_close(shape_name("ln d_bias", c).append(suffix).c_str(), d_b, d_b_ref,
@@ -511,24 +515,24 @@ TEST(ResidualLayerNorm, AgreesWithTheUnfusedKernels) {
   const LnInputs x = ln_inputs(c, 41);
   const std::int64_t n = c.rows * c.cols;
   std::vector<float> s(n), y(n), mean(c.rows), rstd(c.rows);
-  add_forward(cpu_ctx(), s.data(), x.a.data(), x.b.data(), n);
-  layernorm_forward(cpu_ctx(), {.out = y.data(),
-                                .mean = mean.data(),
-                                .rstd = rstd.data(),
-                                .in = s.data(),
-                                .weight = x.weight.data(),
-                                .bias = x.bias.data(),
+  add_forward(cpu_ctx(), testing::dev(s), testing::dev(x.a), testing::dev(x.b), n);
+  layernorm_forward(cpu_ctx(), {.out = testing::dev(y),
+                                .mean = testing::dev(mean),
+                                .rstd = testing::dev(rstd),
+                                .in = testing::dev(s),
+                                .weight = testing::dev(x.weight),
+                                .bias = testing::dev(x.bias),
                                 .rows = c.rows,
                                 .cols = c.cols});
   std::vector<float> s2(n), y2(n), mean2(c.rows), rstd2(c.rows);
-  residual_layernorm_forward(cpu_ctx(), {.resid_out = s2.data(),
-                                         .out = y2.data(),
-                                         .mean = mean2.data(),
-                                         .rstd = rstd2.data(),
-                                         .a = x.a.data(),
-                                         .b = x.b.data(),
-                                         .weight = x.weight.data(),
-                                         .bias = x.bias.data(),
+  residual_layernorm_forward(cpu_ctx(), {.resid_out = testing::dev(s2),
+                                         .out = testing::dev(y2),
+                                         .mean = testing::dev(mean2),
+                                         .rstd = testing::dev(rstd2),
+                                         .a = testing::dev(x.a),
+                                         .b = testing::dev(x.b),
+                                         .weight = testing::dev(x.weight),
+                                         .bias = testing::dev(x.bias),
                                          .rows = c.rows,
                                          .cols = c.cols});
   EXPECT_TRUE(testing::all_equal("fused vs unfused resid", s2, s));
@@ -537,27 +541,27 @@ TEST(ResidualLayerNorm, AgreesWithTheUnfusedKernels) {
   std::vector<float> d_in(n, 0.5f), d_w(c.cols, 0.0f), d_b(c.cols, 0.0f);
   auto d_in2 = d_in, d_w2 = d_w, d_b2 = d_b;
   auto scratch = ln_scratch(c);
-  layernorm_backward(cpu_ctx(), {.d_in = d_in.data(),
-                                 .d_weight = d_w.data(),
-                                 .d_bias = d_b.data(),
-                                 .d_out = x.d_out.data(),
-                                 .in = s.data(),
-                                 .weight = x.weight.data(),
-                                 .mean = mean.data(),
-                                 .rstd = rstd.data(),
+  layernorm_backward(cpu_ctx(), {.d_in = testing::dev(d_in),
+                                 .d_weight = testing::dev(d_w),
+                                 .d_bias = testing::dev(d_b),
+                                 .d_out = testing::dev(x.d_out),
+                                 .in = testing::dev(s),
+                                 .weight = testing::dev(x.weight),
+                                 .mean = testing::dev(mean),
+                                 .rstd = testing::dev(rstd),
                                  .rows = c.rows,
                                  .cols = c.cols});
-  residual_layernorm_backward(cpu_ctx(), {.d_resid = d_in2.data(),
-                                          .d_weight = d_w2.data(),
-                                          .d_bias = d_b2.data(),
-                                          .d_out = x.d_out.data(),
-                                          .resid = s.data(),
-                                          .weight = x.weight.data(),
-                                          .mean = mean.data(),
-                                          .rstd = rstd.data(),
+  residual_layernorm_backward(cpu_ctx(), {.d_resid = testing::dev(d_in2),
+                                          .d_weight = testing::dev(d_w2),
+                                          .d_bias = testing::dev(d_b2),
+                                          .d_out = testing::dev(x.d_out),
+                                          .resid = testing::dev(s),
+                                          .weight = testing::dev(x.weight),
+                                          .mean = testing::dev(mean),
+                                          .rstd = testing::dev(rstd),
                                           .rows = c.rows,
                                           .cols = c.cols,
-                                          .scratch = scratch});
+                                          .scratch = testing::dev_span(scratch)});
   EXPECT_TRUE(all_close("fused vs unfused d_resid", d_in2, d_in, kLnTol));
   EXPECT_TRUE(all_close("fused vs unfused d_weight", d_w2, d_w, kLnTol));
   EXPECT_TRUE(all_close("fused vs unfused d_bias", d_b2, d_b, kLnTol));
@@ -568,14 +572,14 @@ TEST(ResidualLayerNorm, BackwardIsIndependentOfThreadCount) {
   const LnInputs x = ln_inputs(c, 77);
   const std::int64_t n = c.rows * c.cols;
   std::vector<float> resid(n), out(n), mean(c.rows), rstd(c.rows);
-  residual_layernorm_forward(cpu_ctx(), {.resid_out = resid.data(),
-                                         .out = out.data(),
-                                         .mean = mean.data(),
-                                         .rstd = rstd.data(),
-                                         .a = x.a.data(),
-                                         .b = x.b.data(),
-                                         .weight = x.weight.data(),
-                                         .bias = x.bias.data(),
+  residual_layernorm_forward(cpu_ctx(), {.resid_out = testing::dev(resid),
+                                         .out = testing::dev(out),
+                                         .mean = testing::dev(mean),
+                                         .rstd = testing::dev(rstd),
+                                         .a = testing::dev(x.a),
+                                         .b = testing::dev(x.b),
+                                         .weight = testing::dev(x.weight),
+                                         .bias = testing::dev(x.bias),
                                          .rows = c.rows,
                                          .cols = c.cols});
   std::vector<float> d_resid[3], d_w[3], d_b[3];
@@ -584,17 +588,17 @@ TEST(ResidualLayerNorm, BackwardIsIndependentOfThreadCount) {
     d_resid[t].assign(n, 0.5f);
     d_w[t].assign(c.cols, 0.25f);
     d_b[t].assign(c.cols, -0.25f);
-    residual_layernorm_backward(cpu_ctx(t + 1), {.d_resid = d_resid[t].data(),
-                                                 .d_weight = d_w[t].data(),
-                                                 .d_bias = d_b[t].data(),
-                                                 .d_out = x.d_out.data(),
-                                                 .resid = resid.data(),
-                                                 .weight = x.weight.data(),
-                                                 .mean = mean.data(),
-                                                 .rstd = rstd.data(),
+    residual_layernorm_backward(cpu_ctx(t + 1), {.d_resid = testing::dev(d_resid[t]),
+                                                 .d_weight = testing::dev(d_w[t]),
+                                                 .d_bias = testing::dev(d_b[t]),
+                                                 .d_out = testing::dev(x.d_out),
+                                                 .resid = testing::dev(resid),
+                                                 .weight = testing::dev(x.weight),
+                                                 .mean = testing::dev(mean),
+                                                 .rstd = testing::dev(rstd),
                                                  .rows = c.rows,
                                                  .cols = c.cols,
-                                                 .scratch = scratch});
+                                                 .scratch = testing::dev_span(scratch)});
   }
   for (int t = 1; t < 3; ++t) {
     const std::string threads = " 1 vs " + std::to_string(t + 1) + " threads";
@@ -606,14 +610,15 @@ TEST(ResidualLayerNorm, BackwardIsIndependentOfThreadCount) {
 
 TEST(ResidualLayerNorm, RejectsBadArguments) {
   std::vector<float> buf(16, 1.0f);
-  const ResidualLayerNormForwardArgs fwd{.resid_out = buf.data(),
-                                         .out = buf.data(),
-                                         .mean = buf.data(),
-                                         .rstd = buf.data(),
-                                         .a = buf.data(),
-                                         .b = buf.data(),
-                                         .weight = buf.data(),
-                                         .bias = buf.data(),
+  float* const d = testing::dev(buf);
+  const ResidualLayerNormForwardArgs fwd{.resid_out = d,
+                                         .out = d,
+                                         .mean = d,
+                                         .rstd = d,
+                                         .a = d,
+                                         .b = d,
+                                         .weight = d,
+                                         .bias = d,
                                          .rows = 2,
                                          .cols = 2};
   ResidualLayerNormForwardArgs bad = fwd;
@@ -629,13 +634,13 @@ TEST(ResidualLayerNorm, RejectsBadArguments) {
   bad.cols = 0;
   EXPECT_THROW(residual_layernorm_forward(cpu_ctx(), bad), core::InvalidArgument);
   const ResidualLayerNormBackwardArgs bwd{.d_resid = nullptr,
-                                          .d_weight = buf.data(),
-                                          .d_bias = buf.data(),
-                                          .d_out = buf.data(),
-                                          .resid = buf.data(),
-                                          .weight = buf.data(),
-                                          .mean = buf.data(),
-                                          .rstd = buf.data(),
+                                          .d_weight = d,
+                                          .d_bias = d,
+                                          .d_out = d,
+                                          .resid = d,
+                                          .weight = d,
+                                          .mean = d,
+                                          .rstd = d,
                                           .rows = 2,
                                           .cols = 2};
   EXPECT_THROW(residual_layernorm_backward(cpu_ctx(), bwd), core::InvalidArgument);
@@ -659,12 +664,12 @@ TEST(FusedScratch, RejectsTooSmallOrMisalignedScratch) {
   EXPECT_EQ(gelu_bytes, 2 * c.cols * 8);  // 2 chunks of 64 rows, one double per column
   EXPECT_EQ(ln_bytes, 2 * 2 * c.cols * 8);
   std::vector<std::byte> buf(static_cast<std::size_t>(ln_bytes) + 8);
-  const std::span<std::byte> all(buf);
-  BiasGeluBackwardArgs gelu{.d_in = d_in.data(),
-                            .d_bias = d_b.data(),
-                            .d_out = g.d_out.data(),
-                            .in = g.in.data(),
-                            .bias = g.bias.data(),
+  const std::span<std::byte> all = testing::dev_span(buf);
+  BiasGeluBackwardArgs gelu{.d_in = testing::dev(d_in),
+                            .d_bias = testing::dev(d_b),
+                            .d_out = testing::dev(g.d_out),
+                            .in = testing::dev(g.in),
+                            .bias = testing::dev(g.bias),
                             .rows = c.rows,
                             .cols = c.cols,
                             .scratch = all.first(static_cast<std::size_t>(gelu_bytes - 8))};
@@ -673,14 +678,14 @@ TEST(FusedScratch, RejectsTooSmallOrMisalignedScratch) {
   EXPECT_THROW(bias_gelu_backward(cpu_ctx(), gelu), core::InvalidArgument);
   gelu.scratch = all.first(static_cast<std::size_t>(gelu_bytes));
   bias_gelu_backward(cpu_ctx(), gelu);  // exactly enough: runs
-  ResidualLayerNormBackwardArgs ln{.d_resid = d_in.data(),
-                                   .d_weight = d_w.data(),
-                                   .d_bias = d_b.data(),
-                                   .d_out = g.d_out.data(),
-                                   .resid = resid.data(),
-                                   .weight = g.bias.data(),
-                                   .mean = stat.data(),
-                                   .rstd = stat.data(),
+  ResidualLayerNormBackwardArgs ln{.d_resid = testing::dev(d_in),
+                                   .d_weight = testing::dev(d_w),
+                                   .d_bias = testing::dev(d_b),
+                                   .d_out = testing::dev(g.d_out),
+                                   .resid = testing::dev(resid),
+                                   .weight = testing::dev(g.bias),
+                                   .mean = testing::dev(stat),
+                                   .rstd = testing::dev(stat),
                                    .rows = c.rows,
                                    .cols = c.cols,
                                    .scratch = all.first(static_cast<std::size_t>(ln_bytes - 1))};
@@ -715,11 +720,11 @@ TEST(FusedViews, ViewsOfTheWrongDtypeShapeOrDeviceAreClearErrors) {
   EXPECT_EQ(gelu_error(g), "no error");
   const std::string bwd = testing::invalid_argument_of([&] {
     bias_gelu_backward(cpu_ctx(), {.d_in = view_of(y, rc),
-                                   .d_bias = core::view(b.data(), {cols - 1}),
+                                   .d_bias = testing::view_claiming(b, {cols - 1}),
                                    .d_out = view_of(x, rc),
                                    .in = view_of(x, rc),
                                    .bias = view_of(b, {cols}),
-                                   .scratch = scratch});
+                                   .scratch = testing::dev_span(scratch)});
   });
   EXPECT_NE(bwd.find("bias_gelu_backward: view `d_bias` has shape (7), the op needs (8)"),
             std::string::npos)
@@ -734,11 +739,11 @@ TEST(FusedViews, ViewsOfTheWrongDtypeShapeOrDeviceAreClearErrors) {
                                   .weight = view_of(w, {cols}),
                                   .bias = view_of(b, {cols})};
   ResidualLayerNormViews l = ln;
-  l.b = core::view(y.data(), rc, {.kind = core::DeviceKind::kCuda});
+  l.b = core::view(testing::dev(y), rc, testing::other_device());
   std::string e = testing::invalid_argument_of([&] { residual_layernorm(cpu_ctx(), l); });
   EXPECT_NE(e.find("residual_layernorm: view `b` is on another device"), std::string::npos) << e;
   l = ln;
-  l.out_bf16 = core::view(x16.data(), {rows, cols + 1});
+  l.out_bf16 = testing::view_claiming(x16, {rows, cols + 1});
   e = testing::invalid_argument_of([&] { residual_layernorm(cpu_ctx(), l); });
   EXPECT_NE(e.find("view `out_bf16` has shape (3, 9)"), std::string::npos) << e;
   e = testing::invalid_argument_of([&] {

@@ -1,6 +1,7 @@
-// Helpers for the kernel tests: seeded random fills, the |x - ref| <= atol + rtol*|ref| comparison
-// with a failure message naming the tensor, the first bad index, both values and the max errors,
-// and central finite differences for checking the reference backward passes in double.
+// Helpers for the kernel tests: the backend this run tests and the buffers that follow it, seeded
+// random fills, the |x - ref| <= atol + rtol*|ref| comparison with a failure message naming the
+// tensor, the first bad index, both values and the max errors, and central finite differences for
+// checking the reference backward passes in double.
 // Set TRIDENT_PRINT_ERRORS=1 to print the max errors of every comparison.
 #pragma once
 
@@ -14,6 +15,7 @@
 #include <cstdlib>
 #include <functional>
 #include <random>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -25,16 +27,89 @@
 namespace trident::kernels::testing {
 
 // The backend this run of the kernel tests exercises, from TRIDENT_TEST_BACKEND: "cpu-x86_64",
-// "cpu-avx2", "cpu-avx512" (a CPU instruction-set variant) or unset/"cpu" (the variant chosen at
-// run time). CTest runs the whole binary once per backend the build has
+// "cpu-avx2", "cpu-avx512" (a CPU instruction-set variant), unset/"cpu" (the variant chosen at run
+// time) or, in builds with CUDA (real or emulated), "cuda" (device 0, on a non-blocking stream the
+// backend creates). CTest runs the whole binary once per backend the build has
 // (tests/kernels/CMakeLists.txt), so a new backend adds no test files; backend_test.cc skips every
 // test of a backend this machine cannot run, saying why.
 struct TestBackend {
   const char* name = "cpu";
   core::ExecContext ctx{};
+  // Why this machine cannot run the backend ("" when it can): no GPU, for instance.
+  std::string unavailable;
 };
-TestBackend test_backend();
+// The same object for the whole run (the cuda backend's stream is made once).
+const TestBackend& test_backend();
 inline core::ExecContext backend_ctx() { return test_backend().ctx; }
+inline bool on_cuda() { return backend_ctx().device.kind == core::DeviceKind::kCuda; }
+// A device that is not the backend's: views on it are refused as "on another device".
+inline core::Device other_device() {
+  return on_cuda() ? core::Device{} : core::Device{core::DeviceKind::kCuda, 0};
+}
+
+// Tests of the CPU backend only (instruction-set variants, thread counts, oneDNN, the CPU bodies'
+// own helpers, ops with no CUDA body) or of no backend at all (the references, host helpers) live
+// in test suites named *CpuOnly, which the runs of other backends do not register
+// (tests/kernels/CMakeLists.txt); their first statement is this guard, saying why. Run by hand on
+// another backend they report SKIPPED with that reason, never passed.
+#define TRIDENT_CPU_ONLY(why)                                                                      \
+  if (::trident::kernels::testing::backend_ctx().device.kind != ::trident::core::DeviceKind::kCpu) \
+  GTEST_SKIP() << "a test of the CPU backend only (" why "); the "                                 \
+               << ::trident::kernels::testing::test_backend().name << " run does not register it"
+
+// ---- Test buffers that follow the backend ----
+//
+// Tests hold host std::vectors. On the CPU backends the helpers below are the vectors themselves.
+// On the cuda backend every vector handed to a kernel has a device mirror, kept coherent at each
+// hand-over:
+// - view_of(vec, shape), view_at(vec, offset, shape), dev(vec) and dev_span(vec) give the mirror
+//   (made by uploading vec on first use) to a kernel;
+// - all_close, all_equal and fetch(vec) bring a mirror's contents back before the host reads vec.
+// At each of these the mirror is reconciled against a snapshot of what host and device held at
+// the last hand-over: only the host changed -> upload; only the device changed (a kernel wrote
+// it) -> download; neither -> nothing; both, differently -> the test fails, naming the buffer (a
+// host write onto results it never fetched). So chained ops (one op's output is the next one's
+// input) and accumulating ops called twice see the device's data, never a stale host copy, and a
+// host edit is never lost. A mirror lives as long as its vector's memory: freeing that memory
+// (the vector destroyed or reallocated) drops it (kernel_test_util.cc replaces operator delete
+// for that), so a new vector at a reused address starts from its own contents. In-place use
+// (.out = view_of(x), .in = view_of(x)) gets one device buffer. What the mechanism cannot see:
+// - a host read of an output without fetch (a helper that returns results fetches them):
+//   outputs start as NaN (or values the result must differ from), so such a read fails;
+// - a host edit made after a view was taken and before that stored view is used: the edit goes
+//   up at the next hand-over, so take views after editing their vectors.
+// Use from the test's own thread. TestBuffers.* checks the mechanism itself;
+// TRIDENT_TEST_BUFFERS_AUDIT=1 lists, per test, the buffers kernels wrote and nobody fetched.
+namespace detail {
+bool mirrors_enabled();
+// The device mirror of [host, host + bytes), a whole vector's memory, reconciled first.
+void* device_mirror(const void* host, std::size_t bytes);
+// Reconciles every mirror overlapping [host, host + bytes) before the host reads it.
+void sync_to_host(const void* host, std::size_t bytes);
+// Frees every mirror (the global environment's TearDown).
+void release_test_buffers();
+}  // namespace detail
+
+// The memory a kernel of this backend reads and writes for vec: vec.data() on the CPU, its device
+// mirror on cuda.
+template <class T>
+T* dev(const std::vector<T>& v) {
+  if (!detail::mirrors_enabled()) return const_cast<T*>(v.data());
+  return static_cast<T*>(detail::device_mirror(v.data(), v.size() * sizeof(T)));
+}
+
+// Scratch for a kernel (the caller's working memory) as a span of this backend's memory.
+template <class T>
+std::span<T> dev_span(std::vector<T>& v) {
+  return {dev(v), v.size()};
+}
+
+// Makes vec's host contents current (downloads what a kernel wrote) and returns it.
+template <class T>
+const std::vector<T>& fetch(const std::vector<T>& v) {
+  if (detail::mirrors_enabled()) detail::sync_to_host(v.data(), v.size() * sizeof(T));
+  return v;
+}
 
 // n values drawn from N(mean, stddev), reproducible from the seed.
 template <class T = float>
@@ -65,6 +140,10 @@ struct Tol {
 template <class A, class B>
 ::testing::AssertionResult all_close(const char* name, const A* got, const B* want, std::int64_t n,
                                      Tol tol) {
+  if (detail::mirrors_enabled()) {
+    detail::sync_to_host(got, static_cast<std::size_t>(n) * sizeof(A));
+    detail::sync_to_host(want, static_cast<std::size_t>(n) * sizeof(B));
+  }
   std::int64_t first_bad = -1, num_bad = 0;
   double max_abs = 0.0, max_rel = 0.0;
   for (std::int64_t i = 0; i < n; ++i) {
@@ -113,6 +192,8 @@ inline ::testing::AssertionResult all_equal(const char* name, const std::vector<
     return ::testing::AssertionFailure()
            << name << ": size " << got.size() << " vs expected size " << want.size();
   }
+  fetch(got);
+  fetch(want);
   std::int64_t first_bad = -1, num_bad = 0;
   for (std::size_t i = 0; i < got.size(); ++i) {
     if (std::bit_cast<std::uint32_t>(got[i]) != std::bit_cast<std::uint32_t>(want[i])) {
@@ -151,17 +232,50 @@ inline double dot(const std::vector<double>& w, const std::vector<double>& y) {
   return s;
 }
 
+// The tolerance of a LayerNorm input gradient, base plus what its rstd amplifies: d_in is rstd
+// times a bracket (g - mean(g) - xhat mean(g xhat), g = d_out w) whose terms, of size max |g|,
+// cancel exactly in a row of zero variance (one column). rstd is then 1/sqrt(eps) ~ 316, and where
+// the compiler contracts d_out * w - mean(g) into an FMA (the AVX2 and AVX-512 builds, nvcc) the
+// bracket keeps the rounding of d_out * w: the absolute part gains 4 FP32 ulps of max |g| times
+// the largest rstd (~1e-6 for rows of unit variance, ~5e-4 for one-column rows).
+inline Tol layernorm_d_in_tol(Tol base, const std::vector<float>& rstd,
+                              const std::vector<float>& d_out, const std::vector<float>& weight) {
+  double max_rstd = 0.0, max_g = 0.0;
+  for (float r : rstd) max_rstd = std::max(max_rstd, static_cast<double>(std::abs(r)));
+  for (std::size_t i = 0; i < d_out.size(); ++i) {
+    max_g = std::max(max_g, std::abs(static_cast<double>(d_out[i]) * weight[i % weight.size()]));
+  }
+  return {base.atol + 4.0 * 0x1.0p-23 * max_g * max_rstd, base.rtol};
+}
+
 // The tolerance for comparing a double-precision analytic gradient with central differences at
 // step 1e-6: truncation error O(h^2) ~ 1e-12 and cancellation error ~ 1e-16 / 1e-6 = 1e-10.
 inline constexpr Tol kFiniteDiffTol{1e-7, 1e-6};
 
-// A test buffer as a typed view on the host (the ops' Views entry points); the shape must cover
-// the buffer exactly.
+// A test buffer as a typed view of this backend's memory (the ops' Views entry points); the shape
+// must cover the buffer exactly.
 template <class T>
 core::TensorView view_of(const std::vector<T>& v, core::Shape shape) {
   EXPECT_EQ(shape.numel(), static_cast<std::int64_t>(v.size()))
       << "view_of: shape " << core::to_string(shape) << " does not cover the buffer";
-  return core::view(v.data(), shape);
+  return core::view(dev(v), shape, backend_ctx().device);
+}
+
+// A view of part of a buffer, from element `offset` (an operand inside a larger buffer, as the
+// model's flat weight and gradient buffers hold them: its address is only element-aligned).
+template <class T>
+core::TensorView view_at(const std::vector<T>& v, std::int64_t offset, core::Shape shape) {
+  EXPECT_TRUE(offset >= 0 && offset + shape.numel() <= static_cast<std::int64_t>(v.size()))
+      << "view_at: elements [" << offset << ", " << offset + shape.numel() << ") of a buffer of "
+      << v.size();
+  return core::view(dev(v) + offset, shape, backend_ctx().device);
+}
+
+// A view of vec's memory on this backend that claims `shape`, which need not fit the buffer: for
+// the views' shape checks, which refuse it before any element is read.
+template <class T>
+core::TensorView view_claiming(const std::vector<T>& v, core::Shape shape) {
+  return core::view(dev(v), shape, backend_ctx().device);
 }
 
 // The message of the core::InvalidArgument that fn() throws, or "no error".

@@ -2,7 +2,8 @@
 // several rows, with and without ALiBi; and against the fused attention over the whole sequence
 // (flash_attention.h), which it must reproduce for one sample.
 //
-// Tolerance |x - ref| <= 1e-6 + 1e-5 |ref|: FP32 dot products and softmax of at most 24 positions.
+// Tolerance |x - ref| <= 1e-6 + 1e-5 |ref|: FP32 dot products and softmax of at most 24 positions
+// (on cuda through the device expf, 2 ulp, with FMAs: a few ulp). The caches are copies: exact.
 #include "trident/kernels/kv_cache_attention.h"
 
 #include <gtest/gtest.h>
@@ -28,7 +29,7 @@ TEST_P(KvCacheAttention, MatchesReferenceAndTheFullSequence) {
   alibi_slopes(NH, slopes.data());
   const float* alibi = GetParam() ? slopes.data() : nullptr;
   std::vector<float> kc(P * C), vc(P * C), rkc(P * C), rvc(P * C);
-  std::vector<float> out(T * C), want(T * C);
+  std::vector<float> out(T * C, NAN), want(T * C);
   std::vector<float> scratch(static_cast<std::size_t>(kv_cache_attention_scratch_floats(P, NH)));
   // Prefill 5 rows, then one token at a time.
   for (std::int64_t pos = 0; pos < T; pos += pos == 0 ? 5 : 1) {
@@ -47,13 +48,13 @@ TEST_P(KvCacheAttention, MatchesReferenceAndTheFullSequence) {
     const core::Shape cache{P, C};
     kv_cache_attention(
         testing::backend_ctx(),
-        {.out = core::view(out.data() + pos * C, {rows, C}),
+        {.out = testing::view_at(out, pos * C, {rows, C}),
          .k_cache = testing::view_of(kc, cache),
          .v_cache = testing::view_of(vc, cache),
-         .qkv = core::view(qkv.data() + pos * 3 * C, {rows, NH, 3 * HS}),
+         .qkv = testing::view_at(qkv, pos * 3 * C, {rows, NH, 3 * HS}),
          .alibi = alibi != nullptr ? testing::view_of(slopes, {NH}) : core::TensorView{},
          .position = pos,
-         .scratch = scratch});
+         .scratch = testing::dev_span(scratch)});
     a.out = want.data() + pos * C;
     a.k_cache = rkc.data();
     a.v_cache = rvc.data();
@@ -61,16 +62,17 @@ TEST_P(KvCacheAttention, MatchesReferenceAndTheFullSequence) {
   }
   EXPECT_TRUE(all_close("out vs ref", out, want, kTol));
   EXPECT_TRUE(testing::all_equal("k cache", kc, rkc));
-  std::vector<float> full(T * C), lse(NH * T);
-  flash_attention_forward(testing::backend_ctx(), {.out = full.data(),
-                                                   .lse = lse.data(),
-                                                   .qkv = qkv.data(),
-                                                   .alibi = alibi,
-                                                   .dropout = {},
-                                                   .batch = 1,
-                                                   .seq_len = T,
-                                                   .num_heads = NH,
-                                                   .head_dim = HS});
+  std::vector<float> full(T * C, NAN), lse(NH * T);
+  flash_attention_forward(testing::backend_ctx(),
+                          {.out = testing::dev(full),
+                           .lse = testing::dev(lse),
+                           .qkv = testing::dev(qkv),
+                           .alibi = GetParam() ? testing::dev(slopes) : nullptr,
+                           .dropout = {},
+                           .batch = 1,
+                           .seq_len = T,
+                           .num_heads = NH,
+                           .head_dim = HS});
   EXPECT_TRUE(all_close("out vs flash attention", out, full, kTol));
 }
 
@@ -85,7 +87,7 @@ TEST(KvCacheAttentionErrors, ViewsThatDisagreeAreClearErrors) {
                                                 .k_cache = testing::view_of(kc, {P, C}),
                                                 .v_cache = testing::view_of(vc, {P - 1, C}),
                                                 .qkv = testing::view_of(qkv, {1, NH, 3 * HS}),
-                                                .scratch = scratch});
+                                                .scratch = testing::dev_span(scratch)});
   });
   EXPECT_NE(e.find("kv_cache_attention: view `v_cache` has shape (5, 8), the op needs (6, 8)"),
             std::string::npos)
@@ -94,16 +96,17 @@ TEST(KvCacheAttentionErrors, ViewsThatDisagreeAreClearErrors) {
 
 TEST(KvCacheAttentionErrors, PastTheCache) {
   std::vector<float> buf(64), scratch(8);
-  EXPECT_THROW(kv_cache_attention(testing::backend_ctx(), {.out = buf.data(),
-                                                           .k_cache = buf.data(),
-                                                           .v_cache = buf.data(),
-                                                           .qkv = buf.data(),
+  float* const d = testing::dev(buf);
+  EXPECT_THROW(kv_cache_attention(testing::backend_ctx(), {.out = d,
+                                                           .k_cache = d,
+                                                           .v_cache = d,
+                                                           .qkv = d,
                                                            .rows = 1,
                                                            .position = 4,
                                                            .max_positions = 4,
                                                            .num_heads = 1,
                                                            .head_dim = 2,
-                                                           .scratch = scratch}),
+                                                           .scratch = testing::dev_span(scratch)}),
                core::InvalidArgument);
 }
 

@@ -38,10 +38,10 @@ TEST(TypedLinear, Fp32WeightRunsTheFp32ProductAndMatchesTheReference) {
                        .rows = kRows,
                        .in_features = kIn,
                        .out_features = kOut});
-  linear(testing::backend_ctx(), {.out = core::view(out.data(), {kRows, kOut}),
-                                  .in = core::view(in.data(), {kRows, kIn}),
-                                  .weight = core::view(w.data(), {kOut, kIn}),
-                                  .bias = core::view(b.data(), {kOut})});
+  linear(testing::backend_ctx(), {.out = testing::view_of(out, {kRows, kOut}),
+                                  .in = testing::view_of(in, {kRows, kIn}),
+                                  .weight = testing::view_of(w, {kOut, kIn}),
+                                  .bias = testing::view_of(b, {kOut})});
   EXPECT_TRUE(testing::all_close("out", out, want, testing::Tol{1e-5, 1e-5}));
 }
 
@@ -53,44 +53,44 @@ TEST(TypedLinear, Bf16WeightRunsTheBf16ProductBitForBit) {
   const core::ExecContext ctx = testing::backend_ctx();
   std::vector<std::byte> scratch(
       static_cast<std::size_t>(linear_bf16_scratch_bytes(ctx, kRows, kIn, kOut)));
-  std::vector<float> out(kRows * kOut), want(out.size());
-  linear(ctx, {.out = core::view(out.data(), {kRows, kOut}),
-               .in = core::view(in.data(), {kRows, kIn}),
-               .weight = core::view(w.data(), {kOut, kIn}),
-               .scratch = scratch});
-  linear_forward_bf16(ctx, {.out = want.data(),
-                            .in = in.data(),
-                            .weight = w.data(),
+  std::vector<float> out(kRows * kOut, NAN), want(out.size());
+  linear(ctx, {.out = testing::view_of(out, {kRows, kOut}),
+               .in = testing::view_of(in, {kRows, kIn}),
+               .weight = testing::view_of(w, {kOut, kIn}),
+               .scratch = testing::dev_span(scratch)});
+  linear_forward_bf16(ctx, {.out = testing::dev(want),
+                            .in = testing::dev(in),
+                            .weight = testing::dev(w),
                             .rows = kRows,
                             .in_features = kIn,
                             .out_features = kOut,
-                            .scratch = scratch});
-  EXPECT_EQ(std::memcmp(out.data(), want.data(), out.size() * sizeof(float)), 0);
+                            .scratch = testing::dev_span(scratch)});
+  EXPECT_TRUE(testing::all_equal("out", out, want));
 
-  std::vector<float> d_in(kRows * kIn), d_w(kOut * kIn, 0.5f), d_b(kOut, 0.25f);
+  std::vector<float> d_in(kRows * kIn, NAN), d_w(kOut * kIn, 0.5f), d_b(kOut, 0.25f);
   std::vector<float> want_in(d_in.size()), want_w(d_w), want_b(d_b);
-  linear_backward(ctx, LinearBackwardViews{.d_in = core::view(d_in.data(), {kRows, kIn}),
-                                           .d_weight = core::view(d_w.data(), {kOut, kIn}),
-                                           .d_bias = core::view(d_b.data(), {kOut}),
-                                           .d_out = core::view(d_out32.data(), {kRows, kOut}),
-                                           .d_out_bf16 = core::view(d_out16.data(), {kRows, kOut}),
-                                           .in = core::view(in.data(), {kRows, kIn}),
-                                           .weight = core::view(w.data(), {kOut, kIn}),
-                                           .scratch = scratch});
-  linear_backward_bf16(ctx, {.d_in = want_in.data(),
-                             .d_weight = want_w.data(),
-                             .d_bias = want_b.data(),
-                             .d_out = d_out32.data(),
-                             .d_out_bf16 = d_out16.data(),
-                             .in = in.data(),
-                             .weight = w.data(),
+  linear_backward(ctx, LinearBackwardViews{.d_in = testing::view_of(d_in, {kRows, kIn}),
+                                           .d_weight = testing::view_of(d_w, {kOut, kIn}),
+                                           .d_bias = testing::view_of(d_b, {kOut}),
+                                           .d_out = testing::view_of(d_out32, {kRows, kOut}),
+                                           .d_out_bf16 = testing::view_of(d_out16, {kRows, kOut}),
+                                           .in = testing::view_of(in, {kRows, kIn}),
+                                           .weight = testing::view_of(w, {kOut, kIn}),
+                                           .scratch = testing::dev_span(scratch)});
+  linear_backward_bf16(ctx, {.d_in = testing::dev(want_in),
+                             .d_weight = testing::dev(want_w),
+                             .d_bias = testing::dev(want_b),
+                             .d_out = testing::dev(d_out32),
+                             .d_out_bf16 = testing::dev(d_out16),
+                             .in = testing::dev(in),
+                             .weight = testing::dev(w),
                              .rows = kRows,
                              .in_features = kIn,
                              .out_features = kOut,
-                             .scratch = scratch});
-  EXPECT_EQ(std::memcmp(d_in.data(), want_in.data(), d_in.size() * sizeof(float)), 0);
-  EXPECT_EQ(std::memcmp(d_w.data(), want_w.data(), d_w.size() * sizeof(float)), 0);
-  EXPECT_EQ(std::memcmp(d_b.data(), want_b.data(), d_b.size() * sizeof(float)), 0);
+                             .scratch = testing::dev_span(scratch)});
+  EXPECT_TRUE(testing::all_equal("d_in", d_in, want_in));
+  EXPECT_TRUE(testing::all_equal("d_weight", d_w, want_w));
+  EXPECT_TRUE(testing::all_equal("d_bias", d_b, want_b));
 }
 
 std::string error_of(const LinearViews& v) {
@@ -105,18 +105,18 @@ std::string error_of(const LinearViews& v) {
 TEST(TypedLinear, ViewsOfTheWrongDtypeShapeOrDeviceAreClearErrors) {
   std::vector<float> in(kRows * kIn), w(kOut * kIn), out(kRows * kOut);
   const auto w16 = to_bf16(w);
-  const LinearViews ok{.out = core::view(out.data(), {kRows, kOut}),
-                       .in = core::view(in.data(), {kRows, kIn}),
-                       .weight = core::view(w.data(), {kOut, kIn})};
+  const LinearViews ok{.out = testing::view_of(out, {kRows, kOut}),
+                       .in = testing::view_of(in, {kRows, kIn}),
+                       .weight = testing::view_of(w, {kOut, kIn})};
   LinearViews v = ok;
-  v.weight = core::view(w16.data(), {kOut, kIn});  // BF16 weight, FP32 input
+  v.weight = testing::view_of(w16, {kOut, kIn});  // BF16 weight, FP32 input
   EXPECT_NE(error_of(v).find("view `in` holds f32, the op needs bf16"), std::string::npos)
       << error_of(v);
   v = ok;
-  v.out = core::view(out.data(), {kRows, kOut - 1});
+  v.out = testing::view_claiming(out, {kRows, kOut - 1});
   EXPECT_NE(error_of(v).find("view `out` has shape"), std::string::npos) << error_of(v);
   v = ok;
-  v.in = core::view(in.data(), {kRows, kIn}, {.kind = core::DeviceKind::kCuda});
+  v.in = core::view(testing::dev(in), {kRows, kIn}, testing::other_device());
   EXPECT_NE(error_of(v).find("view `in` is on another device"), std::string::npos) << error_of(v);
   v = ok;
   v.out = {};

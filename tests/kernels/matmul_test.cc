@@ -3,7 +3,9 @@
 //
 // Tolerance: |x - ref| <= 1e-5 + 1e-5 |ref|. FP32 products of K terms carry a rounding error of
 // about sqrt(K) * 6e-8 * |a||b|; with the data scaled like a GPT layer (inputs ~1, weights ~0.02 or
-// ~1/sqrt(K)) that stays below 1e-6 at K = 768.
+// ~1/sqrt(K)) that stays below 1e-6 at K = 768 (and at K = 3072 of unit-scale terms, ~3e-6). The
+// CUDA products are cuBLASLt's in true FP32 (CUBLAS_COMPUTE_32F, no TF32), summed in its own
+// order with FMAs: the same FP32 error budget. Elements outside C are compared bitwise.
 #include "trident/kernels/matmul.h"
 
 #include <gtest/gtest.h>
@@ -40,12 +42,18 @@ struct GemmCase {
   std::int64_t m, n, k;
 };
 
+// Every transposition, alpha and beta (beta 0 with NaN in C), strided operands, and operands at
+// element offsets 0-3 into their buffers (only 4-byte aligned, as inside a flat weight buffer).
 TEST(Gemm, MatchesReferenceForAllTransposesAndScalars) {
   const GemmCase cases[] = {{1, 1, 1},    {3, 5, 7},    {17, 33, 9}, {64, 48, 80},
-                            {1, 129, 31}, {100, 1, 50}, {31, 17, 1}};
+                            {1, 129, 31}, {100, 1, 50}, {31, 17, 1}, {2, 3, 3072}};
   const std::tuple<float, float> scalars[] = {{1.0f, 0.0f}, {0.5f, 1.5f}, {-2.0f, 1.0f}};
   std::uint64_t seed = 1;
+  std::int64_t case_index = 0;
   for (const GemmCase& gc : cases) {
+    const std::int64_t off_a = case_index % 4, off_b = (case_index + 1) % 4,
+                       off_c = (case_index + 2) % 4;
+    ++case_index;
     for (Trans ta : {Trans::kNo, Trans::kYes}) {
       for (Trans tb : {Trans::kNo, Trans::kYes}) {
         for (auto [alpha, beta] : scalars) {
@@ -55,12 +63,13 @@ TEST(Gemm, MatchesReferenceForAllTransposesAndScalars) {
           const std::int64_t b_rows = tb == Trans::kYes ? gc.n : gc.k;
           const std::int64_t b_cols = tb == Trans::kYes ? gc.k : gc.n;
           const std::int64_t lda = a_cols + 3, ldb = b_cols + 3, ldc = gc.n + 3;
-          const auto a = randn(a_rows * lda, seed++, 1.0 / std::sqrt(static_cast<double>(gc.k)));
-          const auto b = randn(b_rows * ldb, seed++);
-          auto c = randn(gc.m * ldc, seed++);
+          const auto a =
+              randn(off_a + a_rows * lda, seed++, 1.0 / std::sqrt(static_cast<double>(gc.k)));
+          const auto b = randn(off_b + b_rows * ldb, seed++);
+          auto c = randn(off_c + gc.m * ldc, seed++);
           if (beta == 0.0f) {  // beta == 0 must overwrite: garbage in C may not leak through
             for (std::int64_t i = 0; i < gc.m; ++i)
-              for (std::int64_t j = 0; j < gc.n; ++j) c[i * ldc + j] = kNaN;
+              for (std::int64_t j = 0; j < gc.n; ++j) c[off_c + i * ldc + j] = kNaN;
           }
           auto c_ref = c;
           GemmArgs args{.trans_a = ta,
@@ -69,23 +78,26 @@ TEST(Gemm, MatchesReferenceForAllTransposesAndScalars) {
                         .n = gc.n,
                         .k = gc.k,
                         .alpha = alpha,
-                        .a = a.data(),
+                        .a = testing::dev(a) + off_a,
                         .lda = lda,
-                        .b = b.data(),
+                        .b = testing::dev(b) + off_b,
                         .ldb = ldb,
                         .beta = beta,
-                        .c = c.data(),
+                        .c = testing::dev(c) + off_c,
                         .ldc = ldc};
           gemm(cpu_ctx(), args);
-          args.c = c_ref.data();
+          testing::fetch(c);
+          args.a = a.data() + off_a;
+          args.b = b.data() + off_b;
+          args.c = c_ref.data() + off_c;
           ref::gemm(args);
-          // Compare whole rows including the padding columns (which must stay untouched).
-          for (std::int64_t i = 0; i < gc.m; ++i) {
-            for (std::int64_t j = gc.n; j < ldc; ++j) {
-              ASSERT_EQ(std::bit_cast<std::uint32_t>(c[i * ldc + j]),
-                        std::bit_cast<std::uint32_t>(c_ref[i * ldc + j]))
-                  << "gemm wrote outside C at (" << i << ", " << j << ")";
-            }
+          // Compare whole rows including the padding columns (which must stay untouched), and
+          // the elements before C.
+          for (std::int64_t i = 0; i < off_c + gc.m * ldc; ++i) {
+            const std::int64_t j = (i - off_c) % ldc;
+            if (i >= off_c && j < gc.n) continue;
+            ASSERT_EQ(std::bit_cast<std::uint32_t>(c[i]), std::bit_cast<std::uint32_t>(c_ref[i]))
+                << "gemm wrote outside C at element " << i << " of its buffer";
           }
           const std::string name =
               "gemm C m=" + std::to_string(gc.m) + " n=" + std::to_string(gc.n) +
@@ -109,29 +121,25 @@ TEST(Gemm, ZeroInnerDimensionScalesC) {
                    .b = nullptr,
                    .ldb = 3,
                    .beta = 2.0f,
-                   .c = c.data(),
+                   .c = testing::dev(c),
                    .ldc = 4});
+  testing::fetch(c);
   EXPECT_EQ(c[0], 2.0f);
   EXPECT_EQ(c[1], -4.0f);
   EXPECT_EQ(c[2], 6.0f);
   EXPECT_TRUE(std::isnan(c[3]));  // outside the 1x3 matrix: untouched
   std::vector<float> z = {kNaN, kNaN};
-  gemm(cpu_ctx(), {.m = 1, .n = 2, .k = 0, .beta = 0.0f, .c = z.data(), .ldc = 2});
+  gemm(cpu_ctx(), {.m = 1, .n = 2, .k = 0, .beta = 0.0f, .c = testing::dev(z), .ldc = 2});
+  testing::fetch(z);
   EXPECT_EQ(z[0], 0.0f);
   EXPECT_EQ(z[1], 0.0f);
 }
 
 TEST(Gemm, RejectsBadArguments) {
   std::vector<float> buf(64, 1.0f);
-  GemmArgs good{.m = 4,
-                .n = 4,
-                .k = 4,
-                .a = buf.data(),
-                .lda = 4,
-                .b = buf.data(),
-                .ldb = 4,
-                .c = buf.data(),
-                .ldc = 4};
+  float* const d = testing::dev(buf);
+  GemmArgs good{
+      .m = 4, .n = 4, .k = 4, .a = d, .lda = 4, .b = d + 16, .ldb = 4, .c = d + 32, .ldc = 4};
   GemmArgs bad = good;
   bad.m = -1;
   EXPECT_THROW(gemm(cpu_ctx(), bad), core::InvalidArgument);
@@ -174,16 +182,19 @@ TEST(Linear, ForwardMatchesReference) {
       const auto w = randn(lc.out * lc.in, seed++, 0.02);
       const auto bias = randn(lc.out, seed++, 0.1);
       std::vector<float> out(lc.rows * lc.out, kNaN), out_ref(lc.rows * lc.out, kNaN);
-      LinearForwardArgs args{.out = out.data(),
+      LinearForwardArgs args{.out = out_ref.data(),
                              .in = in.data(),
                              .weight = w.data(),
                              .bias = with_bias ? bias.data() : nullptr,
                              .rows = lc.rows,
                              .in_features = lc.in,
                              .out_features = lc.out};
-      linear_forward(cpu_ctx(), args);
-      args.out = out_ref.data();
       ref::linear_forward(args);
+      args.out = testing::dev(out);
+      args.in = testing::dev(in);
+      args.weight = testing::dev(w);
+      args.bias = with_bias ? testing::dev(bias) : nullptr;
+      linear_forward(cpu_ctx(), args);
       const std::string name = "linear_forward out rows=" + std::to_string(lc.rows) +
                                " in=" + std::to_string(lc.in) + " out=" + std::to_string(lc.out) +
                                (with_bias ? " bias" : " no bias");
@@ -204,20 +215,23 @@ TEST(Linear, BackwardMatchesReferenceWithAccumulation) {
       auto d_w = randn(lc.out * lc.in, seed++);
       auto d_b = randn(lc.out, seed++);
       auto d_in_ref = d_in, d_w_ref = d_w, d_b_ref = d_b;
-      LinearBackwardArgs args{.d_in = optional_outputs ? d_in.data() : nullptr,
-                              .d_weight = d_w.data(),
-                              .d_bias = optional_outputs ? d_b.data() : nullptr,
+      LinearBackwardArgs args{.d_in = optional_outputs ? d_in_ref.data() : nullptr,
+                              .d_weight = d_w_ref.data(),
+                              .d_bias = optional_outputs ? d_b_ref.data() : nullptr,
                               .d_out = d_out.data(),
                               .in = in.data(),
                               .weight = w.data(),
                               .rows = lc.rows,
                               .in_features = lc.in,
                               .out_features = lc.out};
-      linear_backward(cpu_ctx(), args);
-      args.d_in = optional_outputs ? d_in_ref.data() : nullptr;
-      args.d_weight = d_w_ref.data();
-      args.d_bias = optional_outputs ? d_b_ref.data() : nullptr;
       ref::linear_backward(args);
+      args.d_in = optional_outputs ? testing::dev(d_in) : nullptr;
+      args.d_weight = testing::dev(d_w);
+      args.d_bias = optional_outputs ? testing::dev(d_b) : nullptr;
+      args.d_out = testing::dev(d_out);
+      args.in = testing::dev(in);
+      args.weight = testing::dev(w);
+      linear_backward(cpu_ctx(), args);
       const std::string shape = " rows=" + std::to_string(lc.rows) +
                                 " in=" + std::to_string(lc.in) + " out=" + std::to_string(lc.out);
       EXPECT_TRUE(all_close(("linear_backward d_weight" + shape).c_str(), d_w, d_w_ref, kTol));
@@ -233,17 +247,18 @@ TEST(Linear, BackwardMatchesReferenceWithAccumulation) {
 }
 
 // d_bias is a column-parallel reduction walked in row order: bitwise equal for 1 and 2 threads.
+// On cuda (no thread count) the two runs check that a second call gives the same bits.
 TEST(Linear, BiasGradientIsIndependentOfThreadCount) {
   const std::int64_t rows = 301, in = 40, out = 1030;
   const auto x = randn(rows * in, 1), w = randn(out * in, 2, 0.02), d_out = randn(rows * out, 3);
   std::vector<float> d_b[2], d_w(out * in);
   for (int t = 0; t < 2; ++t) {
     d_b[t].assign(out, 0.125f);
-    linear_backward(cpu_ctx(t + 1), {.d_weight = d_w.data(),
-                                     .d_bias = d_b[t].data(),
-                                     .d_out = d_out.data(),
-                                     .in = x.data(),
-                                     .weight = w.data(),
+    linear_backward(cpu_ctx(t + 1), {.d_weight = testing::dev(d_w),
+                                     .d_bias = testing::dev(d_b[t]),
+                                     .d_out = testing::dev(d_out),
+                                     .in = testing::dev(x),
+                                     .weight = testing::dev(w),
                                      .rows = rows,
                                      .in_features = in,
                                      .out_features = out});
@@ -255,36 +270,38 @@ TEST(Linear, ZeroRowsIsANoOp) {
   std::vector<float> w(6, 1.0f), d_w(6, 2.0f);
   linear_forward(cpu_ctx(), {.out = nullptr,
                              .in = nullptr,
-                             .weight = w.data(),
+                             .weight = testing::dev(w),
                              .rows = 0,
                              .in_features = 3,
                              .out_features = 2});
-  linear_backward(
-      cpu_ctx(),
-      {.d_weight = d_w.data(), .weight = w.data(), .rows = 0, .in_features = 3, .out_features = 2});
+  linear_backward(cpu_ctx(), {.d_weight = testing::dev(d_w),
+                              .weight = testing::dev(w),
+                              .rows = 0,
+                              .in_features = 3,
+                              .out_features = 2});
   for (float x : d_w) EXPECT_EQ(x, 2.0f);
 }
 
 TEST(Linear, RejectsBadArguments) {
   std::vector<float> buf(16, 1.0f);
-  EXPECT_THROW(linear_forward(cpu_ctx(), {.out = buf.data(),
-                                          .in = buf.data(),
+  EXPECT_THROW(linear_forward(cpu_ctx(), {.out = testing::dev(buf),
+                                          .in = testing::dev(buf),
                                           .weight = nullptr,
                                           .rows = 2,
                                           .in_features = 2,
                                           .out_features = 2}),
                core::InvalidArgument);
-  EXPECT_THROW(linear_forward(cpu_ctx(), {.out = buf.data(),
-                                          .in = buf.data(),
-                                          .weight = buf.data(),
+  EXPECT_THROW(linear_forward(cpu_ctx(), {.out = testing::dev(buf),
+                                          .in = testing::dev(buf),
+                                          .weight = testing::dev(buf),
                                           .rows = 2,
                                           .in_features = 0,
                                           .out_features = 2}),
                core::InvalidArgument);
   EXPECT_THROW(linear_backward(cpu_ctx(), {.d_weight = nullptr,
-                                           .d_out = buf.data(),
-                                           .in = buf.data(),
-                                           .weight = buf.data(),
+                                           .d_out = testing::dev(buf),
+                                           .in = testing::dev(buf),
+                                           .weight = testing::dev(buf),
                                            .rows = 2,
                                            .in_features = 2,
                                            .out_features = 2}),
@@ -293,7 +310,8 @@ TEST(Linear, RejectsBadArguments) {
 
 // The reference backward (in double) against central differences of the reference forward, with
 // loss = sum(w_up * out) so that d_out = w_up.
-TEST(LinearReference, BackwardMatchesFiniteDifferences) {
+TEST(LinearReferenceCpuOnly, BackwardMatchesFiniteDifferences) {
+  TRIDENT_CPU_ONLY("the reference alone");
   const std::int64_t rows = 3, I = 4, O = 5;
   auto in = randn<double>(rows * I, 1);
   auto w = randn<double>(O * I, 2);

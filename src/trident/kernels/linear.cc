@@ -1,10 +1,9 @@
-// The typed-view linear layer (linear.h): checks the views, picks the product from the weight's
-// dtype; the product's raw entry point dispatches on the device.
+// The typed-view linear layer (linear.h): checks the views and picks the product from the weight's
+// dtype; the products' raw entry points (matmul.h, matmul_bf16.h) dispatch on the device.
 #include "trident/kernels/linear.h"
 
 #include "trident/core/error.h"
 #include "trident/core/profile.h"
-#include "trident/kernels/backend.h"
 #include "trident/kernels/dispatch.h"
 #include "trident/kernels/matmul.h"
 #include "trident/kernels/matmul_bf16.h"
@@ -96,8 +95,7 @@ void linear(const core::ExecContext& ctx, const LinearViews& v) {
   const core::profile::Scope prof(
       core::profile::Kind::kGemm, wt == core::DType::kBF16 ? "linear bf16" : "linear fp32",
       2.0 * s.rows * s.in_features * s.out_features, 0, s.rows, s.out_features, s.in_features);
-  // The raw entry points dispatch on the device (kernels/matmul*.cc).
-  run_linear(ctx, v, s);
+  run_linear(ctx, v, s);  // linear_forward(_bf16) dispatch on ctx.device
 }
 
 void linear_backward(const core::ExecContext& ctx, const LinearBackwardViews& v) {
@@ -120,7 +118,7 @@ void linear_backward(const core::ExecContext& ctx, const LinearBackwardViews& v)
       core::profile::Kind::kGemm,
       wt == core::DType::kBF16 ? "linear_backward bf16" : "linear_backward fp32",
       v.d_in.empty() ? product : 2 * product, 0, s.rows, s.out_features, s.in_features);
-  run_linear_backward(ctx, v, s);
+  run_linear_backward(ctx, v, s);  // linear_backward(_bf16) dispatch on ctx.device
 }
 
 }  // namespace trident::kernels

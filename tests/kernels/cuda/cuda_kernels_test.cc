@@ -295,16 +295,20 @@ TEST_F(Cuda, ResidualLayerNormMatchesReferenceAndCpu) {
                                     .rows = rows,
                                     .cols = cols});
   auto gdres = dev(dres0), gdw = dev(std::vector<float>(cols)), gdb = dev(std::vector<float>(cols));
-  residual_layernorm_backward(gpu_, {.d_resid = gdres.p(),
-                                     .d_weight = gdw.p(),
-                                     .d_bias = gdb.p(),
-                                     .d_out = gdy.p(),
-                                     .resid = ga.p(),
-                                     .weight = gw.p(),
-                                     .mean = gmean.p(),
-                                     .rstd = grstd.p(),
-                                     .rows = rows,
-                                     .cols = cols});
+  // The caller's device scratch, as the model gives it (model/layers/norm.cc).
+  DeviceBuffer scratch(residual_layernorm_backward_scratch_bytes(rows, cols));
+  residual_layernorm_backward(
+      gpu_, {.d_resid = gdres.p(),
+             .d_weight = gdw.p(),
+             .d_bias = gdb.p(),
+             .d_out = gdy.p(),
+             .resid = ga.p(),
+             .weight = gw.p(),
+             .mean = gmean.p(),
+             .rstd = grstd.p(),
+             .rows = rows,
+             .cols = cols,
+             .scratch = {scratch.as<std::byte>(), static_cast<std::size_t>(scratch.bytes())}});
   EXPECT_TRUE(all_close("residual_layernorm d_resid", gdres.host(), rdres, kRow));
   EXPECT_TRUE(all_close("residual_layernorm d_weight", gdw.host(), rdw, {1e-4, 1e-4}));
   EXPECT_TRUE(all_close("residual_layernorm d_bias", gdb.host(), rdb, {1e-4, 1e-4}));
@@ -328,14 +332,18 @@ TEST_F(Cuda, BiasGeluMatchesReferenceAndCpu) {
   bias_gelu_forward(
       gpu_, {.out = gout.p(), .in = gin.p(), .bias = gbias.p(), .rows = rows, .cols = cols});
   EXPECT_TRUE(all_close("bias_gelu out", gout.host(), out, kElem));
-  // d_in aliases d_out, as the model uses it.
-  bias_gelu_backward(gpu_, {.d_in = gdy.p(),
-                            .d_bias = gdbias.p(),
-                            .d_out = gdy.p(),
-                            .in = gin.p(),
-                            .bias = gbias.p(),
-                            .rows = rows,
-                            .cols = cols});
+  // d_in aliases d_out, and the scratch is the caller's device memory, as the model uses them
+  // (model/layers/mlp.cc).
+  DeviceBuffer scratch(bias_gelu_backward_scratch_bytes(rows, cols));
+  bias_gelu_backward(
+      gpu_, {.d_in = gdy.p(),
+             .d_bias = gdbias.p(),
+             .d_out = gdy.p(),
+             .in = gin.p(),
+             .bias = gbias.p(),
+             .rows = rows,
+             .cols = cols,
+             .scratch = {scratch.as<std::byte>(), static_cast<std::size_t>(scratch.bytes())}});
   EXPECT_TRUE(all_close("bias_gelu d_in", gdy.host(), din, kElem));
   EXPECT_TRUE(all_close("bias_gelu d_bias", gdbias.host(), dbias, {1e-4, 1e-5}));
 }

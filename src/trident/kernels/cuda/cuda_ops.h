@@ -58,9 +58,10 @@ void convert_f32_to_bf16(const ExecContext& ctx, core::bf16* dst, const float* s
 void convert_bf16_to_f32(const ExecContext& ctx, float* dst, const core::bf16* src, std::int64_t n);
 
 // layernorm.h, fused_residual_layernorm.h, fused_bias_gelu.h. The parameter-gradient sums use the
-// CPU's chunks of 64 rows (double partials added in chunk order): args.scratch, when it is device
-// memory of the size the CPU asks for, holds the partials; when it is empty they are allocated on
-// the stream (cudaMallocAsync).
+// CPU's chunks of 64 rows (double partials added in chunk order). The fused backward passes keep
+// their headers' contract: args.scratch (device memory of the size the CPU asks for, 8-byte
+// aligned) holds the partials, and too little or misaligned scratch is refused; layernorm_backward
+// (no scratch argument) takes its partials from the stream pool (cudaMallocAsync).
 void layernorm_forward(const ExecContext& ctx, const LayerNormForwardArgs& args);
 void layernorm_backward(const ExecContext& ctx, const LayerNormBackwardArgs& args);
 void residual_layernorm_forward(const ExecContext& ctx, const ResidualLayerNormForwardArgs& args);

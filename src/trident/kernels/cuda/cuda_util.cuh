@@ -175,28 +175,43 @@ void column_sums(cudaStream_t stream, float* out0, float* out1, F value, std::in
   TRIDENT_CUDA_LAUNCH_CHECK("add_partials");
 }
 
-// A device-side error flag: kernels set it (atomicMax of a code), check() copies it back after a
-// stream sync and returns the code (0: no error).
+// A device-side record of the first bad element of n (a negative token id, a target outside the
+// vocabulary): kernels call report_bad(ptr(), i, n), first_bad() returns the lowest reported index
+// after a stream sync (-1: none), so that the error names the element the CPU's loop names.
+__device__ __forceinline__ void report_bad(unsigned long long* flag, std::int64_t i,
+                                           std::int64_t n) {
+  atomicMax(flag, static_cast<unsigned long long>(n - i));  // the largest n - i: the lowest i
+}
+
 class DeviceFlag {
  public:
   explicit DeviceFlag(cudaStream_t stream)
-      : scratch_(sizeof(long long) * 2, stream), stream_(stream) {
-    TRIDENT_CUDA_CHECK(cudaMemsetAsync(scratch_.as<long long>(), 0, sizeof(long long) * 2, stream));
+      : scratch_(sizeof(unsigned long long), stream), stream_(stream) {
+    TRIDENT_CUDA_CHECK(
+        cudaMemsetAsync(scratch_.as<unsigned long long>(), 0, sizeof(unsigned long long), stream));
   }
-  long long* ptr() const { return scratch_.as<long long>(); }
-  // {code, detail}: code > 0 when a kernel reported a problem; detail e.g. the first bad index.
-  void read(long long& code, long long& detail) const {
-    long long host[2] = {0, 0};
-    TRIDENT_CUDA_CHECK(cudaMemcpyAsync(host, scratch_.as<long long>(), sizeof(host),
-                                       cudaMemcpyDeviceToHost, stream_));
+  unsigned long long* ptr() const { return scratch_.as<unsigned long long>(); }
+  // The lowest index reported among n elements, or -1.
+  std::int64_t first_bad(std::int64_t n) const {
+    unsigned long long host = 0;
+    TRIDENT_CUDA_CHECK(
+        cudaMemcpyAsync(&host, ptr(), sizeof(host), cudaMemcpyDeviceToHost, stream_));
     TRIDENT_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    code = host[0];
-    detail = host[1];
+    return host == 0 ? -1 : n - static_cast<std::int64_t>(host);
   }
 
  private:
   StreamScratch scratch_;
   cudaStream_t stream_;
 };
+
+// The value of one device element (for an error message), after the work queued before it.
+template <class T>
+T read_element(const T* p, cudaStream_t stream) {
+  T host{};
+  TRIDENT_CUDA_CHECK(cudaMemcpyAsync(&host, p, sizeof(T), cudaMemcpyDeviceToHost, stream));
+  TRIDENT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return host;
+}
 
 }  // namespace trident::kernels::cuda

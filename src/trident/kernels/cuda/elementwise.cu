@@ -224,6 +224,9 @@ void fill(const ExecContext& ctx, const FillArgs& args) {
 void copy(const ExecContext& ctx, const CopyArgs& args) {
   check_n("copy", args.n, args.out && args.in);
   if (args.n == 0) return;
+  // fill.h: out and in are disjoint (cudaMemcpyAsync of overlapping ranges is undefined).
+  TRIDENT_CHECK(args.out + args.n <= args.in || args.in + args.n <= args.out,
+                "copy: out and in overlap (n=", args.n, ")");
   TRIDENT_CUDA_CHECK(cudaMemcpyAsync(args.out, args.in, static_cast<size_t>(args.n) * sizeof(float),
                                      cudaMemcpyDeviceToDevice, stream_of(ctx)));
 }

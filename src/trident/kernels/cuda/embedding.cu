@@ -22,25 +22,22 @@ void check_sizes(const char* op, std::int64_t batch, std::int64_t seq_len, std::
                 " vocab_local=", vocab_local);
 }
 
-__device__ void report(long long* flag, long long index) {
-  if (atomicCAS(reinterpret_cast<unsigned long long*>(flag), 0ull, 1ull) == 0ull) flag[1] = index;
-}
-
-__global__ void check_tokens_kernel(long long* flag, const std::int32_t* tokens, std::int64_t n) {
+__global__ void check_tokens_kernel(unsigned long long* flag, const std::int32_t* tokens,
+                                    std::int64_t n) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    if (tokens[i] < 0) report(flag, i);
+    if (tokens[i] < 0) report_bad(flag, i, n);
   }
 }
 
+// The CPU's error (kernels/cpu/embedding.cc): the first negative id and its value.
 void check_tokens(const char* op, cudaStream_t s, const std::int32_t* tokens, std::int64_t n) {
   DeviceFlag flag(s);
   check_tokens_kernel<<<grid_for(n, 256, 1024), 256, 0, s>>>(flag.ptr(), tokens, n);
   TRIDENT_CUDA_LAUNCH_CHECK(op);
-  long long code = 0, index = 0;
-  flag.read(code, index);
-  TRIDENT_CHECK(code == 0, op, ": tokens[", index,
-                "] is negative; token ids must be >= 0 (check the dataset and tokenizer)");
+  const std::int64_t bad = flag.first_bad(n);
+  TRIDENT_CHECK(bad < 0, op, ": tokens[", bad, "] = ", read_element(tokens + bad, s),
+                " is negative; token ids must be >= 0 (check the dataset and tokenizer)");
 }
 
 __global__ void embedding_forward_kernel(float* out, const std::int32_t* tokens, const float* wte,
@@ -88,11 +85,11 @@ __global__ void embedding_backward_wpe_kernel(float* d_wpe, const float* d_out, 
 
 constexpr int kCeThreads = 512;
 
-__global__ void check_targets_kernel(long long* flag, const std::int32_t* targets,
+__global__ void check_targets_kernel(unsigned long long* flag, const std::int32_t* targets,
                                      std::int64_t rows, std::int64_t V) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < rows;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    if (targets[i] >= V) report(flag, i);
+    if (targets[i] >= V) report_bad(flag, i, rows);
   }
 }
 
@@ -183,10 +180,10 @@ void cross_entropy_forward_backward(const ExecContext& ctx, const CrossEntropyAr
     check_targets_kernel<<<grid_for(rows, 256, 1024), 256, 0, s>>>(flag.ptr(), args.targets, rows,
                                                                    V);
     TRIDENT_CUDA_LAUNCH_CHECK("cross_entropy_forward_backward");
-    long long code = 0, index = 0;
-    flag.read(code, index);
-    TRIDENT_ASSERT(code == 0, "cross_entropy_forward_backward: targets[", index,
-                   "] is outside the real vocabulary [0, ", V, ") (a padding column or beyond)");
+    const std::int64_t bad = flag.first_bad(rows);
+    TRIDENT_ASSERT(bad < 0, "cross_entropy_forward_backward: targets[", bad,
+                   "] = ", read_element(args.targets + bad, s),
+                   " is outside the real vocabulary [0, ", V, ") (a padding column or beyond)");
   }
   cross_entropy_kernel<<<static_cast<unsigned>(rows), kCeThreads, 0, s>>>(
       args.losses, args.d_logits, args.logits, args.targets, args.d_scale, V, Vp);

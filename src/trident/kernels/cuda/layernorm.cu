@@ -3,6 +3,10 @@
 // the row statistics; the parameter gradients are deterministic column sums (cuda_util.cuh).
 #include <cuda_runtime.h>
 
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
 #include "trident/kernels/cuda/cuda_ops.h"
 #include "trident/kernels/cuda/cuda_util.cuh"
 #include "trident/kernels/cuda/philox.h"
@@ -16,6 +20,18 @@ constexpr int kRowThreads = 256;
 void check_sizes(const char* op, std::int64_t rows, std::int64_t cols) {
   TRIDENT_CHECK(rows >= 0 && cols > 0, op, ": need rows >= 0 and cols > 0, got rows=", rows,
                 " cols=", cols);
+}
+
+// The fused backward passes' contract (fused_*.h): the caller's scratch holds the double
+// partials of `outs` column sums (<op>_scratch_bytes) and is 8-byte aligned; the kernel never
+// allocates. Refused with the CPU's message (kernels/row_partials.h).
+void check_scratch(const char* op, std::span<std::byte> scratch, int outs, std::int64_t rows,
+                   std::int64_t cols) {
+  const auto need = static_cast<std::size_t>(outs * num_row_chunks(rows) * cols) * sizeof(double);
+  TRIDENT_CHECK(scratch.size() >= need, op, ": scratch has ", scratch.size(), " bytes, needs ",
+                need, " (ask ", op, "_scratch_bytes)");
+  TRIDENT_CHECK(reinterpret_cast<std::uintptr_t>(scratch.data()) % alignof(double) == 0, op,
+                ": scratch must be ", alignof(double), "-byte aligned");
 }
 
 __device__ __forceinline__ std::uint16_t to_bf16(float f) {
@@ -207,6 +223,7 @@ void residual_layernorm_backward(const ExecContext& ctx,
   TRIDENT_CHECK(args.d_resid && args.d_weight && args.d_bias && args.d_out && args.resid &&
                     args.weight && args.mean && args.rstd,
                 "residual_layernorm_backward: every pointer except d_resid_bf16 must be non-null");
+  check_scratch("residual_layernorm_backward", args.scratch, 2, args.rows, args.cols);
   cudaStream_t s = stream_of(ctx);
   column_sums<2>(s, args.d_weight, args.d_bias,
                  LayerNormParamGrad{args.d_out, args.resid, args.mean, args.rstd, args.cols},
@@ -238,6 +255,7 @@ void bias_gelu_backward(const ExecContext& ctx, const BiasGeluBackwardArgs& args
                 "bias_gelu_backward: d_bias, d_out, in and bias must be non-null");
   TRIDENT_CHECK(args.d_in || args.d_in_bf16,
                 "bias_gelu_backward: at least one of d_in and d_in_bf16 must be non-null");
+  check_scratch("bias_gelu_backward", args.scratch, 1, args.rows, args.cols);
   cudaStream_t s = stream_of(ctx);
   // The bias sum first: d_in may alias d_out.
   column_sums<1>(s, args.d_bias, nullptr, BiasGeluGrad{args.d_out, args.in, args.bias, args.cols},

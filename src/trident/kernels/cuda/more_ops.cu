@@ -147,15 +147,11 @@ __global__ void vp_loss_kernel(float* losses, float* d_logits, const float* logi
   }
 }
 
-__device__ void report(long long* flag, long long index) {
-  if (atomicCAS(reinterpret_cast<unsigned long long*>(flag), 0ull, 1ull) == 0ull) flag[1] = index;
-}
-
-__global__ void check_below_kernel(long long* flag, const std::int32_t* targets, std::int64_t n,
-                                   std::int64_t bound) {
+__global__ void check_below_kernel(unsigned long long* flag, const std::int32_t* targets,
+                                   std::int64_t n, std::int64_t bound) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    if (targets[i] >= bound) report(flag, i);
+    if (targets[i] >= bound) report_bad(flag, i, n);
   }
 }
 
@@ -266,9 +262,9 @@ void vocab_parallel_ce_loss(const ExecContext& ctx, const VocabParallelCeLossArg
     check_below_kernel<<<grid_for(a.rows, 256, 1024), 256, 0, s>>>(flag.ptr(), a.targets, a.rows,
                                                                    a.shard.vocab);
     TRIDENT_CUDA_LAUNCH_CHECK("vocab_parallel_ce_loss");
-    long long code = 0, index = 0;
-    flag.read(code, index);
-    TRIDENT_ASSERT(code == 0, "target at row ", index, " is outside the vocabulary");
+    const std::int64_t bad = flag.first_bad(a.rows);
+    TRIDENT_ASSERT(bad < 0, "target ", read_element(a.targets + bad, s), " at row ", bad,
+                   " is outside the vocabulary");
   }
   vp_loss_kernel<<<static_cast<unsigned>(a.rows), kRowThreads, 0, s>>>(
       a.losses, a.d_logits, a.logits, a.row_max, a.sum_exp, a.target_logit, a.targets, a.d_scale,
