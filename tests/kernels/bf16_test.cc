@@ -175,7 +175,9 @@ TEST(Bf16Convert, EveryLengthAndOffset) {
             << name << " i=" << i;
       }
       ASSERT_EQ(got[offset + n].bits, 0xdead) << "wrote past the end, " << name;
-      if (offset > 0) ASSERT_EQ(got[offset - 1].bits, 0xdead) << "wrote before, " << name;
+      if (offset > 0) {
+        ASSERT_EQ(got[offset - 1].bits, 0xdead) << "wrote before, " << name;
+      }
       std::vector<float> wide(static_cast<std::size_t>(n + offset + 1), -7.0f);
       convert(cpu_ctx(), {.out = testing::view_at(wide, offset, {n}),
                           .in = testing::view_at(pool16, offset, {n})});
