@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <ostream>
 #include <random>
 #include <vector>
 
@@ -49,6 +50,13 @@ struct Case {
   bool alibi;
   float dropout;
 };
+
+// The test's name in CTest (gtest_discover_tests prints the parameter): without this, gtest prints
+// the struct's bytes, padding included, and the names change from build to build.
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << "B" << c.B << "_T" << c.T << "_NH" << c.NH << "_HS" << c.HS << (c.alibi ? "_alibi" : "")
+      << "_p" << c.dropout;
+}
 
 class FlashAttention : public ::testing::TestWithParam<Case> {};
 
