@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "trident/data/indexed_dataset.h"
+#include "trident/kernels/memory.h"
 
 namespace trident {
 namespace {
@@ -28,6 +29,11 @@ using Clock = std::chrono::steady_clock;
 class Fault : public ::testing::Test {
  protected:
   void SetUp() override {
+    if (extra_flags().find("--device cuda") != std::string::npos &&
+        kernels::cuda_device_count() == 0) {
+      GTEST_SKIP() << "the device variant needs a CUDA device: "
+                   << kernels::cuda_no_device_reason();
+    }
     dir_ = fs::temp_directory_path() /
            ("trident_fault_" + std::to_string(::getpid()) + "_" +
             ::testing::UnitTest::GetInstance()->current_test_info()->name());
