@@ -62,6 +62,34 @@ cuemu_trampoline:
   .size cuemu_trampoline, .-cuemu_trampoline
 )");
 
+// ThreadSanitizer in thread mode (CUEMU_THREADS=1 under -fsanitize=thread). cuemu's bookkeeping
+// lock is one per block: left visible, it would tell TSan that every thread taking it is ordered
+// after every thread that took it before (a shuffle in warp 3 would order warp 0's reads after
+// warp 3's writes), an order CUDA does not give, and a missing barrier would be reported or not
+// depending on timing. So there the bookkeeping is hidden from TSan (its locks' synchronization
+// and its own memory accesses), and the order CUDA does guarantee is stated instead: a barrier
+// orders the whole block, a warp operation the lanes of its warp.
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define CUEMU_TSAN 1
+#endif
+#endif
+#if !defined(CUEMU_TSAN) && defined(__SANITIZE_THREAD__)
+#define CUEMU_TSAN 1
+#endif
+#ifdef CUEMU_TSAN
+extern "C" {
+void AnnotateIgnoreSyncBegin(const char* file, int line);
+void AnnotateIgnoreSyncEnd(const char* file, int line);
+void AnnotateIgnoreReadsBegin(const char* file, int line);
+void AnnotateIgnoreReadsEnd(const char* file, int line);
+void AnnotateIgnoreWritesBegin(const char* file, int line);
+void AnnotateIgnoreWritesEnd(const char* file, int line);
+void __tsan_acquire(void* addr);
+void __tsan_release(void* addr);
+}
+#endif
+
 namespace cuemu::detail {
 
 namespace {
@@ -167,6 +195,13 @@ struct Block {
   int exited = 0, waiting = 0;
   bool killed = false;
   std::string error;
+
+  // What ThreadSanitizer is told orders the threads (thread mode under TSan; only addresses):
+  // the barrier's two alternating generations, each thread's count of barriers passed (read and
+  // written by that thread only), one per warp.
+  char bar_order[2] = {};
+  std::vector<std::uint64_t> bars_passed;
+  std::vector<char> warp_order;
 
   // __syncthreads
   int bar_arrived = 0;
@@ -324,6 +359,67 @@ std::unique_lock<std::mutex> lock_of(Block& b) {
   return b.threaded ? std::unique_lock<std::mutex>(b.mu) : std::unique_lock<std::mutex>();
 }
 
+// While it lives, ThreadSanitizer ignores this thread's synchronization and memory accesses
+// (thread mode under TSan; nothing otherwise).
+class HiddenFromTsan {
+ public:
+  explicit HiddenFromTsan(bool on) : on_(on) {
+#ifdef CUEMU_TSAN
+    if (on_) {
+      AnnotateIgnoreSyncBegin(__FILE__, __LINE__);
+      AnnotateIgnoreReadsBegin(__FILE__, __LINE__);
+      AnnotateIgnoreWritesBegin(__FILE__, __LINE__);
+    }
+#endif
+  }
+  ~HiddenFromTsan() {
+#ifdef CUEMU_TSAN
+    if (on_) {
+      AnnotateIgnoreWritesEnd(__FILE__, __LINE__);
+      AnnotateIgnoreReadsEnd(__FILE__, __LINE__);
+      AnnotateIgnoreSyncEnd(__FILE__, __LINE__);
+    }
+#endif
+  }
+  HiddenFromTsan(const HiddenFromTsan&) = delete;
+  HiddenFromTsan& operator=(const HiddenFromTsan&) = delete;
+
+ private:
+  [[maybe_unused]] bool on_;
+};
+
+// The block's bookkeeping lock (thread mode), hidden from ThreadSanitizer for as long as it is
+// held: the members are built in order, so the hiding starts before the lock and ends after it.
+class BlockLock {
+ public:
+  explicit BlockLock(Block& b) : hidden_(b.threaded), lock_(lock_of(b)) {}
+  std::unique_lock<std::mutex>& get() { return lock_; }
+
+ private:
+  HiddenFromTsan hidden_;
+  std::unique_lock<std::mutex> lock_;
+};
+
+// What CUDA orders, told to ThreadSanitizer (outside any BlockLock: hidden synchronization would
+// be ignored too). Every thread of a group releases before it arrives and acquires after the
+// group completes.
+void tsan_release(const Block& b, char* order) {
+#ifdef CUEMU_TSAN
+  if (b.threaded) __tsan_release(order);
+#else
+  (void)b;
+  (void)order;
+#endif
+}
+void tsan_acquire(const Block& b, char* order) {
+#ifdef CUEMU_TSAN
+  if (b.threaded) __tsan_acquire(order);
+#else
+  (void)b;
+  (void)order;
+#endif
+}
+
 Block& current(const char* what) {
   if (!t_block) {
     throw std::logic_error(std::string("cuemu: ") + what + " called outside a kernel");
@@ -344,16 +440,16 @@ void run_thread_body(Block& b, int tid) {
   try {
     bool killed = false;
     {
-      auto lock = lock_of(b);
+      BlockLock lock(b);
       killed = b.killed;
     }
     if (!killed) b.run.body();
   } catch (const KillBlock&) {
   } catch (const std::exception& e) {
-    auto lock = lock_of(b);
+    BlockLock lock(b);
     b.kill(b.prefix(tid) + "threw " + e.what());
   }
-  auto lock = lock_of(b);
+  BlockLock lock(b);
   b.exit_thread(tid);
   b.wake_done();
 }
@@ -478,10 +574,20 @@ std::vector<int> thread_order(int n, std::mt19937_64& rng) {
 
 // ---- the device-side API
 // ---------------------------------------------------------------------------
+static int barrier(Block& b, int tid, BarrierKind kind, int predicate, const Loc& loc);
+
 int syncthreads(BarrierKind kind, int predicate, Loc loc) {
   Block& b = current("__syncthreads");
   const int tid = t_tid;
-  auto lock = lock_of(b);
+  char* order = &b.bar_order[b.bars_passed[static_cast<std::size_t>(tid)]++ & 1];
+  tsan_release(b, order);
+  const int result = barrier(b, tid, kind, predicate, loc);
+  tsan_acquire(b, order);
+  return result;
+}
+
+static int barrier(Block& b, int tid, BarrierKind kind, int predicate, const Loc& loc) {
+  BlockLock lock(b);
   if (b.killed) throw KillBlock{};
   if (b.exited > 0) {
     b.fail(tid, "reached __syncthreads at " + at(loc) + " after " + std::to_string(b.exited) +
@@ -519,18 +625,30 @@ int syncthreads(BarrierKind kind, int predicate, Loc loc) {
     b.wake_done();
     return b.bar_result;
   }
-  while (b.bar_gen == gen) b.wait(tid, lock, "__syncthreads", loc);
+  while (b.bar_gen == gen) b.wait(tid, lock.get(), "__syncthreads", loc);
   return b.bar_result;
 }
+
+static std::uint64_t warp_collective(Block& b, int tid, WarpKind kind, unsigned mask,
+                                     std::uint64_t bits, int arg, int width, const Loc& loc);
 
 std::uint64_t warp_op(WarpKind kind, unsigned mask, std::uint64_t bits, int arg, int width,
                       Loc loc) {
   Block& b = current(warp_kind_name(kind));
   const int tid = t_tid;
+  char* order = &b.warp_order[static_cast<std::size_t>(tid >> 5)];
+  tsan_release(b, order);
+  const std::uint64_t result = warp_collective(b, tid, kind, mask, bits, arg, width, loc);
+  tsan_acquire(b, order);
+  return result;
+}
+
+static std::uint64_t warp_collective(Block& b, int tid, WarpKind kind, unsigned mask,
+                                     std::uint64_t bits, int arg, int width, const Loc& loc) {
   const int lane = tid & 31;
   const auto w = static_cast<std::size_t>(tid >> 5);
   const unsigned bit = 1u << lane;
-  auto lock = lock_of(b);
+  BlockLock lock(b);
   if (b.killed) throw KillBlock{};
   auto name_of = [&] { return std::string(warp_kind_name(kind)) + " at " + at(loc); };
   if (!(mask & bit)) {
@@ -588,7 +706,7 @@ std::uint64_t warp_op(WarpKind kind, unsigned mask, std::uint64_t bits, int arg,
   b.result_ready[static_cast<std::size_t>(tid)] = 0;
   if (op->arrived != mask) {
     while (!b.result_ready[static_cast<std::size_t>(tid)])
-      b.wait(tid, lock, warp_kind_name(kind), loc);
+      b.wait(tid, lock.get(), warp_kind_name(kind), loc);
     return b.result[static_cast<std::size_t>(tid)];
   }
   // The last lane of the mask: every lane's result; the slot is free again afterwards.
@@ -653,14 +771,14 @@ std::uint64_t warp_op(WarpKind kind, unsigned mask, std::uint64_t bits, int arg,
 
 unsigned active_mask() {
   Block& b = current("__activemask");
-  auto lock = lock_of(b);
+  BlockLock lock(b);
   const auto w = static_cast<std::size_t>(t_tid >> 5);
   return b.present[w] & ~b.gone[w];
 }
 
 void* shared_static(const void* slot, std::size_t bytes, std::size_t align, const char* type) {
   Block& b = current("a __shared__ variable");
-  auto lock = lock_of(b);
+  BlockLock lock(b);
   for (const auto& [s, off] : *b.slots) {
     if (s == slot) return b.static_smem + off;
   }
@@ -719,6 +837,7 @@ void run_kernel(KernelRun& run) {
   b.result_ready.assign(static_cast<std::size_t>(nthreads), 0);
   b.lane_bits.assign(static_cast<std::size_t>(nthreads), 0);
   b.lane_arg.assign(static_cast<std::size_t>(nthreads), 0);
+  b.warp_order.assign(static_cast<std::size_t>(nwarps), 0);
   b.slots = &slots;
   b.static_used = &static_used;
   b.static_smem = static_smem;
@@ -741,6 +860,7 @@ void run_kernel(KernelRun& run) {
     b.exited = b.waiting = 0;
     b.killed = false;
     b.bar_arrived = 0;
+    b.bars_passed.assign(static_cast<std::size_t>(nthreads), 0);
     for (auto& slots_of_warp : b.pending) {
       for (WarpOp& o : slots_of_warp) o.mask = 0;
     }

@@ -5,6 +5,9 @@
 // delete (plain malloc / free underneath), and a delete of the first byte of a mirrored vector's
 // memory drops the mirror. Without that, a vector allocated at the address of a dead one would
 // inherit the dead one's device contents (and snapshot), and a test could compare stale data.
+// Under ASan or TSan the sanitizer owns operator new and delete (TSan's runtime defines them in
+// the same archive member as symbols it needs, so a replacement does not link): there the
+// sanitizer's free hook tells the mirrors instead.
 #include "kernel_test_util.h"
 
 #include <atomic>
@@ -18,6 +21,17 @@
 #include <unordered_set>
 
 #include "trident/core/error.h"
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define TRIDENT_TEST_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define TRIDENT_TEST_SANITIZED 1
+#endif
+#endif
+#ifdef TRIDENT_TEST_SANITIZED
+#include <sanitizer/allocator_interface.h>
+#endif
 #ifdef TRIDENT_TEST_CUDA
 #include "trident/kernels/cuda/device.h"
 #endif
@@ -292,6 +306,22 @@ const TestBackend& test_backend() {
 
 // ---- operator new / delete: malloc and free, with the mirrors told about frees ----------------
 
+#ifdef TRIDENT_TEST_SANITIZED
+
+namespace {
+
+void free_hook(const volatile void* p) {
+  trident::kernels::testing::detail::note_free(const_cast<void*>(p));
+}
+
+// Installed before main (the backend and its mirrors come later, from the tests).
+[[maybe_unused]] const int g_free_hook_installed =
+    __sanitizer_install_malloc_and_free_hooks(nullptr, free_hook);
+
+}  // namespace
+
+#else
+
 namespace {
 
 void* allocate(std::size_t n) {
@@ -360,3 +390,5 @@ void operator delete(void* p, std::size_t, std::align_val_t) noexcept { release(
 void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { release(p); }
 void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept { release(p); }
 void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept { release(p); }
+
+#endif  // TRIDENT_TEST_SANITIZED

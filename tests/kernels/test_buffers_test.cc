@@ -16,6 +16,15 @@
 #include "trident/kernels/elementwise.h"
 #include "trident/kernels/fill.h"
 
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TRIDENT_HAS_ASAN 1
+#endif
+#endif
+#ifndef TRIDENT_HAS_ASAN
+#define TRIDENT_HAS_ASAN 0
+#endif
+
 namespace trident::kernels {
 namespace {
 
@@ -97,6 +106,11 @@ TEST(TestBuffers, AVectorAtAFreedAddressStartsFromItsOwnContents) {
   for (int i = 0; i < 64 && (tries.empty() || at(tries.back()) != address); ++i) {
     tries.emplace_back(kN, 1.0f);
   }
+#if defined(__SANITIZE_ADDRESS__) || TRIDENT_HAS_ASAN
+  // ASan's quarantine keeps freed blocks out of reuse: the normal and emulated builds run this.
+  if (at(tries.back()) != address)
+    GTEST_SKIP() << "ASan's quarantine did not hand the freed block back: cannot be set up";
+#endif
   ASSERT_EQ(at(tries.back()), address)
       << "malloc did not hand the freed block back in 64 tries: the case cannot be set up";
   std::vector<float> out(kN, kNaN);
