@@ -1,5 +1,6 @@
 #include "trident/train/stop_conditions.h"
 
+#include <pthread.h>
 #include <signal.h>
 
 #include <atomic>
@@ -15,11 +16,20 @@ namespace trident::train {
 
 namespace {
 
-volatile sig_atomic_t g_signal = 0;
+std::atomic<int> g_signal{0};  // lock-free: written by a signal handler or the waiting thread
+std::atomic<bool> g_waiter_stop{false};
 struct sigaction g_old_term {
 }, g_old_usr1{};
 
-void on_signal(int sig) { g_signal = sig; }
+void on_signal(int sig) { g_signal.store(sig, std::memory_order_relaxed); }
+
+sigset_t stop_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGUSR1);
+  return set;
+}
 
 }  // namespace
 
@@ -61,22 +71,47 @@ StopConditions::StopConditions(const TrainConfig& cfg)
       minutes_(cfg.exit_duration_in_mins),
       kill_switch_(cfg.kill_switch_path),
       start_(std::chrono::steady_clock::now()) {
-  if (signals_) {
-    g_signal = 0;
-    struct sigaction sa {};
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESTART;
-    sigaction(SIGTERM, &sa, &g_old_term);
-    sigaction(SIGUSR1, &sa, &g_old_usr1);
-  }
+  if (!signals_) return;
+  g_signal = 0;
+  // The threads that compute never take the signals. oneDNN's JIT GEMM kernels (Debian's oneDNN;
+  // fixed upstream by oneDNN PR #4855, issue #4845) point rsp into the heap while they run, so a
+  // handler run on a thread inside one writes its signal frame over heap memory: a SIGUSR1 sent
+  // during training corrupted the heap in 8 of 40 runs here. The signals are blocked on this
+  // thread and every OpenMP worker (threads made later inherit the mask), and a thread of ours
+  // takes them with sigwait. The handler stays for threads that a library started before (MPI's
+  // progress threads), which run no JIT code.
+  const sigset_t set = stop_signals();
+  pthread_sigmask(SIG_BLOCK, &set, &old_mask_);
+#ifdef _OPENMP
+#pragma omp parallel
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+#endif
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &sa, &g_old_term);
+  sigaction(SIGUSR1, &sa, &g_old_usr1);
+  g_waiter_stop = false;
+  waiter_ = std::thread([] {
+    const sigset_t wait_set = stop_signals();
+    for (;;) {
+      int sig = 0;
+      if (sigwait(&wait_set, &sig) != 0) continue;
+      if (g_waiter_stop.load()) return;
+      g_signal.store(sig);
+    }
+  });
 }
 
 StopConditions::~StopConditions() {
-  if (signals_) {
-    sigaction(SIGTERM, &g_old_term, nullptr);
-    sigaction(SIGUSR1, &g_old_usr1, nullptr);
-  }
+  if (!signals_) return;
+  g_waiter_stop = true;
+  pthread_kill(waiter_.native_handle(), SIGUSR1);  // wakes its sigwait
+  waiter_.join();
+  sigaction(SIGTERM, &g_old_term, nullptr);
+  sigaction(SIGUSR1, &g_old_usr1, nullptr);
+  pthread_sigmask(SIG_SETMASK, &old_mask_, nullptr);
 }
 
 int StopConditions::check(comm::Communicator& world) {

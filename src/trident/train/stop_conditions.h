@@ -5,9 +5,12 @@
 // with the condition's exit code.
 #pragma once
 
+#include <signal.h>
+
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <thread>
 
 #include "trident/comm/communicator.h"
 #include "trident/train/train_config.h"
@@ -16,9 +19,11 @@ namespace trident::train {
 
 class StopConditions {
  public:
-  // Installs the signal handlers when cfg.exit_signal_handler; the duration is counted from here.
+  // Installs the signal handlers when cfg.exit_signal_handler (the signals are taken by a thread
+  // of its own, never by a computing thread: stop_conditions.cc); the duration is counted from
+  // here.
   explicit StopConditions(const TrainConfig& cfg);
-  ~StopConditions();  // restores the previous handlers
+  ~StopConditions();  // restores the previous handlers and this thread's signal mask
   StopConditions(const StopConditions&) = delete;
   StopConditions& operator=(const StopConditions&) = delete;
 
@@ -31,6 +36,8 @@ class StopConditions {
   double minutes_ = 0;
   std::string kill_switch_;
   std::chrono::steady_clock::time_point start_;
+  sigset_t old_mask_{};
+  std::thread waiter_;  // takes SIGTERM and SIGUSR1 (sigwait) while signals_
 };
 
 }  // namespace trident::train
