@@ -113,6 +113,7 @@ struct EventState {
   Stream* stream = nullptr;
   std::uint64_t seq = 0;
   std::shared_ptr<std::atomic<double>> time;  // ms, set when the record is reached
+  bool completion_seen = false;  // CUEMU_HOST_WAITS: a host query found this record complete
 };
 
 struct Global {
@@ -644,6 +645,57 @@ std::uint64_t enqueue(Stream* s, const char* what, std::function<void()> fn,
   return seq;
 }
 
+// CUEMU_HOST_WAITS=path: the host's waits on the device (each call that blocks the calling thread
+// until device work completes, by API, and each event a host poll found complete), appended to the
+// file as one line when the process exits, so that a test can count the host syncs of a step.
+namespace {
+struct HostWaits {
+  std::mutex mu;
+  std::map<std::string, std::int64_t> by_api;
+};
+HostWaits& host_waits() {
+  static HostWaits* w = [] {
+    auto* h = new HostWaits;  // never destroyed: written by the atexit hook
+    std::atexit([] {
+      const char* path = std::getenv("CUEMU_HOST_WAITS");
+      HostWaits& hw = host_waits();
+      std::lock_guard<std::mutex> lock(hw.mu);
+      std::int64_t total = 0;
+      std::string line;
+      for (const auto& [api, n] : hw.by_api) {
+        total += n;
+        line += " " + api + "=" + std::to_string(n);
+      }
+      if (FILE* f = std::fopen(path, "a")) {
+        std::fprintf(f, "pid=%d total=%" PRId64 "%s\n", static_cast<int>(::getpid()), total,
+                     line.c_str());
+        std::fclose(f);
+      }
+    });
+    return h;
+  }();
+  return *w;
+}
+
+void count_host_wait(const char* api) {
+  static const bool on = [] {
+    const char* path = std::getenv("CUEMU_HOST_WAITS");
+    return path != nullptr && *path != '\0';
+  }();
+  if (!on) return;
+  HostWaits& w = host_waits();
+  std::lock_guard<std::mutex> lock(w.mu);
+  ++w.by_api[api];
+  static const bool trace = env_flag("CUEMU_HOST_WAITS_TRACE");
+  if (trace) {  // where each wait comes from (symbols need -rdynamic or addr2line)
+    void* frames[24];
+    const int n = backtrace(frames, 24);
+    std::fprintf(stderr, "cuemu: host wait (%s):\n", api);
+    backtrace_symbols_fd(frames, n, 2);
+  }
+}
+}  // namespace
+
 void wait_for(Stream* s, std::uint64_t seq) {
   std::unique_lock<std::mutex> lock(g().mu);
   g().progress.wait(lock, [&] { return s->completed >= seq; });
@@ -799,6 +851,7 @@ cudaError_t copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind k
   };
   if (src_pageable && dst_pageable) {
     // Host to host: fully synchronous.
+    count_host_wait(api);
     wait_for(s, enqueue(s, api, [=] { body(src); }));
     return sticky_error(device);
   }
@@ -817,6 +870,7 @@ cudaError_t copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind k
   // before returning.
   const bool d2d = d.side == Side::kDevice && r.side == Side::kDevice;
   if (dst_pageable || (sync_call && !d2d)) {
+    count_host_wait(api);
     wait_for(s, seq);
     return sticky_error(device);
   }
@@ -1152,6 +1206,7 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
 
 cudaError_t cudaDeviceSynchronize() {
   CUEMU_STICKY();
+  count_host_wait("cudaDeviceSynchronize");
   sync_device(t_device);
   return sticky_error(t_device);
 }
@@ -1483,6 +1538,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   Stream* s = resolve_stream(stream);
   if (!s)
     return call_error(cudaErrorInvalidResourceHandle, "cudaStreamSynchronize: an invalid stream");
+  count_host_wait("cudaStreamSynchronize");
   wait_for(s, enqueued_of(s));
   return sticky_error(s->device);
 }
@@ -1554,6 +1610,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   e->stream = s;
   e->seq = seq;
   e->time = cell;
+  e->completion_seen = false;
   return cudaSuccess;
 }
 
@@ -1563,7 +1620,14 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
   if (!e) return call_error(cudaErrorInvalidResourceHandle, "cudaEventQuery: not a live event");
   std::lock_guard<std::mutex> lock(g().mu);
   if (!e->recorded) return cudaSuccess;  // an event never recorded is complete
-  return e->stream->completed >= e->seq ? cudaSuccess : cudaErrorNotReady;
+  if (e->stream->completed < e->seq) return cudaErrorNotReady;
+  // The host learnt that the recorded work is done: one wait on the device per record (counted
+  // whether or not an earlier poll found it pending, so that the count does not depend on timing).
+  if (!e->completion_seen) {
+    e->completion_seen = true;
+    count_host_wait("cudaEventQuery");
+  }
+  return cudaSuccess;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
@@ -1579,6 +1643,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
     s = e->stream;
     seq = e->seq;
   }
+  count_host_wait("cudaEventSynchronize");
   wait_for(s, seq);
   return sticky_error(s->device);
 }

@@ -181,6 +181,33 @@ TEST_F(Device, OneRankBloomAndLlama) {
   expect_equal_to_cpu({"cuda1_llama", 1, kCuda, "", kLlama});
 }
 
+// Host syncs: cuemu counts each call that makes the host wait for the device (CUEMU_HOST_WAITS;
+// one line per process at exit). Runs of 2 and 4 iterations differ by two iterations' waits. The
+// bound is the issue's, one per micro-batch (4 per iteration here); what it measures today is one
+// per iteration: the gradient norm's read-back, which brings the iteration's loss and the token and
+// target checks along (kernels/memory.h read_later, kernels/cuda/cuda_util.cuh).
+TEST_F(Device, AtMostOneHostSyncPerMicroBatch) {
+  if (!emulated()) GTEST_SKIP() << "the host waits are counted by the emulator";
+  auto waits = [&](int iters) {
+    const std::string name = "syncs" + std::to_string(iters), file = out(name) + ".waits";
+    fs::remove(file);
+    EXPECT_EQ(train({name, 1, kCuda, "CUEMU_HOST_WAITS=" + file}, iters), 0) << name;
+    std::ifstream in(file);
+    std::string line;
+    std::getline(in, line);
+    const auto at = line.find(" total=");
+    EXPECT_NE(at, std::string::npos) << "no count in " << file << ": " << line;
+    return at == std::string::npos ? -1L : std::stol(line.substr(at + 7));
+  };
+  const long two = waits(2), four = waits(4);
+  const int micro_batches = 4;  // global batch 8 / micro-batch 2
+  const double per_iteration = static_cast<double>(four - two) / 2.0;
+  std::printf("host syncs per iteration: %.1f (%d micro-batches; %ld in 2 iterations, %ld in 4)\n",
+              per_iteration, micro_batches, two, four);
+  EXPECT_GE(two, 1) << "the counter counts nothing";
+  EXPECT_LE(per_iteration, micro_batches);
+}
+
 // Host code touching device memory dies, naming the allocation (emulator only).
 TEST_F(Device, NothingAboveTheKernelsTouchesDeviceMemory) {
   if (!emulated()) GTEST_SKIP() << "CUEMU_STRICT_HOST is the emulator's";

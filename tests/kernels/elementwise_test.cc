@@ -215,6 +215,21 @@ TEST(SumSquares, MatchesDoubleSumAndIsReproducible) {
   }
 }
 
+// The gradient norm's form: several ranges in one call (one host read on a device) give the bits of
+// the single calls added in order, empty ranges included.
+TEST(SumSquares, RangesAreTheSingleSumsAddedInOrder) {
+  std::vector<std::vector<float>> xs;
+  for (std::int64_t n : {5, 0, 3000, 1, 70001}) xs.push_back(randn(n, 40 + n, 0.5));
+  std::vector<SumSquaresViews> views;
+  double expect = 0.0;
+  for (const auto& x : xs) {
+    views.push_back({.x = flat(x)});
+    expect += sum_squares(cpu_ctx(), {.x = flat(x)});
+  }
+  EXPECT_EQ(sum_squares(cpu_ctx(), std::span<const SumSquaresViews>(views)), expect);
+  EXPECT_EQ(sum_squares(cpu_ctx(), std::span<const SumSquaresViews>()), 0.0);
+}
+
 // Past 4096 blocks of 256 threads (1,048,576 elements) the CUDA kernel's threads take a second
 // element each (the grid-stride loop): the bad value in that second pass must be found too.
 TEST(AllFinite, FindsABadValueInTheGridStrideWrap) {

@@ -175,16 +175,21 @@ TEST(VocabParallelCeKernels, TargetOutsideTheVocabularyIsABug) {
   const Problem p = make_problem(2, 10, 16, 1);
   std::vector<std::int32_t> bad = {3, 12};
   std::vector<float> stats(3 * 2, 1.0f), losses(2);
+  // At the call on the CPU; on a device at the loss's read-back (sum_token_losses), the
+  // micro-batch's one host sync.
   EXPECT_THROW(
-      vocab_parallel_ce_loss(testing::backend_ctx(),
-                             {.losses = testing::dev(losses),
-                              .logits = testing::dev(p.logits),
-                              .row_max = testing::dev(stats),
-                              .sum_exp = testing::dev(stats) + 2,
-                              .target_logit = testing::dev(stats) + 4,
-                              .targets = testing::dev(bad),
-                              .rows = 2,
-                              .shard = {.vocab = 10, .vocab_start = 0, .vocab_local = 16}}),
+      {
+        vocab_parallel_ce_loss(testing::backend_ctx(),
+                               {.losses = testing::dev(losses),
+                                .logits = testing::dev(p.logits),
+                                .row_max = testing::dev(stats),
+                                .sum_exp = testing::dev(stats) + 2,
+                                .target_logit = testing::dev(stats) + 4,
+                                .targets = testing::dev(bad),
+                                .rows = 2,
+                                .shard = {.vocab = 10, .vocab_start = 0, .vocab_local = 16}});
+        sum_token_losses(testing::backend_ctx(), testing::dev(losses), testing::dev(bad), 2);
+      },
       core::InternalError);
 }
 
@@ -203,6 +208,33 @@ TEST(SumTokenLosses, CountsOnlyNonNegativeTargets) {
   for (std::size_t i = 0; i < targets.size(); ++i)
     if (targets[i] >= 0) by_hand += losses[i];
   EXPECT_EQ(got.sum, by_hand);
+}
+
+// The pipeline's form: micro-batches' sums added on the device, read once, bitwise the host's
+// running sum of sum_token_losses.
+TEST(SumTokenLosses, AccumulatedOnTheDeviceEqualsTheRunningSum) {
+  TokenLossSum want;
+  std::vector<TokenLossSum> acc(1);
+  std::vector<std::vector<float>> losses;
+  std::vector<std::vector<std::int32_t>> targets;
+  for (int m = 0; m < 3; ++m) {
+    losses.push_back(randn(37 + m, 9 + m));
+    targets.emplace_back(losses.back().size(), 4);
+    targets.back()[static_cast<std::size_t>(m)] = -1;
+  }
+  for (int m = 0; m < 3; ++m) {
+    const auto rows = static_cast<std::int64_t>(losses[m].size());
+    const TokenLossViews v{.losses = testing::view_of(losses[m], {rows}),
+                           .targets = testing::view_of(targets[m], {rows})};
+    const TokenLossSum one = sum_token_losses(testing::backend_ctx(), v);
+    want.sum += one.sum;
+    want.count += one.count;
+    accumulate_token_losses(testing::backend_ctx(), v, testing::dev(acc));
+  }
+  testing::fetch(acc);
+  EXPECT_EQ(acc[0].count, 37 + 38 + 39 - 3);
+  EXPECT_EQ(acc[0].count, want.count);
+  EXPECT_EQ(acc[0].sum, want.sum);
 }
 
 // The shard's row stride comes from the logits view; every other view must match its rows.

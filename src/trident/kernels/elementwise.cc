@@ -3,6 +3,8 @@
 // kernels/ref/.
 #include "trident/kernels/elementwise.h"
 
+#include <vector>
+
 #include "trident/core/profile.h"
 #include "trident/kernels/backend.h"
 #include "trident/kernels/dispatch.h"
@@ -130,6 +132,33 @@ void scale(const core::ExecContext& ctx, const ScaleViews& v) {
 double sum_squares(const core::ExecContext& ctx, const SumSquaresViews& v) {
   detail::check_view("sum_squares", "x", v.x, kF32, v.x.shape, ctx);
   return sum_squares(ctx, detail::data_or_null<float>(v.x), v.x.numel());
+}
+
+double sum_squares(const core::ExecContext& ctx, std::span<const SumSquaresViews> ranges) {
+  std::int64_t n = 0;
+  for (const SumSquaresViews& v : ranges) {
+    detail::check_view("sum_squares", "x", v.x, kF32, v.x.shape, ctx);
+    n += v.x.numel();
+  }
+  if (ctx.device.kind == core::DeviceKind::kCuda) {
+#ifdef TRIDENT_HAVE_CUDA
+    const core::profile::Scope prof(core::profile::Kind::kOptimizer, "sum_squares", 0, 4.0 * n);
+    std::vector<const float*> xs;
+    std::vector<std::int64_t> ns;
+    for (const SumSquaresViews& v : ranges) {
+      xs.push_back(detail::data_or_null<float>(v.x));
+      ns.push_back(v.x.numel());
+    }
+    return cuda::sum_squares_ranges(ctx, xs.data(), ns.data(),
+                                    static_cast<std::int64_t>(xs.size()));
+#else
+    no_cuda_backend("sum_squares");
+#endif
+  }
+  double sum = 0;
+  for (const SumSquaresViews& v : ranges)
+    sum += sum_squares(ctx, detail::data_or_null<float>(v.x), v.x.numel());
+  return sum;
 }
 
 bool all_finite(const core::ExecContext& ctx, const AllFiniteViews& v) {

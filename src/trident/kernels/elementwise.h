@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "trident/core/exec_context.h"
 #include "trident/core/tensor.h"
@@ -48,6 +49,9 @@ struct SumSquaresViews {
   core::TensorView x{};  // f32
 };
 double sum_squares(const core::ExecContext& ctx, const SumSquaresViews& v);
+// Several views, each summed as above, added in order (bitwise the sum of the single calls): the
+// gradient norm's ranges with one host read on a device instead of one per range.
+double sum_squares(const core::ExecContext& ctx, std::span<const SumSquaresViews> ranges);
 
 // True when every element of x is finite (true for a view of no elements).
 struct AllFiniteViews {

@@ -116,6 +116,28 @@ void synchronize(const core::ExecContext& ctx) {
 #endif
 }
 
+std::uint64_t read_later(const core::ExecContext& ctx, void* host_dst, const void* device_src,
+                         std::int64_t bytes) {
+  if (!on_cuda(ctx)) {
+    std::memcpy(host_dst, device_src, static_cast<std::size_t>(bytes));
+    return 0;
+  }
+#ifdef TRIDENT_HAVE_CUDA
+  return cuda::read_later(ctx.stream, host_dst, device_src, bytes);
+#else
+  return 0;
+#endif
+}
+
+void complete_read(const core::ExecContext& ctx, std::uint64_t ticket) {
+  if (!on_cuda(ctx)) return;
+#ifdef TRIDENT_HAVE_CUDA
+  cuda::complete_read(ctx.stream, ticket);
+#else
+  (void)ticket;
+#endif
+}
+
 void download(const core::ExecContext& ctx, void* host_dst, const void* device_src,
               std::int64_t bytes) {
   copy_to_host(ctx, host_dst, device_src, bytes);

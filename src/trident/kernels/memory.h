@@ -29,8 +29,19 @@ void copy_to_host(const core::ExecContext& ctx, void* host_dst, const void* devi
                   std::int64_t bytes);
 void copy_on_device(const core::ExecContext& ctx, void* dst, const void* src, std::int64_t bytes);
 void zero_on_device(const core::ExecContext& ctx, void* dst, std::int64_t bytes);
-// Waits until every operation queued on ctx's stream has finished (a no-op on the CPU).
+// Waits until every operation queued on ctx's stream has finished (a no-op on the CPU), then
+// reports what the kernels found wrong in device-resident inputs (a negative token id, a target
+// outside the vocabulary: the error the CPU backend throws at the call; on a CUDA device it comes
+// at the next read-back of a result or here).
 void synchronize(const core::ExecContext& ctx);
+// A device-to-host read that rides on the stream's next host sync instead of making its own:
+// queued now (the value as the stream has it at this point); host_dst (at most 1 KiB, kept alive)
+// holds it once complete_read(ctx, ticket) returns, which synchronizes only when no read-back
+// (a result read by a kernel op, synchronize()) has happened on the stream since. On the CPU the
+// copy is made at once.
+std::uint64_t read_later(const core::ExecContext& ctx, void* host_dst, const void* device_src,
+                         std::int64_t bytes);
+void complete_read(const core::ExecContext& ctx, std::uint64_t ticket);
 // copy_to_host then synchronize.
 void download(const core::ExecContext& ctx, void* host_dst, const void* device_src,
               std::int64_t bytes);

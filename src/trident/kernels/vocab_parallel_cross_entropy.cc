@@ -146,4 +146,27 @@ TokenLossSum sum_token_losses(const core::ExecContext& ctx, const TokenLossViews
   return sum_token_losses(ctx, v.losses.as<float>(), v.targets.as<std::int32_t>(), rows);
 }
 
+void accumulate_token_losses(const core::ExecContext& ctx, const TokenLossViews& v,
+                             TokenLossSum* acc) {
+  constexpr const char* op = "accumulate_token_losses";
+  detail::check_rank(op, "losses", v.losses, 1);
+  const std::int64_t rows = v.losses.shape[0];
+  detail::check_view(op, "losses", v.losses, kF32, {rows}, ctx);
+  detail::check_view(op, "targets", v.targets, kI32, {rows}, ctx);
+  TRIDENT_CHECK(acc != nullptr, op, ": a null accumulator");
+  if (ctx.device.kind == core::DeviceKind::kCuda) {
+#ifdef TRIDENT_HAVE_CUDA
+    const core::profile::Scope prof(core::profile::Kind::kLoss, op);
+    return cuda::accumulate_token_losses(ctx, v.losses.as<float>(), v.targets.as<std::int32_t>(),
+                                         rows, acc);
+#else
+    no_cuda_backend(op);
+#endif
+  }
+  const TokenLossSum s =
+      sum_token_losses(ctx, v.losses.as<float>(), v.targets.as<std::int32_t>(), rows);
+  acc->sum += s.sum;
+  acc->count += s.count;
+}
+
 }  // namespace trident::kernels

@@ -112,6 +112,11 @@ struct TokenLossViews {
   core::TensorView targets{};  // (rows) i32
 };
 TokenLossSum sum_token_losses(const core::ExecContext& ctx, const TokenLossViews& v);
+// The same sum added to *acc, a TokenLossSum in ctx's device memory, without a host read: several
+// micro-batches' losses stay on the device until one read (kernels/memory.h read_later). Bitwise
+// the host's `acc.sum += sum_token_losses(...).sum` (each micro-batch summed, then added).
+void accumulate_token_losses(const core::ExecContext& ctx, const TokenLossViews& v,
+                             TokenLossSum* acc);
 
 namespace ref {
 // The specification, in double: the same three steps (the caller reduces between them).

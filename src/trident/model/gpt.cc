@@ -526,16 +526,19 @@ LossSum gpt_loss(const core::ExecContext& ctx, const ModelConfig& cfg, const Mod
   const Transformer m(ctx, cfg, rt, p, a);
   const bool with_grad = grad == LossGrad::kCompute;
   const layers::TokenLoss l =
-      cfg.loss_chunk_rows > 0
-          ? layers::lm_head_chunked_loss(m.lc, m.arch.head, m.head_params(),
-                                         {.targets = targets,
-                                          .with_grad = with_grad,
-                                          .d_scale = d_scale,
-                                          .saved = a.head,
-                                          .d_out_w = g.out_w ? g.out_w : g.wte})
-          : layers::lm_head_loss(
-                m.lc, m.arch.head,
-                {.targets = targets, .with_grad = with_grad, .d_scale = d_scale, .saved = a.head});
+      cfg.loss_chunk_rows > 0 ? layers::lm_head_chunked_loss(m.lc, m.arch.head, m.head_params(),
+                                                             {.targets = targets,
+                                                              .with_grad = with_grad,
+                                                              .d_scale = d_scale,
+                                                              .device_sum = rt.loss_sum_on_device,
+                                                              .saved = a.head,
+                                                              .d_out_w = g.out_w ? g.out_w : g.wte})
+                              : layers::lm_head_loss(m.lc, m.arch.head,
+                                                     {.targets = targets,
+                                                      .with_grad = with_grad,
+                                                      .d_scale = d_scale,
+                                                      .device_sum = rt.loss_sum_on_device,
+                                                      .saved = a.head});
   return {.sum = l.sum, .count = l.count};
 }
 

@@ -121,6 +121,10 @@ struct ModelRuntime {
   // Set: the transformer layers take their weights and gradient buffers from the provider; the
   // embedding and head still use the views.
   LayerWeightsProvider* layer_weights = nullptr;
+  // Set: gpt_loss adds the micro-batch's token losses to this sum in ctx's device memory and
+  // returns {0, 0} (the caller reads the sum once per iteration: one host sync, not one per
+  // micro-batch). Null: gpt_loss reads the sum back.
+  kernels::TokenLossSum* loss_sum_on_device = nullptr;
 };
 
 // Saved activations of one layer for one micro-batch; row = one token (B*T rows, or this rank's

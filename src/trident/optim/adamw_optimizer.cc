@@ -32,21 +32,25 @@ void adamw_step(const core::ExecContext& ctx, const model::ParamTable& table,
   }
 }
 
-double grad_norm_squared_share(const core::ExecContext& ctx, const model::ParamTable& table,
-                               FlatRange range, const float* grads, int tp_rank) {
-  double sum = 0;
+void append_grad_norm_ranges(const core::ExecContext& ctx, const model::ParamTable& table,
+                             FlatRange range, const float* grads, int tp_rank,
+                             std::vector<kernels::SumSquaresViews>& out) {
   for (const model::ParamSpec& p : table.params) {
     if (p.shared || (p.tp_duplicated() && tp_rank != 0)) continue;
     // A partly replicated parameter's copies count once: on the first rank of each subgroup.
     const std::int64_t counted = tp_rank % p.tp_replicas == 0 ? p.numel : p.replicated_begin();
     const std::int64_t lo = std::max(p.offset, range.begin);
     const std::int64_t hi = std::min(p.offset + counted, range.end);
-    if (lo < hi) {
-      sum += kernels::sum_squares(
-          ctx, {.x = core::view(grads + (lo - range.begin), {hi - lo}, ctx.device)});
-    }
+    if (lo < hi)
+      out.push_back({.x = core::view(grads + (lo - range.begin), {hi - lo}, ctx.device)});
   }
-  return sum;
+}
+
+double grad_norm_squared_share(const core::ExecContext& ctx, const model::ParamTable& table,
+                               FlatRange range, const float* grads, int tp_rank) {
+  std::vector<kernels::SumSquaresViews> ranges;
+  append_grad_norm_ranges(ctx, table, range, grads, tp_rank, ranges);
+  return kernels::sum_squares(ctx, ranges);
 }
 
 float clip_coefficient(double grad_norm, double clip_grad) {

@@ -4,9 +4,11 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "trident/core/exec_context.h"
 #include "trident/kernels/adamw.h"
+#include "trident/kernels/elementwise.h"
 #include "trident/model/param_table.h"
 
 namespace trident::optim {
@@ -50,6 +52,11 @@ void adamw_step(const core::ExecContext& ctx, const model::ParamTable& table,
 // data-parallel ranks when each holds a disjoint gradient shard) for the squared norm.
 double grad_norm_squared_share(const core::ExecContext& ctx, const model::ParamTable& table,
                                FlatRange range, const float* grads, int tp_rank);
+// The ranges that share sums, appended to `out` (grad_norm_squared_share is their sum_squares):
+// a caller with several tables sums them all at once (one host read on a device).
+void append_grad_norm_ranges(const core::ExecContext& ctx, const model::ParamTable& table,
+                             FlatRange range, const float* grads, int tp_rank,
+                             std::vector<kernels::SumSquaresViews>& out);
 
 // Clipping coefficient from the global gradient norm, as Megatron / torch.nn.utils: scale by
 // clip / (norm + 1e-6) when that is < 1, else 1.

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <set>
+#include <vector>
 
 #include "trident/core/view.h"
+#include "trident/kernels/elementwise.h"
 #include "trident/kernels/overflow.h"
 #include "trident/optim/adamw_optimizer.h"
 
@@ -63,15 +65,17 @@ void GradFinalizer::sum_tp_replicated(const HeldGrads& held) {
 
 double GradFinalizer::global_norm(const core::ExecContext& ctx, const HeldGrads& held) {
   const Range r = {held.grads.range.begin, std::min(held.grads.range.end, layout_.numel())};
-  double share = 0;
+  // Every chunk's ranges in one sum (in the order the per-chunk sums added them): one host read.
+  std::vector<kernels::SumSquaresViews> ranges;
   for (const LayoutChunk& ch : layout_.chunks()) {
     const std::int64_t lo = std::max(r.begin, ch.base);
     const std::int64_t hi = std::min(r.end, ch.base + ch.table->total_numel);
     if (lo >= hi) continue;
-    share +=
-        grad_norm_squared_share(ctx, *ch.table, {lo - ch.base, hi - ch.base},
-                                held.grads.data + (lo - held.grads.range.begin), layout_.tp_rank());
+    append_grad_norm_ranges(ctx, *ch.table, {lo - ch.base, hi - ch.base},
+                            held.grads.data + (lo - held.grads.range.begin), layout_.tp_rank(),
+                            ranges);
   }
+  double share = kernels::sum_squares(ctx, ranges);
   // Disjoint shards: the whole world's shares; whole replicas: the model-parallel group's.
   comm::Communicator& group = held.disjoint_over_dp ? par_.world() : *model_parallel_;
   if (group.size() > 1) group.all_reduce(&share, 1, comm::Datatype::kF64, comm::ReduceOp::kSum);

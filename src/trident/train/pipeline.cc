@@ -26,6 +26,10 @@ PipelineExecutor::PipelineExecutor(const RankModel& model, const parallel::Paral
   TRIDENT_ASSERT(static_cast<int>(runtimes_.size()) == num_chunks_, "one runtime per chunk");
   slots_by_chunk_.resize(static_cast<std::size_t>(num_chunks_));
   build(num_microbatches);
+  loss_arena_ = core::Arena(256, kernels::memory_for(ctx_));
+  loss_on_device_ = static_cast<kernels::TokenLossSum*>(
+      loss_arena_.alloc(core::DType::kI64, {2}).data);  // {double sum, int64 count}
+  loss_host_ = kernels::HostBuffer(ctx_, sizeof(kernels::TokenLossSum));
 }
 
 void PipelineExecutor::set_num_microbatches(int num_microbatches) {
@@ -182,6 +186,8 @@ PipelineStats PipelineExecutor::train(const core::ExecContext& ctx, const ModelV
   PipelineStats stats;
   core::Timer total;
   int live = 0;
+  kernels::zero_on_device(ctx, loss_on_device_, sizeof(kernels::TokenLossSum));
+  for (model::ModelRuntime& rt : runtimes_) rt.loss_sum_on_device = loss_on_device_;
   for (std::size_t i = 0; i < schedule_.size(); ++i) {
     const parallel::PipeStep& st = schedule_[i];
     if (st.op == parallel::PipeOp::kForward) {
@@ -196,16 +202,26 @@ PipelineStats PipelineExecutor::train(const core::ExecContext& ctx, const ModelV
     }
   }
   drain();
+  for (model::ModelRuntime& rt : runtimes_) rt.loss_sum_on_device = nullptr;
+  loss_ticket_ =
+      kernels::read_later(ctx, loss_host_.data(), loss_on_device_, sizeof(kernels::TokenLossSum));
   stats.total_ms = total.elapsed_ms();
   stats.activation_bytes =
       static_cast<std::int64_t>(stats.max_live_activations) * activation_bytes_per_slot(0);
   return stats;
 }
 
+void PipelineExecutor::read_loss(const core::ExecContext& ctx, PipelineStats& stats) {
+  kernels::complete_read(ctx, loss_ticket_);
+  const auto* sum = loss_host_.as<kernels::TokenLossSum>();
+  stats.loss = {.sum = sum->sum, .count = sum->count};
+}
+
 model::LossSum PipelineExecutor::evaluate(const core::ExecContext& ctx, const ModelViews& views,
                                           int num_microbatches, const MicroBatches& batches) {
   model::LossSum loss;
   double busy = 0;
+  for (model::ModelRuntime& rt : runtimes_) rt.loss_sum_on_device = nullptr;  // read per call
   for (int micro = 0; micro < num_microbatches; ++micro) {
     for (int c = 0; c < num_chunks_; ++c) {
       forward_step(ctx, views, c, micro, batches, model::LossGrad::kNone, 0.0f, loss, busy);

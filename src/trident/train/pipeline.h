@@ -10,6 +10,9 @@
 #include <vector>
 
 #include "trident/comm/communicator.h"
+#include "trident/core/arena.h"
+#include "trident/kernels/memory.h"
+#include "trident/kernels/vocab_parallel_cross_entropy.h"
 #include "trident/model/gpt.h"
 #include "trident/parallel/parallel_context.h"
 #include "trident/parallel/pipeline_schedule.h"
@@ -28,7 +31,9 @@ struct MicroBatches {
 };
 
 struct PipelineStats {
-  model::LossSum loss;  // this rank's share (last stage only; zero elsewhere)
+  // This rank's loss share (last stage only; zero elsewhere), once read by
+  // PipelineExecutor::read_loss (on a device it stays there until then).
+  model::LossSum loss;
   double busy_ms = 0;   // forward and backward compute
   double total_ms = 0;  // the whole schedule, waits included
   int max_live_activations = 0;
@@ -58,6 +63,10 @@ class PipelineExecutor {
   // views' gradients (or the gradient buffers the runtimes' layer-weight providers hand out).
   PipelineStats train(const core::ExecContext& ctx, const ModelViews& views, float d_scale,
                       const MicroBatches& batches);
+  // The loss share of the last train() into stats.loss. The micro-batches' losses add up on the
+  // device; their read rides on the next host sync of the stream (the gradient norm's), so the
+  // iteration costs no host sync for its loss (kernels/memory.h read_later).
+  void read_loss(const core::ExecContext& ctx, PipelineStats& stats);
   // Forward only (no dropout) over `num_microbatches` micro-batches (evaluation); returns the
   // loss share.
   model::LossSum evaluate(const core::ExecContext& ctx, const ModelViews& views,
@@ -105,6 +114,11 @@ class PipelineExecutor {
   int pp_size_ = 1, pp_rank_ = 0, num_chunks_ = 1, num_microbatches_ = 1, slots_ = 1;
   std::int64_t micro_batch_size_ = 1;
   std::vector<std::vector<Slot>> slots_by_chunk_;
+  // The iteration's loss sum on ctx_'s device, and where its deferred read lands.
+  core::Arena loss_arena_;
+  kernels::TokenLossSum* loss_on_device_ = nullptr;
+  kernels::HostBuffer loss_host_;
+  std::uint64_t loss_ticket_ = 0;
 };
 
 }  // namespace trident::train

@@ -810,6 +810,7 @@ IterationResult Trainer::train_iteration() {
                              .overflow_threshold = cfg_.fp16 ? optim::kFp16Max : INFINITY});
   r.used_scale = scaler_->scale();
   if (cfg_.fp16) scaler_->update(r.step.skipped);
+  executor_->read_loss(ctx_, r.pipeline);  // after the step: its norm's host sync brought it
   r.lm_loss = global_loss(r.pipeline.loss);
   if (!r.step.skipped) {
     lr_sched_->step(static_cast<double>(r.batch.running_global_batch_size),

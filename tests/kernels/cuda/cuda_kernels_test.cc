@@ -33,6 +33,7 @@
 #include "trident/kernels/layernorm.h"
 #include "trident/kernels/matmul.h"
 #include "trident/kernels/matmul_bf16.h"
+#include "trident/kernels/memory.h"
 #include "trident/kernels/overflow.h"
 #include "trident/kernels/ref/fused_ref.h"
 #include "trident/kernels/ref/ref.h"
@@ -403,7 +404,17 @@ TEST_F(Cuda, EmbeddingMatchesReferenceAndIsTheCpusBits) {
   bad[17] = -4;
   auto gbad = dev(bad);
   ga.tokens = gbad.p();
-  EXPECT_THROW(embedding_forward(gpu_, ga), core::InvalidArgument);
+  // Reported at the stream's next read-back (here synchronize()), naming the first bad element as
+  // the CPU does; nothing read out of bounds meanwhile.
+  embedding_forward(gpu_, ga);
+  try {
+    kernels::synchronize(gpu_);
+    ADD_FAILURE() << "a negative token id was not reported";
+  } catch (const core::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("embedding_forward: tokens[17] = -4"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_NO_THROW(kernels::synchronize(gpu_));  // reported once
 }
 
 TEST_F(Cuda, CrossEntropyMatchesReferenceAndCpu) {
@@ -429,9 +440,15 @@ TEST_F(Cuda, CrossEntropyMatchesReferenceAndCpu) {
   bad[10] = static_cast<std::int32_t>(V + 3);  // a padding column
   auto gbad = dev(bad);
   auto glog2 = dev(logits);
-  EXPECT_THROW(cross_entropy_forward_backward(
-                   gpu_, {gloss.p(), nullptr, glog2.p(), gbad.p(), 1.0f, rows, V, Vp}),
-               core::InternalError);
+  cross_entropy_forward_backward(gpu_,
+                                 {gloss.p(), nullptr, glog2.p(), gbad.p(), 1.0f, rows, V, Vp});
+  try {
+    kernels::synchronize(gpu_);
+    ADD_FAILURE() << "a target in the padding was not reported";
+  } catch (const core::InternalError& e) {
+    EXPECT_NE(std::string(e.what()).find("targets[10] = 1003"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(std::isnan(gloss.host()[10])) << "the bad row's loss is NaN, not a read past the row";
 }
 
 TEST_F(Cuda, RmsNormMatchesReferenceAndCpu) {
@@ -627,9 +644,10 @@ TEST_F(Cuda, VocabParallelCrossEntropyMatchesReferenceAndCpu) {
   auto bad = targets;
   bad[7] = 1000;  // beyond the real vocabulary
   auto gbad = dev(bad);
-  EXPECT_THROW(vocab_parallel_ce_loss(gpu_, {gloss.p(), nullptr, glog.p(), gmax.p(), gsum.p(),
-                                             gtgt.p(), gbad.p(), 1.0f, rows, shard}),
-               core::InternalError);
+  // Reported with the loss's read-back: the micro-batch's one host sync.
+  vocab_parallel_ce_loss(gpu_, {gloss.p(), nullptr, glog.p(), gmax.p(), gsum.p(), gtgt.p(),
+                                gbad.p(), 1.0f, rows, shard});
+  EXPECT_THROW(sum_token_losses(gpu_, gloss.p(), gbad.p(), rows), core::InternalError);
 }
 
 // The same Philox draws as the CPU: dropout masks bit for bit, normals to the last ulp of libm.

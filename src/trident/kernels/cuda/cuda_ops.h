@@ -3,8 +3,9 @@
 // memory of ctx.device and the work queued on ctx.stream (a cudaStream_t; null: the legacy default
 // stream). The public ops' dispatch (kernels/<op>.cc) calls these for core::DeviceKind::kCuda.
 //
-// Results that a host caller reads (sum_squares, all_finite) and the checks of device-resident
-// inputs (token ids, targets) synchronize the stream; everything else is asynchronous.
+// Results that a host caller reads (sum_squares, all_finite, sum_token_losses) synchronize the
+// stream, once per call; the checks of device-resident inputs (token ids, targets) are reported at
+// that read-back or at synchronize() (cuda_util.cuh); everything else is asynchronous.
 //
 // This header needs no CUDA header, so that the dispatch files stay plain C++.
 #pragma once
@@ -46,6 +47,9 @@ void add_forward(const ExecContext& ctx, float* out, const float* a, const float
 void scale_inplace(const ExecContext& ctx, float* x, float s, std::int64_t n);
 // Bitwise reproducible: a fixed grid of contiguous ranges, each summed in double, added in order.
 double sum_squares(const ExecContext& ctx, const float* x, std::int64_t n);
+// Several ranges, each summed as above, added in order on the device: one host sync.
+double sum_squares_ranges(const ExecContext& ctx, const float* const* xs, const std::int64_t* ns,
+                          std::int64_t count);
 bool all_finite(const ExecContext& ctx, const float* x, std::int64_t n);
 
 // fill.h and overflow.h
@@ -109,6 +113,8 @@ void vocab_parallel_ce_sum_target(const ExecContext& ctx, const VocabParallelCeS
 void vocab_parallel_ce_loss(const ExecContext& ctx, const VocabParallelCeLossArgs& args);
 TokenLossSum sum_token_losses(const ExecContext& ctx, const float* losses,
                               const std::int32_t* targets, std::int64_t rows);
+void accumulate_token_losses(const ExecContext& ctx, const float* losses,
+                             const std::int32_t* targets, std::int64_t rows, TokenLossSum* acc);
 void hidden_dropout(const ExecContext& ctx, const HiddenDropoutArgs& args);
 void init_normal(const ExecContext& ctx, const InitNormalArgs& args);
 

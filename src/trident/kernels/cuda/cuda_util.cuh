@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "trident/core/error.h"
@@ -175,42 +176,28 @@ void column_sums(cudaStream_t stream, float* out0, float* out1, F value, std::in
   TRIDENT_CUDA_LAUNCH_CHECK("add_partials");
 }
 
-// A device-side record of the first bad element of n (a negative token id, a target outside the
-// vocabulary): kernels call report_bad(ptr(), i, n), first_bad() returns the lowest reported index
-// after a stream sync (-1: none), so that the error names the element the CPU's loop names.
-__device__ __forceinline__ void report_bad(unsigned long long* flag, std::int64_t i,
-                                           std::int64_t n) {
-  atomicMax(flag, static_cast<unsigned long long>(n - i));  // the largest n - i: the lowest i
-}
-
-class DeviceFlag {
- public:
-  explicit DeviceFlag(cudaStream_t stream)
-      : scratch_(sizeof(unsigned long long), stream), stream_(stream) {
-    TRIDENT_CUDA_CHECK(
-        cudaMemsetAsync(scratch_.as<unsigned long long>(), 0, sizeof(unsigned long long), stream));
-  }
-  unsigned long long* ptr() const { return scratch_.as<unsigned long long>(); }
-  // The lowest index reported among n elements, or -1.
-  std::int64_t first_bad(std::int64_t n) const {
-    unsigned long long host = 0;
-    TRIDENT_CUDA_CHECK(
-        cudaMemcpyAsync(&host, ptr(), sizeof(host), cudaMemcpyDeviceToHost, stream_));
-    TRIDENT_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    return host == 0 ? -1 : n - static_cast<std::int64_t>(host);
-  }
-
- private:
-  StreamScratch scratch_;
-  cudaStream_t stream_;
-};
-
-// The value of one device element (for an error message), after the work queued before it.
+// ---- Checks of device-resident inputs, and reading results back --------------------------------
+// Token ids and targets live on the device. Their checks run as kernels and never stop the host:
+// each check's verdict waits on the device until the host next reads from the stream
+// (read_back(), or synchronize() of device.h), which copies every pending verdict and the value
+// read in one stream sync, and then throws the first failed check's error (the message the CPU
+// backend throws at the call). The kernels that use the values guard against the bad ones, so
+// nothing reads out of bounds in between. One host sync per micro-batch (the loss read-back)
+// covers the embedding's and the loss's checks.
+enum class CheckRule { kNonNegative, kBelowBound };
+// Called with the index of the first bad element and its value; throws the error.
+using CheckFailure = std::function<void(std::int64_t index, std::int64_t value)>;
+// Queues on `stream` the check of values[0..n) against the rule.
+void defer_check(cudaStream_t stream, const std::int32_t* values, std::int64_t n, CheckRule rule,
+                 std::int64_t bound, CheckFailure fail);
+// Copies `bytes` (at most 256) of device memory to host_dst with the pending checks' verdicts:
+// one stream sync; then reports the first failed check.
+void read_back_bytes(cudaStream_t stream, void* host_dst, const void* device_src,
+                     std::int64_t bytes);
 template <class T>
-T read_element(const T* p, cudaStream_t stream) {
+T read_back(cudaStream_t stream, const T* device_src) {
   T host{};
-  TRIDENT_CUDA_CHECK(cudaMemcpyAsync(&host, p, sizeof(T), cudaMemcpyDeviceToHost, stream));
-  TRIDENT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  read_back_bytes(stream, &host, device_src, static_cast<std::int64_t>(sizeof(T)));
   return host;
 }
 

@@ -24,7 +24,15 @@ void set_device(int device);
 // A stream on the current device (non-blocking with respect to the legacy default stream).
 void* create_stream();
 void destroy_stream(void* stream);
+// Waits for the stream's work; then throws the first failed check of device-resident inputs
+// queued on it (a negative token id, a target outside the vocabulary: cuda_util.cuh).
 void synchronize(void* stream);
+// A device-to-host copy that waits for the stream's next host sync instead of making one: queued
+// now (the value as the stream has it here), in host_dst (at most 1 KiB; keep it alive) once
+// complete_read(stream, ticket) returns, which synchronizes only when no read-back of the stream
+// (a result read by the kernels, synchronize()) has happened since.
+std::uint64_t read_later(void* stream, void* host_dst, const void* device_src, std::int64_t bytes);
+void complete_read(void* stream, std::uint64_t ticket);
 
 // Stream-ordered copies (cudaMemcpyAsync with the direction inferred); the host side may be
 // pageable memory. Call synchronize() before reading a device-to-host result.

@@ -83,11 +83,12 @@ __global__ void sum_squares_partial_kernel(double* partial, const float* x, std:
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
 
-__global__ void sum_partials_kernel(double* out, const double* partial, int parts) {
+// *out = (or +=, accumulating over ranges) the partials added in order.
+__global__ void sum_partials_kernel(double* out, const double* partial, int parts, int accumulate) {
   if (threadIdx.x != 0) return;
   double total = 0.0;
   for (int p = 0; p < parts; ++p) total += partial[p];
-  *out = total;
+  *out = accumulate != 0 ? *out + total : total;
 }
 
 __global__ void nonfinite_kernel(unsigned* bad, const float* x, std::int64_t n) {
@@ -182,20 +183,28 @@ void scale_inplace(const ExecContext& ctx, float* x, float s, std::int64_t n) {
 }
 
 double sum_squares(const ExecContext& ctx, const float* x, std::int64_t n) {
-  check_n("sum_squares", n, x != nullptr);
-  if (n == 0) return 0.0;
+  return sum_squares_ranges(ctx, &x, &n, 1);
+}
+
+double sum_squares_ranges(const ExecContext& ctx, const float* const* xs, const std::int64_t* ns,
+                          std::int64_t count) {
+  for (std::int64_t r = 0; r < count; ++r) check_n("sum_squares", ns[r], xs[r] != nullptr);
   cudaStream_t s = stream_of(ctx);
-  const int parts = parts_for(n);
-  StreamScratch partial((parts + 1) * static_cast<std::int64_t>(sizeof(double)), s);
-  sum_squares_partial_kernel<<<parts, kThreads, 0, s>>>(partial.as<double>(), x, n);
-  TRIDENT_CUDA_LAUNCH_CHECK("sum_squares");
-  sum_partials_kernel<<<1, 32, 0, s>>>(partial.as<double>() + parts, partial.as<double>(), parts);
-  TRIDENT_CUDA_LAUNCH_CHECK("sum_squares");
-  double total = 0.0;
-  TRIDENT_CUDA_CHECK(cudaMemcpyAsync(&total, partial.as<double>() + parts, sizeof(double),
-                                     cudaMemcpyDeviceToHost, s));
-  TRIDENT_CUDA_CHECK(cudaStreamSynchronize(s));
-  return total;
+  StreamScratch total(sizeof(double), s);
+  bool first = true;
+  for (std::int64_t r = 0; r < count; ++r) {
+    if (ns[r] == 0) continue;
+    const int parts = parts_for(ns[r]);
+    StreamScratch partial(parts * static_cast<std::int64_t>(sizeof(double)), s);
+    sum_squares_partial_kernel<<<parts, kThreads, 0, s>>>(partial.as<double>(), xs[r], ns[r]);
+    TRIDENT_CUDA_LAUNCH_CHECK("sum_squares");
+    sum_partials_kernel<<<1, 32, 0, s>>>(total.as<double>(), partial.as<double>(), parts,
+                                         first ? 0 : 1);
+    TRIDENT_CUDA_LAUNCH_CHECK("sum_squares");
+    first = false;
+  }
+  if (first) return 0.0;
+  return read_back(s, total.as<double>());  // one host sync for every range
 }
 
 bool all_finite(const ExecContext& ctx, const float* x, std::int64_t n) {
@@ -206,11 +215,7 @@ bool all_finite(const ExecContext& ctx, const float* x, std::int64_t n) {
   TRIDENT_CUDA_CHECK(cudaMemsetAsync(flag.as<unsigned>(), 0, sizeof(unsigned), s));
   nonfinite_kernel<<<grid_for(n, kThreads, 4096), kThreads, 0, s>>>(flag.as<unsigned>(), x, n);
   TRIDENT_CUDA_LAUNCH_CHECK("all_finite");
-  unsigned bad = 0;
-  TRIDENT_CUDA_CHECK(
-      cudaMemcpyAsync(&bad, flag.as<unsigned>(), sizeof(unsigned), cudaMemcpyDeviceToHost, s));
-  TRIDENT_CUDA_CHECK(cudaStreamSynchronize(s));
-  return bad == 0;
+  return read_back(s, flag.as<unsigned>()) == 0;
 }
 
 void fill(const ExecContext& ctx, const FillArgs& args) {
@@ -243,11 +248,7 @@ std::int64_t overflow_count(const ExecContext& ctx, const OverflowCountArgs& arg
   overflow_kernel<<<grid_for(args.n, kThreads, 4096), kThreads, 0, s>>>(
       count.as<unsigned long long>(), args.x, args.threshold, args.n);
   TRIDENT_CUDA_LAUNCH_CHECK("overflow_count");
-  unsigned long long host = 0;
-  TRIDENT_CUDA_CHECK(cudaMemcpyAsync(&host, count.as<unsigned long long>(), sizeof(host),
-                                     cudaMemcpyDeviceToHost, s));
-  TRIDENT_CUDA_CHECK(cudaStreamSynchronize(s));
-  return static_cast<std::int64_t>(host);
+  return static_cast<std::int64_t>(read_back(s, count.as<unsigned long long>()));
 }
 
 void convert_f32_to_bf16(const ExecContext& ctx, core::bf16* dst, const float* src,

@@ -1,6 +1,6 @@
 // CUDA embedding forward/backward (embedding.h) and fused softmax cross-entropy
-// (cross_entropy.h). Token ids and targets live on the device, so their checks run in the kernels
-// and are reported after a stream sync with the CPU backend's error.
+// (cross_entropy.h). Token ids and targets live on the device, so their checks run as kernels and
+// are reported at the stream's next read-back with the CPU backend's error (cuda_util.cuh).
 #include <cuda_runtime.h>
 
 #include <cfloat>
@@ -22,22 +22,13 @@ void check_sizes(const char* op, std::int64_t batch, std::int64_t seq_len, std::
                 " vocab_local=", vocab_local);
 }
 
-__global__ void check_tokens_kernel(unsigned long long* flag, const std::int32_t* tokens,
-                                    std::int64_t n) {
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    if (tokens[i] < 0) report_bad(flag, i, n);
-  }
-}
-
-// The CPU's error (kernels/cpu/embedding.cc): the first negative id and its value.
+// The CPU's error (kernels/cpu/embedding.cc): the first negative id and its value, reported at the
+// stream's next read-back (cuda_util.cuh); the kernels skip negative ids meanwhile.
 void check_tokens(const char* op, cudaStream_t s, const std::int32_t* tokens, std::int64_t n) {
-  DeviceFlag flag(s);
-  check_tokens_kernel<<<grid_for(n, 256, 1024), 256, 0, s>>>(flag.ptr(), tokens, n);
-  TRIDENT_CUDA_LAUNCH_CHECK(op);
-  const std::int64_t bad = flag.first_bad(n);
-  TRIDENT_CHECK(bad < 0, op, ": tokens[", bad, "] = ", read_element(tokens + bad, s),
-                " is negative; token ids must be >= 0 (check the dataset and tokenizer)");
+  defer_check(s, tokens, n, CheckRule::kNonNegative, 0, [op](std::int64_t i, std::int64_t v) {
+    TRIDENT_CHECK(false, op, ": tokens[", i, "] = ", v,
+                  " is negative; token ids must be >= 0 (check the dataset and tokenizer)");
+  });
 }
 
 __global__ void embedding_forward_kernel(float* out, const std::int32_t* tokens, const float* wte,
@@ -85,14 +76,6 @@ __global__ void embedding_backward_wpe_kernel(float* d_wpe, const float* d_out, 
 
 constexpr int kCeThreads = 512;
 
-__global__ void check_targets_kernel(unsigned long long* flag, const std::int32_t* targets,
-                                     std::int64_t rows, std::int64_t V) {
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < rows;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    if (targets[i] >= V) report_bad(flag, i, rows);
-  }
-}
-
 __global__ void cross_entropy_kernel(float* losses, float* d_logits, const float* logits,
                                      const std::int32_t* targets, float d_scale, std::int64_t V,
                                      std::int64_t Vp) {
@@ -100,8 +83,8 @@ __global__ void cross_entropy_kernel(float* losses, float* d_logits, const float
   const float* x = logits + r * Vp;
   float* dx = d_logits ? d_logits + r * Vp : nullptr;  // may alias x
   const std::int32_t target = targets[r];
-  if (target < 0) {
-    if (threadIdx.x == 0) losses[r] = 0.0f;
+  if (target < 0 || target >= V) {  // ignored; or outside the vocabulary (reported by the check)
+    if (threadIdx.x == 0) losses[r] = target < 0 ? 0.0f : __int_as_float(0x7fc00000);
     if (dx)
       for (std::int64_t c = threadIdx.x; c < Vp; c += blockDim.x) dx[c] = 0.0f;
     return;
@@ -175,16 +158,11 @@ void cross_entropy_forward_backward(const ExecContext& ctx, const CrossEntropyAr
                 "cross_entropy_forward_backward: losses, logits and targets must be non-null");
   TRIDENT_CHECK(rows <= 0x7fffffff, "cross_entropy_forward_backward: too many rows");
   cudaStream_t s = stream_of(ctx);
-  {
-    DeviceFlag flag(s);
-    check_targets_kernel<<<grid_for(rows, 256, 1024), 256, 0, s>>>(flag.ptr(), args.targets, rows,
-                                                                   V);
-    TRIDENT_CUDA_LAUNCH_CHECK("cross_entropy_forward_backward");
-    const std::int64_t bad = flag.first_bad(rows);
-    TRIDENT_ASSERT(bad < 0, "cross_entropy_forward_backward: targets[", bad,
-                   "] = ", read_element(args.targets + bad, s),
-                   " is outside the real vocabulary [0, ", V, ") (a padding column or beyond)");
-  }
+  defer_check(
+      s, args.targets, rows, CheckRule::kBelowBound, V, [V](std::int64_t i, std::int64_t v) {
+        TRIDENT_ASSERT(false, "cross_entropy_forward_backward: targets[", i, "] = ", v,
+                       " is outside the real vocabulary [0, ", V, ") (a padding column or beyond)");
+      });
   cross_entropy_kernel<<<static_cast<unsigned>(rows), kCeThreads, 0, s>>>(
       args.losses, args.d_logits, args.logits, args.targets, args.d_scale, V, Vp);
   TRIDENT_CUDA_LAUNCH_CHECK("cross_entropy_forward_backward");

@@ -147,11 +147,26 @@ __global__ void vp_loss_kernel(float* losses, float* d_logits, const float* logi
   }
 }
 
-__global__ void check_below_kernel(unsigned long long* flag, const std::int32_t* targets,
-                                   std::int64_t n, std::int64_t bound) {
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    if (targets[i] >= bound) report_bad(flag, i, n);
+// The loss the log shows (and the tests compare): the counted tokens' losses added in row order in
+// double, as the CPU does, then written to (or added to) *out; one thread (a few thousand rows per
+// micro-batch).
+__global__ void token_loss_sum_kernel(TokenLossSum* out, const float* losses,
+                                      const std::int32_t* targets, std::int64_t rows,
+                                      int accumulate) {
+  if (threadIdx.x != 0) return;
+  double sum = 0.0;
+  std::int64_t count = 0;
+  for (std::int64_t i = 0; i < rows; ++i) {
+    if (targets[i] < 0) continue;
+    sum += losses[i];
+    ++count;
+  }
+  if (accumulate != 0) {
+    out->sum += sum;
+    out->count += count;
+  } else {
+    out->sum = sum;
+    out->count = count;
   }
 }
 
@@ -257,15 +272,11 @@ void vocab_parallel_ce_loss(const ExecContext& ctx, const VocabParallelCeLossArg
   check_rows("vocab_parallel_ce_loss", a.rows, a.shard.vocab_local);
   if (a.rows == 0) return;
   cudaStream_t s = stream_of(ctx);
-  {
-    DeviceFlag flag(s);
-    check_below_kernel<<<grid_for(a.rows, 256, 1024), 256, 0, s>>>(flag.ptr(), a.targets, a.rows,
-                                                                   a.shard.vocab);
-    TRIDENT_CUDA_LAUNCH_CHECK("vocab_parallel_ce_loss");
-    const std::int64_t bad = flag.first_bad(a.rows);
-    TRIDENT_ASSERT(bad < 0, "target ", read_element(a.targets + bad, s), " at row ", bad,
-                   " is outside the vocabulary");
-  }
+  const std::int64_t vocab = a.shard.vocab;
+  defer_check(s, a.targets, a.rows, CheckRule::kBelowBound, vocab,
+              [](std::int64_t i, std::int64_t v) {
+                TRIDENT_ASSERT(false, "target ", v, " at row ", i, " is outside the vocabulary");
+              });
   vp_loss_kernel<<<static_cast<unsigned>(a.rows), kRowThreads, 0, s>>>(
       a.losses, a.d_logits, a.logits, a.row_max, a.sum_exp, a.target_logit, a.targets, a.d_scale,
       a.shard.vocab_local, a.shard.real(), a.shard.vocab_start);
@@ -274,23 +285,21 @@ void vocab_parallel_ce_loss(const ExecContext& ctx, const VocabParallelCeLossArg
 
 TokenLossSum sum_token_losses(const ExecContext& ctx, const float* losses,
                               const std::int32_t* targets, std::int64_t rows) {
-  // The sum is part of the logged (and compared) loss: in row order on the host, as the CPU does.
-  TokenLossSum out;
-  if (rows <= 0) return out;
-  std::vector<float> l(static_cast<std::size_t>(rows));
-  std::vector<std::int32_t> t(l.size());
+  if (rows <= 0) return {};
   cudaStream_t s = stream_of(ctx);
-  TRIDENT_CUDA_CHECK(
-      cudaMemcpyAsync(l.data(), losses, l.size() * sizeof(float), cudaMemcpyDeviceToHost, s));
-  TRIDENT_CUDA_CHECK(cudaMemcpyAsync(t.data(), targets, t.size() * sizeof(std::int32_t),
-                                     cudaMemcpyDeviceToHost, s));
-  TRIDENT_CUDA_CHECK(cudaStreamSynchronize(s));
-  for (std::size_t i = 0; i < l.size(); ++i) {
-    if (t[i] < 0) continue;
-    out.sum += l[i];
-    ++out.count;
-  }
-  return out;
+  StreamScratch sum(sizeof(TokenLossSum), s);
+  token_loss_sum_kernel<<<1, 32, 0, s>>>(sum.as<TokenLossSum>(), losses, targets, rows, 0);
+  TRIDENT_CUDA_LAUNCH_CHECK("sum_token_losses");
+  // One host sync: the sum, with the verdicts of the stream's pending token and target checks.
+  return read_back(s, sum.as<TokenLossSum>());
+}
+
+void accumulate_token_losses(const ExecContext& ctx, const float* losses,
+                             const std::int32_t* targets, std::int64_t rows, TokenLossSum* acc) {
+  if (rows <= 0) return;
+  TRIDENT_CHECK(acc != nullptr, "accumulate_token_losses: a null accumulator");
+  token_loss_sum_kernel<<<1, 32, 0, stream_of(ctx)>>>(acc, losses, targets, rows, 1);
+  TRIDENT_CUDA_LAUNCH_CHECK("accumulate_token_losses");
 }
 
 void hidden_dropout(const ExecContext& ctx, const HiddenDropoutArgs& a) {

@@ -82,10 +82,16 @@ void rows_loss(const LayerContext& lc, const LmHeadConfig& cfg, const RowsLoss& 
                                      .vocab_start = vocab_start});
 }
 
-TokenLoss token_loss(const LayerContext& lc, const float* losses, const std::int32_t* targets) {
+TokenLoss token_loss(const LayerContext& lc, const float* losses, const std::int32_t* targets,
+                     k::TokenLossSum* device_sum) {
   const core::Shape rows{lc.rows()};
-  const k::TokenLossSum sum = k::sum_token_losses(
-      lc.ctx, {.losses = view_of(lc, losses, rows), .targets = view_of(lc, targets, rows)});
+  const k::TokenLossViews v{.losses = view_of(lc, losses, rows),
+                            .targets = view_of(lc, targets, rows)};
+  if (device_sum != nullptr) {
+    k::accumulate_token_losses(lc.ctx, v, device_sum);
+    return {};
+  }
+  const k::TokenLossSum sum = k::sum_token_losses(lc.ctx, v);
   return {.sum = sum.sum, .count = sum.count};
 }
 
@@ -103,7 +109,7 @@ TokenLoss lm_head_loss(const LayerContext& lc, const LmHeadConfig& cfg,
              .row_stats = s.row_stats,
              .d_scale = args.d_scale,
              .rows = lc.rows()});
-  return token_loss(lc, s.losses, args.targets);
+  return token_loss(lc, s.losses, args.targets, args.device_sum);
 }
 
 TokenLoss lm_head_chunked_loss(const LayerContext& lc, const LmHeadConfig& cfg,
@@ -143,7 +149,7 @@ TokenLoss lm_head_chunked_loss(const LayerContext& lc, const LmHeadConfig& cfg,
                          .in_features = C,
                          .out_features = cfg.vocab_local});
   }
-  return token_loss(lc, s.losses, args.targets);
+  return token_loss(lc, s.losses, args.targets, args.device_sum);
 }
 
 void lm_head_backward(const LayerContext& lc, const LmHeadConfig& cfg, const LmHeadParams& p,

@@ -16,6 +16,7 @@
 //   micro-batch: 206 MB of logits become 51 MB). lm_head_backward then starts at the norm.
 #pragma once
 
+#include "trident/kernels/vocab_parallel_cross_entropy.h"
 #include "trident/model/layers/layer.h"
 #include "trident/model/layers/norm.h"
 
@@ -64,6 +65,9 @@ struct LmHeadLossArgs {
   const std::int32_t* targets = nullptr;  // (B*T), negative = ignored
   bool with_grad = false;
   float d_scale = 1.0f;  // dL/dloss of each token
+  // Set: the losses are added to this TokenLossSum in device memory (no host read; the function
+  // returns {0, 0}); null: summed and read back.
+  kernels::TokenLossSum* device_sum = nullptr;
   LmHeadSaved saved;
 };
 TokenLoss lm_head_loss(const LayerContext& lc, const LmHeadConfig& cfg, const LmHeadLossArgs& args);
@@ -74,6 +78,9 @@ struct LmHeadChunkedLossArgs {
   const std::int32_t* targets = nullptr;  // (B*T), negative = ignored
   bool with_grad = false;
   float d_scale = 1.0f;  // dL/dloss of each token
+  // Set: the losses are added to this TokenLossSum in device memory (no host read; the function
+  // returns {0, 0}); null: summed and read back.
+  kernels::TokenLossSum* device_sum = nullptr;
   LmHeadSaved saved;
   float* d_out_w = nullptr;  // with gradients: the output weight's gradient (+=)
 };
