@@ -170,7 +170,22 @@ constexpr const char* kLlama =
     "--model llama --group-query-attention --num-query-groups 2 --use-rope-scaling "
     "--rope-scaling-factor 4";
 
-TEST_F(Device, OneRankFp32EqualsTheCpu) { expect_equal_to_cpu({"cuda1", 1, kCuda}); }
+// The log's peak device memory holds at least the parameters, their gradients and both Adam
+// moments (FP32: 16 bytes a parameter).
+TEST_F(Device, OneRankFp32EqualsTheCpu) {
+  expect_equal_to_cpu({"cuda1", 1, kCuda});
+  const std::string log = log_of("cuda1");
+  const auto model = log.find(" parameters\n", log.find("model: "));
+  ASSERT_NE(model, std::string::npos) << log;
+  const std::int64_t params = std::stoll(log.substr(log.rfind(' ', model - 1) + 1));
+  const std::string key = "memory: peak device memory per rank [";
+  const auto at = log.find(key);
+  ASSERT_NE(at, std::string::npos) << log;
+  const std::int64_t peak = std::stoll(log.substr(at + key.size()));
+  EXPECT_GE(peak, 16 * params) << log.substr(at, 200);
+  std::printf("peak device memory %lld B for %lld parameters\n", static_cast<long long>(peak),
+              static_cast<long long>(params));
+}
 
 TEST_F(Device, OneRankBf16WithinTheBf16Bound) {
   expect_equal_to_cpu({"cuda1_bf16", 1, kCuda, "", "--bf16"}, 2e-3);

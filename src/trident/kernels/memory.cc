@@ -243,4 +243,13 @@ std::int64_t peak_device_bytes(const core::ExecContext& ctx) {
 #endif
 }
 
+std::int64_t peak_device_pool_bytes(const core::ExecContext& ctx) {
+  if (ctx.device.kind != core::DeviceKind::kCuda) return 0;
+#ifdef TRIDENT_HAVE_CUDA
+  return cuda::pool_peak_bytes();
+#else
+  return 0;
+#endif
+}
+
 }  // namespace trident::kernels

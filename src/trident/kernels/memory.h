@@ -81,5 +81,8 @@ core::ExecContext make_cuda_context(int device);
 void destroy_context_stream(const core::ExecContext& ctx);
 // The device memory in use at its peak since the start (arenas and device buffers), in bytes.
 std::int64_t peak_device_bytes(const core::ExecContext& ctx);
+// The high-water of the kernels' stream-ordered temporaries (the CUDA pool), in bytes; 0 on the
+// CPU. With peak_device_bytes an upper bound of the device's peak (the two need not coincide).
+std::int64_t peak_device_pool_bytes(const core::ExecContext& ctx);
 
 }  // namespace trident::kernels

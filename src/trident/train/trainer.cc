@@ -122,6 +122,23 @@ void log_peak_rss(comm::Communicator& world) {
   log::info("memory: peak RSS per rank [", text, "] B");
 }
 
+// On a device: each rank's peak device memory, the arenas and buffers (parameters, gradients,
+// optimizer state, activation slots, staging) and the kernels' stream pool, logged by rank 0.
+void log_peak_device_memory(comm::Communicator& world, const core::ExecContext& ctx) {
+  if (ctx.device.kind != core::DeviceKind::kCuda) return;
+  const double mine[2] = {static_cast<double>(kernels::peak_device_bytes(ctx)),
+                          static_cast<double>(kernels::peak_device_pool_bytes(ctx))};
+  std::vector<double> all(static_cast<std::size_t>(2 * world.size()));
+  world.all_gather(mine, all.data(), 2, comm::Datatype::kF64);
+  std::string arenas, pool;
+  for (std::size_t r = 0; r < all.size() / 2; ++r) {
+    arenas += core::str(r == 0 ? "" : " ", static_cast<std::int64_t>(all[2 * r]));
+    pool += core::str(r == 0 ? "" : " ", static_cast<std::int64_t>(all[2 * r + 1]));
+  }
+  log::info("memory: peak device memory per rank [", arenas, "] B in arenas and buffers + [", pool,
+            "] B in the kernels' stream pool (each its own high-water)");
+}
+
 // Fault injection for the tests of non-finite steps: TRIDENT_TEST_NAN_GRAD_ITER=k makes rank
 // TRIDENT_TEST_NAN_GRAD_RANK (default 0) seed iteration k's backward with NaN, so that every
 // gradient it computes is NaN, as a real numerical blow-up would make them.
@@ -770,6 +787,7 @@ int Trainer::run() {
                              : str("; --exit-codes distinct exits with ", stop, " instead)"));
       finish_profile();
       log_peak_rss(world_);
+      log_peak_device_memory(world_, ctx_);
       return code;
     }
   }
@@ -782,6 +800,7 @@ int Trainer::run() {
   }
   saver_->poll(world_, /*block=*/true);
   log_peak_rss(world_);
+  log_peak_device_memory(world_, ctx_);
   return 0;
 }
 

@@ -191,6 +191,16 @@ void device_free(void* p) {
 
 std::int64_t peak_device_bytes() { return g_peak.load(); }
 
+std::int64_t pool_peak_bytes() {
+  int device = 0;
+  TRIDENT_CUDA_CHECK(cudaGetDevice(&device));
+  cudaMemPool_t pool = nullptr;
+  TRIDENT_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
+  std::uint64_t high = 0;
+  TRIDENT_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high));
+  return static_cast<std::int64_t>(high);
+}
+
 DeviceBuffer::DeviceBuffer(std::int64_t bytes) : data_(device_alloc(bytes)), bytes_(bytes) {}
 
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {

@@ -61,6 +61,9 @@ bool pointer_checks_enabled();
 // The largest device memory in use since the process started or the last reset (bytes), from the
 // arenas and DeviceBuffers; for the benchmark table.
 std::int64_t peak_device_bytes();
+// The high-water of the current device's stream-ordered pool (cudaMallocAsync: the kernels'
+// temporaries), since the process started.
+std::int64_t pool_peak_bytes();
 
 // One device allocation, freed with the object.
 class DeviceBuffer {
