@@ -30,8 +30,11 @@ void check_optional_view(const char* op, const char* name, const core::TensorVie
                 ctx.device.index, ")");
 #ifdef TRIDENT_HAVE_CUDA
   // A view's device tag is what its maker says; its memory is what cudaMalloc gave. A host buffer
-  // in a CUDA view is an illegal address on a GPU (or, with HMM, PCIe traffic): named here.
-  if (ctx.device.kind == core::DeviceKind::kCuda && cuda::pointer_checks_enabled()) {
+  // in a CUDA view is an illegal address on a GPU (or, with HMM, PCIe traffic): named here. A view
+  // of no elements touches no memory, and its address may be one past the end of an allocation
+  // (a ZeRO rank's empty piece of a range), which CUDA knows as nobody's.
+  if (ctx.device.kind == core::DeviceKind::kCuda && cuda::pointer_checks_enabled() &&
+      v.numel() > 0) {
     const std::string problem = cuda::device_memory_problem(v.data, ctx.device.index);
     TRIDENT_CHECK(problem.empty(), op, ": view `", name, "` is ", problem,
                   ": copy it to the device (or allocate it there) first");
