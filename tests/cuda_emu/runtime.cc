@@ -908,15 +908,34 @@ struct ModelProps {
   std::size_t total;
   int sms, major, minor, l2, bus;
   std::size_t smem_optin, smem_sm;
+  int clock_khz;  // the maximum SM clock, as cudaDevAttrClockRate reports it
 };
 
 ModelProps model_props() {
   const std::string& m = config().model;
   if (m == "a100")
-    return {"NVIDIA A100-SXM4-80GB", 85174583296ull, 108, 8, 0, 41943040, 5120, 166912, 167936};
+    return {"NVIDIA A100-SXM4-80GB",
+            85174583296ull,
+            108,
+            8,
+            0,
+            41943040,
+            5120,
+            166912,
+            167936,
+            1410000};
   if (m == "h100")
-    return {"NVIDIA H100 80GB HBM3", 85029158912ull, 132, 9, 0, 52428800, 5120, 232448, 233472};
-  return {"NVIDIA H200", 150754820096ull, 132, 9, 0, 52428800, 6144, 232448, 233472};
+    return {"NVIDIA H100 80GB HBM3",
+            85029158912ull,
+            132,
+            9,
+            0,
+            52428800,
+            5120,
+            232448,
+            233472,
+            1980000};
+  return {"NVIDIA H200", 150754820096ull, 132, 9, 0, 52428800, 6144, 232448, 233472, 1980000};
 }
 
 }  // namespace
@@ -1170,6 +1189,9 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
       break;
     case cudaDevAttrMaxRegistersPerBlock:
       *value = p.regsPerBlock;
+      break;
+    case cudaDevAttrClockRate:
+      *value = model_props().clock_khz;
       break;
     case cudaDevAttrMultiProcessorCount:
       *value = p.multiProcessorCount;

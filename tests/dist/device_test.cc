@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "trident/core/error.h"
 #include "trident/data/indexed_dataset.h"
 #include "trident/kernels/memory.h"
 
@@ -185,6 +186,48 @@ TEST_F(Device, OneRankFp32EqualsTheCpu) {
   EXPECT_GE(peak, 16 * params) << log.substr(at, 200);
   std::printf("peak device memory %lld B for %lld parameters\n", static_cast<long long>(peak),
               static_cast<long long>(params));
+  // The metrics records carry rank 0's peak too (arenas plus the stream pool: at least the same).
+  std::ifstream in(out("cuda1") + "/metrics.jsonl");
+  std::string line;
+  int records = 0;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("split") || !j.contains("lm_loss")) continue;
+    ASSERT_TRUE(j.contains("peak_device_bytes")) << line;
+    EXPECT_GE(j["peak_device_bytes"].get<double>(), static_cast<double>(peak)) << line;
+    ++records;
+  }
+  EXPECT_EQ(records, 10);
+}
+
+// MFU's denominator on a GPU is its dense peak at the training precision: the datasheet's for the
+// parts it knows (cuemu's default H200: 989.4 BF16, 66.9 FP32), never the CPU's GEMM rate.
+TEST_F(Device, MfuIsAgainstTheGpusPeak) {
+  const kernels::DevicePeak peak = kernels::cuda_device_peak(0);
+  EXPECT_GT(peak.bf16_tflops, 4 * peak.fp32_tflops) << peak.basis;
+  EXPECT_GT(peak.fp32_tflops, 5.0) << peak.basis;
+  if (emulated()) {
+    EXPECT_DOUBLE_EQ(peak.bf16_tflops, 989.4);
+    EXPECT_DOUBLE_EQ(peak.fp32_tflops, 66.9);
+    EXPECT_NE(peak.basis.find("H200"), std::string::npos) << peak.basis;
+  }
+  // The trainer's start-up line names it (train() passes --peak-tflops 1; this run leaves it out).
+  TrainRun r{"mfu", 1, kCuda, "", "--bf16"};
+  fs::create_directories(out(r.name));
+  const std::string cmd = std::string("OMP_NUM_THREADS=1 CUEMU_QUIET=1 ") + TRIDENT_CLI +
+                          " train --num-layers 1 --hidden-size 32 --num-attention-heads 4"
+                          " --seq-length 16 --micro-batch-size 2 --global-batch-size 2"
+                          " --lr 1e-3 --tokenizer-type NullTokenizer --vocab-size 300"
+                          " --split 98,2,0 --eval-iters 0 --train-iters 2 --log-interval 1"
+                          " --data-path " +
+                          (dir() / "corpus").string() + " --data-cache-path " +
+                          (dir() / "cache").string() + " " + r.flags + " " + r.model_flags + " >" +
+                          out(r.name) + "/log.txt 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << log_of(r.name);
+  const std::string log = log_of(r.name);
+  const std::string expected =
+      core::str("MFU against ", peak.bf16_tflops, " TFLOP/s per rank (GPU dense BF16/FP16: ");
+  EXPECT_NE(log.find(expected), std::string::npos) << expected << "\n" << log;
 }
 
 TEST_F(Device, OneRankBf16WithinTheBf16Bound) {

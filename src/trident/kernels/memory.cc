@@ -209,6 +209,17 @@ std::string cuda_device_name(int device) {
 #endif
 }
 
+DevicePeak cuda_device_peak(int device) {
+#ifdef TRIDENT_HAVE_CUDA
+  DevicePeak p;
+  cuda::device_peak(device, p.bf16_tflops, p.fp32_tflops, p.basis);
+  return p;
+#else
+  (void)device;
+  throw core::Unavailable("cuda_device_peak: this build has no CUDA backend");
+#endif
+}
+
 core::ExecContext make_cuda_context(int device) {
 #ifdef TRIDENT_HAVE_CUDA
   cuda::set_device(device);

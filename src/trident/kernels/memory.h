@@ -75,6 +75,16 @@ class HostBuffer {
 int cuda_device_count();
 std::string cuda_no_device_reason();
 std::string cuda_device_name(int device);
+// A GPU's dense peak arithmetic rates, the denominator of MFU: BF16 (and FP16) on the tensor
+// cores with FP32 accumulation, and plain FP32 (the FP32 GEMMs use no TF32). Datasheet figures
+// for the parts known by compute capability and SM count (H100 SXM / H200 / GH200, H100 PCIe,
+// A100), else SMs x clock x the architecture's rate per clock; `basis` says which.
+struct DevicePeak {
+  double bf16_tflops = 0;
+  double fp32_tflops = 0;
+  std::string basis;
+};
+DevicePeak cuda_device_peak(int device);
 // Makes `device` current on the calling thread and returns an ExecContext on it, with a new
 // non-blocking stream of its own (destroy it with destroy_context_stream).
 core::ExecContext make_cuda_context(int device);

@@ -690,15 +690,24 @@ void Trainer::build_schedules() {
     log::info("> using step batch size schedule: ", cfg_.step_batch_size_schedule, "\n",
               batches_->describe_step_schedule(cfg_.model.seq_length));
   }
+  // MFU's denominator: --peak-tflops, else the GPU's dense peak at the training precision, else
+  // the CPU's measured FP32 GEMM rate; the slowest rank's.
   peak_tflops_ = cfg_.peak_tflops;
-  if (peak_tflops_ <= 0) {
+  std::string peak_basis = "--peak-tflops";
+  if (peak_tflops_ <= 0 && ctx_.device.kind == core::DeviceKind::kCuda) {
+    const kernels::DevicePeak peak = kernels::cuda_device_peak(ctx_.device.index);
+    const bool tensor_cores = cfg_.bf16 || cfg_.fp16;
+    peak_tflops_ = tensor_cores ? peak.bf16_tflops : peak.fp32_tflops;
+    peak_basis = core::str(tensor_cores ? "GPU dense BF16/FP16" : "GPU FP32", ": ", peak.basis);
+  } else if (peak_tflops_ <= 0) {
     peak_tflops_ = measure_peak_tflops();
-    world_.all_reduce(&peak_tflops_, 1, comm::Datatype::kF64, comm::ReduceOp::kMin);
+    peak_basis = "measured FP32 GEMM";
   }
+  world_.all_reduce(&peak_tflops_, 1, comm::Datatype::kF64, comm::ReduceOp::kMin);
   log::info("train: global batch ", cfg_.global_batch_size, " = micro ", B_, " x ", micro_batches_,
             " micro-batches x ", dp_, " data-parallel; ", omp_get_max_threads(),
-            " threads per rank; MFU against ", peak_tflops_, " TFLOP/s per rank (",
-            cfg_.peak_tflops > 0 ? "--peak-tflops" : "measured FP32 GEMM", ")");
+            " threads per rank; MFU against ", peak_tflops_, " TFLOP/s per rank (", peak_basis,
+            ")");
   metrics_.emplace(world_.rank() == 0 ? cfg_.metrics_jsonl : std::string());
   // Megatron's TensorBoard scalars (training.py: training_log, evaluate_and_print_results).
   tb_.emplace(world_.rank() == 0 ? cfg_.tensorboard_dir : std::string());
@@ -923,6 +932,11 @@ void Trainer::log_interval(const IterationResult& r) {
                            {"nan_iterations", progress_.nan_iters},
                            {"global_batch_size", r.batch.running_global_batch_size},
                            {"loss_scale", r.used_scale}};
+  // On a device: rank 0's peak device memory so far, arenas and buffers plus the stream pool.
+  if (ctx_.device.kind == core::DeviceKind::kCuda) {
+    record["peak_device_bytes"] =
+        kernels::peak_device_bytes(ctx_) + kernels::peak_device_pool_bytes(ctx_);
+  }
   // Data-parallel traffic this rank sent per iteration (ring-algorithm bytes).
   record["dp_comm_bytes_per_iteration"] = optimizer_->comm().dp_bytes / iters;
   optimizer_->reset_comm();

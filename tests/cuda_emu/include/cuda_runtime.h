@@ -54,6 +54,7 @@ enum cudaDeviceAttr {
   cudaDevAttrMaxSharedMemoryPerBlock = 8,
   cudaDevAttrWarpSize = 10,
   cudaDevAttrMaxRegistersPerBlock = 12,
+  cudaDevAttrClockRate = 13,
   cudaDevAttrMultiProcessorCount = 16,
   cudaDevAttrL2CacheSize = 38,
   cudaDevAttrMaxThreadsPerMultiProcessor = 39,

@@ -54,6 +54,49 @@ std::string device_name(int device) {
   return prop.name;
 }
 
+void device_peak(int device, double& bf16_tflops, double& fp32_tflops, std::string& basis) {
+  int major = 0, minor = 0, sms = 0, clock_khz = 0;
+  TRIDENT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  TRIDENT_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  TRIDENT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  TRIDENT_CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device));
+  // The datasheets' dense figures (sparsity not counted) for the parts MFU is usually quoted on;
+  // they are a little under SMs x maximum clock x rate, as NVIDIA counts at its boost clock.
+  struct Known {
+    int major, minor, sms;
+    double bf16, fp32;
+    const char* part;
+  };
+  static constexpr Known kKnown[] = {
+      {9, 0, 132, 989.4, 66.9, "H100 SXM / H200 / GH200 datasheet"},
+      {9, 0, 114, 756.5, 51.2, "H100 PCIe datasheet"},
+      {8, 0, 108, 312.0, 19.5, "A100 datasheet"},
+  };
+  for (const Known& k : kKnown) {
+    if (k.major == major && k.minor == minor && k.sms == sms) {
+      bf16_tflops = k.bf16;
+      fp32_tflops = k.fp32;
+      basis = core::str(k.part, ", dense");
+      return;
+    }
+  }
+  // Otherwise: dense BF16 tensor-core and FP32 FLOP per clock per SM of the architecture.
+  double bf16_per_clock = 1024, fp32_per_clock = 256;
+  if (major == 8 && minor == 0) {
+    bf16_per_clock = 2048;
+    fp32_per_clock = 128;
+  } else if (major == 9) {
+    bf16_per_clock = 4096;
+  } else if (major >= 10) {
+    bf16_per_clock = 8192;
+  }
+  const double clocks = static_cast<double>(sms) * clock_khz * 1e3;
+  bf16_tflops = clocks * bf16_per_clock / 1e12;
+  fp32_tflops = clocks * fp32_per_clock / 1e12;
+  basis = core::str(sms, " SMs x ", clock_khz / 1000, " MHz x sm_", major, minor,
+                    "'s dense FLOP per clock");
+}
+
 void set_device(int device) { TRIDENT_CUDA_CHECK(cudaSetDevice(device)); }
 
 void* create_stream() {

@@ -18,6 +18,8 @@ int device_count();
 std::string no_device_reason();
 // "NVIDIA H200" etc.
 std::string device_name(int device);
+// The device's dense peak rates (kernels::DevicePeak, memory.h).
+void device_peak(int device, double& bf16_tflops, double& fp32_tflops, std::string& basis);
 // Makes `device` current on the calling thread.
 void set_device(int device);
 
