@@ -10,6 +10,7 @@
 #include "trident/core/arena.h"
 #include "trident/core/error.h"
 #include "trident/data/tokenizer.h"
+#include "trident/kernels/memory.h"
 #include "trident/model/generate.h"
 #include "trident/model/param_table.h"
 
@@ -18,7 +19,7 @@ namespace trident::tools {
 namespace {
 
 struct GenerateOptions {
-  std::string load, prompt, vocab_file, merge_file, tokenizer_type;
+  std::string load, prompt, vocab_file, merge_file, tokenizer_type, device = "auto";
   std::int64_t max_new_tokens = 64;
   std::int64_t iteration = -1;
   model::SamplingConfig sampling;
@@ -44,15 +45,38 @@ void run_generate(const GenerateOptions& o) {
                 tokenizer->vocab_size(), " tokens but the checkpoint's model has ", mc.vocab_size,
                 ": pass the --vocab-file/--merge-file it was trained with");
 
+  // --device: as train's (auto: the first visible GPU when the build has CUDA, else the host).
+  std::string device = o.device;
+  TRIDENT_CHECK(device == "auto" || device == "cpu" || device == "cuda",
+                "--device must be cpu, cuda or auto, got '", device, "'");
+  const int gpus = kernels::cuda_device_count();
+  if (device == "auto") device = gpus > 0 ? "cuda" : "cpu";
+  core::ExecContext ctx;
+  if (device == "cuda") {
+    TRIDENT_CHECK(gpus > 0, "--device cuda: no GPU: ", kernels::cuda_no_device_reason(),
+                  " (check nvidia-smi and CUDA_VISIBLE_DEVICES, or use --device cpu)");
+    ctx = kernels::make_cuda_context(0);
+    std::fprintf(stderr, "generate: device cuda:0 (%s)\n", kernels::cuda_device_name(0).c_str());
+  }
+
   const model::ParamTable table = model::build_gpt_param_table(mc);
-  core::Arena arena(table.total_numel * static_cast<std::int64_t>(sizeof(float)));
-  float* flat = arena.alloc(core::DType::kF32, {table.total_numel}).as<float>();
+  const std::int64_t bytes = table.total_numel * static_cast<std::int64_t>(sizeof(float));
+  core::Arena host(bytes);
+  float* flat = host.alloc(core::DType::kF32, {table.total_numel}).as<float>();
   // Any training layout: tensor-parallel slices and pipeline stages are reassembled.
   ckpt::load_full_params(o.load, manifest.at("iteration").get<std::int64_t>(), table, flat);
+  core::Arena on_device;
+  if (device == "cuda") {  // the weights on the GPU, the host copy freed
+    on_device = core::Arena(bytes, kernels::memory_for(ctx));
+    float* d = on_device.alloc(core::DType::kF32, {table.total_numel}).as<float>();
+    kernels::copy_to_device(ctx, d, flat, bytes);
+    kernels::synchronize(ctx);
+    host = core::Arena();
+    flat = d;
+  }
 
   const model::GptParams params = model::gpt_param_views(mc, table, flat);
-  model::Generator gen(mc, params);
-  const core::ExecContext ctx;
+  model::Generator gen(mc, params, ctx);
   std::vector<std::int32_t> ids = tokenizer->encode(o.prompt);
   if (ids.empty()) ids.push_back(tokenizer->eod());
   TRIDENT_CHECK(static_cast<std::int64_t>(ids.size()) + o.max_new_tokens <= mc.max_positions(),
@@ -88,6 +112,10 @@ void register_generate(CLI::App& app) {
   sub->add_option("--top-p", o->sampling.top_p, "Nucleus sampling mass")->capture_default_str();
   sub->add_option("--seed", o->sampling.seed, "Sampling seed")->capture_default_str();
   sub->add_option("--iteration", o->iteration, "Checkpoint iteration (default: latest)");
+  sub->add_option("--device", o->device,
+                  "cpu, cuda (the KV caches and the forward on the GPU) or auto (cuda when a GPU "
+                  "is visible)")
+      ->capture_default_str();
   sub->add_option("--tokenizer-type", o->tokenizer_type, "Override the checkpoint's tokenizer");
   sub->add_option("--vocab-file", o->vocab_file, "Override the checkpoint's vocabulary file");
   sub->add_option("--merge-file", o->merge_file, "Override the checkpoint's merges file");

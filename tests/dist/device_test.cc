@@ -23,9 +23,13 @@
 #include <string>
 #include <vector>
 
+#include "trident/core/arena.h"
 #include "trident/core/error.h"
 #include "trident/data/indexed_dataset.h"
 #include "trident/kernels/memory.h"
+#include "trident/model/generate.h"
+#include "trident/model/gpt.h"
+#include "trident/model/param_table.h"
 
 namespace trident {
 namespace {
@@ -348,6 +352,90 @@ TEST_F(Device, CheckpointsMoveBetweenDeviceAndCpu) {
     ASSERT_EQ(train({name, 1, first}, 10, "--save " + ckpt + " --exit-interval 5"), 0) << name;
     ASSERT_EQ(train({name, 1, second}, 10, "--load " + ckpt), 0) << name;
     expect_close(name, ref, 1e-5);
+  }
+}
+
+// The Generator on the device (its KV caches, activations and token there; the logits read back
+// each step) gives the CPU's logits within 1e-5 relative at every position, for GPT (learned
+// positions), BLOOM (ALiBi, embedding LayerNorm) and Llama (RMSNorm, rotary, SwiGLU, GQA).
+TEST_F(Device, GeneratorLogitsEqualTheCpus) {
+  for (int variant = 0; variant < 3; ++variant) {
+    model::ModelConfig cfg;
+    cfg.num_layers = 2;
+    cfg.hidden_size = 32;
+    cfg.num_attention_heads = 4;
+    cfg.seq_length = 24;
+    cfg.vocab_size = 300;
+    cfg.init_method_std = 0.2;
+    if (variant == 1) {
+      cfg.position_embedding = model::PositionEmbedding::kAlibi;
+      cfg.embed_layernorm = true;
+    } else if (variant == 2) {
+      cfg.position_embedding = model::PositionEmbedding::kRope;
+      cfg.normalization = model::Normalization::kRmsNorm;
+      cfg.swiglu = true;
+      cfg.num_query_groups = 2;
+      cfg.add_bias_linear = false;
+    }
+    const model::ParamTable table = model::build_gpt_param_table(cfg);
+    std::vector<float> flat(static_cast<std::size_t>(table.total_numel));
+    model::init_params(cfg, table, 8, flat.data());
+    const core::ExecContext cpu;
+    const core::ExecContext gpu = kernels::make_cuda_context(0);
+    const std::int64_t bytes = table.total_numel * static_cast<std::int64_t>(sizeof(float));
+    core::Arena weights(bytes, kernels::memory_for(gpu));
+    float* d = weights.alloc(core::DType::kF32, {table.total_numel}).as<float>();
+    kernels::copy_to_device(gpu, d, flat.data(), bytes);
+    {
+      model::Generator on_cpu(cfg, model::gpt_param_views(cfg, table, flat.data()));
+      model::Generator on_gpu(cfg, model::gpt_param_views(cfg, table, d), gpu);
+      std::mt19937 rng(3);
+      double worst = 0;
+      for (std::int64_t t = 0; t < cfg.seq_length; ++t) {
+        const auto token = static_cast<std::int32_t>(rng() % cfg.vocab_size);
+        const float* a = on_cpu.step(cpu, token);
+        const float* b = on_gpu.step(gpu, token);
+        double diff = 0, ref = 0;
+        for (std::int64_t v = 0; v < cfg.vocab_size; ++v) {
+          diff = std::max(diff, static_cast<double>(std::abs(a[v] - b[v])));
+          ref = std::max(ref, static_cast<double>(std::abs(a[v])));
+        }
+        ASSERT_GT(ref, 0.0);
+        EXPECT_LE(diff / ref, 1e-5) << "variant " << variant << " position " << t;
+        worst = std::max(worst, diff / ref);
+      }
+      std::printf("variant %d: max logit rel diff %.2e over %lld positions\n", variant, worst,
+                  static_cast<long long>(cfg.seq_length));
+    }
+    kernels::synchronize(gpu);
+    weights = core::Arena();
+    kernels::destroy_context_stream(gpu);
+  }
+}
+
+// `trident generate --device cuda` on a checkpoint trained on the device: the CPU's greedy text.
+TEST_F(Device, GenerateCommandOnTheDevice) {
+  for (const std::string model :
+       {std::string(), std::string("--model bloom"), std::string(kLlama)}) {
+    std::string name = "generate";
+    for (char ch : model) name += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+    const std::string ckpt = out(name) + "/ckpt";
+    ASSERT_EQ(train({name, 1, kCuda, "", model}, 4, "--save " + ckpt), 0) << name;
+    std::string text[2];
+    for (int i = 0; i < 2; ++i) {
+      const std::string file = out(name) + (i == 0 ? "/cpu.txt" : "/cuda.txt");
+      const std::string cmd = std::string("OMP_NUM_THREADS=1 CUEMU_QUIET=1 ") + TRIDENT_CLI +
+                              " generate --load " + ckpt + " --prompt '5 17 42 9'" +
+                              " --max-new-tokens 12 --temperature 0 --device " +
+                              (i == 0 ? "cpu" : "cuda") + " >" + file + " 2>&1";
+      ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+      std::ifstream in(file);
+      text[i] = std::string(std::istreambuf_iterator<char>(in), {});
+    }
+    EXPECT_NE(text[1].find("generate: device cuda:0"), std::string::npos) << text[1];
+    const std::string generated = text[1].substr(text[1].find('\n') + 1);
+    EXPECT_EQ(generated, text[0]) << name;
+    EXPECT_GT(generated.size(), std::string("5 17 42 9\n").size()) << generated;
   }
 }
 

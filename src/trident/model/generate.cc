@@ -7,27 +7,36 @@
 #include "trident/core/error.h"
 #include "trident/core/rng.h"
 #include "trident/kernels/kv_cache_attention.h"
+#include "trident/kernels/memory.h"
 
 namespace trident::model {
 
 namespace k = trident::kernels;
 
-Generator::Generator(const ModelConfig& cfg, const GptParams& params) : cfg_(cfg), params_(params) {
+Generator::Generator(const ModelConfig& cfg, const GptParams& params, const core::ExecContext& ctx)
+    : cfg_(cfg), params_(params), on_device_(ctx.device.kind != core::DeviceKind::kCpu) {
   cfg_.recompute = Recompute::kNone;
   cfg_.loss_chunk_rows = 0;  // the next token's logits are read
   rt_.training = false;
-  const std::int64_t C = cfg.hidden_size, P = cfg.max_positions();
-  const auto sz = [](std::int64_t v) { return static_cast<std::size_t>(v); };
-  make_activations(cfg_, rt_.shard, 1, 1, acts_);
-  k_cache_.assign(sz(cfg.num_layers * P * C), 0.0f);
-  v_cache_.assign(k_cache_.size(), 0.0f);
-  scratch_.resize(sz(k::kv_cache_attention_scratch_floats(P, cfg.num_attention_heads)));
-  for (std::int64_t l = 0; l < cfg.num_layers; ++l) {
-    caches_.push_back({.k = k_cache_.data() + l * P * C,
-                       .v = v_cache_.data() + l * P * C,
+  const std::int64_t C = cfg.hidden_size, P = cfg.max_positions(), L = cfg.num_layers;
+  const std::int64_t scratch = k::kv_cache_attention_scratch_floats(P, cfg.num_attention_heads);
+  make_activations(cfg_, rt_.shard, 1, 1, /*bf16=*/false, acts_, ctx);
+  state_ = core::Arena(2 * core::Arena::footprint(core::DType::kF32, {L * P * C}) +
+                           core::Arena::footprint(core::DType::kF32, {scratch}) +
+                           core::Arena::footprint(core::DType::kI32, {1}),
+                       k::memory_for(ctx));
+  float* k_cache = state_.alloc(core::DType::kF32, {L * P * C}).as<float>();
+  float* v_cache = state_.alloc(core::DType::kF32, {L * P * C}).as<float>();
+  const std::span<float> scores(state_.alloc(core::DType::kF32, {scratch}).as<float>(),
+                                static_cast<std::size_t>(scratch));
+  token_ = state_.alloc(core::DType::kI32, {1}).as<std::int32_t>();
+  for (std::int64_t l = 0; l < L; ++l) {
+    caches_.push_back({.k = k_cache + l * P * C,
+                       .v = v_cache + l * P * C,
                        .max_positions = P,
-                       .scratch = scratch_});
+                       .scratch = scores});
   }
+  if (on_device_) logits_.resize(static_cast<std::size_t>(cfg.padded_vocab_size()));
 }
 
 const float* Generator::step(const core::ExecContext& ctx, std::int32_t token) {
@@ -36,9 +45,13 @@ const float* Generator::step(const core::ExecContext& ctx, std::int32_t token) {
                 "): use fewer prompt plus new tokens");
   TRIDENT_CHECK(token >= 0 && token < Vp, "token id ", token, " outside the vocabulary");
   for (layers::KvCache& c : caches_) c.position = pos_;
-  gpt_forward(ctx, cfg_, rt_, params_, &token, acts_, {.position = pos_, .caches = caches_});
+  k::copy_to_device(ctx, token_, &token, sizeof(token));
+  gpt_forward(ctx, cfg_, rt_, params_, token_, acts_, {.position = pos_, .caches = caches_});
   ++pos_;
-  return acts_.logits;
+  if (!on_device_) return acts_.logits;
+  k::download(ctx, logits_.data(), acts_.logits,
+              static_cast<std::int64_t>(logits_.size() * sizeof(float)));
+  return logits_.data();
 }
 
 std::int32_t sample_token(const float* logits, std::int64_t vocab, const SamplingConfig& cfg,

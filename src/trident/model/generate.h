@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "trident/core/arena.h"
 #include "trident/core/exec_context.h"
 #include "trident/model/gpt.h"
 
@@ -13,13 +14,16 @@ namespace trident::model {
 
 class Generator {
  public:
-  // params must outlive the generator. Caches hold up to cfg.max_positions() tokens.
-  Generator(const ModelConfig& cfg, const GptParams& params);
+  // params (memory of ctx's device) must outlive the generator. Caches hold up to
+  // cfg.max_positions() tokens. The activations, the caches and the token live on ctx's device;
+  // the logits are read back to the host once per step (the sampling is the host's).
+  Generator(const ModelConfig& cfg, const GptParams& params, const core::ExecContext& ctx = {});
   Generator(const Generator&) = delete;  // the caches point into its own buffers
   Generator& operator=(const Generator&) = delete;
 
-  // Feeds `token` at the next position; returns the logits (padded vocabulary, padding columns
-  // included) predicting the token after it. Throws InvalidArgument past max_positions.
+  // Feeds `token` at the next position; returns the logits in host memory (padded vocabulary,
+  // padding columns included) predicting the token after it, valid until the next step. Throws
+  // InvalidArgument past max_positions. ctx is the constructor's.
   const float* step(const core::ExecContext& ctx, std::int32_t token);
   std::int64_t position() const { return pos_; }
   void reset() { pos_ = 0; }
@@ -29,10 +33,12 @@ class Generator {
   GptParams params_;
   ModelRuntime rt_;  // one rank, the whole model, not training
   std::int64_t pos_ = 0;
-  GptActivations acts_;                   // one row
-  std::vector<float> k_cache_, v_cache_;  // (L, max_positions, C)
-  std::vector<float> scratch_;            // kv_cache_attention's scores
-  std::vector<layers::KvCache> caches_;   // one per layer, into the vectors above
+  bool on_device_ = false;
+  GptActivations acts_;                  // one row
+  core::Arena state_;                    // K and V caches (L, max_positions, C), scratch, token
+  std::int32_t* token_ = nullptr;        // the fed token, on the device
+  std::vector<layers::KvCache> caches_;  // one per layer, into state_
+  std::vector<float> logits_;            // the host copy of a device's logits
 };
 
 struct SamplingConfig {
