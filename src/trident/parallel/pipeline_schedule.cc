@@ -4,6 +4,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include "trident/core/error.h"
 
@@ -196,6 +197,92 @@ std::string simulate_pipeline(PipelineScheduleKind kind, const PipelineShape& s)
     }
   }
   return "";
+}
+
+LockstepPlan build_lockstep_plan(PipelineScheduleKind kind, const PipelineShape& s, int stage) {
+  const int P = s.num_stages, v = s.num_chunks, m = s.num_microbatches, V = P * v;
+  const auto z = [](auto i) { return static_cast<std::size_t>(i); };
+  std::vector<std::vector<PipeStep>> sched(z(P));
+  for (int st = 0; st < P; ++st) sched[z(st)] = build_pipeline_schedule(kind, s, st);
+  // arrived[kind][u * m + micro]: the input of virtual stage u's forward (kind 0) or backward
+  // (kind 1) of the micro-batch has been received.
+  std::vector<char> arrived[2] = {std::vector<char>(z(V * m), 0), std::vector<char>(z(V * m), 0)};
+  std::vector<std::size_t> pc(z(P), 0);
+  std::size_t remaining = 0;
+  for (const auto& steps : sched) remaining += steps.size();
+  LockstepPlan plan;
+  plan.slots_per_chunk.assign(z(v), 1);
+  std::vector<int> live(z(v), 0);
+  const auto hold = [&](int chunk, int delta) {
+    int& n = live[z(chunk)];
+    n += delta;
+    plan.slots_per_chunk[z(chunk)] = std::max(plan.slots_per_chunk[z(chunk)], n);
+  };
+  for (int round = 0; remaining > 0; ++round) {
+    PipeRound mine;
+    mine.round = round;
+    bool progress = false;
+    int freed = -1;  // the chunk whose backward this stage ran: its slot frees after the exchange
+    std::vector<PipeMessage> produced;  // peer = the receiving stage here
+    for (int st = 0; st < P; ++st) {
+      std::size_t& i = pc[z(st)];
+      if (i == sched[z(st)].size()) continue;
+      const PipeStep& step = sched[z(st)][i];
+      const int u = step.chunk * P + st;
+      const bool fwd = step.op == PipeOp::kForward;
+      const bool ready = fwd ? (u == 0 || arrived[0][z(u * m + step.microbatch)])
+                             : (u == V - 1 || arrived[1][z(u * m + step.microbatch)]);
+      if (!ready) continue;
+      progress = true;
+      if (st == stage) {
+        mine.step = static_cast<int>(i);
+        if (fwd && u == 0) hold(step.chunk, +1);
+        if (!fwd) freed = step.chunk;
+      }
+      ++i;
+      --remaining;
+      if (fwd && u < V - 1) produced.push_back({false, step.microbatch, u, (u + 1) % P, 0});
+      if (!fwd && u > 0) produced.push_back({true, step.microbatch, u, (u - 1) % P, 0});
+    }
+    TRIDENT_ASSERT(progress, "the pipeline schedule cannot make progress in lockstep (", remaining,
+                   " steps left)");
+    for (const PipeMessage& msg : produced) {
+      const int to = msg.gradient ? msg.from_virtual - 1 : msg.from_virtual + 1;
+      arrived[msg.gradient ? 1 : 0][z(to * m + msg.microbatch)] = 1;
+      const int from_stage = msg.from_virtual % P, to_stage = to % P;
+      if (from_stage == stage) {
+        mine.sends.push_back(
+            {msg.gradient, msg.microbatch, msg.from_virtual, to_stage, msg.from_virtual / P});
+      }
+      if (to_stage == stage) {
+        mine.recvs.push_back({msg.gradient, msg.microbatch, msg.from_virtual, from_stage, to / P});
+        if (!msg.gradient) hold(to / P, +1);
+      }
+    }
+    if (freed >= 0) hold(freed, -1);
+    const auto order = [](const PipeMessage& a, const PipeMessage& b) {
+      return std::tie(a.peer, a.gradient, a.microbatch, a.from_virtual) <
+             std::tie(b.peer, b.gradient, b.microbatch, b.from_virtual);
+    };
+    std::sort(mine.sends.begin(), mine.sends.end(), order);
+    std::sort(mine.recvs.begin(), mine.recvs.end(), order);
+    if (mine.step >= 0 || !mine.sends.empty() || !mine.recvs.empty()) {
+      plan.rounds.push_back(std::move(mine));
+    }
+  }
+  return plan;
+}
+
+std::vector<int> activation_slots_per_chunk(PipelineScheduleKind kind, const PipelineShape& s,
+                                            int stage) {
+  std::vector<int> peak =
+      max_in_flight_per_chunk(build_pipeline_schedule(kind, s, stage), s.num_chunks);
+  if (s.num_chunks > 1 && s.num_stages > 1) {
+    const LockstepPlan plan = build_lockstep_plan(kind, s, stage);
+    for (std::size_t c = 0; c < peak.size(); ++c)
+      peak[c] = std::max(peak[c], plan.slots_per_chunk[c]);
+  }
+  return peak;
 }
 
 }  // namespace trident::parallel

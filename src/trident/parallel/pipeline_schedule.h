@@ -51,4 +51,43 @@ std::vector<int> max_in_flight_per_chunk(const std::vector<PipeStep>& steps, int
 // forward and one backward per stage, backward after forward.
 std::string simulate_pipeline(PipelineScheduleKind kind, const PipelineShape& shape);
 
+// The lockstep form of a schedule, for communicators that match a pair's messages by posting
+// order and block a send until its receive is posted (NCCL): the stages advance in rounds; in
+// each round every stage runs its next step if that step's input has arrived, and then the
+// messages the round produced (activations to the next virtual stage, gradients to the previous)
+// are exchanged in one batch. Every message is sent and received in the same round, and a round
+// carries at most one message per direction of a pair (a stage runs one step a round), so both
+// ends post a pair's messages in the same order, the exchange cannot deadlock, and the order of
+// a stage's steps is its schedule's. The interleaved schedule needs it on NCCL: its two
+// directions of a pair carry activations and gradients of different virtual stages in orders the
+// two ranks would post differently (tags sort them out on MPI). Megatron's interleaved schedule
+// batches each step's sends and receives the same way (send_forward_backward_recv_...).
+struct PipeMessage {
+  bool gradient = false;  // false: an activation to the next virtual stage
+  int microbatch = 0;
+  int from_virtual = 0;  // the virtual stage that produced it
+  int peer = 0;          // the other stage
+  int chunk = 0;         // this stage's chunk it leaves or enters
+  friend bool operator==(const PipeMessage&, const PipeMessage&) = default;
+};
+struct PipeRound {
+  int round = 0;                          // the round's number, the same on every stage
+  int step = -1;                          // index of this stage's step run in the round, or -1
+  std::vector<PipeMessage> sends, recvs;  // in posting order (peer, kind, micro-batch, producer)
+};
+struct LockstepPlan {
+  std::vector<PipeRound> rounds;  // only the rounds in which this stage does something
+  // Per chunk, the most (micro-batch, chunk) activations held at once: from the round their
+  // input is received (or their forward runs, on virtual stage 0) to the end of the round of
+  // their backward (its gradient is sent from the slot).
+  std::vector<int> slots_per_chunk;
+};
+LockstepPlan build_lockstep_plan(PipelineScheduleKind kind, const PipelineShape& shape, int stage);
+
+// The activation slots the executor allocates per chunk for `stage`: max_in_flight_per_chunk of
+// its schedule, or of its lockstep plan where it runs in lockstep (virtual stages over more than
+// one stage: train/pipeline.cc); what trident plan counts.
+std::vector<int> activation_slots_per_chunk(PipelineScheduleKind kind, const PipelineShape& shape,
+                                            int stage);
+
 }  // namespace trident::parallel

@@ -83,8 +83,7 @@ MemoryPlan predict_memory(const train::TrainConfig& cfg, int world_size) {
       r.offloaded = f.file_bytes;
     }
     r.staging = states.staging_bytes;
-    const auto steps = parallel::build_pipeline_schedule(kind, {pp, m, v}, stage);
-    r.slots_per_chunk = parallel::max_in_flight_per_chunk(steps, v);
+    r.slots_per_chunk = parallel::activation_slots_per_chunk(kind, {pp, m, v}, stage);
     for (std::size_t c = 0; c < rm.chunks().size(); ++c) {
       const std::int64_t bytes = slot_activation_bytes(mc, rm.chunks()[c].shard, B, T, cfg.bf16);
       r.slot_bytes.push_back(bytes);

@@ -3,7 +3,7 @@
 // Memory comes from the tables trident allocates from: the ParamTable of each rank's chunks
 // (train::RankModel), the ZeRO optimizer's arena sizes (train::zero_arena_bytes), the activation
 // arena of one micro-batch (model::activation_bytes) times the slots the pipeline schedule keeps
-// alive (parallel::max_in_flight_per_chunk). On this machine that is what trident allocates
+// alive (parallel::activation_slots_per_chunk). On this machine that is what trident allocates
 // (tests/plan check it against the optimizer's and executor's arenas and the peak RSS).
 //
 // Time is a per-op model of one iteration on the slowest pipeline stage: every GEMM, attention

@@ -50,7 +50,11 @@ void PipelineExecutor::build(int num_microbatches) {
     }
   }
   // Activation slots: enough for the most (micro-batch, chunk) pairs alive at once on a chunk.
-  const std::vector<int> peak = parallel::max_in_flight_per_chunk(schedule_, num_chunks_);
+  const parallel::PipelineShape shape{pp_size_, num_microbatches, num_chunks_};
+  const std::vector<int> peak = parallel::activation_slots_per_chunk(kind_, shape, pp_rank_);
+  lockstep_.reset();
+  if (num_chunks_ > 1 && pp_size_ > 1)
+    lockstep_ = parallel::build_lockstep_plan(kind_, shape, pp_rank_);
   slots_ = std::max(slots_, *std::max_element(peak.begin(), peak.end()));
   const model::ModelConfig& cfg = model_.config();
   for (int c = 0; c < num_chunks_; ++c) {
@@ -101,10 +105,12 @@ PipelineExecutor::Slot& PipelineExecutor::find(int chunk, int micro) {
 void PipelineExecutor::forward_step(const core::ExecContext& ctx, const ModelViews& views,
                                     int chunk, int micro, const MicroBatches& batches,
                                     model::LossGrad grad, float d_scale, model::LossSum& loss,
-                                    double& busy_ms) {
+                                    double& busy_ms, bool exchange) {
   const model::ModelConfig& cfg = model_.config();
   const std::int64_t C = cfg.hidden_size;
-  Slot& s = acquire(chunk, micro);
+  // In lockstep the slot was taken when its input's receive was posted (virtual stage 0 has none).
+  Slot& s = exchange || is_first_virtual(chunk) ? acquire(chunk, micro) : find(chunk, micro);
+  s.activation_in.wait();
   const std::int64_t rows = s.acts.stage_rows;  // B*T, or this tp rank's rows with SP
   const model::ModelShard& shard = model_.chunks()[static_cast<std::size_t>(chunk)].shard;
   if (model::stage_reads_tokens(cfg, shard)) {
@@ -118,7 +124,7 @@ void PipelineExecutor::forward_step(const core::ExecContext& ctx, const ModelVie
   s.acts.first_sample = batches.first_sample(micro);
   s.acts.iteration = batches.iteration;
   comm::Communicator& pp = par_.pp();
-  if (!is_first_virtual(chunk)) {
+  if (exchange && !is_first_virtual(chunk)) {
     // The previous virtual stage: the previous rank, or the last rank's previous chunk.
     pp.recv(s.acts.encoded, rows * C, comm::Datatype::kF32, (pp_rank_ + pp_size_ - 1) % pp_size_,
             tag(micro, pp_rank_ == 0 ? chunk - 1 : chunk, 0));
@@ -141,20 +147,21 @@ void PipelineExecutor::forward_step(const core::ExecContext& ctx, const ModelVie
     loss.count += l.count;
   }
   busy_ms += t.elapsed_ms();
-  if (!is_last_virtual(chunk)) {
+  if (exchange && !is_last_virtual(chunk)) {
     s.pending.push_back(pp.isend(s.acts.output(), rows * C, comm::Datatype::kF32,
                                  (pp_rank_ + 1) % pp_size_, tag(micro, chunk, 0)));
   }
 }
 
 void PipelineExecutor::backward_step(const core::ExecContext& ctx, const ModelViews& views,
-                                     int chunk, int micro, double& busy_ms) {
+                                     int chunk, int micro, double& busy_ms, bool exchange) {
   const model::ModelConfig& cfg = model_.config();
   const std::int64_t C = cfg.hidden_size;
   Slot& s = find(chunk, micro);
+  s.gradient_in.wait();
   const std::int64_t rows = s.acts.stage_rows;
   comm::Communicator& pp = par_.pp();
-  if (!is_last_virtual(chunk)) {
+  if (exchange && !is_last_virtual(chunk)) {
     // The next virtual stage: the next rank, or the first rank's next chunk.
     pp.recv(s.acts.d_x, rows * C, comm::Datatype::kF32, (pp_rank_ + 1) % pp_size_,
             tag(micro, pp_rank_ == pp_size_ - 1 ? chunk + 1 : chunk, 1));
@@ -164,11 +171,40 @@ void PipelineExecutor::backward_step(const core::ExecContext& ctx, const ModelVi
                       views.params[static_cast<std::size_t>(chunk)],
                       views.grads[static_cast<std::size_t>(chunk)], s.acts.tokens, s.acts);
   busy_ms += t.elapsed_ms();
+  if (!exchange) return;
   if (!is_first_virtual(chunk)) {
     s.pending.push_back(pp.isend(s.acts.d_x, rows * C, comm::Datatype::kF32,
                                  (pp_rank_ + pp_size_ - 1) % pp_size_, tag(micro, chunk, 1)));
   }
   s.micro = -1;  // free once its sends complete (acquire waits for them)
+}
+
+void PipelineExecutor::exchange(const parallel::PipeRound& round) {
+  const std::int64_t C = model_.config().hidden_size;
+  comm::Communicator& pp = par_.pp();
+  // Tags for MPI (the producer's chunk, as the non-lockstep path); NCCL goes by the order.
+  const auto tag_of = [&](const parallel::PipeMessage& m) {
+    return tag(m.microbatch, m.from_virtual / pp_size_, m.gradient ? 1 : 0);
+  };
+  for (const parallel::PipeMessage& m : round.sends) {
+    Slot& s = find(m.chunk, m.microbatch);
+    s.pending.push_back(pp.isend(m.gradient ? s.acts.d_x : s.acts.output(), s.acts.stage_rows * C,
+                                 comm::Datatype::kF32, m.peer, tag_of(m)));
+  }
+  comm::Request* any = nullptr;
+  for (const parallel::PipeMessage& m : round.recvs) {
+    Slot& s = m.gradient ? find(m.chunk, m.microbatch) : acquire(m.chunk, m.microbatch);
+    comm::Request& r = m.gradient ? s.gradient_in : s.activation_in;
+    r = pp.irecv(m.gradient ? s.acts.d_x : s.acts.encoded, s.acts.stage_rows * C,
+                 comm::Datatype::kF32, m.peer, tag_of(m));
+    any = &r;
+  }
+  // Testing a request puts its batch on the wire (NCCL: one group per round, in round order on
+  // every rank, so every group is matched whatever waits on what); MPI just progresses.
+  if (any == nullptr && !round.sends.empty()) {
+    any = &find(round.sends.back().chunk, round.sends.back().microbatch).pending.back();
+  }
+  if (any != nullptr) (void)any->test();
 }
 
 void PipelineExecutor::drain() {
@@ -187,8 +223,41 @@ PipelineStats PipelineExecutor::train(const core::ExecContext& ctx, const ModelV
   core::Timer total;
   int live = 0;
   kernels::zero_on_device(ctx, loss_on_device_, sizeof(kernels::TokenLossSum));
-  for (model::ModelRuntime& rt : runtimes_) rt.loss_sum_on_device = loss_on_device_;
-  for (std::size_t i = 0; i < schedule_.size(); ++i) {
+  // The runtimes add their losses on the device during this call only, also when it throws.
+  struct LossTarget {
+    std::vector<model::ModelRuntime>& rts;
+    LossTarget(std::vector<model::ModelRuntime>& r, kernels::TokenLossSum* sum) : rts(r) {
+      for (model::ModelRuntime& rt : rts) rt.loss_sum_on_device = sum;
+    }
+    ~LossTarget() {
+      for (model::ModelRuntime& rt : rts) rt.loss_sum_on_device = nullptr;
+    }
+    LossTarget(const LossTarget&) = delete;
+    LossTarget& operator=(const LossTarget&) = delete;
+  } target(runtimes_, loss_on_device_);
+  if (lockstep_) {
+    for (const parallel::PipeRound& round : lockstep_->rounds) {
+      Slot* freed = nullptr;
+      if (round.step >= 0) {
+        const auto i = static_cast<std::size_t>(round.step);
+        const parallel::PipeStep& st = schedule_[i];
+        if (st.op == parallel::PipeOp::kForward) {
+          forward_step(ctx, views, st.chunk, st.microbatch, batches, model::LossGrad::kCompute,
+                       d_scale, stats.loss, stats.busy_ms, /*exchange=*/false);
+          stats.max_live_activations = std::max(stats.max_live_activations, ++live);
+        } else {
+          runtimes_[static_cast<std::size_t>(st.chunk)].training = true;
+          if (backward_listener_) backward_listener_(st.chunk, last_backward_[i]);
+          backward_step(ctx, views, st.chunk, st.microbatch, stats.busy_ms, /*exchange=*/false);
+          freed = &find(st.chunk, st.microbatch);
+          --live;
+        }
+      }
+      exchange(round);
+      if (freed != nullptr) freed->micro = -1;  // its gradient's send is pending on it
+    }
+  }
+  for (std::size_t i = 0; i < schedule_.size() && !lockstep_; ++i) {
     const parallel::PipeStep& st = schedule_[i];
     if (st.op == parallel::PipeOp::kForward) {
       forward_step(ctx, views, st.chunk, st.microbatch, batches, model::LossGrad::kCompute, d_scale,
@@ -202,7 +271,6 @@ PipelineStats PipelineExecutor::train(const core::ExecContext& ctx, const ModelV
     }
   }
   drain();
-  for (model::ModelRuntime& rt : runtimes_) rt.loss_sum_on_device = nullptr;
   loss_ticket_ =
       kernels::read_later(ctx, loss_host_.data(), loss_on_device_, sizeof(kernels::TokenLossSum));
   stats.total_ms = total.elapsed_ms();

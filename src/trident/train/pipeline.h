@@ -2,11 +2,13 @@
 // forward and backward of each (micro-batch, chunk) step, receiving activations / gradients from
 // the neighbouring stages and sending its own with non-blocking point-to-point calls over the pp
 // group. With one stage it is the plain gradient-accumulation loop. It has no scheduling logic of
-// its own: the order is the schedule's.
+// its own: the order is the schedule's, and with virtual stages its lockstep plan's
+// (parallel::build_lockstep_plan).
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "trident/comm/communicator.h"
@@ -86,6 +88,9 @@ class PipelineExecutor {
     std::vector<std::int32_t> tokens, labels;
     int micro = -1;                      // -1: free
     std::vector<comm::Request> pending;  // sends reading this slot's buffers
+    // Lockstep: the receives of the input activation and of the output's gradient, waited for
+    // just before the step that reads them.
+    comm::Request activation_in, gradient_in;
   };
   int virtual_stage(int chunk) const { return chunk * pp_size_ + pp_rank_; }
   bool is_first_virtual(int chunk) const { return virtual_stage(chunk) == 0; }
@@ -95,11 +100,17 @@ class PipelineExecutor {
   int tag(int micro, int chunk, int direction) const;
   Slot& acquire(int chunk, int micro);
   Slot& find(int chunk, int micro);
+  // exchange: receive the step's input and send its output here (false: the lockstep plan's
+  // rounds move them, and a backward's slot is freed after its round).
   void forward_step(const core::ExecContext& ctx, const ModelViews& views, int chunk, int micro,
                     const MicroBatches& batches, model::LossGrad grad, float d_scale,
-                    model::LossSum& loss, double& busy_ms);
+                    model::LossSum& loss, double& busy_ms, bool exchange = true);
   void backward_step(const core::ExecContext& ctx, const ModelViews& views, int chunk, int micro,
-                     double& busy_ms);
+                     double& busy_ms, bool exchange = true);
+  // One lockstep round's messages: every send and receive posted in the plan's order, as one
+  // batch (one NCCL group) put on the wire at once; the receives are waited for by the steps
+  // that read them.
+  void exchange(const parallel::PipeRound& round);
   void drain();
   void build(int num_microbatches);
 
@@ -114,6 +125,9 @@ class PipelineExecutor {
   int pp_size_ = 1, pp_rank_ = 0, num_chunks_ = 1, num_microbatches_ = 1, slots_ = 1;
   std::int64_t micro_batch_size_ = 1;
   std::vector<std::vector<Slot>> slots_by_chunk_;
+  // With virtual stages (the interleaved schedule) the steps run in lockstep rounds, whose
+  // exchanges post a pair's messages in the same order on both ranks (NCCL matches by order).
+  std::optional<parallel::LockstepPlan> lockstep_;
   // The iteration's loss sum on ctx_'s device, and where its deferred read lands.
   core::Arena loss_arena_;
   kernels::TokenLossSum* loss_on_device_ = nullptr;

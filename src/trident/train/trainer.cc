@@ -374,16 +374,8 @@ void Trainer::select_device() {
             ", ", gpus, " GPU", gpus == 1 ? "" : "s", " visible)");
   const std::string comms = par_.use_device(ctx_);
   if (world_.rank() == 0) log::info("device communicators: ", comms);
-  // NCCL matches sends and receives between two ranks by posting order, not by tag; the
-  // interleaved schedule posts a pair's activations and gradients of different virtual stages in
-  // orders that differ between the two ranks (MPI's tags sort them out), so on NCCL it would
-  // deadlock or deliver a message into another stage's buffer.
-  TRIDENT_CHECK(
-      cfg_.virtual_pipeline_chunks() == 1 || comms.find("pp nccl") == std::string::npos,
-      "the interleaved pipeline schedule (--num-layers-per-virtual-pipeline-stage) does "
-      "not run over NCCL yet: its point-to-point order is not the same on both ranks of a "
-      "pair (tags order it on MPI). Use the 1F1B schedule, or ranks that share a GPU "
-      "(host-staged), or --device cpu");
+  // The interleaved schedule runs in lockstep rounds (parallel::build_lockstep_plan), so NCCL,
+  // which matches a pair's sends and receives by posting order, carries it too.
 }
 
 // The tokenizer sets the vocabulary size.
