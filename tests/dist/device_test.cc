@@ -366,6 +366,50 @@ TEST_F(Device, CheckpointsMoveBetweenDeviceAndCpu) {
   }
 }
 
+// --profile on a device: the kernels run after their launches return, so the scopes synchronize
+// the stream and an op's time is its kernels'. On a GPU the kernels and collectives then hold
+// most of the iteration (without the synchronization, the launches a small share). cuemu runs a
+// launch's kernel before the next host call gets far (the share is most of it either way:
+// measured 931.7 of 932.6 ms without the synchronization), so there the test counts what the
+// synchronization costs instead: the profiled iterations make the host wait on the device at each
+// scope (counted by cuemu), the others once per iteration.
+TEST_F(Device, ProfileTimesTheKernelsNotTheLaunches) {
+  auto run = [&](const std::string& name, const std::string& flags) {
+    const std::string file = out(name) + ".waits";
+    fs::remove(file);
+    EXPECT_EQ(train({name, 1, kCuda, "CUEMU_HOST_WAITS=" + file}, 6, flags), 0) << name;
+    std::ifstream in(file);
+    std::string line;
+    std::getline(in, line);
+    const auto at = line.find(" total=");
+    return at == std::string::npos ? -1L : std::stol(line.substr(at + 7));
+  };
+  const long plain = run("no_profile", "");
+  const long profiled = run("profile", "--profile --profile-step-start 2 --profile-step-end 5");
+  std::ifstream in(out("profile") + "/metrics.jsonl");
+  std::string line;
+  bool found = false;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (!j.contains("profile")) continue;
+    found = true;
+    const auto& p = j["profile"];
+    double kernels = 0;
+    for (const auto& [kind, ms] : p["ms_per_iteration"].items())
+      if (kind != "outside") kernels += ms.get<double>();
+    const double iter_ms = p["iter_ms"].get<double>();
+    EXPECT_GT(kernels, 0.6 * iter_ms) << line;
+    std::printf("profile: %.1f of %.1f ms per iteration in kernels and collectives\n", kernels,
+                iter_ms);
+  }
+  EXPECT_TRUE(found) << log_of("profile");
+  if (emulated()) {
+    std::printf("host waits: %ld in 6 iterations, %ld with 3 of them profiled\n", plain, profiled);
+    ASSERT_GT(plain, 0) << "the counter counts nothing";
+    EXPECT_GT(profiled - plain, 3 * 50) << "the profiled iterations do not synchronize per op";
+  }
+}
+
 // The Generator on the device (its KV caches, activations and token there; the logits read back
 // each step) gives the CPU's logits within 1e-5 relative at every position, for GPT (learned
 // positions), BLOOM (ALiBi, embedding LayerNorm) and Llama (RMSNorm, rotary, SwiGLU, GQA).

@@ -14,7 +14,10 @@ std::mutex g_mu;
 std::map<std::string, Entry> g_entries;
 std::thread::id g_owner;
 thread_local Scope* t_current = nullptr;
+std::function<void()> g_device_sync;  // set and read on the recording thread
 }  // namespace
+
+void set_device_sync(std::function<void()> sync) { g_device_sync = std::move(sync); }
 
 const char* kind_name(Kind kind) {
   switch (kind) {
@@ -159,10 +162,12 @@ void Scope::start(Kind kind, const char* name, double flops, double bytes, std::
   k_ = k;
   parent_ = t_current;
   t_current = this;
+  if (g_device_sync) g_device_sync();  // what was queued before belongs to the enclosing scope
   t0_ = std::chrono::steady_clock::now();
 }
 
 void Scope::stop() {
+  if (g_device_sync) g_device_sync();
   const double elapsed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
   t_current = parent_;

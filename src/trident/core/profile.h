@@ -13,6 +13,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,11 @@ void set_enabled(bool on);
 // the trainer's evaluation inside a profiled window).
 void resume();
 void reset();
+// On a device the kernels run after their launch returns, so a scope's wall time would be its
+// launches'. `sync` (the kernels' stream synchronize; empty: none) is then called at each
+// scope's start and stop on the recording thread, so that a scope's time is its kernels' (as
+// Megatron's timers synchronize the device). It perturbs the overlap the profile window had.
+void set_device_sync(std::function<void()> sync);
 std::vector<Entry> entries();  // sorted by time, largest first
 
 // Totals per kind (indexed by Kind; name = kind_name).
