@@ -273,16 +273,21 @@ LockstepPlan build_lockstep_plan(PipelineScheduleKind kind, const PipelineShape&
   return plan;
 }
 
+StagePlan plan_stage(PipelineScheduleKind kind, const PipelineShape& s, int stage) {
+  StagePlan p;
+  p.schedule = build_pipeline_schedule(kind, s, stage);
+  p.slots_per_chunk = max_in_flight_per_chunk(p.schedule, s.num_chunks);
+  if (s.num_chunks > 1 && s.num_stages > 1) {
+    p.lockstep = build_lockstep_plan(kind, s, stage);
+    for (std::size_t c = 0; c < p.slots_per_chunk.size(); ++c)
+      p.slots_per_chunk[c] = std::max(p.slots_per_chunk[c], p.lockstep->slots_per_chunk[c]);
+  }
+  return p;
+}
+
 std::vector<int> activation_slots_per_chunk(PipelineScheduleKind kind, const PipelineShape& s,
                                             int stage) {
-  std::vector<int> peak =
-      max_in_flight_per_chunk(build_pipeline_schedule(kind, s, stage), s.num_chunks);
-  if (s.num_chunks > 1 && s.num_stages > 1) {
-    const LockstepPlan plan = build_lockstep_plan(kind, s, stage);
-    for (std::size_t c = 0; c < peak.size(); ++c)
-      peak[c] = std::max(peak[c], plan.slots_per_chunk[c]);
-  }
-  return peak;
+  return plan_stage(kind, s, stage).slots_per_chunk;
 }
 
 }  // namespace trident::parallel

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -84,9 +85,17 @@ struct LockstepPlan {
 };
 LockstepPlan build_lockstep_plan(PipelineScheduleKind kind, const PipelineShape& shape, int stage);
 
-// The activation slots the executor allocates per chunk for `stage`: max_in_flight_per_chunk of
-// its schedule, or of its lockstep plan where it runs in lockstep (virtual stages over more than
-// one stage: train/pipeline.cc); what trident plan counts.
+// What a stage runs by: its schedule; its lockstep plan where it runs in lockstep (virtual stages
+// over more than one stage: train/pipeline.cc); and the activation slots the executor allocates
+// per chunk: max_in_flight_per_chunk of the schedule, or more where the lockstep plan holds more.
+struct StagePlan {
+  std::vector<PipeStep> schedule;
+  std::optional<LockstepPlan> lockstep;
+  std::vector<int> slots_per_chunk;
+};
+StagePlan plan_stage(PipelineScheduleKind kind, const PipelineShape& shape, int stage);
+
+// plan_stage's slots_per_chunk: what trident plan counts.
 std::vector<int> activation_slots_per_chunk(PipelineScheduleKind kind, const PipelineShape& shape,
                                             int stage);
 

@@ -38,8 +38,12 @@ void PipelineExecutor::set_num_microbatches(int num_microbatches) {
 
 void PipelineExecutor::build(int num_microbatches) {
   num_microbatches_ = num_microbatches;
-  schedule_ =
-      parallel::build_pipeline_schedule(kind_, {pp_size_, num_microbatches, num_chunks_}, pp_rank_);
+  parallel::StagePlan plan =
+      parallel::plan_stage(kind_, {pp_size_, num_microbatches, num_chunks_}, pp_rank_);
+  schedule_ = std::move(plan.schedule);
+  lockstep_ = std::move(plan.lockstep);
+  // Activation slots: enough for the most (micro-batch, chunk) pairs alive at once on a chunk.
+  const std::vector<int>& peak = plan.slots_per_chunk;
   last_backward_.assign(schedule_.size(), false);
   std::vector<bool> seen(static_cast<std::size_t>(num_chunks_), false);
   for (std::size_t i = schedule_.size(); i-- > 0;) {
@@ -49,12 +53,6 @@ void PipelineExecutor::build(int num_microbatches) {
       last_backward_[i] = true;
     }
   }
-  // Activation slots: enough for the most (micro-batch, chunk) pairs alive at once on a chunk.
-  const parallel::PipelineShape shape{pp_size_, num_microbatches, num_chunks_};
-  const std::vector<int> peak = parallel::activation_slots_per_chunk(kind_, shape, pp_rank_);
-  lockstep_.reset();
-  if (num_chunks_ > 1 && pp_size_ > 1)
-    lockstep_ = parallel::build_lockstep_plan(kind_, shape, pp_rank_);
   slots_ = std::max(slots_, *std::max_element(peak.begin(), peak.end()));
   const model::ModelConfig& cfg = model_.config();
   for (int c = 0; c < num_chunks_; ++c) {
@@ -235,40 +233,34 @@ PipelineStats PipelineExecutor::train(const core::ExecContext& ctx, const ModelV
     LossTarget(const LossTarget&) = delete;
     LossTarget& operator=(const LossTarget&) = delete;
   } target(runtimes_, loss_on_device_);
+  // One step of the schedule; `exchange`: its sends and receives are its own (else the round's).
+  auto run_step = [&](std::size_t i, bool exchange) {
+    const parallel::PipeStep& st = schedule_[i];
+    if (st.op == parallel::PipeOp::kForward) {
+      forward_step(ctx, views, st.chunk, st.microbatch, batches, model::LossGrad::kCompute, d_scale,
+                   stats.loss, stats.busy_ms, exchange);
+      stats.max_live_activations = std::max(stats.max_live_activations, ++live);
+    } else {
+      runtimes_[static_cast<std::size_t>(st.chunk)].training = true;
+      if (backward_listener_) backward_listener_(st.chunk, last_backward_[i]);
+      backward_step(ctx, views, st.chunk, st.microbatch, stats.busy_ms, exchange);
+      --live;
+    }
+  };
   if (lockstep_) {
     for (const parallel::PipeRound& round : lockstep_->rounds) {
       Slot* freed = nullptr;
       if (round.step >= 0) {
         const auto i = static_cast<std::size_t>(round.step);
+        run_step(i, /*exchange=*/false);
         const parallel::PipeStep& st = schedule_[i];
-        if (st.op == parallel::PipeOp::kForward) {
-          forward_step(ctx, views, st.chunk, st.microbatch, batches, model::LossGrad::kCompute,
-                       d_scale, stats.loss, stats.busy_ms, /*exchange=*/false);
-          stats.max_live_activations = std::max(stats.max_live_activations, ++live);
-        } else {
-          runtimes_[static_cast<std::size_t>(st.chunk)].training = true;
-          if (backward_listener_) backward_listener_(st.chunk, last_backward_[i]);
-          backward_step(ctx, views, st.chunk, st.microbatch, stats.busy_ms, /*exchange=*/false);
-          freed = &find(st.chunk, st.microbatch);
-          --live;
-        }
+        if (st.op == parallel::PipeOp::kBackward) freed = &find(st.chunk, st.microbatch);
       }
       exchange(round);
       if (freed != nullptr) freed->micro = -1;  // its gradient's send is pending on it
     }
-  }
-  for (std::size_t i = 0; i < schedule_.size() && !lockstep_; ++i) {
-    const parallel::PipeStep& st = schedule_[i];
-    if (st.op == parallel::PipeOp::kForward) {
-      forward_step(ctx, views, st.chunk, st.microbatch, batches, model::LossGrad::kCompute, d_scale,
-                   stats.loss, stats.busy_ms);
-      stats.max_live_activations = std::max(stats.max_live_activations, ++live);
-    } else {
-      runtimes_[static_cast<std::size_t>(st.chunk)].training = true;
-      if (backward_listener_) backward_listener_(st.chunk, last_backward_[i]);
-      backward_step(ctx, views, st.chunk, st.microbatch, stats.busy_ms);
-      --live;
-    }
+  } else {
+    for (std::size_t i = 0; i < schedule_.size(); ++i) run_step(i, /*exchange=*/true);
   }
   drain();
   loss_ticket_ =
