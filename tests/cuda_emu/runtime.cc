@@ -5,6 +5,7 @@
 #include <execinfo.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -648,10 +649,14 @@ std::uint64_t enqueue(Stream* s, const char* what, std::function<void()> fn,
 // CUEMU_HOST_WAITS=path: the host's waits on the device (each call that blocks the calling thread
 // until device work completes, by API, and each event a host poll found complete), appended to the
 // file as one line when the process exits, so that a test can count the host syncs of a step.
+// Counted are the waits of the process's main thread, the one that feeds the device; those of
+// other threads (a watchdog polling events, a background saver) do not stall its queue and are
+// reported apart (other_threads=N, after the counts by API).
 namespace {
 struct HostWaits {
   std::mutex mu;
   std::map<std::string, std::int64_t> by_api;
+  std::int64_t other_threads = 0;
 };
 HostWaits& host_waits() {
   static HostWaits* w = [] {
@@ -666,6 +671,7 @@ HostWaits& host_waits() {
         total += n;
         line += " " + api + "=" + std::to_string(n);
       }
+      line += " other_threads=" + std::to_string(hw.other_threads);
       if (FILE* f = std::fopen(path, "a")) {
         std::fprintf(f, "pid=%d total=%" PRId64 "%s\n", static_cast<int>(::getpid()), total,
                      line.c_str());
@@ -685,6 +691,10 @@ void count_host_wait(const char* api) {
   if (!on) return;
   HostWaits& w = host_waits();
   std::lock_guard<std::mutex> lock(w.mu);
+  if (static_cast<pid_t>(::syscall(SYS_gettid)) != ::getpid()) {
+    ++w.other_threads;
+    return;
+  }
   ++w.by_api[api];
   static const bool trace = env_flag("CUEMU_HOST_WAITS_TRACE");
   if (trace) {  // where each wait comes from (symbols need -rdynamic or addr2line)

@@ -191,6 +191,14 @@ void Request::wait() {
   // blocking call the whole collective, for a posted one what the overlap did not hide.
   const core::profile::Scope scope(core::profile::Kind::kComm, op_name(op_.kind), 0,
                                    static_cast<double>(op_.count * size_of(op_.dtype)));
+  try {
+    if (impl_->order_on_device(*group_, rank_, op_, policy_)) {
+      impl_.reset();
+      return;
+    }
+  } catch (const core::CommError& e) {
+    throw_with_context(e);
+  }
   detail::note_waiting(group_, rank_, op_);
   struct DoneWaiting {
     ~DoneWaiting() { detail::note_done_waiting(); }

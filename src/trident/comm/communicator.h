@@ -82,13 +82,25 @@ class RequestImpl {
   // fail instead of touching its buffers). MPI cannot cancel a collective: its buffers stay in
   // use until the job ends.
   virtual void abandon() noexcept {}
+  // Device communicators (NCCL): instead of the host waiting, make the device's later work (the
+  // compute stream) wait for the operation, and hand its timeout to the communicator's watchdog,
+  // which turns a stuck operation into the CommError `describe(group, rank, op)` names. Returns
+  // false where the host must wait (host communicators; barriers).
+  virtual bool order_on_device(const GroupInfo& group, int rank, const OpDesc& op,
+                               const WaitPolicy& policy) {
+    (void)group, (void)rank, (void)op, (void)policy;
+    return false;
+  }
 };
 }  // namespace detail
 
 // Handle of a posted non-blocking operation. Move-only. wait() blocks until the operation is
-// complete and throws CommError after the timeout; test() never blocks. Buffers passed to the
-// operation must stay valid and untouched until it completes. Destroying a pending Request waits
-// for it (errors are logged, not thrown); call wait() yourself to see errors.
+// complete and throws CommError after the timeout; test() never blocks. On a communicator of
+// device buffers that orders on the device (NcclCommunicator), wait() returns once the compute
+// stream waits for the operation (the buffers are then ready for the kernels queued after it, and
+// for copies ordered after those), and the timeout is the communicator's watchdog's. Buffers passed
+// to the operation must stay valid and untouched until it completes. Destroying a pending Request
+// waits for it (errors are logged, not thrown); call wait() yourself to see errors.
 //
 // MPI progresses an operation only inside MPI calls. To overlap a gradient-bucket reduction with
 // backward compute, call test() on pending requests between layers.
@@ -196,6 +208,10 @@ class Communicator {
   Request irecv(void* buf, std::int64_t count, Datatype dtype, int peer, int tag = 0);
 
   void barrier();
+
+  // True where operations progress without being polled (NCCL: on the device), so test() between
+  // layers is useless; false for MPI, which progresses only inside its calls.
+  virtual bool progresses_itself() const { return false; }
 
   // Collective: ranks with the same color form a new group named `name`, ordered by (key, rank).
   // Returns nullptr on ranks that pass kNoColor. The new group inherits step and wait policy.

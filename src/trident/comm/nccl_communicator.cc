@@ -6,10 +6,17 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <functional>
+#include <list>
+#include <mutex>
+#include <thread>
 #include <vector>
 
+#include "trident/comm/runtime.h"
 #include "trident/core/error.h"
+#include "trident/core/log.h"
 
 namespace trident::comm {
 
@@ -81,6 +88,20 @@ const char* at(const void* p, std::int64_t elems, Datatype t) {
 // ---------------------------------------------------------------------------------------------
 // NcclCommunicator
 
+// The event recorded on the communication stream after an operation (or a batch), shared by its
+// requests and, once a wait is ordered on the device, by the watchdog.
+struct Completion {
+  cudaEvent_t ev = nullptr;
+  Completion() {
+    check_cuda(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
+  }
+  ~Completion() {
+    if (ev) cudaEventDestroy(ev);
+  }
+  Completion(const Completion&) = delete;
+  Completion& operator=(const Completion&) = delete;
+};
+
 // A point-to-point operation waiting to be posted with the others of its batch.
 struct P2pOp {
   bool send;
@@ -97,17 +118,23 @@ struct P2pOp {
 // tested, or before any other operation of the communicator.
 struct P2pBatch {
   std::vector<P2pOp> ops;
-  cudaEvent_t done = nullptr;  // recorded on the communication stream after the group
+  std::shared_ptr<Completion> done;  // recorded on the communication stream after the group
   bool posted = false;
 };
 
 struct NcclCommunicator::State {
   ncclComm_t comm = nullptr;
+  int device = 0;
+  void* compute_stream = nullptr;  // where waits are ordered (null: the legacy default stream)
   std::atomic<bool> aborted{false};
   std::shared_ptr<P2pBatch> open;  // the batch collecting sends and receives, or null
   // Posts the open batch (set by the communicator: it knows the streams).
   std::function<void()> flush;
-  explicit State(ncclComm_t c) : comm(c) {}
+  // Set by the watchdog when it aborts the communicator: the operation that timed out.
+  std::mutex mu;
+  std::string error;
+  std::atomic<bool> error_seen{false};  // thrown to the caller (who will end the job)
+  State(ncclComm_t c, int dev) : comm(c), device(dev) {}
   ~State() {
     if (comm != nullptr && !aborted.load()) ncclCommDestroy(comm);
   }
@@ -116,26 +143,168 @@ struct NcclCommunicator::State {
   void abort() noexcept {
     if (!aborted.exchange(true) && comm != nullptr) ncclCommAbort(comm);
   }
+  void abort_with(const std::string& why) {
+    {
+      const std::lock_guard<std::mutex> lock(mu);
+      if (error.empty()) error = why;
+    }
+    abort();
+  }
+  // Throws the CommError an aborted communicator gives every later call.
+  void throw_if_aborted() {
+    if (!aborted.load()) return;
+    std::string why;
+    {
+      const std::lock_guard<std::mutex> lock(mu);
+      why = error;
+    }
+    error_seen = true;
+    if (why.empty()) {
+      throw core::CommError("the NCCL communicator was aborted (an earlier operation timed out)");
+    }
+    throw core::CommError(core::str("the NCCL communicator was aborted by its watchdog: ", why));
+  }
 };
 
 namespace {
 
+// The watchdog of the waits ordered on the device: one thread per process polls the operations'
+// events; an operation still pending at its deadline aborts its communicator (so the stream that
+// waits for it, and the host behind that, go on) and leaves its CommError for the communicator's
+// next call. If nobody has seen that error kGraceS later (the host is stuck elsewhere), the
+// watchdog ends the job itself, as PyTorch's NCCL watchdog does.
+class Watchdog {
+ public:
+  static constexpr double kGraceS = 10.0;
+  using Clock = std::chrono::steady_clock;
+
+  static Watchdog& get() {
+    static Watchdog w;
+    return w;
+  }
+
+  // Drops the entries of a communicator being destroyed (its stream has been synchronized).
+  void forget(const NcclCommunicator::State* state) {
+    const std::lock_guard<std::mutex> lock(mu_);
+    std::erase_if(entries_, [&](const Entry& e) { return e.state.get() == state; });
+  }
+
+  void watch(std::shared_ptr<Completion> done, std::shared_ptr<NcclCommunicator::State> state,
+             double timeout_s, std::function<std::string()> describe) {
+    const std::lock_guard<std::mutex> lock(mu_);
+    entries_.push_back({std::move(done), std::move(state),
+                        Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(timeout_s)),
+                        timeout_s, std::move(describe)});
+    if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+    cv_.notify_one();
+  }
+
+  ~Watchdog() {
+    {
+      const std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+      entries_.clear();
+    }
+    cv_.notify_one();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  struct Entry {
+    std::shared_ptr<Completion> done;
+    std::shared_ptr<NcclCommunicator::State> state;
+    Clock::time_point deadline;
+    double timeout_s;
+    std::function<std::string()> describe;
+  };
+  struct Fired {
+    std::shared_ptr<NcclCommunicator::State> state;
+    Clock::time_point at;
+    std::string what;
+  };
+
+  void run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    std::vector<Fired> fired;
+    while (!stop_) {
+      if (entries_.empty() && fired.empty()) {
+        cv_.wait(lock, [&] { return stop_ || !entries_.empty(); });
+        continue;
+      }
+      const Clock::time_point now = Clock::now();
+      for (auto it = entries_.begin(); it != entries_.end();) {
+        Entry& e = *it;
+        if (e.state->aborted.load()) {  // aborted by another operation's timeout
+          it = entries_.erase(it);
+          continue;
+        }
+        cudaSetDevice(e.state->device);
+        const cudaError_t q = cudaEventQuery(e.done->ev);
+        if (q == cudaSuccess) {
+          it = entries_.erase(it);
+          continue;
+        }
+        if (q != cudaErrorNotReady) cudaGetLastError();
+        if (now >= e.deadline || q != cudaErrorNotReady) {
+          std::string what =
+              q == cudaErrorNotReady
+                  ? core::str("comm: ", e.describe(), " timed out after ", e.timeout_s,
+                              " s (--comm-timeout): a rank of the group has not joined (it is "
+                              "slower, stuck in another operation, or dead); the wait was "
+                              "ordered on the device, so the NCCL watchdog aborted the "
+                              "communicator")
+                  : core::str("comm: ", e.describe(),
+                              " failed on the device: ", cudaGetErrorName(q));
+          log::error(what);
+          e.state->abort_with(what);
+          fired.push_back({e.state, now, std::move(what)});
+          it = entries_.erase(it);
+          continue;
+        }
+        ++it;
+      }
+      for (const Fired& f : fired) {
+        if (!f.state->error_seen.load() &&
+            std::chrono::duration<double>(now - f.at).count() >= kGraceS) {
+          lock.unlock();
+          abort_job(1, core::str(f.what,
+                                 " (the job is ended by the watchdog: the host did not "
+                                 "reach another operation of the communicator)"));
+        }
+      }
+      std::erase_if(fired, [](const Fired& f) { return f.state->error_seen.load(); });
+      cv_.wait_for(lock, std::chrono::milliseconds(2), [&] { return stop_; });
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::list<Entry> entries_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
 class NcclRequest final : public detail::RequestImpl {
  public:
-  // An operation already posted, complete when `ev` is reached.
-  NcclRequest(cudaEvent_t ev, std::shared_ptr<NcclCommunicator::State> state)
-      : ev_(ev), state_(std::move(state)) {}
+  // An operation already posted, complete when `done` is reached.
+  NcclRequest(std::shared_ptr<Completion> done, std::shared_ptr<NcclCommunicator::State> state)
+      : done_(std::move(done)), state_(std::move(state)) {}
   // A send or receive of a batch that is posted when first tested.
   NcclRequest(std::shared_ptr<P2pBatch> batch, std::shared_ptr<NcclCommunicator::State> state)
       : batch_(std::move(batch)), state_(std::move(state)) {}
-  ~NcclRequest() override {
-    if (ev_) cudaEventDestroy(ev_);
-  }
   bool test() override;
   void abandon() noexcept override;
+  bool order_on_device(const GroupInfo& group, int rank, const OpDesc& op,
+                       const WaitPolicy& policy) override;
 
  private:
-  cudaEvent_t ev_ = nullptr;
+  const std::shared_ptr<Completion>& done() {
+    if (batch_ && !batch_->posted) state_->flush();
+    return batch_ ? batch_->done : done_;
+  }
+
+  std::shared_ptr<Completion> done_;
   std::shared_ptr<P2pBatch> batch_;
   std::shared_ptr<NcclCommunicator::State> state_;
 };
@@ -143,11 +312,8 @@ class NcclRequest final : public detail::RequestImpl {
 }  // namespace
 
 bool NcclRequest::test() {
-  if (state_->aborted.load()) {
-    throw core::CommError("the NCCL communicator was aborted (an earlier operation timed out)");
-  }
-  if (batch_ && !batch_->posted) state_->flush();
-  const cudaError_t e = cudaEventQuery(batch_ ? batch_->done : ev_);
+  state_->throw_if_aborted();
+  const cudaError_t e = cudaEventQuery(done()->ev);
   if (e == cudaSuccess) return true;
   if (e != cudaErrorNotReady) check_cuda(e, "the NCCL operation's stream");
   ncclResult_t async = ncclSuccess;
@@ -160,6 +326,22 @@ bool NcclRequest::test() {
 }
 
 void NcclRequest::abandon() noexcept { state_->abort(); }
+
+bool NcclRequest::order_on_device(const GroupInfo& group, int rank, const OpDesc& op,
+                                  const WaitPolicy& policy) {
+  // A barrier is a promise to the host (every rank has reached it): the host waits for it.
+  if (op.kind == OpKind::kBarrier) return false;
+  state_->throw_if_aborted();
+  std::shared_ptr<Completion> d = done();
+  check_cuda(cudaSetDevice(state_->device), "cudaSetDevice");
+  const cudaStream_t compute = state_->compute_stream != nullptr
+                                   ? static_cast<cudaStream_t>(state_->compute_stream)
+                                   : cudaStreamLegacy;
+  check_cuda(cudaStreamWaitEvent(compute, d->ev, 0), "cudaStreamWaitEvent");
+  Watchdog::get().watch(std::move(d), state_, policy.timeout_s,
+                        [g = group, rank, op] { return describe(g, rank, op); });
+  return true;
+}
 
 std::unique_ptr<NcclCommunicator> NcclCommunicator::create(std::unique_ptr<Communicator> host,
                                                            int device) {
@@ -177,7 +359,7 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::create(std::unique_ptr<Commu
                                     "; ranks that share a GPU need the host-staged communicator"));
   }
   return std::unique_ptr<NcclCommunicator>(
-      new NcclCommunicator(std::move(host), std::make_shared<State>(comm), device));
+      new NcclCommunicator(std::move(host), std::make_shared<State>(comm, device), device));
 }
 
 NcclCommunicator::NcclCommunicator(std::unique_ptr<Communicator> host, std::shared_ptr<State> state,
@@ -208,8 +390,8 @@ void NcclCommunicator::flush_p2p() {
     }
   }
   check_nccl(ncclGroupEnd(), "ncclGroupEnd");
-  check_cuda(cudaEventCreateWithFlags(&batch->done, cudaEventDisableTiming), "cudaEventCreate");
-  check_cuda(cudaEventRecord(batch->done, stream), "cudaEventRecord");
+  batch->done = std::make_shared<Completion>();
+  check_cuda(cudaEventRecord(batch->done->ev, stream), "cudaEventRecord");
 }
 
 NcclCommunicator::~NcclCommunicator() {
@@ -224,13 +406,17 @@ NcclCommunicator::~NcclCommunicator() {
     cudaStreamSynchronize(static_cast<cudaStream_t>(comm_stream_));
     cudaStreamDestroy(static_cast<cudaStream_t>(comm_stream_));
   }
+  Watchdog::get().forget(state_.get());
   if (barrier_buf_) cudaFree(barrier_buf_);
 }
 
+void NcclCommunicator::set_compute_stream(void* stream) {
+  compute_stream_ = stream;
+  state_->compute_stream = stream;
+}
+
 void NcclCommunicator::before_op() {
-  if (state_->aborted.load()) {
-    throw core::CommError("the NCCL communicator was aborted (an earlier operation timed out)");
-  }
+  state_->throw_if_aborted();
   check_cuda(cudaSetDevice(device_), "cudaSetDevice");
   // After the work queued on the compute stream; a null compute stream is the kernels' null
   // stream, i.e. the legacy default stream, which the non-blocking communication stream would not
@@ -247,10 +433,9 @@ void NcclCommunicator::before_op() {
 
 Communicator::ImplPtr NcclCommunicator::after_op(const char* what) {
   (void)what;
-  cudaEvent_t ev = nullptr;
-  check_cuda(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
-  check_cuda(cudaEventRecord(ev, static_cast<cudaStream_t>(comm_stream_)), "cudaEventRecord");
-  return std::make_unique<NcclRequest>(ev, state_);
+  auto done = std::make_shared<Completion>();
+  check_cuda(cudaEventRecord(done->ev, static_cast<cudaStream_t>(comm_stream_)), "cudaEventRecord");
+  return std::make_unique<NcclRequest>(std::move(done), state_);
 }
 
 Communicator::ImplPtr NcclCommunicator::post_all_reduce(void* buf, std::int64_t count,
@@ -352,9 +537,7 @@ Communicator::ImplPtr NcclCommunicator::post_recv(void* buf, std::int64_t count,
 
 Communicator::ImplPtr NcclCommunicator::post_p2p(bool send, void* buf, std::int64_t count,
                                                  Datatype dtype, int peer) {
-  if (state_->aborted.load()) {
-    throw core::CommError("the NCCL communicator was aborted (an earlier operation timed out)");
-  }
+  state_->throw_if_aborted();
   const NcclType t = nccl_type(dtype, false);
   if (!state_->open) state_->open = std::make_shared<P2pBatch>();
   state_->open->ops.push_back({send, buf, static_cast<std::size_t>(count * t.scale), t.type, peer});
@@ -381,8 +564,8 @@ std::unique_ptr<Communicator> NcclCommunicator::do_split(int color, int key,
                            &child, nullptr),
              "ncclCommSplit");
   if (host_child == nullptr) return nullptr;
-  auto c = std::unique_ptr<NcclCommunicator>(
-      new NcclCommunicator(std::move(host_child), std::make_shared<State>(child), device_));
+  auto c = std::unique_ptr<NcclCommunicator>(new NcclCommunicator(
+      std::move(host_child), std::make_shared<State>(child, device_), device_));
   c->set_compute_stream(compute_stream_);  // the child orders after the same compute stream
   return c;
 }

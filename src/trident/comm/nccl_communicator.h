@@ -4,14 +4,19 @@
 // bootstrapped over a host communicator of the same group (MPI), one NCCL communicator per group
 // (split() makes the child with ncclCommSplit and the host group's split), every operation is
 // queued on the communicator's own CUDA stream, after the work already queued on the compute
-// stream (set_compute_stream), and its Request completes when the stream reaches it. The
-// Request's timeout is the watchdog: a stuck NCCL operation becomes the CommError the MPI
-// communicator gives (operation, group, global ranks, step) and the NCCL communicator is aborted
-// (ncclCommAbort), so the caller's abort_job ends the job instead of hanging. Tags of send/recv
-// are checked but not matched: NCCL orders the messages between two ranks by posting order. Sends
-// and receives posted between two waits go to NCCL as one group (posted when one of their
-// requests is first tested, or before any other operation): an ungrouped NCCL send blocks until
-// the peer posts its receive, so two neighbours that both send first would deadlock.
+// stream (set_compute_stream), and its Request completes when the stream reaches it. Waiting
+// for a Request does not stop the host: the compute stream is made to wait for the operation's
+// event (cudaStreamWaitEvent), so a training step queues its collectives and kernels without one
+// host synchronization per collective (barriers alone are waited for on the host). The timeout
+// is a watchdog thread's, which polls the events of those waits: a stuck NCCL operation aborts
+// the communicator (ncclCommAbort, which frees the streams waiting for it) and becomes the
+// CommError the MPI communicator gives (operation, group, global ranks, step), thrown by the
+// communicator's next call so that the caller's abort_job ends the job instead of hanging; if the
+// host does not reach another call within 10 s, the watchdog ends the job itself (abort_job). Tags
+// of send/recv are checked but not matched: NCCL orders the messages between two ranks by posting
+// order. Sends and receives posted between two waits go to NCCL as one group (posted when one of
+// their requests is first tested, or before any other operation): an ungrouped NCCL send blocks
+// until the peer posts its receive, so two neighbours that both send first would deadlock.
 //
 // HostStagedCommunicator: the same interface over any host communicator (MPI), for several ranks
 // that share one GPU (NCCL refuses that): each operation copies its device input to pinned host
@@ -39,7 +44,8 @@ class NcclCommunicator final : public Communicator {
   // Operations wait for the work queued on `stream` (a cudaStream_t; null: the legacy default
   // stream, the kernels' null stream) before they start, so that they see the gradients the
   // backward pass wrote. Children made by split() inherit it.
-  void set_compute_stream(void* stream) { compute_stream_ = stream; }
+  void set_compute_stream(void* stream);
+  bool progresses_itself() const override { return true; }
   void* comm_stream() const { return comm_stream_; }
   int device() const { return device_; }
 

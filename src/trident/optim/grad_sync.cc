@@ -44,7 +44,9 @@ class BucketedSync : public GradSync {
       done_[b] = true;
       if (dp_.size() > 1) pending_.push_back(launch(buckets_[b]));
     }
-    for (comm::Request& r : pending_) r.test();  // let MPI progress while backward goes on
+    if (!dp_.progresses_itself()) {
+      for (comm::Request& r : pending_) r.test();  // let MPI progress while backward goes on
+    }
   }
   void finish_layers() override {
     for (std::size_t b = 0; b < buckets_.size(); ++b) {

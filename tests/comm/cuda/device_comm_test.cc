@@ -1,8 +1,9 @@
 // The communicators for device buffers (comm/nccl_communicator.h) on real MPI processes: every
 // collective and point-to-point on GPU buffers against the values the MPI communicator's contract
 // gives, through the host-staged communicator (ranks sharing one GPU) and NCCL (one GPU per rank),
-// the split groups, and NCCL's watchdog: a rank that does not join makes the others fail within
-// the timeout with the MPI communicator's error. Skipped, with the reason, without the GPUs.
+// the split groups, and NCCL's watchdog: a wait does not stop the host (it orders the compute
+// stream), and a rank that does not join makes the others fail within the timeout with the MPI
+// communicator's error. Skipped, with the reason, without the GPUs.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -194,16 +195,28 @@ TEST(DeviceComm, NcclWatchdogTurnsAStuckOperationIntoCommError) {
   cuda::DeviceBuffer d(4);
   if (me == 0) {
     const auto t0 = std::chrono::steady_clock::now();
+    auto seconds = [&] {
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    };
+    std::string msg;
     try {
+      // The wait is ordered on the device: the host goes on although rank 1 never joins.
       c->all_reduce(d.data(), 1, Datatype::kF32, ReduceOp::kSum);
-      ADD_FAILURE() << "all_reduce completed without the other ranks";
-    } catch (const core::CommError& e) {
-      const std::string msg = e.what();
-      EXPECT_NE(msg.find("all_reduce"), std::string::npos) << msg;
-      EXPECT_NE(msg.find("'world'"), std::string::npos) << msg;
-      EXPECT_NE(msg.find("step 41"), std::string::npos) << msg;
+      EXPECT_LT(seconds(), 2.0) << "the host waited for the all_reduce";
+      // The stream waits for the all_reduce until the watchdog aborts the communicator (3 s);
+      // the communicator's next call throws the watchdog's error.
+      cuda::synchronize(nullptr);
+      EXPECT_GE(seconds(), 2.5) << "the stream did not wait for the all_reduce";
+      c->all_reduce(d.data(), 1, Datatype::kF32, ReduceOp::kSum);
+      ADD_FAILURE() << "the communicator is usable after its watchdog fired";
+    } catch (const core::Error& e) {
+      msg = e.what();
     }
-    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30.0);
+    EXPECT_NE(msg.find("all_reduce"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("timed out after 3 s"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("'world'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("step 41"), std::string::npos) << msg;
+    EXPECT_LT(seconds(), 30.0);
   }
   sync->barrier();
 }
