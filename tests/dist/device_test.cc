@@ -389,13 +389,11 @@ TEST_F(Device, CheckpointsMoveBetweenDeviceAndCpu) {
   }
 }
 
-// --profile on a device: the kernels run after their launches return, so the scopes synchronize
-// the stream and an op's time is its kernels'. On a GPU the kernels and collectives then hold
-// most of the iteration (without the synchronization, the launches a small share). cuemu runs a
-// launch's kernel before the next host call gets far (the share is most of it either way:
-// measured 931.7 of 932.6 ms without the synchronization), so there the test counts what the
-// synchronization costs instead: the profiled iterations make the host wait on the device at each
-// scope (counted by cuemu), the others once per iteration.
+// --profile on a device: the kernels run after their launches return, so each scope's time is
+// the device's between two CUDA events queued at its start and stop, read once when the window
+// ends (core::profile::DeviceTimer). The kernels and collectives then hold most of the iteration
+// (a launch-timed profile would give the launches a small share on a GPU), and the profiled
+// iterations make no more host waits than the others (counted by cuemu).
 TEST_F(Device, ProfileTimesTheKernelsNotTheLaunches) {
   auto run = [&](const std::string& name, const std::string& flags) {
     const std::string file = out(name) + ".waits";
@@ -422,14 +420,16 @@ TEST_F(Device, ProfileTimesTheKernelsNotTheLaunches) {
       if (kind != "outside") kernels += ms.get<double>();
     const double iter_ms = p["iter_ms"].get<double>();
     EXPECT_GT(kernels, 0.6 * iter_ms) << line;
-    std::printf("profile: %.1f of %.1f ms per iteration in kernels and collectives\n", kernels,
-                iter_ms);
+    std::printf("profile: %.2f of %.2f ms per iteration in kernels and collectives (%s)\n",
+                kernels, iter_ms, p["ms_per_iteration"].dump().c_str());
   }
   EXPECT_TRUE(found) << log_of("profile");
   if (emulated()) {
+    // The scopes' times come from CUDA events read once at the end of the window: profiling adds
+    // one host wait, not one per op (2,192 when the scopes synchronized the stream).
     std::printf("host waits: %ld in 6 iterations, %ld with 3 of them profiled\n", plain, profiled);
     ASSERT_GT(plain, 0) << "the counter counts nothing";
-    EXPECT_GT(profiled - plain, 3 * 50) << "the profiled iterations do not synchronize per op";
+    EXPECT_LE(profiled - plain, 2) << "the profiled iterations synchronize per op";
   }
 }
 

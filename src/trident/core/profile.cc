@@ -14,10 +14,56 @@ std::mutex g_mu;
 std::map<std::string, Entry> g_entries;
 std::thread::id g_owner;
 thread_local Scope* t_current = nullptr;
-std::function<void()> g_device_sync;  // set and read on the recording thread
+
+// Scopes timed by the device timer: their marks, parent and what they add to their entry, until
+// the marks are read (settle()).
+struct Record {
+  std::string key;
+  Kind kind;
+  double flops, bytes;
+  std::int64_t start_mark, stop_mark = -1;
+  std::int64_t parent;  // index of the enclosing scope's record, or -1
+};
+std::shared_ptr<DeviceTimer> g_timer;  // set and used on the recording thread
+std::vector<Record> g_records;
+
+void add(const std::string& key, Kind kind, double seconds, double flops, double bytes) {
+  Entry& e = g_entries[key];
+  if (e.calls == 0) {
+    e.name = key;
+    e.kind = kind;
+  }
+  ++e.calls;
+  e.seconds += seconds;
+  e.flops += flops;
+  e.bytes += bytes;
+}
+
+// Reads the marks of the finished records into the entries (exclusive times); g_mu held.
+void settle() {
+  if (!g_timer || g_records.empty()) return;
+  std::vector<double> total(g_records.size(), 0.0), children(g_records.size(), 0.0);
+  for (std::size_t i = 0; i < g_records.size(); ++i) {
+    const Record& r = g_records[i];
+    if (r.stop_mark < 0) continue;  // still open: only when settled from inside a scope
+    total[i] = g_timer->seconds_between(r.start_mark, r.stop_mark);
+    if (r.parent >= 0) children[static_cast<std::size_t>(r.parent)] += total[i];
+  }
+  for (std::size_t i = 0; i < g_records.size(); ++i) {
+    const Record& r = g_records[i];
+    if (r.stop_mark >= 0) add(r.key, r.kind, total[i] - children[i], r.flops, r.bytes);
+  }
+  g_records.clear();
+  g_timer->clear();
+}
 }  // namespace
 
-void set_device_sync(std::function<void()> sync) { g_device_sync = std::move(sync); }
+void set_device_timer(std::shared_ptr<DeviceTimer> timer) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  settle();
+  g_records.clear();
+  g_timer = std::move(timer);
+}
 
 const char* kind_name(Kind kind) {
   switch (kind) {
@@ -41,6 +87,8 @@ void set_enabled(bool on) {
   std::lock_guard<std::mutex> lock(g_mu);
   if (on) {
     g_entries.clear();
+    g_records.clear();
+    if (g_timer) g_timer->clear();
     g_owner = std::this_thread::get_id();
   }
   detail::g_enabled.store(on, std::memory_order_relaxed);
@@ -51,10 +99,13 @@ void resume() { detail::g_enabled.store(true, std::memory_order_relaxed); }
 void reset() {
   std::lock_guard<std::mutex> lock(g_mu);
   g_entries.clear();
+  g_records.clear();
+  if (g_timer) g_timer->clear();
 }
 
 std::vector<Entry> entries() {
   std::lock_guard<std::mutex> lock(g_mu);
+  if (t_current == nullptr) settle();
   std::vector<Entry> out;
   out.reserve(g_entries.size());
   for (const auto& [key, e] : g_entries) out.push_back(e);
@@ -149,6 +200,19 @@ std::string format_table(const std::vector<Entry>& entries, double steps, double
   return out;
 }
 
+namespace {
+std::string key_of(const char* name, std::int64_t m, std::int64_t n, std::int64_t k) {
+  char key[160];
+  if (m >= 0) {
+    std::snprintf(key, sizeof key, "%s %lldx%lldx%lld", name, static_cast<long long>(m),
+                  static_cast<long long>(n), static_cast<long long>(k));
+  } else {
+    std::snprintf(key, sizeof key, "%s", name);
+  }
+  return key;
+}
+}  // namespace
+
 void Scope::start(Kind kind, const char* name, double flops, double bytes, std::int64_t m,
                   std::int64_t n, std::int64_t k) {
   if (std::this_thread::get_id() != g_owner) return;
@@ -160,35 +224,32 @@ void Scope::start(Kind kind, const char* name, double flops, double bytes, std::
   m_ = m;
   n_ = n;
   k_ = k;
+  if (g_timer) {
+    // The device's clock: a mark now, one at the stop; the record is timed when read.
+    const std::int64_t parent = t_current != nullptr ? t_current->record_ : -1;
+    record_ = static_cast<std::int64_t>(g_records.size());
+    g_records.push_back({key_of(name, m, n, k), kind, flops, bytes, g_timer->mark(), -1, parent});
+  }
   parent_ = t_current;
   t_current = this;
-  if (g_device_sync) g_device_sync();  // what was queued before belongs to the enclosing scope
   t0_ = std::chrono::steady_clock::now();
 }
 
 void Scope::stop() {
-  if (g_device_sync) g_device_sync();
+  t_current = parent_;
+  if (record_ >= 0) {
+    // (A timer removed or replaced inside the scope dropped its record.)
+    if (g_timer && record_ < static_cast<std::int64_t>(g_records.size())) {
+      g_records[static_cast<std::size_t>(record_)].stop_mark = g_timer->mark();
+    }
+    return;
+  }
   const double elapsed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
-  t_current = parent_;
   if (parent_ != nullptr) parent_->child_s_ += elapsed;
-  char key[160];
-  if (m_ >= 0) {
-    std::snprintf(key, sizeof key, "%s %lldx%lldx%lld", name_, static_cast<long long>(m_),
-                  static_cast<long long>(n_), static_cast<long long>(k_));
-  } else {
-    std::snprintf(key, sizeof key, "%s", name_);
-  }
+  const std::string key = key_of(name_, m_, n_, k_);
   std::lock_guard<std::mutex> lock(g_mu);
-  Entry& e = g_entries[key];
-  if (e.calls == 0) {
-    e.name = key;
-    e.kind = kind_;
-  }
-  ++e.calls;
-  e.seconds += elapsed - child_s_;
-  e.flops += flops_;
-  e.bytes += bytes_;
+  add(key, kind_, elapsed - child_s_, flops_, bytes_);
 }
 
 }  // namespace trident::core::profile

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -50,11 +51,25 @@ void set_enabled(bool on);
 // the trainer's evaluation inside a profiled window).
 void resume();
 void reset();
-// On a device the kernels run after their launch returns, so a scope's wall time would be its
-// launches'. `sync` (the kernels' stream synchronize; empty: none) is then called at each
-// scope's start and stop on the recording thread, so that a scope's time is its kernels' (as
-// Megatron's timers synchronize the device). It perturbs the overlap the profile window had.
-void set_device_sync(std::function<void()> sync);
+// A device's clock. On a device the kernels run after their launch returns, so a scope's wall
+// time would be its launches'. With a timer set, each scope queues a mark on the device's stream
+// at its start and stop (a CUDA event), and its time is the device's between the two marks,
+// read when entries() is called (one wait for the last mark): the kernels' time, without a
+// synchronization per op. Time the device spends idle (the host waiting on MPI, launching)
+// counts for no scope.
+class DeviceTimer {
+ public:
+  virtual ~DeviceTimer() = default;
+  // Queues a mark after the work queued so far; returns its number (0, 1, ...).
+  virtual std::int64_t mark() = 0;
+  // Seconds between marks a and b (a before b), waiting for b to be reached.
+  virtual double seconds_between(std::int64_t a, std::int64_t b) = 0;
+  // Forgets the marks (their numbers restart at 0).
+  virtual void clear() = 0;
+};
+// Set (or, with null, remove) the device timer of the recording thread's scopes; the scopes
+// recorded until then are timed first.
+void set_device_timer(std::shared_ptr<DeviceTimer> timer);
 std::vector<Entry> entries();  // sorted by time, largest first
 
 // Totals per kind (indexed by Kind; name = kind_name).
@@ -94,6 +109,7 @@ class Scope {
   double child_s_ = 0;
   Scope* parent_ = nullptr;
   std::chrono::steady_clock::time_point t0_;
+  std::int64_t record_ = -1;  // with a device timer: this scope's record, timed later
 };
 
 }  // namespace trident::core::profile

@@ -6,6 +6,7 @@
 #include <memory>
 #include <mutex>
 #include <utility>
+#include <vector>
 
 #include "trident/core/error.h"
 #ifdef TRIDENT_HAVE_CUDA
@@ -126,6 +127,55 @@ std::uint64_t read_later(const core::ExecContext& ctx, void* host_dst, const voi
   return cuda::read_later(ctx.stream, host_dst, device_src, bytes);
 #else
   return 0;
+#endif
+}
+
+#ifdef TRIDENT_HAVE_CUDA
+namespace {
+// Timing events on one stream: mark i is events_[i] (created once, reused after clear()).
+// cudaEventSynchronize on the last mark read is the one host wait of a profile window's reading.
+class CudaEventTimer final : public core::profile::DeviceTimer {
+ public:
+  CudaEventTimer(int device, void* stream) : device_(device), stream_(stream) {}
+  ~CudaEventTimer() override {
+    for (void* e : events_) cuda::destroy_event(e);
+  }
+  std::int64_t mark() override {
+    if (used_ == events_.size()) {
+      cuda::set_device(device_);
+      events_.push_back(cuda::create_timing_event());
+    }
+    cuda::record_event(events_[used_], stream_);
+    return static_cast<std::int64_t>(used_++);
+  }
+  double seconds_between(std::int64_t a, std::int64_t b) override {
+    TRIDENT_CHECK(a >= 0 && b >= a && static_cast<std::size_t>(b) < used_, "device timer: marks ",
+                  a, " and ", b, " of ", used_);
+    if (static_cast<std::size_t>(b) >= reached_) {  // one wait: for the last mark so far
+      cuda::synchronize_event(events_[used_ - 1]);
+      reached_ = used_;
+    }
+    return cuda::seconds_between_events(events_[static_cast<std::size_t>(a)],
+                                        events_[static_cast<std::size_t>(b)]);
+  }
+  void clear() override { used_ = reached_ = 0; }
+
+ private:
+  int device_;
+  void* stream_;
+  std::vector<void*> events_;
+  std::size_t used_ = 0;
+  std::size_t reached_ = 0;  // marks below it are known reached
+};
+}  // namespace
+#endif
+
+std::shared_ptr<core::profile::DeviceTimer> make_device_timer(const core::ExecContext& ctx) {
+  if (!on_cuda(ctx)) return nullptr;
+#ifdef TRIDENT_HAVE_CUDA
+  return std::make_shared<CudaEventTimer>(ctx.device.index, ctx.stream);
+#else
+  return nullptr;
 #endif
 }
 

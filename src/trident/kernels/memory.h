@@ -9,10 +9,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "trident/core/exec_context.h"
 #include "trident/core/memory.h"
+#include "trident/core/profile.h"
 
 namespace trident::kernels {
 
@@ -42,6 +44,9 @@ void synchronize(const core::ExecContext& ctx);
 std::uint64_t read_later(const core::ExecContext& ctx, void* host_dst, const void* device_src,
                          std::int64_t bytes);
 void complete_read(const core::ExecContext& ctx, std::uint64_t ticket);
+// The device's clock for the profile's scopes (core/profile.h): timing events recorded on
+// ctx.stream, reused across windows. Null on the CPU (the scopes' wall time is the kernels').
+std::shared_ptr<core::profile::DeviceTimer> make_device_timer(const core::ExecContext& ctx);
 // copy_to_host then synchronize.
 void download(const core::ExecContext& ctx, void* host_dst, const void* device_src,
               std::int64_t bytes);

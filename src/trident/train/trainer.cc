@@ -1078,10 +1078,8 @@ void Trainer::profile_before_iteration() {
   if (!cfg_.profile || profiling_ || progress_.iteration != cfg_.profile_step_start) return;
   if (world_.rank() != 0) return;
   core::profile::set_enabled(true);
-  // On a device each op's time is its kernels': the scopes synchronize the stream.
-  if (ctx_.device.kind == core::DeviceKind::kCuda) {
-    core::profile::set_device_sync([ctx = ctx_] { kernels::synchronize(ctx); });
-  }
+  // On a device each op's time is its kernels': CUDA events around each scope, read at the end.
+  core::profile::set_device_timer(kernels::make_device_timer(ctx_));
   profiling_ = true;
 }
 
@@ -1098,7 +1096,7 @@ void Trainer::finish_profile() {
   if (!profiling_) return;
   profiling_ = false;
   core::profile::set_enabled(false);
-  core::profile::set_device_sync({});
+  core::profile::set_device_timer(nullptr);  // times the window's scopes first
   const std::vector<core::profile::Entry> entries = core::profile::entries();
   const double iters = static_cast<double>(std::max<std::int64_t>(profile_iters_, 1));
   const double iter_ms = profile_ms_ / iters;

@@ -114,6 +114,32 @@ void synchronize(void* stream) {
   read_back_bytes(static_cast<cudaStream_t>(stream), nullptr, nullptr, 0);
 }
 
+void* create_timing_event() {
+  cudaEvent_t e = nullptr;
+  TRIDENT_CUDA_CHECK(cudaEventCreate(&e));
+  return e;
+}
+
+void destroy_event(void* event) noexcept {
+  if (event) cudaEventDestroy(static_cast<cudaEvent_t>(event));
+}
+
+void record_event(void* event, void* stream) {
+  TRIDENT_CUDA_CHECK(
+      cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream)));
+}
+
+void synchronize_event(void* event) {
+  TRIDENT_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event)));
+}
+
+double seconds_between_events(void* start, void* stop) {
+  float ms = 0;
+  TRIDENT_CUDA_CHECK(
+      cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(stop)));
+  return static_cast<double>(ms) * 1e-3;
+}
+
 void copy_to_device(void* dst, const void* src, std::int64_t bytes, void* stream) {
   if (bytes <= 0) return;
   TRIDENT_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyHostToDevice,

@@ -36,6 +36,14 @@ void synchronize(void* stream);
 std::uint64_t read_later(void* stream, void* host_dst, const void* device_src, std::int64_t bytes);
 void complete_read(void* stream, std::uint64_t ticket);
 
+// Timing events (cudaEventDefault): record on a stream, wait for one, and the seconds between
+// two reached events.
+void* create_timing_event();
+void destroy_event(void* event) noexcept;
+void record_event(void* event, void* stream);
+void synchronize_event(void* event);
+double seconds_between_events(void* start, void* stop);
+
 // Stream-ordered copies (cudaMemcpyAsync with the direction inferred); the host side may be
 // pageable memory. Call synchronize() before reading a device-to-host result.
 void copy_to_device(void* dst, const void* src, std::int64_t bytes, void* stream);
