@@ -41,9 +41,10 @@ namespace fs = std::filesystem;
 struct TrainRun {
   std::string name;
   int np = 1;
-  std::string flags;        // layout and device flags
-  std::string env;          // e.g. CUEMU_DEVICE_COUNT=4
-  std::string model_flags;  // shared with the CPU reference it is compared with
+  std::string flags;              // layout and device flags
+  std::string env;                // e.g. CUEMU_DEVICE_COUNT=4
+  std::string model_flags;        // shared with the CPU reference it is compared with
+  std::string corpus = "corpus";  // corpus_docs: short documents, each ended by the EOD token
 };
 
 class Device : public ::testing::Test {
@@ -68,6 +69,21 @@ class Device : public ::testing::Test {
       builder.end_document();
     }
     builder.finalize();
+    // Short documents, each ended by the end-of-document token (NullTokenizer: id 300): every
+    // 16-token sample holds several (--reset-position-ids, --reset-attention-mask).
+    data::IndexedDatasetBuilder docs((dir() / "corpus_docs").string(), data::TokenDType::kU16);
+    for (int doc = 0; doc < 600; ++doc) {
+      std::vector<std::int32_t> ids(2 + doc % 9);
+      std::int32_t t = static_cast<std::int32_t>(rng() % 300);
+      for (auto& x : ids) {
+        x = (rng() % 4 == 0) ? static_cast<std::int32_t>(rng() % 300) : t;
+        t = (t + 1) % 300;
+      }
+      ids.push_back(300);
+      docs.add_sequence(ids);
+      docs.end_document();
+    }
+    docs.finalize();
   }
   static void TearDownTestSuite() { fs::remove_all(dir()); }
 
@@ -106,7 +122,7 @@ class Device : public ::testing::Test {
            " --vocab-size 300 --split 98,2,0 --make-vocab-size-divisible-by 32"
            " --log-interval 1 --eval-interval 100 --eval-iters 0 --peak-tflops 1"
            " --hidden-dropout 0 --attention-dropout 0 --train-iters " +
-           std::to_string(iters) + " --data-path " + (dir() / "corpus").string() +
+           std::to_string(iters) + " --data-path " + (dir() / r.corpus).string() +
            " --data-cache-path " + (dir() / "cache").string() + " --metrics-jsonl " + out(r.name) +
            "/metrics.jsonl " + r.flags + " " + r.model_flags + " " + extra;
     cmd += " >> " + out(r.name) + "/log.txt 2>&1";
@@ -135,11 +151,13 @@ class Device : public ::testing::Test {
   }
 
   // The CPU run of one process with these model flags (made once).
-  static std::string reference(const std::string& model_flags) {
+  static std::string reference(const std::string& model_flags,
+                               const std::string& corpus = "corpus") {
     std::string name = "cpu";
     for (char ch : model_flags) name += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+    if (corpus != "corpus") name += "_" + corpus;
     if (!fs::exists(out(name) + "/metrics.jsonl")) {
-      EXPECT_EQ(train({name, 1, "--device cpu", "", model_flags}), 0) << name;
+      EXPECT_EQ(train({name, 1, "--device cpu", "", model_flags, corpus}), 0) << name;
     }
     return name;
   }
@@ -158,7 +176,7 @@ class Device : public ::testing::Test {
   }
 
   void expect_equal_to_cpu(const TrainRun& r, double rtol = 1e-5) {
-    const std::string ref = reference(r.model_flags);
+    const std::string ref = reference(r.model_flags, r.corpus);
     ASSERT_EQ(train(r), 0) << r.name;
     EXPECT_NE(log_of(r.name).find("device: cuda:"), std::string::npos) << "not on a device";
     expect_close(r.name, ref, rtol);
@@ -293,6 +311,22 @@ TEST_F(Device, AtMostOneHostSyncPerMicroBatch) {
   }
 }
 
+// Documents packed into samples (--reset-position-ids --reset-attention-mask --eod-mask-loss):
+// the CUDA document ids, attention within documents (unfused and flash) and position embedding
+// by position ids; GPT (learned positions restart) on one device and TP2 over NCCL, Llama
+// (rotary positions) with flash attention.
+TEST_F(Device, DocumentsInSamples) {
+  const std::string docs = " --reset-position-ids --reset-attention-mask --eod-mask-loss";
+  // Under the emulator's strict mode: the document ids live on the device, read by kernels only.
+  expect_equal_to_cpu(
+      {"cuda1_docs", 1, kCuda, emulated() ? "CUEMU_STRICT_HOST=1" : "", docs, "corpus_docs"});
+  expect_equal_to_cpu({"cuda1_llama_docs_flash", 1, kCuda, "",
+                       std::string(kLlama) + " --use-flash-attn" + docs, "corpus_docs"});
+  need_ranks(2);
+  expect_equal_to_cpu({"tp2_docs_nccl", 2, std::string(kCuda) + " --tensor-model-parallel-size 2",
+                       "CUEMU_DEVICE_COUNT=2", docs, "corpus_docs"});
+}
+
 // Host code touching device memory dies, naming the allocation (emulator only).
 TEST_F(Device, NothingAboveTheKernelsTouchesDeviceMemory) {
   if (!emulated()) GTEST_SKIP() << "CUEMU_STRICT_HOST is the emulator's";
@@ -420,8 +454,8 @@ TEST_F(Device, ProfileTimesTheKernelsNotTheLaunches) {
       if (kind != "outside") kernels += ms.get<double>();
     const double iter_ms = p["iter_ms"].get<double>();
     EXPECT_GT(kernels, 0.6 * iter_ms) << line;
-    std::printf("profile: %.2f of %.2f ms per iteration in kernels and collectives (%s)\n",
-                kernels, iter_ms, p["ms_per_iteration"].dump().c_str());
+    std::printf("profile: %.2f of %.2f ms per iteration in kernels and collectives (%s)\n", kernels,
+                iter_ms, p["ms_per_iteration"].dump().c_str());
   }
   EXPECT_TRUE(found) << log_of("profile");
   if (emulated()) {

@@ -2,8 +2,7 @@
 // with per-token document ids, the rotary expansion and the position embedding with per-row
 // position ids, each against its double-precision reference; and, independently of any
 // reference, each document's attention output and gradients equal those of the document run
-// alone as its own sample. Attention with document ids and the embedding with position ids have
-// no CUDA body yet (their tests are CPU-only); the rotary expansion runs on every backend.
+// alone as its own sample. Every backend (the CUDA bodies on the emulated GPU in CI).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -64,7 +63,7 @@ struct Outputs {
 // views, or (reference) the references over the backend contract.
 Outputs run(bool flash, bool alibi, std::int64_t B, std::int64_t T, std::int64_t NH,
             std::int64_t HS, const std::vector<float>& qkv, const std::vector<float>& d_out,
-            const std::int32_t* doc, bool reference) {
+            const std::vector<std::int32_t>* doc_ids, bool reference) {
   const std::int64_t C = NH * HS;
   const core::ExecContext ctx = testing::backend_ctx();
   std::vector<float> slopes(static_cast<std::size_t>(NH));
@@ -72,7 +71,12 @@ Outputs run(bool flash, bool alibi, std::int64_t B, std::int64_t T, std::int64_t
   Outputs o{std::vector<float>(static_cast<std::size_t>(B * T * C), NAN),
             std::vector<float>(qkv.size(), NAN)};
   const core::Shape qkv_shape{B, T, NH, 3 * HS}, out_shape{B, T, C};
-  const core::TensorView doc_view = core::view(doc, {B, T});  // empty for null: one document
+  const std::int32_t* doc = doc_ids ? doc_ids->data() : nullptr;
+  // The ops' views: this backend's copies of the buffers (empty doc: one document).
+  auto v = [&](const auto& vec, core::Shape shape) {
+    return reference ? core::TensorView{} : testing::view_of(vec, std::move(shape));
+  };
+  const core::TensorView doc_view = doc_ids ? v(*doc_ids, {B, T}) : core::TensorView{};
   if (flash) {
     std::vector<float> lse(static_cast<std::size_t>(B * NH * T), NAN);
     FlashAttentionForwardArgs f{.out = o.out.data(),
@@ -85,14 +89,13 @@ Outputs run(bool flash, bool alibi, std::int64_t B, std::int64_t T, std::int64_t
                                 .num_heads = NH,
                                 .head_dim = HS,
                                 .doc = doc};
-    const core::TensorView alibi_view =
-        alibi ? core::view(slopes.data(), {NH}) : core::TensorView{};
+    const core::TensorView alibi_view = alibi ? v(slopes, {NH}) : core::TensorView{};
     if (reference) {
       ref::flash_attention_forward(f);
     } else {
-      flash_attention(ctx, {.out = core::view(o.out.data(), out_shape),
-                            .lse = core::view(lse.data(), {B, NH, T}),
-                            .qkv = core::view(qkv.data(), qkv_shape),
+      flash_attention(ctx, {.out = v(o.out, out_shape),
+                            .lse = v(lse, {B, NH, T}),
+                            .qkv = v(qkv, qkv_shape),
                             .alibi = alibi_view,
                             .doc = doc_view,
                             .dropout = {}});
@@ -112,14 +115,16 @@ Outputs run(bool flash, bool alibi, std::int64_t B, std::int64_t T, std::int64_t
     if (reference) {
       ref::flash_attention_backward(b);
     } else {
-      flash_attention_backward(ctx, {.d_qkv = core::view(o.d_qkv.data(), qkv_shape),
-                                     .d_out = core::view(d_out.data(), out_shape),
-                                     .qkv = core::view(qkv.data(), qkv_shape),
-                                     .out = core::view(o.out.data(), out_shape),
-                                     .lse = core::view(lse.data(), {B, NH, T}),
+      flash_attention_backward(ctx, {.d_qkv = v(o.d_qkv, qkv_shape),
+                                     .d_out = v(d_out, out_shape),
+                                     .qkv = v(qkv, qkv_shape),
+                                     .out = v(o.out, out_shape),
+                                     .lse = v(lse, {B, NH, T}),
                                      .alibi = alibi_view,
                                      .doc = doc_view,
                                      .dropout = {}});
+      testing::fetch(o.out);
+      testing::fetch(o.d_qkv);
     }
     return o;
   }
@@ -136,9 +141,9 @@ Outputs run(bool flash, bool alibi, std::int64_t B, std::int64_t T, std::int64_t
   if (reference) {
     ref::attention_forward(f);
   } else {
-    attention(ctx, {.out = core::view(o.out.data(), out_shape),
-                    .probs = core::view(probs.data(), probs_shape),
-                    .qkv = core::view(qkv.data(), qkv_shape),
+    attention(ctx, {.out = v(o.out, out_shape),
+                    .probs = v(probs, probs_shape),
+                    .qkv = v(qkv, qkv_shape),
                     .doc = doc_view});
   }
   const AttentionBackwardArgs b{.d_qkv = o.d_qkv.data(),
@@ -153,11 +158,13 @@ Outputs run(bool flash, bool alibi, std::int64_t B, std::int64_t T, std::int64_t
   if (reference) {
     ref::attention_backward(b);
   } else {
-    attention_backward(ctx, {.d_qkv = core::view(o.d_qkv.data(), qkv_shape),
-                             .d_probs = core::view(d_probs.data(), probs_shape),
-                             .d_out = core::view(d_out.data(), out_shape),
-                             .qkv = core::view(qkv.data(), qkv_shape),
-                             .probs = core::view(probs.data(), probs_shape)});
+    attention_backward(ctx, {.d_qkv = v(o.d_qkv, qkv_shape),
+                             .d_probs = v(d_probs, probs_shape),
+                             .d_out = v(d_out, out_shape),
+                             .qkv = v(qkv, qkv_shape),
+                             .probs = v(probs, probs_shape)});
+    testing::fetch(o.out);
+    testing::fetch(o.d_qkv);
   }
   return o;
 }
@@ -168,8 +175,7 @@ Outputs run(bool flash, bool alibi, std::int64_t B, std::int64_t T, std::int64_t
 constexpr std::int64_t kB = 2, kT = 150, kNH = 3, kHS = 8;
 const std::vector<std::vector<int>> kStarts = {{0, 5, 40, 41, 97}, {0, 1, 2, 77, 149}};
 
-TEST(DocumentAttentionCpuOnly, MatchesTheReference) {
-  TRIDENT_CPU_ONLY("attention with document ids has no CUDA body yet (docs/gpu.md)");
+TEST(DocumentAttention, MatchesTheReference) {
   const std::int64_t C = kNH * kHS;
   const auto qkv = normal(static_cast<std::size_t>(kB * kT * 3 * C), 1);
   const auto d_out = normal(static_cast<std::size_t>(kB * kT * C), 2);
@@ -178,8 +184,8 @@ TEST(DocumentAttentionCpuOnly, MatchesTheReference) {
     for (const bool alibi : {false, true}) {
       if (!flash && alibi) continue;  // the unfused kernel has no ALiBi
       const std::string tag = std::string(flash ? "flash" : "unfused") + (alibi ? " alibi" : "");
-      const Outputs got = run(flash, alibi, kB, kT, kNH, kHS, qkv, d_out, doc.data(), false);
-      const Outputs want = run(flash, alibi, kB, kT, kNH, kHS, qkv, d_out, doc.data(), true);
+      const Outputs got = run(flash, alibi, kB, kT, kNH, kHS, qkv, d_out, &doc, false);
+      const Outputs want = run(flash, alibi, kB, kT, kNH, kHS, qkv, d_out, &doc, true);
       EXPECT_LE(rel(got.out, want.out), 2e-6) << tag << " out";
       EXPECT_LE(rel(got.d_qkv, want.d_qkv), 2e-5) << tag << " d_qkv";
       // The masks matter: without them the result differs.
@@ -191,14 +197,13 @@ TEST(DocumentAttentionCpuOnly, MatchesTheReference) {
 
 // Each document alone, as a sample of its own length: the same rows of out and d_qkv (ALiBi's
 // bias depends only on key - query within a document, so it too is unchanged).
-TEST(DocumentAttentionCpuOnly, EachDocumentAsIfAlone) {
-  TRIDENT_CPU_ONLY("attention with document ids has no CUDA body yet (docs/gpu.md)");
+TEST(DocumentAttention, EachDocumentAsIfAlone) {
   const std::int64_t C = kNH * kHS;
   const auto qkv = normal(static_cast<std::size_t>(kB * kT * 3 * C), 3);
   const auto d_out = normal(static_cast<std::size_t>(kB * kT * C), 4);
   const auto doc = doc_ids(kT, kStarts);
   for (const bool flash : {true, false}) {
-    const Outputs whole = run(flash, flash, kB, kT, kNH, kHS, qkv, d_out, doc.data(), false);
+    const Outputs whole = run(flash, flash, kB, kT, kNH, kHS, qkv, d_out, &doc, false);
     for (std::int64_t b = 0; b < kB; ++b) {
       const auto& s = kStarts[static_cast<std::size_t>(b)];
       for (std::size_t d = 0; d < s.size(); ++d) {
@@ -277,8 +282,7 @@ TEST(DocumentPositions, Rotary) {
 }
 
 // Per-row positions in the position embedding, against its reference.
-TEST(DocumentPositionsCpuOnly, PositionEmbedding) {
-  TRIDENT_CPU_ONLY("the embedding with position ids has no CUDA body yet (docs/gpu.md)");
+TEST(DocumentPositions, PositionEmbedding) {
   const std::int64_t T = 37, rows = 2 * T, C = 16, P = 64, V = 20;
   const std::vector<std::int32_t> pos = document_positions(T, rows);
   std::vector<std::int32_t> tokens(static_cast<std::size_t>(rows));
@@ -300,7 +304,7 @@ TEST(DocumentPositionsCpuOnly, PositionEmbedding) {
                           .hidden = C,
                           .vocab_local = V,
                           .positions = pos.data()});
-  EXPECT_EQ(e, e_r);
+  EXPECT_EQ(testing::fetch(e), e_r);
   for (std::int64_t c = 0; c < C; ++c) {  // row T + 12 sits at position 1
     EXPECT_EQ(e[static_cast<std::size_t>((T + 12) * C + c)],
               wte[static_cast<std::size_t>(tokens[T + 12] * C + c)] +
@@ -323,7 +327,7 @@ TEST(DocumentPositionsCpuOnly, PositionEmbedding) {
                            .hidden = C,
                            .vocab_local = V,
                            .positions = pos.data()});
-  EXPECT_LE(rel(d_wpe, d_wpe_r), 1e-6);
+  EXPECT_LE(rel(d_wpe, d_wpe_r), 1e-6);  // rel() fetches
   EXPECT_LE(rel(d_wte, d_wte_r), 1e-6);
   // Positions past the longest document (19) received nothing.
   for (std::int64_t i = 19 * C; i < P * C; ++i) ASSERT_EQ(d_wpe[static_cast<std::size_t>(i)], 0.0f);

@@ -33,6 +33,8 @@ Ids run(const core::ExecContext& ctx, const std::vector<std::int32_t>& tokens, s
                      .docs = view_of(out.docs, {B, T}),
                      .tokens = view_of(tokens, {B, T}),
                      .eod_token = kEod});
+  testing::fetch(out.positions);
+  testing::fetch(out.docs);
   return out;
 }
 
@@ -49,8 +51,7 @@ std::vector<std::int32_t> make_tokens(std::int64_t B, std::int64_t T, std::uint6
   return tokens;
 }
 
-TEST(DocumentIdsCpuOnly, MatchesTheReferenceAndTheDefiningProperties) {
-  TRIDENT_CPU_ONLY("document_ids has no CUDA body yet (docs/gpu.md)");
+TEST(DocumentIds, MatchesTheReferenceAndTheDefiningProperties) {
   struct Case {
     std::int64_t B, T;
   };
@@ -87,7 +88,7 @@ TEST(DocumentIdsCpuOnly, MatchesTheReferenceAndTheDefiningProperties) {
 }
 
 TEST(DocumentIdsCpuOnly, IsIndependentOfThreadCount) {
-  TRIDENT_CPU_ONLY("document_ids has no CUDA body yet (docs/gpu.md)");
+  TRIDENT_CPU_ONLY("OpenMP thread counts");
   const std::int64_t B = 9, T = 300;
   const auto tokens = make_tokens(B, T, 42);
   core::ExecContext one = testing::backend_ctx(), two = one;
@@ -98,8 +99,7 @@ TEST(DocumentIdsCpuOnly, IsIndependentOfThreadCount) {
   EXPECT_EQ(a.docs, b.docs);
 }
 
-TEST(DocumentIdsCpuOnly, ViewsAndTheEodTokenAreChecked) {
-  TRIDENT_CPU_ONLY("document_ids has no CUDA body yet (docs/gpu.md)");
+TEST(DocumentIds, ViewsAndTheEodTokenAreChecked) {
   const std::int64_t B = 2, T = 3;
   std::vector<std::int32_t> tokens(B * T, 1), pos(B * T), docs(B * T);
   const std::vector<float> f32(B * T);

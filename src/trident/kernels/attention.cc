@@ -22,8 +22,6 @@ void attention_forward(const core::ExecContext& ctx, const AttentionForwardArgs&
       return cpu_ops(ctx).attention_forward(ctx, args);
     case core::DeviceKind::kCuda:
 #ifdef TRIDENT_HAVE_CUDA
-      // The CUDA kernel has no document masks (--reset-attention-mask).
-      if (args.doc) no_cuda_backend("attention_forward with document ids");
       return cuda::attention_forward(ctx, args);
 #else
       no_cuda_backend("attention_forward");

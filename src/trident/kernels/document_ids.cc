@@ -1,6 +1,6 @@
 // Backend dispatch of document_ids.h: the views' checks and one switch on the device; the CPU body
-// is in kernels/cpu/document_ids.cc (one per instruction-set variant), the reference in
-// kernels/ref/.
+// is in kernels/cpu/document_ids.cc (one per instruction-set variant), the CUDA one in
+// kernels/cuda/embedding.cu, the reference in kernels/ref/.
 #include "trident/kernels/document_ids.h"
 
 #include <limits>
@@ -9,6 +9,9 @@
 #include "trident/core/profile.h"
 #include "trident/kernels/backend.h"
 #include "trident/kernels/view_check.h"
+#ifdef TRIDENT_HAVE_CUDA
+#include "trident/kernels/cuda/cuda_ops.h"
+#endif
 
 namespace trident::kernels {
 
@@ -33,8 +36,11 @@ void document_ids(const core::ExecContext& ctx, const DocumentIdsViews& v) {
     case core::DeviceKind::kCpu:
       return cpu_ops(ctx).document_ids(ctx, args);
     case core::DeviceKind::kCuda:
-      // No CUDA body yet (a scan per sample); the CUDA build answers this op like a CPU build.
+#ifdef TRIDENT_HAVE_CUDA
+      return cuda::document_ids(ctx, args);
+#else
       no_cuda_backend(op);
+#endif
   }
 }
 

@@ -8,8 +8,8 @@
 //
 // The op takes typed views (checked in its dispatch, kernels/document_ids.cc: every view i32,
 // contiguous, on ctx.device, with the shapes below; a mismatch is a core::InvalidArgument naming
-// the view). DocumentIdsArgs is the backend contract the CPU body (kernels/cpu) and the reference
-// (kernels/ref) implement. The CUDA build answers a CUDA context with a clear Unavailable error.
+// the view). DocumentIdsArgs is the backend contract the CPU body (kernels/cpu), the CUDA body
+// (kernels/cuda) and the reference (kernels/ref) implement.
 #pragma once
 
 #include <cstdint>

@@ -21,8 +21,6 @@ void embedding_forward(const core::ExecContext& ctx, const EmbeddingForwardArgs&
       return cpu_ops(ctx).embedding_forward(ctx, args);
     case core::DeviceKind::kCuda:
 #ifdef TRIDENT_HAVE_CUDA
-      // The CUDA kernel has no per-row position ids (--reset-position-ids).
-      if (args.positions) no_cuda_backend("embedding_forward with position ids");
       return cuda::embedding_forward(ctx, args);
 #else
       no_cuda_backend("embedding_forward");
@@ -38,8 +36,6 @@ void embedding_backward(const core::ExecContext& ctx, const EmbeddingBackwardArg
       return cpu_ops(ctx).embedding_backward(ctx, args);
     case core::DeviceKind::kCuda:
 #ifdef TRIDENT_HAVE_CUDA
-      // The CUDA kernel has no per-row position ids (--reset-position-ids).
-      if (args.positions) no_cuda_backend("embedding_backward with position ids");
       return cuda::embedding_backward(ctx, args);
 #else
       no_cuda_backend("embedding_backward");

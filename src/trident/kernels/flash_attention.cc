@@ -54,8 +54,6 @@ void flash_attention_forward(const core::ExecContext& ctx, const FlashAttentionF
       return cpu_ops(ctx).flash_attention_forward(ctx, args);
     case core::DeviceKind::kCuda:
 #ifdef TRIDENT_HAVE_CUDA
-      // The CUDA kernel has no document masks (--reset-attention-mask).
-      if (args.doc) no_cuda_backend("flash_attention_forward with document ids");
       return cuda::flash_attention_forward(ctx, args);
 #else
       no_cuda_backend("flash_attention_forward");
@@ -71,8 +69,6 @@ void flash_attention_backward(const core::ExecContext& ctx,
       return cpu_ops(ctx).flash_attention_backward(ctx, args);
     case core::DeviceKind::kCuda:
 #ifdef TRIDENT_HAVE_CUDA
-      // The CUDA kernel has no document masks (--reset-attention-mask).
-      if (args.doc) no_cuda_backend("flash_attention_backward with document ids");
       return cuda::flash_attention_backward(ctx, args);
 #else
       no_cuda_backend("flash_attention_backward");

@@ -353,9 +353,6 @@ void Trainer::select_device() {
   };
   refuse(cfg_.offload.device != optim::OffloadDevice::kNone, "--offload-optimizer");
   refuse(cfg_.offload_params != "none", "--offload-params");
-  refuse(cfg_.model.documents(),
-         "--reset-position-ids / --reset-attention-mask (attention within documents has no CUDA "
-         "kernel)");
   refuse(cfg_.hierarchical_dp, "--hierarchical-dp (NCCL is host-aware itself)");
   // The GPU of this rank: its local rank (the launcher's, else by host name) modulo the GPUs.
   int local = comm::host_placement(world_).local_rank;

@@ -1,6 +1,7 @@
-// CUDA causal attention: the materialized form (attention.h: probabilities saved for backward) and
-// the flash form (flash_attention.h: online softmax over the keys, ALiBi and Philox dropout inside,
-// O(T) memory per head, backward recomputing the probabilities from the saved log-sum-exp).
+// CUDA causal attention, within documents where document ids are given (--reset-attention-mask):
+// the materialized form (attention.h: probabilities saved for backward) and the flash form
+// (flash_attention.h: online softmax over the keys, ALiBi and Philox dropout inside, O(T) memory
+// per head, backward recomputing the probabilities from the saved log-sum-exp).
 //
 // The flash kernels give one warp per (sample, head, query row) in the forward and the dQ pass,
 // and one warp per (sample, head, key row) in the dK/dV pass, so no atomics are needed and the
@@ -52,18 +53,29 @@ __global__ void scores_kernel(float* probs, const float* qkv, Dims d) {
   }
 }
 
-// Causal softmax of each row in place (one block per row).
-__global__ void causal_softmax_kernel(float* probs, std::int64_t T) {
-  const std::int64_t row = blockIdx.x, q = row % T;
+// Whether key k is seen from query q of sample b: k <= q and, with document ids
+// (--reset-attention-mask), in q's document.
+__device__ __forceinline__ bool sees(const std::int32_t* doc, std::int64_t b, std::int64_t T,
+                                     std::int64_t q, std::int64_t k) {
+  return k <= q && (doc == nullptr || doc[b * T + k] == doc[b * T + q]);
+}
+
+// Causal softmax of each row in place (one block per row), within the query's document when
+// `doc` is given (the masked probabilities are 0, so the backward needs no document ids).
+__global__ void causal_softmax_kernel(float* probs, std::int64_t T, std::int64_t NH,
+                                      const std::int32_t* doc) {
+  const std::int64_t row = blockIdx.x, q = row % T, b = row / (T * NH);
   float* p = probs + row * T;
   float m = -FLT_MAX;
-  for (std::int64_t k = threadIdx.x; k <= q; k += blockDim.x) m = fmaxf(m, p[k]);
+  for (std::int64_t k = threadIdx.x; k <= q; k += blockDim.x)
+    if (sees(doc, b, T, q, k)) m = fmaxf(m, p[k]);
   m = block_max(m);
   float s = 0.0f;
-  for (std::int64_t k = threadIdx.x; k <= q; k += blockDim.x) s += expf(p[k] - m);
+  for (std::int64_t k = threadIdx.x; k <= q; k += blockDim.x)
+    if (sees(doc, b, T, q, k)) s += expf(p[k] - m);
   const float inv = 1.0f / block_sum(s);
   for (std::int64_t k = threadIdx.x; k < T; k += blockDim.x) {
-    p[k] = k <= q ? expf(p[k] - m) * inv : 0.0f;
+    p[k] = sees(doc, b, T, q, k) ? expf(p[k] - m) * inv : 0.0f;
   }
 }
 
@@ -146,6 +158,7 @@ struct Flash {
   const float* alibi;
   AttentionDropout drop;
   float keep_scale;
+  const std::int32_t* doc;  // (B, T) document ids, or null: one document per sample
 };
 
 __device__ __forceinline__ std::uint64_t dropout_index(const Flash& f, std::int64_t b,
@@ -192,6 +205,7 @@ __global__ void flash_forward_kernel(float* out, float* lse, const float* qkv, F
   for (int i = 0; i < kMaxPerLane; ++i) acc[i] = 0.0f;
   float m = -INFINITY, l = 0.0f;
   for (std::int64_t k = 0; k <= q; ++k) {
+    if (!sees(f.doc, b, d.T, q, k)) continue;
     const float s =
         dot_row(qv, base + k * d.ld + d.HS, d.HS, lane) * d.scale + slope * static_cast<float>(k);
     const float m_new = fmaxf(m, s);
@@ -255,6 +269,7 @@ __global__ void flash_dq_kernel(float* d_qkv, const float* qkv, const float* d_o
   for (int i = 0; i < kMaxPerLane; ++i) dq[i] = 0.0f;
   const float row_lse = lse[w], row_delta = delta[w];
   for (std::int64_t k = 0; k <= q; ++k) {
+    if (!sees(f.doc, b, d.T, q, k)) continue;
     const float* kv = base + k * d.ld + d.HS;
     const float p =
         expf(dot_row(qv, kv, d.HS, lane) * d.scale + slope * static_cast<float>(k) - row_lse);
@@ -297,6 +312,7 @@ __global__ void flash_dkv_kernel(float* d_qkv, const float* qkv, const float* d_
 #pragma unroll
   for (int i = 0; i < kMaxPerLane; ++i) dk[i] = dv[i] = 0.0f;
   for (std::int64_t q = k; q < d.T; ++q) {
+    if (!sees(f.doc, b, d.T, q, k)) continue;
     const float* qv = base + q * d.ld;
     const float* go = d_out + (b * d.T + q) * d.C + h * d.HS;
     const float p = expf(dot_row(kv, qv, d.HS, lane) * d.scale + slope * static_cast<float>(k) -
@@ -330,12 +346,13 @@ __global__ void flash_dkv_kernel(float* d_qkv, const float* qkv, const float* d_
   }
 }
 
-Flash make_flash(const char* op, const Dims& d, const float* alibi, const AttentionDropout& drop) {
+Flash make_flash(const char* op, const Dims& d, const float* alibi, const AttentionDropout& drop,
+                 const std::int32_t* doc) {
   TRIDENT_CHECK(drop.p >= 0.0f && drop.p < 1.0f, op,
                 ": dropout probability must be in [0, 1), got ", drop.p);
   TRIDENT_CHECK(d.HS <= 32 * kMaxPerLane, op, ": head_dim ", d.HS,
                 " is more than the CUDA kernel's ", 32 * kMaxPerLane);
-  return {d, alibi, drop, 1.0f / (1.0f - drop.p)};
+  return {d, alibi, drop, 1.0f / (1.0f - drop.p), doc};
 }
 
 unsigned warp_blocks(std::int64_t warps) {
@@ -353,7 +370,8 @@ void attention_forward(const ExecContext& ctx, const AttentionForwardArgs& args)
   cudaStream_t s = stream_of(ctx);
   scores_kernel<<<grid_for(d.B * d.NH * d.T * d.T, 256), 256, 0, s>>>(args.probs, args.qkv, d);
   TRIDENT_CUDA_LAUNCH_CHECK("attention_forward");
-  causal_softmax_kernel<<<static_cast<unsigned>(d.B * d.NH * d.T), 128, 0, s>>>(args.probs, d.T);
+  causal_softmax_kernel<<<static_cast<unsigned>(d.B * d.NH * d.T), 128, 0, s>>>(args.probs, d.T,
+                                                                                d.NH, args.doc);
   TRIDENT_CUDA_LAUNCH_CHECK("attention_forward");
   probs_v_kernel<<<grid_for(d.B * d.T * d.C, 256), 256, 0, s>>>(args.out, args.probs, args.qkv, d);
   TRIDENT_CUDA_LAUNCH_CHECK("attention_forward");
@@ -376,7 +394,7 @@ void attention_backward(const ExecContext& ctx, const AttentionBackwardArgs& arg
 
 void flash_attention_forward(const ExecContext& ctx, const FlashAttentionForwardArgs& a) {
   const Dims d = check_dims("flash_attention_forward", a.batch, a.seq_len, a.num_heads, a.head_dim);
-  const Flash f = make_flash("flash_attention_forward", d, a.alibi, a.dropout);
+  const Flash f = make_flash("flash_attention_forward", d, a.alibi, a.dropout, a.doc);
   if (d.B == 0 || d.T == 0) return;
   TRIDENT_CHECK(a.out && a.lse && a.qkv,
                 "flash_attention_forward: out, lse and qkv must be non-null");
@@ -388,7 +406,7 @@ void flash_attention_forward(const ExecContext& ctx, const FlashAttentionForward
 void flash_attention_backward(const ExecContext& ctx, const FlashAttentionBackwardArgs& a) {
   const Dims d =
       check_dims("flash_attention_backward", a.batch, a.seq_len, a.num_heads, a.head_dim);
-  const Flash f = make_flash("flash_attention_backward", d, a.alibi, a.dropout);
+  const Flash f = make_flash("flash_attention_backward", d, a.alibi, a.dropout, a.doc);
   if (d.B == 0 || d.T == 0) return;
   TRIDENT_CHECK(a.d_qkv && a.d_out && a.qkv && a.out && a.lse,
                 "flash_attention_backward: d_qkv, d_out, qkv, out and lse must be non-null");

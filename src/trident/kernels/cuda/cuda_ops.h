@@ -17,6 +17,7 @@
 #include "trident/kernels/adamw.h"
 #include "trident/kernels/attention.h"
 #include "trident/kernels/cross_entropy.h"
+#include "trident/kernels/document_ids.h"
 #include "trident/kernels/dropout.h"
 #include "trident/kernels/embedding.h"
 #include "trident/kernels/fill.h"
@@ -75,6 +76,7 @@ void bias_gelu_backward(const ExecContext& ctx, const BiasGeluBackwardArgs& args
 
 // embedding.h: the backward walks the rows in order per column, as the CPU does (deterministic,
 // the CPU's bits). Negative token ids are reported (InvalidArgument) after a stream sync.
+void document_ids(const ExecContext& ctx, const DocumentIdsArgs& args);
 void embedding_forward(const ExecContext& ctx, const EmbeddingForwardArgs& args);
 void embedding_backward(const ExecContext& ctx, const EmbeddingBackwardArgs& args);
 

@@ -1,6 +1,7 @@
-// CUDA embedding forward/backward (embedding.h) and fused softmax cross-entropy
-// (cross_entropy.h). Token ids and targets live on the device, so their checks run as kernels and
-// are reported at the stream's next read-back with the CPU backend's error (cuda_util.cuh).
+// CUDA embedding forward/backward (embedding.h, with per-row position ids too), document ids and
+// positions (document_ids.h) and fused softmax cross-entropy (cross_entropy.h). Token ids and
+// targets live on the device, so their checks run as kernels and are reported at the stream's next
+// read-back with the CPU backend's error (cuda_util.cuh).
 #include <cuda_runtime.h>
 
 #include <cfloat>
@@ -32,9 +33,10 @@ void check_tokens(const char* op, cudaStream_t s, const std::int32_t* tokens, st
 }
 
 __global__ void embedding_forward_kernel(float* out, const std::int32_t* tokens, const float* wte,
-                                         const float* wpe, std::int64_t rows, std::int64_t T,
-                                         std::int64_t C, std::int64_t vocab_start,
-                                         std::int64_t vocab_local, std::int64_t pos0) {
+                                         const float* wpe, const std::int32_t* positions,
+                                         std::int64_t rows, std::int64_t T, std::int64_t C,
+                                         std::int64_t vocab_start, std::int64_t vocab_local,
+                                         std::int64_t pos0) {
   const std::int64_t n = rows * C;
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
@@ -43,7 +45,10 @@ __global__ void embedding_forward_kernel(float* out, const std::int32_t* tokens,
     float v = 0.0f;
     const bool owned = local >= 0 && local < vocab_local;
     if (owned) v = wte[local * C + c];
-    if (wpe) v = owned ? v + wpe[(pos0 + row % T) * C + c] : wpe[(pos0 + row % T) * C + c];
+    if (wpe) {
+      const std::int64_t pos = positions ? positions[row] : pos0 + row % T;
+      v = owned ? v + wpe[pos * C + c] : wpe[pos * C + c];
+    }
     out[i] = v;
   }
 }
@@ -71,6 +76,35 @@ __global__ void embedding_backward_wpe_kernel(float* d_wpe, const float* d_out, 
     float w = d_wpe[i];
     for (std::int64_t b = 0; b < B; ++b) w += d_out[(b * T + t) * C + c];
     d_wpe[i] = w;
+  }
+}
+
+// Per-row positions (--reset-position-ids): one thread per column walks the rows in order, each
+// into its position's row (the CPU's order): deterministic, no atomics.
+__global__ void embedding_backward_wpe_positions_kernel(float* d_wpe, const float* d_out,
+                                                        const std::int32_t* positions,
+                                                        std::int64_t rows, std::int64_t C) {
+  const std::int64_t c = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= C) return;
+  for (std::int64_t row = 0; row < rows; ++row) {
+    d_wpe[static_cast<std::int64_t>(positions[row]) * C + c] += d_out[row * C + c];
+  }
+}
+
+// document_ids.h: one thread per sample scans its tokens.
+__global__ void document_ids_kernel(std::int32_t* positions, std::int32_t* docs,
+                                    const std::int32_t* tokens, std::int64_t B, std::int64_t T,
+                                    std::int32_t eod) {
+  const std::int64_t b = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (b >= B) return;
+  std::int32_t doc = 0, start = 0;
+  for (std::int64_t t = 0; t < T; ++t) {
+    positions[b * T + t] = static_cast<std::int32_t>(t) - start;
+    docs[b * T + t] = doc;
+    if (tokens[b * T + t] == eod) {  // the next token starts a document
+      ++doc;
+      start = static_cast<std::int32_t>(t + 1);
+    }
   }
 }
 
@@ -123,8 +157,8 @@ void embedding_forward(const ExecContext& ctx, const EmbeddingForwardArgs& args)
   cudaStream_t s = stream_of(ctx);
   check_tokens("embedding_forward", s, args.tokens, rows);
   embedding_forward_kernel<<<grid_for(rows * C, 256), 256, 0, s>>>(
-      args.out, args.tokens, args.wte, args.wpe, rows, args.seq_len, C, args.vocab_start,
-      args.vocab_local, args.position_offset);
+      args.out, args.tokens, args.wte, args.wpe, args.positions, rows, args.seq_len, C,
+      args.vocab_start, args.vocab_local, args.position_offset);
   TRIDENT_CUDA_LAUNCH_CHECK("embedding_forward");
 }
 
@@ -140,11 +174,26 @@ void embedding_backward(const ExecContext& ctx, const EmbeddingBackwardArgs& arg
   embedding_backward_wte_kernel<<<grid_for(C, 128), 128, 0, s>>>(
       args.d_wte, args.d_out, args.tokens, rows, C, args.vocab_start, args.vocab_local);
   TRIDENT_CUDA_LAUNCH_CHECK("embedding_backward");
-  if (args.d_wpe) {
+  if (args.d_wpe && args.positions) {
+    embedding_backward_wpe_positions_kernel<<<grid_for(C, 128), 128, 0, s>>>(
+        args.d_wpe, args.d_out, args.positions, rows, C);
+    TRIDENT_CUDA_LAUNCH_CHECK("embedding_backward");
+  } else if (args.d_wpe) {
     embedding_backward_wpe_kernel<<<grid_for(args.seq_len * C, 256), 256, 0, s>>>(
         args.d_wpe, args.d_out, args.batch, args.seq_len, C);
     TRIDENT_CUDA_LAUNCH_CHECK("embedding_backward");
   }
+}
+
+void document_ids(const ExecContext& ctx, const DocumentIdsArgs& a) {
+  TRIDENT_CHECK(a.batch >= 0 && a.seq_len >= 0, "document_ids: need batch, seq_len >= 0, got ",
+                a.batch, " and ", a.seq_len);
+  if (a.batch == 0 || a.seq_len == 0) return;
+  TRIDENT_CHECK(a.positions && a.docs && a.tokens,
+                "document_ids: positions, docs and tokens must be non-null");
+  document_ids_kernel<<<grid_for(a.batch, 64), 64, 0, stream_of(ctx)>>>(
+      a.positions, a.docs, a.tokens, a.batch, a.seq_len, a.eod_token);
+  TRIDENT_CUDA_LAUNCH_CHECK("document_ids");
 }
 
 void cross_entropy_forward_backward(const ExecContext& ctx, const CrossEntropyArgs& args) {
