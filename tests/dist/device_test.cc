@@ -327,6 +327,35 @@ TEST_F(Device, DocumentsInSamples) {
                        "CUEMU_DEVICE_COUNT=2", docs, "corpus_docs"});
 }
 
+// --offload-optimizer on a GPU (ZeRO-Offload): the moments in pinned host memory (cpu) or in
+// files (nvme), the update on the host, the weights on the device: the CPU's losses, on one
+// device and in DP2 ZeRO-1 over NCCL; a checkpoint saved so (the moments straight from host
+// memory) resumes on the CPU to the uninterrupted run's losses. A 1 MiB window stages 65,536
+// elements at a time, so the hidden-64 model (about 220,000 weights) goes up and down in 4
+// chunks, and the files stream in several.
+TEST_F(Device, OptimizerOffloadUpdatesOnTheHost) {
+  const std::string wide = "--hidden-size 64";
+  expect_equal_to_cpu({"cuda1_offload_cpu", 1,
+                       std::string(kCuda) + " --offload-optimizer cpu --offload-window-mib 1", "",
+                       wide});
+  EXPECT_NE(log_of("cuda1_offload_cpu").find("updated on the host"), std::string::npos);
+  need_ranks(2);
+  const std::string nvme = out("offload_files");
+  fs::create_directories(nvme);
+  expect_equal_to_cpu({"dp2_offload_nvme", 2,
+                       std::string(kCuda) +
+                           " --use-distributed-optimizer --offload-optimizer nvme"
+                           " --offload-path " +
+                           nvme + " --offload-window-mib 1 --offload-buffered",
+                       "CUEMU_DEVICE_COUNT=2", wide});
+  const std::string ref = reference(wide), name = "offload_then_cpu", ckpt = out(name) + "/ckpt";
+  ASSERT_EQ(train({name, 1, std::string(kCuda) + " --offload-optimizer cpu", "", wide}, 10,
+                  "--save " + ckpt + " --exit-interval 5"),
+            0);
+  ASSERT_EQ(train({name, 1, "--device cpu", "", wide}, 10, "--load " + ckpt), 0);
+  expect_close(name, ref, 1e-5);
+}
+
 // Host code touching device memory dies, naming the allocation (emulator only).
 TEST_F(Device, NothingAboveTheKernelsTouchesDeviceMemory) {
   if (!emulated()) GTEST_SKIP() << "CUEMU_STRICT_HOST is the emulator's";

@@ -1,6 +1,8 @@
 #include "trident/optim/distributed_adamw.h"
 
 #include <algorithm>
+#include <utility>
+#include <vector>
 
 #include "trident/core/error.h"
 
@@ -8,7 +10,9 @@ namespace trident::optim {
 
 DistributedAdamW::DistributedAdamW(ParamGradBuffers& buffers, comm::Communicator& dp,
                                    CommCounters& counters, const AdamWConfig& cfg,
-                                   OffloadStore* store, int param_array, int moment_array)
+                                   OffloadStore* store, int param_array, int moment_array,
+                                   const core::ExecContext& ctx, OffloadDevice offload,
+                                   std::int64_t window_bytes)
     : buf_(buffers),
       dp_(dp),
       counters_(counters),
@@ -24,6 +28,24 @@ DistributedAdamW::DistributedAdamW(ParamGradBuffers& buffers, comm::Communicator
                  store_ ? store_->size() : 0, " elements for a range of ", n);
   TRIDENT_ASSERT(param_array_ < 0 || buffers.master() == nullptr,
                  "offloaded weights must not be in memory too");
+  on_host_ = ctx.device.kind == core::DeviceKind::kCuda && offload != OffloadDevice::kNone;
+  TRIDENT_CHECK(!on_host_ || param_array_ < 0,
+                "--offload-params with --device cuda: the ZeRO-3 gather reads the offloaded "
+                "weights on the host; not supported on a GPU yet (drop --offload-params)");
+  if (on_host_) {
+    stage_elements_ = std::max<std::int64_t>(1024, window_bytes / 16);
+    const std::int64_t stage = std::min<std::int64_t>(n, stage_elements_) * 4;
+    for (auto& set : stage_)
+      for (kernels::HostBuffer& b : set)
+        b = kernels::HostBuffer(ctx, std::max<std::int64_t>(4, stage));
+  }
+  if (on_host_ && moment_array_ < 0) {  // cpu: pinned host memory, zeros
+    host_moments_ = kernels::HostBuffer(ctx, std::max<std::int64_t>(8, 2 * n * 4));
+    std::fill_n(host_moments_.as<float>(), 2 * n, 0.0f);
+    m_ = host_moments_.as<float>();
+    v_ = m_ + n;
+    return;
+  }
   if (moment_array_ >= 0) {
     // Zeros, like the Arena's moments; read and written by the streamed update.
     m_ = store_->mapped(moment_array_);
@@ -50,24 +72,65 @@ void DistributedAdamW::update(const core::ExecContext& ctx, double lr, std::int6
     const std::int64_t lo = std::max(part.begin, ch.base);
     const std::int64_t hi = std::min(part.end, ch.base + ch.table->total_numel);
     if (lo >= hi) continue;
-    const std::int64_t at = lo - range_.begin;
     adamw_step(ctx, *ch.table, cfg_, lr, step, grad_scale,
                {.range = {lo - ch.base, hi - ch.base},
                 .params = p + (lo - part.begin),
-                .grads = grads + at,
+                .grads = grads + (lo - part.begin),
                 .m = m + (lo - part.begin),
                 .v = v + (lo - part.begin)});
   }
 }
 
+void DistributedAdamW::step_on_host(const core::ExecContext& ctx, double lr, std::int64_t step,
+                                    float grad_scale, const float* device_grads) {
+  core::ExecContext host = ctx;  // the CPU's AdamW, with this rank's threads
+  host.device = core::Device{};
+  host.stream = nullptr;
+  float* const device_params = buf_.master_weights(range_).data;
+  // Chunks of at most stage_elements_ inside [lo, hi) (a store's chunk, or the whole range): the
+  // copies of chunk k + 1 are queued before chunk k is updated; the stream orders each set's
+  // upload before the next download into it.
+  const auto run = [&](std::int64_t lo, std::int64_t hi, float* m, float* v) {
+    std::vector<std::pair<std::int64_t, std::int64_t>> parts;
+    for (std::int64_t a = lo; a < hi; a += stage_elements_)
+      parts.emplace_back(a, std::min(hi, a + stage_elements_));
+    const auto down = [&](std::size_t k) {
+      const auto [a, b] = parts[k];
+      const std::int64_t bytes = (b - a) * 4;
+      kernels::copy_to_host(ctx, stage_[k % 2][0].data(), device_grads + a, bytes);
+      kernels::copy_to_host(ctx, stage_[k % 2][1].data(), device_params + a, bytes);
+    };
+    if (!parts.empty()) down(0);
+    for (std::size_t k = 0; k < parts.size(); ++k) {
+      kernels::synchronize(ctx);  // chunk k is down (and chunk k - 1 up)
+      if (k + 1 < parts.size()) down(k + 1);
+      const auto [a, b] = parts[k];
+      float* g = stage_[k % 2][0].as<float>();
+      float* p = stage_[k % 2][1].as<float>();
+      update(host, lr, step, grad_scale, g, a, b, p, m + (a - lo), v + (a - lo));
+      kernels::copy_to_device(ctx, device_params + a, p, (b - a) * 4);
+    }
+  };
+  if (store_ != nullptr) {
+    store_->stream([&](std::int64_t lo, std::int64_t hi, float* const* d) {
+      run(lo, hi, d[moment_array_], d[moment_array_ + 1]);
+    });
+  } else {
+    run(0, range_.size(), m_, v_);
+  }
+  kernels::synchronize(ctx);  // the weights are up before the buffers are reused
+}
+
 void DistributedAdamW::step(const core::ExecContext& ctx, double lr, std::int64_t step,
                             float grad_scale, const float* grads) {
-  if (store_ != nullptr) {
+  if (on_host_) {
+    step_on_host(ctx, lr, step, grad_scale, grads);
+  } else if (store_ != nullptr) {
     store_->stream([&](std::int64_t lo, std::int64_t hi, float* const* d) {
       float* p = param_array_ >= 0 ? d[param_array_] : buf_.master_weights(range_).data + lo;
       float* m = moment_array_ >= 0 ? d[moment_array_] : m_ + lo;
       float* v = moment_array_ >= 0 ? d[moment_array_ + 1] : v_ + lo;
-      update(ctx, lr, step, grad_scale, grads, lo, hi, p, m, v);
+      update(ctx, lr, step, grad_scale, grads + lo, lo, hi, p, m, v);
     });
   } else {
     update(ctx, lr, step, grad_scale, grads, 0, range_.size(), buf_.master_weights(range_).data, m_,

@@ -10,7 +10,14 @@ double mib(double bytes) { return bytes / (1024.0 * 1024.0); }
 
 OffloadReporter::OffloadReporter(const ZeroOptimizer& optimizer, const TrainConfig& cfg)
     : opt_(optimizer) {
-  if (cfg.offload.device == optim::OffloadDevice::kCpu) {
+  if (opt_.moments_on_host()) {
+    log::info(
+        "offload: --offload-optimizer ", optim::offload_device_name(cfg.offload.device),
+        ": the Adam moments are in ",
+        cfg.offload.device == optim::OffloadDevice::kCpu ? "pinned host memory" : "files (below)",
+        " and the GPU's weights are updated on the host (ZeRO-Offload): each step the "
+        "gradient and weight shards come down and the weights go back up, in chunks");
+  } else if (cfg.offload.device == optim::OffloadDevice::kCpu) {
     log::info(
         "offload: --offload-optimizer cpu: the optimizer state is in host memory, where the "
         "CPU backend keeps it already (no copies)");

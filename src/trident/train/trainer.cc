@@ -351,8 +351,8 @@ void Trainer::select_device() {
     TRIDENT_CHECK(!used, what,
                   " does not run with --device cuda yet: drop it, or use --device cpu");
   };
-  refuse(cfg_.offload.device != optim::OffloadDevice::kNone, "--offload-optimizer");
-  refuse(cfg_.offload_params != "none", "--offload-params");
+  refuse(cfg_.offload_params != "none",
+         "--offload-params (the ZeRO-3 gather reads the offloaded weights on the host)");
   refuse(cfg_.hierarchical_dp, "--hierarchical-dp (NCCL is host-aware itself)");
   // The GPU of this rank: its local rank (the launcher's, else by host name) modulo the GPUs.
   int local = comm::host_placement(world_).local_rank;
@@ -595,8 +595,13 @@ void Trainer::describe_checkpoint_state() {
   state_.exp_avg.mapped = state_.exp_avg_sq.mapped = optimizer_->moments_offloaded();
   state_.params.mapped = optimizer_->params_offloaded();
   if (ctx_.device.kind == core::DeviceKind::kCuda) {
-    // The checkpoint code reads and writes host memory: each slice gets a pinned host buffer.
-    for (ckpt::CheckpointState::Slice* s : {&state_.params, &state_.exp_avg, &state_.exp_avg_sq}) {
+    // The checkpoint code reads and writes host memory: each slice on the device gets a pinned
+    // host buffer (offloaded moments are in host memory already).
+    std::vector<ckpt::CheckpointState::Slice*> on_device{&state_.params};
+    if (!optimizer_->moments_on_host()) {
+      on_device.insert(on_device.end(), {&state_.exp_avg, &state_.exp_avg_sq});
+    }
+    for (ckpt::CheckpointState::Slice* s : on_device) {
       ckpt_device_.push_back(*s);
       ckpt_host_.emplace_back(ctx_, (s->end - s->begin) * static_cast<std::int64_t>(sizeof(float)));
       s->data = ckpt_host_.back().as<float>();

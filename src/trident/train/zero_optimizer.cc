@@ -57,8 +57,9 @@ ZeroOptimizer::ZeroOptimizer(const RankModel& model, const parallel::ParallelCon
         *buffers_, dp, comm_, param_array_ >= 0 ? store_.get() : nullptr, param_array_);
   }
   finalizer_ = std::make_unique<optim::GradFinalizer>(layout_, par, adamw.clip_grad);
-  adamw_ = std::make_unique<optim::DistributedAdamW>(*buffers_, dp, comm_, adamw, store_.get(),
-                                                     param_array_, moment_array_);
+  adamw_ = std::make_unique<optim::DistributedAdamW>(
+      *buffers_, dp, comm_, adamw, store_.get(), param_array_, moment_array_, zero.ctx,
+      zero.offload.device, zero.offload.window_bytes);
   build_chunk_views();
   build_slot_views();
 }
@@ -286,6 +287,8 @@ ZeroOptimizer::TensorSlice ZeroOptimizer::params_slice() {
   float* data = param_array_ >= 0 ? store_->mapped(param_array_) : b.master();
   return {data, {s.begin, std::min(s.end, layout_.numel())}};
 }
+
+bool ZeroOptimizer::moments_on_host() const { return adamw_->updates_on_host(); }
 
 ZeroOptimizer::TensorSlice ZeroOptimizer::exp_avg_slice() {
   const optim::FlatSpan<float> m = adamw_->exp_avg();

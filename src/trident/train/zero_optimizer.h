@@ -120,6 +120,8 @@ class ZeroOptimizer {
   const optim::OffloadStore* offload() const { return store_.get(); }
   bool params_offloaded() const { return param_array_ >= 0; }
   bool moments_offloaded() const { return moment_array_ >= 0; }
+  // The moments are in host memory while the weights are on a GPU (--offload-optimizer on a GPU).
+  bool moments_on_host() const;
   // The read-ahead buffers of --offload-params nvme (0 otherwise).
   std::int64_t param_fetch_bytes() const { return gatherer_ ? gatherer_->fetch_bytes() : 0; }
   // Before an evaluation pass after a step: the stage-3 gathered weights are re-gathered from the
