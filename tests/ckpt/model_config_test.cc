@@ -106,5 +106,57 @@ TEST(CheckpointModelConfig, HostileValuesAreDataErrorsNamingTheKey) {
   EXPECT_NE(ckpt_error(json("x")).find("not a JSON object"), std::string::npos);
 }
 
+// One key list writes and reads the config: every setting survives the round trip, and keys
+// added after a checkpoint was written take the defaults of the model it was trained as.
+TEST(CheckpointModelConfig, RoundTripsEveryKeyAndOldConfigsTakeTheDefaults) {
+  model::ModelConfig m = model_config_from_json(trident_config());
+  EXPECT_EQ(m.normalization, model::Normalization::kLayerNorm);
+  EXPECT_EQ(m.position_embedding, model::PositionEmbedding::kLearnedAbsolute);
+  EXPECT_EQ(m.query_groups(), 4);
+  EXPECT_TRUE(m.add_bias_linear);
+  EXPECT_DOUBLE_EQ(m.rotary_base, 10000.0);
+  m.normalization = model::Normalization::kRmsNorm;
+  m.position_embedding = model::PositionEmbedding::kRope;
+  m.num_query_groups = 2;
+  m.swiglu = true;
+  m.add_bias_linear = false;
+  m.rotary_base = 500000.0;
+  m.rope_scaling = true;
+  m.rope_scaling_factor = 32.0;
+  const json j = model_config_to_json(m);
+  EXPECT_EQ(j["normalization"], "RMSNorm");
+  EXPECT_EQ(j["position_embedding_type"], "rope");
+  EXPECT_EQ(model_config_to_json(model_config_from_json(j)), j);
+  EXPECT_EQ(architecture_diff(j, j), "");
+}
+
+TEST(CheckpointModelConfig, MissingKeysAndDifferencesAreNamed) {
+  json c = trident_config();
+  c.erase("hidden_size");
+  EXPECT_NE(ckpt_error(c).find("\"hidden_size\" is missing"), std::string::npos);
+  c = trident_config();
+  c["normalization"] = "BatchNorm";
+  EXPECT_NE(ckpt_error(c).find("LayerNorm or RMSNorm"), std::string::npos);
+  json run = trident_config();
+  run["num_layers"] = 3;
+  run["normalization"] = "RMSNorm";
+  run["init_method_std"] = 0.01;  // not part of the architecture: a resumed run may change it
+  EXPECT_EQ(architecture_diff(trident_config(), run),
+            " num_layers: checkpoint 2 vs run 3; normalization: checkpoint \"LayerNorm\" vs run "
+            "\"RMSNorm\";");
+  // Absent num_query_groups is one group per head, so it equals an explicit 4.
+  run = trident_config();
+  run["num_query_groups"] = 4;
+  EXPECT_EQ(architecture_diff(trident_config(), run), "");
+  run["num_query_groups"] = 2;
+  EXPECT_EQ(architecture_diff(trident_config(), run), " num_query_groups: checkpoint 4 vs run 2;");
+  // A real value written as a float's (older checkpoints) matches the double that rounds to it.
+  run = trident_config();
+  run["rotary_base"] = static_cast<double>(static_cast<float>(10000.1));
+  json saved = trident_config();
+  saved["rotary_base"] = 10000.1;
+  EXPECT_EQ(architecture_diff(saved, run), "");
+}
+
 }  // namespace
 }  // namespace trident::ckpt

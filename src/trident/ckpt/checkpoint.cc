@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "trident/ckpt/detail.h"
+#include "trident/ckpt/model_config_json.h"
 #include "trident/ckpt/reshard.h"
 #include "trident/core/error.h"
 #include "trident/core/log.h"
@@ -369,53 +370,9 @@ std::string iteration_dir_name(std::int64_t iteration) {
 }
 
 bool architecture_matches(const nlohmann::json& a, const nlohmann::json& b, std::string* why) {
-  static const char* const kKeys[] = {"num_layers",
-                                      "hidden_size",
-                                      "num_attention_heads",
-                                      "ffn_hidden_size",
-                                      "seq_length",
-                                      "max_position_embeddings",
-                                      "vocab_size",
-                                      "position_embedding_type",
-                                      "embed_layernorm",
-                                      "normalization",
-                                      "swiglu",
-                                      "num_query_groups",
-                                      "untie_embeddings_and_output_weights",
-                                      "add_bias_linear",
-                                      "rotary_base",
-                                      "use_rope_scaling"};
-  std::ostringstream diff;
-  // Keys added with the Llama family: a checkpoint written before them has their GPT defaults.
-  static const nlohmann::json kDefaults = {{"normalization", "LayerNorm"},
-                                           {"swiglu", false},
-                                           {"untie_embeddings_and_output_weights", false},
-                                           {"add_bias_linear", true},
-                                           {"rotary_base", 10000.0},
-                                           {"use_rope_scaling", false}};
-  const auto value_of = [](const nlohmann::json& j, const char* key) {
-    if (j.contains(key)) return j[key];
-    if (std::string(key) == "num_query_groups" && j.contains("num_attention_heads")) {
-      return j["num_attention_heads"];
-    }
-    return kDefaults.contains(key) ? kDefaults[key] : nlohmann::json();
-  };
-  // A real-valued setting (rotary_base) was written as a float's value before settings became
-  // doubles: equal when both round to the same float.
-  const auto same = [](const nlohmann::json& x, const nlohmann::json& y) {
-    if ((x.is_number_float() && y.is_number()) || (x.is_number() && y.is_number_float())) {
-      return static_cast<float>(x.get<double>()) == static_cast<float>(y.get<double>());
-    }
-    return x == y;
-  };
-  for (const char* key : kKeys) {
-    const nlohmann::json va = value_of(a, key);
-    const nlohmann::json vb = value_of(b, key);
-    if (!same(va, vb))
-      diff << " " << key << ": checkpoint " << va.dump() << " vs run " << vb.dump() << ";";
-  }
-  if (why) *why = diff.str();
-  return diff.str().empty();
+  const std::string diff = architecture_diff(a, b);
+  if (why) *why = diff;
+  return diff.empty();
 }
 
 std::int64_t shard_bytes(const CheckpointState& s) {

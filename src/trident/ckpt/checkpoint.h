@@ -130,8 +130,9 @@ nlohmann::json load_full_params(const std::string& dir, std::int64_t iteration,
 // The manifest of <dir>'s iteration (latest when < 0), parsed; DataError when absent or corrupt.
 nlohmann::json read_manifest(const std::string& dir, std::int64_t iteration);
 
-// The keys of TrainConfig::to_json() that must match between a checkpoint and a resuming run
-// (the padded vocabulary is checked through the parameters' global shapes instead).
+// Whether a checkpoint's config `a` and a run's `b` (TrainConfig::to_json()) have the same model
+// (ckpt/model_config_json.h, architecture_diff: the padded vocabulary is checked through the
+// parameters' global shapes instead); `why` gets the per-key diff.
 bool architecture_matches(const nlohmann::json& a, const nlohmann::json& b, std::string* why);
 
 std::string iteration_dir_name(std::int64_t iteration);  // "iter_0000100"

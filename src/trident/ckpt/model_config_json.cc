@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <sstream>
 #include <string>
 
 #include "trident/core/error.h"
@@ -10,23 +11,135 @@ namespace trident::ckpt {
 
 namespace {
 
+using model::ModelConfig;
+using nlohmann::json;
+
+[[noreturn]] void bad(const char* key, const json& v, const char* want) {
+  throw core::DataError(core::str("checkpoint config: \"", key, "\" = ", v.dump().substr(0, 40),
+                                  " must be ", want, " (the checkpoint is corrupt)"));
+}
+
 // A size or count: an integer in 0 .. 2^31-1 (converting a float such as 1e300 is undefined).
-std::int64_t int_of(const nlohmann::json& v, const char* key) {
+std::int64_t size_of(const json& v, const char* key) {
   if (!v.is_number_integer() || v.get<std::int64_t>() < 0 ||
       v.get<std::int64_t>() > std::numeric_limits<std::int32_t>::max()) {
-    throw core::DataError(core::str("checkpoint config: \"", key, "\" = ", v.dump().substr(0, 40),
-                                    " must be a non-negative integer below 2^31 (the checkpoint "
-                                    "is corrupt)"));
+    bad(key, v, "a non-negative integer below 2^31");
   }
   return v.get<std::int64_t>();
 }
-std::int64_t int_or(const nlohmann::json& c, const char* key, std::int64_t fallback) {
-  return c.contains(key) ? int_of(c[key], key) : fallback;
+double real_of(const json& v, const char* key) {
+  if (!v.is_number()) bad(key, v, "a number");
+  return v.get<double>();
 }
+bool bool_of(const json& v, const char* key) {
+  if (!v.is_boolean()) bad(key, v, "true or false");
+  return v.get<bool>();
+}
+std::string string_of(const json& v, const char* key) {
+  if (!v.is_string()) bad(key, v, "a string");
+  return v.get<std::string>();
+}
+
+// One architecture setting as the checkpoint stores it.
+struct Key {
+  const char* name;
+  json (*get)(const ModelConfig&);
+  void (*set)(ModelConfig&, const json&, const char* name);
+  // The value of a checkpoint written before the key existed (null: every checkpoint has it).
+  json fallback;
+  // Part of the model's function and parameters: a resuming run must agree.
+  bool architecture;
+};
+
+#define TRIDENT_SIZE(member)                           \
+  [](const ModelConfig& m) { return json(m.member); }, \
+      [](ModelConfig& m, const json& v, const char* k) { m.member = size_of(v, k); }
+#define TRIDENT_REAL(member)                           \
+  [](const ModelConfig& m) { return json(m.member); }, \
+      [](ModelConfig& m, const json& v, const char* k) { m.member = real_of(v, k); }
+#define TRIDENT_BOOL(member)                           \
+  [](const ModelConfig& m) { return json(m.member); }, \
+      [](ModelConfig& m, const json& v, const char* k) { m.member = bool_of(v, k); }
+
+// The list. Sizes written resolved (ffn, positions, query groups) read back into the member.
+const Key kKeys[] = {
+    {"num_layers", TRIDENT_SIZE(num_layers), nullptr, true},
+    {"hidden_size", TRIDENT_SIZE(hidden_size), nullptr, true},
+    {"num_attention_heads", TRIDENT_SIZE(num_attention_heads), nullptr, true},
+    {"ffn_hidden_size", [](const ModelConfig& m) { return json(m.ffn()); },
+     [](ModelConfig& m, const json& v, const char* k) { m.ffn_hidden_size = size_of(v, k); },
+     nullptr, true},
+    {"seq_length", TRIDENT_SIZE(seq_length), nullptr, true},
+    {"max_position_embeddings", [](const ModelConfig& m) { return json(m.max_positions()); },
+     [](ModelConfig& m, const json& v, const char* k) {
+       m.max_position_embeddings = size_of(v, k);
+     },
+     nullptr, true},
+    {"vocab_size", TRIDENT_SIZE(vocab_size), nullptr, true},
+    {"make_vocab_size_divisible_by", TRIDENT_SIZE(make_vocab_size_divisible_by), nullptr, false},
+    {"init_method_std", TRIDENT_REAL(init_method_std), 0.02, false},
+    {"layernorm_epsilon", TRIDENT_REAL(layernorm_epsilon), 1e-5, false},
+    {"position_embedding_type",
+     [](const ModelConfig& m) {
+       return json(m.position_embedding == model::PositionEmbedding::kAlibi  ? "alibi"
+                   : m.position_embedding == model::PositionEmbedding::kRope ? "rope"
+                                                                             : "learned_absolute");
+     },
+     [](ModelConfig& m, const json& v, const char* k) {
+       const std::string s = string_of(v, k);
+       if (s == "alibi") {
+         m.position_embedding = model::PositionEmbedding::kAlibi;
+       } else if (s == "rope") {
+         m.position_embedding = model::PositionEmbedding::kRope;
+       } else if (s == "learned_absolute") {
+         m.position_embedding = model::PositionEmbedding::kLearnedAbsolute;
+       } else {
+         bad(k, v, "learned_absolute, alibi or rope");
+       }
+     },
+     "learned_absolute", true},
+    {"embed_layernorm", TRIDENT_BOOL(embed_layernorm), false, true},
+    {"normalization",
+     [](const ModelConfig& m) {
+       return json(m.normalization == model::Normalization::kRmsNorm ? "RMSNorm" : "LayerNorm");
+     },
+     [](ModelConfig& m, const json& v, const char* k) {
+       const std::string s = string_of(v, k);
+       if (s != "RMSNorm" && s != "LayerNorm") bad(k, v, "LayerNorm or RMSNorm");
+       m.normalization =
+           s == "RMSNorm" ? model::Normalization::kRmsNorm : model::Normalization::kLayerNorm;
+     },
+     "LayerNorm", true},
+    {"swiglu", TRIDENT_BOOL(swiglu), false, true},
+    // 0 (absent): one group per head.
+    {"num_query_groups", [](const ModelConfig& m) { return json(m.query_groups()); },
+     [](ModelConfig& m, const json& v, const char* k) { m.num_query_groups = size_of(v, k); }, 0,
+     true},
+    {"untie_embeddings_and_output_weights", TRIDENT_BOOL(untie_embeddings_and_output_weights),
+     false, true},
+    {"add_bias_linear", TRIDENT_BOOL(add_bias_linear), true, true},
+    {"rotary_base", TRIDENT_REAL(rotary_base), 10000.0, true},
+    {"use_rope_scaling", TRIDENT_BOOL(rope_scaling), false, true},
+    {"rope_scaling_factor", TRIDENT_REAL(rope_scaling_factor), 8.0, false},
+    {"rope_low_freq_factor", TRIDENT_REAL(rope_low_freq_factor), 1.0, false},
+    {"rope_high_freq_factor", TRIDENT_REAL(rope_high_freq_factor), 4.0, false},
+    {"rope_original_max_position_embeddings", TRIDENT_SIZE(rope_original_max_positions), 8192,
+     false},
+};
+
+#undef TRIDENT_SIZE
+#undef TRIDENT_REAL
+#undef TRIDENT_BOOL
 
 }  // namespace
 
-void check_model_size(const model::ModelConfig& m, const std::string& where) {
+nlohmann::json model_config_to_json(const ModelConfig& m) {
+  json j = json::object();
+  for (const Key& k : kKeys) j[k.name] = k.get(m);
+  return j;
+}
+
+void check_model_size(const ModelConfig& m, const std::string& where) {
   if (m.num_layers > 4096) {
     throw core::DataError(core::str(where, ": ", m.num_layers,
                                     " layers: more than trident reads from a file (4096); the "
@@ -46,40 +159,18 @@ void check_model_size(const model::ModelConfig& m, const std::string& where) {
   }
 }
 
-model::ModelConfig model_config_from_json(const nlohmann::json& c) {
-  model::ModelConfig m;
+ModelConfig model_config_from_json(const nlohmann::json& c) {
   if (!c.is_object()) throw core::DataError("checkpoint config: not a JSON object");
-  try {
-    m.num_layers = int_of(c.at("num_layers"), "num_layers");
-    m.hidden_size = int_of(c.at("hidden_size"), "hidden_size");
-    m.num_attention_heads = int_of(c.at("num_attention_heads"), "num_attention_heads");
-    m.ffn_hidden_size = int_of(c.at("ffn_hidden_size"), "ffn_hidden_size");
-    m.seq_length = int_of(c.at("seq_length"), "seq_length");
-    m.max_position_embeddings = int_of(c.at("max_position_embeddings"), "max_position_embeddings");
-    m.vocab_size = int_of(c.at("vocab_size"), "vocab_size");
-    m.make_vocab_size_divisible_by =
-        int_of(c.at("make_vocab_size_divisible_by"), "make_vocab_size_divisible_by");
-    m.layernorm_epsilon = c.value("layernorm_epsilon", 1e-5);
-    m.init_method_std = c.value("init_method_std", 0.02);
-    const std::string pos = c.value("position_embedding_type", std::string("learned_absolute"));
-    if (pos == "alibi") m.position_embedding = model::PositionEmbedding::kAlibi;
-    if (pos == "rope") m.position_embedding = model::PositionEmbedding::kRope;
-    m.embed_layernorm = c.value("embed_layernorm", false);
-    if (c.value("normalization", std::string("LayerNorm")) == "RMSNorm") {
-      m.normalization = model::Normalization::kRmsNorm;
+  ModelConfig m;
+  for (const Key& k : kKeys) {
+    if (c.contains(k.name)) {
+      k.set(m, c[k.name], k.name);
+    } else if (k.fallback.is_null()) {
+      throw core::DataError(
+          core::str("checkpoint config: \"", k.name, "\" is missing (the checkpoint is corrupt)"));
+    } else {
+      k.set(m, k.fallback, k.name);
     }
-    m.swiglu = c.value("swiglu", false);
-    m.num_query_groups = int_or(c, "num_query_groups", 0);
-    m.untie_embeddings_and_output_weights = c.value("untie_embeddings_and_output_weights", false);
-    m.add_bias_linear = c.value("add_bias_linear", true);
-    m.rotary_base = c.value("rotary_base", 10000.0);
-    m.rope_scaling = c.value("use_rope_scaling", false);
-    m.rope_scaling_factor = c.value("rope_scaling_factor", 8.0);
-    m.rope_low_freq_factor = c.value("rope_low_freq_factor", 1.0);
-    m.rope_high_freq_factor = c.value("rope_high_freq_factor", 4.0);
-    m.rope_original_max_positions = int_or(c, "rope_original_max_position_embeddings", 8192);
-  } catch (const nlohmann::json::exception& e) {
-    throw core::DataError(core::str("checkpoint config: ", e.what()));
   }
   // Before a layer or a parameter is sized from it.
   if (m.make_vocab_size_divisible_by <= 0) {
@@ -87,6 +178,27 @@ model::ModelConfig model_config_from_json(const nlohmann::json& c) {
   }
   check_model_size(m, "checkpoint config");
   return m;
+}
+
+std::string architecture_diff(const nlohmann::json& a, const nlohmann::json& b) {
+  const ModelConfig ma = model_config_from_json(a), mb = model_config_from_json(b);
+  // A real-valued setting (rotary_base) was written as a float's value before settings became
+  // doubles: equal when both round to the same float.
+  const auto same = [](const json& x, const json& y) {
+    if (x.is_number_float() || y.is_number_float()) {
+      return static_cast<float>(x.get<double>()) == static_cast<float>(y.get<double>());
+    }
+    return x == y;
+  };
+  std::ostringstream diff;
+  for (const Key& k : kKeys) {
+    if (!k.architecture) continue;
+    const json va = k.get(ma), vb = k.get(mb);
+    if (!same(va, vb)) {
+      diff << " " << k.name << ": checkpoint " << va.dump() << " vs run " << vb.dump() << ";";
+    }
+  }
+  return diff.str();
 }
 
 }  // namespace trident::ckpt

@@ -1,6 +1,9 @@
-// The model architecture of a checkpoint, from its manifest's "config" (TrainConfig::to_json):
-// the one reader `trident generate`, `trident convert` and the Hugging Face export share. Keys
-// added after a checkpoint was written take their GPT-2 defaults.
+// The model architecture in a checkpoint's manifest ("config"): one list of keys
+// (model_config_json.cc, kKeys) gives the JSON a checkpoint stores (TrainConfig::to_json writes
+// it beside the trainer's settings), its reading (`trident generate`, `trident convert`, the
+// Hugging Face export, resume), the defaults of keys added after a checkpoint was written, and
+// the comparison of a checkpoint's model with a resuming run's, with a per-key diff. A new
+// architecture setting is one line there.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -10,10 +13,20 @@
 
 namespace trident::ckpt {
 
-// Throws core::DataError naming the key when a required key is missing or has the wrong type
-// (sizes must be integers in 0 .. 2^31-1), or when the model is larger than check_model_size
-// allows.
+// The architecture's keys of `m` (sizes resolved: ffn_hidden_size, max_position_embeddings and
+// num_query_groups as the model uses them).
+nlohmann::json model_config_to_json(const model::ModelConfig& m);
+
+// Throws core::DataError naming the key when a required key is missing or a key has the wrong
+// type (sizes must be integers in 0 .. 2^31-1), or when the model is larger than
+// check_model_size allows. Keys added after a checkpoint was written take their GPT-2 defaults.
 model::ModelConfig model_config_from_json(const nlohmann::json& config);
+
+// The keys that define the model's function and parameters, where a checkpoint's config `a` and
+// a run's `b` differ: " key: checkpoint X vs run Y;" each ("" when they agree). Real values
+// written as single-precision floats by older checkpoints match the double that rounds to them.
+// Throws core::DataError as model_config_from_json for a malformed config.
+std::string architecture_diff(const nlohmann::json& a, const nlohmann::json& b);
 
 // Bounds on a model read from a file, checked before anything is sized from it: at most 4096
 // layers and 2^40 parameters (a corrupt or hostile config would otherwise allocate without

@@ -11,6 +11,7 @@
 #include <string>
 #include <tuple>
 
+#include "trident/ckpt/model_config_json.h"
 #include "trident/core/error.h"
 #include "trident/data/data_loader.h"
 #include "trident/data/utf8.h"
@@ -842,30 +843,8 @@ void TrainConfig::finalize_schedule(int dp) {
 }
 
 nlohmann::json TrainConfig::to_json() const {
-  nlohmann::json j;
-  j["num_layers"] = model.num_layers;
-  j["hidden_size"] = model.hidden_size;
-  j["num_attention_heads"] = model.num_attention_heads;
-  j["ffn_hidden_size"] = model.ffn();
-  j["seq_length"] = model.seq_length;
-  j["max_position_embeddings"] = model.max_positions();
-  j["vocab_size"] = model.vocab_size;
-  j["make_vocab_size_divisible_by"] = model.make_vocab_size_divisible_by;
-  j["init_method_std"] = model.init_method_std;
-  j["layernorm_epsilon"] = model.layernorm_epsilon;
-  j["position_embedding_type"] = position_embedding_type;
-  j["embed_layernorm"] = model.embed_layernorm;
-  j["normalization"] = normalization;
-  j["swiglu"] = model.swiglu;
-  j["num_query_groups"] = model.query_groups();
-  j["untie_embeddings_and_output_weights"] = model.untie_embeddings_and_output_weights;
-  j["add_bias_linear"] = model.add_bias_linear;
-  j["rotary_base"] = model.rotary_base;
-  j["use_rope_scaling"] = model.rope_scaling;
-  j["rope_scaling_factor"] = model.rope_scaling_factor;
-  j["rope_low_freq_factor"] = model.rope_low_freq_factor;
-  j["rope_high_freq_factor"] = model.rope_high_freq_factor;
-  j["rope_original_max_position_embeddings"] = model.rope_original_max_positions;
+  // The architecture's keys (one list: ckpt/model_config_json.cc), then the trainer's.
+  nlohmann::json j = ckpt::model_config_to_json(model);
   j["hidden_dropout"] = model.hidden_dropout;
   j["attention_dropout"] = model.attention_dropout;
   j["use_flash_attn"] = model.use_flash_attention;
