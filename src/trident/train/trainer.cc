@@ -40,6 +40,7 @@
 #include "trident/train/rank_model.h"
 #include "trident/train/stop_conditions.h"
 #include "trident/train/tensorboard_writer.h"
+#include "trident/train/trainer_state.h"
 #include "trident/train/zero_optimizer.h"
 
 namespace trident::train {
@@ -665,8 +666,9 @@ void Trainer::resume_or_initialise() {
       progress_.consumed_valid = state_.consumed_valid_samples;
     }
     optimizer_->checkpoint_io_done(/*written=*/true);
-    progress_.skipped_iters = state_.trainer_state.value("skipped_iterations", std::int64_t{0});
-    progress_.nan_iters = state_.trainer_state.value("nan_iterations", std::int64_t{0});
+    const TrainerState saved = TrainerState::from_json(state_.trainer_state);
+    progress_.skipped_iters = saved.skipped_iterations;
+    progress_.nan_iters = saved.nan_iterations;
   } else {
     if (!cfg_.load.empty())
       log::warn("ckpt: nothing to load in ", cfg_.load, "; starting from scratch");
@@ -713,11 +715,9 @@ void Trainer::build_schedules() {
       .min_scale = cfg_.min_loss_scale,
       .window = cfg_.loss_scale_window,
       .hysteresis = cfg_.hysteresis});
-  if (!cfg_.load.empty() && state_.trainer_state.contains("loss_scale")) {
-    scaler_->set_state({state_.trainer_state["loss_scale"].get<double>(),
-                        state_.trainer_state["growth_tracker"].get<std::int64_t>(),
-                        state_.trainer_state["hysteresis_tracker"].get<std::int64_t>()});
-  }
+  const TrainerState saved =
+      have_checkpoint_ ? TrainerState::from_json(state_.trainer_state) : TrainerState{};
+  if (saved.scaler) scaler_->set_state(*saved.scaler);
   // Megatron's scheduler counts samples of successful steps (a skipped step does not advance it).
   lr_sched_.emplace(optim::MegatronLrScheduler::Config{
       .samples = cfg_.lr_steps,
@@ -728,14 +728,10 @@ void Trainer::build_schedules() {
                           ? std::optional<double>(static_cast<double>(cfg_.lr_decay_tokens))
                           : std::nullopt});
   if (have_checkpoint_) {
-    optim::MegatronLrScheduler::State ls;
     // Checkpoints written before the scheduler was saved: every step counted.
-    ls.num_steps =
-        state_.trainer_state.value("lr_num_steps", static_cast<double>(progress_.consumed));
-    ls.num_tokens = state_.trainer_state.value("lr_num_tokens", 0.0);
-    if (state_.trainer_state.contains("lr_warmup_tokens"))
-      ls.warmup_tokens = state_.trainer_state["lr_warmup_tokens"].get<double>();
-    lr_sched_->set_state(ls);
+    optim::MegatronLrScheduler::State every_sample;
+    every_sample.num_steps = static_cast<double>(progress_.consumed);
+    lr_sched_->set_state(saved.lr.value_or(every_sample));
   }
   saver_.emplace(cfg_.save, cfg_.async_save, ckpt::SaveOptions{.retain = cfg_.save_retain});
 }
@@ -1056,16 +1052,11 @@ void Trainer::save(std::int64_t it) {
   state_.iteration = it;
   state_.consumed_train_samples = progress_.consumed;
   state_.consumed_valid_samples = progress_.consumed_valid;
-  const optim::LossScaler::State ls = scaler_->state();
-  const optim::MegatronLrScheduler::State lr = lr_sched_->state();
-  state_.trainer_state = {{"loss_scale", ls.scale},
-                          {"growth_tracker", ls.growth_tracker},
-                          {"hysteresis_tracker", ls.hysteresis_tracker},
-                          {"skipped_iterations", progress_.skipped_iters},
-                          {"nan_iterations", progress_.nan_iters},
-                          {"lr_num_steps", lr.num_steps},
-                          {"lr_num_tokens", lr.num_tokens}};
-  if (lr.warmup_tokens) state_.trainer_state["lr_warmup_tokens"] = *lr.warmup_tokens;
+  state_.trainer_state = TrainerState{.scaler = scaler_->state(),
+                                      .skipped_iterations = progress_.skipped_iters,
+                                      .nan_iterations = progress_.nan_iters,
+                                      .lr = lr_sched_->state()}
+                             .to_json();
   checkpoint_out();
   const double blocked = saver_->save(state_, world_);
   optimizer_->checkpoint_io_done(/*written=*/false);
