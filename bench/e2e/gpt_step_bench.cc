@@ -112,8 +112,8 @@ int main(int argc, char** argv) {
     // Gradients are zeroed before the forward: the chunked head accumulates the output layer's
     // gradient in gpt_loss.
     std::memset(g.data(), 0, g.size() * sizeof(float));
-    acts.iteration = s;  // fresh dropout masks every step, as in training
-    model::gpt_forward(ctx, mc, rt, params, tokens.data(), acts);
+    // Fresh dropout masks every step, as in training.
+    model::gpt_forward(ctx, mc, rt, params, {.tokens = tokens.data(), .iteration = s}, acts);
     const model::LossSum l =
         model::gpt_loss(ctx, mc, rt, params, grads, labels.data(), 1.0f / static_cast<float>(BT),
                         model::LossGrad::kCompute, acts);

@@ -535,10 +535,9 @@ TEST_F(Equivalence, LlamaTrainedInThreeDLoadsInTransformers) {
   const core::ExecContext ctx;
   model::GptActivations acts;
   model::ModelRuntime rt;
-  rt.training = false;
   const auto T = static_cast<std::int64_t>(prompt.size());
   model::make_activations(mc, rt.shard, 1, T, acts);
-  model::gpt_forward(ctx, mc, rt, params, prompt.data(), acts);
+  model::gpt_forward(ctx, mc, rt, params, {.tokens = prompt.data(), .training = false}, acts);
   const std::vector<double> hf_logits = testing::find_tensor(ref, "logits").to_f64();
   ASSERT_EQ(static_cast<std::int64_t>(hf_logits.size()), T * mc.vocab_size);
   double diff = 0, scale = 0;

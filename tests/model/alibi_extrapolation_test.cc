@@ -29,7 +29,7 @@ double loss_at(const ModelConfig& cfg, const GptParams& p, std::int64_t T) {
   const auto seq = stream(T + 1, 5);
   std::vector<std::int32_t> tokens(seq.begin(), seq.end() - 1), labels(seq.begin() + 1, seq.end());
   const core::ExecContext ctx;
-  gpt_forward(ctx, cfg, rt, p, tokens.data(), a);
+  gpt_forward(ctx, cfg, rt, p, {.tokens = tokens.data()}, a);
   const LossSum l = gpt_loss(ctx, cfg, rt, labels.data(), 0.0f, LossGrad::kNone, a);
   return l.sum / static_cast<double>(l.count);
 }
@@ -65,7 +65,7 @@ TEST(Alibi, EvaluatesLongerThanTrained) {
       labels.insert(labels.end(), seq.begin() + 1, seq.end());
     }
     std::fill(g.begin(), g.end(), 0.0f);
-    gpt_forward(ctx, cfg, rt, params, tokens.data(), a);
+    gpt_forward(ctx, cfg, rt, params, {.tokens = tokens.data()}, a);
     gpt_loss(ctx, cfg, rt, labels.data(), 1.0f / static_cast<float>(B * T), LossGrad::kCompute, a);
     gpt_backward(ctx, cfg, rt, params, grads, tokens.data(), a);
     optim::adamw_step(
@@ -90,7 +90,8 @@ TEST(Alibi, EvaluatesLongerThanTrained) {
         std::vector<float> q(static_cast<std::size_t>(t2.total_numel));
         make_activations(learned, rt.shard, 1, 48, b);
         std::vector<std::int32_t> toks(48, 1);
-        gpt_forward(ctx, learned, rt, gpt_param_views(learned, t2, q.data()), toks.data(), b);
+        gpt_forward(ctx, learned, rt, gpt_param_views(learned, t2, q.data()),
+                    {.tokens = toks.data()}, b);
       },
       core::Error);
 }

@@ -50,7 +50,6 @@ Result run(const ModelConfig& cfg, const ModelShard& shard, comm::Communicator* 
   ModelRuntime rt;
   rt.shard = shard;
   rt.tp = tp;
-  rt.training = true;
   const GptParams p = model.views();
   const GptGrads g = model.grad_views();
   GptActivations acts;
@@ -62,7 +61,7 @@ Result run(const ModelConfig& cfg, const ModelShard& shard, comm::Communicator* 
     auto labels = testing::random_ids(20 + micro, B * T, cfg.vocab_size);
     labels[3] = -1;                                             // an ignored row
     labels[6] = static_cast<std::int32_t>(cfg.vocab_size - 1);  // the last real column
-    gpt_forward(ctx, cfg, rt, p, tokens.data(), acts);
+    gpt_forward(ctx, cfg, rt, p, {.tokens = tokens.data()}, acts);
     const LossSum l = gpt_loss(ctx, cfg, rt, p, g, labels.data(), 0.25f, LossGrad::kCompute, acts);
     r.loss += l.sum;
     r.count += l.count;

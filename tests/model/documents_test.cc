@@ -53,7 +53,7 @@ TEST(Documents, IdsLiveInTheActivationArenaAndFollowTheTokens) {
   for (int step = 0; step < 2; ++step) {                  // a warm forward reuses the same slots
     const auto tokens = testing::random_ids(rng, BT, 8);  // eod 3: many documents
     const std::int32_t* positions = acts.positions;
-    gpt_forward(ctx, cfg, rt, p, tokens.data(), acts);
+    gpt_forward(ctx, cfg, rt, p, {.tokens = tokens.data()}, acts);
     EXPECT_EQ(acts.positions, positions);
     EXPECT_EQ(acts.arena.used(), used);
     std::vector<std::int32_t> want_pos(tokens.size()), want_docs(tokens.size());

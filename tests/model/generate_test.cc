@@ -39,7 +39,7 @@ TEST_P(KvCache, MatchesTheFullForward) {
   GptActivations acts;
   const ModelRuntime rt;
   make_activations(cfg, rt.shard, 1, cfg.seq_length, acts);
-  gpt_forward(ctx, cfg, rt, p, tokens.data(), acts);
+  gpt_forward(ctx, cfg, rt, p, {.tokens = tokens.data()}, acts);
   Generator gen(cfg, p);
   const std::int64_t Vp = cfg.padded_vocab_size();
   for (std::int64_t t = 0; t < cfg.seq_length; ++t) {

@@ -185,7 +185,7 @@ TEST(Golden, MatchesPyTorch) {
     const std::vector<std::int32_t> tokens = testing::find_tensor(in, "tokens_" + b).i32();
     const std::vector<std::int32_t> labels = testing::find_tensor(in, "labels_" + b).i32();
     std::fill(g.begin(), g.end(), 0.0f);
-    model::gpt_forward(ctx, c, rt, params, tokens.data(), acts);
+    model::gpt_forward(ctx, c, rt, params, {.tokens = tokens.data()}, acts);
     if (step == 0) expect_close("logits", acts.logits, testing::find_tensor(ref, "logits"));
     const model::LossSum loss = model::gpt_loss(
         ctx, c, rt, labels.data(), 1.0f / static_cast<float>(BT), model::LossGrad::kCompute, acts);

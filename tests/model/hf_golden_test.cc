@@ -164,7 +164,7 @@ TEST(HfGolden, MatchesTransformers) {
   model::make_activations(c, rt.shard, kBatch, c.seq_length, acts);
   const std::vector<std::int32_t> tokens = testing::find_tensor(in, "tokens").i32();
   const std::vector<std::int32_t> labels = testing::find_tensor(in, "labels").i32();
-  model::gpt_forward(ctx, c, rt, params, tokens.data(), acts);
+  model::gpt_forward(ctx, c, rt, params, {.tokens = tokens.data()}, acts);
   // transformers' logits cover the real vocabulary; trident's rows are padded.
   expect_close("logits", acts.logits, testing::find_tensor(ref, "logits"), c.vocab_size,
                c.padded_vocab_size());

@@ -36,14 +36,12 @@ RunResult run(ModelConfig cfg, Recompute r, bool block, std::int64_t n) {
   const std::int64_t B = 2, T = cfg.seq_length;
   make_activations(cfg, rt.shard, B, T, acts);
   out.activation_bytes = acts.arena.capacity();
-  acts.first_sample = 40;
-  acts.iteration = 7;
   std::mt19937 rng(4);
   std::vector<std::int32_t> tokens(static_cast<std::size_t>(B * T)), labels(tokens.size());
   for (auto& t : tokens) t = static_cast<std::int32_t>(rng() % cfg.vocab_size);
   for (auto& t : labels) t = static_cast<std::int32_t>(rng() % cfg.vocab_size);
   const core::ExecContext ctx;
-  gpt_forward(ctx, cfg, rt, p, tokens.data(), acts);
+  gpt_forward(ctx, cfg, rt, p, {.tokens = tokens.data(), .first_sample = 40, .iteration = 7}, acts);
   const LossSum l = gpt_loss(ctx, cfg, rt, labels.data(), 1.0f / static_cast<float>(B * T),
                              LossGrad::kCompute, acts);
   out.loss = l.sum / static_cast<double>(l.count);

@@ -81,7 +81,7 @@ Result run_shard(const ModelConfig& cfg, const ModelShard& shard, comm::Communic
   labels[3] = -1;                                             // an ignored position
   labels[5] = static_cast<std::int32_t>(cfg.vocab_size - 1);  // the last real column
   for (int micro = 0; micro < 2; ++micro) {                   // two micro-batches accumulate
-    gpt_forward(ctx, cfg, rt, p, tokens.data(), acts);
+    gpt_forward(ctx, cfg, rt, p, {.tokens = tokens.data()}, acts);
     const LossSum l = gpt_loss(ctx, cfg, rt, labels.data(), 0.5f / static_cast<float>(B * T),
                                LossGrad::kCompute, acts);
     r.loss += 0.5 * l.sum / static_cast<double>(l.count);

@@ -39,7 +39,7 @@ struct Bf16Model {
     const auto labels = testing::random_ids(rng, n, cfg.vocab_size);
     const GptParams p = f32.views();
     const GptGrads g = f32.grad_views();
-    gpt_forward(ctx, cfg, rt, p, tokens.data(), acts);
+    gpt_forward(ctx, cfg, rt, p, {.tokens = tokens.data()}, acts);
     gpt_loss(ctx, cfg, rt, p, g, labels.data(), 1.0f / static_cast<float>(n), LossGrad::kCompute,
              acts);
     gpt_backward(ctx, cfg, rt, p, g, tokens.data(), acts);

@@ -17,7 +17,6 @@ Generator::Generator(const ModelConfig& cfg, const GptParams& params, const core
     : cfg_(cfg), params_(params), on_device_(ctx.device.kind != core::DeviceKind::kCpu) {
   cfg_.recompute = Recompute::kNone;
   cfg_.loss_chunk_rows = 0;  // the next token's logits are read
-  rt_.training = false;
   const std::int64_t C = cfg.hidden_size, P = cfg.max_positions(), L = cfg.num_layers;
   const std::int64_t scratch = k::kv_cache_attention_scratch_floats(P, cfg.num_attention_heads);
   make_activations(cfg_, rt_.shard, 1, 1, /*bf16=*/false, acts_, ctx);
@@ -46,7 +45,8 @@ const float* Generator::step(const core::ExecContext& ctx, std::int32_t token) {
   TRIDENT_CHECK(token >= 0 && token < Vp, "token id ", token, " outside the vocabulary");
   for (layers::KvCache& c : caches_) c.position = pos_;
   k::copy_to_device(ctx, token_, &token, sizeof(token));
-  gpt_forward(ctx, cfg_, rt_, params_, token_, acts_, {.position = pos_, .caches = caches_});
+  gpt_forward(ctx, cfg_, rt_, params_, {.tokens = token_, .training = false}, acts_,
+              {.position = pos_, .caches = caches_});
   ++pos_;
   if (!on_device_) return acts_.logits;
   k::download(ctx, logits_.data(), acts_.logits,

@@ -403,12 +403,13 @@ struct Transformer {
            .ws = a_.ws,
            .batch = a_.batch,
            .seq_len = a_.seq_len,
-           .dropout = {.hidden_p = rt_.training ? static_cast<float>(cfg_.hidden_dropout) : 0.0f,
+           .dropout = {.hidden_p =
+                           a_.inputs.training ? static_cast<float>(cfg_.hidden_dropout) : 0.0f,
                        .attention_p =
-                           rt_.training ? static_cast<float>(cfg_.attention_dropout) : 0.0f,
+                           a_.inputs.training ? static_cast<float>(cfg_.attention_dropout) : 0.0f,
                        .seed = rt_.dropout_seed,
-                       .iteration = a_.iteration,
-                       .first_sample = a_.first_sample},
+                       .iteration = a_.inputs.iteration,
+                       .first_sample = a_.inputs.first_sample},
            .positions = cfg_.reset_position_ids ? a_.positions : nullptr,
            .docs = cfg_.reset_attention_mask ? a_.docs : nullptr} {
     TRIDENT_ASSERT(tp_size_of(rt) == rt.shard.tp_size, "tp group of ", tp_size_of(rt),
@@ -464,8 +465,8 @@ struct Transformer {
 }  // namespace
 
 void gpt_forward(const core::ExecContext& ctx, const ModelConfig& cfg, const ModelRuntime& rt,
-                 const GptParams& p, const std::int32_t* tokens, GptActivations& a) {
-  gpt_forward(ctx, cfg, rt, p, tokens, a, KvCacheForward{});
+                 const GptParams& p, const ForwardInputs& in, GptActivations& a) {
+  gpt_forward(ctx, cfg, rt, p, in, a, KvCacheForward{});
 }
 
 bool stage_reads_tokens(const ModelConfig& cfg, const ModelShard& shard) {
@@ -473,8 +474,10 @@ bool stage_reads_tokens(const ModelConfig& cfg, const ModelShard& shard) {
 }
 
 void gpt_forward(const core::ExecContext& ctx, const ModelConfig& cfg, const ModelRuntime& rt,
-                 const GptParams& p, const std::int32_t* tokens, GptActivations& a,
+                 const GptParams& p, const ForwardInputs& in, GptActivations& a,
                  const KvCacheForward& kv) {
+  a.inputs = in;
+  const std::int32_t* tokens = in.tokens;
   if (cfg.documents()) {
     TRIDENT_CHECK(kv.caches.empty(),
                   "--reset-position-ids / --reset-attention-mask are for training, not generation");

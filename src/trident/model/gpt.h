@@ -111,7 +111,6 @@ class LayerWeightsProvider {
 struct ModelRuntime {
   ModelShard shard;
   comm::Communicator* tp = nullptr;  // null or size 1: no tensor parallelism
-  bool training = true;              // dropout only while training
   // --bf16: the BF16 weight copies; every matmul then takes BF16 operands with FP32 accumulation
   // and FP32 output (activations are converted on the way in). Null: FP32 matmuls.
   const GptParamsBf16* params_bf16 = nullptr;
@@ -127,6 +126,16 @@ struct ModelRuntime {
   kernels::TokenLossSum* loss_sum_on_device = nullptr;
 };
 
+// What one call of the forward is given besides the weights: the micro-batch and the keys of
+// its dropout masks (the global sample id of its first row and the iteration, so every layout
+// draws the same masks).
+struct ForwardInputs {
+  const std::int32_t* tokens = nullptr;  // (B*T) on ctx's device (stage_reads_tokens stages)
+  std::int64_t first_sample = 0;
+  std::int64_t iteration = 0;
+  bool training = true;  // dropout only while training
+};
+
 // Saved activations of one layer for one micro-batch; row = one token (B*T rows, or this rank's
 // B*T/tp rows of the residual stream with sequence parallelism).
 using LayerActivations = layers::BlockSaved;
@@ -137,10 +146,9 @@ using LayerActivations = layers::BlockSaved;
 struct GptActivations {
   std::int64_t batch = 0, seq_len = 0;
   std::int64_t stage_rows = 0;  // rows of the residual stream held here (B*T, or B*T/tp with SP)
-  // Set by the caller before the forward: dropout masks are keyed by the global sample id of the
-  // micro-batch's first row and the iteration, so every layout draws the same masks.
-  std::int64_t first_sample = 0;
-  std::int64_t iteration = 0;
+  // What the last gpt_forward was given (gpt_loss and gpt_backward, recomputation included,
+  // replay its dropout keys).
+  ForwardInputs inputs;
   core::Arena arena;
   layers::EmbeddingSaved embedding{};  // first stage, --embed-layernorm
   float* encoded = nullptr;  // (B*T, C): the embedding output, or the stage's received input
@@ -189,7 +197,7 @@ void make_activations(const ModelConfig& cfg, const ModelShard& shard, std::int6
 // With documents (--reset-position-ids / --reset-attention-mask) every stage reads the tokens
 // (their end-of-document tokens), see stage_reads_tokens.
 void gpt_forward(const core::ExecContext& ctx, const ModelConfig& cfg, const ModelRuntime& rt,
-                 const GptParams& params, const std::int32_t* tokens, GptActivations& acts);
+                 const GptParams& params, const ForwardInputs& in, GptActivations& acts);
 
 // Whether a stage's forward and backward read the micro-batch's tokens: the first stage (the
 // embedding), the last (the loss's labels come with them), and every stage with documents.
@@ -202,7 +210,7 @@ struct KvCacheForward {
   std::span<const layers::KvCache> caches;  // one per layer of the shard
 };
 void gpt_forward(const core::ExecContext& ctx, const ModelConfig& cfg, const ModelRuntime& rt,
-                 const GptParams& params, const std::int32_t* tokens, GptActivations& acts,
+                 const GptParams& params, const ForwardInputs& in, GptActivations& acts,
                  const KvCacheForward& kv);
 
 struct LossSum {

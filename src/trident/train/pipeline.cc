@@ -119,8 +119,6 @@ void PipelineExecutor::forward_step(const core::ExecContext& ctx, const ModelVie
     kernels::copy_to_device(ctx, s.acts.tokens, s.tokens.data(), bytes);
     kernels::copy_to_device(ctx, s.acts.labels, s.labels.data(), bytes);
   }
-  s.acts.first_sample = batches.first_sample(micro);
-  s.acts.iteration = batches.iteration;
   comm::Communicator& pp = par_.pp();
   if (exchange && !is_first_virtual(chunk)) {
     // The previous virtual stage: the previous rank, or the last rank's previous chunk.
@@ -129,8 +127,11 @@ void PipelineExecutor::forward_step(const core::ExecContext& ctx, const ModelVie
   }
   core::Timer t;
   model::ModelRuntime& rt = runtimes_[static_cast<std::size_t>(chunk)];
-  rt.training = grad == model::LossGrad::kCompute;
-  model::gpt_forward(ctx, cfg, rt, views.params[static_cast<std::size_t>(chunk)], s.acts.tokens,
+  model::gpt_forward(ctx, cfg, rt, views.params[static_cast<std::size_t>(chunk)],
+                     {.tokens = s.acts.tokens,
+                      .first_sample = batches.first_sample(micro),
+                      .iteration = batches.iteration,
+                      .training = grad == model::LossGrad::kCompute},
                      s.acts);
   if (shard.has_head) {
     // A chunked head (--loss-chunk-rows) runs its output layer here, and with gradients its
@@ -241,7 +242,6 @@ PipelineStats PipelineExecutor::train(const core::ExecContext& ctx, const ModelV
                    stats.loss, stats.busy_ms, exchange);
       stats.max_live_activations = std::max(stats.max_live_activations, ++live);
     } else {
-      runtimes_[static_cast<std::size_t>(st.chunk)].training = true;
       if (backward_listener_) backward_listener_(st.chunk, last_backward_[i]);
       backward_step(ctx, views, st.chunk, st.microbatch, stats.busy_ms, exchange);
       --live;
