@@ -97,10 +97,14 @@ struct LayerBackwardWeights {
 // fixed views (ZeRO-3 gathers a layer into a staging slot just before it runs, ZeRO 2-3 hand out
 // a zeroed gradient slot per backward, ZeRO 0-1 start bucket reductions as layers finish). The
 // model asks right before it runs layer `layer` (local index, 0..L-1) and uses the answer for that
-// run only; the provider is told when the layer's backward is done.
+// run only; the provider is told when the layer's backward is done. The pipeline executor tells
+// it when a backward of the chunk begins (the one channel from the executor to the weights).
 class LayerWeightsProvider {
  public:
   virtual ~LayerWeightsProvider() = default;
+  // Before each backward of the chunk; `last_of_iteration`: its last backward of the iteration
+  // (the data-parallel reduction starts its buckets then).
+  virtual void begin_backward(bool last_of_iteration) = 0;
   virtual LayerWeights forward(std::int64_t layer) = 0;
   virtual LayerBackwardWeights backward(std::int64_t layer) = 0;
   // The layer's gradients of this backward are complete.

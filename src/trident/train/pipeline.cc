@@ -242,7 +242,10 @@ PipelineStats PipelineExecutor::train(const core::ExecContext& ctx, const ModelV
                    stats.loss, stats.busy_ms, exchange);
       stats.max_live_activations = std::max(stats.max_live_activations, ++live);
     } else {
-      if (backward_listener_) backward_listener_(st.chunk, last_backward_[i]);
+      // The chunk's weights provider (the optimizer's hooks) hears of each backward first.
+      if (model::LayerWeightsProvider* w =
+              runtimes_[static_cast<std::size_t>(st.chunk)].layer_weights)
+        w->begin_backward(last_backward_[i]);
       backward_step(ctx, views, st.chunk, st.microbatch, stats.busy_ms, exchange);
       --live;
     }

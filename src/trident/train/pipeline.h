@@ -55,12 +55,6 @@ class PipelineExecutor {
   // activation slots when the new schedule keeps more alive.
   void set_num_microbatches(int num_microbatches);
 
-  // Called before each backward step with whether it is the chunk's last backward of the
-  // iteration (the data-parallel reduction starts its buckets then).
-  void set_backward_listener(std::function<void(int chunk, bool last)> fn) {
-    backward_listener_ = std::move(fn);
-  }
-
   // One training iteration: every step of the schedule; gradients accumulate (+=) into the
   // views' gradients (or the gradient buffers the runtimes' layer-weight providers hand out).
   PipelineStats train(const core::ExecContext& ctx, const ModelViews& views, float d_scale,
@@ -120,7 +114,6 @@ class PipelineExecutor {
   std::vector<model::ModelRuntime> runtimes_;
   std::vector<parallel::PipeStep> schedule_;
   std::vector<bool> last_backward_;  // per schedule step: the chunk's last backward
-  std::function<void(int, bool)> backward_listener_;
   parallel::PipelineScheduleKind kind_;
   int pp_size_ = 1, pp_rank_ = 0, num_chunks_ = 1, num_microbatches_ = 1, slots_ = 1;
   std::int64_t micro_batch_size_ = 1;

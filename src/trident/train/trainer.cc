@@ -546,8 +546,6 @@ void Trainer::build_model() {
   schedule_kind_ = parallel::parse_pipeline_schedule(cfg_.pipeline_schedule);
   executor_.emplace(*rank_model_, par_, schedule_kind_, static_cast<int>(micro_batches_), B_,
                     std::move(runtimes), ctx_);
-  executor_->set_backward_listener(
-      [this](int chunk, bool last) { optimizer_->begin_backward(chunk, last); });
   mem_ = optimizer_->memory();
 }
 

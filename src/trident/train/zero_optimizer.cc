@@ -67,6 +67,9 @@ ZeroOptimizer::ZeroOptimizer(const RankModel& model, const parallel::ParallelCon
 class ZeroOptimizer::ChunkWeights final : public model::LayerWeightsProvider {
  public:
   ChunkWeights(ZeroOptimizer& opt, int chunk) : opt_(opt), chunk_(chunk) {}
+  void begin_backward(bool last_of_iteration) override {
+    opt_.begin_backward(chunk_, last_of_iteration);
+  }
   model::LayerWeights forward(std::int64_t layer) override {
     return opt_.layer_weights(chunk_, layer, true);
   }

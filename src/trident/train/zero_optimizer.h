@@ -88,7 +88,8 @@ class ZeroOptimizer {
   // Call before the first forward of an iteration: zeroes gradients; stage 3 gathers the
   // embedding and head parameters.
   void begin_iteration();
-  // Called by the pipeline executor before each backward step.
+  // Before each backward step of `chunk` (the pipeline executor calls it through the chunk's
+  // model::LayerWeightsProvider::begin_backward).
   void begin_backward(int chunk, bool last_of_iteration);
   // Finishes the reductions, clips by the global norm and updates (unless the norm is not
   // finite). `step` is the 1-based iteration (Adam's bias correction).
