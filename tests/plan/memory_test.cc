@@ -1,7 +1,7 @@
 // trident plan's memory per rank equals what trident allocates: for every layout the equivalence
 // tests train (tests/dist/equivalence_test.cc) and a few more (recomputation, flash attention,
 // BF16), each rank of an in-process world builds the trainer's RankModel, ZeroOptimizer and
-// PipelineExecutor, and the arena capacities they allocated are compared byte for byte with the
+// GptPipeline, and the arena capacities they allocated are compared byte for byte with the
 // planner's prediction for that rank's pipeline stage.
 #include <gtest/gtest.h>
 
@@ -84,9 +84,9 @@ std::vector<Actual> allocate(const train::TrainConfig& cfg, int world) {
           runtimes.push_back(rt);
         }
         opt.install_hooks(runtimes);
-        train::PipelineExecutor ex(
-            rm, par, parallel::parse_pipeline_schedule(cfg.pipeline_schedule),
-            static_cast<int>(cfg.num_micro_batches(w.size())), cfg.micro_batch_size, runtimes);
+        train::GptPipeline ex(rm, par, parallel::parse_pipeline_schedule(cfg.pipeline_schedule),
+                              static_cast<int>(cfg.num_micro_batches(w.size())),
+                              cfg.micro_batch_size, runtimes);
         Actual& a = out[static_cast<std::size_t>(w.rank())];
         a.mem = opt.memory();
         a.pp_rank = par.coord().pp;

@@ -140,6 +140,15 @@ struct ForwardInputs {
   bool training = true;  // dropout only while training
 };
 
+// A rank's resident weights and gradients, per chunk (the optimizer's buffers hold them). Entries
+// of tensors that are not resident (the layers' weights at ZeRO stage 3, their gradients at
+// stages 2-3) are null: the layers get those from the chunk's LayerWeightsProvider.
+struct ModelViews {
+  std::vector<GptParams> params;
+  std::vector<GptGrads> grads;
+  std::vector<GptParamsBf16> params_bf16;  // --bf16: the matmuls' weight copies
+};
+
 // Saved activations of one layer for one micro-batch; row = one token (B*T rows, or this rank's
 // B*T/tp rows of the residual stream with sequence parallelism).
 using LayerActivations = layers::BlockSaved;

@@ -1,5 +1,5 @@
 // Pipeline schedules as data: for each stage, the ordered list of forward and backward steps
-// (micro-batch, model chunk) it runs in one iteration. One executor (train/pipeline.cc) runs any
+// (micro-batch, model chunk) it runs in one iteration. One executor (parallel/pipeline_executor.cc) runs any
 // of them; tests check their invariants by simulating every stage together.
 //
 //   GPipe (all forward, all backward), 1F1B (PipeDream-flush: warm-up forwards, steady one
@@ -43,7 +43,7 @@ std::vector<PipeStep> build_pipeline_schedule(PipelineScheduleKind kind, const P
 // not run yet), counting each (micro-batch, chunk) pair.
 int max_in_flight(const std::vector<PipeStep>& steps);
 // The same per model chunk (0 .. num_chunks - 1), at least 1 each: the activation slots the
-// executor allocates for each chunk (train/pipeline.cc) and the planner counts.
+// executor allocates for each chunk (parallel/pipeline_executor.cc) and the planner counts.
 std::vector<int> max_in_flight_per_chunk(const std::vector<PipeStep>& steps, int num_chunks);
 
 // Simulates all stages executing their schedules with blocking receives and non-blocking sends
@@ -86,7 +86,7 @@ struct LockstepPlan {
 LockstepPlan build_lockstep_plan(PipelineScheduleKind kind, const PipelineShape& shape, int stage);
 
 // What a stage runs by: its schedule; its lockstep plan where it runs in lockstep (virtual stages
-// over more than one stage: train/pipeline.cc); and the activation slots the executor allocates
+// over more than one stage: parallel/pipeline_executor.cc); and the activation slots the executor allocates
 // per chunk: max_in_flight_per_chunk of the schedule, or more where the lockstep plan holds more.
 struct StagePlan {
   std::vector<PipeStep> schedule;

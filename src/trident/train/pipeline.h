@@ -1,9 +1,8 @@
-// PipelineExecutor: runs a pipeline schedule (parallel/pipeline_schedule.h) on this rank:
-// forward and backward of each (micro-batch, chunk) step, receiving activations / gradients from
-// the neighbouring stages and sending its own with non-blocking point-to-point calls over the pp
-// group. With one stage it is the plain gradient-accumulation loop. It has no scheduling logic of
-// its own: the order is the schedule's, and with virtual stages its lockstep plan's
-// (parallel::build_lockstep_plan).
+// GptPipeline: the GPT's side of pipeline execution on this rank. Per model chunk it holds the
+// model runtime and the activation slots (model::GptActivations with the micro-batch's tokens and
+// labels), runs one step's forward (with the loss on the last virtual stage) and backward, and
+// sums the iteration's loss on the device. The schedule, the slots' ownership and every
+// point-to-point message are parallel::PipelineExecutor's, which it drives.
 #pragma once
 
 #include <cstdint>
@@ -11,15 +10,14 @@
 #include <optional>
 #include <vector>
 
-#include "trident/comm/communicator.h"
 #include "trident/core/arena.h"
 #include "trident/kernels/memory.h"
 #include "trident/kernels/vocab_parallel_cross_entropy.h"
 #include "trident/model/gpt.h"
 #include "trident/parallel/parallel_context.h"
+#include "trident/parallel/pipeline_executor.h"
 #include "trident/parallel/pipeline_schedule.h"
 #include "trident/train/rank_model.h"
-#include "trident/train/zero_optimizer.h"
 
 namespace trident::train {
 
@@ -34,7 +32,7 @@ struct MicroBatches {
 
 struct PipelineStats {
   // This rank's loss share (last stage only; zero elsewhere), once read by
-  // PipelineExecutor::read_loss (on a device it stays there until then).
+  // GptPipeline::read_loss (on a device it stays there until then).
   model::LossSum loss;
   double busy_ms = 0;   // forward and backward compute
   double total_ms = 0;  // the whole schedule, waits included
@@ -42,22 +40,25 @@ struct PipelineStats {
   std::int64_t activation_bytes = 0;  // peak bytes of activation slots held at once
 };
 
-class PipelineExecutor {
+class GptPipeline final : public parallel::PipelineStage {
  public:
   // runtimes[c]: the model runtime of chunk c (tp group, hooks). The activation slots live on
   // ctx's device.
-  PipelineExecutor(const RankModel& model, const parallel::ParallelContext& par,
-                   parallel::PipelineScheduleKind kind, int num_microbatches,
-                   std::int64_t micro_batch_size, std::vector<model::ModelRuntime> runtimes,
-                   const core::ExecContext& ctx = {});
+  GptPipeline(const RankModel& model, const parallel::ParallelContext& par,
+              parallel::PipelineScheduleKind kind, int num_microbatches,
+              std::int64_t micro_batch_size, std::vector<model::ModelRuntime> runtimes,
+              const core::ExecContext& ctx = {});
 
   // Rebuilds the schedule for another micro-batch count (--rampup-batch-size), adding
   // activation slots when the new schedule keeps more alive.
-  void set_num_microbatches(int num_microbatches);
+  void set_num_microbatches(int num_microbatches) {
+    executor_->set_num_microbatches(num_microbatches);
+  }
 
   // One training iteration: every step of the schedule; gradients accumulate (+=) into the
-  // views' gradients (or the gradient buffers the runtimes' layer-weight providers hand out).
-  PipelineStats train(const core::ExecContext& ctx, const ModelViews& views, float d_scale,
+  // views' gradients (or the gradient buffers the runtimes' layer-weight providers hand out,
+  // which hear of each backward through LayerWeightsProvider::begin_backward).
+  PipelineStats train(const core::ExecContext& ctx, const model::ModelViews& views, float d_scale,
                       const MicroBatches& batches);
   // The loss share of the last train() into stats.loss. The micro-batches' losses add up on the
   // device; their read rides on the next host sync of the stream (the gradient norm's), so the
@@ -65,67 +66,45 @@ class PipelineExecutor {
   void read_loss(const core::ExecContext& ctx, PipelineStats& stats);
   // Forward only (no dropout) over `num_microbatches` micro-batches (evaluation); returns the
   // loss share.
-  model::LossSum evaluate(const core::ExecContext& ctx, const ModelViews& views,
+  model::LossSum evaluate(const core::ExecContext& ctx, const model::ModelViews& views,
                           int num_microbatches, const MicroBatches& batches);
 
   std::int64_t activation_bytes_per_slot(int chunk) const;
-  int slots_per_chunk() const { return slots_; }
+  int slots_per_chunk() const { return executor_->slots_per_chunk(); }
   // Activation slots allocated for `chunk` (what trident plan predicts).
-  int slots_of(int chunk) const {
-    return static_cast<int>(slots_by_chunk_[static_cast<std::size_t>(chunk)].size());
-  }
-  const std::vector<parallel::PipeStep>& schedule() const { return schedule_; }
+  int slots_of(int chunk) const { return executor_->slots_of(chunk); }
+  const std::vector<parallel::PipeStep>& schedule() const { return executor_->schedule(); }
+
+  // parallel::PipelineStage
+  int num_chunks() const override { return static_cast<int>(runtimes_.size()); }
+  void add_slots(int chunk, int count) override;
+  Boundary boundary(int chunk, int slot) override;
 
  private:
   struct Slot {
     model::GptActivations acts;
     std::vector<std::int32_t> tokens, labels;
-    int micro = -1;                      // -1: free
-    std::vector<comm::Request> pending;  // sends reading this slot's buffers
-    // Lockstep: the receives of the input activation and of the output's gradient, waited for
-    // just before the step that reads them.
-    comm::Request activation_in, gradient_in;
   };
-  int virtual_stage(int chunk) const { return chunk * pp_size_ + pp_rank_; }
-  bool is_first_virtual(int chunk) const { return virtual_stage(chunk) == 0; }
-  bool is_last_virtual(int chunk) const {
-    return virtual_stage(chunk) == pp_size_ * num_chunks_ - 1;
+  Slot& slot(int chunk, int index) {
+    return slots_by_chunk_[static_cast<std::size_t>(chunk)][static_cast<std::size_t>(index)];
   }
-  int tag(int micro, int chunk, int direction) const;
-  Slot& acquire(int chunk, int micro);
-  Slot& find(int chunk, int micro);
-  // exchange: receive the step's input and send its output here (false: the lockstep plan's
-  // rounds move them, and a backward's slot is freed after its round).
-  void forward_step(const core::ExecContext& ctx, const ModelViews& views, int chunk, int micro,
-                    const MicroBatches& batches, model::LossGrad grad, float d_scale,
-                    model::LossSum& loss, double& busy_ms, bool exchange = true);
-  void backward_step(const core::ExecContext& ctx, const ModelViews& views, int chunk, int micro,
-                     double& busy_ms, bool exchange = true);
-  // One lockstep round's messages: every send and receive posted in the plan's order, as one
-  // batch (one NCCL group) put on the wire at once; the receives are waited for by the steps
-  // that read them.
-  void exchange(const parallel::PipeRound& round);
-  void drain();
-  void build(int num_microbatches);
+  void forward(const core::ExecContext& ctx, const model::ModelViews& views, int chunk, int slot,
+               int micro, const MicroBatches& batches, model::LossGrad grad, float d_scale,
+               model::LossSum& loss);
+  void backward(const core::ExecContext& ctx, const model::ModelViews& views, int chunk, int slot,
+                bool last_of_iteration);
 
   core::ExecContext ctx_;  // where the activation slots live
   const RankModel& model_;
-  const parallel::ParallelContext& par_;
   std::vector<model::ModelRuntime> runtimes_;
-  std::vector<parallel::PipeStep> schedule_;
-  std::vector<bool> last_backward_;  // per schedule step: the chunk's last backward
-  parallel::PipelineScheduleKind kind_;
-  int pp_size_ = 1, pp_rank_ = 0, num_chunks_ = 1, num_microbatches_ = 1, slots_ = 1;
   std::int64_t micro_batch_size_ = 1;
   std::vector<std::vector<Slot>> slots_by_chunk_;
-  // With virtual stages (the interleaved schedule) the steps run in lockstep rounds, whose
-  // exchanges post a pair's messages in the same order on both ranks (NCCL matches by order).
-  std::optional<parallel::LockstepPlan> lockstep_;
   // The iteration's loss sum on ctx_'s device, and where its deferred read lands.
   core::Arena loss_arena_;
   kernels::TokenLossSum* loss_on_device_ = nullptr;
   kernels::HostBuffer loss_host_;
   std::uint64_t loss_ticket_ = 0;
+  std::optional<parallel::PipelineExecutor> executor_;  // last: it adds this stage's slots
 };
 
 }  // namespace trident::train

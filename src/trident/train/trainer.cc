@@ -255,7 +255,7 @@ class Trainer {
   std::optional<OffloadReporter> offload_report_;
   model::TpTraffic tp_traffic_;
   parallel::PipelineScheduleKind schedule_kind_{};
-  std::optional<PipelineExecutor> executor_;
+  std::optional<GptPipeline> pipeline_;
   std::int64_t B_ = 0, T_ = 0, micro_batches_ = 0;
   MemoryReport mem_{};
   ckpt::CheckpointState state_;
@@ -544,7 +544,7 @@ void Trainer::build_model() {
   }
   optimizer_->install_hooks(runtimes);
   schedule_kind_ = parallel::parse_pipeline_schedule(cfg_.pipeline_schedule);
-  executor_.emplace(*rank_model_, par_, schedule_kind_, static_cast<int>(micro_batches_), B_,
+  pipeline_.emplace(*rank_model_, par_, schedule_kind_, static_cast<int>(micro_batches_), B_,
                     std::move(runtimes), ctx_);
   mem_ = optimizer_->memory();
 }
@@ -561,7 +561,7 @@ void Trainer::log_model() const {
   log::info("memory per rank (ZeRO stage ", cfg_.zero_stage, ", dp ", dp_, "): parameters ",
             mem_.param_bytes, " B, gradients ", mem_.grad_bytes, " B, optimizer state ",
             mem_.optimizer_bytes, " B; staging ", mem_.staging_bytes, " B; activations ",
-            executor_->slots_per_chunk(), " slot(s) x ", executor_->activation_bytes_per_slot(0),
+            pipeline_->slots_per_chunk(), " slot(s) x ", pipeline_->activation_bytes_per_slot(0),
             " B");
   log::info(
       "memory per rank predicted by the ZeRO paper's formulas (psi = ", rank_model_->total_numel(),
@@ -810,14 +810,14 @@ IterationResult Trainer::train_iteration() {
   r.batch = batches_->at(progress_.consumed);
   if (r.batch.num_micro_batches != micro_batches_) {
     micro_batches_ = r.batch.num_micro_batches;  // --rampup-batch-size, a step schedule
-    executor_->set_num_microbatches(static_cast<int>(micro_batches_));
+    pipeline_->set_num_microbatches(static_cast<int>(micro_batches_));
   }
   r.tokens = r.batch.running_global_batch_size * T_;
   optimizer_->begin_iteration();
   // Every token of the global batch weighs 1 / (tokens in the global batch).
   const float d_scale = static_cast<float>(scaler_->scale()) / static_cast<float>(r.tokens) *
                         test_gradient_poison(progress_.iteration + 1, world_.rank());
-  r.pipeline = executor_->train(
+  r.pipeline = pipeline_->train(
       ctx_, optimizer_->views(), d_scale,
       micro_batches_of(*datasets_.train, progress_.consumed, progress_.iteration + 1));
   r.lr = lr_sched_->lr();
@@ -826,7 +826,7 @@ IterationResult Trainer::train_iteration() {
                              .overflow_threshold = cfg_.fp16 ? optim::kFp16Max : INFINITY});
   r.used_scale = scaler_->scale();
   if (cfg_.fp16) scaler_->update(r.step.skipped);
-  executor_->read_loss(ctx_, r.pipeline);  // after the step: its norm's host sync brought it
+  pipeline_->read_loss(ctx_, r.pipeline);  // after the step: its norm's host sync brought it
   r.lm_loss = global_loss(r.pipeline.loss);
   if (!r.step.skipped) {
     lr_sched_->step(static_cast<double>(r.batch.running_global_batch_size),
@@ -960,7 +960,7 @@ double Trainer::evaluation_loss(const data::SampleDataset& ds, std::int64_t& con
   optimizer_->begin_evaluation();  // ZeRO-3: gather the weights the last step updated
   for (std::int64_t e = 0; e < cfg_.eval_iters; ++e) {
     const model::LossSum l =
-        executor_->evaluate(ctx_, optimizer_->views(), static_cast<int>(eval_micro),
+        pipeline_->evaluate(ctx_, optimizer_->views(), static_cast<int>(eval_micro),
                             micro_batches_of(ds, consumed, it));
     consumed += eval_micro * B_ * dp_;
     total.sum += l.sum;

@@ -40,15 +40,6 @@ using optim::CommCounters;
 using optim::GradScaling;
 using optim::MemoryReport;
 
-// The resident weights and gradients, per chunk. Entries of tensors that are not resident (the
-// layers' weights at stage 3, their gradients at stages 2-3) are null: the layers get those from
-// the chunk's LayerWeightsProvider.
-struct ModelViews {
-  std::vector<model::GptParams> params;
-  std::vector<model::GptGrads> grads;
-  std::vector<model::GptParamsBf16> params_bf16;  // --bf16: the matmuls' weight copies
-};
-
 struct ZeroConfig {
   int stage = 0;
   std::int64_t bucket_size = 40'000'000;  // --ddp-bucket-size, elements
@@ -76,7 +67,7 @@ class ZeroOptimizer {
                 const optim::AdamWConfig& adamw, const ZeroConfig& zero);
   ~ZeroOptimizer();
 
-  const ModelViews& views() const { return views_; }
+  const model::ModelViews& views() const { return views_; }
   // Gives the chunks' runtimes their layer-weight providers (and BF16 views).
   void install_hooks(std::vector<model::ModelRuntime>& runtimes);
   // Layout-independent initial weights (seed) into this rank's buffers; at stage 3 only the
@@ -156,7 +147,7 @@ class ZeroOptimizer {
   std::unique_ptr<optim::DistributedAdamW> adamw_;
   core::ExecContext hook_ctx_;  // kernels run from the hooks
 
-  ModelViews views_;
+  model::ModelViews views_;
   std::vector<std::unique_ptr<ChunkWeights>> providers_;
   // Views of each layer unit inside the staging slots, built once: gradient slot (stages 2-3),
   // weight slots 0/1 and their BF16 copies (stage 3).
