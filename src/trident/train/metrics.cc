@@ -1,5 +1,7 @@
 #include "trident/train/metrics.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -10,8 +12,11 @@
 
 #include "trident/core/error.h"
 #include "trident/core/exec_context.h"
+#include "trident/core/log.h"
+#include "trident/core/profile.h"
 #include "trident/core/timer.h"
 #include "trident/kernels/matmul.h"
+#include "trident/kernels/memory.h"
 
 namespace trident::train {
 
@@ -111,4 +116,204 @@ double measure_peak_tflops() {
   return 2.0 * static_cast<double>(n * n * n) / best / 1e12;
 }
 
+// CPU time (user + system, every thread) this process has used, in milliseconds.
+double process_cpu_ms() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return (static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) * 1e3 +
+          static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e3);
+}
+
+// Each rank's peak resident memory (getrusage), logged by rank 0 for comparison with the memory
+// report above and `trident plan`.
+void log_peak_rss(comm::Communicator& world) {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  const double mine = static_cast<double>(usage.ru_maxrss) * 1024.0;
+  std::vector<double> all(static_cast<std::size_t>(world.size()));
+  world.all_gather(&mine, all.data(), 1, comm::Datatype::kF64);
+  std::string text;
+  for (double b : all) text += core::str(text.empty() ? "" : " ", static_cast<std::int64_t>(b));
+  log::info("memory: peak RSS per rank [", text, "] B");
+}
+
+// On a device: each rank's peak device memory, the arenas and buffers (parameters, gradients,
+// optimizer state, activation slots, staging) and the kernels' stream pool, logged by rank 0.
+void log_peak_device_memory(comm::Communicator& world, const core::ExecContext& ctx) {
+  if (ctx.device.kind != core::DeviceKind::kCuda) return;
+  const double mine[2] = {static_cast<double>(kernels::peak_device_bytes(ctx)),
+                          static_cast<double>(kernels::peak_device_pool_bytes(ctx))};
+  std::vector<double> all(static_cast<std::size_t>(2 * world.size()));
+  world.all_gather(mine, all.data(), 2, comm::Datatype::kF64);
+  std::string arenas, pool;
+  for (std::size_t r = 0; r < all.size() / 2; ++r) {
+    arenas += core::str(r == 0 ? "" : " ", static_cast<std::int64_t>(all[2 * r]));
+    pool += core::str(r == 0 ? "" : " ", static_cast<std::int64_t>(all[2 * r + 1]));
+  }
+  log::info("memory: peak device memory per rank [", arenas, "] B in arenas and buffers + [", pool,
+            "] B in the kernels' stream pool (each its own high-water)");
+}
+
+TrainingLog::TrainingLog(const Sources& s, double peak_tflops,
+                         parallel::PipelineScheduleKind schedule)
+    : src_(s), T_(s.cfg.model.seq_length), peak_tflops_(peak_tflops), schedule_kind_(schedule) {
+  metrics_.emplace(src_.world.rank() == 0 ? src_.cfg.metrics_jsonl : std::string());
+  // Megatron's TensorBoard scalars (training.py: training_log, evaluate_and_print_results).
+  tb_.emplace(src_.world.rank() == 0 ? src_.cfg.tensorboard_dir : std::string());
+  if (tb_->enabled()) log::info("tensorboard: writing ", tb_->path());
+}
+
+void TrainingLog::log_tensorboard(const IterationResult& r) {
+  const std::int64_t it = src_.progress.iteration;
+  auto both = [&](const char* name, double v) {
+    tb_->add_scalar(name, v, it);
+    tb_->add_scalar(std::string(name) + " vs samples", v, src_.progress.consumed);
+  };
+  if (!src_.cfg.no_log_learning_rate_to_tensorboard) both("learning-rate", r.lr);
+  both("batch-size", static_cast<double>(r.batch.running_global_batch_size));
+  if (std::isfinite(r.lm_loss) && !r.step.skipped) both("lm loss", r.lm_loss);
+  if (!src_.cfg.no_log_loss_scale_to_tensorboard) both("loss-scale", r.used_scale);
+  if (src_.cfg.log_world_size_to_tensorboard) both("world-size", src_.world.size());
+  if (src_.cfg.adamw.clip_grad > 0) both("grad-norm", r.step.grad_norm);
+  if (src_.cfg.log_memory_to_tensorboard) {
+    tb_->add_scalar("mem-allocated-bytes",
+                    static_cast<double>(src_.mem.param_bytes + src_.mem.grad_bytes +
+                                        src_.mem.optimizer_bytes + src_.mem.staging_bytes),
+                    it);
+  }
+}
+
+// The log line (Megatron's), the metrics record and the pipeline's idle fractions of the
+// interval that `r` ends; then a new interval.
+void TrainingLog::log_interval(const IterationResult& r) {
+  const IntervalStats& s = interval_;
+  const double iters = static_cast<double>(s.iters);
+  const double avg_loss = s.advanced > 0 ? s.loss / static_cast<double>(s.advanced) : 0.0;
+  const double avg_ms = s.ms / iters;
+  const double tokens_per_s = s.tokens / (s.ms / 1e3);
+  const double tflops = s.flops / (s.ms / 1e3) / 1e12 / src_.world.size();
+  // Pipeline bubble: the share of the schedule this stage spent waiting, per stage.
+  std::vector<double> idle(static_cast<std::size_t>(src_.par.layout().pp_size), 0.0);
+  const double my_idle = s.pipe_ms > 0 ? 1.0 - s.busy_ms / s.pipe_ms : 0.0;
+  src_.par.pp_host().all_gather(&my_idle, idle.data(), 1, comm::Datatype::kF64);
+  const std::int64_t it = src_.progress.iteration;
+  if (src_.cfg.log_timers_to_tensorboard) {
+    tb_->add_scalar("iteration-time", avg_ms / 1e3, it);
+    if (src_.cfg.log_throughput) tb_->add_scalar("throughput", tflops, it);
+  }
+  log::info(iteration_log_line({.megatron_deepspeed = src_.cfg.megatron_deepspeed_log,
+                                .log_throughput = src_.cfg.log_throughput,
+                                .iteration = it,
+                                .train_iters = src_.cfg.train_iters,
+                                .consumed_samples = src_.progress.consumed,
+                                .consumed_tokens = src_.progress.consumed * T_,
+                                .iter_ms = avg_ms,
+                                .tflops_per_rank = tflops,
+                                .lr = r.lr,
+                                .global_batch_size = r.batch.running_global_batch_size,
+                                .lm_loss = avg_loss,
+                                .loss_scale = r.used_scale,
+                                .grad_norm = src_.cfg.adamw.clip_grad > 0
+                                                 ? std::optional<double>(r.step.grad_norm)
+                                                 : std::nullopt,
+                                .skipped = s.skipped,
+                                .nan = s.nan,
+                                .samples_per_s = s.tokens / static_cast<double>(T_) / (s.ms / 1e3),
+                                .seq_length = T_}));
+  nlohmann::json record = {{"iteration", it},
+                           {"consumed_samples", src_.progress.consumed},
+                           {"lm_loss", s.loss_all / iters},
+                           {"lr", r.lr},
+                           {"grad_norm", r.step.grad_norm},
+                           {"iter_ms", avg_ms},
+                           {"iter_cpu_ms", (process_cpu_ms() - s.cpu0) / iters},
+                           {"tokens_per_s", tokens_per_s},
+                           {"tflops", tflops},
+                           {"mfu", tflops / peak_tflops_},
+                           {"skipped_iterations", src_.progress.skipped_iters},
+                           {"nan_iterations", src_.progress.nan_iters},
+                           {"global_batch_size", r.batch.running_global_batch_size},
+                           {"loss_scale", r.used_scale}};
+  // On a device: rank 0's peak device memory so far, arenas and buffers plus the stream pool.
+  if (src_.ctx.device.kind == core::DeviceKind::kCuda) {
+    record["peak_device_bytes"] =
+        kernels::peak_device_bytes(src_.ctx) + kernels::peak_device_pool_bytes(src_.ctx);
+  }
+  // Data-parallel traffic this rank sent per iteration (ring-algorithm bytes).
+  record["dp_comm_bytes_per_iteration"] = src_.optimizer.comm().dp_bytes / iters;
+  src_.optimizer.reset_comm();
+  src_.offload.interval(record, s.iters);
+  if (src_.par.layout().tp_size > 1) {
+    record["tp_comm_bytes_per_iteration"] = src_.tp_traffic.bytes / iters;
+    record["tp_all_reduces_per_iteration"] =
+        static_cast<double>(src_.tp_traffic.all_reduces) / iters;
+    record["tp_all_gathers_per_iteration"] =
+        static_cast<double>(src_.tp_traffic.all_gathers) / iters;
+    record["tp_reduce_scatters_per_iteration"] =
+        static_cast<double>(src_.tp_traffic.reduce_scatters) / iters;
+    src_.tp_traffic = {};
+  }
+  if (src_.par.layout().pp_size > 1) {
+    record["pipeline_idle_fraction"] = idle;
+    std::string text;
+    for (double f : idle) text += core::str(text.empty() ? "" : " ", f);
+    log::info("pipeline: idle fraction per stage [", text, "] (",
+              pipeline_schedule_name(schedule_kind_), ", ", src_.micro_batches, " micro-batches)");
+  }
+  metrics_->write(record);
+  interval_ = IntervalStats{};
+}
+
+// --profile: rank 0's kernels and collectives over iterations profile_step_start + 1 ..
+// profile_step_end (Megatron's window), timed by core/profile.h.
+void TrainingLog::before_iteration() {
+  if (!src_.cfg.profile || profiling_ || src_.progress.iteration != src_.cfg.profile_step_start)
+    return;
+  if (src_.world.rank() != 0) return;
+  core::profile::set_enabled(true);
+  // On a device each op's time is its kernels': CUDA events around each scope, read at the end.
+  core::profile::set_device_timer(kernels::make_device_timer(src_.ctx));
+  profiling_ = true;
+}
+
+void TrainingLog::after_iteration(const IterationResult& r) {
+  if (profiling_) {
+    ++profile_iters_;
+    profile_ms_ += r.ms;
+    if (src_.progress.iteration >= src_.cfg.profile_step_end) finish_profile();
+  }
+  const std::int64_t it = src_.progress.iteration;
+  interval_.add(r, src_.cfg.model.flops_per_iteration(r.tokens));
+  if (tb_->enabled() && it % src_.cfg.tensorboard_log_interval == 0) log_tensorboard(r);
+  if (it % src_.cfg.log_interval == 0 || it == src_.cfg.train_iters) log_interval(r);
+}
+
+// The table in the log and one record in --metrics-jsonl (ms per iteration by kind, and what no
+// kernel or collective accounts for).
+void TrainingLog::finish_profile() {
+  if (!profiling_) return;
+  profiling_ = false;
+  core::profile::set_enabled(false);
+  core::profile::set_device_timer(nullptr);  // times the window's scopes first
+  const std::vector<core::profile::Entry> entries = core::profile::entries();
+  const double iters = static_cast<double>(std::max<std::int64_t>(profile_iters_, 1));
+  const double iter_ms = profile_ms_ / iters;
+  const std::int64_t first = src_.progress.iteration - profile_iters_ + 1;
+  log::info("profile: rank 0, iterations ", first, "-", src_.progress.iteration, ", ", iter_ms,
+            " ms per iteration (trident's timers, exclusive times):\n",
+            core::profile::format_table(entries, iters, iter_ms / 1e3, 40));
+  nlohmann::json kinds = nlohmann::json::object();
+  double tracked = 0;
+  for (const core::profile::Entry& k : core::profile::by_kind(entries)) {
+    kinds[k.name] = k.seconds * 1e3 / iters;
+    tracked += k.seconds * 1e3 / iters;
+  }
+  kinds["outside"] = iter_ms - tracked;
+  metrics_->write({{"profile",
+                    {{"first_iteration", first},
+                     {"last_iteration", src_.progress.iteration},
+                     {"iter_ms", iter_ms},
+                     {"ms_per_iteration", kinds}}}});
+  core::profile::reset();
+}
 }  // namespace trident::train

@@ -1,7 +1,6 @@
 #include "trident/train/trainer.h"
 
 #include <omp.h>
-#include <sys/resource.h>
 
 #include <algorithm>
 #include <cmath>
@@ -102,44 +101,6 @@ void fill_micro_batch(const data::SampleDataset& ds, std::int64_t first, std::in
   }
 }
 
-// CPU time (user + system, every thread) this process has used, in milliseconds.
-double process_cpu_ms() {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  return (static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) * 1e3 +
-          static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e3);
-}
-
-// Each rank's peak resident memory (getrusage), logged by rank 0 for comparison with the memory
-// report above and `trident plan`.
-void log_peak_rss(comm::Communicator& world) {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  const double mine = static_cast<double>(usage.ru_maxrss) * 1024.0;
-  std::vector<double> all(static_cast<std::size_t>(world.size()));
-  world.all_gather(&mine, all.data(), 1, comm::Datatype::kF64);
-  std::string text;
-  for (double b : all) text += core::str(text.empty() ? "" : " ", static_cast<std::int64_t>(b));
-  log::info("memory: peak RSS per rank [", text, "] B");
-}
-
-// On a device: each rank's peak device memory, the arenas and buffers (parameters, gradients,
-// optimizer state, activation slots, staging) and the kernels' stream pool, logged by rank 0.
-void log_peak_device_memory(comm::Communicator& world, const core::ExecContext& ctx) {
-  if (ctx.device.kind != core::DeviceKind::kCuda) return;
-  const double mine[2] = {static_cast<double>(kernels::peak_device_bytes(ctx)),
-                          static_cast<double>(kernels::peak_device_pool_bytes(ctx))};
-  std::vector<double> all(static_cast<std::size_t>(2 * world.size()));
-  world.all_gather(mine, all.data(), 2, comm::Datatype::kF64);
-  std::string arenas, pool;
-  for (std::size_t r = 0; r < all.size() / 2; ++r) {
-    arenas += core::str(r == 0 ? "" : " ", static_cast<std::int64_t>(all[2 * r]));
-    pool += core::str(r == 0 ? "" : " ", static_cast<std::int64_t>(all[2 * r + 1]));
-  }
-  log::info("memory: peak device memory per rank [", arenas, "] B in arenas and buffers + [", pool,
-            "] B in the kernels' stream pool (each its own high-water)");
-}
-
 // Fault injection for the tests of non-finite steps: TRIDENT_TEST_NAN_GRAD_ITER=k makes rank
 // TRIDENT_TEST_NAN_GRAD_RANK (default 0) seed iteration k's backward with NaN, so that every
 // gradient it computes is NaN, as a real numerical blow-up would make them.
@@ -149,52 +110,6 @@ float test_gradient_poison(std::int64_t iteration, int rank) {
   const char* on_rank = std::getenv("TRIDENT_TEST_NAN_GRAD_RANK");
   return rank == (on_rank ? std::atoi(on_rank) : 0) ? NAN : 1.0f;
 }
-
-// The counters a checkpoint carries besides the model and optimizer state.
-struct Progress {
-  std::int64_t iteration = 0, consumed = 0, consumed_valid = 0;
-  std::int64_t skipped_iters = 0, nan_iters = 0;
-};
-
-// What one training iteration did.
-struct IterationResult {
-  PipelineStats pipeline;
-  OptimizerStepResult step;
-  data::StepBatch batch;
-  double lr = 0;          // the rate the iteration used
-  double used_scale = 1;  // the loss scale it used
-  double lm_loss = 0;     // the mean over the global batch
-  double ms = 0;
-  std::int64_t tokens = 0;
-  bool advanced() const { return !step.skipped && std::isfinite(lm_loss); }
-  bool non_finite() const { return !std::isfinite(lm_loss) || !std::isfinite(step.grad_norm); }
-};
-
-// Sums over the iterations since the last log line.
-struct IntervalStats {
-  double loss = 0;      // over the iterations that advanced (Megatron's average)
-  double loss_all = 0;  // over every iteration (--metrics-jsonl)
-  double ms = 0, busy_ms = 0, pipe_ms = 0, flops = 0, tokens = 0;
-  double cpu0 = process_cpu_ms();  // CPU time per iteration: timing on a shared machine
-  std::int64_t iters = 0, skipped = 0, nan = 0, advanced = 0;
-
-  void add(const IterationResult& r, double flops_of_iteration) {
-    loss_all += r.lm_loss;
-    if (r.advanced()) {
-      loss += r.lm_loss;
-      ++advanced;
-    } else {
-      ++skipped;
-      if (r.non_finite()) ++nan;
-    }
-    flops += flops_of_iteration;
-    tokens += static_cast<double>(r.tokens);
-    ms += r.ms;
-    busy_ms += r.pipeline.busy_ms;
-    pipe_ms += r.pipeline.total_ms;
-    ++iters;
-  }
-};
 
 // `trident train` as steps: the constructor sets up (launch, data, model, checkpoint, schedules);
 // run() trains iteration by iteration, logging, evaluating, saving and stopping between them.
@@ -221,17 +136,12 @@ class Trainer {
   void build_schedules();
   // An iteration and what follows it.
   IterationResult train_iteration();
-  void log_tensorboard(const IterationResult& r);
-  void log_interval(const IterationResult& r);
   void evaluate(std::int64_t it, const char* suffix = "", bool test = false);
   void evaluate_groups(std::int64_t it, bool at_end, bool test);
   double evaluation_loss(const data::SampleDataset& ds, std::int64_t& consumed,
                          std::int64_t eval_micro, std::int64_t it);
   void save(std::int64_t it);
   int stop_code();
-  void profile_before_iteration();
-  void profile_after_iteration(const IterationResult& r);
-  void finish_profile();
   // Helpers.
   MicroBatches micro_batches_of(const data::SampleDataset& ds, std::int64_t first,
                                 std::int64_t iteration);
@@ -265,18 +175,11 @@ class Trainer {
   std::vector<ckpt::CheckpointState::Slice> ckpt_device_;
   Progress progress_;
   bool have_checkpoint_ = false;
-  double peak_tflops_ = 0;
-  std::optional<MetricsWriter> metrics_;
-  std::optional<TensorBoardWriter> tb_;
   std::optional<optim::LossScaler> scaler_;
   std::optional<optim::MegatronLrScheduler> lr_sched_;
   std::optional<CheckpointSaver> saver_;
-  IntervalStats interval_;
+  std::optional<TrainingLog> log_;  // the log line, metrics, TensorBoard, the profile window
   std::vector<std::int32_t> scratch_;
-  // --profile: the window's iterations and their time so far.
-  bool profiling_ = false;
-  std::int64_t profile_iters_ = 0;
-  double profile_ms_ = 0;
 };
 
 TrainConfig finalized(TrainConfig cfg, int world_size) {
@@ -686,26 +589,33 @@ void Trainer::build_schedules() {
   }
   // MFU's denominator: --peak-tflops, else the GPU's dense peak at the training precision, else
   // the CPU's measured FP32 GEMM rate; the slowest rank's.
-  peak_tflops_ = cfg_.peak_tflops;
+  double peak_tflops = cfg_.peak_tflops;
   std::string peak_basis = "--peak-tflops";
-  if (peak_tflops_ <= 0 && ctx_.device.kind == core::DeviceKind::kCuda) {
+  if (peak_tflops <= 0 && ctx_.device.kind == core::DeviceKind::kCuda) {
     const kernels::DevicePeak peak = kernels::cuda_device_peak(ctx_.device.index);
     const bool tensor_cores = cfg_.bf16 || cfg_.fp16;
-    peak_tflops_ = tensor_cores ? peak.bf16_tflops : peak.fp32_tflops;
+    peak_tflops = tensor_cores ? peak.bf16_tflops : peak.fp32_tflops;
     peak_basis = core::str(tensor_cores ? "GPU dense BF16/FP16" : "GPU FP32", ": ", peak.basis);
-  } else if (peak_tflops_ <= 0) {
-    peak_tflops_ = measure_peak_tflops();
+  } else if (peak_tflops <= 0) {
+    peak_tflops = measure_peak_tflops();
     peak_basis = "measured FP32 GEMM";
   }
-  world_.all_reduce(&peak_tflops_, 1, comm::Datatype::kF64, comm::ReduceOp::kMin);
+  world_.all_reduce(&peak_tflops, 1, comm::Datatype::kF64, comm::ReduceOp::kMin);
   log::info("train: global batch ", cfg_.global_batch_size, " = micro ", B_, " x ", micro_batches_,
             " micro-batches x ", dp_, " data-parallel; ", omp_get_max_threads(),
-            " threads per rank; MFU against ", peak_tflops_, " TFLOP/s per rank (", peak_basis,
+            " threads per rank; MFU against ", peak_tflops, " TFLOP/s per rank (", peak_basis,
             ")");
-  metrics_.emplace(world_.rank() == 0 ? cfg_.metrics_jsonl : std::string());
-  // Megatron's TensorBoard scalars (training.py: training_log, evaluate_and_print_results).
-  tb_.emplace(world_.rank() == 0 ? cfg_.tensorboard_dir : std::string());
-  if (tb_->enabled()) log::info("tensorboard: writing ", tb_->path());
+  log_.emplace(TrainingLog::Sources{.cfg = cfg_,
+                                    .world = world_,
+                                    .par = par_,
+                                    .ctx = ctx_,
+                                    .optimizer = *optimizer_,
+                                    .offload = *offload_report_,
+                                    .tp_traffic = tp_traffic_,
+                                    .progress = progress_,
+                                    .mem = mem_,
+                                    .micro_batches = micro_batches_},
+               peak_tflops, schedule_kind_);
   scaler_.emplace(optim::LossScalerConfig{
       .dynamic = cfg_.fp16 && cfg_.loss_scale <= 0,
       .static_scale = cfg_.fp16 && cfg_.loss_scale > 0 ? cfg_.loss_scale : 1.0,
@@ -763,13 +673,10 @@ int Trainer::run() {
     return cfg_.train_tokens == 0 || progress_.consumed * T_ < cfg_.train_tokens;
   };
   while (progress_.iteration < cfg_.train_iters && tokens_left()) {
-    profile_before_iteration();
+    log_->before_iteration();
     const IterationResult r = train_iteration();
-    profile_after_iteration(r);
+    log_->after_iteration(r);
     const std::int64_t it = progress_.iteration;
-    interval_.add(r, cfg_.model.flops_per_iteration(r.tokens));
-    if (tb_->enabled() && it % cfg_.tensorboard_log_interval == 0) log_tensorboard(r);
-    if (it % cfg_.log_interval == 0 || it == cfg_.train_iters) log_interval(r);
     if (it % cfg_.eval_interval == 0) evaluate(it);
     saver_->poll(world_);  // finishes a background save once every rank has written its shard
     // Clean stops: save (when --save) and exit with the condition's code.
@@ -782,13 +689,13 @@ int Trainer::run() {
       log::info("train: exiting at iteration ", it, " with code ", code, " (", exit_code_name(stop),
                 code == stop ? std::string(")")
                              : str("; --exit-codes distinct exits with ", stop, " instead)"));
-      finish_profile();
+      log_->finish_profile();
       log_peak_rss(world_);
       log_peak_device_memory(world_, ctx_);
       return code;
     }
   }
-  finish_profile();
+  log_->finish_profile();
   // As Megatron's pretrain(): validation and test at the end of training.
   evaluate(progress_.iteration, " on validation set");
   evaluate(progress_.iteration, " on test set", /*test=*/true);
@@ -849,113 +756,14 @@ IterationResult Trainer::train_iteration() {
   return r;
 }
 
-void Trainer::log_tensorboard(const IterationResult& r) {
-  const std::int64_t it = progress_.iteration;
-  auto both = [&](const char* name, double v) {
-    tb_->add_scalar(name, v, it);
-    tb_->add_scalar(std::string(name) + " vs samples", v, progress_.consumed);
-  };
-  if (!cfg_.no_log_learning_rate_to_tensorboard) both("learning-rate", r.lr);
-  both("batch-size", static_cast<double>(r.batch.running_global_batch_size));
-  if (std::isfinite(r.lm_loss) && !r.step.skipped) both("lm loss", r.lm_loss);
-  if (!cfg_.no_log_loss_scale_to_tensorboard) both("loss-scale", r.used_scale);
-  if (cfg_.log_world_size_to_tensorboard) both("world-size", world_.size());
-  if (cfg_.adamw.clip_grad > 0) both("grad-norm", r.step.grad_norm);
-  if (cfg_.log_memory_to_tensorboard) {
-    tb_->add_scalar("mem-allocated-bytes",
-                    static_cast<double>(mem_.param_bytes + mem_.grad_bytes + mem_.optimizer_bytes +
-                                        mem_.staging_bytes),
-                    it);
-  }
-}
-
-// The log line (Megatron's), the metrics record and the pipeline's idle fractions of the
-// interval that `r` ends; then a new interval.
-void Trainer::log_interval(const IterationResult& r) {
-  const IntervalStats& s = interval_;
-  const double iters = static_cast<double>(s.iters);
-  const double avg_loss = s.advanced > 0 ? s.loss / static_cast<double>(s.advanced) : 0.0;
-  const double avg_ms = s.ms / iters;
-  const double tokens_per_s = s.tokens / (s.ms / 1e3);
-  const double tflops = s.flops / (s.ms / 1e3) / 1e12 / world_.size();
-  // Pipeline bubble: the share of the schedule this stage spent waiting, per stage.
-  std::vector<double> idle(static_cast<std::size_t>(layout_.pp_size), 0.0);
-  const double my_idle = s.pipe_ms > 0 ? 1.0 - s.busy_ms / s.pipe_ms : 0.0;
-  par_.pp_host().all_gather(&my_idle, idle.data(), 1, comm::Datatype::kF64);
-  const std::int64_t it = progress_.iteration;
-  if (cfg_.log_timers_to_tensorboard) {
-    tb_->add_scalar("iteration-time", avg_ms / 1e3, it);
-    if (cfg_.log_throughput) tb_->add_scalar("throughput", tflops, it);
-  }
-  log::info(iteration_log_line({.megatron_deepspeed = cfg_.megatron_deepspeed_log,
-                                .log_throughput = cfg_.log_throughput,
-                                .iteration = it,
-                                .train_iters = cfg_.train_iters,
-                                .consumed_samples = progress_.consumed,
-                                .consumed_tokens = progress_.consumed * T_,
-                                .iter_ms = avg_ms,
-                                .tflops_per_rank = tflops,
-                                .lr = r.lr,
-                                .global_batch_size = r.batch.running_global_batch_size,
-                                .lm_loss = avg_loss,
-                                .loss_scale = r.used_scale,
-                                .grad_norm = cfg_.adamw.clip_grad > 0
-                                                 ? std::optional<double>(r.step.grad_norm)
-                                                 : std::nullopt,
-                                .skipped = s.skipped,
-                                .nan = s.nan,
-                                .samples_per_s = s.tokens / static_cast<double>(T_) / (s.ms / 1e3),
-                                .seq_length = T_}));
-  nlohmann::json record = {{"iteration", it},
-                           {"consumed_samples", progress_.consumed},
-                           {"lm_loss", s.loss_all / iters},
-                           {"lr", r.lr},
-                           {"grad_norm", r.step.grad_norm},
-                           {"iter_ms", avg_ms},
-                           {"iter_cpu_ms", (process_cpu_ms() - s.cpu0) / iters},
-                           {"tokens_per_s", tokens_per_s},
-                           {"tflops", tflops},
-                           {"mfu", tflops / peak_tflops_},
-                           {"skipped_iterations", progress_.skipped_iters},
-                           {"nan_iterations", progress_.nan_iters},
-                           {"global_batch_size", r.batch.running_global_batch_size},
-                           {"loss_scale", r.used_scale}};
-  // On a device: rank 0's peak device memory so far, arenas and buffers plus the stream pool.
-  if (ctx_.device.kind == core::DeviceKind::kCuda) {
-    record["peak_device_bytes"] =
-        kernels::peak_device_bytes(ctx_) + kernels::peak_device_pool_bytes(ctx_);
-  }
-  // Data-parallel traffic this rank sent per iteration (ring-algorithm bytes).
-  record["dp_comm_bytes_per_iteration"] = optimizer_->comm().dp_bytes / iters;
-  optimizer_->reset_comm();
-  offload_report_->interval(record, s.iters);
-  if (layout_.tp_size > 1) {
-    record["tp_comm_bytes_per_iteration"] = tp_traffic_.bytes / iters;
-    record["tp_all_reduces_per_iteration"] = static_cast<double>(tp_traffic_.all_reduces) / iters;
-    record["tp_all_gathers_per_iteration"] = static_cast<double>(tp_traffic_.all_gathers) / iters;
-    record["tp_reduce_scatters_per_iteration"] =
-        static_cast<double>(tp_traffic_.reduce_scatters) / iters;
-    tp_traffic_ = {};
-  }
-  if (layout_.pp_size > 1) {
-    record["pipeline_idle_fraction"] = idle;
-    std::string text;
-    for (double f : idle) text += core::str(text.empty() ? "" : " ", f);
-    log::info("pipeline: idle fraction per stage [", text, "] (",
-              pipeline_schedule_name(schedule_kind_), ", ", micro_batches_, " micro-batches)");
-  }
-  metrics_->write(record);
-  interval_ = IntervalStats{};
-}
-
 // Evaluation continues through the validation set (consumed_valid_samples), as Megatron's
 // validation iterator does, at the full global batch size.
 // The mean loss of eval_iters batches of eval_micro micro-batches from sample `consumed` on
 // (advanced past them).
 double Trainer::evaluation_loss(const data::SampleDataset& ds, std::int64_t& consumed,
                                 std::int64_t eval_micro, std::int64_t it) {
-  const model::TpTraffic training_traffic = tp_traffic_;  // evaluation is not counted
-  if (profiling_) core::profile::set_enabled(false);      // nor profiled
+  const model::TpTraffic training_traffic = tp_traffic_;     // evaluation is not counted
+  if (log_->profiling()) core::profile::set_enabled(false);  // nor profiled
   model::LossSum total;
   optimizer_->begin_evaluation();  // ZeRO-3: gather the weights the last step updated
   for (std::int64_t e = 0; e < cfg_.eval_iters; ++e) {
@@ -967,7 +775,7 @@ double Trainer::evaluation_loss(const data::SampleDataset& ds, std::int64_t& con
     total.count += l.count;
   }
   tp_traffic_ = training_traffic;
-  if (profiling_) core::profile::resume();
+  if (log_->profiling()) core::profile::resume();
   return global_loss(total);
 }
 
@@ -995,20 +803,20 @@ void Trainer::evaluate_groups(std::int64_t it, bool at_end, bool test) {
     log::info(std::string(line.size() + 1, '-'));
     log::info(line);
     log::info(std::string(line.size() + 1, '-'));
-    metrics_->write({{"iteration", it},
-                     {"split", test ? "test" : "valid"},
-                     {"name", g.name},
-                     {"lm_loss", loss},
-                     {"ppl", ppl}});
+    log_->metrics().write({{"iteration", it},
+                           {"split", test ? "test" : "valid"},
+                           {"name", g.name},
+                           {"lm_loss", loss},
+                           {"ppl", ppl}});
     const std::string tag = "lm-loss-validation/" + g.name + "/lm loss validation";
     const std::int64_t step = test ? 0 : it;
-    tb_->add_scalar(tag, loss, step);
-    tb_->add_scalar(tag + " vs samples", loss, progress_.consumed);
-    tb_->add_scalar(tag + " vs tokens", loss, progress_.consumed * T_);
+    log_->tensorboard().add_scalar(tag, loss, step);
+    log_->tensorboard().add_scalar(tag + " vs samples", loss, progress_.consumed);
+    log_->tensorboard().add_scalar(tag + " vs tokens", loss, progress_.consumed * T_);
     if (cfg_.log_validation_ppl_to_tensorboard) {
-      tb_->add_scalar(tag + " ppl", ppl, step);
-      tb_->add_scalar(tag + " ppl vs samples", ppl, progress_.consumed);
-      tb_->add_scalar(tag + " ppl vs tokens", ppl, progress_.consumed * T_);
+      log_->tensorboard().add_scalar(tag + " ppl", ppl, step);
+      log_->tensorboard().add_scalar(tag + " ppl vs samples", ppl, progress_.consumed);
+      log_->tensorboard().add_scalar(tag + " ppl vs tokens", ppl, progress_.consumed * T_);
     }
   }
   if (!test) progress_.consumed_valid += n * cfg_.eval_iters * micro_batches_ * B_ * dp_;
@@ -1033,14 +841,14 @@ void Trainer::evaluate(std::int64_t it, const char* suffix, bool test) {
   log::info(std::string(line.size() + 1, '-'));
   log::info(line);
   log::info(std::string(line.size() + 1, '-'));
-  metrics_->write(
+  log_->metrics().write(
       {{"iteration", it}, {"split", test ? "test" : "valid"}, {"lm_loss", loss}, {"ppl", ppl}});
   if (!test) {
-    tb_->add_scalar("lm loss validation", loss, it);
-    tb_->add_scalar("lm loss validation vs samples", loss, progress_.consumed);
+    log_->tensorboard().add_scalar("lm loss validation", loss, it);
+    log_->tensorboard().add_scalar("lm loss validation vs samples", loss, progress_.consumed);
     if (cfg_.log_validation_ppl_to_tensorboard) {
-      tb_->add_scalar("lm loss validation ppl", ppl, it);
-      tb_->add_scalar("lm loss validation ppl vs samples", ppl, progress_.consumed);
+      log_->tensorboard().add_scalar("lm loss validation ppl", ppl, it);
+      log_->tensorboard().add_scalar("lm loss validation ppl vs samples", ppl, progress_.consumed);
     }
   }
 }
@@ -1061,53 +869,6 @@ void Trainer::save(std::int64_t it) {
   log::info("ckpt: ", cfg_.async_save ? "started saving" : "saved", " iteration ", it, " to ",
             cfg_.save, " (training blocked ", blocked, " ms", cfg_.async_save ? ", async" : "",
             ")");
-}
-
-// --profile: rank 0's kernels and collectives over iterations profile_step_start + 1 ..
-// profile_step_end (Megatron's window), timed by core/profile.h.
-void Trainer::profile_before_iteration() {
-  if (!cfg_.profile || profiling_ || progress_.iteration != cfg_.profile_step_start) return;
-  if (world_.rank() != 0) return;
-  core::profile::set_enabled(true);
-  // On a device each op's time is its kernels': CUDA events around each scope, read at the end.
-  core::profile::set_device_timer(kernels::make_device_timer(ctx_));
-  profiling_ = true;
-}
-
-void Trainer::profile_after_iteration(const IterationResult& r) {
-  if (!profiling_) return;
-  ++profile_iters_;
-  profile_ms_ += r.ms;
-  if (progress_.iteration >= cfg_.profile_step_end) finish_profile();
-}
-
-// The table in the log and one record in --metrics-jsonl (ms per iteration by kind, and what no
-// kernel or collective accounts for).
-void Trainer::finish_profile() {
-  if (!profiling_) return;
-  profiling_ = false;
-  core::profile::set_enabled(false);
-  core::profile::set_device_timer(nullptr);  // times the window's scopes first
-  const std::vector<core::profile::Entry> entries = core::profile::entries();
-  const double iters = static_cast<double>(std::max<std::int64_t>(profile_iters_, 1));
-  const double iter_ms = profile_ms_ / iters;
-  const std::int64_t first = progress_.iteration - profile_iters_ + 1;
-  log::info("profile: rank 0, iterations ", first, "-", progress_.iteration, ", ", iter_ms,
-            " ms per iteration (trident's timers, exclusive times):\n",
-            core::profile::format_table(entries, iters, iter_ms / 1e3, 40));
-  nlohmann::json kinds = nlohmann::json::object();
-  double tracked = 0;
-  for (const core::profile::Entry& k : core::profile::by_kind(entries)) {
-    kinds[k.name] = k.seconds * 1e3 / iters;
-    tracked += k.seconds * 1e3 / iters;
-  }
-  kinds["outside"] = iter_ms - tracked;
-  metrics_->write({{"profile",
-                    {{"first_iteration", first},
-                     {"last_iteration", progress_.iteration},
-                     {"iter_ms", iter_ms},
-                     {"ms_per_iteration", kinds}}}});
-  core::profile::reset();
 }
 
 // The code of a clean stop after this iteration (0: go on): a signal, the duration or the kill
