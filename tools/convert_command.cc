@@ -23,6 +23,7 @@
 #include "trident/ckpt/save_lock.h"
 #include "trident/core/error.h"
 #include "trident/core/log.h"
+#include "trident/optim/distributed_adamw.h"
 #include "trident/parallel/layout.h"
 #include "trident/train/rank_model.h"
 #include "trident/train/zero_optimizer.h"
@@ -164,10 +165,14 @@ void convert(const ConvertArgs& a) {
       const parallel::Range pr = train::ZeroOptimizer::stored_range(stage, false, n, dp, c.dp);
       const parallel::Range mr = train::ZeroOptimizer::stored_range(stage, true, n, dp, c.dp);
       std::vector<float> params(static_cast<std::size_t>(pr.size()));
-      std::vector<float> m(static_cast<std::size_t>(mr.size())), v(m.size());
       state.params = {params.data(), pr.begin, pr.end};
-      state.exp_avg = {m.data(), mr.begin, mr.end};
-      state.exp_avg_sq = {v.data(), mr.begin, mr.end};
+      // The optimizer's state arrays, each over the moments' range.
+      std::vector<std::vector<float>> arrays;
+      state.optimizer_state.clear();
+      for (const char* name : optim::DistributedAdamW::kStateArrays) {
+        arrays.emplace_back(static_cast<std::size_t>(mr.size()));
+        state.optimizer_state.push_back({name, {arrays.back().data(), mr.begin, mr.end}});
+      }
       ckpt::load_resharded(it_dir, src, state);
       const std::string error = ckpt::write_shard(tmp_dir, r, state);
       if (!error.empty()) throw ckpt::SaveError(error);

@@ -19,6 +19,7 @@
 #include "trident/core/log.h"
 #include "trident/data/json_io.h"
 #include "trident/model/param_table.h"
+#include "trident/optim/distributed_adamw.h"
 #include "trident/train/train_config.h"
 
 namespace trident::tools {
@@ -152,10 +153,11 @@ void import_from_hf(const HfImportArgs& a) {
   state.coords = {{"tp", 0}, {"pp", 0}, {"dp", 0}};
   state.tables.push_back({&table, 0});
   state.numel = table.total_numel;
-  std::vector<float> zeros(flat.size(), 0.0f);  // both Adam moments (fine-tuning starts them anew)
+  std::vector<float> zeros(flat.size(), 0.0f);  // the optimizer's state (fine-tuning starts anew)
   state.params = {flat.data(), 0, table.total_numel};
-  state.exp_avg = {zeros.data(), 0, table.total_numel};
-  state.exp_avg_sq = {zeros.data(), 0, table.total_numel};
+  for (const char* name : optim::DistributedAdamW::kStateArrays) {
+    state.optimizer_state.push_back({name, {zeros.data(), 0, table.total_numel}});
+  }
   const std::string tmp_dir =
       (fs::path(a.save) / (ckpt::iteration_dir_name(0) + ".tmp." + std::to_string(::getpid())))
           .string();

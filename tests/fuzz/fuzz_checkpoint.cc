@@ -47,8 +47,8 @@ ckpt::CheckpointState make_state(const Setup& s, std::vector<float>& buf) {
   st.tables.push_back({&s.table, 0});
   st.numel = n;
   st.params = {buf.data(), 0, n};
-  st.exp_avg = {buf.data() + n, 0, n};
-  st.exp_avg_sq = {buf.data() + 2 * n, 0, n};
+  st.optimizer_state = {{"exp_avg", {buf.data() + n, 0, n}},
+                        {"exp_avg_sq", {buf.data() + 2 * n, 0, n}}};
   return st;
 }
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "trident/ckpt/checkpoint.h"
+#include "trident/ckpt/model_config_json.h"
 #include "trident/comm/self_communicator.h"
 #include "trident/core/error.h"
 #include "trident/model/param_table.h"
@@ -23,6 +24,18 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+// A one-layer GPT small enough to write checkpoints of in a test.
+model::ModelConfig tiny_config() {
+  model::ModelConfig mc;
+  mc.num_layers = 1;
+  mc.hidden_size = 8;
+  mc.num_attention_heads = 2;
+  mc.seq_length = 4;
+  mc.vocab_size = 10;
+  mc.make_vocab_size_divisible_by = 4;
+  return mc;
+}
+
 class CheckpointInputTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -30,13 +43,7 @@ class CheckpointInputTest : public ::testing::Test {
            ("trident_ckpt_input_test_" +
             std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
     fs::remove_all(dir_);
-    model::ModelConfig mc;
-    mc.num_layers = 1;
-    mc.hidden_size = 8;
-    mc.num_attention_heads = 2;
-    mc.seq_length = 4;
-    mc.vocab_size = 10;
-    mc.make_vocab_size_divisible_by = 4;
+    const model::ModelConfig mc = tiny_config();
     table_ = model::build_gpt_param_table(mc);
     const std::int64_t n = table_.total_numel;
     buf_.assign(static_cast<std::size_t>(3 * n), 0.5f);
@@ -48,8 +55,8 @@ class CheckpointInputTest : public ::testing::Test {
     st.tables.push_back({&table_, 0});
     st.numel = n;
     st.params = {buf_.data(), 0, n};
-    st.exp_avg = {buf_.data() + n, 0, n};
-    st.exp_avg_sq = {buf_.data() + 2 * n, 0, n};
+    st.optimizer_state = {{"exp_avg", {buf_.data() + n, 0, n}},
+                          {"exp_avg_sq", {buf_.data() + 2 * n, 0, n}}};
     comm::SelfCommunicator world;
     save_checkpoint(dir_.string(), st, world);
     shard_path_ = dir_ / "iter_0000003" / "rank_00000.json";
@@ -170,6 +177,57 @@ TEST_F(CheckpointInputTest, MalformedManifestAndFloatsAreNamed) {
   EXPECT_NE(load_with(s).find("unexpected number 1e+300 where integers are expected"),
             std::string::npos)
       << load_with(s);
+}
+
+// The optimizer's state arrays travel by the names the update rule gives them: a state with
+// another number of arrays saves and loads; a checkpoint of another optimizer is refused by name
+// in both directions (a tensor the run does not keep, a tensor the run needs and the file lacks).
+TEST(CheckpointOptimizerState, ArraysAreSavedAndLoadedByName) {
+  const fs::path dir = fs::temp_directory_path() / "trident_ckpt_named_state_test";
+  fs::remove_all(dir);
+  const model::ModelConfig mc = tiny_config();
+  const model::ParamTable table = model::build_gpt_param_table(mc);
+  const std::int64_t n = table.total_numel;
+  const auto state = [&](std::vector<std::vector<float>>& bufs,
+                         const std::vector<std::string>& names) {
+    CheckpointState st;
+    st.iteration = 1;
+    st.config = model_config_to_json(mc);
+    st.layout = {{"tp", 1}, {"pp", 1}, {"dp", 1}};
+    st.coords = {{"tp", 0}, {"pp", 0}, {"dp", 0}};
+    st.tables.push_back({&table, 0});
+    st.numel = n;
+    bufs.assign(names.size() + 1, std::vector<float>(static_cast<std::size_t>(n), 0.0f));
+    st.params = {bufs[0].data(), 0, n};
+    for (std::size_t i = 0; i < names.size(); ++i) {
+      st.optimizer_state.push_back({names[i], {bufs[i + 1].data(), 0, n}});
+    }
+    return st;
+  };
+  comm::SelfCommunicator world;
+  std::vector<std::vector<float>> saved;
+  CheckpointState out = state(saved, {"momentum"});  // a one-array rule
+  for (std::size_t i = 0; i < saved.size(); ++i) {
+    for (std::int64_t e = 0; e < n; ++e) saved[i][static_cast<std::size_t>(e)] = i * 1000.0f + e;
+  }
+  save_checkpoint(dir.string(), out, world);
+  std::vector<std::vector<float>> loaded;
+  CheckpointState in = state(loaded, {"momentum"});
+  load_checkpoint(dir.string(), -1, in, world);
+  EXPECT_EQ(loaded, saved);
+  const auto error = [&](const std::vector<std::string>& names) {
+    std::vector<std::vector<float>> b;
+    CheckpointState st = state(b, names);
+    try {
+      load_checkpoint(dir.string(), 1, st, world);
+    } catch (const core::DataError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(error({"exp_avg", "exp_avg_sq"}).find("unknown tensor 'momentum'"), std::string::npos);
+  EXPECT_NE(error({"momentum", "exp_avg_sq"}).find("no tensor 'exp_avg_sq'"), std::string::npos);
+  fs::remove_all(dir);
 }
 
 }  // namespace

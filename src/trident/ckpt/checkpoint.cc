@@ -94,7 +94,6 @@ namespace {
 
 using detail::fnv1a;
 using detail::kShardMagic;
-using detail::kTensors;
 using detail::parse_json_file;
 using detail::parse_shard_json;
 using detail::rank_name;
@@ -222,8 +221,8 @@ void drop_mapped(const char* p, std::int64_t n, bool written) {
 }
 
 // Reads this rank's shard (json + bin) into the given buffers; checks sizes and checksums.
-void read_shard(const fs::path& it_dir, int rank, std::int64_t numel,
-                const CheckpointState::Slice* const slices[3]) {
+void read_shard(const fs::path& it_dir, int rank, CheckpointState& s) {
+  const std::int64_t numel = s.numel;
   const std::string json_path = (it_dir / rank_name(rank, "json")).string();
   const std::string path = (it_dir / rank_name(rank, "bin")).string();
   const nlohmann::json shard = parse_shard_json(json_path);
@@ -235,14 +234,17 @@ void read_shard(const fs::path& it_dir, int rank, std::int64_t numel,
     throw CorruptCheckpoint(str(path, ": bad magic at byte 0 (expected TRCKPT01)"));
   }
   try {
+    std::vector<std::string> read;
     for (const nlohmann::json& t : shard.at("tensors")) {
       const std::string tensor = t.at("tensor");
-      int which = -1;
-      for (int k = 0; k < 3; ++k)
-        if (tensor == kTensors[k]) which = k;
-      if (which < 0) throw CorruptCheckpoint(str(path, ": unknown tensor '", tensor, "'"));
-      const CheckpointState::Slice& slice = *slices[which];
+      const CheckpointState::Slice* wanted = s.find(tensor);
+      if (wanted == nullptr) {
+        throw CorruptCheckpoint(str(path, ": unknown tensor '", tensor,
+                                    "' (neither the parameters nor this run's optimizer state)"));
+      }
+      const CheckpointState::Slice& slice = *wanted;
       if (slice.data == nullptr) continue;  // not wanted (e.g. generation skips Adam state)
+      read.push_back(tensor);
       const std::int64_t begin = t.at("begin"), end = t.at("end");
       const std::int64_t bytes = t.at("bytes"), offset = t.at("file_offset");
       if (begin < 0 || end > numel || begin > end || bytes != (end - begin) * 4 ||
@@ -269,6 +271,14 @@ void read_shard(const fs::path& it_dir, int rank, std::int64_t numel,
       if (sum != t.at("fnv1a64").get<std::string>()) {
         throw CorruptCheckpoint(str(path, ": checksum mismatch in tensor ", tensor,
                                     " (the file is corrupt; load an earlier iteration)"));
+      }
+    }
+    // Every tensor this run loads must have been in the shard.
+    for (const auto& [name, slice] : s.tensors()) {
+      if (slice->data != nullptr && std::find(read.begin(), read.end(), name) == read.end()) {
+        throw CorruptCheckpoint(
+            str(json_path, ": no tensor '", name,
+                "' (saved by another optimizer, or the checkpoint is corrupt)"));
       }
     }
   } catch (const nlohmann::json::exception& e) {
@@ -369,6 +379,20 @@ std::string iteration_dir_name(std::int64_t iteration) {
   return buf;
 }
 
+std::vector<std::pair<std::string, const CheckpointState::Slice*>> CheckpointState::tensors()
+    const {
+  std::vector<std::pair<std::string, const Slice*>> all{{"params", &params}};
+  for (const NamedSlice& n : optimizer_state) all.emplace_back(n.name, &n.slice);
+  return all;
+}
+
+CheckpointState::Slice* CheckpointState::find(const std::string& name) {
+  if (name == "params") return &params;
+  for (NamedSlice& n : optimizer_state)
+    if (n.name == name) return &n.slice;
+  return nullptr;
+}
+
 bool architecture_matches(const nlohmann::json& a, const nlohmann::json& b, std::string* why) {
   const std::string diff = architecture_diff(a, b);
   if (why) *why = diff;
@@ -377,15 +401,15 @@ bool architecture_matches(const nlohmann::json& a, const nlohmann::json& b, std:
 
 std::int64_t shard_bytes(const CheckpointState& s) {
   std::int64_t elements = 0;
-  for (const CheckpointState::Slice* sl : {&s.params, &s.exp_avg, &s.exp_avg_sq})
-    elements += sl->end - sl->begin;
+  for (const auto& [name, sl] : s.tensors()) elements += sl->end - sl->begin;
   return static_cast<std::int64_t>(sizeof(kShardMagic)) + elements * 4;
 }
 
 std::string begin_save(const std::string& dir, const CheckpointState& s,
                        comm::Communicator& world) {
-  TRIDENT_ASSERT(s.params.data && s.exp_avg.data && s.exp_avg_sq.data,
-                 "incomplete checkpoint state");
+  for (const auto& [name, sl] : s.tensors()) {
+    TRIDENT_ASSERT(sl->data != nullptr, "incomplete checkpoint state: no ", name);
+  }
   const std::string final_dir = (fs::path(dir) / iteration_dir_name(s.iteration)).string();
   // One temporary name for the whole job: rank 0's pid, broadcast.
   std::int64_t token = ::getpid();
@@ -450,10 +474,10 @@ std::string write_shard(const std::string& tmp_dir, int rank, const CheckpointSt
     try {
       write_all(fd, kShardMagic, sizeof(kShardMagic), shard_path);
       std::int64_t offset = sizeof(kShardMagic);
-      const CheckpointState::Slice* slices[] = {&s.params, &s.exp_avg, &s.exp_avg_sq};
+      const auto slices = s.tensors();
       std::vector<std::uint64_t> sums;
-      for (int t = 0; t < 3; ++t) {
-        const CheckpointState::Slice& sl = *slices[t];
+      for (std::size_t t = 0; t < slices.size(); ++t) {
+        const CheckpointState::Slice& sl = *slices[t].second;
         TRIDENT_ASSERT(0 <= sl.begin && sl.begin <= sl.end && sl.end <= n, "bad slice");
         const std::size_t bytes = static_cast<std::size_t>(sl.end - sl.begin) * sizeof(float);
         std::uint64_t h = detail::kFnvBasis;
@@ -467,7 +491,7 @@ std::string write_shard(const std::string& tmp_dir, int rank, const CheckpointSt
           at += piece;
         }
         sums.push_back(h);
-        tensors.push_back({{"tensor", kTensors[t]},
+        tensors.push_back({{"tensor", slices[t].first},
                            {"begin", sl.begin},
                            {"end", sl.end},
                            {"file_offset", offset},
@@ -483,9 +507,8 @@ std::string write_shard(const std::string& tmp_dir, int rank, const CheckpointSt
         throw SaveError(str("checkpoint: fsync of ", shard_path, " failed: ", errno_text()));
       }
       // Read back what the storage holds: a checkpoint is verified before it replaces anything.
-      for (int t = 0; t < 3; ++t) {
-        verify_written(fd, shard_path, tensors[t]["file_offset"], tensors[t]["bytes"],
-                       sums[static_cast<std::size_t>(t)]);
+      for (std::size_t t = 0; t < slices.size(); ++t) {
+        verify_written(fd, shard_path, tensors[t]["file_offset"], tensors[t]["bytes"], sums[t]);
       }
     } catch (...) {
       ::close(fd);
@@ -638,8 +661,7 @@ nlohmann::json load_one(const std::string& dir, std::int64_t it, CheckpointState
       same_layout = shard.at("tables") == tables_json(s.tables) && shard.at("numel") == s.numel;
     }
     if (same_layout) {
-      const CheckpointState::Slice* slices[] = {&s.params, &s.exp_avg, &s.exp_avg_sq};
-      read_shard(it_dir, rank, s.numel, slices);
+      read_shard(it_dir, rank, s);
     } else {
       if (rank == 0) {
         log::info("ckpt: resharding ", it_dir.string(), " from layout ", m.at("layout").dump(),

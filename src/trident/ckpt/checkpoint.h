@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "trident/comm/communicator.h"
@@ -63,7 +64,20 @@ struct CheckpointState {
     // layout go through it in pieces and drop each piece's pages from memory after it.
     bool mapped = false;
   };
-  Slice params, exp_avg, exp_avg_sq;
+  Slice params;
+  // The optimizer's state arrays over the same flat elements, by the names its update rule gives
+  // them (AdamW: "exp_avg", "exp_avg_sq"), saved and loaded as `params` is. A load fills the
+  // slices listed here with a data pointer and ignores the rest of a checkpoint's tensors.
+  struct NamedSlice {
+    std::string name;
+    Slice slice;
+  };
+  std::vector<NamedSlice> optimizer_state;
+
+  // Every tensor a shard holds: "params", then optimizer_state in order.
+  std::vector<std::pair<std::string, const Slice*>> tensors() const;
+  // The tensor named `name` (params or an optimizer state array); null when the state has none.
+  Slice* find(const std::string& name);
 };
 
 struct SaveOptions {

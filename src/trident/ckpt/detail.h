@@ -9,7 +9,6 @@
 namespace trident::ckpt::detail {
 
 inline constexpr char kShardMagic[8] = {'T', 'R', 'C', 'K', 'P', 'T', '0', '1'};
-inline constexpr const char* kTensors[] = {"params", "exp_avg", "exp_avg_sq"};
 inline constexpr std::uint64_t kFnvBasis = 1469598103934665603ull;
 
 std::uint64_t fnv1a(const void* data, std::size_t n, std::uint64_t h = kFnvBasis);

@@ -36,31 +36,26 @@ class SourceShard {
       tp_rank_ = json_.at("tp_rank");
       numel_ = json_.at("numel");
       for (const nlohmann::json& t : json_.at("tensors")) {
-        for (int k = 0; k < 3; ++k) {
-          if (t.at("tensor") == detail::kTensors[k]) {
-            Tensor& x = tensors_[k];
-            x.begin = t.at("begin");
-            x.end = t.at("end");
-            x.offset = t.at("file_offset");
-            x.bytes = t.at("bytes");
-            x.sum = t.at("fnv1a64").get<std::string>();
-            x.present = true;
-            // Validated here, before anything is mapped or indexed with them: the ranges must
-            // fit the rank's layout and the shard file.
-            if (numel_ < 0 || x.begin < 0 || x.begin > x.end || x.end > numel_ ||
-                (!ec && (x.end - x.begin) > (bin_bytes - 8) / 4)) {
-              throw CorruptCheckpoint(
-                  str(json_path_, ": ", detail::kTensors[k], " elements [", x.begin, ", ", x.end,
-                      ") of a layout of ", numel_, " elements",
-                      ec ? "" : str(" do not fit it or the ", bin_bytes, "-byte shard file"),
-                      " (the checkpoint is corrupt; load an earlier iteration)"));
-            }
-            if (x.bytes != (x.end - x.begin) * 4) {
-              throw CorruptCheckpoint(str(json_path_, ": tensor ", detail::kTensors[k], " has ",
-                                          x.bytes, " bytes for ", x.end - x.begin,
-                                          " elements (the checkpoint is corrupt)"));
-            }
-          }
+        const std::string k = t.at("tensor");
+        Tensor& x = tensors_[k];
+        x.begin = t.at("begin");
+        x.end = t.at("end");
+        x.offset = t.at("file_offset");
+        x.bytes = t.at("bytes");
+        x.sum = t.at("fnv1a64").get<std::string>();
+        x.present = true;
+        // Validated here, before anything is mapped or indexed with them: the ranges must
+        // fit the rank's layout and the shard file.
+        if (numel_ < 0 || x.begin < 0 || x.begin > x.end || x.end > numel_ ||
+            (!ec && (x.end - x.begin) > (bin_bytes - 8) / 4)) {
+          throw CorruptCheckpoint(str(
+              json_path_, ": ", k, " elements [", x.begin, ", ", x.end, ") of a layout of ", numel_,
+              " elements", ec ? "" : str(" do not fit it or the ", bin_bytes, "-byte shard file"),
+              " (the checkpoint is corrupt; load an earlier iteration)"));
+        }
+        if (x.bytes != (x.end - x.begin) * 4) {
+          throw CorruptCheckpoint(str(json_path_, ": tensor ", k, " has ", x.bytes, " bytes for ",
+                                      x.end - x.begin, " elements (the checkpoint is corrupt)"));
         }
       }
     } catch (const nlohmann::json::exception& e) {
@@ -79,25 +74,24 @@ class SourceShard {
   const nlohmann::json& json() const { return json_; }
   const std::string& json_path() const { return json_path_; }
   // Whether tensor k stores flat element `at` of the rank's layout.
-  bool holds(int k, std::int64_t at) const {
-    const Tensor& x = tensors_[k];
-    return x.present && at >= x.begin && at < x.end;
+  bool holds(const std::string& k, std::int64_t at) const {
+    const auto it = tensors_.find(k);
+    return it != tensors_.end() && it->second.present && at >= it->second.begin &&
+           at < it->second.end;
   }
-  std::int64_t begin(int k) const { return tensors_[k].begin; }
+  std::int64_t begin(const std::string& k) const { return tensors_.at(k).begin; }
   // The stored elements of tensor k, checksummed on first use.
-  const float* data(int k) {
-    Tensor& x = tensors_[k];
+  const float* data(const std::string& k) {
+    Tensor& x = tensors_.at(k);
     if (!x.verified) {
       map();
       if (x.offset < 8 || x.offset + x.bytes > static_cast<std::int64_t>(map_size_)) {
-        throw CorruptCheckpoint(str(bin_path_, ": truncated: tensor ", detail::kTensors[k],
-                                    " needs ", x.bytes, " bytes at offset ", x.offset,
-                                    ", the file has ", map_size_));
+        throw CorruptCheckpoint(str(bin_path_, ": truncated: tensor ", k, " needs ", x.bytes,
+                                    " bytes at offset ", x.offset, ", the file has ", map_size_));
       }
       const char* p = static_cast<const char*>(map_) + x.offset;
       if (str(std::hex, detail::fnv1a(p, static_cast<std::size_t>(x.bytes))) != x.sum) {
-        throw CorruptCheckpoint(str(bin_path_, ": checksum mismatch in tensor ",
-                                    detail::kTensors[k],
+        throw CorruptCheckpoint(str(bin_path_, ": checksum mismatch in tensor ", k,
                                     " (the file is corrupt; load an earlier iteration)"));
       }
       x.verified = true;
@@ -137,7 +131,7 @@ class SourceShard {
   std::int64_t numel_ = 0;
   std::string json_path_, bin_path_;
   nlohmann::json json_;
-  Tensor tensors_[3];
+  std::map<std::string, Tensor> tensors_;  // by name: "params", "exp_avg", ...
   void* map_ = nullptr;
   std::size_t map_size_ = 0;
 };
@@ -234,9 +228,8 @@ void load_resharded(const fs::path& it_dir, const nlohmann::json& manifest,
     throw CorruptCheckpoint(str(it_dir.string(), ": malformed shard description (", e.what(), ")"));
   }
 
-  CheckpointState::Slice* slices[] = {&state.params, &state.exp_avg, &state.exp_avg_sq};
-  for (int k = 0; k < 3; ++k) {
-    CheckpointState::Slice& dst = *slices[k];
+  for (const auto& [k, slice] : state.tensors()) {
+    CheckpointState::Slice& dst = *state.find(k);
     if (dst.data == nullptr) continue;
     std::fill(dst.data, dst.data + (dst.end - dst.begin), 0.0f);
     for (const TableRef& t : state.tables) {
@@ -293,7 +286,7 @@ void load_resharded(const fs::path& it_dir, const nlohmann::json& manifest,
           }
           if (!done) {
             throw CorruptCheckpoint(str(it_dir.string(), ": no rank shard holds element ", g,
-                                        " of ", p.name, " (", detail::kTensors[k], ")"));
+                                        " of ", p.name, " (", k, ")"));
           }
         }
       }

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "trident/comm/communicator.h"
 #include "trident/core/arena.h"
@@ -54,6 +55,16 @@ class DistributedAdamW {
   // the shared mappings of their files; call release_pages() after reading or writing them).
   FlatSpan<float> exp_avg() const { return {m_, stored()}; }
   FlatSpan<float> exp_avg_sq() const { return {v_, stored()}; }
+  // The update rule's state arrays by name (a checkpoint's tensor names, the offload files'),
+  // in this order.
+  static constexpr const char* kStateArrays[] = {"exp_avg", "exp_avg_sq"};
+  struct StateArray {
+    const char* name;
+    FlatSpan<float> span;
+  };
+  std::vector<StateArray> state() const {
+    return {{kStateArrays[0], exp_avg()}, {kStateArrays[1], exp_avg_sq()}};
+  }
   std::int64_t bytes() const { return moments_.capacity(); }  // resident (0 when offloaded)
   // The moments are in host memory while the weights are on a GPU (the update runs on the host).
   bool updates_on_host() const { return on_host_; }

@@ -31,9 +31,11 @@ double CheckpointSaver::save(const ckpt::CheckpointState& state, comm::Communica
   poll(world, /*block=*/true);  // at most one save in flight
   tmp_dir_ = ckpt::begin_save(dir_, state, world);
   copy_ = state;
-  copy_slice(state.params, params_, copy_.params);
-  copy_slice(state.exp_avg, exp_avg_, copy_.exp_avg);
-  copy_slice(state.exp_avg_sq, exp_avg_sq_, copy_.exp_avg_sq);
+  buffers_.resize(1 + state.optimizer_state.size());
+  copy_slice(state.params, buffers_[0], copy_.params);
+  for (std::size_t i = 0; i < state.optimizer_state.size(); ++i) {
+    copy_slice(state.optimizer_state[i].slice, buffers_[i + 1], copy_.optimizer_state[i].slice);
+  }
   done_ = false;
   error_.clear();
   const int rank = world.rank();

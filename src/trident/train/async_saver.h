@@ -38,7 +38,7 @@ class CheckpointSaver {
   bool async_ = false;
   ckpt::SaveOptions options_;
   ckpt::CheckpointState copy_;  // the state being written, pointing into the buffers below
-  std::vector<float> params_, exp_avg_, exp_avg_sq_;
+  std::vector<std::vector<float>> buffers_;  // one per tensor of the state
   std::string tmp_dir_, error_;
   std::thread writer_;
   std::atomic<bool> done_{false};

@@ -170,7 +170,7 @@ class Trainer {
   MemoryReport mem_{};
   ckpt::CheckpointState state_;
   // On a device: the host buffers the checkpoint slices go through, and where they live on the
-  // device (params, exp_avg, exp_avg_sq).
+  // device (params, then the optimizer's state arrays).
   std::vector<kernels::HostBuffer> ckpt_host_;
   std::vector<ckpt::CheckpointState::Slice> ckpt_device_;
   Progress progress_;
@@ -492,16 +492,20 @@ void Trainer::describe_checkpoint_state() {
     return ckpt::CheckpointState::Slice{t.data, t.range.begin, t.range.end};
   };
   state_.params = slice(optimizer_->params_slice());
-  state_.exp_avg = slice(optimizer_->exp_avg_slice());
-  state_.exp_avg_sq = slice(optimizer_->exp_avg_sq_slice());
-  state_.exp_avg.mapped = state_.exp_avg_sq.mapped = optimizer_->moments_offloaded();
+  state_.optimizer_state.clear();
+  for (const ZeroOptimizer::NamedSlice& s : optimizer_->state_slices()) {
+    state_.optimizer_state.push_back({s.name, slice(s.slice)});
+    state_.optimizer_state.back().slice.mapped = optimizer_->moments_offloaded();
+  }
   state_.params.mapped = optimizer_->params_offloaded();
   if (ctx_.device.kind == core::DeviceKind::kCuda) {
     // The checkpoint code reads and writes host memory: each slice on the device gets a pinned
     // host buffer (offloaded moments are in host memory already).
     std::vector<ckpt::CheckpointState::Slice*> on_device{&state_.params};
     if (!optimizer_->moments_on_host()) {
-      on_device.insert(on_device.end(), {&state_.exp_avg, &state_.exp_avg_sq});
+      for (ckpt::CheckpointState::NamedSlice& s : state_.optimizer_state) {
+        on_device.push_back(&s.slice);
+      }
     }
     for (ckpt::CheckpointState::Slice* s : on_device) {
       ckpt_device_.push_back(*s);
@@ -513,7 +517,7 @@ void Trainer::describe_checkpoint_state() {
   TRIDENT_ASSERT(ZeroOptimizer::stored_range(cfg_.zero_stage, false, n, dp_, dp_rank_) ==
                          optimizer_->params_slice().range &&
                      ZeroOptimizer::stored_range(cfg_.zero_stage, true, n, dp_, dp_rank_) ==
-                         optimizer_->exp_avg_slice().range,
+                         optimizer_->state_slices().front().slice.range,
                  "checkpoint slices disagree with ZeroOptimizer::stored_range");
 }
 
@@ -546,11 +550,10 @@ void Trainer::resume_or_initialise() {
                 ": no trident checkpoint there (--exit-on-missing-checkpoint)");
   if (have_checkpoint_) {
     if (cfg_.finetune) {  // weights only: the moments stay zero (null data skips a tensor)
-      const ckpt::CheckpointState::Slice m = state_.exp_avg, v = state_.exp_avg_sq;
-      state_.exp_avg.data = state_.exp_avg_sq.data = nullptr;
+      const std::vector<ckpt::CheckpointState::NamedSlice> kept = state_.optimizer_state;
+      for (ckpt::CheckpointState::NamedSlice& s : state_.optimizer_state) s.slice.data = nullptr;
       ckpt::load_checkpoint(cfg_.load, -1, state_, world_);
-      state_.exp_avg = m;
-      state_.exp_avg_sq = v;
+      state_.optimizer_state = kept;
       if (!ckpt_device_.empty()) {  // only the weights came from the checkpoint
         kernels::copy_to_device(ctx_, ckpt_device_[0].data, ckpt_host_[0].data(),
                                 ckpt_host_[0].bytes());
@@ -603,8 +606,7 @@ void Trainer::build_schedules() {
   world_.all_reduce(&peak_tflops, 1, comm::Datatype::kF64, comm::ReduceOp::kMin);
   log::info("train: global batch ", cfg_.global_batch_size, " = micro ", B_, " x ", micro_batches_,
             " micro-batches x ", dp_, " data-parallel; ", omp_get_max_threads(),
-            " threads per rank; MFU against ", peak_tflops, " TFLOP/s per rank (", peak_basis,
-            ")");
+            " threads per rank; MFU against ", peak_tflops, " TFLOP/s per rank (", peak_basis, ")");
   log_.emplace(TrainingLog::Sources{.cfg = cfg_,
                                     .world = world_,
                                     .par = par_,

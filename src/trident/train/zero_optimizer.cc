@@ -42,7 +42,7 @@ ZeroOptimizer::ZeroOptimizer(const RankModel& model, const parallel::ParallelCon
   }
   if (zero.offload.device == optim::OffloadDevice::kNvme) {
     moment_array_ = static_cast<int>(arrays.size());
-    arrays.insert(arrays.end(), {"exp_avg", "exp_avg_sq"});
+    for (const char* name : optim::DistributedAdamW::kStateArrays) arrays.emplace_back(name);
   }
   if (!arrays.empty()) {
     const std::int64_t n = buffers_->sizes().moment;
@@ -293,14 +293,12 @@ ZeroOptimizer::TensorSlice ZeroOptimizer::params_slice() {
 
 bool ZeroOptimizer::moments_on_host() const { return adamw_->updates_on_host(); }
 
-ZeroOptimizer::TensorSlice ZeroOptimizer::exp_avg_slice() {
-  const optim::FlatSpan<float> m = adamw_->exp_avg();
-  return {m.data, m.range};
-}
-
-ZeroOptimizer::TensorSlice ZeroOptimizer::exp_avg_sq_slice() {
-  const optim::FlatSpan<float> v = adamw_->exp_avg_sq();
-  return {v.data, v.range};
+std::vector<ZeroOptimizer::NamedSlice> ZeroOptimizer::state_slices() {
+  std::vector<NamedSlice> out;
+  for (const optim::DistributedAdamW::StateArray& a : adamw_->state()) {
+    out.push_back({a.name, {a.span.data, a.span.range}});
+  }
+  return out;
 }
 
 }  // namespace trident::train

@@ -101,8 +101,12 @@ class ZeroOptimizer {
     parallel::Range range;
   };
   TensorSlice params_slice();
-  TensorSlice exp_avg_slice();
-  TensorSlice exp_avg_sq_slice();
+  // The optimizer's state arrays, by the update rule's names (AdamW: exp_avg, exp_avg_sq).
+  struct NamedSlice {
+    std::string name;
+    TensorSlice slice;
+  };
+  std::vector<NamedSlice> state_slices();
   // After a checkpoint save (written = false) or load (true) went through the slices: offloaded
   // state is synced to its files and its mapped pages dropped from memory.
   void checkpoint_io_done(bool written) {
