@@ -1,6 +1,6 @@
 // Pipeline schedules as data: for each stage, the ordered list of forward and backward steps
-// (micro-batch, model chunk) it runs in one iteration. One executor (parallel/pipeline_executor.cc) runs any
-// of them; tests check their invariants by simulating every stage together.
+// (micro-batch, model chunk) it runs in one iteration. One executor (parallel/pipeline_executor.cc)
+// runs any of them; tests check their invariants by simulating every stage together.
 //
 //   GPipe (all forward, all backward), 1F1B (PipeDream-flush: warm-up forwards, steady one
 //   forward / one backward, cool-down backwards; at most P - stage activations in flight) and
@@ -86,8 +86,9 @@ struct LockstepPlan {
 LockstepPlan build_lockstep_plan(PipelineScheduleKind kind, const PipelineShape& shape, int stage);
 
 // What a stage runs by: its schedule; its lockstep plan where it runs in lockstep (virtual stages
-// over more than one stage: parallel/pipeline_executor.cc); and the activation slots the executor allocates
-// per chunk: max_in_flight_per_chunk of the schedule, or more where the lockstep plan holds more.
+// over more than one stage: parallel/pipeline_executor.cc); and the activation slots the executor
+// allocates per chunk: max_in_flight_per_chunk of the schedule, or more where the lockstep plan
+// holds more.
 struct StagePlan {
   std::vector<PipeStep> schedule;
   std::optional<LockstepPlan> lockstep;
