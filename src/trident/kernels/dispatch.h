@@ -27,6 +27,7 @@
 #include "trident/kernels/init_normal.h"
 #include "trident/kernels/kv_cache_attention.h"
 #include "trident/kernels/layernorm.h"
+#include "trident/kernels/lion.h"
 #include "trident/kernels/matmul.h"
 #include "trident/kernels/matmul_bf16.h"
 #include "trident/kernels/overflow.h"
@@ -39,6 +40,9 @@ namespace trident::kernels {
 
 // adamw.h
 void adamw_update(const core::ExecContext& ctx, const AdamWHyper& hp, const AdamWArgs& args);
+
+// lion.h
+void lion_update(const core::ExecContext& ctx, const LionHyper& hp, const LionArgs& args);
 
 // attention.h (the backward needs no document ids: the masked probabilities are 0)
 void attention_forward(const core::ExecContext& ctx, const AttentionForwardArgs& args);

@@ -29,6 +29,7 @@
 #include "trident/kernels/init_normal.h"
 #include "trident/kernels/kv_cache_attention.h"
 #include "trident/kernels/layernorm.h"
+#include "trident/kernels/lion.h"
 #include "trident/kernels/overflow.h"
 #include "trident/kernels/rmsnorm.h"
 #include "trident/kernels/rope.h"
@@ -43,6 +44,7 @@ using core::ExecContext;
 struct CpuOps {
   const char* isa;  // "x86_64", "avx2" or "avx512"
   void (*adamw_update)(const ExecContext&, const AdamWHyper&, const AdamWArgs&);
+  void (*lion_update)(const ExecContext&, const LionHyper&, const LionArgs&);
   void (*attention_forward)(const ExecContext&, const AttentionForwardArgs&);
   void (*attention_backward)(const ExecContext&, const AttentionBackwardArgs&);
   void (*convert_f32_to_bf16)(const ExecContext&, core::bf16*, const float*, std::int64_t);
@@ -114,6 +116,7 @@ const CpuOps& cpu_ops(const ExecContext& ctx);
 namespace trident::kernels::TRIDENT_CPU_ISA {
 
 void adamw_update(const ExecContext& ctx, const AdamWHyper& hp, const AdamWArgs& args);
+void lion_update(const ExecContext& ctx, const LionHyper& hp, const LionArgs& args);
 void attention_forward(const ExecContext& ctx, const AttentionForwardArgs& args);
 void attention_backward(const ExecContext& ctx, const AttentionBackwardArgs& args);
 void convert_f32_to_bf16(const ExecContext& ctx, core::bf16* dst, const float* src, std::int64_t n);

@@ -10,6 +10,7 @@ namespace trident::kernels::TRIDENT_CPU_ISA {
 const CpuOps kOps = {
     .isa = TRIDENT_STRINGIFY(TRIDENT_CPU_ISA) + 4,
     .adamw_update = &adamw_update,
+    .lion_update = &lion_update,
     .attention_forward = &attention_forward,
     .attention_backward = &attention_backward,
     .convert_f32_to_bf16 = &convert_f32_to_bf16,

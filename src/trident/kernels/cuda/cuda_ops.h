@@ -27,6 +27,7 @@
 #include "trident/kernels/init_normal.h"
 #include "trident/kernels/kv_cache_attention.h"
 #include "trident/kernels/layernorm.h"
+#include "trident/kernels/lion.h"
 #include "trident/kernels/matmul.h"
 #include "trident/kernels/matmul_bf16.h"
 #include "trident/kernels/overflow.h"
@@ -92,6 +93,9 @@ void flash_attention_backward(const ExecContext& ctx, const FlashAttentionBackwa
 
 // adamw.h
 void adamw_update(const ExecContext& ctx, const AdamWHyper& hp, const AdamWArgs& args);
+
+// lion.h
+void lion_update(const ExecContext& ctx, const LionHyper& hp, const LionArgs& args);
 
 // matmul.h and matmul_bf16.h through cuBLASLt: FP32 (CUBLAS_COMPUTE_32F, no TF32) and BF16
 // operands with FP32 accumulation and output. The cuBLASLt workspace is taken from the stream's

@@ -10,6 +10,7 @@
 #include "trident/kernels/embedding.h"
 #include "trident/kernels/fill.h"
 #include "trident/kernels/layernorm.h"
+#include "trident/kernels/lion.h"
 #include "trident/kernels/matmul.h"
 #include "trident/kernels/overflow.h"
 #include "trident/kernels/rmsnorm.h"
@@ -32,6 +33,7 @@ void embedding_backward(const EmbeddingBackwardArgs& args);
 void cross_entropy_forward_backward(const CrossEntropyArgs& args);
 void document_ids(const DocumentIdsArgs& args);
 void adamw_update(const AdamWHyper& hp, const AdamWArgs& args);
+void lion_update(const LionHyper& hp, const LionArgs& args);
 void fill(const FillArgs& args);
 void copy(const CopyArgs& args);
 std::int64_t overflow_count(const OverflowCountArgs& args);
