@@ -23,7 +23,7 @@
 #include "trident/ckpt/save_lock.h"
 #include "trident/core/error.h"
 #include "trident/core/log.h"
-#include "trident/optim/distributed_adamw.h"
+#include "trident/optim/update_rule.h"
 #include "trident/parallel/layout.h"
 #include "trident/train/rank_model.h"
 #include "trident/train/zero_optimizer.h"
@@ -73,6 +73,9 @@ void convert(const ConvertArgs& a) {
   TRIDENT_CHECK(tp >= 1 && pp >= 1 && dp >= 1, "parallel sizes must be >= 1");
   TRIDENT_CHECK(stage >= 0 && stage <= 3, "--zero-stage must be 0, 1, 2 or 3");
   model::ModelConfig mc = ckpt::model_config_from_json(config);
+  // The update rule whose state the checkpoint holds (older checkpoints: AdamW).
+  const std::unique_ptr<optim::UpdateRule> rule = optim::make_update_rule(
+      {.kind = optim::parse_optimizer(config.value("optimizer", std::string("adam")))});
   // The true vocabulary is in the checkpoint; Megatron's converters take it as --true-vocab-size.
   TRIDENT_CHECK(a.true_vocab_size == 0 || a.true_vocab_size == mc.vocab_size,
                 "convert: --true-vocab-size ", a.true_vocab_size,
@@ -166,10 +169,10 @@ void convert(const ConvertArgs& a) {
       const parallel::Range mr = train::ZeroOptimizer::stored_range(stage, true, n, dp, c.dp);
       std::vector<float> params(static_cast<std::size_t>(pr.size()));
       state.params = {params.data(), pr.begin, pr.end};
-      // The optimizer's state arrays, each over the moments' range.
+      // The optimizer's state arrays (the saved rule's names), each over the state's range.
       std::vector<std::vector<float>> arrays;
       state.optimizer_state.clear();
-      for (const char* name : optim::DistributedAdamW::kStateArrays) {
+      for (const char* name : rule->state_arrays()) {
         arrays.emplace_back(static_cast<std::size_t>(mr.size()));
         state.optimizer_state.push_back({name, {arrays.back().data(), mr.begin, mr.end}});
       }

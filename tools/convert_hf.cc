@@ -19,7 +19,7 @@
 #include "trident/core/log.h"
 #include "trident/data/json_io.h"
 #include "trident/model/param_table.h"
-#include "trident/optim/distributed_adamw.h"
+#include "trident/optim/update_rule.h"
 #include "trident/train/train_config.h"
 
 namespace trident::tools {
@@ -155,7 +155,9 @@ void import_from_hf(const HfImportArgs& a) {
   state.numel = table.total_numel;
   std::vector<float> zeros(flat.size(), 0.0f);  // the optimizer's state (fine-tuning starts anew)
   state.params = {flat.data(), 0, table.total_numel};
-  for (const char* name : optim::DistributedAdamW::kStateArrays) {
+  // The default rule's (AdamW) arrays, zeros; the config names no "optimizer", so any rule's
+  // --finetune starts from it.
+  for (const char* name : optim::make_update_rule({})->state_arrays()) {
     state.optimizer_state.push_back({name, {zeros.data(), 0, table.total_numel}});
   }
   const std::string tmp_dir =

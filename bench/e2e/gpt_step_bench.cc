@@ -99,7 +99,7 @@ int main(int argc, char** argv) {
   std::mt19937 rng(1);
   for (auto& t : tokens) t = static_cast<std::int32_t>(rng() % mc.vocab_size);
   for (auto& t : labels) t = static_cast<std::int32_t>(rng() % mc.vocab_size);
-  const optim::AdamWConfig adam{
+  const optim::OptimizerConfig adam{
       .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.0f, .clip_grad = 0.0f};
 
   std::vector<double> ms;

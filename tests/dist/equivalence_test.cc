@@ -188,6 +188,37 @@ class Equivalence : public ::testing::Test {
     return name;
   }
 
+  // Note [Lion and the key bias]: the key part of the QKV bias has a zero gradient in exact
+  // arithmetic (softmax is invariant to a constant added to a row's scores), so what each layout
+  // computes there is rounding noise (~1e-9) in a different order. AdamW divides it by
+  // sqrt(v) + eps and barely moves; Lion steps by lr * sign(noise), so the key bias wanders by
+  // +-lr per step differently in each layout, without any effect on the loss. Its elements are
+  // held to that bound (2 x the sum of the learning rates, 10 steps of at most --lr 3e-3); the
+  // query and value parts keep the 2e-5 tolerance. Megatron's layout per head: [q | k | v], each
+  // of the head dimension (here 8 = 32 / 4 heads).
+  static void check_lion_key_bias(const std::vector<float>& a, const std::vector<float>& b,
+                                  const model::ParamSpec& p, const std::string& name) {
+    constexpr std::int64_t kHeadDim = 8;
+    double scale = 0, worst_other = 0, worst_key = 0;
+    for (std::int64_t i = 0; i < p.numel; ++i) {
+      scale =
+          std::max(scale, std::abs(static_cast<double>(a[static_cast<std::size_t>(p.offset + i)])));
+    }
+    for (std::int64_t i = 0; i < p.numel; ++i) {
+      const std::size_t k = static_cast<std::size_t>(p.offset + i);
+      const double d = std::abs(static_cast<double>(a[k]) - b[k]);
+      if ((i / kHeadDim) % 3 == 1) {
+        worst_key = std::max(worst_key, d);
+      } else {
+        worst_other = std::max(worst_other, d);
+      }
+    }
+    std::printf("%s: %s: key part max |diff| %.2e, query and value parts %.2e\n", name.c_str(),
+                p.name.c_str(), worst_key, worst_other);
+    EXPECT_LE(worst_key, 2 * 10 * 3e-3) << name << ": " << p.name << " (key part)";
+    EXPECT_LE(worst_other, 2e-5 * scale) << name << ": " << p.name << " (query and value parts)";
+  }
+
   void expect_equivalent(const Layout& l) {
     const std::string ref_name = reference_for(l);
     ASSERT_EQ(train(l), 0) << l.name;
@@ -203,6 +234,7 @@ class Equivalence : public ::testing::Test {
     const std::vector<float> b = final_params(l.name, table, l.model_flags);
     double worst = 0;
     std::string worst_name;
+    const bool lion = l.model_flags.find("--optimizer lion") != std::string::npos;
     for (const model::ParamSpec& p : table.params) {
       double diff = 0, scale = 0;
       for (std::int64_t i = 0; i < p.numel; ++i) {
@@ -211,6 +243,10 @@ class Equivalence : public ::testing::Test {
         scale = std::max(scale, std::abs(static_cast<double>(a[k])));
       }
       const double rel = scale > 0 ? diff / scale : diff;
+      if (lion && p.name.ends_with("query_key_value.bias")) {
+        check_lion_key_bias(a, b, p, l.name);
+        continue;
+      }
       EXPECT_LE(rel, 2e-5) << l.name << ": " << p.name;
       if (rel > worst) {
         worst = rel;
@@ -425,6 +461,65 @@ TEST_F(Equivalence, LlamaLayouts) {
                       "--recompute-granularity full"},
                      1,
                      kLlama});
+}
+
+// --optimizer lion (the second update rule: one state array, the sign of the momentum
+// interpolation as the step): sharded state (ZeRO-1 over dp 2) and 3D with ZeRO-3 and sequence
+// parallelism equal one process, as AdamW's layouts do.
+constexpr const char* kLion = "--optimizer lion --lion-beta1 0.95 --lion-beta2 0.98";
+TEST_F(Equivalence, LionLayouts) {
+  expect_equivalent({"lion_zero1dp2", 2, {"--zero-stage 1 --ddp-bucket-size 5000"}, 1, kLion});
+  expect_equivalent({"lion_tp2pp2dp2zero3sp",
+                     8,
+                     {"--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
+                      "--zero-stage 3 --sequence-parallel"},
+                     2,
+                     kLion});
+}
+// A stop at iteration 5 and a resume give the uninterrupted run's losses and final checkpoint
+// bitwise: Lion's momentum is saved and restored by name ("exp_avg"), sharded over dp.
+TEST_F(Equivalence, LionResumeIsBitwise) {
+  const std::string layout = "--zero-stage 1 --ddp-bucket-size 5000";
+  ASSERT_EQ(train({"lion_full", 2, {layout}, 1, kLion}), 0);
+  ASSERT_EQ(WEXITSTATUS(train({"lion_part", 2, {layout + " --exit-interval 5"}, 1, kLion})), 0);
+  ASSERT_EQ(
+      train({"lion_part", 2, {layout + " --load " + run_dir("lion_part") + "/ckpt"}, 1, kLion}), 0);
+  const auto a = losses("lion_full"), b = losses("lion_part");
+  ASSERT_EQ(a.size(), 10u);
+  ASSERT_EQ(b.size(), 10u);
+  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "iteration " << i + 1;
+  for (int rank : {0, 1}) {
+    const std::string shard = "/ckpt/iter_0000010/rank_0000" + std::to_string(rank) + ".bin";
+    std::ifstream x(run_dir("lion_full") + shard, std::ios::binary),
+        y(run_dir("lion_part") + shard, std::ios::binary);
+    const std::string bx{std::istreambuf_iterator<char>(x), {}},
+        by{std::istreambuf_iterator<char>(y), {}};
+    EXPECT_GT(bx.size(), 8u) << shard;
+    EXPECT_TRUE(bx == by) << shard << " differs after the resume";
+  }
+  // The manifest names the rule; the shard holds its one state array.
+  std::ifstream m(run_dir("lion_full") + "/ckpt/iter_0000010/manifest.json");
+  EXPECT_EQ(nlohmann::json::parse(m).at("config").at("optimizer"), "lion");
+  std::ifstream j(run_dir("lion_full") + "/ckpt/iter_0000010/rank_00000.json");
+  std::vector<std::string> names;
+  const nlohmann::json shard = nlohmann::json::parse(j);
+  for (const auto& t : shard.at("tensors")) names.push_back(t.at("tensor"));
+  EXPECT_EQ(names, (std::vector<std::string>{"params", "exp_avg"}));
+}
+// An AdamW checkpoint cannot continue as Lion (nor the reverse): the resume is refused up front,
+// naming both rules and the way out; --finetune starts Lion from its weights.
+TEST_F(Equivalence, ResumeWithAnotherOptimizerIsRefused) {
+  const std::string adam_ckpt = run_dir("reference") + "/ckpt";
+  EXPECT_NE(train({"lion_from_adam", 1, {"--load " + adam_ckpt}, 1, kLion}), 0);
+  std::ifstream log(run_dir("lion_from_adam") + "/log.txt");
+  const std::string text{std::istreambuf_iterator<char>(log), {}};
+  EXPECT_NE(text.find("the checkpoint was trained with --optimizer adam, this run asks for "
+                      "--optimizer lion: resume with --optimizer adam, or start from its weights "
+                      "with a fresh optimizer (--finetune)"),
+            std::string::npos)
+      << text;
+  ASSERT_EQ(train({"lion_finetune", 1, {"--load " + adam_ckpt + " --finetune"}, 1, kLion}), 0);
+  EXPECT_EQ(losses("lion_finetune").size(), 10u);
 }
 
 // Fewer key/value groups than tensor-parallel ranks: each group's key/value heads are replicated
@@ -675,10 +770,13 @@ class Offload : public Equivalence {
     expect_same_checkpoint(l.name, o.name);
     // The log names the window and the I/O rates; the files are gone after the run.
     const std::string log = read_bytes(run_dir(o.name) + "/log.txt");
-    EXPECT_NE(log.find(what == kMoments  ? "offload: Adam moments of"
-                       : what == kParams ? "offload: weight shard (--offload-params nvme) of"
-                                         : "offload: weight shard and Adam moments of"),
-              std::string::npos)
+    const std::string rule =
+        l.model_flags.find("--optimizer lion") != std::string::npos ? "(lion)" : "(adam)";
+    EXPECT_NE(
+        log.find(what == kMoments  ? "offload: optimizer state " + rule + " of"
+                 : what == kParams ? "offload: weight shard (--offload-params nvme) of"
+                                   : "offload: weight shard and optimizer state " + rule + " of"),
+        std::string::npos)
         << log;
     EXPECT_NE(log.find("MiB/s), waiting for I/O"), std::string::npos) << log;
     if (what & kParams) {
@@ -690,6 +788,12 @@ class Offload : public Equivalence {
 };
 
 TEST_F(Offload, OneProcess) { expect_bitwise({"reference", 1, {}, 1}); }
+// Lion's one state array streamed from its file, sharded over dp 2 (ZeRO-1), and with ZeRO-3's
+// weight shard offloaded too.
+TEST_F(Offload, Lion) {
+  expect_bitwise({"lion_zero1dp2", 2, {"--zero-stage 1 --ddp-bucket-size 5000"}, 1, kLion});
+  expect_bitwise({"lion_zero3dp2", 2, {"--zero-stage 3"}, 1, kLion}, kBoth);
+}
 TEST_F(Offload, Zero1DataParallel2) {
   expect_bitwise({"zero1dp2", 2, {"--zero-stage 1 --ddp-bucket-size 5000"}, 1});
 }

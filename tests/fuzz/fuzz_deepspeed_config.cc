@@ -35,7 +35,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (given & 4) cfg.given.insert("--zero-stage"), cfg.zero_stage = 1;
     if (given & 8) cfg.given.insert("--bf16"), cfg.bf16 = true;
     if (given & 16) cfg.given.insert("--fp16"), cfg.fp16 = true;
-    if (given & 32) cfg.given.insert("--clip-grad"), cfg.adamw.clip_grad = 1.0;
+    if (given & 32) cfg.given.insert("--clip-grad"), cfg.optimizer.clip_grad = 1.0;
     cfg.finalize(world);
     (void)cfg.to_json().dump();
     (void)cfg.num_micro_batches(world);

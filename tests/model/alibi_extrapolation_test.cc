@@ -54,7 +54,7 @@ TEST(Alibi, EvaluatesLongerThanTrained) {
   const std::int64_t B = 4, T = cfg.seq_length;
   make_activations(cfg, rt.shard, B, T, a);
   const core::ExecContext ctx;
-  const optim::AdamWConfig adam{
+  const optim::OptimizerConfig adam{
       .beta1 = 0.9f, .beta2 = 0.99f, .eps = 1e-8f, .weight_decay = 0.0f, .clip_grad = 1.0f};
   const double before = loss_at(cfg, params, 48);
   for (int step = 1; step <= 150; ++step) {

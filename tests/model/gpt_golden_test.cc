@@ -174,11 +174,11 @@ TEST(Golden, MatchesPyTorch) {
   const model::ModelRuntime rt;
   model::make_activations(c, rt.shard, s.batch, c.seq_length, acts);
   const std::int64_t BT = s.batch * c.seq_length;
-  const optim::AdamWConfig adam{.beta1 = static_cast<float>(s.beta1),
-                                .beta2 = static_cast<float>(s.beta2),
-                                .eps = static_cast<float>(s.eps),
-                                .weight_decay = static_cast<float>(s.weight_decay),
-                                .clip_grad = static_cast<float>(s.clip_grad)};
+  const optim::OptimizerConfig adam{.beta1 = static_cast<float>(s.beta1),
+                                    .beta2 = static_cast<float>(s.beta2),
+                                    .eps = static_cast<float>(s.eps),
+                                    .weight_decay = static_cast<float>(s.weight_decay),
+                                    .clip_grad = static_cast<float>(s.clip_grad)};
 
   for (int step = 0; step < 2; ++step) {
     const std::string b = std::to_string(step);

@@ -17,7 +17,7 @@
 #include "trident/comm/self_communicator.h"
 #include "trident/comm/thread_communicator.h"
 #include "trident/core/bf16.h"
-#include "trident/optim/distributed_adamw.h"
+#include "trident/optim/distributed_optimizer.h"
 #include "trident/optim/grad_finalize.h"
 #include "trident/optim/grad_sync.h"
 #include "trident/optim/model_state.h"
@@ -115,8 +115,8 @@ TEST(ModelState, Stage3OnFourRanksKeepsAQuarterOfStage0) {
   cfg.hidden_size = 128;
   cfg.num_attention_heads = 4;
   OneChunk m(cfg);
-  const MemoryReport s0 = model_state_memory(m.layout, 0, 4, false);
-  const MemoryReport s3 = model_state_memory(m.layout, 3, 4, false);
+  const MemoryReport s0 = model_state_memory(m.layout, 0, 4, false, 2);
+  const MemoryReport s3 = model_state_memory(m.layout, 3, 4, false, 2);
   const double psi = static_cast<double>(m.layout.numel());
   EXPECT_EQ(s0.model_state_bytes(), static_cast<std::int64_t>(16 * psi));
   // Shard padding: at most dp * 16 elements per buffer.
@@ -125,8 +125,8 @@ TEST(ModelState, Stage3OnFourRanksKeepsAQuarterOfStage0) {
   EXPECT_EQ(s3.predicted_param_bytes + s3.predicted_grad_bytes + s3.predicted_optimizer_bytes,
             static_cast<std::int64_t>(16 * psi / 4));
   // Stages 1 and 2 in between.
-  EXPECT_LT(model_state_memory(m.layout, 2, 4, false).model_state_bytes(),
-            model_state_memory(m.layout, 1, 4, false).model_state_bytes());
+  EXPECT_LT(model_state_memory(m.layout, 2, 4, false, 2).model_state_bytes(),
+            model_state_memory(m.layout, 1, 4, false, 2).model_state_bytes());
   // As allocated on a thread world of four ranks.
   comm::run_on_threads(
       4,
@@ -136,8 +136,8 @@ TEST(ModelState, Stage3OnFourRanksKeepsAQuarterOfStage0) {
           const parallel::ShardPlan plan = plan_for(m.layout, 4);
           ParamGradBuffers b(m.layout, plan, policy, world.rank(), false);
           CommCounters cc;
-          DistributedAdamW adam(b, world, cc, {});
-          const MemoryReport r = b.memory();
+          DistributedOptimizer adam(b, world, cc, {});
+          const MemoryReport r = b.memory(2);
           const MemoryReport want = stage == 0 ? s0 : s3;
           EXPECT_EQ(r.param_bytes, want.param_bytes);
           EXPECT_EQ(r.grad_bytes, want.grad_bytes);
@@ -299,65 +299,76 @@ INSTANTIATE_TEST_SUITE_P(Ranks, Zero3GatherTest,
                                   (std::get<1>(p.param) ? "_bf16" : "_fp32");
                          });
 
-// The sharded update at stages 1-3 on dp ranks gives bitwise the weights and moments of the
-// unsharded one (stage 0, one rank): AdamW is elementwise and the shards are ranges.
-TEST(DistributedAdamW, ShardedUpdateEqualsTheWholeOneBitwise) {
+// The sharded update at stages 1-3 on dp ranks gives bitwise the weights and state arrays of the
+// unsharded one (stage 0, one rank), for each update rule: the rules are elementwise and the
+// shards are ranges.
+TEST(DistributedOptimizer, ShardedUpdateEqualsTheWholeOneBitwise) {
   const model::ModelConfig cfg = tiny_config(3);
   OneChunk m(cfg);
   const std::int64_t N = m.layout.numel();
-  const AdamWConfig adam_cfg{.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
   const auto grads_at = [](int step, std::int64_t i) {
     return 1e-3f * static_cast<float>((i * 37 + step * 11) % 17) - 8e-3f;
   };
-  // Reference: one rank, stage 0.
-  comm::SelfCommunicator self;
-  ParamGradBuffers ref(m.layout, plan_for(m.layout, 1), zero_policy(0), 0, false);
-  model::init_params(cfg, m.table, 5, ref.full_params());
-  CommCounters rc;
-  DistributedAdamW ref_adam(ref, self, rc, adam_cfg);
-  std::vector<float> g(static_cast<std::size_t>(N));
-  for (int step = 1; step <= 3; ++step) {
-    for (std::int64_t i = 0; i < N; ++i) g[static_cast<std::size_t>(i)] = grads_at(step, i);
-    ref_adam.step(kCtx, 1e-2, step, 0.5f, g.data());
-  }
-  for (int stage : {1, 2, 3}) {
-    for (int dp : {2, 3}) {
-      comm::run_on_threads(
-          dp,
-          [&](comm::Communicator& world) {
-            ParamGradBuffers b(m.layout, plan_for(m.layout, dp), zero_policy(stage), world.rank(),
-                               false);
-            const Range s = b.shard();
-            const Range held{s.begin, std::min(s.end, N)};
-            if (b.full_params() != nullptr) {
-              model::init_params(cfg, m.table, 5, b.full_params());
-            } else {
-              model::init_params_range(cfg, m.table, 5, held.begin, held.end, b.master());
-            }
-            CommCounters cc;
-            DistributedAdamW adam(b, world, cc, adam_cfg);
-            ASSERT_EQ(adam.updated_range(), s);
-            std::vector<float> mine(static_cast<std::size_t>(s.size()), 0.0f);
-            for (int step = 1; step <= 3; ++step) {
-              for (std::int64_t i = held.begin; i < held.end; ++i) {
-                mine[static_cast<std::size_t>(i - s.begin)] = grads_at(step, i);
+  for (OptimizerKind kind : {OptimizerKind::kAdamW, OptimizerKind::kLion}) {
+    const OptimizerConfig opt_cfg{
+        .kind = kind, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
+    SCOPED_TRACE(optimizer_name(kind));
+    // Reference: one rank, stage 0.
+    comm::SelfCommunicator self;
+    ParamGradBuffers ref(m.layout, plan_for(m.layout, 1), zero_policy(0), 0, false);
+    model::init_params(cfg, m.table, 5, ref.full_params());
+    CommCounters rc;
+    DistributedOptimizer ref_opt(ref, self, rc, opt_cfg);
+    ASSERT_EQ(ref_opt.state().size(), kind == OptimizerKind::kAdamW ? 2u : 1u);
+    std::vector<float> g(static_cast<std::size_t>(N));
+    for (int step = 1; step <= 3; ++step) {
+      for (std::int64_t i = 0; i < N; ++i) g[static_cast<std::size_t>(i)] = grads_at(step, i);
+      ref_opt.step(kCtx, 1e-2, step, 0.5f, g.data());
+    }
+    for (int stage : {1, 2, 3}) {
+      for (int dp : {2, 3}) {
+        comm::run_on_threads(
+            dp,
+            [&](comm::Communicator& world) {
+              ParamGradBuffers b(m.layout, plan_for(m.layout, dp), zero_policy(stage), world.rank(),
+                                 false);
+              const Range s = b.shard();
+              const Range held{s.begin, std::min(s.end, N)};
+              if (b.full_params() != nullptr) {
+                model::init_params(cfg, m.table, 5, b.full_params());
+              } else {
+                model::init_params_range(cfg, m.table, 5, held.begin, held.end, b.master());
               }
-              adam.step(kCtx, 1e-2, step, 0.5f, mine.data());
-            }
-            const float* w = stage < 3 ? b.full_params() : b.master() - s.begin;
-            const Range check = stage < 3 ? Range{0, N} : held;  // 1-2: gathered whole
-            for (std::int64_t i = check.begin; i < check.end; ++i) {
-              ASSERT_EQ(std::bit_cast<std::uint32_t>(w[i]),
-                        std::bit_cast<std::uint32_t>(ref.full_params()[i]))
-                  << "stage " << stage << " dp " << dp << " element " << i;
-            }
-            const FlatSpan<float> em = adam.exp_avg(), rm = ref_adam.exp_avg();
-            EXPECT_EQ(em.range, held);
-            for (std::int64_t i = held.begin; i < held.end; ++i) {
-              ASSERT_EQ(em.data[i - held.begin], rm.data[i]) << i;
-            }
-          },
-          kWait);
+              CommCounters cc;
+              DistributedOptimizer opt(b, world, cc, opt_cfg);
+              ASSERT_EQ(opt.updated_range(), s);
+              std::vector<float> mine(static_cast<std::size_t>(s.size()), 0.0f);
+              for (int step = 1; step <= 3; ++step) {
+                for (std::int64_t i = held.begin; i < held.end; ++i) {
+                  mine[static_cast<std::size_t>(i - s.begin)] = grads_at(step, i);
+                }
+                opt.step(kCtx, 1e-2, step, 0.5f, mine.data());
+              }
+              const float* w = stage < 3 ? b.full_params() : b.master() - s.begin;
+              const Range check = stage < 3 ? Range{0, N} : held;  // 1-2: gathered whole
+              for (std::int64_t i = check.begin; i < check.end; ++i) {
+                ASSERT_EQ(std::bit_cast<std::uint32_t>(w[i]),
+                          std::bit_cast<std::uint32_t>(ref.full_params()[i]))
+                    << "stage " << stage << " dp " << dp << " element " << i;
+              }
+              const auto mine_state = opt.state(), ref_state = ref_opt.state();
+              ASSERT_EQ(mine_state.size(), ref_state.size());
+              for (std::size_t k = 0; k < mine_state.size(); ++k) {
+                const FlatSpan<float> em = mine_state[k].span, rm = ref_state[k].span;
+                EXPECT_STREQ(mine_state[k].name, ref_state[k].name);
+                EXPECT_EQ(em.range, held);
+                for (std::int64_t i = held.begin; i < held.end; ++i) {
+                  ASSERT_EQ(em.data[i - held.begin], rm.data[i]) << mine_state[k].name << " " << i;
+                }
+              }
+            },
+            kWait);
+      }
     }
   }
 }

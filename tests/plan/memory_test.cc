@@ -70,7 +70,7 @@ std::vector<Actual> allocate(const train::TrainConfig& cfg, int world) {
             .last_stage_layers = cfg.decoder_last_pipeline_num_layers};
         const train::RankModel rm(cfg.model, split, layout.tp_size, par.coord().tp, par.coord().pp,
                                   cfg.sequence_parallel);
-        train::ZeroOptimizer opt(rm, par, cfg.adamw,
+        train::ZeroOptimizer opt(rm, par, cfg.optimizer,
                                  {.stage = cfg.zero_stage,
                                   .bucket_size = cfg.ddp_bucket_size,
                                   .bf16 = cfg.bf16,
@@ -182,6 +182,11 @@ INSTANTIATE_TEST_SUITE_P(
              "--make-vocab-size-divisible-by 64 --tensor-model-parallel-size 2 "
              "--pipeline-model-parallel-size 2 --zero-stage 1 --offload-optimizer nvme "
              "--offload-path /tmp"},
+        // --optimizer lion: one state array (AdamW's two moments are the other cases').
+        Case{"lion_zero1dp2", 2, "--optimizer lion --zero-stage 1 --ddp-bucket-size 5000"},
+        Case{"lion_offload_both_zero3dp2", 2,
+             "--optimizer lion --zero-stage 3 --offload-params nvme --offload-optimizer nvme "
+             "--offload-path /tmp --offload-window-mib 1"},
         // --offload-params nvme: the weight shard on disk, the read-ahead buffers in memory.
         Case{"poffload_zero3dp2", 2,
              "--zero-stage 3 --offload-params nvme --offload-path /tmp --offload-window-mib 1"},

@@ -171,7 +171,9 @@ TEST(CompatFlags, ReviewedNoOps) {
   // The table's counts: every no-op of the review is accounted for.
   std::map<FlagStatus, int> count;
   for (const CompatFlag& f : megatron_flag_table()) ++count[f.status];
-  EXPECT_EQ(count[FlagStatus::kNoOp] + count[FlagStatus::kNoOpDiffers], 813);
+  // (813 at the review; --lion-beta1 and --lion-beta2 are implemented since, with --optimizer
+  // lion.)
+  EXPECT_EQ(count[FlagStatus::kNoOp] + count[FlagStatus::kNoOpDiffers], 811);
   EXPECT_EQ(count[FlagStatus::kNoOpDiffers], 8);
 }
 
@@ -186,7 +188,9 @@ TEST(CompatFlags, RefusedFlagsNameTheReason) {
             "");
   EXPECT_NE(error_of(with({"--normalization", "RMSNorm2"})).find("--normalization"),
             std::string::npos);
-  EXPECT_NE(error_of(with({"--optimizer", "sgd"})).find("AdamW only"), std::string::npos);
+  EXPECT_NE(error_of(with({"--optimizer", "sgd"}))
+                .find("--optimizer sgd: trident has adam (AdamW, Megatron's adam) and lion"),
+            std::string::npos);
   EXPECT_NE(error_of(with({"--data-impl", "lazy"})).find("--data-impl lazy"), std::string::npos);
   EXPECT_EQ(error_of(with({"--context-parallel-size", "1"})), "");
   EXPECT_NE(error_of(with({"--context-parallel-size", "2"})).find("context parallelism"),
@@ -364,10 +368,51 @@ TEST(DeepSpeedJson, BatchSizesClippingZeroAndTheFp16Scaler) {
   // --loss-scale 12 under --deepspeed: DeepSpeed's dynamic scale from 2^12, not a static 12.
   EXPECT_DOUBLE_EQ(c.loss_scale, 0.0);
   EXPECT_TRUE(warned(c, "--loss-scale 12 ignored under --deepspeed"));
-  EXPECT_FLOAT_EQ(c.adamw.beta2, 0.95f);
+  EXPECT_FLOAT_EQ(c.optimizer.beta2, 0.95f);
   EXPECT_TRUE(warned(c, "\"steps_per_print\""));
   EXPECT_TRUE(warned(c, "\"flops_profiler\""));
   EXPECT_TRUE(warned(c, "\"optimizer.params.lr\""));
+}
+
+// --optimizer lion and its betas (Megatron's flag names), in the config's JSON; Lion's betas may be
+// 1 (a momentum that never decays) where AdamW's may not.
+TEST(CompatFlags, OptimizerLion) {
+  TrainConfig c =
+      parse(with({"--optimizer", "lion", "--lion-beta1", "0.95", "--lion-beta2", "0.98"}));
+  EXPECT_EQ(c.optimizer.kind, optim::OptimizerKind::kLion);
+  EXPECT_DOUBLE_EQ(c.optimizer.lion_beta1, 0.95);
+  EXPECT_DOUBLE_EQ(c.optimizer.lion_beta2, 0.98);
+  const nlohmann::json j = c.to_json();
+  EXPECT_EQ(j.at("optimizer"), "lion");
+  EXPECT_DOUBLE_EQ(j.at("lion_beta1").get<double>(), 0.95);
+  EXPECT_EQ(parse(with({})).optimizer.kind, optim::OptimizerKind::kAdamW);
+  EXPECT_EQ(parse(with({})).to_json().at("optimizer"), "adam");
+  EXPECT_EQ(parse(with({"--optimizer", "adamw"})).optimizer.kind, optim::OptimizerKind::kAdamW);
+  EXPECT_NE(error_of(with({"--optimizer", "lion", "--lion-beta2", "1.5"}))
+                .find("--lion-beta2 must be in [0, 1]"),
+            std::string::npos);
+  EXPECT_EQ(error_of(with({"--optimizer", "lion", "--lion-beta1", "1"})), "");
+}
+
+// A DeepSpeed config's Lion (or FusedLion) selects --optimizer lion; its betas are Lion's.
+TEST(DeepSpeedJson, LionOptimizer) {
+  TrainConfig c = parse(with({}), 1, false);
+  apply_deepspeed_json(c, nlohmann::json::parse(R"({"train_batch_size": 4,
+      "optimizer": {"type": "FusedLion", "params": {"betas": [0.9, 0.95], "weight_decay": 0.1}}})"),
+                       1, "ds.json");
+  c.finalize(1);
+  EXPECT_EQ(c.optimizer.kind, optim::OptimizerKind::kLion);
+  EXPECT_DOUBLE_EQ(c.optimizer.lion_beta2, 0.95);
+  EXPECT_DOUBLE_EQ(c.optimizer.beta2, 0.999);  // AdamW's untouched
+  TrainConfig d = parse(with({"--optimizer", "adam"}), 1, false);
+  try {
+    apply_deepspeed_json(d, nlohmann::json::parse(R"({"optimizer": {"type": "Lion"}})"), 1,
+                         "ds.json");
+    ADD_FAILURE() << "a DeepSpeed Lion under --optimizer adam was accepted";
+  } catch (const core::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("contradicts --optimizer adam"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(DeepSpeedJson, ContradictionsAreRefused) {
@@ -525,7 +570,7 @@ TEST(DeepSpeedJson, OffloadBlocks) {
 TEST(DeepSpeedJson, ClipGradWithoutGradientClippingIsOff) {
   TrainConfig c = parse(with({"--clip-grad", "1.0"}), 1, false);
   apply_deepspeed_json(c, nlohmann::json::parse("{}"), 1, "ds.json");
-  EXPECT_FLOAT_EQ(c.adamw.clip_grad, 0.0f);
+  EXPECT_FLOAT_EQ(c.optimizer.clip_grad, 0.0f);
   EXPECT_TRUE(warned(c, "DeepSpeed does not clip"));
 }
 

@@ -107,11 +107,11 @@ TEST_F(TrainTest, HyperparametersAreDoublesAsWritten) {
       parse({"--adam-beta1", "0.9", "--adam-beta2", "0.999", "--adam-eps", "1e-8", "--weight-decay",
              "0.1", "--clip-grad", "0.3", "--init-method-std", "0.006", "--layernorm-epsilon",
              "1e-5", "--hidden-dropout", "0.1", "--attention-dropout", "0.1"});
-  EXPECT_EQ(c.adamw.beta1, 0.9);
-  EXPECT_EQ(c.adamw.beta2, 0.999);
-  EXPECT_EQ(c.adamw.eps, 1e-8);
-  EXPECT_EQ(c.adamw.weight_decay, 0.1);
-  EXPECT_EQ(c.adamw.clip_grad, 0.3);
+  EXPECT_EQ(c.optimizer.beta1, 0.9);
+  EXPECT_EQ(c.optimizer.beta2, 0.999);
+  EXPECT_EQ(c.optimizer.eps, 1e-8);
+  EXPECT_EQ(c.optimizer.weight_decay, 0.1);
+  EXPECT_EQ(c.optimizer.clip_grad, 0.3);
   EXPECT_EQ(c.model.init_method_std, 0.006);
   EXPECT_EQ(c.model.layernorm_epsilon, 1e-5);
   EXPECT_EQ(c.model.hidden_dropout, 0.1);

@@ -238,6 +238,9 @@ void read_shard(const fs::path& it_dir, int rank, CheckpointState& s) {
     for (const nlohmann::json& t : shard.at("tensors")) {
       const std::string tensor = t.at("tensor");
       const CheckpointState::Slice* wanted = s.find(tensor);
+      if (wanted == nullptr && tensor != "params" && !s.wants_optimizer_state()) {
+        continue;  // weights only (--finetune, generation): another rule's state is not read
+      }
       if (wanted == nullptr) {
         throw CorruptCheckpoint(str(path, ": unknown tensor '", tensor,
                                     "' (neither the parameters nor this run's optimizer state)"));
@@ -384,6 +387,11 @@ std::vector<std::pair<std::string, const CheckpointState::Slice*>> CheckpointSta
   std::vector<std::pair<std::string, const Slice*>> all{{"params", &params}};
   for (const NamedSlice& n : optimizer_state) all.emplace_back(n.name, &n.slice);
   return all;
+}
+
+bool CheckpointState::wants_optimizer_state() const {
+  return std::any_of(optimizer_state.begin(), optimizer_state.end(),
+                     [](const NamedSlice& n) { return n.slice.data != nullptr; });
 }
 
 CheckpointState::Slice* CheckpointState::find(const std::string& name) {
@@ -654,6 +662,15 @@ nlohmann::json load_one(const std::string& dir, std::int64_t it, CheckpointState
     if (!architecture_matches(m.at("config"), s.config, &why)) {
       throw DataError(str(manifest_path, ": the checkpoint's model differs from this run's:", why,
                           " (use the checkpoint's settings)"));
+    }
+    // The optimizer state is the update rule's: another rule's arrays cannot continue it.
+    const std::string saved_rule = m.at("config").value("optimizer", "adam");
+    const std::string this_rule = s.config.value("optimizer", "adam");
+    if (s.wants_optimizer_state() && saved_rule != this_rule) {
+      throw DataError(str(manifest_path, ": the checkpoint was trained with --optimizer ",
+                          saved_rule, ", this run asks for --optimizer ", this_rule,
+                          ": resume with --optimizer ", saved_rule,
+                          ", or start from its weights with a fresh optimizer (--finetune)"));
     }
     bool same_layout = m.at("layout") == s.layout && m.at("world_size").get<int>() == world_size;
     if (same_layout) {

@@ -66,8 +66,10 @@ struct CheckpointState {
   };
   Slice params;
   // The optimizer's state arrays over the same flat elements, by the names its update rule gives
-  // them (AdamW: "exp_avg", "exp_avg_sq"), saved and loaded as `params` is. A load fills the
-  // slices listed here with a data pointer and ignores the rest of a checkpoint's tensors.
+  // them (AdamW: "exp_avg", "exp_avg_sq"; Lion: "exp_avg"), saved and loaded as `params` is; the
+  // rule is the config's "optimizer" (a load refuses another rule's state by that name). A load
+  // fills the slices listed here with a data pointer and ignores the rest of a checkpoint's
+  // tensors.
   struct NamedSlice {
     std::string name;
     Slice slice;
@@ -78,6 +80,9 @@ struct CheckpointState {
   std::vector<std::pair<std::string, const Slice*>> tensors() const;
   // The tensor named `name` (params or an optimizer state array); null when the state has none.
   Slice* find(const std::string& name);
+  // Some optimizer state array is to be loaded (a resume; --finetune and generation load only
+  // the weights, and then a checkpoint of another update rule is fine).
+  bool wants_optimizer_state() const;
 };
 
 struct SaveOptions {

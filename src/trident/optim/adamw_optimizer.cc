@@ -9,27 +9,25 @@
 namespace trident::optim {
 
 void adamw_step(const core::ExecContext& ctx, const model::ParamTable& table,
-                const AdamWConfig& cfg, double lr, std::int64_t step, float grad_scale,
+                const OptimizerConfig& cfg, double lr, std::int64_t step, float grad_scale,
                 const AdamWShard& shard) {
-  for (const model::ParamSpec& p : table.params) {
-    const std::int64_t lo = std::max(p.offset, shard.range.begin);
-    const std::int64_t hi = std::min(p.offset + p.numel, shard.range.end);
-    if (lo >= hi) continue;
-    const std::int64_t at = lo - shard.range.begin;
-    kernels::adamw_update(
-        ctx,
-        {.lr = static_cast<float>(lr),
-         .beta1 = static_cast<float>(cfg.beta1),
-         .beta2 = static_cast<float>(cfg.beta2),
-         .eps = static_cast<float>(cfg.eps),
-         .weight_decay = p.weight_decay ? static_cast<float>(cfg.weight_decay) : 0.0f,
-         .step = step,
-         .grad_scale = grad_scale},
-        {.param = core::view(shard.params + at, {hi - lo}, ctx.device),
-         .m = core::view(shard.m + at, {hi - lo}, ctx.device),
-         .v = core::view(shard.v + at, {hi - lo}, ctx.device),
-         .grad = core::view(shard.grads + at, {hi - lo}, ctx.device)});
-  }
+  for_each_param_in(
+      table, shard.range, [&](const model::ParamSpec& p, std::int64_t lo, std::int64_t hi) {
+        const std::int64_t at = lo - shard.range.begin;
+        kernels::adamw_update(
+            ctx,
+            {.lr = static_cast<float>(lr),
+             .beta1 = static_cast<float>(cfg.beta1),
+             .beta2 = static_cast<float>(cfg.beta2),
+             .eps = static_cast<float>(cfg.eps),
+             .weight_decay = p.weight_decay ? static_cast<float>(cfg.weight_decay) : 0.0f,
+             .step = step,
+             .grad_scale = grad_scale},
+            {.param = core::view(shard.params + at, {hi - lo}, ctx.device),
+             .m = core::view(shard.m + at, {hi - lo}, ctx.device),
+             .v = core::view(shard.v + at, {hi - lo}, ctx.device),
+             .grad = core::view(shard.grads + at, {hi - lo}, ctx.device)});
+      });
 }
 
 void append_grad_norm_ranges(const core::ExecContext& ctx, const model::ParamTable& table,

@@ -1,6 +1,8 @@
-// The AdamW optimizer over the flat FP32 buffers: master parameters, gradients and the two Adam
-// moments share the ParamTable's layout, so a ZeRO shard is just a range [begin, end) of it.
-// Weight decay follows the table (none on biases and LayerNorm parameters).
+// The AdamW step over the flat FP32 buffers (the AdamW update rule's arithmetic,
+// optim/update_rule.h): master parameters, gradients and the two Adam moments share the
+// ParamTable's layout, so a ZeRO shard is just a range [begin, end) of it. Weight decay follows the
+// table (none on biases and LayerNorm parameters). Also the global gradient norm and clipping,
+// which every rule shares.
 #pragma once
 
 #include <cstdint>
@@ -10,23 +12,10 @@
 #include "trident/kernels/adamw.h"
 #include "trident/kernels/elementwise.h"
 #include "trident/model/param_table.h"
+#include "trident/optim/optimizer_config.h"
+#include "trident/optim/update_rule.h"
 
 namespace trident::optim {
-
-// The hyperparameters as the user wrote them (doubles, as Megatron's Python floats); the update
-// kernel takes them as float.
-struct AdamWConfig {
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 0.01;
-  double clip_grad = 1.0;  // global-norm clipping threshold; 0 disables
-  friend bool operator==(const AdamWConfig&, const AdamWConfig&) = default;
-};
-
-struct FlatRange {
-  std::int64_t begin = 0, end = 0;  // elements of the flat buffer
-};
 
 // Views of the optimizer's buffers for one range of the flat layout. Each pointer addresses
 // element `range.begin` of its buffer.
@@ -41,7 +30,7 @@ struct AdamWShard {
 // One AdamW step on every parameter element inside shard.range. `step` is 1-based (bias
 // correction); grad_scale multiplies gradients first (clipping coefficient).
 void adamw_step(const core::ExecContext& ctx, const model::ParamTable& table,
-                const AdamWConfig& cfg, double lr, std::int64_t step, float grad_scale,
+                const OptimizerConfig& cfg, double lr, std::int64_t step, float grad_scale,
                 const AdamWShard& shard);
 
 // This rank's share of the squared global gradient norm over the elements of `range` (offsets

@@ -1,5 +1,5 @@
 // The sizes of every buffer the data-parallel optimizer keeps, as pure functions of the layout,
-// the ZeRO stage and dp (no allocation): ParamGradBuffers and DistributedAdamW allocate exactly
+// the ZeRO stage and dp (no allocation): ParamGradBuffers and DistributedOptimizer allocate exactly
 // these, the start-up log and `trident plan` report them.
 #pragma once
 
@@ -28,7 +28,7 @@ struct BufferSizes {
   std::int64_t rs_piece = 0;     // stages 2-3: the received piece of a reduce-scatter (the
                                  // largest layer or rest range, at most a shard)
   std::int64_t param_slot = 0;   // stage 3: each of the two layer-weight staging buffers
-  std::int64_t moment = 0;       // each of the two Adam moments
+  std::int64_t state = 0;        // each of the update rule's state arrays (AdamW: 2, Lion: 1)
   std::int64_t bf16_params = 0;  // --bf16: the matmuls' copies (all weights; stage 3 the rest)
   std::int64_t bf16_slot = 0;    // --bf16, stage 3: each of the two staged layers' copies
 };
@@ -43,21 +43,23 @@ struct MemoryReport {
   // parameters, whole for an iteration, plus one layer-gradient buffer, the received
   // reduce-scatter piece and two layer-parameter buffers.
   std::int64_t staging_bytes = 0;
-  // --offload-optimizer nvme: the moments' bytes on disk (optimizer_bytes is then the window).
+  // --offload-optimizer nvme: the state arrays' bytes on disk (optimizer_bytes is then the window).
   std::int64_t offloaded_bytes = 0;
   // The ZeRO paper's formulas for this rank's psi parameters (FP32 training: 4 bytes of weights,
-  // 4 of gradients, 8 of Adam moments per parameter): stage 0 16 psi, 1 8 psi + 8 psi/dp,
-  // 2 4 psi + 12 psi/dp, 3 16 psi/dp.
+  // 4 of gradients, 4 per state array per parameter, K = 8 with Adam's two moments): stage 0
+  // (8 + K) psi, 1 8 psi + K psi/dp, 2 4 psi + (4 + K) psi/dp, 3 (8 + K) psi/dp.
   std::int64_t predicted_param_bytes = 0, predicted_grad_bytes = 0, predicted_optimizer_bytes = 0;
 
   std::int64_t model_state_bytes() const { return param_bytes + grad_bytes + optimizer_bytes; }
 };
 
-// Bytes of each category for these sizes (Arena footprints, as allocated).
-MemoryReport memory_report(const BufferSizes& sizes, ZeroPolicy policy, std::int64_t numel, int dp);
+// Bytes of each category for these sizes (Arena footprints, as allocated), with `state_arrays`
+// arrays of the update rule (optim::state_array_count).
+MemoryReport memory_report(const BufferSizes& sizes, ZeroPolicy policy, std::int64_t numel, int dp,
+                           int state_arrays);
 
 // Everything at once, from the layout: what one rank of a run with this stage and dp keeps.
 MemoryReport model_state_memory(const FlatLayout& layout, int stage, int dp, bool bf16,
-                                bool offload_params = false);
+                                int state_arrays, bool offload_params = false);
 
 }  // namespace trident::optim

@@ -65,8 +65,8 @@ float* ParamGradBuffers::rest_grad_at(std::int64_t flat) const {
   return rest_grads_ + c;
 }
 
-MemoryReport ParamGradBuffers::memory() const {
-  return memory_report(sizes_, policy_, layout_.numel(), plan_.dp);
+MemoryReport ParamGradBuffers::memory(int state_arrays) const {
+  return memory_report(sizes_, policy_, layout_.numel(), plan_.dp, state_arrays);
 }
 
 }  // namespace trident::optim

@@ -8,7 +8,7 @@
 //   --bf16:    a BF16 copy of all weights     or of the rest + 2 layer slots (3)
 //
 // It holds storage and answers "where is ..."; the parts that move data (grad_sync, zero3_gather,
-// distributed_adamw) hold pointers into it.
+// distributed_optimizer) hold pointers into it.
 #pragma once
 
 #include <cstdint>
@@ -68,8 +68,9 @@ class ParamGradBuffers {
   core::bf16* bf16_params() const { return bf16_params_; }  // (numel) 0-2, (rest) 3
   core::bf16* bf16_slot(int s) const { return bf16_slots_[s]; }
 
-  // Bytes as allocated (equals memory_report(sizes(), ...)).
-  MemoryReport memory() const;
+  // Bytes as allocated (equals memory_report(sizes(), ...)), with the update rule's
+  // `state_arrays` arrays of sizes().state (which the distributed optimizer allocates).
+  MemoryReport memory(int state_arrays) const;
 
  private:
   const FlatLayout& layout_;

@@ -3,8 +3,8 @@
 // picks its strategy from these once, at construction:
 //
 //   stage 0: nothing sharded. Gradient buckets all-reduced (optim/grad_sync.h).
-//   stage 1: Adam moments (and the FP32 weights they update) sharded over dp; buckets
-//            reduce-scattered; updated weights all-gathered (optim/distributed_adamw.h).
+//   stage 1: optimizer state (and the FP32 weights it updates) sharded over dp; buckets
+//            reduce-scattered; updated weights all-gathered (optim/distributed_optimizer.h).
 //   stage 2: also the gradients: each layer's gradient reduce-scattered right after its backward
 //            in every micro-batch, only this rank's shard kept.
 //   stage 3: also the weights: each rank keeps its shard of the FP32 weights; layers are gathered
@@ -18,7 +18,7 @@ namespace trident::optim {
 struct ZeroPolicy {
   int stage = 0;
 
-  // Adam moments and the update are this rank's shard (else the whole buffer).
+  // The optimizer state and the update are this rank's shard (else the whole buffer).
   bool shards_optimizer() const { return stage >= 1; }
   // Gradients are reduce-scattered layer by layer and kept as a shard.
   bool shards_gradients() const { return stage >= 2; }

@@ -6,6 +6,7 @@
 #include "trident/model/gpt.h"
 #include "trident/optim/model_state.h"
 #include "trident/optim/offload.h"
+#include "trident/optim/update_rule.h"
 #include "trident/optim/zero3_gather.h"
 #include "trident/parallel/pipeline_schedule.h"
 #include "trident/plan/plan.h"
@@ -52,12 +53,14 @@ MemoryPlan predict_memory(const train::TrainConfig& cfg, int world_size) {
   MemoryPlan plan;
   for (int stage = 0; stage < pp; ++stage) {
     const train::RankModel rm(mc, split, tp, 0, stage, cfg.sequence_parallel);
-    // The optimizer's buffers as ParamGradBuffers and DistributedAdamW allocate them.
+    // The optimizer's buffers as ParamGradBuffers and DistributedOptimizer allocate them (the
+    // update rule's state arrays: AdamW 2, Lion 1).
+    const int state_arrays = optim::state_array_count(cfg.optimizer.kind);
     const bool params_nvme = cfg.offload_params == "nvme" && cfg.zero_stage == 3;
     const bool moments_nvme = cfg.offload.device == optim::OffloadDevice::kNvme;
     const optim::FlatLayout layout = train::flat_layout_of(rm);
     const optim::MemoryReport states =
-        optim::model_state_memory(layout, cfg.zero_stage, dp, cfg.bf16, params_nvme);
+        optim::model_state_memory(layout, cfg.zero_stage, dp, cfg.bf16, state_arrays, params_nvme);
     RankMemory r;
     r.pp_rank = stage;
     r.num_parameters = rm.num_parameters();
@@ -71,12 +74,12 @@ MemoryPlan predict_memory(const train::TrainConfig& cfg, int world_size) {
       const parallel::ShardPlan sp =
           parallel::build_shard_plan(rm.total_numel(), dp, optim::kShardAlign);
       const std::int64_t n =
-          optim::buffer_sizes(layout, sp, optim::zero_policy(cfg.zero_stage), cfg.bf16).moment;
-      const int arrays = (params_nvme ? 1 : 0) + (moments_nvme ? 2 : 0);
+          optim::buffer_sizes(layout, sp, optim::zero_policy(cfg.zero_stage), cfg.bf16).state;
+      const int arrays = (params_nvme ? 1 : 0) + (moments_nvme ? state_arrays : 0);
       const optim::OffloadFootprint f =
           optim::offload_footprint(cfg.offload.window_bytes, arrays, n);
       const std::int64_t share = f.window_bytes / arrays;
-      if (moments_nvme) r.optimizer = 2 * share;
+      if (moments_nvme) r.optimizer = state_arrays * share;
       if (params_nvme) {
         r.parameters += share + optim::Zero3ParamGatherer::fetch_window_bytes(layout, sp);
       }

@@ -100,7 +100,7 @@ bool accepted_value(const TrainConfig& c, std::string_view name,
   if (name == "--sample-rate") return is_num(1.0);
   if (name == "--start-weight-decay" || name == "--end-weight-decay" || name == "--start-wd" ||
       name == "--end-wd")
-    return is_num(c.adamw.weight_decay);
+    return is_num(c.optimizer.weight_decay);
   if (name == "--kv-channels") {
     return c.model.num_attention_heads > 0 &&
            is_num(static_cast<double>(c.model.hidden_size / c.model.num_attention_heads)) &&
@@ -126,10 +126,6 @@ void apply_mapped(TrainConfig& c, const CompatFlag& f, const std::vector<std::st
     c.model.recompute_num_layers = to_int(n, v);
   } else if (n == "--checkpoint-granularity") {
     c.recompute_granularity = one(n, v);
-  } else if (n == "--optimizer") {
-    const std::string o = one(n, v);
-    TRIDENT_CHECK(o == "adam" || o == "adamw", "--optimizer ", o,
-                  ": trident has AdamW only (Megatron's --optimizer adam is AdamW); use adam");
   } else if (n == "--override-lr-scheduler" || n == "--override-opt_param-scheduler" ||
              n == "--override-opt-param-scheduler" || n == "--no-load-lr-state") {
     // trident's schedule always comes from the flags.

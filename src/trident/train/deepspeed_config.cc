@@ -118,12 +118,12 @@ void apply_batch(Reader& r, const json& ds, int world_size) {
 
   if (ds.contains("gradient_clipping")) {
     const double clip = r.number(ds["gradient_clipping"], "gradient_clipping");
-    r.set(c.adamw.clip_grad, clip, "gradient_clipping", "--clip-grad");
-  } else if (c.adamw.clip_grad > 0) {
-    c.warnings.push_back(str("--clip-grad ", c.adamw.clip_grad, " under --deepspeed: ", source,
+    r.set(c.optimizer.clip_grad, clip, "gradient_clipping", "--clip-grad");
+  } else if (c.optimizer.clip_grad > 0) {
+    c.warnings.push_back(str("--clip-grad ", c.optimizer.clip_grad, " under --deepspeed: ", source,
                              " has no \"gradient_clipping\", so DeepSpeed does not clip; "
                              "trident does the same (clipping off)"));
-    c.adamw.clip_grad = 0;
+    c.optimizer.clip_grad = 0;
   }
 }
 
@@ -256,7 +256,7 @@ void apply_zero(Reader& r, const json& ds) {
   }
 }
 
-// The optimizer block: AdamW and its hyper-parameters.
+// The optimizer block: AdamW or Lion and their hyper-parameters.
 void apply_optimizer(Reader& r, const json& ds) {
   TrainConfig& c = r.c;
   if (ds.contains("optimizer")) {
@@ -264,21 +264,34 @@ void apply_optimizer(Reader& r, const json& ds) {
     TRIDENT_CHECK(o.is_object(), r.where("optimizer"),
                   " must be an object {\"type\": \"AdamW\", ...}");
     const std::string type = o.contains("type") ? r.string(o["type"], "optimizer.type") : "";
-    TRIDENT_CHECK(type == "Adam" || type == "AdamW" || type == "adam" || type == "adamw" ||
-                      type == "FusedAdam",
-                  r.where("optimizer.type"), " ", type,
-                  ": trident has AdamW only (DeepSpeed's Adam with adam_w_mode true)");
+    const bool adam = type == "Adam" || type == "AdamW" || type == "adam" || type == "adamw" ||
+                      type == "FusedAdam";
+    const bool lion = type == "Lion" || type == "lion" || type == "FusedLion";
+    TRIDENT_CHECK(adam || lion, r.where("optimizer.type"), " ", type,
+                  ": trident has AdamW (DeepSpeed's Adam with adam_w_mode true) and Lion");
+    const optim::OptimizerKind kind =
+        adam ? optim::OptimizerKind::kAdamW : optim::OptimizerKind::kLion;
+    TRIDENT_CHECK(
+        !c.given.contains("--optimizer") || optim::parse_optimizer(c.optimizer_type) == kind,
+        r.where("optimizer.type"), " = ", type, " contradicts --optimizer ", c.optimizer_type,
+        ": make them agree (or drop the flag)");
+    c.optimizer_type = optim::optimizer_name(kind);
     if (o.contains("params")) {
       TRIDENT_CHECK(o["params"].is_object(), r.where("optimizer.params"), " must be an object");
       for (const auto& [k, v] : o["params"].items()) {
         const std::string key = "optimizer.params." + k;
         if (k == "betas") {
           TRIDENT_CHECK(v.is_array() && v.size() == 2, r.where(key), " must be [beta1, beta2]");
-          r.set(c.adamw.beta1, r.number(v[0], key), key, "--adam-beta1");
-          r.set(c.adamw.beta2, r.number(v[1], key), key, "--adam-beta2");
-        } else if (k == "eps") {
-          r.set(c.adamw.eps, r.number(v, key), key, "--adam-eps");
-        } else if (k == "adam_w_mode") {
+          if (lion) {
+            r.set(c.optimizer.lion_beta1, r.number(v[0], key), key, "--lion-beta1");
+            r.set(c.optimizer.lion_beta2, r.number(v[1], key), key, "--lion-beta2");
+          } else {
+            r.set(c.optimizer.beta1, r.number(v[0], key), key, "--adam-beta1");
+            r.set(c.optimizer.beta2, r.number(v[1], key), key, "--adam-beta2");
+          }
+        } else if (k == "eps" && adam) {
+          r.set(c.optimizer.eps, r.number(v, key), key, "--adam-eps");
+        } else if (k == "adam_w_mode" && adam) {
           TRIDENT_CHECK(r.boolean(v, key), r.where(key),
                         " = false (Adam with L2 regularisation) is not supported: trident has "
                         "AdamW");

@@ -174,7 +174,7 @@ void TrainingLog::log_tensorboard(const IterationResult& r) {
   if (std::isfinite(r.lm_loss) && !r.step.skipped) both("lm loss", r.lm_loss);
   if (!src_.cfg.no_log_loss_scale_to_tensorboard) both("loss-scale", r.used_scale);
   if (src_.cfg.log_world_size_to_tensorboard) both("world-size", src_.world.size());
-  if (src_.cfg.adamw.clip_grad > 0) both("grad-norm", r.step.grad_norm);
+  if (src_.cfg.optimizer.clip_grad > 0) both("grad-norm", r.step.grad_norm);
   if (src_.cfg.log_memory_to_tensorboard) {
     tb_->add_scalar("mem-allocated-bytes",
                     static_cast<double>(src_.mem.param_bytes + src_.mem.grad_bytes +
@@ -213,7 +213,7 @@ void TrainingLog::log_interval(const IterationResult& r) {
                                 .global_batch_size = r.batch.running_global_batch_size,
                                 .lm_loss = avg_loss,
                                 .loss_scale = r.used_scale,
-                                .grad_norm = src_.cfg.adamw.clip_grad > 0
+                                .grad_norm = src_.cfg.optimizer.clip_grad > 0
                                                  ? std::optional<double>(r.step.grad_norm)
                                                  : std::nullopt,
                                 .skipped = s.skipped,

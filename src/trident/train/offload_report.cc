@@ -10,10 +10,12 @@ double mib(double bytes) { return bytes / (1024.0 * 1024.0); }
 
 OffloadReporter::OffloadReporter(const ZeroOptimizer& optimizer, const TrainConfig& cfg)
     : opt_(optimizer) {
-  if (opt_.moments_on_host()) {
+  const std::string state =
+      core::str("optimizer state (", optim::optimizer_name(cfg.optimizer.kind), ")");
+  if (opt_.state_on_host()) {
     log::info(
-        "offload: --offload-optimizer ", optim::offload_device_name(cfg.offload.device),
-        ": the Adam moments are in ",
+        "offload: --offload-optimizer ", optim::offload_device_name(cfg.offload.device), ": the ",
+        state, " is in ",
         cfg.offload.device == optim::OffloadDevice::kCpu ? "pinned host memory" : "files (below)",
         " and the GPU's weights are updated on the host (ZeRO-Offload): each step the "
         "gradient and weight shards come down and the weights go back up, in chunks");
@@ -24,10 +26,10 @@ OffloadReporter::OffloadReporter(const ZeroOptimizer& optimizer, const TrainConf
   }
   const optim::OffloadStore* o = opt_.offload();
   if (o == nullptr) return;
-  const char* what = opt_.params_offloaded()
-                         ? (opt_.moments_offloaded() ? "weight shard and Adam moments"
-                                                     : "weight shard (--offload-params nvme)")
-                         : "Adam moments";
+  const std::string what = opt_.params_offloaded()
+                               ? (opt_.state_offloaded() ? "weight shard and " + state
+                                                         : "weight shard (--offload-params nvme)")
+                               : state;
   log::info("offload: ", what, " of ", o->size(), " elements in ", o->paths().size(),
             " files under ", cfg.offload.path, " (", mib(static_cast<double>(o->file_bytes())),
             " MiB on disk); window ", mib(static_cast<double>(o->window_bytes())), " MiB = 3 x ",

@@ -216,13 +216,22 @@ void add_schedule_options(CLI::App& app, TrainConfig& c) {
   app.add_option("--lr-warmup-iters", c.lr.warmup_iters, "Linear warm-up iterations")
       ->capture_default_str();
   app.add_option("--lr-decay-iters", c.lr.decay_iters, "Decay iterations (default train-iters)");
-  app.add_option("--weight-decay", c.adamw.weight_decay, "AdamW weight decay")
+  app.add_option("--optimizer", c.optimizer_type,
+                 "Update rule: adam (AdamW, decoupled weight decay) or lion (sign of the momentum "
+                 "interpolation, one state array)")
       ->capture_default_str();
-  app.add_option("--clip-grad", c.adamw.clip_grad, "Global gradient-norm clip (0: off)")
+  app.add_option("--weight-decay", c.optimizer.weight_decay, "Decoupled weight decay")
       ->capture_default_str();
-  app.add_option("--adam-beta1", c.adamw.beta1, "AdamW beta1")->capture_default_str();
-  app.add_option("--adam-beta2", c.adamw.beta2, "AdamW beta2")->capture_default_str();
-  app.add_option("--adam-eps", c.adamw.eps, "AdamW epsilon")->capture_default_str();
+  app.add_option("--clip-grad", c.optimizer.clip_grad, "Global gradient-norm clip (0: off)")
+      ->capture_default_str();
+  app.add_option("--adam-beta1", c.optimizer.beta1, "AdamW beta1")->capture_default_str();
+  app.add_option("--adam-beta2", c.optimizer.beta2, "AdamW beta2")->capture_default_str();
+  app.add_option("--adam-eps", c.optimizer.eps, "AdamW epsilon")->capture_default_str();
+  app.add_option("--lion-beta1", c.optimizer.lion_beta1,
+                 "Lion beta1: the momentum/gradient interpolation whose sign is the step")
+      ->capture_default_str();
+  app.add_option("--lion-beta2", c.optimizer.lion_beta2, "Lion beta2: the momentum's decay")
+      ->capture_default_str();
   app.add_option("--seed", c.seed, "Random seed (init, data order)")->capture_default_str();
 }
 
@@ -726,6 +735,7 @@ void TrainConfig::finalize_parallel(int world_size) {
 
 // --offload-optimizer / --offload-params and their path, window and I/O.
 void TrainConfig::finalize_offload() {
+  optimizer.kind = optim::parse_optimizer(optimizer_type);
   offload.device = optim::parse_offload_device(offload_optimizer);
   offload.io = optim::parse_offload_io(offload_io);
   offload.direct = !offload_buffered;
@@ -836,10 +846,15 @@ void TrainConfig::finalize_schedule(int dp) {
                 "--lr-warmup-tokens needs --lr-decay-tokens (Megatron-DeepSpeed)");
   TRIDENT_CHECK(lr_decay_tokens == 0 || lr_warmup_tokens <= lr_decay_tokens,
                 "--lr-decay-tokens must be at least --lr-warmup-tokens");
-  TRIDENT_CHECK(adamw.beta1 >= 0 && adamw.beta1 < 1, "--adam-beta1 must be in [0, 1)");
-  TRIDENT_CHECK(adamw.beta2 >= 0 && adamw.beta2 < 1, "--adam-beta2 must be in [0, 1)");
-  TRIDENT_CHECK(adamw.eps > 0, "--adam-eps must be positive");
-  TRIDENT_CHECK(adamw.clip_grad >= 0, "--clip-grad must be >= 0");
+  TRIDENT_CHECK(optimizer.beta1 >= 0 && optimizer.beta1 < 1, "--adam-beta1 must be in [0, 1)");
+  TRIDENT_CHECK(optimizer.beta2 >= 0 && optimizer.beta2 < 1, "--adam-beta2 must be in [0, 1)");
+  TRIDENT_CHECK(optimizer.eps > 0, "--adam-eps must be positive");
+  TRIDENT_CHECK(optimizer.clip_grad >= 0, "--clip-grad must be >= 0");
+  TRIDENT_CHECK(optimizer.lion_beta1 >= 0 && optimizer.lion_beta1 <= 1,
+                "--lion-beta1 must be in [0, 1]");
+  TRIDENT_CHECK(optimizer.lion_beta2 >= 0 && optimizer.lion_beta2 <= 1,
+                "--lion-beta2 must be in [0, 1]");
+  TRIDENT_CHECK(optimizer.weight_decay >= 0, "--weight-decay must be >= 0");
 }
 
 nlohmann::json TrainConfig::to_json() const {
@@ -865,11 +880,14 @@ nlohmann::json TrainConfig::to_json() const {
   };
   j["lr_warmup_iters"] = count(lr.warmup_iters);
   j["lr_decay_iters"] = count(lr.decay_iters);
-  j["weight_decay"] = adamw.weight_decay;
-  j["clip_grad"] = adamw.clip_grad;
-  j["adam_beta1"] = adamw.beta1;
-  j["adam_beta2"] = adamw.beta2;
-  j["adam_eps"] = adamw.eps;
+  j["weight_decay"] = optimizer.weight_decay;
+  j["clip_grad"] = optimizer.clip_grad;
+  j["adam_beta1"] = optimizer.beta1;
+  j["adam_beta2"] = optimizer.beta2;
+  j["adam_eps"] = optimizer.eps;
+  j["optimizer"] = optim::optimizer_name(optimizer.kind);
+  j["lion_beta1"] = optimizer.lion_beta1;
+  j["lion_beta2"] = optimizer.lion_beta2;
   j["seed"] = seed;
   j["data_path"] = data_path;
   j["train_data_path"] = train_data_path;

@@ -12,9 +12,9 @@
 
 #include "trident/data/data_loader.h"
 #include "trident/model/config.h"
-#include "trident/optim/adamw_optimizer.h"
 #include "trident/optim/lr_schedule.h"
 #include "trident/optim/offload.h"
+#include "trident/optim/optimizer_config.h"
 
 namespace CLI {
 class App;
@@ -54,7 +54,8 @@ struct TrainConfig {
   optim::LrSchedule lr;        // as given (iterations)
   optim::LrSchedule lr_steps;  // set by finalize: warm-up and decay in samples
   std::string lr_decay_style = "linear";
-  optim::AdamWConfig adamw;
+  std::string optimizer_type = "adam";  // --optimizer adam|lion (finalize sets optimizer.kind)
+  optim::OptimizerConfig optimizer;     // the update rule and its hyper-parameters
   std::uint64_t seed = 1234;
 
   // Data.

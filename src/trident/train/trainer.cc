@@ -425,7 +425,7 @@ void Trainer::build_model() {
                             .last_stage_layers = cfg_.decoder_last_pipeline_num_layers};
   rank_model_.emplace(cfg_.model, split, layout_.tp_size, par_.coord().tp, par_.coord().pp,
                       cfg_.sequence_parallel);
-  optimizer_.emplace(*rank_model_, par_, cfg_.adamw,
+  optimizer_.emplace(*rank_model_, par_, cfg_.optimizer,
                      ZeroConfig{.stage = cfg_.zero_stage,
                                 .bucket_size = cfg_.ddp_bucket_size,
                                 .bf16 = cfg_.bf16,
@@ -495,14 +495,14 @@ void Trainer::describe_checkpoint_state() {
   state_.optimizer_state.clear();
   for (const ZeroOptimizer::NamedSlice& s : optimizer_->state_slices()) {
     state_.optimizer_state.push_back({s.name, slice(s.slice)});
-    state_.optimizer_state.back().slice.mapped = optimizer_->moments_offloaded();
+    state_.optimizer_state.back().slice.mapped = optimizer_->state_offloaded();
   }
   state_.params.mapped = optimizer_->params_offloaded();
   if (ctx_.device.kind == core::DeviceKind::kCuda) {
     // The checkpoint code reads and writes host memory: each slice on the device gets a pinned
-    // host buffer (offloaded moments are in host memory already).
+    // host buffer (offloaded optimizer state is in host memory already).
     std::vector<ckpt::CheckpointState::Slice*> on_device{&state_.params};
-    if (!optimizer_->moments_on_host()) {
+    if (!optimizer_->state_on_host()) {
       for (ckpt::CheckpointState::NamedSlice& s : state_.optimizer_state) {
         on_device.push_back(&s.slice);
       }

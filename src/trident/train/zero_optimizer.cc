@@ -19,7 +19,7 @@ optim::FlatLayout flat_layout_of(const RankModel& model) {
 }
 
 ZeroOptimizer::ZeroOptimizer(const RankModel& model, const parallel::ParallelContext& par,
-                             const optim::AdamWConfig& adamw, const ZeroConfig& zero)
+                             const optim::OptimizerConfig& optimizer, const ZeroConfig& zero)
     : model_(model),
       par_(par),
       policy_(optim::zero_policy(zero.stage)),
@@ -41,13 +41,15 @@ ZeroOptimizer::ZeroOptimizer(const RankModel& model, const parallel::ParallelCon
     arrays.push_back("params");
   }
   if (zero.offload.device == optim::OffloadDevice::kNvme) {
-    moment_array_ = static_cast<int>(arrays.size());
-    for (const char* name : optim::DistributedAdamW::kStateArrays) arrays.emplace_back(name);
+    state_array_ = static_cast<int>(arrays.size());
+    for (const char* name : optim::make_update_rule(optimizer)->state_arrays()) {
+      arrays.emplace_back(name);
+    }
   }
   if (!arrays.empty()) {
-    const std::int64_t n = buffers_->sizes().moment;
+    const std::int64_t n = buffers_->sizes().state;
     TRIDENT_ASSERT(!zero.offload_params || buffers_->sizes().master_offloaded == n,
-                   "the master shard and the moments cover different ranges");
+                   "the master shard and the optimizer state cover different ranges");
     store_ = std::make_unique<optim::OffloadStore>(
         zero.offload, core::str("trident.", ::getpid(), ".rank", par.rank()), arrays, n);
   }
@@ -56,9 +58,9 @@ ZeroOptimizer::ZeroOptimizer(const RankModel& model, const parallel::ParallelCon
     gatherer_ = std::make_unique<optim::Zero3ParamGatherer>(
         *buffers_, dp, comm_, param_array_ >= 0 ? store_.get() : nullptr, param_array_);
   }
-  finalizer_ = std::make_unique<optim::GradFinalizer>(layout_, par, adamw.clip_grad);
-  adamw_ = std::make_unique<optim::DistributedAdamW>(
-      *buffers_, dp, comm_, adamw, store_.get(), param_array_, moment_array_, zero.ctx,
+  finalizer_ = std::make_unique<optim::GradFinalizer>(layout_, par, optimizer.clip_grad);
+  opt_ = std::make_unique<optim::DistributedOptimizer>(
+      *buffers_, dp, comm_, optimizer, store_.get(), param_array_, state_array_, zero.ctx,
       zero.offload.device, zero.offload.window_bytes);
   build_chunk_views();
   build_slot_views();
@@ -253,31 +255,32 @@ OptimizerStepResult ZeroOptimizer::step(const core::ExecContext& ctx, double lr,
   const optim::HeldGrads held = sync_->held();
   const optim::FinalizedGrads f = finalizer_->finalize(ctx, held, scaling);
   if (f.skipped) return {f.grad_norm, true};
-  TRIDENT_ASSERT(held.grads.range == adamw_->updated_range(), "held gradients [",
+  TRIDENT_ASSERT(held.grads.range == opt_->updated_range(), "held gradients [",
                  held.grads.range.begin, ", ", held.grads.range.end, ") are not the updated range");
   if (gatherer_) gatherer_->drain();
-  adamw_->step(ctx, lr, step, f.grad_scale, held.grads.data);
+  opt_->step(ctx, lr, step, f.grad_scale, held.grads.data);
   refresh_bf16(ctx);
   return {f.grad_norm, false};
 }
 
 MemoryReport ZeroOptimizer::memory() const {
-  MemoryReport m = buffers_->memory();
+  const auto arrays = static_cast<std::int64_t>(opt_->rule().state_arrays().size());
+  MemoryReport m = buffers_->memory(static_cast<int>(arrays));
   if (store_) {
     // Resident: the streaming window (an equal share per array) and the read-ahead buffers.
-    const std::int64_t arrays = static_cast<std::int64_t>(store_->paths().size());
-    const std::int64_t share = store_->window_bytes() / arrays;
+    const auto files = static_cast<std::int64_t>(store_->paths().size());
+    const std::int64_t share = store_->window_bytes() / files;
     m.offloaded_bytes = store_->file_bytes();
-    if (moment_array_ >= 0) m.optimizer_bytes = 2 * share;
+    if (state_array_ >= 0) m.optimizer_bytes = arrays * share;
     if (param_array_ >= 0) m.param_bytes += share + gatherer_->fetch_bytes();
   }
   return m;
 }
 
-parallel::Range ZeroOptimizer::stored_range(int stage, bool moments, std::int64_t numel, int dp,
+parallel::Range ZeroOptimizer::stored_range(int stage, bool state, std::int64_t numel, int dp,
                                             int dp_rank) {
   const optim::ZeroPolicy policy = optim::zero_policy(stage);
-  if (!(moments ? policy.shards_optimizer() : policy.shards_parameters())) return {0, numel};
+  if (!(state ? policy.shards_optimizer() : policy.shards_parameters())) return {0, numel};
   const parallel::Range s =
       parallel::build_shard_plan(numel, dp, optim::kShardAlign).shard(dp_rank);
   return {std::min(s.begin, numel), std::min(s.end, numel)};
@@ -291,11 +294,11 @@ ZeroOptimizer::TensorSlice ZeroOptimizer::params_slice() {
   return {data, {s.begin, std::min(s.end, layout_.numel())}};
 }
 
-bool ZeroOptimizer::moments_on_host() const { return adamw_->updates_on_host(); }
+bool ZeroOptimizer::state_on_host() const { return opt_->updates_on_host(); }
 
 std::vector<ZeroOptimizer::NamedSlice> ZeroOptimizer::state_slices() {
   std::vector<NamedSlice> out;
-  for (const optim::DistributedAdamW::StateArray& a : adamw_->state()) {
+  for (const optim::DistributedOptimizer::StateArray& a : opt_->state()) {
     out.push_back({a.name, {a.span.data, a.span.range}});
   }
   return out;

@@ -7,7 +7,8 @@
 //   optim::Zero3ParamGatherer stage 3: per-layer all-gather into two staging slots, prefetched
 //   optim::GradFinalizer      tied embeddings, sequence-parallel LayerNorm sums, global norm,
 //                             overflow check, clipping coefficient
-//   optim::DistributedAdamW   AdamW on this rank's range, the Adam moments, the all-gather
+//   optim::DistributedOptimizer the update rule (AdamW, Lion) on this rank's range, its state
+//                             arrays, the all-gather
 //
 // This class only wires them to the model: it builds the views of the resident weights and
 // gradients, and gives each chunk's layers a model::LayerWeightsProvider that hands out each
@@ -24,7 +25,7 @@
 #include "trident/core/exec_context.h"
 #include "trident/optim/adamw_optimizer.h"
 #include "trident/optim/comm_counters.h"
-#include "trident/optim/distributed_adamw.h"
+#include "trident/optim/distributed_optimizer.h"
 #include "trident/optim/flat_layout.h"
 #include "trident/optim/grad_finalize.h"
 #include "trident/optim/grad_sync.h"
@@ -44,7 +45,7 @@ struct ZeroConfig {
   int stage = 0;
   std::int64_t bucket_size = 40'000'000;  // --ddp-bucket-size, elements
   bool bf16 = false;  // keep BF16 copies of the weights for the matmuls (refreshed every step)
-  optim::OffloadConfig offload;  // --offload-optimizer: where the Adam moments live
+  optim::OffloadConfig offload;  // --offload-optimizer: where the optimizer state lives
   // --offload-params nvme (stage 3): the master shard in a file under offload.path, streamed by
   // the optimizer step and read ahead of each layer's gather (docs/offload.md).
   bool offload_params = false;
@@ -64,7 +65,7 @@ optim::FlatLayout flat_layout_of(const RankModel& model);
 class ZeroOptimizer {
  public:
   ZeroOptimizer(const RankModel& model, const parallel::ParallelContext& par,
-                const optim::AdamWConfig& adamw, const ZeroConfig& zero);
+                const optim::OptimizerConfig& optimizer, const ZeroConfig& zero);
   ~ZeroOptimizer();
 
   const model::ModelViews& views() const { return views_; }
@@ -101,7 +102,8 @@ class ZeroOptimizer {
     parallel::Range range;
   };
   TensorSlice params_slice();
-  // The optimizer's state arrays, by the update rule's names (AdamW: exp_avg, exp_avg_sq).
+  // The optimizer's state arrays, by the update rule's names (AdamW: exp_avg, exp_avg_sq; Lion:
+  // exp_avg).
   struct NamedSlice {
     std::string name;
     TensorSlice slice;
@@ -112,21 +114,24 @@ class ZeroOptimizer {
   void checkpoint_io_done(bool written) {
     if (store_) store_->release_pages(written);
   }
-  // The offload files (moments and/or the master shard), or null.
+  // The offload files (the optimizer state and/or the master shard), or null.
   const optim::OffloadStore* offload() const { return store_.get(); }
   bool params_offloaded() const { return param_array_ >= 0; }
-  bool moments_offloaded() const { return moment_array_ >= 0; }
-  // The moments are in host memory while the weights are on a GPU (--offload-optimizer on a GPU).
-  bool moments_on_host() const;
+  bool state_offloaded() const { return state_array_ >= 0; }
+  // The optimizer state is in host memory while the weights are on a GPU (--offload-optimizer on
+  // a GPU).
+  bool state_on_host() const;
+  // The update rule (its name is the checkpoint manifest's "optimizer").
+  const optim::OptimizerConfig& optimizer_config() const { return opt_->config(); }
   // The read-ahead buffers of --offload-params nvme (0 otherwise).
   std::int64_t param_fetch_bytes() const { return gatherer_ ? gatherer_->fetch_bytes() : 0; }
   // Before an evaluation pass after a step: the stage-3 gathered weights are re-gathered from the
   // updated shard (what begin_iteration does, without touching the gradients).
   void begin_evaluation();
   // The range of a rank's flat buffer (numel elements) that data-parallel rank dp_rank of dp
-  // stores in checkpoints at `stage`: of the parameters (moments = false) or of the Adam moments.
+  // stores in checkpoints at `stage`: of the parameters (state = false) or of the optimizer state.
   // The same as the slices above, without an optimizer (`trident convert` writes other layouts).
-  static parallel::Range stored_range(int stage, bool moments, std::int64_t numel, int dp,
+  static parallel::Range stored_range(int stage, bool state, std::int64_t numel, int dp,
                                       int dp_rank);
 
  private:
@@ -144,11 +149,11 @@ class ZeroOptimizer {
   CommCounters comm_;
   std::unique_ptr<optim::ParamGradBuffers> buffers_;
   std::unique_ptr<optim::OffloadStore> store_;  // before its users (destroyed after them)
-  int param_array_ = -1, moment_array_ = -1;    // their arrays in store_, -1: in memory
+  int param_array_ = -1, state_array_ = -1;     // their (first) arrays in store_, -1: in memory
   std::unique_ptr<optim::GradSync> sync_;
   std::unique_ptr<optim::Zero3ParamGatherer> gatherer_;  // stage 3 only
   std::unique_ptr<optim::GradFinalizer> finalizer_;
-  std::unique_ptr<optim::DistributedAdamW> adamw_;
+  std::unique_ptr<optim::DistributedOptimizer> opt_;
   core::ExecContext hook_ctx_;  // kernels run from the hooks
 
   model::ModelViews views_;
