@@ -15,16 +15,7 @@ namespace trident::kernels {
 void adamw_update(const core::ExecContext& ctx, const AdamWHyper& hp, const AdamWArgs& args) {
   const core::profile::Scope prof(core::profile::Kind::kOptimizer, "adamw_update", 0,
                                   4.0 * 7 * args.n);
-  switch (ctx.device.kind) {
-    case core::DeviceKind::kCpu:
-      return cpu_ops(ctx).adamw_update(ctx, hp, args);
-    case core::DeviceKind::kCuda:
-#ifdef TRIDENT_HAVE_CUDA
-      return cuda::adamw_update(ctx, hp, args);
-#else
-      no_cuda_backend("adamw_update");
-#endif
-  }
+  TRIDENT_DISPATCH(adamw_update, ctx, hp, args);
 }
 
 void adamw_update(const core::ExecContext& ctx, const AdamWHyper& hp, const AdamWViews& views) {

@@ -17,32 +17,14 @@ void attention_forward(const core::ExecContext& ctx, const AttentionForwardArgs&
   const core::profile::Scope prof(
       core::profile::Kind::kAttention, "attention_forward",
       2.0 * args.batch * args.seq_len * args.seq_len * args.num_heads * args.head_dim, 0);
-  switch (ctx.device.kind) {
-    case core::DeviceKind::kCpu:
-      return cpu_ops(ctx).attention_forward(ctx, args);
-    case core::DeviceKind::kCuda:
-#ifdef TRIDENT_HAVE_CUDA
-      return cuda::attention_forward(ctx, args);
-#else
-      no_cuda_backend("attention_forward");
-#endif
-  }
+  TRIDENT_DISPATCH(attention_forward, ctx, args);
 }
 
 void attention_backward(const core::ExecContext& ctx, const AttentionBackwardArgs& args) {
   const core::profile::Scope prof(
       core::profile::Kind::kAttention, "attention_backward",
       4.0 * args.batch * args.seq_len * args.seq_len * args.num_heads * args.head_dim, 0);
-  switch (ctx.device.kind) {
-    case core::DeviceKind::kCpu:
-      return cpu_ops(ctx).attention_backward(ctx, args);
-    case core::DeviceKind::kCuda:
-#ifdef TRIDENT_HAVE_CUDA
-      return cuda::attention_backward(ctx, args);
-#else
-      no_cuda_backend("attention_backward");
-#endif
-  }
+  TRIDENT_DISPATCH(attention_backward, ctx, args);
 }
 
 void attention(const core::ExecContext& ctx, const AttentionViews& v) {

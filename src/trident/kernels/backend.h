@@ -1,10 +1,6 @@
 // What every op's dispatch (kernels/<op>.cc) needs: the CPU variant tables and the answer for a
-// device this build has no kernels for. The dispatch of an op is one visible switch:
-//
-//   switch (ctx.device.kind) {
-//     case core::DeviceKind::kCpu:  return cpu_ops(ctx).layernorm_forward(ctx, args);
-//     case core::DeviceKind::kCuda: no_cuda_backend("layernorm_forward");  // or cuda::...
-//   }
+// device this build has no kernels for. The dispatch of an op is one TRIDENT_DISPATCH
+// (kernels/dispatch.h): the CPU table of ctx's variant, the CUDA body, or no_cuda_backend.
 #pragma once
 
 #include "trident/kernels/cpu/cpu_ops.h"

@@ -84,31 +84,13 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void f32_to_bf16
 void convert_f32_to_bf16(const core::ExecContext& ctx, core::bf16* dst, const float* src,
                          std::int64_t n) {
   const core::profile::Scope prof(core::profile::Kind::kMemory, "convert_f32_to_bf16", 0, 6.0 * n);
-  switch (ctx.device.kind) {
-    case core::DeviceKind::kCpu:
-      return cpu_ops(ctx).convert_f32_to_bf16(ctx, dst, src, n);
-    case core::DeviceKind::kCuda:
-#ifdef TRIDENT_HAVE_CUDA
-      return cuda::convert_f32_to_bf16(ctx, dst, src, n);
-#else
-      no_cuda_backend("convert_f32_to_bf16");
-#endif
-  }
+  TRIDENT_DISPATCH(convert_f32_to_bf16, ctx, dst, src, n);
 }
 
 void convert_bf16_to_f32(const core::ExecContext& ctx, float* dst, const core::bf16* src,
                          std::int64_t n) {
   const core::profile::Scope prof(core::profile::Kind::kMemory, "convert_bf16_to_f32", 0, 6.0 * n);
-  switch (ctx.device.kind) {
-    case core::DeviceKind::kCpu:
-      return cpu_ops(ctx).convert_bf16_to_f32(ctx, dst, src, n);
-    case core::DeviceKind::kCuda:
-#ifdef TRIDENT_HAVE_CUDA
-      return cuda::convert_bf16_to_f32(ctx, dst, src, n);
-#else
-      no_cuda_backend("convert_bf16_to_f32");
-#endif
-  }
+  TRIDENT_DISPATCH(convert_bf16_to_f32, ctx, dst, src, n);
 }
 
 void convert(const core::ExecContext& ctx, const ConvertViews& v) {

@@ -16,16 +16,7 @@ void cross_entropy_forward_backward(const core::ExecContext& ctx, const CrossEnt
   const core::profile::Scope prof(
       core::profile::Kind::kLoss, "cross_entropy_forward_backward", 0,
       4.0 * (args.d_logits != nullptr ? 2 : 1) * args.rows * args.vocab_padded);
-  switch (ctx.device.kind) {
-    case core::DeviceKind::kCpu:
-      return cpu_ops(ctx).cross_entropy_forward_backward(ctx, args);
-    case core::DeviceKind::kCuda:
-#ifdef TRIDENT_HAVE_CUDA
-      return cuda::cross_entropy_forward_backward(ctx, args);
-#else
-      no_cuda_backend("cross_entropy_forward_backward");
-#endif
-  }
+  TRIDENT_DISPATCH(cross_entropy_forward_backward, ctx, args);
 }
 
 void cross_entropy_forward_backward(const core::ExecContext& ctx, const CrossEntropyViews& v) {

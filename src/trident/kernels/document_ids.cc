@@ -1,5 +1,5 @@
-// Backend dispatch of document_ids.h: the views' checks and one switch on the device; the CPU body
-// is in kernels/cpu/document_ids.cc (one per instruction-set variant), the CUDA one in
+// Backend dispatch of document_ids.h: the views' checks and the device switch (TRIDENT_DISPATCH);
+// the CPU body is in kernels/cpu/document_ids.cc (one per instruction-set variant), the CUDA one in
 // kernels/cuda/embedding.cu, the reference in kernels/ref/.
 #include "trident/kernels/document_ids.h"
 
@@ -8,6 +8,7 @@
 #include "trident/core/error.h"
 #include "trident/core/profile.h"
 #include "trident/kernels/backend.h"
+#include "trident/kernels/dispatch.h"
 #include "trident/kernels/view_check.h"
 #ifdef TRIDENT_HAVE_CUDA
 #include "trident/kernels/cuda/cuda_ops.h"
@@ -32,16 +33,7 @@ void document_ids(const core::ExecContext& ctx, const DocumentIdsViews& v) {
                              .seq_len = T,
                              .eod_token = v.eod_token};
   const core::profile::Scope prof(core::profile::Kind::kMemory, op, 0, 4.0 * 3 * B * T);
-  switch (ctx.device.kind) {
-    case core::DeviceKind::kCpu:
-      return cpu_ops(ctx).document_ids(ctx, args);
-    case core::DeviceKind::kCuda:
-#ifdef TRIDENT_HAVE_CUDA
-      return cuda::document_ids(ctx, args);
-#else
-      no_cuda_backend(op);
-#endif
-  }
+  TRIDENT_DISPATCH(document_ids, ctx, args);
 }
 
 }  // namespace trident::kernels

@@ -14,16 +14,7 @@ namespace trident::kernels {
 
 void hidden_dropout(const core::ExecContext& ctx, const HiddenDropoutArgs& args) {
   const core::profile::Scope prof(core::profile::Kind::kMemory, "hidden_dropout");
-  switch (ctx.device.kind) {
-    case core::DeviceKind::kCpu:
-      return cpu_ops(ctx).hidden_dropout(ctx, args);
-    case core::DeviceKind::kCuda:
-#ifdef TRIDENT_HAVE_CUDA
-      return cuda::hidden_dropout(ctx, args);
-#else
-      no_cuda_backend("hidden_dropout");
-#endif
-  }
+  TRIDENT_DISPATCH(hidden_dropout, ctx, args);
 }
 
 void hidden_dropout(const core::ExecContext& ctx, const HiddenDropoutViews& v) {

@@ -17,90 +17,34 @@ namespace trident::kernels {
 
 void gelu_forward(const core::ExecContext& ctx, float* out, const float* in, std::int64_t n) {
   const core::profile::Scope prof(core::profile::Kind::kMemory, "gelu_forward", 0, 4.0 * 2 * n);
-  switch (ctx.device.kind) {
-    case core::DeviceKind::kCpu:
-      return cpu_ops(ctx).gelu_forward(ctx, out, in, n);
-    case core::DeviceKind::kCuda:
-#ifdef TRIDENT_HAVE_CUDA
-      return cuda::gelu_forward(ctx, out, in, n);
-#else
-      no_cuda_backend("gelu_forward");
-#endif
-  }
+  TRIDENT_DISPATCH(gelu_forward, ctx, out, in, n);
 }
 
 void gelu_backward(const core::ExecContext& ctx, float* d_in, const float* d_out, const float* in,
                    std::int64_t n) {
   const core::profile::Scope prof(core::profile::Kind::kMemory, "gelu_backward", 0, 4.0 * 3 * n);
-  switch (ctx.device.kind) {
-    case core::DeviceKind::kCpu:
-      return cpu_ops(ctx).gelu_backward(ctx, d_in, d_out, in, n);
-    case core::DeviceKind::kCuda:
-#ifdef TRIDENT_HAVE_CUDA
-      return cuda::gelu_backward(ctx, d_in, d_out, in, n);
-#else
-      no_cuda_backend("gelu_backward");
-#endif
-  }
+  TRIDENT_DISPATCH(gelu_backward, ctx, d_in, d_out, in, n);
 }
 
 void add_forward(const core::ExecContext& ctx, float* out, const float* a, const float* b,
                  std::int64_t n) {
   const core::profile::Scope prof(core::profile::Kind::kMemory, "add_forward", 0, 4.0 * 3 * n);
-  switch (ctx.device.kind) {
-    case core::DeviceKind::kCpu:
-      return cpu_ops(ctx).add_forward(ctx, out, a, b, n);
-    case core::DeviceKind::kCuda:
-#ifdef TRIDENT_HAVE_CUDA
-      return cuda::add_forward(ctx, out, a, b, n);
-#else
-      no_cuda_backend("add_forward");
-#endif
-  }
+  TRIDENT_DISPATCH(add_forward, ctx, out, a, b, n);
 }
 
 void scale_inplace(const core::ExecContext& ctx, float* x, float s, std::int64_t n) {
   const core::profile::Scope prof(core::profile::Kind::kOptimizer, "scale_inplace", 0, 4.0 * 2 * n);
-  switch (ctx.device.kind) {
-    case core::DeviceKind::kCpu:
-      return cpu_ops(ctx).scale_inplace(ctx, x, s, n);
-    case core::DeviceKind::kCuda:
-#ifdef TRIDENT_HAVE_CUDA
-      return cuda::scale_inplace(ctx, x, s, n);
-#else
-      no_cuda_backend("scale_inplace");
-#endif
-  }
+  TRIDENT_DISPATCH(scale_inplace, ctx, x, s, n);
 }
 
 double sum_squares(const core::ExecContext& ctx, const float* x, std::int64_t n) {
   const core::profile::Scope prof(core::profile::Kind::kOptimizer, "sum_squares", 0, 4.0 * n);
-  switch (ctx.device.kind) {
-    case core::DeviceKind::kCpu:
-      return cpu_ops(ctx).sum_squares(ctx, x, n);
-    case core::DeviceKind::kCuda:
-#ifdef TRIDENT_HAVE_CUDA
-      return cuda::sum_squares(ctx, x, n);
-#else
-      no_cuda_backend("sum_squares");
-#endif
-  }
-  unknown_device("sum_squares");
+  TRIDENT_DISPATCH(sum_squares, ctx, x, n);
 }
 
 bool all_finite(const core::ExecContext& ctx, const float* x, std::int64_t n) {
   const core::profile::Scope prof(core::profile::Kind::kOptimizer, "all_finite", 0, 4.0 * n);
-  switch (ctx.device.kind) {
-    case core::DeviceKind::kCpu:
-      return cpu_ops(ctx).all_finite(ctx, x, n);
-    case core::DeviceKind::kCuda:
-#ifdef TRIDENT_HAVE_CUDA
-      return cuda::all_finite(ctx, x, n);
-#else
-      no_cuda_backend("all_finite");
-#endif
-  }
-  unknown_device("all_finite");
+  TRIDENT_DISPATCH(all_finite, ctx, x, n);
 }
 
 constexpr core::DType kF32 = core::DType::kF32;

@@ -16,31 +16,13 @@ namespace trident::kernels {
 void embedding_forward(const core::ExecContext& ctx, const EmbeddingForwardArgs& args) {
   const core::profile::Scope prof(core::profile::Kind::kMemory, "embedding_forward", 0,
                                   4.0 * 3 * args.batch * args.seq_len * args.hidden);
-  switch (ctx.device.kind) {
-    case core::DeviceKind::kCpu:
-      return cpu_ops(ctx).embedding_forward(ctx, args);
-    case core::DeviceKind::kCuda:
-#ifdef TRIDENT_HAVE_CUDA
-      return cuda::embedding_forward(ctx, args);
-#else
-      no_cuda_backend("embedding_forward");
-#endif
-  }
+  TRIDENT_DISPATCH(embedding_forward, ctx, args);
 }
 
 void embedding_backward(const core::ExecContext& ctx, const EmbeddingBackwardArgs& args) {
   const core::profile::Scope prof(core::profile::Kind::kMemory, "embedding_backward", 0,
                                   4.0 * 3 * args.batch * args.seq_len * args.hidden);
-  switch (ctx.device.kind) {
-    case core::DeviceKind::kCpu:
-      return cpu_ops(ctx).embedding_backward(ctx, args);
-    case core::DeviceKind::kCuda:
-#ifdef TRIDENT_HAVE_CUDA
-      return cuda::embedding_backward(ctx, args);
-#else
-      no_cuda_backend("embedding_backward");
-#endif
-  }
+  TRIDENT_DISPATCH(embedding_backward, ctx, args);
 }
 
 namespace {

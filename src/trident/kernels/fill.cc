@@ -14,30 +14,12 @@ namespace trident::kernels {
 
 void fill(const core::ExecContext& ctx, const FillArgs& args) {
   const core::profile::Scope prof(core::profile::Kind::kMemory, "fill");
-  switch (ctx.device.kind) {
-    case core::DeviceKind::kCpu:
-      return cpu_ops(ctx).fill(ctx, args);
-    case core::DeviceKind::kCuda:
-#ifdef TRIDENT_HAVE_CUDA
-      return cuda::fill(ctx, args);
-#else
-      no_cuda_backend("fill");
-#endif
-  }
+  TRIDENT_DISPATCH(fill, ctx, args);
 }
 
 void copy(const core::ExecContext& ctx, const CopyArgs& args) {
   const core::profile::Scope prof(core::profile::Kind::kMemory, "copy");
-  switch (ctx.device.kind) {
-    case core::DeviceKind::kCpu:
-      return cpu_ops(ctx).copy(ctx, args);
-    case core::DeviceKind::kCuda:
-#ifdef TRIDENT_HAVE_CUDA
-      return cuda::copy(ctx, args);
-#else
-      no_cuda_backend("copy");
-#endif
-  }
+  TRIDENT_DISPATCH(copy, ctx, args);
 }
 
 void fill(const core::ExecContext& ctx, const FillViews& v) {

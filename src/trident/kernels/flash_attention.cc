@@ -49,31 +49,13 @@ void alibi_slopes(std::int64_t n, float* slopes) {
 
 void flash_attention_forward(const core::ExecContext& ctx, const FlashAttentionForwardArgs& args) {
   const core::profile::Scope prof(core::profile::Kind::kAttention, "flash_attention_forward");
-  switch (ctx.device.kind) {
-    case core::DeviceKind::kCpu:
-      return cpu_ops(ctx).flash_attention_forward(ctx, args);
-    case core::DeviceKind::kCuda:
-#ifdef TRIDENT_HAVE_CUDA
-      return cuda::flash_attention_forward(ctx, args);
-#else
-      no_cuda_backend("flash_attention_forward");
-#endif
-  }
+  TRIDENT_DISPATCH(flash_attention_forward, ctx, args);
 }
 
 void flash_attention_backward(const core::ExecContext& ctx,
                               const FlashAttentionBackwardArgs& args) {
   const core::profile::Scope prof(core::profile::Kind::kAttention, "flash_attention_backward");
-  switch (ctx.device.kind) {
-    case core::DeviceKind::kCpu:
-      return cpu_ops(ctx).flash_attention_backward(ctx, args);
-    case core::DeviceKind::kCuda:
-#ifdef TRIDENT_HAVE_CUDA
-      return cuda::flash_attention_backward(ctx, args);
-#else
-      no_cuda_backend("flash_attention_backward");
-#endif
-  }
+  TRIDENT_DISPATCH(flash_attention_backward, ctx, args);
 }
 
 void flash_attention(const core::ExecContext& ctx, const FlashAttentionViews& v) {

@@ -24,31 +24,13 @@ std::int64_t bias_gelu_backward_scratch_bytes(std::int64_t rows, std::int64_t co
 void bias_gelu_forward(const core::ExecContext& ctx, const BiasGeluForwardArgs& args) {
   const core::profile::Scope prof(core::profile::Kind::kMemory, "bias_gelu_forward", 0,
                                   4.0 * 2 * args.rows * args.cols);
-  switch (ctx.device.kind) {
-    case core::DeviceKind::kCpu:
-      return cpu_ops(ctx).bias_gelu_forward(ctx, args);
-    case core::DeviceKind::kCuda:
-#ifdef TRIDENT_HAVE_CUDA
-      return cuda::bias_gelu_forward(ctx, args);
-#else
-      no_cuda_backend("bias_gelu_forward");
-#endif
-  }
+  TRIDENT_DISPATCH(bias_gelu_forward, ctx, args);
 }
 
 void bias_gelu_backward(const core::ExecContext& ctx, const BiasGeluBackwardArgs& args) {
   const core::profile::Scope prof(core::profile::Kind::kMemory, "bias_gelu_backward", 0,
                                   4.0 * 3 * args.rows * args.cols);
-  switch (ctx.device.kind) {
-    case core::DeviceKind::kCpu:
-      return cpu_ops(ctx).bias_gelu_backward(ctx, args);
-    case core::DeviceKind::kCuda:
-#ifdef TRIDENT_HAVE_CUDA
-      return cuda::bias_gelu_backward(ctx, args);
-#else
-      no_cuda_backend("bias_gelu_backward");
-#endif
-  }
+  TRIDENT_DISPATCH(bias_gelu_backward, ctx, args);
 }
 
 void bias_gelu(const core::ExecContext& ctx, const BiasGeluViews& v) {

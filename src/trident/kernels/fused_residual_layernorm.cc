@@ -26,32 +26,14 @@ void residual_layernorm_forward(const core::ExecContext& ctx,
                                 const ResidualLayerNormForwardArgs& args) {
   const core::profile::Scope prof(core::profile::Kind::kMemory, "residual_layernorm_forward", 0,
                                   4.0 * 4 * args.rows * args.cols);
-  switch (ctx.device.kind) {
-    case core::DeviceKind::kCpu:
-      return cpu_ops(ctx).residual_layernorm_forward(ctx, args);
-    case core::DeviceKind::kCuda:
-#ifdef TRIDENT_HAVE_CUDA
-      return cuda::residual_layernorm_forward(ctx, args);
-#else
-      no_cuda_backend("residual_layernorm_forward");
-#endif
-  }
+  TRIDENT_DISPATCH(residual_layernorm_forward, ctx, args);
 }
 
 void residual_layernorm_backward(const core::ExecContext& ctx,
                                  const ResidualLayerNormBackwardArgs& args) {
   const core::profile::Scope prof(core::profile::Kind::kMemory, "residual_layernorm_backward", 0,
                                   4.0 * 4 * args.rows * args.cols);
-  switch (ctx.device.kind) {
-    case core::DeviceKind::kCpu:
-      return cpu_ops(ctx).residual_layernorm_backward(ctx, args);
-    case core::DeviceKind::kCuda:
-#ifdef TRIDENT_HAVE_CUDA
-      return cuda::residual_layernorm_backward(ctx, args);
-#else
-      no_cuda_backend("residual_layernorm_backward");
-#endif
-  }
+  TRIDENT_DISPATCH(residual_layernorm_backward, ctx, args);
 }
 
 constexpr core::DType kF32 = core::DType::kF32;

@@ -16,16 +16,7 @@ void init_normal(const core::ExecContext& ctx, const InitNormalArgs& a) {
   TRIDENT_CHECK(0 <= a.begin && a.begin <= a.end && a.local_cols > 0 && a.global_cols > 0,
                 "init_normal: bad range [", a.begin, ", ", a.end, ") or column counts ",
                 a.local_cols, " / ", a.global_cols);
-  switch (ctx.device.kind) {
-    case core::DeviceKind::kCpu:
-      return cpu_ops(ctx).init_normal(ctx, a);
-    case core::DeviceKind::kCuda:
-#ifdef TRIDENT_HAVE_CUDA
-      return cuda::init_normal(ctx, a);
-#else
-      no_cuda_backend("init_normal");
-#endif
-  }
+  TRIDENT_DISPATCH(init_normal, ctx, a);
 }
 
 void init_normal(const core::ExecContext& ctx, const InitNormalViews& v) {

@@ -17,16 +17,7 @@ std::int64_t kv_cache_attention_scratch_floats(std::int64_t max_positions, std::
 }
 
 void kv_cache_attention(const core::ExecContext& ctx, const KvCacheAttentionArgs& args) {
-  switch (ctx.device.kind) {
-    case core::DeviceKind::kCpu:
-      return cpu_ops(ctx).kv_cache_attention(ctx, args);
-    case core::DeviceKind::kCuda:
-#ifdef TRIDENT_HAVE_CUDA
-      return cuda::kv_cache_attention(ctx, args);
-#else
-      no_cuda_backend("kv_cache_attention");
-#endif
-  }
+  TRIDENT_DISPATCH(kv_cache_attention, ctx, args);
 }
 
 void kv_cache_attention(const core::ExecContext& ctx, const KvCacheAttentionViews& v) {

@@ -28,16 +28,7 @@ void lion_update(const core::ExecContext& ctx, const LionHyper& hp, const LionAr
   // Bytes moved: param, m read and written, grad read.
   const core::profile::Scope prof(core::profile::Kind::kOptimizer, "lion_update", 0,
                                   4.0 * 5 * args.n);
-  switch (ctx.device.kind) {
-    case core::DeviceKind::kCpu:
-      return cpu_ops(ctx).lion_update(ctx, hp, args);
-    case core::DeviceKind::kCuda:
-#ifdef TRIDENT_HAVE_CUDA
-      return cuda::lion_update(ctx, hp, args);
-#else
-      no_cuda_backend("lion_update");
-#endif
-  }
+  TRIDENT_DISPATCH(lion_update, ctx, hp, args);
 }
 
 void lion_update(const core::ExecContext& ctx, const LionHyper& hp, const LionViews& views) {

@@ -12,17 +12,7 @@
 namespace trident::kernels {
 
 std::int64_t overflow_count(const core::ExecContext& ctx, const OverflowCountArgs& args) {
-  switch (ctx.device.kind) {
-    case core::DeviceKind::kCpu:
-      return cpu_ops(ctx).overflow_count(ctx, args);
-    case core::DeviceKind::kCuda:
-#ifdef TRIDENT_HAVE_CUDA
-      return cuda::overflow_count(ctx, args);
-#else
-      no_cuda_backend("overflow_count");
-#endif
-  }
-  unknown_device("overflow_count");
+  TRIDENT_DISPATCH(overflow_count, ctx, args);
 }
 
 std::int64_t overflow_count(const core::ExecContext& ctx, const OverflowCountViews& v) {

@@ -13,30 +13,12 @@ namespace trident::kernels {
 
 void rmsnorm_forward(const core::ExecContext& ctx, const RmsNormForwardArgs& args) {
   const core::profile::Scope prof(core::profile::Kind::kMemory, "rmsnorm_forward");
-  switch (ctx.device.kind) {
-    case core::DeviceKind::kCpu:
-      return cpu_ops(ctx).rmsnorm_forward(ctx, args);
-    case core::DeviceKind::kCuda:
-#ifdef TRIDENT_HAVE_CUDA
-      return cuda::rmsnorm_forward(ctx, args);
-#else
-      no_cuda_backend("rmsnorm_forward");
-#endif
-  }
+  TRIDENT_DISPATCH(rmsnorm_forward, ctx, args);
 }
 
 void rmsnorm_backward(const core::ExecContext& ctx, const RmsNormBackwardArgs& args) {
   const core::profile::Scope prof(core::profile::Kind::kMemory, "rmsnorm_backward");
-  switch (ctx.device.kind) {
-    case core::DeviceKind::kCpu:
-      return cpu_ops(ctx).rmsnorm_backward(ctx, args);
-    case core::DeviceKind::kCuda:
-#ifdef TRIDENT_HAVE_CUDA
-      return cuda::rmsnorm_backward(ctx, args);
-#else
-      no_cuda_backend("rmsnorm_backward");
-#endif
-  }
+  TRIDENT_DISPATCH(rmsnorm_backward, ctx, args);
 }
 
 constexpr core::DType kF32 = core::DType::kF32;

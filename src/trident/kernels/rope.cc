@@ -27,31 +27,13 @@ void check(const char* op, const RopeQkvShape& s, const void* a, const void* b) 
 void rope_qkv_forward(const core::ExecContext& ctx, const RopeQkvForwardArgs& args) {
   const core::profile::Scope prof(core::profile::Kind::kMemory, "rope_qkv_forward");
   check("rope_qkv_forward", args.shape, args.out, args.in);
-  switch (ctx.device.kind) {
-    case core::DeviceKind::kCpu:
-      return cpu_ops(ctx).rope_qkv_forward(ctx, args);
-    case core::DeviceKind::kCuda:
-#ifdef TRIDENT_HAVE_CUDA
-      return cuda::rope_qkv_forward(ctx, args);
-#else
-      no_cuda_backend("rope_qkv_forward");
-#endif
-  }
+  TRIDENT_DISPATCH(rope_qkv_forward, ctx, args);
 }
 
 void rope_qkv_backward(const core::ExecContext& ctx, const RopeQkvBackwardArgs& args) {
   const core::profile::Scope prof(core::profile::Kind::kMemory, "rope_qkv_backward");
   check("rope_qkv_backward", args.shape, args.d_in, args.d_out);
-  switch (ctx.device.kind) {
-    case core::DeviceKind::kCpu:
-      return cpu_ops(ctx).rope_qkv_backward(ctx, args);
-    case core::DeviceKind::kCuda:
-#ifdef TRIDENT_HAVE_CUDA
-      return cuda::rope_qkv_backward(ctx, args);
-#else
-      no_cuda_backend("rope_qkv_backward");
-#endif
-  }
+  TRIDENT_DISPATCH(rope_qkv_backward, ctx, args);
 }
 
 namespace {
