@@ -5,6 +5,7 @@
 #include <sstream>
 #include <string>
 
+#include "trident/ckpt/json_checks.h"
 #include "trident/core/error.h"
 
 namespace trident::ckpt {
@@ -15,8 +16,7 @@ using model::ModelConfig;
 using nlohmann::json;
 
 [[noreturn]] void bad(const char* key, const json& v, const char* want) {
-  throw core::DataError(core::str("checkpoint config: \"", key, "\" = ", v.dump().substr(0, 40),
-                                  " must be ", want, " (the checkpoint is corrupt)"));
+  bad_checkpoint_value("config", key, v, want);
 }
 
 // A size or count: an integer in 0 .. 2^31-1 (converting a float such as 1e300 is undefined).

@@ -175,6 +175,7 @@ class Trainer {
   std::vector<ckpt::CheckpointState::Slice> ckpt_device_;
   Progress progress_;
   bool have_checkpoint_ = false;
+  TrainerState resumed_;  // the checkpoint's trainer state (defaults without one or on --finetune)
   std::optional<optim::LossScaler> scaler_;
   std::optional<optim::MegatronLrScheduler> lr_sched_;
   std::optional<CheckpointSaver> saver_;
@@ -570,9 +571,9 @@ void Trainer::resume_or_initialise() {
       progress_.consumed_valid = state_.consumed_valid_samples;
     }
     optimizer_->checkpoint_io_done(/*written=*/true);
-    const TrainerState saved = TrainerState::from_json(state_.trainer_state);
-    progress_.skipped_iters = saved.skipped_iterations;
-    progress_.nan_iters = saved.nan_iterations;
+    resumed_ = TrainerState::from_json(state_.trainer_state);
+    progress_.skipped_iters = resumed_.skipped_iterations;
+    progress_.nan_iters = resumed_.nan_iterations;
   } else {
     if (!cfg_.load.empty())
       log::warn("ckpt: nothing to load in ", cfg_.load, "; starting from scratch");
@@ -625,9 +626,7 @@ void Trainer::build_schedules() {
       .min_scale = cfg_.min_loss_scale,
       .window = cfg_.loss_scale_window,
       .hysteresis = cfg_.hysteresis});
-  const TrainerState saved =
-      have_checkpoint_ ? TrainerState::from_json(state_.trainer_state) : TrainerState{};
-  if (saved.scaler) scaler_->set_state(*saved.scaler);
+  if (resumed_.scaler) scaler_->set_state(*resumed_.scaler);
   // Megatron's scheduler counts samples of successful steps (a skipped step does not advance it).
   lr_sched_.emplace(optim::MegatronLrScheduler::Config{
       .samples = cfg_.lr_steps,
@@ -641,7 +640,7 @@ void Trainer::build_schedules() {
     // Checkpoints written before the scheduler was saved: every step counted.
     optim::MegatronLrScheduler::State every_sample;
     every_sample.num_steps = static_cast<double>(progress_.consumed);
-    lr_sched_->set_state(saved.lr.value_or(every_sample));
+    lr_sched_->set_state(resumed_.lr.value_or(every_sample));
   }
   saver_.emplace(cfg_.save, cfg_.async_save, ckpt::SaveOptions{.retain = cfg_.save_retain});
 }

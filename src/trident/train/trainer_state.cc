@@ -3,6 +3,7 @@
 #include <cmath>
 #include <string>
 
+#include "trident/ckpt/json_checks.h"
 #include "trident/core/error.h"
 
 namespace trident::train {
@@ -12,9 +13,7 @@ namespace {
 using nlohmann::json;
 
 [[noreturn]] void bad(const char* key, const json& v, const char* want) {
-  throw core::DataError(core::str("checkpoint trainer_state: \"", key,
-                                  "\" = ", v.dump().substr(0, 40), " must be ", want,
-                                  " (the checkpoint is corrupt)"));
+  ckpt::bad_checkpoint_value("trainer_state", key, v, want);
 }
 
 // The keys, each written and read here only.
