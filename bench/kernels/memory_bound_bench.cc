@@ -1,8 +1,8 @@
-// Bandwidth benchmark of the memory-bound kernels (LayerNorm, GeLU, AdamW, and add as a STREAM-like
-// calibration) on arrays far larger than the caches. Reports effective GB/s = the bytes a kernel
-// must move at least (each input read once, each output written once, no write-allocate) divided
-// by the median time, against the ~29 GB/s STREAM triad of reference/cpu-ceilings.md and against
-// the add kernel measured in the same run (an in-situ STREAM-like calibration).
+// Bandwidth benchmark of the memory-bound kernels (LayerNorm, GeLU, AdamW, Lion, and add as a
+// STREAM-like calibration) on arrays far larger than the caches. Reports effective GB/s = the bytes
+// a kernel must move at least (each input read once, each output written once, no write-allocate)
+// divided by the median time, against the ~29 GB/s STREAM triad of reference/cpu-ceilings.md and
+// against the add kernel measured in the same run (an in-situ STREAM-like calibration).
 //
 // Usage: trident_memory_bound_bench [--reps N] [--threads 2,1]
 #include <algorithm>
@@ -18,6 +18,7 @@
 #include "trident/kernels/cross_entropy.h"
 #include "trident/kernels/elementwise.h"
 #include "trident/kernels/layernorm.h"
+#include "trident/kernels/lion.h"
 
 namespace trident::bench {
 namespace {
@@ -134,6 +135,14 @@ int run(int reps, const std::vector<int>& thread_counts) {
                                 .m = core::view(m.data(), {adam_n}),
                                 .v = core::view(v.data(), {adam_n}),
                                 .grad = core::view(grad.data(), {adam_n})});
+       }},
+      // param and m read and written; grad read: one state array fewer than AdamW.
+      {"lion_update 32M params", 5 * f * adam_n,
+       [&](const core::ExecContext& ctx) {
+         kernels::lion_update(ctx, {.lr = 1e-4f, .weight_decay = 0.1f},
+                              {.param = core::view(p.data(), {adam_n}),
+                               .m = core::view(m.data(), {adam_n}),
+                               .grad = core::view(grad.data(), {adam_n})});
        }},
   };
 

@@ -356,6 +356,21 @@ TEST_F(Device, OptimizerOffloadUpdatesOnTheHost) {
   expect_close(name, ref, 1e-5);
 }
 
+// --optimizer lion on the device: the CUDA body of lion_update inside training, one rank and
+// DP2 ZeRO-1 over NCCL, and the host update of ZeRO-Offload with Lion's one state array, each
+// against the CPU's Lion run.
+TEST_F(Device, LionEqualsTheCpu) {
+  const std::string lion = "--optimizer lion --lion-beta1 0.95 --lion-beta2 0.98";
+  expect_equal_to_cpu({"cuda1_lion", 1, kCuda, "", lion});
+  expect_equal_to_cpu({"cuda1_lion_offload", 1,
+                       std::string(kCuda) + " --offload-optimizer cpu --offload-window-mib 1", "",
+                       lion});
+  EXPECT_NE(log_of("cuda1_lion_offload").find("optimizer state (lion)"), std::string::npos);
+  need_ranks(2);
+  expect_equal_to_cpu({"dp2_zero1_lion_nccl", 2, std::string(kCuda) + " --zero-stage 1",
+                       "CUEMU_DEVICE_COUNT=2", lion});
+}
+
 // Host code touching device memory dies, naming the allocation (emulator only).
 TEST_F(Device, NothingAboveTheKernelsTouchesDeviceMemory) {
   if (!emulated()) GTEST_SKIP() << "CUEMU_STRICT_HOST is the emulator's";
