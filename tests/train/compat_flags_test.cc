@@ -404,6 +404,14 @@ TEST(DeepSpeedJson, LionOptimizer) {
   EXPECT_EQ(c.optimizer.kind, optim::OptimizerKind::kLion);
   EXPECT_DOUBLE_EQ(c.optimizer.lion_beta2, 0.95);
   EXPECT_DOUBLE_EQ(c.optimizer.beta2, 0.999);  // AdamW's untouched
+  for (const char* type : {"Lion", "lion", "DeepSpeedCPULion"}) {
+    TrainConfig e = parse(with({}), 1, false);
+    apply_deepspeed_json(
+        e, nlohmann::json::parse(std::string(R"({"optimizer": {"type": ")") + type + "\"}}"), 1,
+        "ds.json");
+    e.finalize(1);
+    EXPECT_EQ(e.optimizer.kind, optim::OptimizerKind::kLion) << type;
+  }
   TrainConfig d = parse(with({"--optimizer", "adam"}), 1, false);
   try {
     apply_deepspeed_json(d, nlohmann::json::parse(R"({"optimizer": {"type": "Lion"}})"), 1,

@@ -266,7 +266,8 @@ void apply_optimizer(Reader& r, const json& ds) {
     const std::string type = o.contains("type") ? r.string(o["type"], "optimizer.type") : "";
     const bool adam = type == "Adam" || type == "AdamW" || type == "adam" || type == "adamw" ||
                       type == "FusedAdam";
-    const bool lion = type == "Lion" || type == "lion" || type == "FusedLion";
+    const bool lion =
+        type == "Lion" || type == "lion" || type == "FusedLion" || type == "DeepSpeedCPULion";
     TRIDENT_CHECK(adam || lion, r.where("optimizer.type"), " ", type,
                   ": trident has AdamW (DeepSpeed's Adam with adam_w_mode true) and Lion");
     const optim::OptimizerKind kind =
