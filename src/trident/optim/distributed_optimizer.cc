@@ -16,7 +16,6 @@ DistributedOptimizer::DistributedOptimizer(ParamGradBuffers& buffers, comm::Comm
     : buf_(buffers),
       dp_(dp),
       counters_(counters),
-      cfg_(cfg),
       rule_(make_update_rule(cfg)),
       store_(store),
       param_array_(param_array),

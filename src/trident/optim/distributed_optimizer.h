@@ -53,7 +53,6 @@ class DistributedOptimizer {
   // where the policy keeps them whole but updates a shard.
   void step(const core::ExecContext& ctx, double lr, std::int64_t step, float grad_scale,
             const float* grads);
-  const OptimizerConfig& config() const { return cfg_; }
   const UpdateRule& rule() const { return *rule_; }
 
   // The rule's state arrays by name (a checkpoint's tensor names, the offload files'), in the
@@ -82,7 +81,6 @@ class DistributedOptimizer {
   ParamGradBuffers& buf_;
   comm::Communicator& dp_;
   CommCounters& counters_;
-  OptimizerConfig cfg_;
   std::unique_ptr<UpdateRule> rule_;
   Range range_;
   core::Arena state_arena_;

@@ -735,7 +735,6 @@ void TrainConfig::finalize_parallel(int world_size) {
 
 // --offload-optimizer / --offload-params and their path, window and I/O.
 void TrainConfig::finalize_offload() {
-  optimizer.kind = optim::parse_optimizer(optimizer_type);
   offload.device = optim::parse_offload_device(offload_optimizer);
   offload.io = optim::parse_offload_io(offload_io);
   offload.direct = !offload_buffered;
@@ -850,6 +849,7 @@ void TrainConfig::finalize_schedule(int dp) {
   TRIDENT_CHECK(optimizer.beta2 >= 0 && optimizer.beta2 < 1, "--adam-beta2 must be in [0, 1)");
   TRIDENT_CHECK(optimizer.eps > 0, "--adam-eps must be positive");
   TRIDENT_CHECK(optimizer.clip_grad >= 0, "--clip-grad must be >= 0");
+  optimizer.kind = optim::parse_optimizer(optimizer_type);
   TRIDENT_CHECK(optimizer.lion_beta1 >= 0 && optimizer.lion_beta1 <= 1,
                 "--lion-beta1 must be in [0, 1]");
   TRIDENT_CHECK(optimizer.lion_beta2 >= 0 && optimizer.lion_beta2 <= 1,

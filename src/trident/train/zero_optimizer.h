@@ -121,8 +121,6 @@ class ZeroOptimizer {
   // The optimizer state is in host memory while the weights are on a GPU (--offload-optimizer on
   // a GPU).
   bool state_on_host() const;
-  // The update rule (its name is the checkpoint manifest's "optimizer").
-  const optim::OptimizerConfig& optimizer_config() const { return opt_->config(); }
   // The read-ahead buffers of --offload-params nvme (0 otherwise).
   std::int64_t param_fetch_bytes() const { return gatherer_ ? gatherer_->fetch_bytes() : 0; }
   // Before an evaluation pass after a step: the stage-3 gathered weights are re-gathered from the
