@@ -85,14 +85,14 @@ int main(int argc, char** argv) {
   const std::int64_t n = table.total_numel;
   std::vector<float> p(static_cast<std::size_t>(n)), g(p.size()), m(p.size()), v(p.size());
   model::init_params(mc, table, 1234, p.data());
-  const model::GptParams params = model::gpt_param_views(mc, table, p.data());
+  // --bf16: BF16 weight copies refreshed after every step, BF16 matmul operands.
+  std::vector<core::bf16> p16(bf16 ? p.size() : 0);
+  const model::GptParams params =
+      model::gpt_param_views(mc, table, p.data(), bf16 ? p16.data() : nullptr);
   const model::GptGrads grads = model::gpt_grad_views(mc, table, g.data());
   model::GptActivations acts;
   model::ModelRuntime rt;
-  // --bf16: BF16 weight copies refreshed after every step, BF16 matmul operands.
-  std::vector<core::bf16> p16(bf16 ? p.size() : 0);
-  const model::GptParamsBf16 params16 = model::gpt_param_views_bf16(mc, table, p16.data());
-  if (bf16) rt.params_bf16 = &params16;
+  rt.bf16 = bf16;
   model::make_activations(mc, rt.shard, batch, mc.seq_length, bf16, acts);
   const std::int64_t BT = batch * mc.seq_length;
   std::vector<std::int32_t> tokens(static_cast<std::size_t>(BT)), labels(tokens.size());

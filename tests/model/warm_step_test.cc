@@ -21,15 +21,13 @@ struct Bf16Model {
   testing::TinyParams f32;
   const ModelConfig& cfg = f32.cfg;
   std::vector<core::bf16> params16;
-  GptParamsBf16 views16;
   ModelRuntime rt;
   GptActivations acts;
   std::mt19937 rng{3};
 
   Bf16Model(const ModelConfig& c, std::int64_t B) : f32(c, 9) {
     for (float x : f32.params) params16.push_back(core::bf16::from_float(x));
-    views16 = gpt_param_views_bf16(cfg, f32.table, params16.data());
-    rt.params_bf16 = &views16;
+    rt.bf16 = true;
     make_activations(cfg, rt.shard, B, cfg.seq_length, /*bf16=*/true, acts);
   }
 
@@ -37,7 +35,7 @@ struct Bf16Model {
     const std::int64_t n = acts.batch * acts.seq_len;
     const auto tokens = testing::random_ids(rng, n, cfg.vocab_size);
     const auto labels = testing::random_ids(rng, n, cfg.vocab_size);
-    const GptParams p = f32.views();
+    const GptParams p = gpt_param_views(cfg, f32.table, f32.params.data(), params16.data());
     const GptGrads g = f32.grad_views();
     gpt_forward(ctx, cfg, rt, p, {.tokens = tokens.data()}, acts);
     gpt_loss(ctx, cfg, rt, p, g, labels.data(), 1.0f / static_cast<float>(n), LossGrad::kCompute,

@@ -18,58 +18,6 @@ namespace k = trident::kernels;
 
 namespace {
 
-template <class P, class Locate>
-GptTensors<P> views(const ModelConfig& cfg, const ParamTable& table, const Locate& locate) {
-  auto at = [&](const std::string& name) -> P { return locate(table.find(name).offset); };
-  auto has = [&](const std::string& name) {
-    for (const ParamSpec& p : table.params)
-      if (p.name == name) return true;
-    return false;
-  };
-  GptTensors<P> t;
-  if (has("embedding.word_embeddings.weight")) t.wte = at("embedding.word_embeddings.weight");
-  if (has("embedding.position_embeddings.weight")) {
-    t.wpe = at("embedding.position_embeddings.weight");
-  }
-  if (has("embedding.word_embeddings_layernorm.weight")) {
-    t.emb_ln_w = at("embedding.word_embeddings_layernorm.weight");
-    if (has("embedding.word_embeddings_layernorm.bias")) {
-      t.emb_ln_b = at("embedding.word_embeddings_layernorm.bias");
-    }
-  }
-  auto opt = [&](const std::string& name) -> P { return has(name) ? at(name) : P{}; };
-  std::int64_t first = -1, last = -1;
-  for (const ParamSpec& p : table.params) {
-    if (p.layer < 0) continue;
-    if (first < 0) first = p.layer;
-    last = p.layer;
-  }
-  for (std::int64_t l = first; first >= 0 && l <= last; ++l) {
-    const std::string p = core::str("layers.", l, ".");
-    LayerTensors<P> lt;
-    lt.ln1_w = at(p + "input_layernorm.weight");
-    lt.ln1_b = opt(p + "input_layernorm.bias");
-    lt.qkv_w = at(p + "self_attention.query_key_value.weight");
-    lt.qkv_b = opt(p + "self_attention.query_key_value.bias");
-    lt.proj_w = at(p + "self_attention.dense.weight");
-    lt.proj_b = opt(p + "self_attention.dense.bias");
-    lt.ln2_w = at(p + "post_attention_layernorm.weight");
-    lt.ln2_b = opt(p + "post_attention_layernorm.bias");
-    lt.fc_w = at(p + "mlp.dense_h_to_4h.weight");
-    lt.fc_b = opt(p + "mlp.dense_h_to_4h.bias");
-    lt.fc2_w = at(p + "mlp.dense_4h_to_h.weight");
-    lt.fc2_b = opt(p + "mlp.dense_4h_to_h.bias");
-    t.layers.push_back(lt);
-  }
-  if (has("final_layernorm.weight")) {
-    t.lnf_w = at("final_layernorm.weight");
-    t.lnf_b = opt("final_layernorm.bias");
-  }
-  t.out_w = opt("output_layer.weight");
-  (void)cfg;
-  return t;
-}
-
 int tp_size_of(const ModelRuntime& rt) { return rt.tp ? rt.tp->size() : 1; }
 int tp_rank_of(const ModelRuntime& rt) { return rt.tp ? rt.tp->rank() : 0; }
 parallel::TpGroup tp_group_of(const ModelRuntime& rt) {
@@ -220,32 +168,6 @@ std::vector<float> rotary_inv_freq(const ModelConfig& cfg) {
   return f;
 }
 
-GptParamsBf16 gpt_param_views_bf16(const ModelConfig& cfg, const ParamTable& table,
-                                   const core::bf16* flat) {
-  return views<const core::bf16*>(cfg, table,
-                                  [flat](std::int64_t offset) { return flat + offset; });
-}
-
-GptParamsBf16 gpt_param_views_bf16(const ModelConfig& cfg, const ParamTable& table,
-                                   const std::function<const core::bf16*(std::int64_t)>& locate) {
-  return views<const core::bf16*>(cfg, table, locate);
-}
-
-GptParams gpt_param_views(const ModelConfig& cfg, const ParamTable& table, const float* flat) {
-  return views<const float*>(cfg, table, [flat](std::int64_t offset) { return flat + offset; });
-}
-GptGrads gpt_grad_views(const ModelConfig& cfg, const ParamTable& table, float* flat) {
-  return views<float*>(cfg, table, [flat](std::int64_t offset) { return flat + offset; });
-}
-GptParams gpt_param_views(const ModelConfig& cfg, const ParamTable& table,
-                          const std::function<const float*(std::int64_t offset)>& locate) {
-  return views<const float*>(cfg, table, locate);
-}
-GptGrads gpt_grad_views(const ModelConfig& cfg, const ParamTable& table,
-                        const std::function<float*(std::int64_t offset)>& locate) {
-  return views<float*>(cfg, table, locate);
-}
-
 std::int64_t activation_bytes(const ModelConfig& cfg, const ModelShard& shard, std::int64_t batch,
                               std::int64_t seq_len) {
   return activation_bytes(cfg, shard, batch, seq_len, false);
@@ -295,25 +217,16 @@ void make_activations(const ModelConfig& cfg, const ModelShard& shard, std::int6
 
 namespace {
 
-// The layer configurations of the model (variants are configuration: see model/layers/).
-struct Architecture {
-  layers::EmbeddingConfig embedding;
-  layers::BlockConfig block;
-  layers::LmHeadConfig head;
-  std::vector<float> alibi;  // slopes of every head (ALiBi), or empty
-
+// The layer configurations of the model (gpt_layers) with their constant tables.
+struct Architecture : GptLayers {
+  std::vector<float> alibi;     // slopes of every head (ALiBi), or empty
   std::vector<float> inv_freq;  // rotary inverse frequencies (head_dim / 2), or empty
 
   // alibi_table / inv_freq_table: the tables on the activations' device (GptActivations), or null
   // to compute them here on the host.
-  Architecture(const ModelConfig& cfg, int tp, int tp_rank, const float* alibi_table,
-               const float* inv_freq_table) {
-    const std::int64_t C = cfg.hidden_size, Vl = cfg.padded_vocab_size(tp) / tp;
-    const layers::NormConfig norm{.kind = cfg.normalization == Normalization::kRmsNorm
-                                              ? layers::NormKind::kRmsNorm
-                                              : layers::NormKind::kLayerNorm,
-                                  .hidden = C,
-                                  .eps = static_cast<float>(cfg.layernorm_epsilon)};
+  Architecture(const ModelConfig& cfg, const ModelShard& shard, int tp_rank,
+               const float* alibi_table, const float* inv_freq_table)
+      : GptLayers(gpt_layers(cfg, shard)) {
     const float* slopes = alibi_table;
     if (cfg.position_embedding == PositionEmbedding::kAlibi && slopes == nullptr) {
       alibi.resize(static_cast<std::size_t>(cfg.num_attention_heads));
@@ -327,56 +240,12 @@ struct Architecture {
     }
     if (cfg.position_embedding != PositionEmbedding::kAlibi) slopes = nullptr;
     if (cfg.position_embedding != PositionEmbedding::kRope) freqs = nullptr;
-    embedding = {.hidden = C,
-                 .vocab_local = Vl,
-                 .max_positions = cfg.max_positions(),
-                 .norm = cfg.embed_layernorm,
-                 .norm_cfg = norm};
-    const std::int64_t local_heads = cfg.num_attention_heads / tp;
-    block = {
-        .norm = norm,
-        .attention = {.hidden = C,
-                      .heads = cfg.num_attention_heads,
-                      .head_dim = cfg.head_dim(),
-                      .flash = cfg.flash_attention(),
-                      .alibi = slopes == nullptr ? nullptr : slopes + tp_rank * local_heads,
-                      .query_groups = cfg.query_groups(),
-                      .expand_qkv = expands_qkv(cfg),
-                      .inv_freq = freqs},
-        .mlp = {.activation = cfg.swiglu ? layers::Activation::kSwiGlu : layers::Activation::kGelu,
-                .hidden = C,
-                .ffn = cfg.ffn()}};
-    head = {.hidden = C,
-            .vocab = cfg.vocab_size,
-            .vocab_local = Vl,
-            .norm = norm,
-            .chunk_rows = cfg.loss_chunk_rows};
+    const std::int64_t local_heads = cfg.num_attention_heads / shard.tp_size;
+    block.attention.alibi = slopes == nullptr ? nullptr : slopes + tp_rank * local_heads;
+    block.attention.expand_qkv = expands_qkv(cfg);
+    block.attention.inv_freq = freqs;
   }
 };
-
-// The weights the layers read. The FP32 views, and under --bf16 the BF16 copies of the matmul
-// weights: the layers' `linear` then picks the BF16 matmul from the view.
-layers::Weight weight(const float* f32, const core::bf16* bf16) { return {f32, bf16}; }
-
-layers::BlockParams block_params(const LayerTensors<const float*>& w,
-                                 const LayerTensors<const core::bf16*>* w16) {
-  return {.norm1 = {w.ln1_w, w.ln1_b},
-          .attention = {.qkv_w = weight(w.qkv_w, w16 ? w16->qkv_w : nullptr),
-                        .qkv_b = w.qkv_b,
-                        .proj_w = weight(w.proj_w, w16 ? w16->proj_w : nullptr),
-                        .proj_b = w.proj_b},
-          .norm2 = {w.ln2_w, w.ln2_b},
-          .mlp = {.fc_w = weight(w.fc_w, w16 ? w16->fc_w : nullptr),
-                  .fc_b = w.fc_b,
-                  .fc2_w = weight(w.fc2_w, w16 ? w16->fc2_w : nullptr),
-                  .fc2_b = w.fc2_b}};
-}
-layers::BlockGrads block_grads(const LayerTensors<float*>& g) {
-  return {.norm1 = {g.ln1_w, g.ln1_b},
-          .attention = {g.qkv_w, g.qkv_b, g.proj_w, g.proj_b},
-          .norm2 = {g.ln2_w, g.ln2_b},
-          .mlp = {g.fc_w, g.fc_b, g.fc2_w, g.fc2_b}};
-}
 
 // One call of the model on one micro-batch: the architecture, the tp region, the layer context
 // and the runtime's per-layer weights and hooks.
@@ -395,7 +264,7 @@ struct Transformer {
         rt(rt_),
         p(p_),
         a(a_),
-        arch(cfg_, tp_size_of(rt_), tp_rank_of(rt_), a_.alibi, a_.inv_freq),
+        arch(cfg_, rt_.shard, tp_rank_of(rt_), a_.alibi, a_.inv_freq),
         region(tp_group_of(rt_), rt_.shard.sequence_parallel, a_.batch * a_.seq_len,
                cfg_.hidden_size),
         lc{.ctx = ctx,
@@ -425,16 +294,7 @@ struct Transformer {
   }
   // Layer l's weights: from the runtime's provider (asked right before the layer runs), else the
   // views.
-  layers::EmbeddingParams embedding_params() const {
-    return {.wte = p.wte, .wpe = p.wpe, .norm = {p.emb_ln_w, p.emb_ln_b}};
-  }
-  layers::BlockParams block(const LayerWeights& w) const {
-    return block_params(*w.params, w.params_bf16);
-  }
-  LayerWeights resident(std::int64_t l) const {
-    const auto i = static_cast<std::size_t>(l);
-    return {&p.layers[i], rt.params_bf16 ? &rt.params_bf16->layers[i] : nullptr};
-  }
+  LayerWeights resident(std::int64_t l) const { return {&p.layers[static_cast<std::size_t>(l)]}; }
   LayerWeights forward_weights(std::int64_t l) const {
     return rt.layer_weights ? rt.layer_weights->forward(l) : resident(l);
   }
@@ -442,14 +302,6 @@ struct Transformer {
     return rt.layer_weights
                ? rt.layer_weights->backward(l)
                : LayerBackwardWeights{resident(l), &g.layers[static_cast<std::size_t>(l)]};
-  }
-  layers::LmHeadParams head_params() const {
-    if (p.out_w != nullptr) {  // an untied output layer
-      return {.norm = {p.lnf_w, p.lnf_b},
-              .out_w = weight(p.out_w, rt.params_bf16 ? rt.params_bf16->out_w : nullptr)};
-    }
-    return {.norm = {p.lnf_w, p.lnf_b},
-            .out_w = weight(p.wte, rt.params_bf16 ? rt.params_bf16->wte : nullptr)};  // tied
   }
   // Where layer l's forward writes: its saved set, or the scratch set (full recomputation keeps
   // only the output).
@@ -496,22 +348,21 @@ void gpt_forward(const core::ExecContext& ctx, const ModelConfig& cfg, const Mod
                  kv.caches.size(), " layers, the shard has ", m.layers());
   if (rt.shard.has_embedding) {
     layers::embedding_forward(
-        m.lc, m.arch.embedding, m.embedding_params(),
+        m.lc, m.arch.embedding, p.embedding,
         {.out = a.encoded, .tokens = tokens, .position = kv.position, .saved = a.embedding});
     layers::dropout_forward(m.lc, a.encoded, C, -1, layers::DropSite::kEmbedding);
   }
   for (std::int64_t l = 0; l < m.layers(); ++l) {
     const layers::KvCache* cache =
         kv.caches.empty() ? nullptr : &kv.caches[static_cast<std::size_t>(l)];
-    layers::block_forward(m.lc, m.arch.block, m.block(m.forward_weights(l)),
+    layers::block_forward(m.lc, m.arch.block, *m.forward_weights(l).params,
                           {.x = m.input_of(l),
                            .layer = m.global(l),
                            .saved = m.saved_for_forward(l),
                            .cache = cache});
   }
   if (rt.shard.has_head) {
-    layers::lm_head_forward(m.lc, m.arch.head, m.head_params(),
-                            {.in = a.output(), .saved = a.head});
+    layers::lm_head_forward(m.lc, m.arch.head, p.head, {.in = a.output(), .saved = a.head});
   }
 }
 
@@ -529,13 +380,13 @@ LossSum gpt_loss(const core::ExecContext& ctx, const ModelConfig& cfg, const Mod
   const Transformer m(ctx, cfg, rt, p, a);
   const bool with_grad = grad == LossGrad::kCompute;
   const layers::TokenLoss l =
-      cfg.loss_chunk_rows > 0 ? layers::lm_head_chunked_loss(m.lc, m.arch.head, m.head_params(),
+      cfg.loss_chunk_rows > 0 ? layers::lm_head_chunked_loss(m.lc, m.arch.head, p.head,
                                                              {.targets = targets,
                                                               .with_grad = with_grad,
                                                               .d_scale = d_scale,
                                                               .device_sum = rt.loss_sum_on_device,
                                                               .saved = a.head,
-                                                              .d_out_w = g.out_w ? g.out_w : g.wte})
+                                                              .d_out_w = g.head.out_w})
                               : layers::lm_head_loss(m.lc, m.arch.head,
                                                      {.targets = targets,
                                                       .with_grad = with_grad,
@@ -550,40 +401,30 @@ void gpt_backward(const core::ExecContext& ctx, const ModelConfig& cfg, const Mo
                   GptActivations& a) {
   const Transformer m(ctx, cfg, rt, p, a);
   if (rt.shard.has_head) {
-    layers::lm_head_backward(
-        m.lc, m.arch.head, m.head_params(),
-        {.d_in = a.d_x,
-         .in = a.output(),
-         .saved = a.head,
-         .grads = {.norm = {g.lnf_w, g.lnf_b}, .out_w = g.out_w ? g.out_w : g.wte}});
+    layers::lm_head_backward(m.lc, m.arch.head, p.head,
+                             {.d_in = a.d_x, .in = a.output(), .saved = a.head, .grads = g.head});
   }
   // d_x holds the gradient of the residual stream at the top (this rank's rows): walk down.
   for (std::int64_t l = m.layers() - 1; l >= 0; --l) {
     const LayerBackwardWeights lw = m.backward_weights(l, g);
-    const layers::BlockParams w = m.block(lw.weights);
+    const layers::BlockParams& w = *lw.weights.params;
     layers::BlockSaved s = a.layers[static_cast<std::size_t>(l)];
     if (cfg.recomputes(l)) {  // full recomputation: the same forward (same masks) into scratch
       s = a.scratch;
       layers::block_forward(m.lc, m.arch.block, w,
                             {.x = m.input_of(l), .layer = m.global(l), .saved = s});
     }
-    layers::block_backward(m.lc, m.arch.block, w,
-                           {.d_x = a.d_x,
-                            .x = m.input_of(l),
-                            .layer = m.global(l),
-                            .saved = s,
-                            .grads = block_grads(*lw.grads)});
+    layers::block_backward(
+        m.lc, m.arch.block, w,
+        {.d_x = a.d_x, .x = m.input_of(l), .layer = m.global(l), .saved = s, .grads = *lw.grads});
     if (rt.layer_weights) rt.layer_weights->backward_done(l);
   }
   if (rt.shard.has_embedding) {
     const float* d =
         layers::dropout_backward(m.lc, a.d_x, cfg.hidden_size, -1, layers::DropSite::kEmbedding);
     layers::embedding_backward(
-        m.lc, m.arch.embedding, m.embedding_params(),
-        {.d_out = d,
-         .tokens = tokens,
-         .saved = a.embedding,
-         .grads = {.wte = g.wte, .wpe = g.wpe, .norm = {g.emb_ln_w, g.emb_ln_b}}});
+        m.lc, m.arch.embedding, p.embedding,
+        {.d_out = d, .tokens = tokens, .saved = a.embedding, .grads = g.embedding});
   }
 }
 

@@ -25,6 +25,7 @@
 #include "trident/core/arena.h"
 #include "trident/core/exec_context.h"
 #include "trident/model/config.h"
+#include "trident/model/gpt_weights.h"
 #include "trident/model/layers/block.h"
 #include "trident/model/layers/embedding.h"
 #include "trident/model/layers/lm_head.h"
@@ -32,47 +33,6 @@
 #include "trident/parallel/tp_ops.h"
 
 namespace trident::model {
-
-// Pointers into a flat buffer laid out by the ParamTable. P = const float* for parameters,
-// float* for gradients (same shapes; every gradient ACCUMULATES (+=) across micro-batches).
-// Shapes are the local (tensor-parallel) ones.
-// Biases are null under --disable-bias-linear, norm biases null with RMSNorm.
-template <class P>
-struct LayerTensors {
-  P ln1_w = nullptr, ln1_b = nullptr;    // (C)
-  P qkv_w = nullptr, qkv_b = nullptr;    // (Q/tp, C), (Q/tp), Q = (NH + 2G) HS: rows per query
-                                         // group (G/tp, NH/G + 2, HS); MHA: (NH/tp, 3, HS)
-  P proj_w = nullptr, proj_b = nullptr;  // (C, C/tp), (C)
-  P ln2_w = nullptr, ln2_b = nullptr;    // (C)
-  P fc_w = nullptr, fc_b = nullptr;      // (F/tp, C), (F/tp); SwiGLU: (2, F/tp, C), (2, F/tp)
-  P fc2_w = nullptr, fc2_b = nullptr;    // (C, F/tp), (C)
-};
-template <class P>
-struct GptTensors {
-  P wte = nullptr;  // (Vp/tp, C); on the last stage, the tied copy when it lacks the embedding
-  P wpe = nullptr;  // (max_positions, C), first stage only (none with ALiBi)
-  P emb_ln_w = nullptr, emb_ln_b = nullptr;  // (C), --embed-layernorm (BLOOM), first stage only
-  std::vector<LayerTensors<P>> layers;       // the shard's layers, in order
-  P lnf_w = nullptr, lnf_b = nullptr;        // (C), last stage only
-  P out_w = nullptr;  // (Vp/tp, C), last stage, untied output layer only (else wte is used)
-};
-using GptParams = GptTensors<const float*>;
-using GptGrads = GptTensors<float*>;
-// BF16 copies of the weights (--bf16): the matmuls read these, everything else the FP32 ones.
-using GptParamsBf16 = GptTensors<const core::bf16*>;
-GptParamsBf16 gpt_param_views_bf16(const ModelConfig& cfg, const ParamTable& table,
-                                   const core::bf16* flat);
-GptParamsBf16 gpt_param_views_bf16(const ModelConfig& cfg, const ParamTable& table,
-                                   const std::function<const core::bf16*(std::int64_t)>& locate);
-
-GptParams gpt_param_views(const ModelConfig& cfg, const ParamTable& table, const float* flat);
-GptGrads gpt_grad_views(const ModelConfig& cfg, const ParamTable& table, float* flat);
-// Views whose parameter `p` lives at locate(p.offset) (an offset in the table's flat layout), for
-// storage that is not one flat buffer (ZeRO-3 staging).
-GptParams gpt_param_views(const ModelConfig& cfg, const ParamTable& table,
-                          const std::function<const float*(std::int64_t offset)>& locate);
-GptGrads gpt_grad_views(const ModelConfig& cfg, const ParamTable& table,
-                        const std::function<float*(std::int64_t offset)>& locate);
 
 // The rotary inverse frequencies (head_dim / 2) of a --position-embedding-type rope model, with
 // Llama 3's scaling under --use-rope-scaling; computed in FP32 as transformers does.
@@ -82,15 +42,14 @@ std::vector<float> rotary_inv_freq(const ModelConfig& cfg);
 // reductions included.
 using TpTraffic = parallel::TpTraffic;
 
-// The weights one transformer layer runs with: its FP32 views and, under --bf16, the matmuls'
-// BF16 copies (null: FP32 matmuls).
+// The weights one transformer layer runs with (under --bf16 its matmul weights carry their BF16
+// copies), and where its gradients accumulate (+=).
 struct LayerWeights {
-  const LayerTensors<const float*>* params = nullptr;
-  const LayerTensors<const core::bf16*>* params_bf16 = nullptr;
+  const layers::BlockParams* params = nullptr;
 };
 struct LayerBackwardWeights {
   LayerWeights weights;
-  const LayerTensors<float*>* grads = nullptr;  // where the layer's gradients accumulate (+=)
+  const layers::BlockGrads* grads = nullptr;
 };
 
 // Where the layers get each transformer layer's weights and gradient buffers when they are not
@@ -115,12 +74,13 @@ class LayerWeightsProvider {
 struct ModelRuntime {
   ModelShard shard;
   comm::Communicator* tp = nullptr;  // null or size 1: no tensor parallelism
-  // --bf16: the BF16 weight copies; every matmul then takes BF16 operands with FP32 accumulation
-  // and FP32 output (activations are converted on the way in). Null: FP32 matmuls.
-  const GptParamsBf16* params_bf16 = nullptr;
+  // --bf16: the weights carry their BF16 copies (GptParams); every matmul then takes BF16
+  // operands with FP32 accumulation and FP32 output (activations are converted on the way in, in
+  // the activations' BF16 scratch).
+  bool bf16 = false;
   TpTraffic* tp_traffic = nullptr;  // counts the model's tensor-parallel collectives when set
   std::uint64_t dropout_seed = 0;
-  // Null: every layer runs with the GptParams / GptGrads (and params_bf16) views it is given.
+  // Null: every layer runs with the GptParams / GptGrads views it is given.
   // Set: the transformer layers take their weights and gradient buffers from the provider; the
   // embedding and head still use the views.
   LayerWeightsProvider* layer_weights = nullptr;
@@ -144,9 +104,8 @@ struct ForwardInputs {
 // of tensors that are not resident (the layers' weights at ZeRO stage 3, their gradients at
 // stages 2-3) are null: the layers get those from the chunk's LayerWeightsProvider.
 struct ModelViews {
-  std::vector<GptParams> params;
+  std::vector<GptParams> params;  // --bf16: with the matmuls' BF16 weight copies
   std::vector<GptGrads> grads;
-  std::vector<GptParamsBf16> params_bf16;  // --bf16: the matmuls' weight copies
 };
 
 // Saved activations of one layer for one micro-batch; row = one token (B*T rows, or this rank's

@@ -8,6 +8,7 @@
 #include "trident/core/view.h"
 #include "trident/kernels/fill.h"
 #include "trident/kernels/init_normal.h"
+#include "trident/model/gpt_weights.h"
 
 namespace trident::model {
 
@@ -84,40 +85,52 @@ std::int64_t ParamSpec::local_index(std::int64_t g, int tp_rank) const {
 }
 
 namespace {
-void add(ParamTable& t, const ModelShard& shard, std::string name,
-         std::vector<std::int64_t> global_shape, int split_dim, InitRule init, bool weight_decay,
-         int layer, int replicas = 1, std::int64_t split_rows = 0, std::int64_t block_rows = 0) {
-  ParamSpec p;
-  p.name = std::move(name);
-  p.global_shape = global_shape;
-  p.shape = std::move(global_shape);
-  p.tp_split_dim = shard.tp_size > 1 ? split_dim : -1;
-  if (p.tp_split_dim == 0 && replicas > 1) {
-    // Blocks of block_rows: split_rows split over `replicas` ranks, the rest replicated.
-    TRIDENT_ASSERT(split_rows % replicas == 0 && p.shape[0] % block_rows == 0 &&
-                       p.shape[0] / block_rows * replicas == shard.tp_size,
-                   p.name, ": bad replicated split");
-    p.tp_replicas = replicas;
-    p.split_rows = split_rows;
-    p.block_rows = block_rows;
-    p.shape[0] = split_rows / replicas + block_rows - split_rows;
-  } else if (p.tp_split_dim >= 0) {
-    std::int64_t& d = p.shape[static_cast<std::size_t>(p.tp_split_dim)];
-    TRIDENT_ASSERT(d % shard.tp_size == 0, p.name, " dim ", p.tp_split_dim, " (", d,
-                   ") not divisible by tp ", shard.tp_size);
-    d /= shard.tp_size;
+
+// Lays out each declared weight after the previous one: its local shape on this tensor-parallel
+// rank, its offset (aligned) and its flags.
+class TableBuilder final : public layers::WeightVisitor {
+ public:
+  explicit TableBuilder(ParamTable& t) : t_(t) {}
+
+  void weight(const layers::WeightDecl& d, const layers::WeightSlot& /*slot*/) override {
+    const ModelShard& shard = t_.shard;
+    ParamSpec p;
+    p.name = d.name;
+    p.global_shape = d.shape;
+    p.shape = d.shape;
+    p.tp_split_dim = shard.tp_size > 1 ? d.tp_split : -1;
+    if (p.tp_split_dim == 0 && d.tp_replicas > 1) {
+      // Blocks of block_rows: split_rows split over `replicas` ranks, the rest replicated.
+      TRIDENT_ASSERT(d.split_rows % d.tp_replicas == 0 && p.shape[0] % d.block_rows == 0 &&
+                         p.shape[0] / d.block_rows * d.tp_replicas == shard.tp_size,
+                     p.name, ": bad replicated split");
+      p.tp_replicas = d.tp_replicas;
+      p.split_rows = d.split_rows;
+      p.block_rows = d.block_rows;
+      p.shape[0] = d.split_rows / d.tp_replicas + d.block_rows - d.split_rows;
+    } else if (p.tp_split_dim >= 0) {
+      std::int64_t& n = p.shape[static_cast<std::size_t>(p.tp_split_dim)];
+      TRIDENT_ASSERT(n % shard.tp_size == 0, p.name, " dim ", p.tp_split_dim, " (", n,
+                     ") not divisible by tp ", shard.tp_size);
+      n /= shard.tp_size;
+    }
+    p.shared = d.shared;
+    p.tied_embedding = d.tied;
+    p.sequence_parallel = shard.sequence_parallel && shard.tp_size > 1 && d.norm;
+    p.init = d.init;
+    p.weight_decay = d.weight_decay;
+    p.layer = d.layer;
+    p.numel = 1;
+    for (std::int64_t n : p.shape) p.numel *= n;
+    p.offset = t_.total_numel;
+    t_.total_numel += (p.numel + ParamTable::kAlign - 1) / ParamTable::kAlign * ParamTable::kAlign;
+    t_.params.push_back(std::move(p));
   }
-  p.sequence_parallel =
-      shard.sequence_parallel && shard.tp_size > 1 && p.name.find("layernorm") != std::string::npos;
-  p.init = init;
-  p.weight_decay = weight_decay;
-  p.layer = layer;
-  p.numel = 1;
-  for (std::int64_t d : p.shape) p.numel *= d;
-  p.offset = t.total_numel;
-  t.total_numel += (p.numel + ParamTable::kAlign - 1) / ParamTable::kAlign * ParamTable::kAlign;
-  t.params.push_back(std::move(p));
-}
+
+ private:
+  ParamTable& t_;
+};
+
 }  // namespace
 
 ParamTable build_gpt_param_table(const ModelConfig& cfg, const ModelShard& shard) {
@@ -139,76 +152,11 @@ ParamTable build_gpt_param_table(const ModelConfig& cfg, const ModelShard& shard
   TRIDENT_CHECK(shard.first_layer >= 0 && L >= 0 && shard.first_layer + L <= cfg.num_layers,
                 "layers [", shard.first_layer, ", ", shard.first_layer + L,
                 ") do not fit a model of ", cfg.num_layers, " layers");
-  const std::int64_t C = cfg.hidden_size, F = cfg.ffn(), Vp = cfg.padded_vocab_size(tp);
   ParamTable t;
   t.tied_output = cfg.tied_output();
-  auto add_p = [&](std::string name, std::vector<std::int64_t> shape, int split, InitRule init,
-                   bool wd, int layer) {
-    add(t, shard, std::move(name), std::move(shape), split, init, wd, layer);
-  };
-  if (shard.has_embedding) {
-    add_p("embedding.word_embeddings.weight", {Vp, C}, 0, InitRule::kNormal, true, -1);
-    if (cfg.position_embedding == PositionEmbedding::kLearnedAbsolute) {
-      add_p("embedding.position_embeddings.weight", {cfg.max_positions(), C}, -1, InitRule::kNormal,
-            true, -1);
-    }
-    if (cfg.embed_layernorm) {
-      add_p("embedding.word_embeddings_layernorm.weight", {C}, -1, InitRule::kOnes, false, -1);
-      if (cfg.normalization == Normalization::kLayerNorm) {
-        add_p("embedding.word_embeddings_layernorm.bias", {C}, -1, InitRule::kZeros, false, -1);
-      }
-    }
-  }
-  const bool ln = cfg.normalization == Normalization::kLayerNorm, bias = cfg.add_bias_linear;
-  auto add_norm = [&](const std::string& name, int layer) {
-    add_p(name + ".weight", {C}, -1, InitRule::kOnes, false, layer);
-    if (ln) add_p(name + ".bias", {C}, -1, InitRule::kZeros, false, layer);
-  };
-  for (std::int64_t li = shard.first_layer; li < shard.first_layer + L; ++li) {
-    const int l = static_cast<int>(li);
-    const std::string p = core::str("layers.", l, ".");
-    add_norm(p + "input_layernorm", l);
-    // Column-parallel (split along the output rows): whole heads per rank, since the rows are
-    // interleaved per query group (G, NH/G + 2, HS): the group's query heads, its key and value
-    // head (multi-head attention: (NH, 3, HS)).
-    // Fewer groups than ranks: tp / G ranks split a group's query heads and each holds the
-    // group's key and value heads (replicated).
-    const std::int64_t Q = cfg.qkv_rows(), HS = cfg.head_dim();
-    const int reps = G < tp ? static_cast<int>(tp / G) : 1;
-    const std::int64_t q_rows = cfg.num_attention_heads / G * HS, block = q_rows + 2 * HS;
-    add(t, shard, p + "self_attention.query_key_value.weight", {Q, C}, 0, InitRule::kNormal, true,
-        l, reps, q_rows, block);
-    if (bias) {
-      add(t, shard, p + "self_attention.query_key_value.bias", {Q}, 0, InitRule::kZeros, false, l,
-          reps, q_rows, block);
-    }
-    // Row-parallel (split along the input columns); its bias is added once, after the reduction.
-    add_p(p + "self_attention.dense.weight", {C, C}, 1, InitRule::kScaledNormal, true, l);
-    if (bias) add_p(p + "self_attention.dense.bias", {C}, -1, InitRule::kZeros, false, l);
-    add_norm(p + "post_attention_layernorm", l);
-    if (cfg.swiglu) {
-      // (gate, up) x F x C, split along F: each rank's rows are its gate block then its up block.
-      add_p(p + "mlp.dense_h_to_4h.weight", {2, F, C}, 1, InitRule::kNormal, true, l);
-      if (bias) add_p(p + "mlp.dense_h_to_4h.bias", {2, F}, 1, InitRule::kZeros, false, l);
-    } else {
-      add_p(p + "mlp.dense_h_to_4h.weight", {F, C}, 0, InitRule::kNormal, true, l);
-      if (bias) add_p(p + "mlp.dense_h_to_4h.bias", {F}, 0, InitRule::kZeros, false, l);
-    }
-    add_p(p + "mlp.dense_4h_to_h.weight", {C, F}, 1, InitRule::kScaledNormal, true, l);
-    if (bias) add_p(p + "mlp.dense_4h_to_h.bias", {C}, -1, InitRule::kZeros, false, l);
-  }
-  if (shard.has_head) {
-    add_norm("final_layernorm", -1);
-    if (!cfg.tied_output()) {
-      add_p("output_layer.weight", {Vp, C}, 0, InitRule::kNormal, true, -1);
-    } else if (!shard.has_embedding) {
-      // The output layer is tied to the word embedding; a last stage without the embedding holds
-      // a copy, initialized identically (same RNG keys), whose gradient is summed with the
-      // first stage's every step.
-      add_p("embedding.word_embeddings.weight", {Vp, C}, 0, InitRule::kNormal, true, -1);
-      t.params.back().shared = true;
-    }
-  }
+  t.shard = shard;
+  TableBuilder builder(t);
+  declare_gpt(cfg, shard, builder, nullptr, nullptr);
   return t;
 }
 

@@ -1,4 +1,5 @@
-// ParamTable: one row per parameter tensor. The single source for allocation (offsets into the
+// ParamTable: one row per parameter tensor, built from the layers' weight declarations
+// (model/layers/weights.h) for one shard. The single source for allocation (offsets into the
 // flat parameter and gradient buffers), initialization, weight-decay groups, gradient clipping,
 // ZeRO shard plans and checkpoint names.
 #pragma once
@@ -9,15 +10,9 @@
 
 #include "trident/core/exec_context.h"
 #include "trident/model/config.h"
+#include "trident/model/layers/weights.h"
 
 namespace trident::model {
-
-enum class InitRule : std::uint8_t {
-  kNormal,        // N(0, init_method_std)
-  kScaledNormal,  // N(0, init_method_std / sqrt(2 * num_layers)): output projections of a block
-  kOnes,          // LayerNorm weights
-  kZeros,         // biases
-};
 
 // What part of the model one rank holds: a tensor-parallel slice of a pipeline stage's layers.
 struct ModelShard {
@@ -43,6 +38,8 @@ struct ParamSpec {
   bool shared = false;             // a second copy of a parameter held elsewhere (the tied word
                                    // embedding on the last pipeline stage): not counted twice in
                                    // the gradient norm
+  bool tied_embedding = false;     // the word embedding an output layer is tied to, or the last
+                                   // stage's copy: summed over the embedding group each step
   bool sequence_parallel = false;  // a LayerNorm parameter under sequence parallelism: each tp rank
                                    // sees only its rows, so its gradient is summed over tp
   InitRule init = InitRule::kNormal;
@@ -82,13 +79,15 @@ struct ParamTable {
   // The output layer is the word embedding (GPT-2, BLOOM): with pipeline parallelism the first
   // and last stages sum that weight's gradient. False: an untied output layer (Llama).
   bool tied_output = true;
+  ModelShard shard;  // what the table lays out
 
   const ParamSpec& find(const std::string& name) const;  // throws InvalidArgument when absent
   std::int64_t num_parameters() const;                   // without padding
 };
 
-// The GPT-2 table of `shard` in forward order: embeddings, layers, final LayerNorm (and, on a last
-// pipeline stage without the embedding, the tied copy of the word embedding, marked shared).
+// The table of `shard` in forward order (model/gpt_weights.h, declare_gpt): embeddings, layers,
+// final norm and output layer (on a last pipeline stage without the embedding, the tied copy of
+// the word embedding, marked shared).
 // Throws InvalidArgument when the shard does not fit the model (heads, FFN size or padded
 // vocabulary not divisible by tp_size, layers out of range).
 ParamTable build_gpt_param_table(const ModelConfig& cfg, const ModelShard& shard = {});

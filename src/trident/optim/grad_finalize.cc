@@ -30,13 +30,12 @@ void GradFinalizer::sum_tied_embeddings(const GradSync& sync) {
   for (int c = 0; c < static_cast<int>(layout_.chunks().size()); ++c) {
     const model::ParamTable& t = *layout_.chunks()[static_cast<std::size_t>(c)].table;
     if (!t.tied_output) return;  // an untied output layer: nothing is shared between stages
-    const bool holds = std::any_of(t.params.begin(), t.params.end(), [](const model::ParamSpec& p) {
-      return p.name == "embedding.word_embeddings.weight";
-    });
-    if (!holds) continue;
-    const Range r = layout_.param_range(c, "embedding.word_embeddings.weight");
-    par_.embedding().all_reduce(sync.rest_grad_at(r.begin), r.size(), comm::Datatype::kF32,
-                                comm::ReduceOp::kSum);
+    for (const model::ParamSpec& p : t.params) {
+      if (!p.tied_embedding) continue;
+      const std::int64_t begin = layout_.chunks()[static_cast<std::size_t>(c)].base + p.offset;
+      par_.embedding().all_reduce(sync.rest_grad_at(begin), p.numel, comm::Datatype::kF32,
+                                  comm::ReduceOp::kSum);
+    }
   }
 }
 

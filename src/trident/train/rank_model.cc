@@ -72,16 +72,6 @@ std::int64_t RankModel::num_parameters() const {
   return n;
 }
 
-model::GptParams RankModel::params(int c, const float* flat) const {
-  const ModelChunk& ch = chunks_[static_cast<std::size_t>(c)];
-  return model::gpt_param_views(cfg_, ch.table, flat + ch.base);
-}
-
-model::GptGrads RankModel::grads(int c, float* flat) const {
-  const ModelChunk& ch = chunks_[static_cast<std::size_t>(c)];
-  return model::gpt_grad_views(cfg_, ch.table, flat + ch.base);
-}
-
 void RankModel::init(std::uint64_t seed, float* flat, const core::ExecContext& ctx) const {
   for (const ModelChunk& ch : chunks_)
     model::init_params(cfg_, ch.table, seed, flat + ch.base, tp_rank_, ctx);

@@ -44,9 +44,6 @@ class RankModel {
   std::int64_t num_parameters() const;  // this rank's, without padding
   int tp_rank() const { return tp_rank_; }
 
-  // Views of chunk c's parameters / gradients inside flat buffers of total_numel() elements.
-  model::GptParams params(int c, const float* flat) const;
-  model::GptGrads grads(int c, float* flat) const;
   // Layout-independent initialization of every chunk into flat.
   void init(std::uint64_t seed, float* flat, const core::ExecContext& ctx = {}) const;
   // The same values for flat elements [range.begin, range.end) only, written to out[0, size).

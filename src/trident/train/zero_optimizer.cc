@@ -100,24 +100,22 @@ void ZeroOptimizer::build_chunk_views() {
       return i >= 0 ? compact + i : nullptr;
     };
     if (b.full_params() != nullptr) {
-      views_.params.push_back(model_.params(c, b.full_params()));
-      if (bf16) {
-        views_.params_bf16.push_back(
-            model::gpt_param_views_bf16(cfg, ch.table, b.bf16_params() + ch.base));
-      }
+      views_.params.push_back(model::gpt_param_views(cfg, ch.table, b.full_params() + ch.base,
+                                                     bf16 ? b.bf16_params() + ch.base : nullptr));
     } else {
-      views_.params.push_back(model::gpt_param_views(cfg, ch.table, [&](std::int64_t o) {
-        return static_cast<const float*>(in_rest(b.rest_params(), o));
-      }));
+      model::Locate<const core::bf16> locate_bf16;
       if (bf16) {
-        views_.params_bf16.push_back(
-            model::gpt_param_views_bf16(cfg, ch.table, [&](std::int64_t o) {
-              return static_cast<const core::bf16*>(in_rest(b.bf16_params(), o));
-            }));
+        locate_bf16 = [&](std::int64_t o) {
+          return static_cast<const core::bf16*>(in_rest(b.bf16_params(), o));
+        };
       }
+      views_.params.push_back(model::gpt_param_views(
+          cfg, ch.table,
+          [&](std::int64_t o) { return static_cast<const float*>(in_rest(b.rest_params(), o)); },
+          locate_bf16));
     }
     if (b.full_grads() != nullptr) {
-      views_.grads.push_back(model_.grads(c, b.full_grads()));
+      views_.grads.push_back(model::gpt_grad_views(cfg, ch.table, b.full_grads() + ch.base));
     } else {
       views_.grads.push_back(model::gpt_grad_views(
           cfg, ch.table, [&](std::int64_t o) { return in_rest(b.rest_grads(), o); }));
@@ -132,29 +130,30 @@ void ZeroOptimizer::build_slot_views() {
   const optim::ParamGradBuffers& b = *buffers_;
   for (const optim::LayerUnit& u : layout_.units()) {
     const ModelChunk& ch = model_.chunks()[static_cast<std::size_t>(u.chunk)];
-    const auto layer = static_cast<std::size_t>(u.layer);
     const auto in_unit = [&](auto* slot, std::int64_t offset) -> decltype(slot) {
       const std::int64_t i = ch.base + offset;
       return i >= u.range.begin && i < u.range.end ? slot + (i - u.range.begin) : nullptr;
     };
     if (b.grad_slot() != nullptr) {
-      slot_grad_views_.push_back(model::gpt_grad_views(cfg, ch.table, [&](std::int64_t o) {
-                                   return in_unit(b.grad_slot(), o);
-                                 }).layers[layer]);
+      slot_grad_views_.push_back(model::block_grad_views(
+          cfg, ch.table, u.layer, [&](std::int64_t o) { return in_unit(b.grad_slot(), o); }));
     }
     for (int s = 0; s < 2; ++s) {
+      if (b.param_slot(s) == nullptr && b.bf16_slot(s) == nullptr) continue;
+      model::Locate<const float> locate;
+      model::Locate<const core::bf16> locate_bf16;
       if (b.param_slot(s) != nullptr) {
-        slot_param_views_[s].push_back(model::gpt_param_views(cfg, ch.table, [&](std::int64_t o) {
-                                         return static_cast<const float*>(
-                                             in_unit(b.param_slot(s), o));
-                                       }).layers[layer]);
+        locate = [&](std::int64_t o) {
+          return static_cast<const float*>(in_unit(b.param_slot(s), o));
+        };
       }
       if (b.bf16_slot(s) != nullptr) {
-        slot_bf16_views_[s].push_back(
-            model::gpt_param_views_bf16(cfg, ch.table, [&](std::int64_t o) {
-              return static_cast<const core::bf16*>(in_unit(b.bf16_slot(s), o));
-            }).layers[layer]);
+        locate_bf16 = [&](std::int64_t o) {
+          return static_cast<const core::bf16*>(in_unit(b.bf16_slot(s), o));
+        };
       }
+      slot_param_views_[s].push_back(
+          model::block_param_views(cfg, ch.table, u.layer, locate, locate_bf16));
     }
   }
 }
@@ -162,8 +161,7 @@ void ZeroOptimizer::build_slot_views() {
 model::LayerWeights ZeroOptimizer::layer_weights(int chunk, std::int64_t layer, bool forward) {
   const auto c = static_cast<std::size_t>(chunk), l = static_cast<std::size_t>(layer);
   if (!gatherer_) {
-    return {&views_.params[c].layers[l],
-            views_.params_bf16.empty() ? nullptr : &views_.params_bf16[c].layers[l]};
+    return {&views_.params[c].layers[l]};
   }
   // Stage 3: gather into the slot of the layer's parity, prefetch the layer the pass visits next.
   const int u = layout_.unit_of(chunk, layer);
@@ -171,8 +169,7 @@ model::LayerWeights ZeroOptimizer::layer_weights(int chunk, std::int64_t layer, 
   const optim::StagedLayer staged =
       gatherer_->acquire(hook_ctx_, u, static_cast<int>(layer % 2), next);
   const auto su = static_cast<std::size_t>(u);
-  return {&slot_param_views_[staged.slot][su],
-          staged.params_bf16 != nullptr ? &slot_bf16_views_[staged.slot][su] : nullptr};
+  return {&slot_param_views_[staged.slot][su]};
 }
 
 model::LayerBackwardWeights ZeroOptimizer::layer_backward(int chunk, std::int64_t layer) {
@@ -197,7 +194,7 @@ void ZeroOptimizer::install_hooks(std::vector<model::ModelRuntime>& runtimes) {
                  providers_.size(), " chunks");
   for (std::size_t c = 0; c < runtimes.size(); ++c) {
     runtimes[c].layer_weights = providers_[c].get();
-    if (!views_.params_bf16.empty()) runtimes[c].params_bf16 = &views_.params_bf16[c];
+    runtimes[c].bf16 = buffers_->bf16_params() != nullptr;
   }
 }
 

@@ -158,9 +158,8 @@ class ZeroOptimizer {
   std::vector<std::unique_ptr<ChunkWeights>> providers_;
   // Views of each layer unit inside the staging slots, built once: gradient slot (stages 2-3),
   // weight slots 0/1 and their BF16 copies (stage 3).
-  std::vector<model::LayerTensors<float*>> slot_grad_views_;
-  std::vector<model::LayerTensors<const float*>> slot_param_views_[2];
-  std::vector<model::LayerTensors<const core::bf16*>> slot_bf16_views_[2];
+  std::vector<model::layers::BlockGrads> slot_grad_views_;
+  std::vector<model::layers::BlockParams> slot_param_views_[2];  // with the BF16 slot's copies
 };
 
 }  // namespace trident::train

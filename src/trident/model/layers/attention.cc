@@ -9,6 +9,44 @@ namespace trident::model::layers {
 
 namespace k = trident::kernels;
 
+void declare_attention(const AttentionConfig& cfg, const WeightScope& s, AttentionParams* p,
+                       AttentionGrads* g) {
+  const std::int64_t C = cfg.hidden, HS = cfg.head_dim, G = cfg.query_groups;
+  const std::int64_t Q = (cfg.heads + 2 * G) * HS;
+  // Column-parallel (split along the output rows): whole heads per rank, since the rows are
+  // interleaved per query group (G, NH/G + 2, HS): the group's query heads, its key and value head
+  // (multi-head attention: (NH, 3, HS)). Fewer groups than ranks: tp / G ranks split a group's
+  // query heads and each holds the group's key and value heads (replicated).
+  const int tp = s.tp_size();
+  const int replicas = G < tp ? static_cast<int>(tp / G) : 1;
+  const std::int64_t q_rows = cfg.heads / G * HS, block = q_rows + 2 * HS;
+  s({.name = "query_key_value.weight",
+     .shape = {Q, C},
+     .tp_split = 0,
+     .tp_replicas = replicas,
+     .split_rows = q_rows,
+     .block_rows = block},
+    slot(field(p, &AttentionParams::qkv_w), field(g, &AttentionGrads::qkv_w)));
+  if (cfg.bias) {
+    s({.name = "query_key_value.bias",
+       .shape = {Q},
+       .tp_split = 0,
+       .init = InitRule::kZeros,
+       .weight_decay = false,
+       .tp_replicas = replicas,
+       .split_rows = q_rows,
+       .block_rows = block},
+      slot(field(p, &AttentionParams::qkv_b), field(g, &AttentionGrads::qkv_b)));
+  }
+  // Row-parallel (split along the input columns); its bias is added once, after the reduction.
+  s({.name = "dense.weight", .shape = {C, C}, .tp_split = 1, .init = InitRule::kScaledNormal},
+    slot(field(p, &AttentionParams::proj_w), field(g, &AttentionGrads::proj_w)));
+  if (cfg.bias) {
+    s({.name = "dense.bias", .shape = {C}, .init = InitRule::kZeros, .weight_decay = false},
+      slot(field(p, &AttentionParams::proj_b), field(g, &AttentionGrads::proj_b)));
+  }
+}
+
 namespace {
 
 struct Local {

@@ -13,6 +13,7 @@
 #pragma once
 
 #include "trident/model/layers/layer.h"
+#include "trident/model/layers/weights.h"
 
 namespace trident::model::layers {
 
@@ -25,6 +26,7 @@ struct AttentionConfig {
   std::int64_t query_groups = 0;    // G of the whole model (== heads: multi-head attention)
   bool expand_qkv = false;          // rotary or grouped-query: run kernels/rope.h
   const float* inv_freq = nullptr;  // rotary inverse frequencies (head_dim / 2), or null
+  bool bias = true;                 // the projections' biases (--disable-bias-linear: none)
 };
 struct AttentionParams {
   // (Ql, C), rows per local query group (G/tp, NH/G + 2, HS); with fewer groups than ranks
@@ -37,6 +39,11 @@ struct AttentionParams {
 struct AttentionGrads {
   float *qkv_w = nullptr, *qkv_b = nullptr, *proj_w = nullptr, *proj_b = nullptr;
 };
+// "query_key_value.weight" (Q, C) column-parallel (whole query groups per rank, or a slice of one
+// group's query heads with its key/value heads replicated), "dense.weight" (C, C) row-parallel,
+// and their biases.
+void declare_attention(const AttentionConfig& cfg, const WeightScope& s, AttentionParams* p,
+                       AttentionGrads* g);
 struct AttentionSaved {
   float* qkv = nullptr;    // (B*T, 3C/tp) per head (NH/tp, 3, HS), rotated and expanded
   float* probs = nullptr;  // (B, NH/tp, T, T) unfused core; null: recomputed (selective)

@@ -4,6 +4,16 @@
 
 namespace trident::model::layers {
 
+void declare_block(const BlockConfig& cfg, const WeightScope& s, BlockParams* p, BlockGrads* g) {
+  declare_norm(cfg.norm, s.sub("input_layernorm."), field(p, &BlockParams::norm1),
+               field(g, &BlockGrads::norm1));
+  declare_attention(cfg.attention, s.sub("self_attention."), field(p, &BlockParams::attention),
+                    field(g, &BlockGrads::attention));
+  declare_norm(cfg.norm, s.sub("post_attention_layernorm."), field(p, &BlockParams::norm2),
+               field(g, &BlockGrads::norm2));
+  declare_mlp(cfg.mlp, s.sub("mlp."), field(p, &BlockParams::mlp), field(g, &BlockGrads::mlp));
+}
+
 namespace k = trident::kernels;
 
 void block_forward(const LayerContext& lc, const BlockConfig& cfg, const BlockParams& p,

@@ -29,6 +29,8 @@ struct BlockGrads {
   MlpGrads mlp;
 };
 // Saved activations of one block for one micro-batch (local rows of the residual stream).
+// "input_layernorm.", "self_attention.", "post_attention_layernorm.", "mlp.": the sub-layers'.
+void declare_block(const BlockConfig& cfg, const WeightScope& s, BlockParams* p, BlockGrads* g);
 struct BlockSaved {
   NormSaved norm1;
   AttentionSaved attention;

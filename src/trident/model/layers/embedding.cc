@@ -8,6 +8,23 @@ namespace trident::model::layers {
 
 namespace k = trident::kernels;
 
+void declare_embedding(const EmbeddingConfig& cfg, const WeightScope& s, EmbeddingParams* p,
+                       EmbeddingGrads* g) {
+  s({.name = "word_embeddings.weight",
+     .shape = {cfg.vocab_local * s.tp_size(), cfg.hidden},
+     .tp_split = 0,
+     .tied = cfg.tied_output},
+    slot(field(p, &EmbeddingParams::wte), field(g, &EmbeddingGrads::wte)));
+  if (cfg.learned_positions) {
+    s({.name = "position_embeddings.weight", .shape = {cfg.max_positions, cfg.hidden}},
+      slot(field(p, &EmbeddingParams::wpe), field(g, &EmbeddingGrads::wpe)));
+  }
+  if (cfg.norm) {
+    declare_norm(cfg.norm_cfg, s.sub("word_embeddings_layernorm."),
+                 field(p, &EmbeddingParams::norm), field(g, &EmbeddingGrads::norm));
+  }
+}
+
 void embedding_forward(const LayerContext& lc, const EmbeddingConfig& cfg, const EmbeddingParams& p,
                        const EmbeddingForwardArgs& args) {
   const EmbeddingSaved& s = args.saved;
@@ -22,7 +39,7 @@ void embedding_forward(const LayerContext& lc, const EmbeddingConfig& cfg, const
   const core::Shape tokens{lc.batch, lc.seq_len}, rows{lc.batch, lc.seq_len, cfg.hidden};
   k::embedding(lc.ctx, {.out = view_of(lc, partial, rows),
                         .tokens = view_of(lc, args.tokens, tokens),
-                        .wte = view_of(lc, p.wte, {cfg.vocab_local, cfg.hidden}),
+                        .wte = view_of(lc, p.wte.f32, {cfg.vocab_local, cfg.hidden}),
                         .wpe = view_of(lc, wpe, {cfg.max_positions - position, cfg.hidden}),
                         .positions = view_of(lc, lc.positions, tokens),
                         .vocab_start = lc.tp_rank() * cfg.vocab_local});

@@ -9,6 +9,7 @@
 
 #include "trident/model/layers/layer.h"
 #include "trident/model/layers/norm.h"
+#include "trident/model/layers/weights.h"
 
 namespace trident::model::layers {
 
@@ -16,11 +17,13 @@ struct EmbeddingConfig {
   std::int64_t hidden = 0;         // C
   std::int64_t vocab_local = 0;    // Vp/tp rows held here
   std::int64_t max_positions = 0;  // rows of wpe
+  bool learned_positions = true;   // a position embedding (wpe); ALiBi and rotary have none
   bool norm = false;               // LayerNorm after the embedding
+  bool tied_output = false;        // the output layer reads wte (GPT-2, BLOOM)
   NormConfig norm_cfg;
 };
 struct EmbeddingParams {
-  const float* wte = nullptr;  // (Vp/tp, C)
+  Weight wte;                  // (Vp/tp, C); its BF16 copy is the tied output layer's
   const float* wpe = nullptr;  // (max_positions, C) or null (no learned positions)
   NormParams norm;             // with cfg.norm
 };
@@ -29,6 +32,10 @@ struct EmbeddingGrads {
   float* wpe = nullptr;
   NormGrads norm;
 };
+// "word_embeddings.weight" (Vp, C) vocab-parallel, "position_embeddings.weight" (max_positions,
+// C) replicated, "word_embeddings_layernorm." (BLOOM).
+void declare_embedding(const EmbeddingConfig& cfg, const WeightScope& s, EmbeddingParams* p,
+                       EmbeddingGrads* g);
 struct EmbeddingSaved {
   float* raw = nullptr;  // (local rows, C) before the LayerNorm (with cfg.norm)
   NormSaved norm;        // norm.out is the layer's output `out` (with cfg.norm)

@@ -11,6 +11,21 @@ namespace trident::model::layers {
 
 namespace k = trident::kernels;
 
+void declare_lm_head(const LmHeadConfig& cfg, const WeightScope& s, LmHeadParams* p,
+                     LmHeadGrads* g) {
+  declare_norm(cfg.norm, s.sub("final_layernorm."), field(p, &LmHeadParams::norm),
+               field(g, &LmHeadGrads::norm));
+  if (cfg.output == OutputWeight::kTied) return;
+  // The tied copy is initialised as the embedding (the same name keys the same draws).
+  s({.name = cfg.output == OutputWeight::kOwn ? "output_layer.weight"
+                                              : "embedding.word_embeddings.weight",
+     .shape = {cfg.vocab_local * s.tp_size(), cfg.hidden},
+     .tp_split = 0,
+     .shared = cfg.output == OutputWeight::kTiedCopy,
+     .tied = cfg.output == OutputWeight::kTiedCopy},
+    slot(field(p, &LmHeadParams::out_w), field(g, &LmHeadGrads::out_w)));
+}
+
 void lm_head_forward(const LayerContext& lc, const LmHeadConfig& cfg, const LmHeadParams& p,
                      const LmHeadForwardArgs& args) {
   const LmHeadSaved& s = args.saved;

@@ -19,15 +19,25 @@
 #include "trident/kernels/vocab_parallel_cross_entropy.h"
 #include "trident/model/layers/layer.h"
 #include "trident/model/layers/norm.h"
+#include "trident/model/layers/weights.h"
 
 namespace trident::model::layers {
 
+// Where the output layer's weight comes from.
+enum class OutputWeight : std::uint8_t {
+  kOwn,   // its own "output_layer.weight" (Llama)
+  kTied,  // the word embedding of the same shard (GPT-2, BLOOM): the model binds it there
+  // Tied, on a last pipeline stage without the embedding: a copy of it under its name, summed
+  // with the first stage's every step (Megatron's convention).
+  kTiedCopy,
+};
 struct LmHeadConfig {
   std::int64_t hidden = 0;
   std::int64_t vocab = 0;        // real tokens
   std::int64_t vocab_local = 0;  // Vp/tp columns held here
   NormConfig norm;
   std::int64_t chunk_rows = 0;  // 0: materialised logits; else rows per chunk (see above)
+  OutputWeight output = OutputWeight::kTied;
 };
 struct LmHeadParams {
   NormParams norm;
@@ -37,6 +47,9 @@ struct LmHeadGrads {
   NormGrads norm;
   float* out_w = nullptr;
 };
+// "final_layernorm." and the output layer's weight (Vp, C) vocab-parallel (LmHeadConfig::output).
+void declare_lm_head(const LmHeadConfig& cfg, const WeightScope& s, LmHeadParams* p,
+                     LmHeadGrads* g);
 struct LmHeadSaved {
   NormSaved norm;              // (local rows, C)
   float* logits = nullptr;     // (B*T, Vp/tp); d_logits after lm_head_loss with gradients.

@@ -7,6 +7,34 @@ namespace trident::model::layers {
 
 namespace k = trident::kernels;
 
+void declare_mlp(const MlpConfig& cfg, const WeightScope& s, MlpParams* p, MlpGrads* g) {
+  const std::int64_t C = cfg.hidden, F = cfg.ffn;
+  const bool swiglu = cfg.activation == Activation::kSwiGlu;
+  // Column-parallel; SwiGLU's (gate, up) x F x C splits F.
+  s({.name = "dense_h_to_4h.weight",
+     .shape = swiglu ? std::vector<std::int64_t>{2, F, C} : std::vector<std::int64_t>{F, C},
+     .tp_split = swiglu ? 1 : 0},
+    slot(field(p, &MlpParams::fc_w), field(g, &MlpGrads::fc_w)));
+  if (cfg.bias) {
+    s({.name = "dense_h_to_4h.bias",
+       .shape = swiglu ? std::vector<std::int64_t>{2, F} : std::vector<std::int64_t>{F},
+       .tp_split = swiglu ? 1 : 0,
+       .init = InitRule::kZeros,
+       .weight_decay = false},
+      slot(field(p, &MlpParams::fc_b), field(g, &MlpGrads::fc_b)));
+  }
+  // Row-parallel; its bias is added once, after the reduction.
+  s({.name = "dense_4h_to_h.weight",
+     .shape = {C, F},
+     .tp_split = 1,
+     .init = InitRule::kScaledNormal},
+    slot(field(p, &MlpParams::fc2_w), field(g, &MlpGrads::fc2_w)));
+  if (cfg.bias) {
+    s({.name = "dense_4h_to_h.bias", .shape = {C}, .init = InitRule::kZeros, .weight_decay = false},
+      slot(field(p, &MlpParams::fc2_b), field(g, &MlpGrads::fc2_b)));
+  }
+}
+
 void mlp_forward(const LayerContext& lc, const MlpConfig& cfg, const MlpParams& p,
                  const MlpForwardArgs& args) {
   const MlpSaved& s = args.saved;

@@ -7,6 +7,7 @@
 #pragma once
 
 #include "trident/model/layers/layer.h"
+#include "trident/model/layers/weights.h"
 
 namespace trident::model::layers {
 
@@ -16,6 +17,7 @@ struct MlpConfig {
   Activation activation = Activation::kGelu;
   std::int64_t hidden = 0;  // C
   std::int64_t ffn = 0;     // F of the whole model; this rank holds F/tp
+  bool bias = true;         // the projections' biases (--disable-bias-linear: none)
 };
 struct MlpParams {
   Weight fc_w;                   // (F/tp, C); SwiGLU: (2, F/tp, C)
@@ -26,6 +28,9 @@ struct MlpParams {
 struct MlpGrads {
   float *fc_w = nullptr, *fc_b = nullptr, *fc2_w = nullptr, *fc2_b = nullptr;
 };
+// "dense_h_to_4h.weight" (F, C) column-parallel (SwiGLU: (2, F, C) split along F, each rank's
+// gate block then its up block), "dense_4h_to_h.weight" (C, F) row-parallel, and their biases.
+void declare_mlp(const MlpConfig& cfg, const WeightScope& s, MlpParams* p, MlpGrads* g);
 struct MlpSaved {
   float* fc = nullptr;    // (B*T, F/tp) the up-projection before its bias (bias-GeLU's input);
                           // SwiGLU: (B*T, 2F/tp) [gate | up], bias included

@@ -10,6 +10,23 @@ namespace trident::model::layers {
 
 namespace k = trident::kernels;
 
+void declare_norm(const NormConfig& cfg, const WeightScope& s, NormParams* p, NormGrads* g) {
+  s({.name = "weight",
+     .shape = {cfg.hidden},
+     .init = InitRule::kOnes,
+     .weight_decay = false,
+     .norm = true},
+    slot(field(p, &NormParams::weight), field(g, &NormGrads::weight)));
+  if (cfg.kind == NormKind::kLayerNorm) {
+    s({.name = "bias",
+       .shape = {cfg.hidden},
+       .init = InitRule::kZeros,
+       .weight_decay = false,
+       .norm = true},
+      slot(field(p, &NormParams::bias), field(g, &NormGrads::bias)));
+  }
+}
+
 void norm_forward(const LayerContext& lc, const NormConfig& cfg, const NormParams& p,
                   const NormForwardArgs& a) {
   const core::Shape rc{a.rows, cfg.hidden}, r{a.rows}, c{cfg.hidden};

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "trident/model/layers/layer.h"
+#include "trident/model/layers/weights.h"
 
 namespace trident::model::layers {
 
@@ -21,6 +22,8 @@ struct NormGrads {
   float* weight = nullptr;  // (C) +=
   float* bias = nullptr;    // (C) +=, null with RMSNorm
 };
+// "weight" (ones) and, for LayerNorm, "bias" (zeros), both (C), no weight decay.
+void declare_norm(const NormConfig& cfg, const WeightScope& s, NormParams* p, NormGrads* g);
 struct NormSaved {
   float* out = nullptr;   // (rows, C)
   float* mean = nullptr;  // (rows), LayerNorm only
