@@ -4,6 +4,8 @@
 // values were single precision (0.8999999761581421, 9.999999747378752e-06) still load and resume.
 #include <gtest/gtest.h>
 
+#include <CLI/CLI.hpp>
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -143,6 +145,44 @@ TEST_F(TrainTest, ConfigJsonRoundTrips) {
   EXPECT_EQ(m.rotary_base, 1234.56);
   std::string why;
   EXPECT_TRUE(ckpt::architecture_matches(j, c.to_json(), &why)) << why;
+}
+
+// The trainer's settings are one list (train_config.cc, Settings): every `trident train` flag
+// that is a setting (not --config, not a compatibility flag) has its key in the config JSON the
+// checkpoint and the start-up arguments table read, holding the value the flag gave.
+TEST_F(TrainTest, EverySettingFlagIsInTheConfigJson) {
+  TrainConfig c =
+      parse({"--async-save", "--save-retain", "3", "--device", "cpu", "--kill-switch-path",
+             "/tmp/stop-here", "--offload-window-mib", "96", "--log-throughput"});
+  c.finalize(1);
+  const nlohmann::json j = c.to_json();
+  EXPECT_EQ(j.at("async_save"), true);
+  EXPECT_EQ(j.at("save_retain"), 3);
+  EXPECT_EQ(j.at("device"), "cpu");
+  EXPECT_EQ(j.at("kill_switch_path"), "/tmp/stop-here");
+  EXPECT_EQ(j.at("offload_window_mib"), 96.0);
+  EXPECT_EQ(j.at("log_throughput"), true);
+  EXPECT_EQ(j.at("null_tokenizer_vocab_size"), 300);  // --vocab-size: the NullTokenizer's
+
+  CLI::App app;
+  TrainConfig fresh;
+  add_train_options(app, fresh);
+  const nlohmann::json defaults = fresh.to_json();
+  int settings = 0;
+  for (const CLI::Option* o : app.get_options()) {
+    if (o->get_lnames().empty()) continue;
+    const std::string name = o->get_lnames()[0];
+    // Compatibility flags (add_compat_options) land in cfg.compat, printed apart.
+    if (name == "config" || name == "help" || o->get_group().starts_with("Megatron / DeepSpeed"))
+      continue;
+    std::string key = name;
+    std::replace(key.begin(), key.end(), '-', '_');
+    if (name == "vocab-size") key = "null_tokenizer_vocab_size";
+    if (name == "disable-bias-linear") key = "add_bias_linear";  // the model's key
+    EXPECT_TRUE(defaults.contains(key)) << "--" << name << " has no '" << key << "' in to_json";
+    ++settings;
+  }
+  EXPECT_GT(settings, 120);
 }
 
 // A checkpoint written while the settings were floats holds their float values (rotary_base

@@ -31,6 +31,56 @@ namespace {
 
 using core::str;
 
+// The trainer's settings, each declared once (the add_*_options functions below): the declaration
+// registers its flag with CLI11 (the command line, and the --config TOML file through the same
+// options) and names the setting's JSON key, the flag without "--" with '_' for '-' (Megatron's
+// argparse dest). TrainConfig::to_json walks the same declarations with a JSON object to write
+// into: the checkpoint's config and the start-up arguments table read that.
+class Settings {
+ public:
+  // json: null while registering options for parsing; set, each setting's value is also written
+  // there (the options then go to a scratch app that never parses).
+  explicit Settings(CLI::App& app, nlohmann::json* json = nullptr) : app_(app), json_(json) {}
+
+  template <class T>
+  CLI::Option* add_option(const std::string& flag, T& field, const std::string& help = "") {
+    write(key_of(flag), field);
+    return app_.add_option(flag, field, help);
+  }
+  // The same, under a JSON key that is not the flag's (--vocab-size: the NullTokenizer's
+  // vocabulary, not the model's).
+  template <class T>
+  CLI::Option* add_option_as(const std::string& key, const std::string& flag, T& field,
+                             const std::string& help) {
+    write(key, field);
+    return app_.add_option(flag, field, help);
+  }
+  CLI::Option* add_flag(const std::string& flag, bool& field, const std::string& help) {
+    write(key_of(flag), field);
+    return app_.add_flag(flag, field, help);
+  }
+  // A setting whose option fills its field through a callback (registered on app()).
+  template <class T>
+  void value(const std::string& flag, const T& field) {
+    write(key_of(flag), field);
+  }
+  CLI::App& app() { return app_; }
+
+ private:
+  static std::string key_of(const std::string& flag) {
+    std::string k = flag.substr(flag.find_first_not_of('-'));
+    std::replace(k.begin(), k.end(), '-', '_');
+    return k;
+  }
+  template <class T>
+  void write(const std::string& key, const T& field) {
+    if (json_ != nullptr) (*json_)[key] = field;
+  }
+
+  CLI::App& app_;
+  nlohmann::json* json_;
+};
+
 // Sets every option named in the TOML file `path` that the command line did not give. CLI11 2.1's
 // own set_config reads the file only for the main app, so `trident train --config F` (a
 // subcommand) silently ignored F (found by fuzz_train_config: no input changed its coverage).
@@ -79,118 +129,117 @@ void require_utf8(const nlohmann::json& j, const std::string& key) {
 }
 
 // The model: sizes, dropout, position, norm, MLP and attention variants.
-void add_model_options(CLI::App& app, TrainConfig& c) {
+void add_model_options(Settings& s, TrainConfig& c) {
   model::ModelConfig& m = c.model;
-  app.add_option("--num-layers", m.num_layers, "Transformer layers")->capture_default_str();
-  app.add_option("--hidden-size", m.hidden_size, "Hidden size")->capture_default_str();
-  app.add_option("--num-attention-heads", m.num_attention_heads, "Attention heads")
+  s.add_option("--num-layers", m.num_layers, "Transformer layers")->capture_default_str();
+  s.add_option("--hidden-size", m.hidden_size, "Hidden size")->capture_default_str();
+  s.add_option("--num-attention-heads", m.num_attention_heads, "Attention heads")
       ->capture_default_str();
-  app.add_option("--ffn-hidden-size", m.ffn_hidden_size, "MLP hidden size (default 4 x hidden)");
-  app.add_option("--seq-length", m.seq_length, "Sequence length")->capture_default_str();
-  app.add_option("--max-position-embeddings", m.max_position_embeddings,
-                 "Learned positions (default seq-length)");
-  app.add_option("--make-vocab-size-divisible-by", m.make_vocab_size_divisible_by,
-                 "Pad the vocabulary to a multiple of this")
+  s.add_option("--ffn-hidden-size", m.ffn_hidden_size, "MLP hidden size (default 4 x hidden)");
+  s.add_option("--seq-length", m.seq_length, "Sequence length")->capture_default_str();
+  s.add_option("--max-position-embeddings", m.max_position_embeddings,
+               "Learned positions (default seq-length)");
+  s.add_option("--make-vocab-size-divisible-by", m.make_vocab_size_divisible_by,
+               "Pad the vocabulary to a multiple of this")
       ->capture_default_str();
-  app.add_option("--init-method-std", m.init_method_std, "Std of the normal init")
+  s.add_option("--init-method-std", m.init_method_std, "Std of the normal init")
       ->capture_default_str();
-  app.add_option("--layernorm-epsilon", m.layernorm_epsilon, "LayerNorm epsilon")
+  s.add_option("--layernorm-epsilon", m.layernorm_epsilon, "LayerNorm epsilon")
       ->capture_default_str();
-  app.add_option("--hidden-dropout", m.hidden_dropout,
-                 "Dropout on the embedding output and both residual branches")
+  s.add_option("--hidden-dropout", m.hidden_dropout,
+               "Dropout on the embedding output and both residual branches")
       ->capture_default_str();
-  app.add_option("--attention-dropout", m.attention_dropout, "Dropout on attention probabilities")
+  s.add_option("--attention-dropout", m.attention_dropout, "Dropout on attention probabilities")
       ->capture_default_str();
-  app.add_flag("--use-flash-attn", m.use_flash_attention,
-               "Fused attention that keeps no (T x T) probabilities (always on with ALiBi or "
-               "attention dropout)");
-  app.add_option("--position-embedding-type", c.position_embedding_type,
-                 "learned_absolute, alibi or rope")
+  s.add_flag("--use-flash-attn", m.use_flash_attention,
+             "Fused attention that keeps no (T x T) probabilities (always on with ALiBi or "
+             "attention dropout)");
+  s.add_option("--position-embedding-type", c.position_embedding_type,
+               "learned_absolute, alibi or rope")
       ->capture_default_str();
-  app.add_option("--normalization", c.normalization, "LayerNorm or RMSNorm")->capture_default_str();
-  app.add_option("--rotary-base", m.rotary_base, "Base of the rotary frequencies (rope)")
+  s.add_option("--normalization", c.normalization, "LayerNorm or RMSNorm")->capture_default_str();
+  s.add_option("--rotary-base", m.rotary_base, "Base of the rotary frequencies (rope)")
       ->capture_default_str();
-  app.add_option("--rotary-percent", c.rotary_percent,
-                 "Fraction of each head rotated (rope); only 1.0 is supported");
-  app.add_flag("--use-rope-scaling", m.rope_scaling,
-               "Llama 3.1's frequency scaling of the rotary embedding");
-  app.add_option("--rope-scaling-factor", m.rope_scaling_factor,
-                 "Factor of --use-rope-scaling (low/high frequency factors 1 and 4, original "
-                 "context 8192, as Megatron)")
+  s.add_option("--rotary-percent", c.rotary_percent,
+               "Fraction of each head rotated (rope); only 1.0 is supported");
+  s.add_flag("--use-rope-scaling", m.rope_scaling,
+             "Llama 3.1's frequency scaling of the rotary embedding");
+  s.add_option("--rope-scaling-factor", m.rope_scaling_factor,
+               "Factor of --use-rope-scaling (low/high frequency factors 1 and 4, original "
+               "context 8192, as Megatron)")
       ->capture_default_str();
-  app.add_flag("--swiglu", m.swiglu, "SwiGLU MLP: silu(gate) * up, two up-projections");
-  app.add_flag("--group-query-attention", c.group_query_attention,
-               "Grouped-query attention (with --num-query-groups)");
-  app.add_option("--num-query-groups", m.num_query_groups,
-                 "Key/value heads with --group-query-attention (1: multi-query)");
-  app.add_flag("--untie-embeddings-and-output-weights", m.untie_embeddings_and_output_weights,
-               "Own output layer instead of the word embedding");
-  app.add_flag(
+  s.add_flag("--swiglu", m.swiglu, "SwiGLU MLP: silu(gate) * up, two up-projections");
+  s.add_flag("--group-query-attention", c.group_query_attention,
+             "Grouped-query attention (with --num-query-groups)");
+  s.add_option("--num-query-groups", m.num_query_groups,
+               "Key/value heads with --group-query-attention (1: multi-query)");
+  s.add_flag("--untie-embeddings-and-output-weights", m.untie_embeddings_and_output_weights,
+             "Own output layer instead of the word embedding");
+  s.app().add_flag(
       "--disable-bias-linear", [&m](std::int64_t) { m.add_bias_linear = false; },
       "No biases in the attention and MLP linear layers");
-  app.add_flag("--embed-layernorm", m.embed_layernorm,
-               "LayerNorm after the word embedding (BLOOM)");
+  s.add_flag("--embed-layernorm", m.embed_layernorm, "LayerNorm after the word embedding (BLOOM)");
 }
 
 // Precision, loss scaling, recomputation, the chunked head, the model preset.
-void add_precision_options(CLI::App& app, TrainConfig& c) {
+void add_precision_options(Settings& s, TrainConfig& c) {
   model::ModelConfig& m = c.model;
-  app.add_flag("--bf16", c.bf16,
-               "BF16 mixed precision: BF16 matmul operands with FP32 accumulation, FP32 master "
-               "weights, Adam moments and gradient accumulation");
-  app.add_flag("--fp16", c.fp16,
-               "FP16 mixed precision: dynamic loss scaling; gradients outside FP16's range "
-               "skip the step (see docs/training.md for what the CPU backend computes in FP16)");
-  app.add_option("--loss-scale", c.loss_scale, "Static loss scale (default: dynamic)");
-  app.add_option("--initial-loss-scale", c.initial_loss_scale, "Initial dynamic loss scale")
+  s.add_flag("--bf16", c.bf16,
+             "BF16 mixed precision: BF16 matmul operands with FP32 accumulation, FP32 master "
+             "weights, Adam moments and gradient accumulation");
+  s.add_flag("--fp16", c.fp16,
+             "FP16 mixed precision: dynamic loss scaling; gradients outside FP16's range "
+             "skip the step (see docs/training.md for what the CPU backend computes in FP16)");
+  s.add_option("--loss-scale", c.loss_scale, "Static loss scale (default: dynamic)");
+  s.add_option("--initial-loss-scale", c.initial_loss_scale, "Initial dynamic loss scale")
       ->capture_default_str();
-  app.add_option("--min-loss-scale", c.min_loss_scale, "Smallest dynamic loss scale")
+  s.add_option("--min-loss-scale", c.min_loss_scale, "Smallest dynamic loss scale")
       ->capture_default_str();
-  app.add_option("--loss-scale-window", c.loss_scale_window,
-                 "Clean iterations before the loss scale doubles")
+  s.add_option("--loss-scale-window", c.loss_scale_window,
+               "Clean iterations before the loss scale doubles")
       ->capture_default_str();
-  app.add_option("--hysteresis", c.hysteresis, "Overflows in a row before the loss scale halves")
+  s.add_option("--hysteresis", c.hysteresis, "Overflows in a row before the loss scale halves")
       ->capture_default_str();
-  app.add_option("--recompute-granularity", c.recompute_granularity,
-                 "full (recompute whole layers in backward) or selective (the attention core)");
-  app.add_option("--recompute-method", c.recompute_method,
-                 "uniform (every layer) or block (the first --recompute-num-layers of each stage)")
+  s.add_option("--recompute-granularity", c.recompute_granularity,
+               "full (recompute whole layers in backward) or selective (the attention core)");
+  s.add_option("--recompute-method", c.recompute_method,
+               "uniform (every layer) or block (the first --recompute-num-layers of each stage)")
       ->capture_default_str();
-  app.add_option("--recompute-num-layers", m.recompute_num_layers,
-                 "Layers per stage to recompute with --recompute-method block")
+  s.add_option("--recompute-num-layers", m.recompute_num_layers,
+               "Layers per stage to recompute with --recompute-method block")
       ->capture_default_str();
-  app.add_option("--loss-chunk-rows", c.loss_chunk_rows,
-                 "Token rows the output layer and the cross-entropy take at a time, fused with "
-                 "the output layer's backward, so the (tokens x vocab) logits are never all in "
-                 "memory; -1: auto (about 64 MiB of logits per chunk), 0: keep all the logits")
+  s.add_option("--loss-chunk-rows", c.loss_chunk_rows,
+               "Token rows the output layer and the cross-entropy take at a time, fused with "
+               "the output layer's backward, so the (tokens x vocab) logits are never all in "
+               "memory; -1: auto (about 64 MiB of logits per chunk), 0: keep all the logits")
       ->capture_default_str();
-  app.add_option("--model", c.model_preset,
-                 "gpt (default), bloom or llama: bloom = --position-embedding-type alibi "
-                 "--embed-layernorm; llama = --normalization RMSNorm --position-embedding-type "
-                 "rope --swiglu --untie-embeddings-and-output-weights --disable-bias-linear");
+  s.add_option("--model", c.model_preset,
+               "gpt (default), bloom or llama: bloom = --position-embedding-type alibi "
+               "--embed-layernorm; llama = --normalization RMSNorm --position-embedding-type "
+               "rope --swiglu --untie-embeddings-and-output-weights --disable-bias-linear");
 }
 
 // Batch sizes, training length, learning-rate schedule, AdamW and the seed.
-void add_schedule_options(CLI::App& app, TrainConfig& c) {
-  app.add_option("--micro-batch-size", c.micro_batch_size, "Sequences per micro-batch")
+void add_schedule_options(Settings& s, TrainConfig& c) {
+  s.add_option("--micro-batch-size", c.micro_batch_size, "Sequences per micro-batch")
       ->capture_default_str();
-  app.add_option("--global-batch-size", c.global_batch_size,
-                 "Sequences per iteration (micro x accumulation x data-parallel)");
+  s.add_option("--global-batch-size", c.global_batch_size,
+               "Sequences per iteration (micro x accumulation x data-parallel)");
 
-  app.add_option("--train-iters", c.train_iters,
-                 "Training iterations (default: from --train-samples, else 100)");
-  app.add_option("--train-samples", c.train_samples,
-                 "Training length in samples; the schedule counts samples (Megatron)");
-  app.add_option("--lr-warmup-samples", c.lr_warmup_samples, "Warm-up in samples");
-  app.add_option("--lr-decay-samples", c.lr_decay_samples,
-                 "Decay length in samples (default --train-samples)");
-  app.add_option("--lr-warmup-fraction", c.lr_warmup_fraction,
-                 "Warm-up as a fraction of the decay length");
-  app.add_option("--lr-warmup-init", c.lr.init_lr, "Learning rate at the start of warm-up")
+  s.add_option("--train-iters", c.train_iters,
+               "Training iterations (default: from --train-samples, else 100)");
+  s.add_option("--train-samples", c.train_samples,
+               "Training length in samples; the schedule counts samples (Megatron)");
+  s.add_option("--lr-warmup-samples", c.lr_warmup_samples, "Warm-up in samples");
+  s.add_option("--lr-decay-samples", c.lr_decay_samples,
+               "Decay length in samples (default --train-samples)");
+  s.add_option("--lr-warmup-fraction", c.lr_warmup_fraction,
+               "Warm-up as a fraction of the decay length");
+  s.add_option("--lr-warmup-init", c.lr.init_lr, "Learning rate at the start of warm-up")
       ->capture_default_str();
-  app.add_option("--train-tokens", c.train_tokens,
-                 "Also stop once this many tokens were consumed (Megatron-DeepSpeed); "
-                 "trident plan: estimate the time to train this many")
+  s.add_option("--train-tokens", c.train_tokens,
+               "Also stop once this many tokens were consumed (Megatron-DeepSpeed); "
+               "trident plan: estimate the time to train this many")
       ->transform(CLI::Validator(
           [](std::string& v) {
             // 366e9: an exact integer written as a float.
@@ -205,238 +254,250 @@ void add_schedule_options(CLI::App& app, TrainConfig& c) {
             return std::string();
           },
           "", "integer tokens"));
-  app.add_option("--lr-warmup-tokens", c.lr_warmup_tokens,
-                 "Warm-up in tokens (Megatron-DeepSpeed)");
-  app.add_option("--lr-decay-tokens", c.lr_decay_tokens,
-                 "Decay length in tokens: the schedule counts tokens (Megatron-DeepSpeed)");
-  app.add_option("--lr", c.lr.lr, "Peak learning rate")->capture_default_str();
-  app.add_option("--min-lr", c.lr.min_lr, "Final learning rate")->capture_default_str();
-  app.add_option("--lr-decay-style", c.lr_decay_style, "constant, linear or cosine")
+  s.add_option("--lr-warmup-tokens", c.lr_warmup_tokens, "Warm-up in tokens (Megatron-DeepSpeed)");
+  s.add_option("--lr-decay-tokens", c.lr_decay_tokens,
+               "Decay length in tokens: the schedule counts tokens (Megatron-DeepSpeed)");
+  s.add_option("--lr", c.lr.lr, "Peak learning rate")->capture_default_str();
+  s.add_option("--min-lr", c.lr.min_lr, "Final learning rate")->capture_default_str();
+  s.add_option("--lr-decay-style", c.lr_decay_style, "constant, linear or cosine")
       ->capture_default_str();
-  app.add_option("--lr-warmup-iters", c.lr.warmup_iters, "Linear warm-up iterations")
+  s.add_option("--lr-warmup-iters", c.lr.warmup_iters, "Linear warm-up iterations")
       ->capture_default_str();
-  app.add_option("--lr-decay-iters", c.lr.decay_iters, "Decay iterations (default train-iters)");
-  app.add_option("--optimizer", c.optimizer_type,
-                 "Update rule: adam (AdamW, decoupled weight decay) or lion (sign of the momentum "
-                 "interpolation, one state array)")
+  s.add_option("--lr-decay-iters", c.lr.decay_iters, "Decay iterations (default train-iters)");
+  s.add_option("--optimizer", c.optimizer_type,
+               "Update rule: adam (AdamW, decoupled weight decay) or lion (sign of the momentum "
+               "interpolation, one state array)")
       ->capture_default_str();
-  app.add_option("--weight-decay", c.optimizer.weight_decay, "Decoupled weight decay")
+  s.add_option("--weight-decay", c.optimizer.weight_decay, "Decoupled weight decay")
       ->capture_default_str();
-  app.add_option("--clip-grad", c.optimizer.clip_grad, "Global gradient-norm clip (0: off)")
+  s.add_option("--clip-grad", c.optimizer.clip_grad, "Global gradient-norm clip (0: off)")
       ->capture_default_str();
-  app.add_option("--adam-beta1", c.optimizer.beta1, "AdamW beta1")->capture_default_str();
-  app.add_option("--adam-beta2", c.optimizer.beta2, "AdamW beta2")->capture_default_str();
-  app.add_option("--adam-eps", c.optimizer.eps, "AdamW epsilon")->capture_default_str();
-  app.add_option("--lion-beta1", c.optimizer.lion_beta1,
-                 "Lion beta1: the momentum/gradient interpolation whose sign is the step")
+  s.add_option("--adam-beta1", c.optimizer.beta1, "AdamW beta1")->capture_default_str();
+  s.add_option("--adam-beta2", c.optimizer.beta2, "AdamW beta2")->capture_default_str();
+  s.add_option("--adam-eps", c.optimizer.eps, "AdamW epsilon")->capture_default_str();
+  s.add_option("--lion-beta1", c.optimizer.lion_beta1,
+               "Lion beta1: the momentum/gradient interpolation whose sign is the step")
       ->capture_default_str();
-  app.add_option("--lion-beta2", c.optimizer.lion_beta2, "Lion beta2: the momentum's decay")
+  s.add_option("--lion-beta2", c.optimizer.lion_beta2, "Lion beta2: the momentum's decay")
       ->capture_default_str();
-  app.add_option("--seed", c.seed, "Random seed (init, data order)")->capture_default_str();
+  s.add_option("--seed", c.seed, "Random seed (init, data order)")->capture_default_str();
 }
 
 // Datasets, blending, splits, tokenizer and document masks.
-void add_data_options(CLI::App& app, TrainConfig& c) {
-  app.add_option("--data-path", c.data_path,
-                 "Dataset prefixes (without .bin/.idx), optionally weighted: 0.3 A 0.7 B")
+void add_data_options(Settings& s, TrainConfig& c) {
+  s.add_option("--data-path", c.data_path,
+               "Dataset prefixes (without .bin/.idx), optionally weighted: 0.3 A 0.7 B")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  app.add_option("--train-data-path", c.train_data_path, "Training blend (instead of --split)")
+  s.add_option("--train-data-path", c.train_data_path, "Training blend (instead of --split)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  app.add_option("--valid-data-path", c.valid_data_path, "Validation blend")
+  s.add_option("--valid-data-path", c.valid_data_path, "Validation blend")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  app.add_option("--test-data-path", c.test_data_path, "Test blend")
+  s.add_option("--test-data-path", c.test_data_path, "Test blend")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   for (auto [split, groups, file] :
        {std::tuple{"train", &c.train_weighted_split_paths, &c.train_weighted_split_paths_path},
         std::tuple{"valid", &c.valid_weighted_split_paths, &c.valid_weighted_split_paths_path},
         std::tuple{"test", &c.test_weighted_split_paths, &c.test_weighted_split_paths_path}}) {
     const std::string flag = str("--", split, "-weighted-split-paths");
-    app.add_option(flag, *groups,
-                   str("BigScience's named ", split,
-                       " groups: \"NAME: WEIGHT START:END PREFIX, ...\" (START:END: fractions of "
-                       "each dataset's documents)",
-                       std::string(split) == "train" ? ""
-                                                     : "; each group is evaluated and logged "
-                                                       "under its name"))
+    s.add_option(flag, *groups,
+                 str("BigScience's named ", split,
+                     " groups: \"NAME: WEIGHT START:END PREFIX, ...\" (START:END: fractions of "
+                     "each dataset's documents)",
+                     std::string(split) == "train" ? ""
+                                                   : "; each group is evaluated and logged "
+                                                     "under its name"))
         ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-    app.add_option(flag + "-path", *file,
-                   str("A file holding the ", flag, " groups, one line of quoted groups"));
+    s.add_option(flag + "-path", *file,
+                 str("A file holding the ", flag, " groups, one line of quoted groups"));
   }
-  app.add_flag("--allow-split-paths-overlap", c.allow_split_paths_overlap,
-               "Let a validation or test range of --*-weighted-split-paths share documents with "
-               "the training range of the same dataset (refused by default)");
-  app.add_option("--data-cache-path", c.data_cache_path,
-                 "Where the dataset indices are cached (default: next to the data)");
-  app.add_option("--mid-level-dataset-surplus", c.mid_level_dataset_surplus,
-                 "Extra share of samples each blended dataset builds")
+  s.add_flag("--allow-split-paths-overlap", c.allow_split_paths_overlap,
+             "Let a validation or test range of --*-weighted-split-paths share documents with "
+             "the training range of the same dataset (refused by default)");
+  s.add_option("--data-cache-path", c.data_cache_path,
+               "Where the dataset indices are cached (default: next to the data)");
+  s.add_option("--mid-level-dataset-surplus", c.mid_level_dataset_surplus,
+               "Extra share of samples each blended dataset builds")
       ->capture_default_str();
-  app.add_option("--rampup-batch-size", c.rampup_batch_size,
-                 "START INCREMENT SAMPLES: grow the global batch over SAMPLES consumed samples")
+  s.add_option("--rampup-batch-size", c.rampup_batch_size,
+               "START INCREMENT SAMPLES: grow the global batch over SAMPLES consumed samples")
       ->expected(3);
   // One value in Megatron-LM; several are joined with spaces, because Megatron-LM's own GPT-3
   // example passes the quoted schedule through an unquoted bash array, which splits it into words.
-  app.add_option_function<std::vector<std::string>>(
-         "--step-batch-size-schedule",
-         [&c](const std::vector<std::string>& v) {
-           c.step_batch_size_schedule.clear();
-           for (const std::string& x : v)
-             c.step_batch_size_schedule += (c.step_batch_size_schedule.empty() ? "" : " ") + x;
-         },
-         "\"THRESHOLD:BATCH_SIZE ...\" (Megatron-LM): the global batch size from each "
-         "threshold of consumed tokens on, e.g. \"0:16 2.4B:320 4.8B:624\" (suffixes K, M, B, "
-         "T)")
+  s.value("--step-batch-size-schedule", c.step_batch_size_schedule);
+  s.app()
+      .add_option_function<std::vector<std::string>>(
+          "--step-batch-size-schedule",
+          [&c](const std::vector<std::string>& v) {
+            c.step_batch_size_schedule.clear();
+            for (const std::string& x : v)
+              c.step_batch_size_schedule += (c.step_batch_size_schedule.empty() ? "" : " ") + x;
+          },
+          "\"THRESHOLD:BATCH_SIZE ...\" (Megatron-LM): the global batch size from each "
+          "threshold of consumed tokens on, e.g. \"0:16 2.4B:320 4.8B:624\" (suffixes K, M, B, "
+          "T)")
       ->expected(1, CLI::detail::expected_max_vector_size)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  app.add_flag("--decrease-batch-size-if-needed", c.decrease_batch_size_if_needed,
-               "Round global batches down to a multiple of micro x data-parallel size");
-  app.add_option("--split", c.split, "Train/valid/test split weights")->capture_default_str();
-  app.add_option("--tokenizer-type", c.tokenizer_type, "GPT2BPETokenizer, ...")
+  s.add_flag("--decrease-batch-size-if-needed", c.decrease_batch_size_if_needed,
+             "Round global batches down to a multiple of micro x data-parallel size");
+  s.add_option("--split", c.split, "Train/valid/test split weights")->capture_default_str();
+  s.add_option("--tokenizer-type", c.tokenizer_type, "GPT2BPETokenizer, ...")
       ->capture_default_str();
-  app.add_option("--vocab-file", c.vocab_file, "Tokenizer vocabulary (vocab.json)");
-  app.add_option("--merge-file", c.merge_file, "Tokenizer merges (merges.txt)");
-  app.add_option("--tokenizer-model", c.tokenizer_model, "Tokenizer model file");
-  app.add_option("--vocab-size", c.null_tokenizer_vocab_size, "Vocabulary size (NullTokenizer)");
-  app.add_option("--tokenizer-name-or-path", c.tokenizer_name_or_path,
-                 "PretrainedFromHF: a Hugging Face tokenizer directory or its tokenizer.json");
-  app.add_option("--pad-vocab-size-to", c.pad_vocab_size_to,
-                 "Pad the vocabulary to exactly this size (a multiple of tensor-parallel size)");
-  app.add_flag("--eod-mask-loss", c.eod_mask_loss,
-               "No loss where the input token is end-of-document");
-  app.add_flag("--reset-position-ids", c.model.reset_position_ids,
-               "Positions restart after each end-of-document token");
-  app.add_flag("--reset-attention-mask", c.model.reset_attention_mask,
-               "No attention across end-of-document tokens within a sample");
-  app.add_option("--dataloader-type", c.dataloader_type, "single (Megatron's sampler)")
+  s.add_option("--vocab-file", c.vocab_file, "Tokenizer vocabulary (vocab.json)");
+  s.add_option("--merge-file", c.merge_file, "Tokenizer merges (merges.txt)");
+  s.add_option("--tokenizer-model", c.tokenizer_model, "Tokenizer model file");
+  s.add_option_as("null_tokenizer_vocab_size", "--vocab-size", c.null_tokenizer_vocab_size,
+                  "Vocabulary size (NullTokenizer)");
+  s.add_option("--tokenizer-name-or-path", c.tokenizer_name_or_path,
+               "PretrainedFromHF: a Hugging Face tokenizer directory or its tokenizer.json");
+  s.add_option("--pad-vocab-size-to", c.pad_vocab_size_to,
+               "Pad the vocabulary to exactly this size (a multiple of tensor-parallel size)");
+  s.add_flag("--eod-mask-loss", c.eod_mask_loss,
+             "No loss where the input token is end-of-document");
+  s.add_flag("--reset-position-ids", c.model.reset_position_ids,
+             "Positions restart after each end-of-document token");
+  s.add_flag("--reset-attention-mask", c.model.reset_attention_mask,
+             "No attention across end-of-document tokens within a sample");
+  s.add_option("--dataloader-type", c.dataloader_type, "single (Megatron's sampler)")
       ->capture_default_str();
 }
 
 // Evaluation, logging, TensorBoard, metrics and the profile.
-void add_logging_options(CLI::App& app, TrainConfig& c) {
-  app.add_option("--eval-interval", c.eval_interval, "Iterations between evaluations")
+void add_logging_options(Settings& s, TrainConfig& c) {
+  s.add_option("--eval-interval", c.eval_interval, "Iterations between evaluations")
       ->capture_default_str();
-  app.add_option("--eval-iters", c.eval_iters, "Batches per evaluation")->capture_default_str();
-  app.add_option("--log-interval", c.log_interval, "Iterations between log lines")
+  s.add_option("--eval-iters", c.eval_iters, "Batches per evaluation")->capture_default_str();
+  s.add_option("--log-interval", c.log_interval, "Iterations between log lines")
       ->capture_default_str();
-  app.add_option("--metrics-jsonl", c.metrics_jsonl, "Write metrics as JSON lines here");
-  app.add_flag("--megatron-deepspeed-log", c.megatron_deepspeed_log,
-               "Log Megatron-DeepSpeed's iteration line (seconds, samples per second, TFLOPs)");
-  app.add_option("--tensorboard-dir", c.tensorboard_dir, "Write TensorBoard event files here");
-  app.add_option("--tensorboard-log-interval", c.tensorboard_log_interval,
-                 "Iterations between TensorBoard scalars")
+  s.add_option("--metrics-jsonl", c.metrics_jsonl, "Write metrics as JSON lines here");
+  s.add_flag("--megatron-deepspeed-log", c.megatron_deepspeed_log,
+             "Log Megatron-DeepSpeed's iteration line (seconds, samples per second, TFLOPs)");
+  s.add_option("--tensorboard-dir", c.tensorboard_dir, "Write TensorBoard event files here");
+  s.add_option("--tensorboard-log-interval", c.tensorboard_log_interval,
+               "Iterations between TensorBoard scalars")
       ->capture_default_str();
-  app.add_flag("--log-timers-to-tensorboard", c.log_timers_to_tensorboard,
-               "Iteration time in TensorBoard");
-  app.add_flag("--log-batch-size-to-tensorboard", c.log_batch_size_to_tensorboard,
-               "Batch size in TensorBoard");
-  app.add_flag("--log-validation-ppl-to-tensorboard", c.log_validation_ppl_to_tensorboard,
-               "Validation perplexity in TensorBoard");
-  app.add_flag("--log-memory-to-tensorboard", c.log_memory_to_tensorboard,
-               "Memory per rank in TensorBoard");
-  app.add_flag("--log-world-size-to-tensorboard", c.log_world_size_to_tensorboard,
-               "World size in TensorBoard");
-  app.add_flag("--log-throughput", c.log_throughput, "Throughput in TensorBoard");
-  app.add_flag("--no-log-loss-scale-to-tensorboard", c.no_log_loss_scale_to_tensorboard,
-               "No loss scale in TensorBoard");
-  app.add_flag("--no-log-learnig-rate-to-tensorboard", c.no_log_learning_rate_to_tensorboard,
-               "No learning rate in TensorBoard (Megatron's spelling)");
-  app.add_option("--peak-tflops", c.peak_tflops, "Machine peak for MFU (default: measured)");
-  app.add_flag("--profile", c.profile,
-               "Time every kernel and collective of rank 0 (trident's own timers) over "
-               "iterations profile-step-start+1 .. profile-step-end; a table at the end, per-kind "
-               "times in --metrics-jsonl");
-  app.add_option("--profile-step-start", c.profile_step_start,
-                 "--profile: iterations already done when timing starts")
+  s.add_flag("--log-timers-to-tensorboard", c.log_timers_to_tensorboard,
+             "Iteration time in TensorBoard");
+  s.add_flag("--log-batch-size-to-tensorboard", c.log_batch_size_to_tensorboard,
+             "Batch size in TensorBoard");
+  s.add_flag("--log-validation-ppl-to-tensorboard", c.log_validation_ppl_to_tensorboard,
+             "Validation perplexity in TensorBoard");
+  s.add_flag("--log-memory-to-tensorboard", c.log_memory_to_tensorboard,
+             "Memory per rank in TensorBoard");
+  s.add_flag("--log-world-size-to-tensorboard", c.log_world_size_to_tensorboard,
+             "World size in TensorBoard");
+  s.add_flag("--log-throughput", c.log_throughput, "Throughput in TensorBoard");
+  s.add_flag("--no-log-loss-scale-to-tensorboard", c.no_log_loss_scale_to_tensorboard,
+             "No loss scale in TensorBoard");
+  s.add_flag("--no-log-learnig-rate-to-tensorboard", c.no_log_learning_rate_to_tensorboard,
+             "No learning rate in TensorBoard (Megatron's spelling)");
+  s.add_option("--peak-tflops", c.peak_tflops, "Machine peak for MFU (default: measured)");
+  s.add_flag("--profile", c.profile,
+             "Time every kernel and collective of rank 0 (trident's own timers) over "
+             "iterations profile-step-start+1 .. profile-step-end; a table at the end, per-kind "
+             "times in --metrics-jsonl");
+  s.add_option("--profile-step-start", c.profile_step_start,
+               "--profile: iterations already done when timing starts")
       ->capture_default_str();
-  app.add_option("--profile-step-end", c.profile_step_end, "--profile: last iteration timed")
+  s.add_option("--profile-step-end", c.profile_step_end, "--profile: last iteration timed")
       ->capture_default_str();
 }
 
 // Checkpoints, DeepSpeed config and clean stops.
-void add_checkpoint_options(CLI::App& app, TrainConfig& c) {
-  app.add_option("--save", c.save, "Checkpoint directory to write");
-  app.add_option("--load", c.load, "Checkpoint directory to resume from");
-  app.add_flag("--finetune", c.finetune,
-               "With --load: take the weights only (iteration 0, data from the start, fresh "
-               "optimizer and loss scaler), as Megatron");
-  app.add_option("--save-interval", c.save_interval, "Iterations between checkpoints");
-  app.add_option("--exit-interval", c.exit_interval, "Save (if --save) and exit at this iteration");
-  app.add_flag("--deepspeed", c.deepspeed,
-               "Megatron-DeepSpeed: read batch sizes, ZeRO, precision, loss scaling and clipping "
-               "from --deepspeed_config");
-  app.add_option("--deepspeed_config", c.deepspeed_config, "DeepSpeed JSON file");
-  app.add_option("--save-retain", c.save_retain,
-                 "Keep only the newest N checkpoints in --save (0: keep all)");
-  app.add_flag("--async-save", c.async_save,
-               "Write checkpoints in the background while training continues");
-  app.add_flag("--exit-signal-handler", c.exit_signal_handler,
-               "On SIGTERM (or SIGUSR1) save (if --save) and exit after the iteration");
-  app.add_option("--exit-duration-in-mins", c.exit_duration_in_mins,
-                 "Save (if --save) and exit once the run has trained this many minutes");
-  app.add_option("--kill-switch-path", c.kill_switch_path,
-                 "Save (if --save) and exit when this file appears");
-  app.add_option("--exit-codes", c.exit_codes,
-                 "What a planned stop (signal, duration, kill switch, --exit-interval) exits "
-                 "with: megatron (0, as Megatron; the default) or distinct (10-13, one per stop; "
-                 "also TRIDENT_EXIT_CODES=distinct, which trident supervise sets)")
+void add_checkpoint_options(Settings& s, TrainConfig& c) {
+  s.add_option("--save", c.save, "Checkpoint directory to write");
+  s.add_option("--load", c.load, "Checkpoint directory to resume from");
+  s.add_flag("--finetune", c.finetune,
+             "With --load: take the weights only (iteration 0, data from the start, fresh "
+             "optimizer and loss scaler), as Megatron");
+  s.add_option("--save-interval", c.save_interval, "Iterations between checkpoints");
+  s.add_option("--exit-interval", c.exit_interval, "Save (if --save) and exit at this iteration");
+  s.add_flag("--deepspeed", c.deepspeed,
+             "Megatron-DeepSpeed: read batch sizes, ZeRO, precision, loss scaling and clipping "
+             "from --deepspeed_config");
+  s.add_option("--deepspeed_config", c.deepspeed_config, "DeepSpeed JSON file");
+  s.add_option("--save-retain", c.save_retain,
+               "Keep only the newest N checkpoints in --save (0: keep all)");
+  s.add_flag("--async-save", c.async_save,
+             "Write checkpoints in the background while training continues");
+  s.add_flag("--exit-signal-handler", c.exit_signal_handler,
+             "On SIGTERM (or SIGUSR1) save (if --save) and exit after the iteration");
+  s.add_option("--exit-duration-in-mins", c.exit_duration_in_mins,
+               "Save (if --save) and exit once the run has trained this many minutes");
+  s.add_option("--kill-switch-path", c.kill_switch_path,
+               "Save (if --save) and exit when this file appears");
+  s.add_option("--exit-codes", c.exit_codes,
+               "What a planned stop (signal, duration, kill switch, --exit-interval) exits "
+               "with: megatron (0, as Megatron; the default) or distinct (10-13, one per stop; "
+               "also TRIDENT_EXIT_CODES=distinct, which trident supervise sets)")
       ->capture_default_str();
 }
 
 // Parallelism, ZeRO, offload, pipeline schedule and the communication timeout.
-void add_parallel_options(CLI::App& app, TrainConfig& c) {
-  app.add_option("--device", c.device,
-                 "Where to train: cpu, cuda (each rank on the GPU of its local rank), or auto "
-                 "(cuda when this build has CUDA and a GPU is visible, else cpu)")
+void add_parallel_options(Settings& s, TrainConfig& c) {
+  s.add_option("--device", c.device,
+               "Where to train: cpu, cuda (each rank on the GPU of its local rank), or auto "
+               "(cuda when this build has CUDA and a GPU is visible, else cpu)")
       ->capture_default_str();
-  app.add_option("--tensor-model-parallel-size", c.tensor_model_parallel_size, "TP size")
+  s.add_option("--tensor-model-parallel-size", c.tensor_model_parallel_size, "TP size")
       ->capture_default_str();
-  app.add_option("--pipeline-model-parallel-size", c.pipeline_model_parallel_size, "PP size")
+  s.add_option("--pipeline-model-parallel-size", c.pipeline_model_parallel_size, "PP size")
       ->capture_default_str();
-  app.add_option("--zero-stage", c.zero_stage,
-                 "ZeRO stage: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters")
+  s.add_option("--zero-stage", c.zero_stage,
+               "ZeRO stage: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters")
       ->capture_default_str();
-  app.add_flag("--use-distributed-optimizer", c.use_distributed_optimizer,
-               "Megatron's distributed optimizer (= --zero-stage 1)");
-  app.add_option("--ddp-bucket-size", c.ddp_bucket_size,
-                 "Elements per gradient bucket reduced while backward runs")
+  s.add_flag("--use-distributed-optimizer", c.use_distributed_optimizer,
+             "Megatron's distributed optimizer (= --zero-stage 1)");
+  s.add_option("--ddp-bucket-size", c.ddp_bucket_size,
+               "Elements per gradient bucket reduced while backward runs")
       ->capture_default_str();
-  app.add_option("--offload-optimizer", c.offload_optimizer,
-                 "Where the Adam moments live: none, cpu (host memory) or nvme (files under "
-                 "--offload-path, streamed through a bounded window; docs/offload.md)")
+  s.add_option("--offload-optimizer", c.offload_optimizer,
+               "Where the Adam moments live: none, cpu (host memory) or nvme (files under "
+               "--offload-path, streamed through a bounded window; docs/offload.md)")
       ->capture_default_str();
-  app.add_option("--offload-path", c.offload.path,
-                 "Directory (on a fast disk) for the files of --offload-optimizer nvme and "
-                 "--offload-params nvme");
-  app.add_option("--offload-params", c.offload_params,
-                 "ZeRO-3 parameter shards: none (in memory) or nvme (a file under --offload-path, "
-                 "read ahead of each layer's gather; docs/offload.md)")
+  s.add_option("--offload-path", c.offload.path,
+               "Directory (on a fast disk) for the files of --offload-optimizer nvme and "
+               "--offload-params nvme");
+  s.add_option("--offload-params", c.offload_params,
+               "ZeRO-3 parameter shards: none (in memory) or nvme (a file under --offload-path, "
+               "read ahead of each layer's gather; docs/offload.md)")
       ->capture_default_str();
-  app.add_option("--offload-window-mib", c.offload_window_mib,
-                 "offload nvme: MiB of host buffers the optimizer step streams the offloaded "
-                 "state through")
+  s.add_option("--offload-window-mib", c.offload_window_mib,
+               "offload nvme: MiB of host buffers the optimizer step streams the offloaded "
+               "state through")
       ->capture_default_str();
-  app.add_option("--offload-io", c.offload_io,
-                 "--offload-optimizer nvme: asynchronous I/O engine, uring (io_uring) or threads "
-                 "(pread/pwrite on a thread pool)")
+  s.add_option("--offload-io", c.offload_io,
+               "--offload-optimizer nvme: asynchronous I/O engine, uring (io_uring) or threads "
+               "(pread/pwrite on a thread pool)")
       ->capture_default_str();
-  app.add_flag("--offload-buffered", c.offload_buffered,
-               "--offload-optimizer nvme: go through the page cache (file systems without "
-               "O_DIRECT)");
-  app.add_flag("--hierarchical-dp", c.hierarchical_dp,
-               "Data-parallel all-reduce as reduce-scatter inside each host, all-reduce across "
-               "hosts, all-gather inside the host (ZeRO 0 gradients; docs/clusters.md)");
-  app.add_flag("--sequence-parallel", c.sequence_parallel,
-               "Split LayerNorm/dropout regions along the tokens across tensor-parallel ranks");
-  app.add_option("--pipeline-schedule", c.pipeline_schedule, "gpipe, 1f1b or interleaved")
+  s.add_flag("--offload-buffered", c.offload_buffered,
+             "--offload-optimizer nvme: go through the page cache (file systems without "
+             "O_DIRECT)");
+  s.add_flag("--hierarchical-dp", c.hierarchical_dp,
+             "Data-parallel all-reduce as reduce-scatter inside each host, all-reduce across "
+             "hosts, all-gather inside the host (ZeRO 0 gradients; docs/clusters.md)");
+  s.add_flag("--sequence-parallel", c.sequence_parallel,
+             "Split LayerNorm/dropout regions along the tokens across tensor-parallel ranks");
+  s.add_option("--pipeline-schedule", c.pipeline_schedule, "gpipe, 1f1b or interleaved")
       ->capture_default_str();
-  app.add_option("--num-layers-per-virtual-pipeline-stage", c.num_layers_per_virtual_pipeline_stage,
-                 "Layers per virtual chunk (interleaved schedule)");
-  app.add_option("--decoder-first-pipeline-num-layers", c.decoder_first_pipeline_num_layers,
-                 "Layers on the first pipeline stage (uneven split)");
-  app.add_option("--decoder-last-pipeline-num-layers", c.decoder_last_pipeline_num_layers,
-                 "Layers on the last pipeline stage (uneven split)");
-  app.add_option("--comm-timeout", c.comm_timeout,
-                 "Seconds a rank may wait in a collective before the job ends")
+  s.add_option("--num-layers-per-virtual-pipeline-stage", c.num_layers_per_virtual_pipeline_stage,
+               "Layers per virtual chunk (interleaved schedule)");
+  s.add_option("--decoder-first-pipeline-num-layers", c.decoder_first_pipeline_num_layers,
+               "Layers on the first pipeline stage (uneven split)");
+  s.add_option("--decoder-last-pipeline-num-layers", c.decoder_last_pipeline_num_layers,
+               "Layers on the last pipeline stage (uneven split)");
+  s.add_option("--comm-timeout", c.comm_timeout,
+               "Seconds a rank may wait in a collective before the job ends")
       ->capture_default_str();
+}
+
+void add_setting_options(Settings& s, TrainConfig& c) {
+  add_model_options(s, c);
+  add_precision_options(s, c);
+  add_schedule_options(s, c);
+  add_data_options(s, c);
+  add_logging_options(s, c);
+  add_checkpoint_options(s, c);
+  add_parallel_options(s, c);
 }
 
 }  // namespace
@@ -451,13 +512,8 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
   // As with argparse, a flag given twice keeps its last value (config file, then command line).
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 
-  add_model_options(app, c);
-  add_precision_options(app, c);
-  add_schedule_options(app, c);
-  add_data_options(app, c);
-  add_logging_options(app, c);
-  add_checkpoint_options(app, c);
-  add_parallel_options(app, c);
+  Settings settings(app);
+  add_setting_options(settings, c);
 
   add_compat_options(app, c);
   // Integers written with '_' (9_765_625), as Python's int() accepts; and the set of flags given
@@ -858,21 +914,17 @@ void TrainConfig::finalize_schedule(int dp) {
 }
 
 nlohmann::json TrainConfig::to_json() const {
-  // The architecture's keys (one list: ckpt/model_config_json.cc), then the trainer's.
-  nlohmann::json j = ckpt::model_config_to_json(model);
-  j["hidden_dropout"] = model.hidden_dropout;
-  j["attention_dropout"] = model.attention_dropout;
-  j["use_flash_attn"] = model.use_flash_attention;
-  j["recompute_granularity"] = recompute_granularity;
-  j["recompute_method"] = recompute_method;
-  j["recompute_num_layers"] = model.recompute_num_layers;
-  j["loss_chunk_rows"] = loss_chunk_rows;
-  j["micro_batch_size"] = micro_batch_size;
-  j["global_batch_size"] = global_batch_size;
-  j["train_iters"] = train_iters;
-  j["lr"] = lr.lr;
-  j["min_lr"] = lr.min_lr;
-  j["lr_decay_style"] = lr_decay_style;
+  // Every setting under its flag's key, from the declarations the flags come from (Settings; the
+  // options go to a scratch app that never parses, so *this is only read).
+  nlohmann::json j;
+  CLI::App scratch;
+  Settings settings(scratch, &j);
+  add_setting_options(settings, const_cast<TrainConfig&>(*this));
+  // The architecture's keys (one list: ckpt/model_config_json.cc) as the checkpoint resolves them
+  // (--ffn-hidden-size 0 is 4 x hidden, the position embedding by its name).
+  j.update(ckpt::model_config_to_json(model));
+  // Values the run derived from its settings.
+  j["optimizer"] = optim::optimizer_name(optimizer.kind);
   // Iteration counts (Megatron's are ints) as integers when they are whole.
   const auto count = [](double x) {
     return x == std::floor(x) && std::abs(x) < 0x1p53 ? nlohmann::json(static_cast<std::int64_t>(x))
@@ -880,82 +932,8 @@ nlohmann::json TrainConfig::to_json() const {
   };
   j["lr_warmup_iters"] = count(lr.warmup_iters);
   j["lr_decay_iters"] = count(lr.decay_iters);
-  j["weight_decay"] = optimizer.weight_decay;
-  j["clip_grad"] = optimizer.clip_grad;
-  j["adam_beta1"] = optimizer.beta1;
-  j["adam_beta2"] = optimizer.beta2;
-  j["adam_eps"] = optimizer.eps;
-  j["optimizer"] = optim::optimizer_name(optimizer.kind);
-  j["lion_beta1"] = optimizer.lion_beta1;
-  j["lion_beta2"] = optimizer.lion_beta2;
-  j["seed"] = seed;
-  j["data_path"] = data_path;
-  j["train_data_path"] = train_data_path;
-  j["valid_data_path"] = valid_data_path;
-  j["test_data_path"] = test_data_path;
-  j["train_weighted_split_paths"] = train_weighted_split_paths;
-  j["valid_weighted_split_paths"] = valid_weighted_split_paths;
-  j["test_weighted_split_paths"] = test_weighted_split_paths;
-  j["allow_split_paths_overlap"] = allow_split_paths_overlap;
-  j["rampup_batch_size"] = rampup_batch_size;
-  j["step_batch_size_schedule"] = step_batch_size_schedule;
-  j["split"] = split;
-  j["tokenizer_type"] = tokenizer_type;
-  j["vocab_file"] = vocab_file;
-  j["merge_file"] = merge_file;
-  j["tokenizer_model"] = tokenizer_model;
-  j["null_tokenizer_vocab_size"] = null_tokenizer_vocab_size;
-  j["tensor_model_parallel_size"] = tensor_model_parallel_size;
-  j["pipeline_model_parallel_size"] = pipeline_model_parallel_size;
-  j["pipeline_schedule"] = pipeline_schedule;
-  j["sequence_parallel"] = sequence_parallel;
-  j["zero_stage"] = zero_stage;
-  j["offload_optimizer"] = offload_optimizer;
-  j["offload_params"] = offload_params;
-  if (!offload.path.empty()) j["offload_path"] = offload.path;
-  j["fp16"] = fp16;
-  j["bf16"] = bf16;
-  j["num_layers_per_virtual_pipeline_stage"] = num_layers_per_virtual_pipeline_stage;
-  j["decoder_first_pipeline_num_layers"] = decoder_first_pipeline_num_layers;
-  j["decoder_last_pipeline_num_layers"] = decoder_last_pipeline_num_layers;
-  j["train_samples"] = train_samples;
-  j["lr_warmup_samples"] = lr_warmup_samples;
-  j["lr_decay_samples"] = lr_decay_samples;
-  j["lr_warmup_fraction"] = lr_warmup_fraction;
-  j["lr_warmup_init"] = lr.init_lr;
-  j["train_tokens"] = train_tokens;
-  j["lr_warmup_tokens"] = lr_warmup_tokens;
-  j["lr_decay_tokens"] = lr_decay_tokens;
   j["lr_warmup_steps_in_samples"] = lr_steps.warmup_iters;
   j["lr_decay_steps_in_samples"] = lr_steps.decay_iters;
-  j["micro_batch_size"] = micro_batch_size;
-  j["eval_interval"] = eval_interval;
-  j["eval_iters"] = eval_iters;
-  j["log_interval"] = log_interval;
-  j["profile"] = profile;
-  j["profile_step_start"] = profile_step_start;
-  j["profile_step_end"] = profile_step_end;
-  j["save"] = save;
-  j["load"] = load;
-  j["save_interval"] = save_interval;
-  j["exit_interval"] = exit_interval;
-  j["exit_codes"] = exit_codes;
-  j["loss_scale"] = loss_scale;
-  j["initial_loss_scale"] = initial_loss_scale;
-  j["min_loss_scale"] = min_loss_scale;
-  j["loss_scale_window"] = loss_scale_window;
-  j["hysteresis"] = hysteresis;
-  j["ddp_bucket_size"] = ddp_bucket_size;
-  j["deepspeed"] = deepspeed;
-  j["deepspeed_config"] = deepspeed_config;
-  j["tensorboard_dir"] = tensorboard_dir;
-  j["eod_mask_loss"] = eod_mask_loss;
-  j["pad_vocab_size_to"] = pad_vocab_size_to;
-  j["data_cache_path"] = data_cache_path;
-  j["decrease_batch_size_if_needed"] = decrease_batch_size_if_needed;
-  j["dataloader_type"] = dataloader_type;
-  j["comm_timeout"] = comm_timeout;
-  j["model"] = model_preset;
   return j;
 }
 
