@@ -74,6 +74,43 @@ TEST(HfConfig, HostileValuesAreRefusedNamingTheKey) {
   EXPECT_NE(hf_error(with(gpt2(), "n_layer", 100000)).find("100000 layers"), std::string::npos);
 }
 
+// The HF keys come from the model config's key list: a required one missing is named, and every
+// mapped setting survives an export and a re-import, for each architecture.
+TEST(HfConfig, TheKeyListMapsEveryArchitecture) {
+  json c = gpt2();
+  c.erase("n_embd");
+  EXPECT_NE(hf_error(c).find("config.json: n_embd is missing"), std::string::npos) << hf_error(c);
+  c = llama();
+  c.erase("intermediate_size");
+  EXPECT_NE(hf_error(c).find("intermediate_size is missing"), std::string::npos);
+
+  json l = llama();
+  l["num_key_value_heads"] = 2;
+  l["rms_norm_eps"] = 1e-5;
+  l["rope_theta"] = 5e5;
+  l["initializer_range"] = 0.01;
+  json g = gpt2();
+  g["n_inner"] = 96;
+  g["layer_norm_epsilon"] = 3e-6;
+  const json b = json::parse(R"({"model_type": "bloom", "vocab_size": 250, "n_embed": 64,
+                                 "n_layer": 3, "n_head": 8, "layer_norm_epsilon": 2e-5})");
+  for (const json& hf : {g, b, l}) {
+    const HfImport in = hf_config_to_trident(hf, 32);
+    const json out = trident_to_hf_config(in.model, in.arch, in.dtype);
+    const HfImport again = hf_config_to_trident(out, 32);
+    EXPECT_EQ(model_config_to_json(again.model), model_config_to_json(in.model)) << out.dump();
+  }
+  const model::ModelConfig m = hf_config_to_trident(l, 32).model;
+  EXPECT_EQ(m.query_groups(), 2);
+  EXPECT_EQ(m.layernorm_epsilon, 1e-5);
+  EXPECT_EQ(m.rotary_base, 5e5);
+  EXPECT_EQ(m.init_method_std, 0.01);
+  EXPECT_EQ(hf_config_to_trident(g, 32).model.ffn(), 96);
+  EXPECT_EQ(hf_config_to_trident(gpt2(), 32).model.ffn(), 4 * 32);  // n_inner absent
+  EXPECT_EQ(hf_config_to_trident(b, 32).model.hidden_size, 64);     // BLOOM's older n_embed
+  EXPECT_EQ(hf_config_to_trident(llama(), 32).model.layernorm_epsilon, 1e-6);  // HF's default
+}
+
 json trident_config() {
   return json::parse(R"({"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
                          "ffn_hidden_size": 256, "seq_length": 32, "max_position_embeddings": 64,

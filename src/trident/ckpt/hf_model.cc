@@ -54,10 +54,6 @@ std::int64_t int_of(const json& v, const std::string& key) {
   refuse_if(!ok, str(key, " = ", v.dump(), " must be a non-negative integer below 2^31"));
   return v.get<std::int64_t>();
 }
-std::int64_t int_at(const json& c, const char* key) { return int_of(c.at(key), key); }
-std::int64_t int_or(const json& c, const char* key, std::int64_t fallback) {
-  return c.contains(key) && !c[key].is_null() ? int_of(c[key], key) : fallback;
-}
 
 StDType dtype_of(const json& c) {
   const std::string t = get_or<std::string>(c, "torch_dtype", "float32");
@@ -83,16 +79,11 @@ HfImport hf_config_to_trident(const json& c, std::int64_t seq_length) {
   try {
     type = get_or<std::string>(c, "model_type", "");
     r.dtype = dtype_of(c);
+    // The sizes and the other keys the model config's list maps (model_config_json.cc), then
+    // what each architecture fixes and refuses.
     if (type == "gpt2") {
       r.arch = HfArch::kGpt2;
-      m.vocab_size = int_at(c, "vocab_size");
-      m.hidden_size = int_at(c, "n_embd");
-      m.num_layers = int_at(c, "n_layer");
-      m.num_attention_heads = int_at(c, "n_head");
-      m.ffn_hidden_size = int_or(c, "n_inner", 4 * m.hidden_size);
-      m.max_position_embeddings = int_at(c, "n_positions");
-      m.layernorm_epsilon = get_or<double>(c, "layer_norm_epsilon", 1e-5);
-      m.init_method_std = get_or<double>(c, "initializer_range", 0.02);
+      hf_keys_to_model(c, r.arch, m);
       const std::string act = get_or<std::string>(c, "activation_function", "gelu_new");
       refuse_if(act != "gelu_new" && act != "gelu_pytorch_tanh",
                 str("activation_function ", act,
@@ -107,13 +98,9 @@ HfImport hf_config_to_trident(const json& c, std::int64_t seq_length) {
                 "GPT-2 with tie_word_embeddings false is not supported");
     } else if (type == "bloom") {
       r.arch = HfArch::kBloom;
-      m.vocab_size = int_at(c, "vocab_size");
-      m.hidden_size = c.contains("hidden_size") ? int_at(c, "hidden_size") : int_at(c, "n_embed");
-      m.num_layers = int_at(c, "n_layer");
-      m.num_attention_heads = int_at(c, "n_head");
-      m.ffn_hidden_size = 4 * m.hidden_size;
-      m.layernorm_epsilon = get_or<double>(c, "layer_norm_epsilon", 1e-5);
-      m.init_method_std = get_or<double>(c, "initializer_range", 0.02);
+      json keys = c;  // older BLOOM files spell hidden_size n_embed
+      if (!c.contains("hidden_size") && c.contains("n_embed")) keys["hidden_size"] = c["n_embed"];
+      hf_keys_to_model(keys, r.arch, m);
       m.position_embedding = model::PositionEmbedding::kAlibi;
       m.embed_layernorm = true;
       refuse_if(get_or<bool>(c, "apply_residual_connection_post_layernorm", false),
@@ -121,22 +108,13 @@ HfImport hf_config_to_trident(const json& c, std::int64_t seq_length) {
       m.max_position_embeddings = seq_length > 0 ? seq_length : 2048;
     } else if (type == "llama") {
       r.arch = HfArch::kLlama;
-      m.vocab_size = int_at(c, "vocab_size");
-      m.hidden_size = int_at(c, "hidden_size");
-      m.num_layers = int_at(c, "num_hidden_layers");
-      m.num_attention_heads = int_at(c, "num_attention_heads");
-      m.ffn_hidden_size = int_at(c, "intermediate_size");
-      m.max_position_embeddings = int_at(c, "max_position_embeddings");
-      m.layernorm_epsilon = get_or<double>(c, "rms_norm_eps", 1e-6);
-      m.init_method_std = get_or<double>(c, "initializer_range", 0.02);
+      hf_keys_to_model(c, r.arch, m);
       m.normalization = model::Normalization::kRmsNorm;
       m.position_embedding = model::PositionEmbedding::kRope;
       m.swiglu = true;
       m.add_bias_linear = false;
       m.untie_embeddings_and_output_weights = !get_or<bool>(c, "tie_word_embeddings", false);
-      const std::int64_t kv = int_or(c, "num_key_value_heads", m.num_attention_heads);
-      m.num_query_groups = kv == m.num_attention_heads ? 0 : kv;
-      m.rotary_base = get_or<double>(c, "rope_theta", 10000.0);
+      if (m.num_query_groups == m.num_attention_heads) m.num_query_groups = 0;  // multi-head
       refuse_if(get_or<std::string>(c, "hidden_act", "silu") != "silu",
                 "hidden_act other than silu is not supported");
       refuse_if(get_or<bool>(c, "attention_bias", false),
@@ -202,20 +180,15 @@ HfArch hf_arch_of(const model::ModelConfig& m) {
 json trident_to_hf_config(const model::ModelConfig& m, HfArch arch, StDType dtype) {
   json c;
   c["torch_dtype"] = dtype_torch_name(dtype);
-  c["vocab_size"] = m.vocab_size;
-  c["initializer_range"] = m.init_method_std;
+  // The sizes and the other keys the model config's list maps (model_config_json.cc), then what
+  // each architecture fixes.
+  model_to_hf_keys(m, arch, c);
   switch (arch) {
     case HfArch::kGpt2:
       c["model_type"] = "gpt2";
       c["architectures"] = {"GPT2LMHeadModel"};
-      c["n_embd"] = m.hidden_size;
-      c["n_layer"] = m.num_layers;
-      c["n_head"] = m.num_attention_heads;
-      c["n_inner"] = m.ffn();
-      c["n_positions"] = m.max_positions();
       c["n_ctx"] = m.max_positions();
       c["activation_function"] = "gelu_new";
-      c["layer_norm_epsilon"] = m.layernorm_epsilon;
       c["resid_pdrop"] = c["embd_pdrop"] = c["attn_pdrop"] = m.hidden_dropout;
       c["attn_pdrop"] = m.attention_dropout;
       c["tie_word_embeddings"] = true;
@@ -223,10 +196,6 @@ json trident_to_hf_config(const model::ModelConfig& m, HfArch arch, StDType dtyp
     case HfArch::kBloom:
       c["model_type"] = "bloom";
       c["architectures"] = {"BloomForCausalLM"};
-      c["hidden_size"] = m.hidden_size;
-      c["n_layer"] = m.num_layers;
-      c["n_head"] = m.num_attention_heads;
-      c["layer_norm_epsilon"] = m.layernorm_epsilon;
       c["hidden_dropout"] = m.hidden_dropout;
       c["attention_dropout"] = m.attention_dropout;
       c["apply_residual_connection_post_layernorm"] = false;
@@ -235,14 +204,6 @@ json trident_to_hf_config(const model::ModelConfig& m, HfArch arch, StDType dtyp
     case HfArch::kLlama:
       c["model_type"] = "llama";
       c["architectures"] = {"LlamaForCausalLM"};
-      c["hidden_size"] = m.hidden_size;
-      c["intermediate_size"] = m.ffn();
-      c["num_hidden_layers"] = m.num_layers;
-      c["num_attention_heads"] = m.num_attention_heads;
-      c["num_key_value_heads"] = m.query_groups();
-      c["max_position_embeddings"] = m.max_positions();
-      c["rms_norm_eps"] = m.layernorm_epsilon;
-      c["rope_theta"] = m.rotary_base;
       c["hidden_act"] = "silu";
       c["attention_bias"] = false;
       c["mlp_bias"] = false;

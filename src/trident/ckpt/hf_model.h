@@ -11,12 +11,12 @@
 #include <string>
 #include <vector>
 
+#include "trident/ckpt/model_config_json.h"
 #include "trident/ckpt/safetensors.h"
 #include "trident/model/config.h"
 
 namespace trident::ckpt {
 
-enum class HfArch : std::uint8_t { kGpt2, kBloom, kLlama };
 const char* hf_arch_name(HfArch a);  // "gpt2", "bloom", "llama"
 
 struct HfImport {

@@ -15,77 +15,124 @@ namespace {
 using model::ModelConfig;
 using nlohmann::json;
 
-[[noreturn]] void bad(const char* key, const json& v, const char* want) {
-  bad_checkpoint_value("config", key, v, want);
+// Where a value is read from: a checkpoint's config (file null) or a Hugging Face config.json.
+struct Where {
+  const char* key;
+  const char* file = nullptr;
+};
+
+[[noreturn]] void bad(const Where& w, const json& v, const char* want) {
+  if (w.file == nullptr) bad_checkpoint_value("config", w.key, v, want);
+  throw core::InvalidArgument(
+      core::str(w.file, ": ", w.key, " = ", v.dump().substr(0, 40), " must be ", want));
 }
 
 // A size or count: an integer in 0 .. 2^31-1 (converting a float such as 1e300 is undefined).
-std::int64_t size_of(const json& v, const char* key) {
+std::int64_t size_of(const json& v, const Where& key) {
   if (!v.is_number_integer() || v.get<std::int64_t>() < 0 ||
       v.get<std::int64_t>() > std::numeric_limits<std::int32_t>::max()) {
     bad(key, v, "a non-negative integer below 2^31");
   }
   return v.get<std::int64_t>();
 }
-double real_of(const json& v, const char* key) {
+double real_of(const json& v, const Where& key) {
   if (!v.is_number()) bad(key, v, "a number");
   return v.get<double>();
 }
-bool bool_of(const json& v, const char* key) {
+bool bool_of(const json& v, const Where& key) {
   if (!v.is_boolean()) bad(key, v, "true or false");
   return v.get<bool>();
 }
-std::string string_of(const json& v, const char* key) {
+std::string string_of(const json& v, const Where& key) {
   if (!v.is_string()) bad(key, v, "a string");
   return v.get<std::string>();
 }
+
+// The setting's key in one Hugging Face architecture's config.json (name null: none there).
+struct HfKey {
+  const char* name = nullptr;
+  json fallback = nullptr;  // transformers' default when config.json omits it (null: required)
+};
 
 // One architecture setting as the checkpoint stores it.
 struct Key {
   const char* name;
   json (*get)(const ModelConfig&);
-  void (*set)(ModelConfig&, const json&, const char* name);
+  void (*set)(ModelConfig&, const json&, const Where& where);
   // The value of a checkpoint written before the key existed (null: every checkpoint has it).
   json fallback;
   // Part of the model's function and parameters: a resuming run must agree.
   bool architecture;
+  // In config.json, per HfArch (gpt2, bloom, llama): the import reads and the export writes it.
+  HfKey hf[3] = {};
 };
 
 #define TRIDENT_SIZE(member)                           \
   [](const ModelConfig& m) { return json(m.member); }, \
-      [](ModelConfig& m, const json& v, const char* k) { m.member = size_of(v, k); }
+      [](ModelConfig& m, const json& v, const Where& k) { m.member = size_of(v, k); }
 #define TRIDENT_REAL(member)                           \
   [](const ModelConfig& m) { return json(m.member); }, \
-      [](ModelConfig& m, const json& v, const char* k) { m.member = real_of(v, k); }
+      [](ModelConfig& m, const json& v, const Where& k) { m.member = real_of(v, k); }
 #define TRIDENT_BOOL(member)                           \
   [](const ModelConfig& m) { return json(m.member); }, \
-      [](ModelConfig& m, const json& v, const char* k) { m.member = bool_of(v, k); }
+      [](ModelConfig& m, const json& v, const Where& k) { m.member = bool_of(v, k); }
 
 // The list. Sizes written resolved (ffn, positions, query groups) read back into the member.
 const Key kKeys[] = {
-    {"num_layers", TRIDENT_SIZE(num_layers), nullptr, true},
-    {"hidden_size", TRIDENT_SIZE(hidden_size), nullptr, true},
-    {"num_attention_heads", TRIDENT_SIZE(num_attention_heads), nullptr, true},
-    {"ffn_hidden_size", [](const ModelConfig& m) { return json(m.ffn()); },
-     [](ModelConfig& m, const json& v, const char* k) { m.ffn_hidden_size = size_of(v, k); },
-     nullptr, true},
+    {"num_layers",
+     TRIDENT_SIZE(num_layers),
+     nullptr,
+     true,
+     {{"n_layer"}, {"n_layer"}, {"num_hidden_layers"}}},
+    {"hidden_size",
+     TRIDENT_SIZE(hidden_size),
+     nullptr,
+     true,
+     {{"n_embd"}, {"hidden_size"}, {"hidden_size"}}},
+    {"num_attention_heads",
+     TRIDENT_SIZE(num_attention_heads),
+     nullptr,
+     true,
+     {{"n_head"}, {"n_head"}, {"num_attention_heads"}}},
+    {"ffn_hidden_size",
+     [](const ModelConfig& m) { return json(m.ffn()); },
+     [](ModelConfig& m, const json& v, const Where& k) { m.ffn_hidden_size = size_of(v, k); },
+     nullptr,
+     true,
+     // GPT-2's n_inner null: 4 x hidden (trident's 0); BLOOM's is always 4 x hidden.
+     {{"n_inner", 0}, {}, {"intermediate_size"}}},
     {"seq_length", TRIDENT_SIZE(seq_length), nullptr, true},
-    {"max_position_embeddings", [](const ModelConfig& m) { return json(m.max_positions()); },
-     [](ModelConfig& m, const json& v, const char* k) {
+    {"max_position_embeddings",
+     [](const ModelConfig& m) { return json(m.max_positions()); },
+     [](ModelConfig& m, const json& v, const Where& k) {
        m.max_position_embeddings = size_of(v, k);
      },
-     nullptr, true},
-    {"vocab_size", TRIDENT_SIZE(vocab_size), nullptr, true},
+     nullptr,
+     true,
+     {{"n_positions"}, {}, {"max_position_embeddings"}}},
+    {"vocab_size",
+     TRIDENT_SIZE(vocab_size),
+     nullptr,
+     true,
+     {{"vocab_size"}, {"vocab_size"}, {"vocab_size"}}},
     {"make_vocab_size_divisible_by", TRIDENT_SIZE(make_vocab_size_divisible_by), nullptr, false},
-    {"init_method_std", TRIDENT_REAL(init_method_std), 0.02, false},
-    {"layernorm_epsilon", TRIDENT_REAL(layernorm_epsilon), 1e-5, false},
+    {"init_method_std",
+     TRIDENT_REAL(init_method_std),
+     0.02,
+     false,
+     {{"initializer_range", 0.02}, {"initializer_range", 0.02}, {"initializer_range", 0.02}}},
+    {"layernorm_epsilon",
+     TRIDENT_REAL(layernorm_epsilon),
+     1e-5,
+     false,
+     {{"layer_norm_epsilon", 1e-5}, {"layer_norm_epsilon", 1e-5}, {"rms_norm_eps", 1e-6}}},
     {"position_embedding_type",
      [](const ModelConfig& m) {
        return json(m.position_embedding == model::PositionEmbedding::kAlibi  ? "alibi"
                    : m.position_embedding == model::PositionEmbedding::kRope ? "rope"
                                                                              : "learned_absolute");
      },
-     [](ModelConfig& m, const json& v, const char* k) {
+     [](ModelConfig& m, const json& v, const Where& k) {
        const std::string s = string_of(v, k);
        if (s == "alibi") {
          m.position_embedding = model::PositionEmbedding::kAlibi;
@@ -103,7 +150,7 @@ const Key kKeys[] = {
      [](const ModelConfig& m) {
        return json(m.normalization == model::Normalization::kRmsNorm ? "RMSNorm" : "LayerNorm");
      },
-     [](ModelConfig& m, const json& v, const char* k) {
+     [](ModelConfig& m, const json& v, const Where& k) {
        const std::string s = string_of(v, k);
        if (s != "RMSNorm" && s != "LayerNorm") bad(k, v, "LayerNorm or RMSNorm");
        m.normalization =
@@ -112,13 +159,16 @@ const Key kKeys[] = {
      "LayerNorm", true},
     {"swiglu", TRIDENT_BOOL(swiglu), false, true},
     // 0 (absent): one group per head.
-    {"num_query_groups", [](const ModelConfig& m) { return json(m.query_groups()); },
-     [](ModelConfig& m, const json& v, const char* k) { m.num_query_groups = size_of(v, k); }, 0,
-     true},
+    {"num_query_groups",
+     [](const ModelConfig& m) { return json(m.query_groups()); },
+     [](ModelConfig& m, const json& v, const Where& k) { m.num_query_groups = size_of(v, k); },
+     0,
+     true,
+     {{}, {}, {"num_key_value_heads", 0}}},
     {"untie_embeddings_and_output_weights", TRIDENT_BOOL(untie_embeddings_and_output_weights),
      false, true},
     {"add_bias_linear", TRIDENT_BOOL(add_bias_linear), true, true},
-    {"rotary_base", TRIDENT_REAL(rotary_base), 10000.0, true},
+    {"rotary_base", TRIDENT_REAL(rotary_base), 10000.0, true, {{}, {}, {"rope_theta", 10000.0}}},
     {"use_rope_scaling", TRIDENT_BOOL(rope_scaling), false, true},
     {"rope_scaling_factor", TRIDENT_REAL(rope_scaling_factor), 8.0, false},
     {"rope_low_freq_factor", TRIDENT_REAL(rope_low_freq_factor), 1.0, false},
@@ -164,12 +214,12 @@ ModelConfig model_config_from_json(const nlohmann::json& c) {
   ModelConfig m;
   for (const Key& k : kKeys) {
     if (c.contains(k.name)) {
-      k.set(m, c[k.name], k.name);
+      k.set(m, c[k.name], {k.name});
     } else if (k.fallback.is_null()) {
       throw core::DataError(
           core::str("checkpoint config: \"", k.name, "\" is missing (the checkpoint is corrupt)"));
     } else {
-      k.set(m, k.fallback, k.name);
+      k.set(m, k.fallback, {k.name});
     }
   }
   // Before a layer or a parameter is sized from it.
@@ -178,6 +228,25 @@ ModelConfig model_config_from_json(const nlohmann::json& c) {
   }
   check_model_size(m, "checkpoint config");
   return m;
+}
+
+void hf_keys_to_model(const nlohmann::json& config, HfArch arch, ModelConfig& m) {
+  for (const Key& k : kKeys) {
+    const HfKey& hf = k.hf[static_cast<int>(arch)];
+    if (hf.name == nullptr) continue;
+    const bool given = config.contains(hf.name) && !config[hf.name].is_null();
+    if (!given && hf.fallback.is_null()) {
+      throw core::InvalidArgument(core::str("config.json: ", hf.name, " is missing"));
+    }
+    k.set(m, given ? config[hf.name] : hf.fallback, {hf.name, "config.json"});
+  }
+}
+
+void model_to_hf_keys(const ModelConfig& m, HfArch arch, nlohmann::json& config) {
+  for (const Key& k : kKeys) {
+    const HfKey& hf = k.hf[static_cast<int>(arch)];
+    if (hf.name != nullptr) config[hf.name] = k.get(m);
+  }
 }
 
 std::string architecture_diff(const nlohmann::json& a, const nlohmann::json& b) {

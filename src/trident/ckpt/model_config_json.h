@@ -6,12 +6,16 @@
 // architecture setting is one line there.
 #pragma once
 
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "trident/model/config.h"
 
 namespace trident::ckpt {
+
+// The Hugging Face architectures trident converts (hf_model.h).
+enum class HfArch : std::uint8_t { kGpt2, kBloom, kLlama };
 
 // The architecture's keys of `m` (sizes resolved: ffn_hidden_size, max_position_embeddings and
 // num_query_groups as the model uses them).
@@ -27,6 +31,14 @@ model::ModelConfig model_config_from_json(const nlohmann::json& config);
 // written as single-precision floats by older checkpoints match the double that rounds to them.
 // Throws core::DataError as model_config_from_json for a malformed config.
 std::string architecture_diff(const nlohmann::json& a, const nlohmann::json& b);
+
+// Hugging Face config.json: the keys the same list maps for `arch` (the sizes, the norm's epsilon,
+// the init std, the key/value heads, the rotary base; transformers' default where it has one).
+// hf_keys_to_model throws InvalidArgument naming config.json and the key for a missing required
+// key or a malformed value; what an architecture fixes (ALiBi, SwiGLU, ...) and refuses is
+// hf_model.cc's.
+void hf_keys_to_model(const nlohmann::json& config, HfArch arch, model::ModelConfig& m);
+void model_to_hf_keys(const model::ModelConfig& m, HfArch arch, nlohmann::json& config);
 
 // Bounds on a model read from a file, checked before anything is sized from it: at most 4096
 // layers and 2^40 parameters (a corrupt or hostile config would otherwise allocate without
