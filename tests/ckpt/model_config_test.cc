@@ -111,6 +111,31 @@ TEST(HfConfig, TheKeyListMapsEveryArchitecture) {
   EXPECT_EQ(hf_config_to_trident(llama(), 32).model.layernorm_epsilon, 1e-6);  // HF's default
 }
 
+// The HF weight list covers every weight the layers declare, for each architecture; a model whose
+// layers declare a weight transformers' architecture lacks is refused, naming it (it would have
+// stayed zero on import).
+TEST(HfTensors, CoverEveryDeclaredWeight) {
+  const json b = json::parse(R"({"model_type": "bloom", "vocab_size": 250, "hidden_size": 64,
+                                 "n_layer": 2, "n_head": 8})");
+  json tied = llama();
+  tied["tie_word_embeddings"] = true;
+  for (const json& hf : {gpt2(), b, llama(), tied}) {
+    const HfImport in = hf_config_to_trident(hf, 32);
+    EXPECT_NO_THROW((void)hf_tensors(in.model, in.arch)) << hf.dump();
+  }
+  model::ModelConfig m = hf_config_to_trident(gpt2(), 32).model;
+  m.embed_layernorm = true;  // BLOOM's, not GPT-2's
+  try {
+    (void)hf_tensors(m, HfArch::kGpt2);
+    FAIL() << "a GPT-2 with an embedding LayerNorm was mapped";
+  } catch (const core::InvalidArgument& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("embedding.word_embeddings_layernorm.weight has no tensor"),
+        std::string::npos)
+        << e.what();
+  }
+}
+
 json trident_config() {
   return json::parse(R"({"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
                          "ffn_hidden_size": 256, "seq_length": 32, "max_position_embeddings": 64,

@@ -1,9 +1,11 @@
 #include "trident/ckpt/hf_model.h"
 
 #include <limits>
+#include <set>
 
 #include "trident/ckpt/model_config_json.h"
 #include "trident/core/error.h"
+#include "trident/model/param_table.h"
 
 namespace trident::ckpt {
 
@@ -222,7 +224,10 @@ json trident_to_hf_config(const model::ModelConfig& m, HfArch arch, StDType dtyp
   return c;
 }
 
-std::vector<HfTensor> hf_tensors(const model::ModelConfig& m, HfArch arch) {
+namespace {
+
+// Each architecture's tensors, by hand: names and layouts are transformers'.
+std::vector<HfTensor> hf_tensor_list(const model::ModelConfig& m, HfArch arch) {
   const std::int64_t C = m.hidden_size, V = m.vocab_size, F = m.ffn(), L = m.num_layers;
   const std::int64_t NH = m.num_attention_heads, HS = m.head_dim(), G = m.query_groups();
   const std::int64_t hpg = NH / G;
@@ -317,6 +322,24 @@ std::vector<HfTensor> hf_tensors(const model::ModelConfig& m, HfArch arch) {
     }
     add("model.norm.weight", {C}, "final_layernorm.weight", same);
     if (!m.tied_output()) add("lm_head.weight", {V, C}, "output_layer.weight", same);
+  }
+  return t;
+}
+
+}  // namespace
+
+std::vector<HfTensor> hf_tensors(const model::ModelConfig& m, HfArch arch) {
+  std::vector<HfTensor> t = hf_tensor_list(m, arch);
+  // Every weight the layers declare (model/layers/) must have its Hugging Face tensor: one
+  // without would stay zero on import and be dropped on export.
+  std::set<std::string> mapped;
+  for (const HfTensor& x : t) mapped.insert(x.trident_name);
+  for (const model::ParamSpec& p : model::build_gpt_param_table(m).params) {
+    if (mapped.count(p.name) == 0) {
+      throw InvalidArgument(str("the model's ", p.name, " has no tensor in transformers' ",
+                                hf_arch_name(arch),
+                                " (ckpt/hf_model.cc): this model cannot be converted"));
+    }
   }
   return t;
 }
