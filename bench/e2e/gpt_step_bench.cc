@@ -92,7 +92,6 @@ int main(int argc, char** argv) {
   const model::GptGrads grads = model::gpt_grad_views(mc, table, g.data());
   model::GptActivations acts;
   model::ModelRuntime rt;
-  rt.bf16 = bf16;
   model::make_activations(mc, rt.shard, batch, mc.seq_length, bf16, acts);
   const std::int64_t BT = batch * mc.seq_length;
   std::vector<std::int32_t> tokens(static_cast<std::size_t>(BT)), labels(tokens.size());

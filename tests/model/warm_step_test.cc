@@ -27,7 +27,6 @@ struct Bf16Model {
 
   Bf16Model(const ModelConfig& c, std::int64_t B) : f32(c, 9) {
     for (float x : f32.params) params16.push_back(core::bf16::from_float(x));
-    rt.bf16 = true;
     make_activations(cfg, rt.shard, B, cfg.seq_length, /*bf16=*/true, acts);
   }
 

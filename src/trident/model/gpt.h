@@ -17,7 +17,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <span>
 #include <vector>
 
@@ -74,9 +73,9 @@ class LayerWeightsProvider {
 struct ModelRuntime {
   ModelShard shard;
   comm::Communicator* tp = nullptr;  // null or size 1: no tensor parallelism
-  // --bf16: the weights carry their BF16 copies (GptParams); every matmul then takes BF16
-  // operands with FP32 accumulation and FP32 output (activations are converted on the way in, in
-  // the activations' BF16 scratch).
+  // --bf16: the pipeline lays out its activations with the BF16 scratch the matmuls convert
+  // their inputs into. The weights' BF16 copies come with GptParams (layers::Weight): a matmul
+  // whose weight has one takes BF16 operands with FP32 accumulation and output.
   bool bf16 = false;
   TpTraffic* tp_traffic = nullptr;  // counts the model's tensor-parallel collectives when set
   std::uint64_t dropout_seed = 0;

@@ -153,7 +153,6 @@ ParamTable build_gpt_param_table(const ModelConfig& cfg, const ModelShard& shard
                 "layers [", shard.first_layer, ", ", shard.first_layer + L,
                 ") do not fit a model of ", cfg.num_layers, " layers");
   ParamTable t;
-  t.tied_output = cfg.tied_output();
   t.shard = shard;
   TableBuilder builder(t);
   declare_gpt(cfg, shard, builder, nullptr, nullptr);

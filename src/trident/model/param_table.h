@@ -76,9 +76,6 @@ struct ParamTable {
 
   std::vector<ParamSpec> params;
   std::int64_t total_numel = 0;  // flat buffer size, alignment padding included
-  // The output layer is the word embedding (GPT-2, BLOOM): with pipeline parallelism the first
-  // and last stages sum that weight's gradient. False: an untied output layer (Llama).
-  bool tied_output = true;
   ModelShard shard;  // what the table lays out
 
   const ParamSpec& find(const std::string& name) const;  // throws InvalidArgument when absent

@@ -29,7 +29,7 @@ void GradFinalizer::sum_tied_embeddings(const GradSync& sync) {
   if (par_.layout().pp_size == 1 || !par_.in_embedding_group()) return;
   for (int c = 0; c < static_cast<int>(layout_.chunks().size()); ++c) {
     const model::ParamTable& t = *layout_.chunks()[static_cast<std::size_t>(c)].table;
-    if (!t.tied_output) return;  // an untied output layer: nothing is shared between stages
+    // The word embedding and the last stage's copy of it (none with an untied output layer).
     for (const model::ParamSpec& p : t.params) {
       if (!p.tied_embedding) continue;
       const std::int64_t begin = layout_.chunks()[static_cast<std::size_t>(c)].base + p.offset;

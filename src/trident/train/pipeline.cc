@@ -33,8 +33,7 @@ void GptPipeline::add_slots(int chunk, int count) {
     Slot& s = slots[i];
     model::make_activations(cfg, model_.chunks()[static_cast<std::size_t>(chunk)].shard,
                             micro_batch_size_, cfg.seq_length,
-                            runtimes_[static_cast<std::size_t>(chunk)].bf16,
-                            s.acts, ctx_);
+                            runtimes_[static_cast<std::size_t>(chunk)].bf16, s.acts, ctx_);
     s.tokens.resize(static_cast<std::size_t>(micro_batch_size_ * cfg.seq_length));
     s.labels.resize(s.tokens.size());
   }
