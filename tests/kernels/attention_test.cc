@@ -17,8 +17,6 @@
 
 #include "kernel_test_util.h"
 #include "trident/kernels/dispatch.h"
-#include "trident/kernels/ref/generic.h"
-#include "trident/kernels/ref/ref.h"
 
 namespace trident::kernels {
 namespace {
@@ -246,13 +244,13 @@ TEST(AttentionReferenceCpuOnly, BackwardMatchesFiniteDifferences) {
   const auto d_out = randn<double>(c.out_numel(), 12);
   std::vector<double> out(c.out_numel()), probs(c.probs_numel());
   auto forward = [&] {
-    ref::generic::attention_forward<double>({.out = out.data(),
-                                             .probs = probs.data(),
-                                             .qkv = qkv.data(),
-                                             .batch = c.B,
-                                             .seq_len = c.T,
-                                             .num_heads = c.NH,
-                                             .head_dim = c.HS});
+    ref::attention_forward<double>({.out = out.data(),
+                                    .probs = probs.data(),
+                                    .qkv = qkv.data(),
+                                    .batch = c.B,
+                                    .seq_len = c.T,
+                                    .num_heads = c.NH,
+                                    .head_dim = c.HS});
   };
   auto loss = [&] {
     forward();
@@ -260,15 +258,15 @@ TEST(AttentionReferenceCpuOnly, BackwardMatchesFiniteDifferences) {
   };
   forward();
   std::vector<double> d_qkv(c.qkv_numel()), d_probs(c.probs_numel());
-  ref::generic::attention_backward<double>({.d_qkv = d_qkv.data(),
-                                            .d_probs = d_probs.data(),
-                                            .d_out = d_out.data(),
-                                            .qkv = qkv.data(),
-                                            .probs = probs.data(),
-                                            .batch = c.B,
-                                            .seq_len = c.T,
-                                            .num_heads = c.NH,
-                                            .head_dim = c.HS});
+  ref::attention_backward<double>({.d_qkv = d_qkv.data(),
+                                   .d_probs = d_probs.data(),
+                                   .d_out = d_out.data(),
+                                   .qkv = qkv.data(),
+                                   .probs = probs.data(),
+                                   .batch = c.B,
+                                   .seq_len = c.T,
+                                   .num_heads = c.NH,
+                                   .head_dim = c.HS});
   EXPECT_TRUE(all_close("attention d_qkv vs finite differences", d_qkv,
                         testing::numeric_grad(qkv, loss), testing::kFiniteDiffTol));
 }

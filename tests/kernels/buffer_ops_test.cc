@@ -18,7 +18,6 @@
 #include "trident/kernels/dispatch.h"
 #include "trident/kernels/fill.h"
 #include "trident/kernels/overflow.h"
-#include "trident/kernels/ref/ref.h"
 
 namespace trident::kernels {
 namespace {

@@ -20,8 +20,6 @@
 #include "kernel_test_util.h"
 #include "trident/kernels/dispatch.h"
 #include "trident/kernels/memory.h"
-#include "trident/kernels/ref/generic.h"
-#include "trident/kernels/ref/ref.h"
 
 namespace trident::kernels {
 namespace {
@@ -241,24 +239,24 @@ TEST(CrossEntropyReferenceCpuOnly, GradientMatchesFiniteDifferences) {
   const double d_scale = 0.7;
   std::vector<double> losses(rows), d_logits(rows * Vp);
   auto loss = [&] {
-    ref::generic::cross_entropy_forward_backward<double>({.losses = losses.data(),
-                                                          .logits = logits.data(),
-                                                          .targets = targets.data(),
-                                                          .rows = rows,
-                                                          .vocab = V,
-                                                          .vocab_padded = Vp});
+    ref::cross_entropy_forward_backward<double>({.losses = losses.data(),
+                                                 .logits = logits.data(),
+                                                 .targets = targets.data(),
+                                                 .rows = rows,
+                                                 .vocab = V,
+                                                 .vocab_padded = Vp});
     double s = 0.0;
     for (double l : losses) s += d_scale * l;
     return s;
   };
-  ref::generic::cross_entropy_forward_backward<double>({.losses = losses.data(),
-                                                        .d_logits = d_logits.data(),
-                                                        .logits = logits.data(),
-                                                        .targets = targets.data(),
-                                                        .d_scale = d_scale,
-                                                        .rows = rows,
-                                                        .vocab = V,
-                                                        .vocab_padded = Vp});
+  ref::cross_entropy_forward_backward<double>({.losses = losses.data(),
+                                               .d_logits = d_logits.data(),
+                                               .logits = logits.data(),
+                                               .targets = targets.data(),
+                                               .d_scale = d_scale,
+                                               .rows = rows,
+                                               .vocab = V,
+                                               .vocab_padded = Vp});
   EXPECT_TRUE(all_close("cross-entropy d_logits vs finite differences", d_logits,
                         testing::numeric_grad(logits, loss), testing::kFiniteDiffTol));
 }

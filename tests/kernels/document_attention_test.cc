@@ -15,7 +15,6 @@
 #include "trident/kernels/dispatch.h"
 #include "trident/kernels/embedding.h"
 #include "trident/kernels/flash_attention.h"
-#include "trident/kernels/ref/ref.h"
 #include "trident/kernels/rope.h"
 
 namespace trident::kernels {

@@ -12,7 +12,6 @@
 
 #include "kernel_test_util.h"
 #include "trident/kernels/backend.h"
-#include "trident/kernels/ref/ref.h"
 
 namespace trident::kernels {
 namespace {

@@ -21,8 +21,6 @@
 #include "kernel_test_util.h"
 #include "trident/kernels/cpu_util.h"
 #include "trident/kernels/dispatch.h"
-#include "trident/kernels/ref/generic.h"
-#include "trident/kernels/ref/ref.h"
 
 namespace trident::kernels {
 namespace {
@@ -143,10 +141,10 @@ TEST(GeluReferenceCpuOnly, BackwardMatchesFiniteDifferences) {
   const std::int64_t n = static_cast<std::int64_t>(x.size());
   std::vector<double> y(x.size()), d_in(x.size());
   auto loss = [&] {
-    ref::generic::gelu_forward<double>(y.data(), x.data(), n);
+    ref::gelu_forward<double>(y.data(), x.data(), n);
     return testing::dot(w, y);
   };
-  ref::generic::gelu_backward<double>(d_in.data(), w.data(), x.data(), n);
+  ref::gelu_backward<double>(d_in.data(), w.data(), x.data(), n);
   EXPECT_TRUE(all_close("gelu d_in vs finite differences", d_in, testing::numeric_grad(x, loss),
                         testing::kFiniteDiffTol));
 }

@@ -1,6 +1,6 @@
 // Fused bias + GeLU and fused residual add + LayerNorm against references composed of the unfused
-// references (ref/fused_ref.h), for every combination of FP32 / BF16 outputs, with = / +=
-// semantics, aliasing, thread-count independence and argument checks.
+// references (ref::bias_gelu_*, ref::residual_layernorm_*), for every combination of FP32 / BF16
+// outputs, with = / += semantics, aliasing, thread-count independence and argument checks.
 //
 // Tolerances.
 // - GeLU values and gradients: kGeluTol (1e-6 + 1e-5 |ref|), as tests/kernels/elementwise_test.cc:
@@ -40,7 +40,6 @@
 #include "trident/kernels/fused_bias_gelu.h"
 #include "trident/kernels/fused_residual_layernorm.h"
 #include "trident/kernels/layernorm.h"
-#include "trident/kernels/ref/fused_ref.h"
 
 namespace trident::kernels {
 namespace {

@@ -21,8 +21,6 @@
 #include "kernel_test_util.h"
 #include "trident/kernels/backend.h"
 #include "trident/kernels/dispatch.h"
-#include "trident/kernels/ref/generic.h"
-#include "trident/kernels/ref/ref.h"
 
 namespace trident::kernels {
 namespace {
@@ -245,14 +243,14 @@ TEST(LayerNormReferenceCpuOnly, BackwardMatchesFiniteDifferences) {
   const auto d_out = randn<double>(rows * cols, 8);
   std::vector<double> out(rows * cols), mean(rows), rstd(rows);
   auto forward = [&] {
-    ref::generic::layernorm_forward<double>({.out = out.data(),
-                                             .mean = mean.data(),
-                                             .rstd = rstd.data(),
-                                             .in = in.data(),
-                                             .weight = w.data(),
-                                             .bias = b.data(),
-                                             .rows = rows,
-                                             .cols = cols});
+    ref::layernorm_forward<double>({.out = out.data(),
+                                    .mean = mean.data(),
+                                    .rstd = rstd.data(),
+                                    .in = in.data(),
+                                    .weight = w.data(),
+                                    .bias = b.data(),
+                                    .rows = rows,
+                                    .cols = cols});
   };
   auto loss = [&] {
     forward();
@@ -260,16 +258,16 @@ TEST(LayerNormReferenceCpuOnly, BackwardMatchesFiniteDifferences) {
   };
   forward();
   std::vector<double> d_in(rows * cols, 0.0), d_w(cols, 0.0), d_b(cols, 0.0);
-  ref::generic::layernorm_backward<double>({.d_in = d_in.data(),
-                                            .d_weight = d_w.data(),
-                                            .d_bias = d_b.data(),
-                                            .d_out = d_out.data(),
-                                            .in = in.data(),
-                                            .weight = w.data(),
-                                            .mean = mean.data(),
-                                            .rstd = rstd.data(),
-                                            .rows = rows,
-                                            .cols = cols});
+  ref::layernorm_backward<double>({.d_in = d_in.data(),
+                                   .d_weight = d_w.data(),
+                                   .d_bias = d_b.data(),
+                                   .d_out = d_out.data(),
+                                   .in = in.data(),
+                                   .weight = w.data(),
+                                   .mean = mean.data(),
+                                   .rstd = rstd.data(),
+                                   .rows = rows,
+                                   .cols = cols});
   EXPECT_TRUE(all_close("layernorm d_in vs finite differences", d_in,
                         testing::numeric_grad(in, loss), testing::kFiniteDiffTol));
   EXPECT_TRUE(all_close("layernorm d_weight vs finite differences", d_w,

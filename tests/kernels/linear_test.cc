@@ -14,7 +14,6 @@
 #include "trident/kernels/dispatch.h"
 #include "trident/kernels/matmul.h"
 #include "trident/kernels/matmul_bf16.h"
-#include "trident/kernels/ref/ref.h"
 
 namespace trident::kernels {
 namespace {

@@ -18,7 +18,6 @@
 
 #include "kernel_test_util.h"
 #include "trident/kernels/dispatch.h"
-#include "trident/kernels/ref/ref.h"
 
 namespace trident::kernels {
 namespace {

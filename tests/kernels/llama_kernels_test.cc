@@ -13,8 +13,6 @@
 #include <string>
 
 #include "kernel_test_util.h"
-#include "trident/kernels/ref/generic.h"
-#include "trident/kernels/ref/ref.h"
 #include "trident/kernels/rmsnorm.h"
 #include "trident/kernels/rope.h"
 #include "trident/kernels/swiglu.h"
@@ -92,32 +90,32 @@ TEST(RmsNormReferenceCpuOnly, BackwardMatchesFiniteDifferences) {
   const auto dy = randn<double>(R * C, 9);
   auto loss = [&] {
     std::vector<double> y(R * C), rstd(R);
-    ref::generic::rmsnorm_forward<double>({.out = y.data(),
-                                           .rstd = rstd.data(),
-                                           .in = x.data(),
-                                           .weight = w.data(),
-                                           .rows = R,
-                                           .cols = C,
-                                           .eps = 1e-5});
+    ref::rmsnorm_forward<double>({.out = y.data(),
+                                  .rstd = rstd.data(),
+                                  .in = x.data(),
+                                  .weight = w.data(),
+                                  .rows = R,
+                                  .cols = C,
+                                  .eps = 1e-5});
     return testing::dot(dy, y);
   };
   const auto gx = testing::numeric_grad(x, loss), gw = testing::numeric_grad(w, loss);
   std::vector<double> y(R * C), rstd(R), dx(R * C, 0.0), dw(C, 0.0);
-  ref::generic::rmsnorm_forward<double>({.out = y.data(),
-                                         .rstd = rstd.data(),
-                                         .in = x.data(),
-                                         .weight = w.data(),
-                                         .rows = R,
-                                         .cols = C,
-                                         .eps = 1e-5});
-  ref::generic::rmsnorm_backward<double>({.d_in = dx.data(),
-                                          .d_weight = dw.data(),
-                                          .d_out = dy.data(),
-                                          .in = x.data(),
-                                          .weight = w.data(),
-                                          .rstd = rstd.data(),
-                                          .rows = R,
-                                          .cols = C});
+  ref::rmsnorm_forward<double>({.out = y.data(),
+                                .rstd = rstd.data(),
+                                .in = x.data(),
+                                .weight = w.data(),
+                                .rows = R,
+                                .cols = C,
+                                .eps = 1e-5});
+  ref::rmsnorm_backward<double>({.d_in = dx.data(),
+                                 .d_weight = dw.data(),
+                                 .d_out = dy.data(),
+                                 .in = x.data(),
+                                 .weight = w.data(),
+                                 .rstd = rstd.data(),
+                                 .rows = R,
+                                 .cols = C});
   EXPECT_TRUE(all_close("rmsnorm ref d_in vs finite differences", dx, gx, testing::kFiniteDiffTol));
   EXPECT_TRUE(all_close("rmsnorm ref d_w vs finite differences", dw, gw, testing::kFiniteDiffTol));
 }
@@ -187,12 +185,13 @@ TEST(SwiGluReferenceCpuOnly, BackwardMatchesFiniteDifferences) {
   const auto dy = randn<double>(R * F, 12);
   auto loss = [&] {
     std::vector<double> y(R * F);
-    ref::generic::swiglu_forward<double>(y.data(), x.data(), R, F);
+    ref::swiglu_forward<double>({.out = y.data(), .in = x.data(), .rows = R, .cols = F});
     return testing::dot(dy, y);
   };
   const auto gx = testing::numeric_grad(x, loss);
   std::vector<double> dx(x.size());
-  ref::generic::swiglu_backward<double>(dx.data(), dy.data(), x.data(), R, F);
+  ref::swiglu_backward<double>(
+      {.d_in = dx.data(), .d_out = dy.data(), .in = x.data(), .rows = R, .cols = F});
   EXPECT_TRUE(all_close("swiglu ref d_in vs finite differences", dx, gx, testing::kFiniteDiffTol));
 }
 

@@ -32,8 +32,7 @@
 #include "kernel_test_util.h"
 #include "trident/kernels/bf16.h"
 #include "trident/kernels/dispatch.h"
-#include "trident/kernels/ref/fused_ref.h"
-#include "trident/kernels/ref/ref.h"
+#include "trident/kernels/matmul.h"
 
 namespace trident::kernels {
 namespace {

@@ -19,8 +19,6 @@
 #include "kernel_test_util.h"
 #include "trident/kernels/backend.h"
 #include "trident/kernels/dispatch.h"
-#include "trident/kernels/ref/generic.h"
-#include "trident/kernels/ref/ref.h"
 
 namespace trident::kernels {
 namespace {
@@ -319,25 +317,25 @@ TEST(LinearReferenceCpuOnly, BackwardMatchesFiniteDifferences) {
   const auto d_out = randn<double>(rows * O, 4);
   std::vector<double> out(rows * O);
   auto loss = [&] {
-    ref::generic::linear_forward<double>({.out = out.data(),
-                                          .in = in.data(),
-                                          .weight = w.data(),
-                                          .bias = bias.data(),
-                                          .rows = rows,
-                                          .in_features = I,
-                                          .out_features = O});
+    ref::linear_forward<double>({.out = out.data(),
+                                 .in = in.data(),
+                                 .weight = w.data(),
+                                 .bias = bias.data(),
+                                 .rows = rows,
+                                 .in_features = I,
+                                 .out_features = O});
     return testing::dot(d_out, out);
   };
   std::vector<double> d_in(rows * I), d_w(O * I, 0.0), d_b(O, 0.0);
-  ref::generic::linear_backward<double>({.d_in = d_in.data(),
-                                         .d_weight = d_w.data(),
-                                         .d_bias = d_b.data(),
-                                         .d_out = d_out.data(),
-                                         .in = in.data(),
-                                         .weight = w.data(),
-                                         .rows = rows,
-                                         .in_features = I,
-                                         .out_features = O});
+  ref::linear_backward<double>({.d_in = d_in.data(),
+                                .d_weight = d_w.data(),
+                                .d_bias = d_b.data(),
+                                .d_out = d_out.data(),
+                                .in = in.data(),
+                                .weight = w.data(),
+                                .rows = rows,
+                                .in_features = I,
+                                .out_features = O});
   EXPECT_TRUE(all_close("d_in vs finite differences", d_in, testing::numeric_grad(in, loss),
                         testing::kFiniteDiffTol));
   EXPECT_TRUE(all_close("d_weight vs finite differences", d_w, testing::numeric_grad(w, loss),

@@ -17,8 +17,8 @@
 #include <random>
 
 #include "kernel_test_util.h"
+#include "trident/kernels/cross_entropy.h"
 #include "trident/kernels/dispatch.h"
-#include "trident/kernels/ref/ref.h"
 
 namespace trident::kernels {
 namespace {

@@ -9,7 +9,7 @@
 
 #include "tiny_model.h"
 #include "trident/core/arena.h"
-#include "trident/kernels/ref/ref.h"
+#include "trident/kernels/document_ids.h"
 #include "trident/model/gpt.h"
 
 namespace trident::model {

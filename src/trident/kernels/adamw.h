@@ -45,4 +45,9 @@ struct AdamWViews {
 };
 void adamw_update(const core::ExecContext& ctx, const AdamWHyper& hp, const AdamWViews& views);
 
+namespace ref {
+// The specification (ref/adamw_ref.cc): the update in double, one element at a time.
+void adamw_update(const AdamWHyper& hp, const AdamWArgs& args);
+}  // namespace ref
+
 }  // namespace trident::kernels

@@ -21,24 +21,28 @@
 
 namespace trident::kernels {
 
-struct AttentionForwardArgs {
-  float* out = nullptr;        // (B, T, C)          written (=)
-  float* probs = nullptr;      // (B, NH, T, T)      written (=), saved for backward; entries
-                               //                    above the diagonal are written as 0
-  const float* qkv = nullptr;  // (B, T, NH, 3, HS)
+template <class T>
+struct BasicAttentionForwardArgs {
+  T* out = nullptr;        // (B, T, C)          written (=)
+  T* probs = nullptr;      // (B, NH, T, T)      written (=), saved for backward; entries
+                           //                    above the diagonal are written as 0
+  const T* qkv = nullptr;  // (B, T, NH, 3, HS)
   std::int64_t batch = 0, seq_len = 0, num_heads = 0, head_dim = 0;
   const std::int32_t* doc = nullptr;  // (B, T) document id of each token, or null: one document
 };
+using AttentionForwardArgs = BasicAttentionForwardArgs<float>;
 
 // The backward needs no document ids: the masked probabilities are 0.
-struct AttentionBackwardArgs {
-  float* d_qkv = nullptr;        // (B, T, NH, 3, HS)  written (=)
-  float* d_probs = nullptr;      // (B, NH, T, T)      scratch, contents undefined after
-  const float* d_out = nullptr;  // (B, T, C)
-  const float* qkv = nullptr;    // (B, T, NH, 3, HS)
-  const float* probs = nullptr;  // (B, NH, T, T)      from attention_forward
+template <class T>
+struct BasicAttentionBackwardArgs {
+  T* d_qkv = nullptr;        // (B, T, NH, 3, HS)  written (=)
+  T* d_probs = nullptr;      // (B, NH, T, T)      scratch, contents undefined after
+  const T* d_out = nullptr;  // (B, T, C)
+  const T* qkv = nullptr;    // (B, T, NH, 3, HS)
+  const T* probs = nullptr;  // (B, NH, T, T)      from attention_forward
   std::int64_t batch = 0, seq_len = 0, num_heads = 0, head_dim = 0;
 };
+using AttentionBackwardArgs = BasicAttentionBackwardArgs<float>;
 
 // attention_forward over typed views. B, T, NH and HS are read from qkv, a 4-D view whose last
 // dimension holds each head's q, k and v (3 * HS).
@@ -59,5 +63,14 @@ struct AttentionBackwardViews {
   core::TensorView probs{};    // (B, NH, T, T)      f32, from the forward
 };
 void attention_backward(const core::ExecContext& ctx, const AttentionBackwardViews& v);
+
+namespace ref {
+// The specification (ref/attention_ref.cc), over the element type T (docs/architecture.md, "How to
+// add an op").
+template <class T = float>
+void attention_forward(const BasicAttentionForwardArgs<T>& args);
+template <class T = float>
+void attention_backward(const BasicAttentionBackwardArgs<T>& args);
+}  // namespace ref
 
 }  // namespace trident::kernels

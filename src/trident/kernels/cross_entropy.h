@@ -14,16 +14,18 @@
 
 namespace trident::kernels {
 
-struct CrossEntropyArgs {
-  float* losses = nullptr;                // (rows)   written (=): -log softmax(logits)[target]
-  float* d_logits = nullptr;              // (rows, vocab_padded) written (=):
+template <class T>
+struct BasicCrossEntropyArgs {
+  T* losses = nullptr;                    // (rows)   written (=): -log softmax(logits)[target]
+  T* d_logits = nullptr;                  // (rows, vocab_padded) written (=):
                                           //   d_scale * (softmax - onehot(target)); may alias
                                           //   logits; null = forward only
-  const float* logits = nullptr;          // (rows, vocab_padded)
+  const T* logits = nullptr;              // (rows, vocab_padded)
   const std::int32_t* targets = nullptr;  // (rows)
-  float d_scale = 1.0f;                   // dL/dloss_row, e.g. 1 / (tokens in the global batch)
+  T d_scale = T(1);                       // dL/dloss_row, e.g. 1 / (tokens in the global batch)
   std::int64_t rows = 0, vocab = 0, vocab_padded = 0;
 };
+using CrossEntropyArgs = BasicCrossEntropyArgs<float>;
 
 // cross_entropy_forward_backward over typed views; rows and vocab_padded from the logits.
 struct CrossEntropyViews {
@@ -35,5 +37,13 @@ struct CrossEntropyViews {
   std::int64_t vocab = 0;  // real columns; the rest of each row is padding
 };
 void cross_entropy_forward_backward(const core::ExecContext& ctx, const CrossEntropyViews& v);
+
+namespace ref {
+// The specification (ref/cross_entropy_ref.cc), over the element type T (docs/architecture.md, "How
+// to add an op"). A negative target is ignored (loss 0, gradient row 0); one >= vocab throws
+// core::InternalError, as the bodies do.
+template <class T = float>
+void cross_entropy_forward_backward(const BasicCrossEntropyArgs<T>& args);
+}  // namespace ref
 
 }  // namespace trident::kernels

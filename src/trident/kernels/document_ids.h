@@ -36,4 +36,9 @@ struct DocumentIdsArgs {
   std::int32_t eod_token = -1;
 };
 
+namespace ref {
+// The specification (ref/document_ids_ref.cc).
+void document_ids(const DocumentIdsArgs& args);
+}  // namespace ref
+
 }  // namespace trident::kernels

@@ -59,4 +59,13 @@ struct AllFiniteViews {
 };
 bool all_finite(const core::ExecContext& ctx, const AllFiniteViews& v);
 
+namespace ref {
+// The specification (ref/elementwise_ref.cc), over the element type T (docs/architecture.md, "How
+// to add an op").
+template <class T = float>
+void gelu_forward(T* out, const T* in, std::int64_t n);
+template <class T = float>
+void gelu_backward(T* d_in, const T* d_out, const T* in, std::int64_t n);
+}  // namespace ref
+
 }  // namespace trident::kernels

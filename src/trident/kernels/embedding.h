@@ -65,4 +65,10 @@ struct EmbeddingBackwardViews {
 };
 void embedding_backward(const core::ExecContext& ctx, const EmbeddingBackwardViews& v);
 
+namespace ref {
+// The specification (ref/embedding_ref.cc): plain loops, one thread.
+void embedding_forward(const EmbeddingForwardArgs& args);
+void embedding_backward(const EmbeddingBackwardArgs& args);
+}  // namespace ref
+
 }  // namespace trident::kernels

@@ -38,4 +38,10 @@ struct CopyViews {
 };
 void copy(const core::ExecContext& ctx, const CopyViews& v);
 
+namespace ref {
+// The specification (ref/fill_ref.cc).
+void fill(const FillArgs& args);
+void copy(const CopyArgs& args);
+}  // namespace ref
+
 }  // namespace trident::kernels

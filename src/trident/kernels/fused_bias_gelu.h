@@ -77,4 +77,13 @@ struct BiasGeluBackwardViews {
 };
 void bias_gelu_backward(const core::ExecContext& ctx, const BiasGeluBackwardViews& v);
 
+namespace ref {
+// The specification (ref/fused_bias_gelu_ref.cc), as the composition of the unfused references:
+// forward: t = in + bias (FP32), then ref::gelu_forward(t); out_bf16 = bf16 of the FP32 result.
+// backward: t = in + bias (FP32), ref::gelu_backward(d_in, d_out, t), d_bias += column sums of
+// d_in (double).
+void bias_gelu_forward(const BiasGeluForwardArgs& args);
+void bias_gelu_backward(const BiasGeluBackwardArgs& args);
+}  // namespace ref
+
 }  // namespace trident::kernels

@@ -104,4 +104,13 @@ struct ResidualLayerNormBackwardViews {
 void residual_layernorm_backward(const core::ExecContext& ctx,
                                  const ResidualLayerNormBackwardViews& v);
 
+namespace ref {
+// The specification (ref/fused_residual_layernorm_ref.cc), as the composition of the unfused
+// references: forward: resid_out = a + b (FP32), then ref::layernorm_forward(resid_out); out_bf16
+// = bf16 of the FP32 out. backward: ref::layernorm_backward with d_in = d_resid (+=);
+// d_resid_bf16 = bf16 of the final d_resid.
+void residual_layernorm_forward(const ResidualLayerNormForwardArgs& args);
+void residual_layernorm_backward(const ResidualLayerNormBackwardArgs& args);
+}  // namespace ref
+
 }  // namespace trident::kernels

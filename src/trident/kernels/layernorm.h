@@ -15,30 +15,34 @@
 namespace trident::kernels {
 
 // Overwrites out, mean and rstd; mean and rstd are saved for the backward pass.
-struct LayerNormForwardArgs {
-  float* out = nullptr;           // (rows, cols)  written (=)
-  float* mean = nullptr;          // (rows)        written (=)
-  float* rstd = nullptr;          // (rows)        written (=)
-  const float* in = nullptr;      // (rows, cols)
-  const float* weight = nullptr;  // (cols)
-  const float* bias = nullptr;    // (cols)
+template <class T>
+struct BasicLayerNormForwardArgs {
+  T* out = nullptr;           // (rows, cols)  written (=)
+  T* mean = nullptr;          // (rows)        written (=)
+  T* rstd = nullptr;          // (rows)        written (=)
+  const T* in = nullptr;      // (rows, cols)
+  const T* weight = nullptr;  // (cols)
+  const T* bias = nullptr;    // (cols)
   std::int64_t rows = 0, cols = 0;
-  float eps = 1e-5f;
+  T eps = T(1e-5);
 };
+using LayerNormForwardArgs = BasicLayerNormForwardArgs<float>;
 
 // ACCUMULATES into d_in (+=): LayerNorm inputs sit on the residual stream, whose gradient is
 // already in d_in. Accumulates into d_weight and d_bias (+=) for micro-batch accumulation.
-struct LayerNormBackwardArgs {
-  float* d_in = nullptr;          // (rows, cols)  accumulated (+=)
-  float* d_weight = nullptr;      // (cols)        accumulated (+=)
-  float* d_bias = nullptr;        // (cols)        accumulated (+=)
-  const float* d_out = nullptr;   // (rows, cols)
-  const float* in = nullptr;      // (rows, cols)
-  const float* weight = nullptr;  // (cols)
-  const float* mean = nullptr;    // (rows)
-  const float* rstd = nullptr;    // (rows)
+template <class T>
+struct BasicLayerNormBackwardArgs {
+  T* d_in = nullptr;          // (rows, cols)  accumulated (+=)
+  T* d_weight = nullptr;      // (cols)        accumulated (+=)
+  T* d_bias = nullptr;        // (cols)        accumulated (+=)
+  const T* d_out = nullptr;   // (rows, cols)
+  const T* in = nullptr;      // (rows, cols)
+  const T* weight = nullptr;  // (cols)
+  const T* mean = nullptr;    // (rows)
+  const T* rstd = nullptr;    // (rows)
   std::int64_t rows = 0, cols = 0;
 };
+using LayerNormBackwardArgs = BasicLayerNormBackwardArgs<float>;
 
 // layernorm_forward over typed views; rows and cols are read from `in`.
 struct LayerNormViews {
@@ -64,5 +68,14 @@ struct LayerNormBackwardViews {
   core::TensorView rstd{};      // (rows)       f32, from the forward
 };
 void layernorm_backward(const core::ExecContext& ctx, const LayerNormBackwardViews& v);
+
+namespace ref {
+// The specification (ref/layernorm_ref.cc), over the element type T (docs/architecture.md, "How to
+// add an op").
+template <class T = float>
+void layernorm_forward(const BasicLayerNormForwardArgs<T>& args);
+template <class T = float>
+void layernorm_backward(const BasicLayerNormBackwardArgs<T>& args);
+}  // namespace ref
 
 }  // namespace trident::kernels

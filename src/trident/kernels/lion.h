@@ -41,4 +41,9 @@ struct LionViews {
 };
 void lion_update(const core::ExecContext& ctx, const LionHyper& hp, const LionViews& views);
 
+namespace ref {
+// The specification (ref/lion_ref.cc): the update in double, one element at a time.
+void lion_update(const LionHyper& hp, const LionArgs& args);
+}  // namespace ref
+
 }  // namespace trident::kernels

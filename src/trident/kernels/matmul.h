@@ -34,27 +34,41 @@ void gemm(const core::ExecContext& ctx, const GemmArgs& args);
 
 // Linear layer in PyTorch's weight layout: out(rows,out) = in(rows,in) @ weight(out,in)^T + bias.
 // Overwrites out. bias may be null.
-struct LinearForwardArgs {
-  float* out = nullptr;           // (rows, out_features)  written (=)
-  const float* in = nullptr;      // (rows, in_features)
-  const float* weight = nullptr;  // (out_features, in_features)
-  const float* bias = nullptr;    // (out_features) or null
+template <class T>
+struct BasicLinearForwardArgs {
+  T* out = nullptr;           // (rows, out_features)  written (=)
+  const T* in = nullptr;      // (rows, in_features)
+  const T* weight = nullptr;  // (out_features, in_features)
+  const T* bias = nullptr;    // (out_features) or null
   std::int64_t rows = 0, in_features = 0, out_features = 0;
 };
+using LinearForwardArgs = BasicLinearForwardArgs<float>;
 
 // Backward of linear_forward.
 //   d_in      (=)  d_out @ weight          (skipped when null)
 //   d_weight  (+=) d_out^T @ in            (accumulates across micro-batches)
 //   d_bias    (+=) column sums of d_out    (skipped when null; summed in double, independent of
 //                                           the thread count)
-struct LinearBackwardArgs {
-  float* d_in = nullptr;          // (rows, in_features)  written (=), may be null
-  float* d_weight = nullptr;      // (out_features, in_features)  accumulated (+=)
-  float* d_bias = nullptr;        // (out_features)  accumulated (+=), may be null
-  const float* d_out = nullptr;   // (rows, out_features)
-  const float* in = nullptr;      // (rows, in_features)
-  const float* weight = nullptr;  // (out_features, in_features)
+template <class T>
+struct BasicLinearBackwardArgs {
+  T* d_in = nullptr;          // (rows, in_features)  written (=), may be null
+  T* d_weight = nullptr;      // (out_features, in_features)  accumulated (+=)
+  T* d_bias = nullptr;        // (out_features)  accumulated (+=), may be null
+  const T* d_out = nullptr;   // (rows, out_features)
+  const T* in = nullptr;      // (rows, in_features)
+  const T* weight = nullptr;  // (out_features, in_features)
   std::int64_t rows = 0, in_features = 0, out_features = 0;
 };
+using LinearBackwardArgs = BasicLinearBackwardArgs<float>;
+
+namespace ref {
+// The specifications (ref/matmul_ref.cc); the linear layer's over the element type T
+// (docs/architecture.md, "How to add an op").
+void gemm(const GemmArgs& args);
+template <class T = float>
+void linear_forward(const BasicLinearForwardArgs<T>& args);
+template <class T = float>
+void linear_backward(const BasicLinearBackwardArgs<T>& args);
+}  // namespace ref
 
 }  // namespace trident::kernels

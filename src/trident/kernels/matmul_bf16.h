@@ -102,4 +102,12 @@ struct LinearBackwardBf16Args {
                                                      std::int64_t rows, std::int64_t in_features,
                                                      std::int64_t out_features);
 
+namespace ref {
+// The specification (ref/matmul_bf16_ref.cc): the bf16 operands widened to FP32 (exact), then
+// ref::linear_forward / ref::linear_backward (double sums). d_bias uses the FP32 d_out. The
+// scratch fields are ignored.
+void linear_forward_bf16(const LinearForwardBf16Args& args);
+void linear_backward_bf16(const LinearBackwardBf16Args& args);
+}  // namespace ref
+
 }  // namespace trident::kernels

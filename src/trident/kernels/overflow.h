@@ -26,4 +26,9 @@ struct OverflowCountViews {
 };
 std::int64_t overflow_count(const core::ExecContext& ctx, const OverflowCountViews& v);
 
+namespace ref {
+// The specification (ref/overflow_ref.cc).
+std::int64_t overflow_count(const OverflowCountArgs& args);
+}  // namespace ref
+
 }  // namespace trident::kernels

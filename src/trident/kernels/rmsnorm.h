@@ -13,27 +13,31 @@
 namespace trident::kernels {
 
 // Overwrites out and rstd; rstd is saved for the backward pass.
-struct RmsNormForwardArgs {
-  float* out = nullptr;           // (rows, cols)  written (=)
-  float* rstd = nullptr;          // (rows)        written (=)
-  const float* in = nullptr;      // (rows, cols)
-  const float* weight = nullptr;  // (cols)
+template <class T>
+struct BasicRmsNormForwardArgs {
+  T* out = nullptr;           // (rows, cols)  written (=)
+  T* rstd = nullptr;          // (rows)        written (=)
+  const T* in = nullptr;      // (rows, cols)
+  const T* weight = nullptr;  // (cols)
   std::int64_t rows = 0, cols = 0;
-  float eps = 1e-5f;
+  T eps = T(1e-5);
 };
+using RmsNormForwardArgs = BasicRmsNormForwardArgs<float>;
 
 // With xhat = x * rstd and g = d_out * weight:
 //   d_in += rstd * (g - xhat * mean(g * xhat))   ACCUMULATED (+=): the residual stream's gradient
 //   d_weight += sum_rows d_out * xhat            ACCUMULATED (+=)
-struct RmsNormBackwardArgs {
-  float* d_in = nullptr;          // (rows, cols)  accumulated (+=)
-  float* d_weight = nullptr;      // (cols)        accumulated (+=)
-  const float* d_out = nullptr;   // (rows, cols)
-  const float* in = nullptr;      // (rows, cols)
-  const float* weight = nullptr;  // (cols)
-  const float* rstd = nullptr;    // (rows)
+template <class T>
+struct BasicRmsNormBackwardArgs {
+  T* d_in = nullptr;          // (rows, cols)  accumulated (+=)
+  T* d_weight = nullptr;      // (cols)        accumulated (+=)
+  const T* d_out = nullptr;   // (rows, cols)
+  const T* in = nullptr;      // (rows, cols)
+  const T* weight = nullptr;  // (cols)
+  const T* rstd = nullptr;    // (rows)
   std::int64_t rows = 0, cols = 0;
 };
+using RmsNormBackwardArgs = BasicRmsNormBackwardArgs<float>;
 
 // rmsnorm_forward over typed views; rows and cols are read from `in`.
 struct RmsNormViews {
@@ -55,5 +59,14 @@ struct RmsNormBackwardViews {
   core::TensorView rstd{};      // (rows)       f32, from the forward
 };
 void rmsnorm_backward(const core::ExecContext& ctx, const RmsNormBackwardViews& v);
+
+namespace ref {
+// The specification (ref/rmsnorm_ref.cc), over the element type T (docs/architecture.md, "How to
+// add an op").
+template <class T = float>
+void rmsnorm_forward(const BasicRmsNormForwardArgs<T>& args);
+template <class T = float>
+void rmsnorm_backward(const BasicRmsNormBackwardArgs<T>& args);
+}  // namespace ref
 
 }  // namespace trident::kernels

@@ -78,4 +78,10 @@ struct RopeQkvBackwardViews {
 };
 void rope_qkv_backward(const core::ExecContext& ctx, const RopeQkvBackwardViews& v);
 
+namespace ref {
+// The specification (ref/rope_ref.cc): each head rotated in double, one thread.
+void rope_qkv_forward(const RopeQkvForwardArgs& args);
+void rope_qkv_backward(const RopeQkvBackwardArgs& args);
+}  // namespace ref
+
 }  // namespace trident::kernels

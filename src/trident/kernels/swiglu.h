@@ -13,20 +13,24 @@
 
 namespace trident::kernels {
 
-struct SwiGluForwardArgs {
-  float* out = nullptr;       // (rows, cols)      written (=)
-  const float* in = nullptr;  // (rows, 2 * cols)  [gate | up]
+template <class T>
+struct BasicSwiGluForwardArgs {
+  T* out = nullptr;       // (rows, cols)      written (=)
+  const T* in = nullptr;  // (rows, 2 * cols)  [gate | up]
   std::int64_t rows = 0, cols = 0;
 };
+using SwiGluForwardArgs = BasicSwiGluForwardArgs<float>;
 
 // d_gate = d_out * up * silu'(gate), d_up = d_out * silu(gate); d_in written (=). d_in must not
 // alias d_out.
-struct SwiGluBackwardArgs {
-  float* d_in = nullptr;         // (rows, 2 * cols)  written (=)
-  const float* d_out = nullptr;  // (rows, cols)
-  const float* in = nullptr;     // (rows, 2 * cols)
+template <class T>
+struct BasicSwiGluBackwardArgs {
+  T* d_in = nullptr;         // (rows, 2 * cols)  written (=)
+  const T* d_out = nullptr;  // (rows, cols)
+  const T* in = nullptr;     // (rows, 2 * cols)
   std::int64_t rows = 0, cols = 0;
 };
+using SwiGluBackwardArgs = BasicSwiGluBackwardArgs<float>;
 
 // swiglu_forward over typed views; rows and cols are read from `out`.
 struct SwiGluViews {
@@ -42,5 +46,14 @@ struct SwiGluBackwardViews {
   core::TensorView in{};     // (rows, 2 * cols) f32
 };
 void swiglu_backward(const core::ExecContext& ctx, const SwiGluBackwardViews& v);
+
+namespace ref {
+// The specification (ref/swiglu_ref.cc), over the element type T (docs/architecture.md, "How to
+// add an op").
+template <class T = float>
+void swiglu_forward(const BasicSwiGluForwardArgs<T>& args);
+template <class T = float>
+void swiglu_backward(const BasicSwiGluBackwardArgs<T>& args);
+}  // namespace ref
 
 }  // namespace trident::kernels

@@ -35,8 +35,6 @@
 #include "trident/kernels/matmul_bf16.h"
 #include "trident/kernels/memory.h"
 #include "trident/kernels/overflow.h"
-#include "trident/kernels/ref/fused_ref.h"
-#include "trident/kernels/ref/ref.h"
 #include "trident/kernels/rmsnorm.h"
 #include "trident/kernels/rope.h"
 #include "trident/kernels/swiglu.h"

@@ -1,7 +1,7 @@
 // Reference AdamW step (torch.optim.AdamW semantics) in double, one thread.
 #include <cmath>
 
-#include "trident/kernels/ref/ref.h"
+#include "trident/kernels/adamw.h"
 
 namespace trident::kernels::ref {
 

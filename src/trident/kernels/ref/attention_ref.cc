@@ -7,12 +7,9 @@
 #include <cmath>
 #include <vector>
 
-#include "trident/kernels/ref/generic.h"
-#include "trident/kernels/ref/ref.h"
+#include "trident/kernels/attention.h"
 
 namespace trident::kernels::ref {
-namespace generic {
-
 namespace {
 
 struct Layout {
@@ -34,7 +31,7 @@ struct Layout {
 // s_tc = q_t . k_c / sqrt(HS) for c <= t;  P_tc = exp(s_tc - max) / sum_c' exp(s_tc' - max)
 // (P_tc = 0 for c > t);  out_t = sum_{c <= t} P_tc v_c.
 template <class T>
-void attention_forward(const AttentionForward<T>& a) {
+void attention_forward(const BasicAttentionForwardArgs<T>& a) {
   const Layout L{a.seq_len, a.num_heads, a.head_dim, a.num_heads * a.head_dim};
   const double scale = 1.0 / std::sqrt(static_cast<double>(L.HS));
   std::vector<double> s(static_cast<std::size_t>(L.T));
@@ -78,7 +75,7 @@ void attention_forward(const AttentionForward<T>& a) {
 //   dk_c  = sum_{t >= c} dS_tc q_t / sqrt(HS)
 // dS is kept in d_probs (zero above the diagonal).
 template <class T>
-void attention_backward(const AttentionBackward<T>& a) {
+void attention_backward(const BasicAttentionBackwardArgs<T>& a) {
   const Layout L{a.seq_len, a.num_heads, a.head_dim, a.num_heads * a.head_dim};
   const double scale = 1.0 / std::sqrt(static_cast<double>(L.HS));
   for (std::int64_t b = 0; b < a.batch; ++b) {
@@ -122,34 +119,9 @@ void attention_backward(const AttentionBackward<T>& a) {
   }
 }
 
-template void attention_forward<float>(const AttentionForward<float>&);
-template void attention_forward<double>(const AttentionForward<double>&);
-template void attention_backward<float>(const AttentionBackward<float>&);
-template void attention_backward<double>(const AttentionBackward<double>&);
-
-}  // namespace generic
-
-void attention_forward(const AttentionForwardArgs& a) {
-  generic::attention_forward<float>({.out = a.out,
-                                     .probs = a.probs,
-                                     .qkv = a.qkv,
-                                     .batch = a.batch,
-                                     .seq_len = a.seq_len,
-                                     .num_heads = a.num_heads,
-                                     .head_dim = a.head_dim,
-                                     .doc = a.doc});
-}
-
-void attention_backward(const AttentionBackwardArgs& a) {
-  generic::attention_backward<float>({.d_qkv = a.d_qkv,
-                                      .d_probs = a.d_probs,
-                                      .d_out = a.d_out,
-                                      .qkv = a.qkv,
-                                      .probs = a.probs,
-                                      .batch = a.batch,
-                                      .seq_len = a.seq_len,
-                                      .num_heads = a.num_heads,
-                                      .head_dim = a.head_dim});
-}
+template void attention_forward<float>(const BasicAttentionForwardArgs<float>&);
+template void attention_forward<double>(const BasicAttentionForwardArgs<double>&);
+template void attention_backward<float>(const BasicAttentionBackwardArgs<float>&);
+template void attention_backward<double>(const BasicAttentionBackwardArgs<double>&);
 
 }  // namespace trident::kernels::ref

@@ -3,18 +3,15 @@
 #include <cmath>
 
 #include "trident/core/error.h"
-#include "trident/kernels/ref/generic.h"
-#include "trident/kernels/ref/ref.h"
+#include "trident/kernels/cross_entropy.h"
 
 namespace trident::kernels::ref {
-namespace generic {
-
 // Over the real columns c < V only (padding columns [V, Vp) are -inf):
 //   lse = max + log sum_c exp(x_c - max),   loss = lse - x_target,
 //   d_logits_c = d_scale * (exp(x_c - lse) - [c == target])   (c < V),   0 on padding.
 // A negative target is ignored: loss 0, gradient row 0. A target >= V is a bug.
 template <class T>
-void cross_entropy_forward_backward(const CrossEntropy<T>& a) {
+void cross_entropy_forward_backward(const BasicCrossEntropyArgs<T>& a) {
   const std::int64_t V = a.vocab, Vp = a.vocab_padded;
   for (std::int64_t r = 0; r < a.rows; ++r) {
     const T* x = a.logits + r * Vp;
@@ -42,20 +39,7 @@ void cross_entropy_forward_backward(const CrossEntropy<T>& a) {
   }
 }
 
-template void cross_entropy_forward_backward<float>(const CrossEntropy<float>&);
-template void cross_entropy_forward_backward<double>(const CrossEntropy<double>&);
-
-}  // namespace generic
-
-void cross_entropy_forward_backward(const CrossEntropyArgs& a) {
-  generic::cross_entropy_forward_backward<float>({.losses = a.losses,
-                                                  .d_logits = a.d_logits,
-                                                  .logits = a.logits,
-                                                  .targets = a.targets,
-                                                  .d_scale = a.d_scale,
-                                                  .rows = a.rows,
-                                                  .vocab = a.vocab,
-                                                  .vocab_padded = a.vocab_padded});
-}
+template void cross_entropy_forward_backward<float>(const BasicCrossEntropyArgs<float>&);
+template void cross_entropy_forward_backward<double>(const BasicCrossEntropyArgs<double>&);
 
 }  // namespace trident::kernels::ref

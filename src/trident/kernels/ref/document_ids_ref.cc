@@ -1,6 +1,6 @@
 // Reference document ids and positions: the definition in document_ids.h read literally, each
 // token counting the end-of-document tokens before it (quadratic in T, one thread).
-#include "trident/kernels/ref/ref.h"
+#include "trident/kernels/document_ids.h"
 
 namespace trident::kernels::ref {
 

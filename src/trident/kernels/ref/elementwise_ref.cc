@@ -1,12 +1,9 @@
 // Reference GeLU (tanh form) forward and backward, in double, one thread.
 #include <cmath>
 
-#include "trident/kernels/ref/generic.h"
-#include "trident/kernels/ref/ref.h"
+#include "trident/kernels/elementwise.h"
 
 namespace trident::kernels::ref {
-namespace generic {
-
 namespace {
 const double kSqrt2OverPi = std::sqrt(2.0 / 3.14159265358979323846);
 constexpr double kCubic = 0.044715;
@@ -42,15 +39,5 @@ template void gelu_forward<float>(float*, const float*, std::int64_t);
 template void gelu_forward<double>(double*, const double*, std::int64_t);
 template void gelu_backward<float>(float*, const float*, const float*, std::int64_t);
 template void gelu_backward<double>(double*, const double*, const double*, std::int64_t);
-
-}  // namespace generic
-
-void gelu_forward(float* out, const float* in, std::int64_t n) {
-  generic::gelu_forward<float>(out, in, n);
-}
-
-void gelu_backward(float* d_in, const float* d_out, const float* in, std::int64_t n) {
-  generic::gelu_backward<float>(d_in, d_out, in, n);
-}
 
 }  // namespace trident::kernels::ref

@@ -1,5 +1,5 @@
 // Reference token + position embedding forward and backward: plain loops, one thread.
-#include "trident/kernels/ref/ref.h"
+#include "trident/kernels/embedding.h"
 
 namespace trident::kernels::ref {
 

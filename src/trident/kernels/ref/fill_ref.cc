@@ -1,5 +1,5 @@
 // Reference fill and copy: plain loops, one thread.
-#include "trident/kernels/ref/ref.h"
+#include "trident/kernels/fill.h"
 
 namespace trident::kernels::ref {
 

@@ -1,16 +1,13 @@
 // Reference LayerNorm forward and backward: plain loops, double accumulation, one thread.
 #include <cmath>
 
-#include "trident/kernels/ref/generic.h"
-#include "trident/kernels/ref/ref.h"
+#include "trident/kernels/layernorm.h"
 
 namespace trident::kernels::ref {
-namespace generic {
-
 // mean = (1/C) sum_c x_c,  var = (1/C) sum_c (x_c - mean)^2  (population variance),
 // rstd = 1 / sqrt(var + eps),  y_c = (x_c - mean) * rstd * w_c + b_c.
 template <class T>
-void layernorm_forward(const LayerNormForward<T>& a) {
+void layernorm_forward(const BasicLayerNormForwardArgs<T>& a) {
   const std::int64_t C = a.cols;
   for (std::int64_t r = 0; r < a.rows; ++r) {
     const T* x = a.in + r * C;
@@ -34,7 +31,7 @@ void layernorm_forward(const LayerNormForward<T>& a) {
 //                     - xhat_c (1/C) sum_j g_j xhat_j ) term 3: through rstd (the variance)
 //   d_weight_c += sum_rows dy_c * xhat_c,   d_bias_c += sum_rows dy_c.
 template <class T>
-void layernorm_backward(const LayerNormBackward<T>& a) {
+void layernorm_backward(const BasicLayerNormBackwardArgs<T>& a) {
   const std::int64_t C = a.cols;
   for (std::int64_t c = 0; c < C; ++c) {
     double acc_w = 0.0, acc_b = 0.0;
@@ -67,36 +64,9 @@ void layernorm_backward(const LayerNormBackward<T>& a) {
   }
 }
 
-template void layernorm_forward<float>(const LayerNormForward<float>&);
-template void layernorm_forward<double>(const LayerNormForward<double>&);
-template void layernorm_backward<float>(const LayerNormBackward<float>&);
-template void layernorm_backward<double>(const LayerNormBackward<double>&);
-
-}  // namespace generic
-
-void layernorm_forward(const LayerNormForwardArgs& a) {
-  generic::layernorm_forward<float>({.out = a.out,
-                                     .mean = a.mean,
-                                     .rstd = a.rstd,
-                                     .in = a.in,
-                                     .weight = a.weight,
-                                     .bias = a.bias,
-                                     .rows = a.rows,
-                                     .cols = a.cols,
-                                     .eps = a.eps});
-}
-
-void layernorm_backward(const LayerNormBackwardArgs& a) {
-  generic::layernorm_backward<float>({.d_in = a.d_in,
-                                      .d_weight = a.d_weight,
-                                      .d_bias = a.d_bias,
-                                      .d_out = a.d_out,
-                                      .in = a.in,
-                                      .weight = a.weight,
-                                      .mean = a.mean,
-                                      .rstd = a.rstd,
-                                      .rows = a.rows,
-                                      .cols = a.cols});
-}
+template void layernorm_forward<float>(const BasicLayerNormForwardArgs<float>&);
+template void layernorm_forward<double>(const BasicLayerNormForwardArgs<double>&);
+template void layernorm_backward<float>(const BasicLayerNormBackwardArgs<float>&);
+template void layernorm_backward<double>(const BasicLayerNormBackwardArgs<double>&);
 
 }  // namespace trident::kernels::ref

@@ -1,5 +1,5 @@
 // Reference Lion step (lion-pytorch semantics) in double, one thread.
-#include "trident/kernels/ref/ref.h"
+#include "trident/kernels/lion.h"
 
 namespace trident::kernels::ref {
 

@@ -2,8 +2,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "trident/kernels/ref/generic.h"
-#include "trident/kernels/ref/ref.h"
+#include "trident/kernels/matmul.h"
 
 namespace trident::kernels::ref {
 
@@ -26,11 +25,9 @@ void gemm(const GemmArgs& g) {
   }
 }
 
-namespace generic {
-
 // out[r,o] = bias[o] + sum_i in[r,i] * weight[o,i]
 template <class T>
-void linear_forward(const LinearForward<T>& a) {
+void linear_forward(const BasicLinearForwardArgs<T>& a) {
   for (std::int64_t r = 0; r < a.rows; ++r) {
     const T* x = a.in + r * a.in_features;
     for (std::int64_t o = 0; o < a.out_features; ++o) {
@@ -48,7 +45,7 @@ void linear_forward(const LinearForward<T>& a) {
 //   d_bias[o]     += sum_r dy[r,o]
 // (The sums run in an order that keeps each output's accumulator in a double row buffer.)
 template <class T>
-void linear_backward(const LinearBackward<T>& a) {
+void linear_backward(const BasicLinearBackwardArgs<T>& a) {
   const std::int64_t I = a.in_features, O = a.out_features;
   if (a.d_in) {
     std::vector<double> acc(I);
@@ -79,33 +76,9 @@ void linear_backward(const LinearBackward<T>& a) {
   }
 }
 
-template void linear_forward<float>(const LinearForward<float>&);
-template void linear_forward<double>(const LinearForward<double>&);
-template void linear_backward<float>(const LinearBackward<float>&);
-template void linear_backward<double>(const LinearBackward<double>&);
-
-}  // namespace generic
-
-void linear_forward(const LinearForwardArgs& a) {
-  generic::linear_forward<float>({.out = a.out,
-                                  .in = a.in,
-                                  .weight = a.weight,
-                                  .bias = a.bias,
-                                  .rows = a.rows,
-                                  .in_features = a.in_features,
-                                  .out_features = a.out_features});
-}
-
-void linear_backward(const LinearBackwardArgs& a) {
-  generic::linear_backward<float>({.d_in = a.d_in,
-                                   .d_weight = a.d_weight,
-                                   .d_bias = a.d_bias,
-                                   .d_out = a.d_out,
-                                   .in = a.in,
-                                   .weight = a.weight,
-                                   .rows = a.rows,
-                                   .in_features = a.in_features,
-                                   .out_features = a.out_features});
-}
+template void linear_forward<float>(const BasicLinearForwardArgs<float>&);
+template void linear_forward<double>(const BasicLinearForwardArgs<double>&);
+template void linear_backward<float>(const BasicLinearBackwardArgs<float>&);
+template void linear_backward<double>(const BasicLinearBackwardArgs<double>&);
 
 }  // namespace trident::kernels::ref

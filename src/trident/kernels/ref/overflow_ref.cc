@@ -2,7 +2,7 @@
 // threshold, or |x| > threshold.
 #include <cmath>
 
-#include "trident/kernels/ref/ref.h"
+#include "trident/kernels/overflow.h"
 
 namespace trident::kernels::ref {
 
