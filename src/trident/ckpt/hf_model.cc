@@ -1,7 +1,6 @@
 #include "trident/ckpt/hf_model.h"
 
 #include <limits>
-#include <set>
 
 #include "trident/ckpt/model_config_json.h"
 #include "trident/core/error.h"
@@ -226,102 +225,156 @@ json trident_to_hf_config(const model::ModelConfig& m, HfArch arch, StDType dtyp
 
 namespace {
 
-// Each architecture's tensors, by hand: names and layouts are transformers'.
-std::vector<HfTensor> hf_tensor_list(const model::ModelConfig& m, HfArch arch) {
-  const std::int64_t C = m.hidden_size, V = m.vocab_size, F = m.ffn(), L = m.num_layers;
-  const std::int64_t NH = m.num_attention_heads, HS = m.head_dim(), G = m.query_groups();
-  const std::int64_t hpg = NH / G;
-  std::vector<HfTensor> t;
-  auto same = [](std::int64_t i) { return i; };
-  // HF's Conv1D (GPT-2) stores (in, out): the transpose of trident's (out, in).
-  auto transposed = [](std::int64_t in, std::int64_t out) {
-    return [in, out](std::int64_t i) { return (i % out) * in + i / out; };
+// How a transformers tensor's elements sit in the trident weight it comes from.
+enum class HfLayout {
+  kSame,        // the same shape and order
+  kTransposed,  // GPT-2's Conv1D stores (in, out): the transpose of trident's (out, in)
+  kGpt2Qkv,     // c_attn's (C, 3C), columns (3, NH, HS); trident's rows (NH, 3, HS)
+  kGpt2QkvBias,
+  kQuery,  // Llama's q_proj / k_proj / v_proj: trident's QKV rows are (G, hpg + 2, HS), a
+  kKey,    // query group's heads, then its key and its value head
+  kValue,
+  kGate,       // SwiGLU's gate_proj / up_proj: [0] and [1] of trident's (2, F, C)
+  kUp,         // up-projection
+  kVocabRows,  // the embedding's / output layer's real rows (trident pads the vocabulary)
+};
+
+// One transformers tensor of a declared weight. Names under the layer prefixes (trident's
+// "layers.<i>.", the architecture's HfNames::layer) for layer weights, whole names otherwise.
+struct HfName {
+  const char* trident;
+  const char* hf;
+  HfLayout layout = HfLayout::kSame;
+};
+
+struct HfNames {
+  const char* layer;  // transformers' prefix of layer i, before i
+  std::vector<HfName> global, in_layer;
+};
+
+// Each architecture's names and layouts (transformers' modeling_gpt2.py, modeling_bloom.py,
+// modeling_llama.py) for the weights the layers declare (model/layers/); a declared weight
+// without an entry cannot be converted.
+const HfNames& hf_names(HfArch arch) {
+  using L = HfLayout;
+  static const HfNames gpt2{
+      "transformer.h.",
+      {{"embedding.word_embeddings.weight", "transformer.wte.weight", L::kVocabRows},
+       {"embedding.position_embeddings.weight", "transformer.wpe.weight"},
+       {"final_layernorm.weight", "transformer.ln_f.weight"},
+       {"final_layernorm.bias", "transformer.ln_f.bias"}},
+      {{"input_layernorm.weight", "ln_1.weight"},
+       {"input_layernorm.bias", "ln_1.bias"},
+       {"self_attention.query_key_value.weight", "attn.c_attn.weight", L::kGpt2Qkv},
+       {"self_attention.query_key_value.bias", "attn.c_attn.bias", L::kGpt2QkvBias},
+       {"self_attention.dense.weight", "attn.c_proj.weight", L::kTransposed},
+       {"self_attention.dense.bias", "attn.c_proj.bias"},
+       {"post_attention_layernorm.weight", "ln_2.weight"},
+       {"post_attention_layernorm.bias", "ln_2.bias"},
+       {"mlp.dense_h_to_4h.weight", "mlp.c_fc.weight", L::kTransposed},
+       {"mlp.dense_h_to_4h.bias", "mlp.c_fc.bias"},
+       {"mlp.dense_4h_to_h.weight", "mlp.c_proj.weight", L::kTransposed},
+       {"mlp.dense_4h_to_h.bias", "mlp.c_proj.bias"}}};
+  // BLOOM's layers use Megatron's names (its QKV rows are (NH, 3, HS) as trident's).
+  static const HfNames bloom{
+      "transformer.h.",
+      {{"embedding.word_embeddings.weight", "transformer.word_embeddings.weight", L::kVocabRows},
+       {"embedding.word_embeddings_layernorm.weight",
+        "transformer.word_embeddings_layernorm.weight"},
+       {"embedding.word_embeddings_layernorm.bias", "transformer.word_embeddings_layernorm.bias"},
+       {"final_layernorm.weight", "transformer.ln_f.weight"},
+       {"final_layernorm.bias", "transformer.ln_f.bias"}},
+      {{"input_layernorm.weight", "input_layernorm.weight"},
+       {"input_layernorm.bias", "input_layernorm.bias"},
+       {"self_attention.query_key_value.weight", "self_attention.query_key_value.weight"},
+       {"self_attention.query_key_value.bias", "self_attention.query_key_value.bias"},
+       {"self_attention.dense.weight", "self_attention.dense.weight"},
+       {"self_attention.dense.bias", "self_attention.dense.bias"},
+       {"post_attention_layernorm.weight", "post_attention_layernorm.weight"},
+       {"post_attention_layernorm.bias", "post_attention_layernorm.bias"},
+       {"mlp.dense_h_to_4h.weight", "mlp.dense_h_to_4h.weight"},
+       {"mlp.dense_h_to_4h.bias", "mlp.dense_h_to_4h.bias"},
+       {"mlp.dense_4h_to_h.weight", "mlp.dense_4h_to_h.weight"},
+       {"mlp.dense_4h_to_h.bias", "mlp.dense_4h_to_h.bias"}}};
+  static const HfNames llama{
+      "model.layers.",
+      {{"embedding.word_embeddings.weight", "model.embed_tokens.weight", L::kVocabRows},
+       {"final_layernorm.weight", "model.norm.weight"},
+       {"output_layer.weight", "lm_head.weight", L::kVocabRows}},
+      {{"input_layernorm.weight", "input_layernorm.weight"},
+       {"self_attention.query_key_value.weight", "self_attn.q_proj.weight", L::kQuery},
+       {"self_attention.query_key_value.weight", "self_attn.k_proj.weight", L::kKey},
+       {"self_attention.query_key_value.weight", "self_attn.v_proj.weight", L::kValue},
+       {"self_attention.dense.weight", "self_attn.o_proj.weight"},
+       {"post_attention_layernorm.weight", "post_attention_layernorm.weight"},
+       {"mlp.dense_h_to_4h.weight", "mlp.gate_proj.weight", L::kGate},
+       {"mlp.dense_h_to_4h.weight", "mlp.up_proj.weight", L::kUp},
+       {"mlp.dense_4h_to_h.weight", "mlp.down_proj.weight"}}};
+  switch (arch) {
+    case HfArch::kGpt2:
+      return gpt2;
+    case HfArch::kBloom:
+      return bloom;
+    case HfArch::kLlama:
+      return llama;
+  }
+  throw core::InternalError("unknown HfArch");
+}
+
+// The transformers tensor `name` of the whole declared weight of shape `g`, laid out as `layout`.
+HfTensor hf_tensor(const model::ModelConfig& m, std::string name, const model::ParamSpec& p,
+                   HfLayout layout) {
+  const std::vector<std::int64_t>& g = p.global_shape;
+  const std::int64_t C = m.hidden_size, NH = m.num_attention_heads, HS = m.head_dim();
+  const std::int64_t G = m.query_groups(), hpg = NH / G;
+  HfTensor t{std::move(name), g, p.name, [](std::int64_t i) { return i; }};
+  // c_attn's column (part, head, d) is trident's row (head, part, d).
+  auto gpt2_qkv_row = [C, HS](std::int64_t col) {
+    return ((col % C) / HS * 3 + col / C) * HS + col % HS;
   };
-  auto add = [&](std::string name, std::vector<std::int64_t> shape, std::string tname,
-                 std::function<std::int64_t(std::int64_t)> index) {
-    t.push_back({std::move(name), std::move(shape), std::move(tname), std::move(index)});
+  // Row `row` of Llama's projection `part` (0 queries, hpg keys, hpg + 1 values) in trident's QKV.
+  auto llama_row = [=](std::int64_t part, std::int64_t row) {
+    const std::int64_t head = row / HS, d = row % HS;
+    const std::int64_t group = part == 0 ? head / hpg : head;
+    const std::int64_t slot = part == 0 ? head % hpg : part;
+    return (group * (hpg + 2) + slot) * HS + d;
   };
-  if (arch == HfArch::kGpt2) {
-    add("transformer.wte.weight", {V, C}, "embedding.word_embeddings.weight", same);
-    add("transformer.wpe.weight", {m.max_positions(), C}, "embedding.position_embeddings.weight",
-        same);
-    // c_attn columns are (3, NH, HS); trident's rows (NH, 3, HS).
-    auto qkv_row = [NH, HS, C](std::int64_t col) {
-      const std::int64_t part = col / C, h = (col % C) / HS, d = col % HS;
-      (void)NH;
-      return (h * 3 + part) * HS + d;
-    };
-    for (std::int64_t l = 0; l < L; ++l) {
-      const std::string p = str("layers.", l, "."), q = str("transformer.h.", l, ".");
-      add(q + "ln_1.weight", {C}, p + "input_layernorm.weight", same);
-      add(q + "ln_1.bias", {C}, p + "input_layernorm.bias", same);
-      add(q + "attn.c_attn.weight", {C, 3 * C}, p + "self_attention.query_key_value.weight",
-          [=](std::int64_t i) { return qkv_row(i % (3 * C)) * C + i / (3 * C); });
-      add(q + "attn.c_attn.bias", {3 * C}, p + "self_attention.query_key_value.bias", qkv_row);
-      add(q + "attn.c_proj.weight", {C, C}, p + "self_attention.dense.weight", transposed(C, C));
-      add(q + "attn.c_proj.bias", {C}, p + "self_attention.dense.bias", same);
-      add(q + "ln_2.weight", {C}, p + "post_attention_layernorm.weight", same);
-      add(q + "ln_2.bias", {C}, p + "post_attention_layernorm.bias", same);
-      add(q + "mlp.c_fc.weight", {C, F}, p + "mlp.dense_h_to_4h.weight", transposed(C, F));
-      add(q + "mlp.c_fc.bias", {F}, p + "mlp.dense_h_to_4h.bias", same);
-      add(q + "mlp.c_proj.weight", {F, C}, p + "mlp.dense_4h_to_h.weight", transposed(F, C));
-      add(q + "mlp.c_proj.bias", {C}, p + "mlp.dense_4h_to_h.bias", same);
+  switch (layout) {
+    case HfLayout::kSame:
+      break;
+    case HfLayout::kTransposed: {
+      const std::int64_t out = g[0], in = g[1];
+      t.shape = {in, out};
+      t.index = [in, out](std::int64_t i) { return (i % out) * in + i / out; };
+      break;
     }
-    add("transformer.ln_f.weight", {C}, "final_layernorm.weight", same);
-    add("transformer.ln_f.bias", {C}, "final_layernorm.bias", same);
-  } else if (arch == HfArch::kBloom) {
-    add("transformer.word_embeddings.weight", {V, C}, "embedding.word_embeddings.weight", same);
-    add("transformer.word_embeddings_layernorm.weight", {C},
-        "embedding.word_embeddings_layernorm.weight", same);
-    add("transformer.word_embeddings_layernorm.bias", {C},
-        "embedding.word_embeddings_layernorm.bias", same);
-    for (std::int64_t l = 0; l < L; ++l) {
-      const std::string p = str("layers.", l, "."), q = str("transformer.h.", l, ".");
-      const std::pair<const char*, std::vector<std::int64_t>> names[] = {
-          {"input_layernorm.weight", {C}},
-          {"input_layernorm.bias", {C}},
-          {"self_attention.query_key_value.weight", {3 * C, C}},  // (NH, 3, HS) rows in both
-          {"self_attention.query_key_value.bias", {3 * C}},
-          {"self_attention.dense.weight", {C, C}},
-          {"self_attention.dense.bias", {C}},
-          {"post_attention_layernorm.weight", {C}},
-          {"post_attention_layernorm.bias", {C}},
-          {"mlp.dense_h_to_4h.weight", {F, C}},
-          {"mlp.dense_h_to_4h.bias", {F}},
-          {"mlp.dense_4h_to_h.weight", {C, F}},
-          {"mlp.dense_4h_to_h.bias", {C}}};
-      for (const auto& [n, shape] : names) add(q + n, shape, p + n, same);
+    case HfLayout::kGpt2Qkv:
+      t.shape = {C, 3 * C};
+      t.index = [=](std::int64_t i) { return gpt2_qkv_row(i % (3 * C)) * C + i / (3 * C); };
+      break;
+    case HfLayout::kGpt2QkvBias:
+      t.index = gpt2_qkv_row;
+      break;
+    case HfLayout::kQuery:
+    case HfLayout::kKey:
+    case HfLayout::kValue: {
+      const std::int64_t part = layout == HfLayout::kQuery ? 0
+                                : layout == HfLayout::kKey ? hpg
+                                                           : hpg + 1;
+      t.shape = {(part == 0 ? NH : G) * HS, C};
+      t.index = [=](std::int64_t i) { return llama_row(part, i / C) * C + i % C; };
+      break;
     }
-    add("transformer.ln_f.weight", {C}, "final_layernorm.weight", same);
-    add("transformer.ln_f.bias", {C}, "final_layernorm.bias", same);
-  } else {
-    add("model.embed_tokens.weight", {V, C}, "embedding.word_embeddings.weight", same);
-    for (std::int64_t l = 0; l < L; ++l) {
-      const std::string p = str("layers.", l, "."), q = str("model.layers.", l, ".");
-      const std::string qkv = p + "self_attention.query_key_value.weight";
-      add(q + "input_layernorm.weight", {C}, p + "input_layernorm.weight", same);
-      // trident's QKV rows are (G, hpg + 2, HS): a group's query heads, its key and value head.
-      add(q + "self_attn.q_proj.weight", {NH * HS, C}, qkv, [=](std::int64_t i) {
-        const std::int64_t row = i / C, h = row / HS, d = row % HS;
-        return ((h / hpg * (hpg + 2) + h % hpg) * HS + d) * C + i % C;
-      });
-      for (std::int64_t part : {hpg, hpg + 1}) {
-        add(q + (part == hpg ? "self_attn.k_proj.weight" : "self_attn.v_proj.weight"), {G * HS, C},
-            qkv, [=](std::int64_t i) {
-              const std::int64_t row = i / C, g = row / HS, d = row % HS;
-              return ((g * (hpg + 2) + part) * HS + d) * C + i % C;
-            });
-      }
-      add(q + "self_attn.o_proj.weight", {C, C}, p + "self_attention.dense.weight", same);
-      add(q + "post_attention_layernorm.weight", {C}, p + "post_attention_layernorm.weight", same);
-      // trident's (2, F, C) up-projection: [0] gate, [1] up.
-      add(q + "mlp.gate_proj.weight", {F, C}, p + "mlp.dense_h_to_4h.weight", same);
-      add(q + "mlp.up_proj.weight", {F, C}, p + "mlp.dense_h_to_4h.weight",
-          [=](std::int64_t i) { return F * C + i; });
-      add(q + "mlp.down_proj.weight", {C, F}, p + "mlp.dense_4h_to_h.weight", same);
+    case HfLayout::kGate:
+    case HfLayout::kUp: {
+      const std::int64_t start = layout == HfLayout::kGate ? 0 : g[1] * g[2];
+      t.shape = {g[1], g[2]};
+      t.index = [start](std::int64_t i) { return start + i; };
+      break;
     }
-    add("model.norm.weight", {C}, "final_layernorm.weight", same);
-    if (!m.tied_output()) add("lm_head.weight", {V, C}, "output_layer.weight", same);
+    case HfLayout::kVocabRows:
+      t.shape = {m.vocab_size, g[1]};
+      break;
   }
   return t;
 }
@@ -329,13 +382,24 @@ std::vector<HfTensor> hf_tensor_list(const model::ModelConfig& m, HfArch arch) {
 }  // namespace
 
 std::vector<HfTensor> hf_tensors(const model::ModelConfig& m, HfArch arch) {
-  std::vector<HfTensor> t = hf_tensor_list(m, arch);
-  // Every weight the layers declare (model/layers/) must have its Hugging Face tensor: one
-  // without would stay zero on import and be dropped on export.
-  std::set<std::string> mapped;
-  for (const HfTensor& x : t) mapped.insert(x.trident_name);
+  const HfNames& names = hf_names(arch);
+  std::vector<HfTensor> t;
+  // The declared weights in the table's order (embedding, layers, head), each mapped by name.
   for (const model::ParamSpec& p : model::build_gpt_param_table(m).params) {
-    if (mapped.count(p.name) == 0) {
+    std::string key = p.name, prefix;
+    const std::vector<HfName>* list = &names.global;
+    if (p.layer >= 0) {
+      const std::string ours = str("layers.", p.layer, ".");
+      key = p.name.substr(ours.size());
+      prefix = str(names.layer, p.layer, ".");
+      list = &names.in_layer;
+    }
+    const std::size_t before = t.size();
+    for (const HfName& n : *list) {
+      if (key == n.trident) t.push_back(hf_tensor(m, prefix + n.hf, p, n.layout));
+    }
+    // One without a tensor would stay zero on import and be dropped on export.
+    if (t.size() == before) {
       throw InvalidArgument(str("the model's ", p.name, " has no tensor in transformers' ",
                                 hf_arch_name(arch),
                                 " (ckpt/hf_model.cc): this model cannot be converted"));
