@@ -23,6 +23,7 @@
 #include "trident/kernels/kv_cache_attention.h"
 #include "trident/kernels/layernorm.h"
 #include "trident/kernels/lion.h"
+#include "trident/kernels/moe.h"
 #include "trident/kernels/overflow.h"
 #include "trident/kernels/rmsnorm.h"
 #include "trident/kernels/rope.h"
