@@ -1,0 +1,269 @@
+#include "trident/model/layers/moe.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "trident/core/error.h"
+#include "trident/kernels/elementwise.h"
+#include "trident/kernels/memory.h"
+#include "trident/kernels/swiglu.h"
+
+namespace trident::model::layers {
+
+namespace k = trident::kernels;
+
+std::int64_t MoeConfig::capacity(std::int64_t rows) const {
+  if (capacity_factor <= 0.0) return 0;
+  const double per_expert = static_cast<double>(rows) * static_cast<double>(router.topk) /
+                            static_cast<double>(num_experts);
+  return std::max<std::int64_t>(1,
+                                static_cast<std::int64_t>(std::ceil(per_expert * capacity_factor)));
+}
+
+std::int64_t MoeConfig::max_rows(std::int64_t rows) const {
+  const std::int64_t all = rows * router.topk, cap = capacity(rows);
+  if (cap == 0) return all;
+  return pad_to_capacity ? num_experts * cap : std::min(all, num_experts * cap);
+}
+
+void declare_moe(const MoeConfig& cfg, const WeightScope& s, MoeParams* p, MoeGrads* g) {
+  const std::int64_t C = cfg.hidden, E = cfg.num_experts, F = cfg.ffn;
+  const bool swiglu = cfg.activation == Activation::kSwiGlu;
+  s({.name = "router.weight", .shape = {E, C}, .weight_decay = true},
+    slot(field(p, &MoeParams::router), field(g, &MoeGrads::router)));
+  s({.name = "experts.dense_h_to_4h.weight",
+     .shape = swiglu ? std::vector<std::int64_t>{E, 2, F, C} : std::vector<std::int64_t>{E, F, C}},
+    slot(field(p, &MoeParams::fc_w), field(g, &MoeGrads::fc_w)));
+  s({.name = "experts.dense_4h_to_h.weight", .shape = {E, C, F}, .init = InitRule::kScaledNormal},
+    slot(field(p, &MoeParams::fc2_w), field(g, &MoeGrads::fc2_w)));
+}
+
+namespace {
+
+// Expert e's matrix inside a stacked (E, ...) weight of `per` elements per expert.
+Weight expert_weight(const Weight& w, std::int64_t e, std::int64_t per) {
+  return {w.f32 + e * per, w.bf16 != nullptr ? w.bf16 + e * per : nullptr};
+}
+
+template <class T>
+std::vector<T> download(const LayerContext& lc, const T* src, std::int64_t n) {
+  std::vector<T> v(static_cast<std::size_t>(n));
+  k::download(lc.ctx, v.data(), src, n * static_cast<std::int64_t>(sizeof(T)));
+  return v;
+}
+
+void check_layout(const LayerContext& lc, const MoeConfig& cfg) {
+  TRIDENT_CHECK(lc.region.group().size() == 1,
+                "the mixture-of-experts layer runs with tensor "
+                "parallelism 1 for now (--tensor-model-parallel-size ",
+                lc.region.group().size(), ")");
+  TRIDENT_CHECK(!cfg.aux_per_sequence || lc.seq_len > 0,
+                "the per-sequence load-balancing loss needs the sequence length");
+}
+
+// Kept rows per expert of each group of consecutive tokens (the whole call, or each sequence).
+std::vector<double> group_counts(const std::vector<std::int32_t>& experts,
+                                 const std::vector<std::int32_t>& rows_of, std::int64_t topk,
+                                 std::int64_t E, std::int64_t group_tokens) {
+  const std::int64_t n_choices = static_cast<std::int64_t>(experts.size());
+  std::vector<double> counts(static_cast<std::size_t>(n_choices / topk / group_tokens * E), 0.0);
+  for (std::int64_t i = 0; i < n_choices; ++i) {
+    if (rows_of[i] >= 0) counts[(i / topk / group_tokens) * E + experts[i]] += 1.0;
+  }
+  return counts;
+}
+
+}  // namespace
+
+void moe_forward(const LayerContext& lc, const MoeConfig& cfg, const MoeParams& p,
+                 const MoeForwardArgs& args) {
+  check_layout(lc, cfg);
+  const MoeSaved& s = args.saved;
+  const std::int64_t N = lc.rows(), C = cfg.hidden, E = cfg.num_experts, K = cfg.router.topk;
+  const std::int64_t F = cfg.ffn, FC = cfg.activation == Activation::kSwiGlu ? 2 * F : F;
+  const std::int64_t R = cfg.max_rows(N);
+  linear(lc, {.out = s.logits,
+              .in = args.in,
+              .weight = p.router,
+              .rows = N,
+              .in_features = C,
+              .out_features = E});
+  k::moe_router(lc.ctx, {.scores = view_of(lc, s.scores, {N, E}),
+                         .experts = view_of(lc, s.experts, {N, K}),
+                         .weights = view_of(lc, s.weights, {N, K}),
+                         .lse = view_of(lc, s.lse, {N}),
+                         .logits = view_of(lc, s.logits, {N, E}),
+                         .cfg = cfg.router});
+  k::moe_dispatch_map(lc.ctx, {.rows = view_of(lc, s.rows_of, {N, K}),
+                               .counts = view_of(lc, s.counts, {E}),
+                               .sources = view_of(lc, s.sources, {R}),
+                               .experts = view_of(lc, s.experts, {N, K}),
+                               .weights = view_of(lc, s.weights, {N, K}),
+                               .num_experts = E,
+                               .capacity = cfg.capacity(N),
+                               .policy = cfg.drop_policy,
+                               .pad_to_capacity = cfg.pad_to_capacity});
+  const std::vector<std::int32_t> counts = download(lc, s.counts, E);
+  std::int64_t rows = 0;
+  for (std::int32_t c : counts) rows += c;
+  const std::int64_t used = cfg.pad_to_capacity ? R : rows;  // the permuted rows in use
+  k::moe_permute(lc.ctx, {.x_perm = view_of(lc, s.x_perm, {used, C}),
+                          .x = view_of(lc, args.in, {N, C}),
+                          .sources = view_of(lc, s.sources, {R}),
+                          .topk = K});
+  const std::int64_t cap = cfg.capacity(N);
+  std::int64_t first = 0;
+  for (std::int64_t e = 0; e < E; ++e) {
+    if (cfg.pad_to_capacity) first = e * cap;
+    const std::int64_t n = counts[e];
+    if (n > 0) {
+      linear(lc, {.out = s.fc + first * FC,
+                  .in = s.x_perm + first * C,
+                  .weight = expert_weight(p.fc_w, e, FC * C),
+                  .rows = n,
+                  .in_features = C,
+                  .out_features = FC});
+      if (cfg.activation == Activation::kSwiGlu) {
+        k::swiglu(lc.ctx, {.out = view_of(lc, s.act + first * F, {n, F}),
+                           .in = view_of(lc, s.fc + first * FC, {n, FC})});
+      } else {
+        k::gelu(lc.ctx, {.out = view_of(lc, s.act + first * F, {n, F}),
+                         .in = view_of(lc, s.fc + first * FC, {n, F})});
+      }
+      linear(lc, {.out = s.y_perm + first * C,
+                  .in = s.act + first * F,
+                  .weight = expert_weight(p.fc2_w, e, C * F),
+                  .rows = n,
+                  .in_features = F,
+                  .out_features = C});
+    }
+    if (cfg.pad_to_capacity && n < cap) {  // padding rows: no expert output
+      k::zero_on_device(lc.ctx, s.y_perm + (first + n) * C, (cap - n) * C * 4);
+    }
+    first += n;
+  }
+  k::moe_unpermute(lc.ctx, {.out = view_of(lc, args.out, {N, C}),
+                            .y_perm = view_of(lc, s.y_perm, {used, C}),
+                            .weights = view_of(lc, s.weights, {N, K}),
+                            .rows = view_of(lc, s.rows_of, {N, K})});
+  if (args.stats == nullptr) return;
+  MoeStats& st = *args.stats;
+  st.tokens_per_expert = counts;
+  st.dropped = N * K - rows;
+  st.aux_loss = st.z_loss = 0.0;
+  if (cfg.z_loss_coeff != 0.0) {
+    double sum = 0;
+    for (float x : download(lc, s.lse, N)) sum += static_cast<double>(x) * x;
+    st.z_loss = cfg.z_loss_coeff * sum / static_cast<double>(N);
+  }
+  if (cfg.aux_loss_coeff != 0.0) {
+    const std::int64_t group = cfg.aux_per_sequence ? lc.seq_len : N, groups = N / group;
+    const std::vector<double> c =
+        group_counts(download(lc, s.experts, N * K), download(lc, s.rows_of, N * K), K, E, group);
+    const std::vector<float> scores = download(lc, s.scores, N * E);
+    double loss = 0;
+    for (std::int64_t n = 0; n < N; ++n) {
+      for (std::int64_t e = 0; e < E; ++e) loss += scores[n * E + e] * c[(n / group) * E + e];
+    }
+    // per group: E / (k T^2) sum_e S_e c_e, averaged over the groups
+    st.aux_loss = cfg.aux_loss_coeff * loss * static_cast<double>(E) /
+                  (static_cast<double>(K) * group * group * groups);
+  }
+}
+
+const float* moe_backward(const LayerContext& lc, const MoeConfig& cfg, const MoeParams& p,
+                          const MoeBackwardArgs& args) {
+  check_layout(lc, cfg);
+  const MoeSaved& s = args.saved;
+  const MoeGrads& g = args.grads;
+  const std::int64_t N = lc.rows(), C = cfg.hidden, E = cfg.num_experts, K = cfg.router.topk;
+  const std::int64_t F = cfg.ffn, FC = cfg.activation == Activation::kSwiGlu ? 2 * F : F;
+  const std::int64_t R = cfg.max_rows(N);
+  const std::vector<std::int32_t> counts = download(lc, s.counts, E);
+  std::int64_t rows = 0;
+  for (std::int32_t c : counts) rows += c;
+  const std::int64_t used = cfg.pad_to_capacity ? R : rows;
+  k::moe_unpermute_backward(lc.ctx, {.d_y_perm = view_of(lc, args.d_perm, {used, C}),
+                                     .d_weights = view_of(lc, args.d_weights, {N, K}),
+                                     .d_out = view_of(lc, args.d_out, {N, C}),
+                                     .y_perm = view_of(lc, s.y_perm, {used, C}),
+                                     .weights = view_of(lc, s.weights, {N, K}),
+                                     .rows = view_of(lc, s.rows_of, {N, K}),
+                                     .sources = view_of(lc, s.sources, {R})});
+  const std::int64_t cap = cfg.capacity(N);
+  std::int64_t first = 0;
+  for (std::int64_t e = 0; e < E; ++e) {
+    if (cfg.pad_to_capacity) first = e * cap;
+    const std::int64_t n = counts[e];
+    if (n > 0) {
+      // d_perm's rows are the expert output's gradient, then (=) its input's.
+      linear_backward(lc, {.d_in = args.d_act + first * F,
+                           .d_weight = g.fc2_w + e * C * F,
+                           .d_out = args.d_perm + first * C,
+                           .in = s.act + first * F,
+                           .weight = expert_weight(p.fc2_w, e, C * F),
+                           .rows = n,
+                           .in_features = F,
+                           .out_features = C});
+      if (cfg.activation == Activation::kSwiGlu) {
+        k::swiglu_backward(lc.ctx, {.d_in = view_of(lc, args.d_fc + first * FC, {n, FC}),
+                                    .d_out = view_of(lc, args.d_act + first * F, {n, F}),
+                                    .in = view_of(lc, s.fc + first * FC, {n, FC})});
+      } else {
+        k::gelu_backward(lc.ctx, {.d_in = view_of(lc, args.d_fc + first * FC, {n, F}),
+                                  .d_out = view_of(lc, args.d_act + first * F, {n, F}),
+                                  .in = view_of(lc, s.fc + first * FC, {n, F})});
+      }
+      linear_backward(lc, {.d_in = args.d_perm + first * C,
+                           .d_weight = g.fc_w + e * FC * C,
+                           .d_out = args.d_fc + first * FC,
+                           .in = s.x_perm + first * C,
+                           .weight = expert_weight(p.fc_w, e, FC * C),
+                           .rows = n,
+                           .in_features = C,
+                           .out_features = FC});
+    }
+    first += n;
+  }
+  // The router: the combine's gradient, the load-balancing loss's and the z-loss's.
+  const std::int64_t group = cfg.aux_per_sequence ? lc.seq_len : N, groups = N / group;
+  const bool aux = cfg.aux_loss_coeff != 0.0;
+  if (aux) {
+    std::vector<double> c =
+        group_counts(download(lc, s.experts, N * K), download(lc, s.rows_of, N * K), K, E, group);
+    std::vector<float> d_aux(c.size());
+    const double scale = args.aux_grad_scale * cfg.aux_loss_coeff * static_cast<double>(E) /
+                         (static_cast<double>(K) * group * group * groups);
+    for (std::size_t i = 0; i < c.size(); ++i) d_aux[i] = static_cast<float>(scale * c[i]);
+    k::copy_to_device(lc.ctx, args.d_aux, d_aux.data(),
+                      static_cast<std::int64_t>(d_aux.size() * sizeof(float)));
+  }
+  const float z_scale =
+      static_cast<float>(args.aux_grad_scale * cfg.z_loss_coeff / static_cast<double>(N));
+  k::moe_router_backward(lc.ctx,
+                         {.d_logits = view_of(lc, args.d_logits, {N, E}),
+                          .d_weights = view_of(lc, args.d_weights, {N, K}),
+                          .weights = view_of(lc, s.weights, {N, K}),
+                          .d_aux = aux ? view_of(lc, args.d_aux, {groups, E}) : core::TensorView{},
+                          .logits = view_of(lc, s.logits, {N, E}),
+                          .scores = view_of(lc, s.scores, {N, E}),
+                          .experts = view_of(lc, s.experts, {N, K}),
+                          .lse = view_of(lc, s.lse, {N}),
+                          .group_tokens = group,
+                          .z_scale = z_scale,
+                          .cfg = cfg.router});
+  linear_backward(lc, {.d_in = lc.ws.d_ln,
+                       .d_weight = g.router,
+                       .d_out = args.d_logits,
+                       .in = args.in,
+                       .weight = p.router,
+                       .rows = N,
+                       .in_features = C,
+                       .out_features = E});
+  k::moe_permute_backward(lc.ctx, {.d_x = view_of(lc, lc.ws.d_ln, {N, C}),
+                                   .d_x_perm = view_of(lc, args.d_perm, {used, C}),
+                                   .rows = view_of(lc, s.rows_of, {N, K})});
+  return lc.ws.d_ln;
+}
+
+}  // namespace trident::model::layers

@@ -1,0 +1,117 @@
+// The mixture-of-experts MLP (Megatron-Core's MoELayer with the token-permutation dispatcher,
+// DeepSpeed-MoE's layer): a router picks k of E expert MLPs per token, the tokens are permuted so
+// that each expert's are contiguous, each expert runs its MLP on its rows, and the outputs are
+// combined, weighted by the router:
+//
+//   logits = in @ router^T                         (rows, E)
+//   scores, experts, weights = top-k router        (kernels/moe.h)
+//   x_perm = in permuted by expert (capacity drops: a dropped choice adds nothing)
+//   y_perm[expert e's rows] = mlp_e(x_perm[its rows])    (GeLU or SwiGLU, no biases)
+//   out[n] = sum_j weights[n, j] * y_perm[row of (n, j)]
+//
+// plus, for training, the load-balancing loss (Switch / GShard: E / (k N^2) * sum_e
+// (sum_n scores[n, e]) * tokens_e, times its coefficient; per sequence with
+// MoeConfig::aux_per_sequence) and the router z-loss (mean_n logsumexp(logits[n])^2 times its
+// coefficient), whose gradients enter the router's backward.
+//
+// This layer runs with tensor parallelism 1 and every expert on this rank (expert parallelism 1).
+// The per-expert matmuls read each expert's row count on the host (one small device read per
+// layer call, as Megatron's dispatcher does).
+#pragma once
+
+#include <vector>
+
+#include "trident/kernels/moe.h"
+#include "trident/model/layers/layer.h"
+#include "trident/model/layers/mlp.h"
+#include "trident/model/layers/weights.h"
+
+namespace trident::model::layers {
+
+struct MoeConfig {
+  std::int64_t hidden = 0;       // C
+  std::int64_t num_experts = 0;  // E
+  std::int64_t ffn = 0;          // each expert's F (--moe-ffn-hidden-size)
+  Activation activation = Activation::kSwiGlu;
+  kernels::MoeRouterConfig router{};
+  // --moe-expert-capacity-factor (0: dropless): capacity = ceil(factor * rows * k / E).
+  double capacity_factor = 0.0;
+  kernels::MoeDropPolicy drop_policy = kernels::MoeDropPolicy::kProbs;
+  bool pad_to_capacity = false;
+  double aux_loss_coeff = 0.0;    // --moe-aux-loss-coeff
+  bool aux_per_sequence = false;  // --moe-router-load-balancing-type seq_aux_loss
+  double z_loss_coeff = 0.0;      // --moe-z-loss-coeff
+
+  // The rows the permuted buffers hold for `rows` tokens: every choice (dropless), at most the
+  // capacity per expert, or exactly that (padded).
+  std::int64_t capacity(std::int64_t rows) const;
+  std::int64_t max_rows(std::int64_t rows) const;
+};
+
+struct MoeParams {
+  Weight router;  // (E, C)
+  Weight fc_w;    // (E, F, C); SwiGLU: (E, 2, F, C), each expert's gate block then its up block
+  Weight fc2_w;   // (E, C, F)
+};
+struct MoeGrads {
+  float *router = nullptr, *fc_w = nullptr, *fc2_w = nullptr;
+};
+// "router.weight" (E, C), "experts.dense_h_to_4h.weight" and "experts.dense_4h_to_h.weight"
+// (expert e's matrices at index e of the first dimension), none tensor-parallel.
+void declare_moe(const MoeConfig& cfg, const WeightScope& s, MoeParams* p, MoeGrads* g);
+
+// The activations the backward reads (rows = this call's tokens, R = cfg.max_rows(rows)); int32
+// buffers in their own type.
+struct MoeSaved {
+  float* logits = nullptr;          // (rows, E)
+  float* scores = nullptr;          // (rows, E)
+  std::int32_t* experts = nullptr;  // (rows, k)
+  float* weights = nullptr;         // (rows, k)
+  float* lse = nullptr;             // (rows)
+  std::int32_t* rows_of = nullptr;  // (rows, k) the permuted row of each choice, -1 dropped
+  std::int32_t* sources = nullptr;  // (R)
+  std::int32_t* counts = nullptr;   // (E) on the device
+  float* x_perm = nullptr;          // (R, C)
+  float* fc = nullptr;              // (R, F); SwiGLU (R, 2F)
+  float* act = nullptr;             // (R, F)
+  float* y_perm = nullptr;          // (R, C)
+};
+
+// What the router did in one call (host values, for the loss and the log).
+struct MoeStats {
+  std::vector<std::int32_t> tokens_per_expert;  // kept rows per expert
+  std::int64_t dropped = 0;                     // choices dropped by the capacity
+  double aux_loss = 0.0;                        // the load-balancing loss, with its coefficient
+  double z_loss = 0.0;                          // the router z-loss, with its coefficient
+};
+
+struct MoeForwardArgs {
+  float* out = nullptr;       // (rows, C) written
+  const float* in = nullptr;  // (rows, C)
+  MoeSaved saved;
+  MoeStats* stats = nullptr;  // filled when not null
+};
+void moe_forward(const LayerContext& lc, const MoeConfig& cfg, const MoeParams& p,
+                 const MoeForwardArgs& args);
+
+// Returns the gradient of `in` (rows, C, in the workspace's d_ln); grads +=. aux_grad_scale is the
+// gradient of the training loss with respect to the auxiliary losses (1 when they are added to
+// the loss as they are; the trainer's normalisation otherwise).
+struct MoeBackwardArgs {
+  const float* d_out = nullptr;  // (rows, C)
+  const float* in = nullptr;     // the forward's input
+  MoeSaved saved;
+  MoeGrads grads;
+  double aux_grad_scale = 1.0;
+  // Scratch: (rows, k), (rows, E), (R, C), (R, F or 2F), (R, F), (E or E x sequences) floats.
+  float* d_weights = nullptr;
+  float* d_logits = nullptr;
+  float* d_perm = nullptr;
+  float* d_fc = nullptr;
+  float* d_act = nullptr;
+  float* d_aux = nullptr;
+};
+const float* moe_backward(const LayerContext& lc, const MoeConfig& cfg, const MoeParams& p,
+                          const MoeBackwardArgs& args);
+
+}  // namespace trident::model::layers
