@@ -4,12 +4,17 @@
 // (undefined behaviour), divides by zero, or sizes a model from an absurd dimension.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
+#include "trident/ckpt/checkpoint.h"
 #include "trident/ckpt/hf_model.h"
 #include "trident/ckpt/model_config_json.h"
+#include "trident/comm/self_communicator.h"
 #include "trident/core/error.h"
+#include "trident/model/param_table.h"
 
 namespace trident::ckpt {
 namespace {
@@ -218,6 +223,174 @@ TEST(CheckpointModelConfig, MissingKeysAndDifferencesAreNamed) {
   json saved = trident_config();
   saved["rotary_base"] = 10000.1;
   EXPECT_EQ(architecture_diff(saved, run), "");
+}
+
+// The mixture-of-experts settings: Megatron-Core's names and values, every one round-tripping;
+// a checkpoint written before them is a dense model with Megatron-Core's router defaults.
+TEST(CheckpointModelConfig, MixtureOfExpertsKeysRoundTrip) {
+  model::ModelConfig m = model_config_from_json(trident_config());
+  EXPECT_EQ(m.num_experts, 0);
+  EXPECT_EQ(m.moe_ffn_hidden_size, 0);
+  EXPECT_EQ(m.moe_router_topk, 2);
+  EXPECT_EQ(m.moe_layer_freq, 1);
+  EXPECT_EQ(m.moe_router_score_function, model::MoeScoreFunction::kSoftmax);
+  EXPECT_FALSE(m.moe_router_pre_softmax);
+  EXPECT_EQ(m.moe_router_topk_scaling_factor, 0.0);
+  EXPECT_EQ(m.moe_expert_capacity_factor, 0.0);
+  EXPECT_EQ(m.moe_token_drop_policy, model::MoeDropPolicy::kProbs);
+  EXPECT_FALSE(m.moe_pad_expert_input_to_capacity);
+  EXPECT_EQ(m.moe_router_load_balancing_type, model::MoeLoadBalancing::kAuxLoss);
+  EXPECT_EQ(m.moe_aux_loss_coeff, 0.0);
+  EXPECT_EQ(m.moe_z_loss_coeff, 0.0);
+
+  m.swiglu = true;
+  m.add_bias_linear = false;
+  m.num_experts = 8;
+  m.moe_router_topk = 1;
+  m.moe_layer_freq = 2;
+  m.moe_router_pre_softmax = true;
+  m.moe_router_topk_scaling_factor = 2.5;
+  m.moe_expert_capacity_factor = 1.25;
+  m.moe_token_drop_policy = model::MoeDropPolicy::kPosition;
+  m.moe_pad_expert_input_to_capacity = true;
+  m.moe_router_load_balancing_type = model::MoeLoadBalancing::kSeqAuxLoss;
+  m.moe_aux_loss_coeff = 0.01;
+  m.moe_z_loss_coeff = 0.001;
+  json j = model_config_to_json(m);
+  EXPECT_EQ(j["num_experts"], 8);
+  EXPECT_EQ(j["moe_ffn_hidden_size"], 256);  // resolved: --ffn-hidden-size
+  EXPECT_EQ(j["moe_router_topk"], 1);
+  EXPECT_EQ(j["moe_layer_freq"], 2);
+  EXPECT_EQ(j["moe_router_score_function"], "softmax");
+  EXPECT_EQ(j["moe_router_pre_softmax"], true);
+  EXPECT_EQ(j["moe_router_topk_scaling_factor"], 2.5);
+  EXPECT_EQ(j["moe_expert_capacity_factor"], 1.25);
+  EXPECT_EQ(j["moe_token_drop_policy"], "position");
+  EXPECT_EQ(j["moe_pad_expert_input_to_capacity"], true);
+  EXPECT_EQ(j["moe_router_load_balancing_type"], "seq_aux_loss");
+  EXPECT_EQ(j["moe_aux_loss_coeff"], 0.01);
+  EXPECT_EQ(j["moe_z_loss_coeff"], 0.001);
+  const model::ModelConfig back = model_config_from_json(j);
+  EXPECT_EQ(model_config_to_json(back), j);
+  EXPECT_EQ(back.moe_ffn(), 256);
+  EXPECT_EQ(back.moe_router_topk_scaling_factor, 2.5);
+  EXPECT_EQ(back.moe_token_drop_policy, model::MoeDropPolicy::kPosition);
+  EXPECT_EQ(back.moe_router_load_balancing_type, model::MoeLoadBalancing::kSeqAuxLoss);
+  EXPECT_EQ(back.moe_z_loss_coeff, 0.001);
+  EXPECT_EQ(architecture_diff(j, j), "");
+
+  // Every value of the three enums, and values trident does not have.
+  for (const char* v : {"softmax", "sigmoid"}) {
+    j["moe_router_score_function"] = v;
+    EXPECT_EQ(model_config_to_json(model_config_from_json(j))["moe_router_score_function"], v);
+  }
+  for (const char* v : {"probs", "position"}) {
+    j["moe_token_drop_policy"] = v;
+    EXPECT_EQ(model_config_to_json(model_config_from_json(j))["moe_token_drop_policy"], v);
+  }
+  for (const char* v : {"aux_loss", "seq_aux_loss", "none"}) {
+    j["moe_router_load_balancing_type"] = v;
+    EXPECT_EQ(model_config_to_json(model_config_from_json(j))["moe_router_load_balancing_type"], v);
+  }
+  json c = j;
+  c["moe_router_score_function"] = "sqrtsoftplus";
+  EXPECT_NE(ckpt_error(c).find("\"moe_router_score_function\" = \"sqrtsoftplus\" must be softmax "
+                               "or sigmoid"),
+            std::string::npos)
+      << ckpt_error(c);
+  c = j;
+  c["moe_token_drop_policy"] = 1;
+  EXPECT_NE(ckpt_error(c).find("\"moe_token_drop_policy\""), std::string::npos);
+  c = j;
+  c["moe_router_load_balancing_type"] = "sinkhorn";
+  EXPECT_NE(ckpt_error(c).find("aux_loss, seq_aux_loss or none"), std::string::npos);
+  // Hostile sizes: a layer frequency of 0 (ModelConfig::moe_layer divides by it), experts that
+  // would make the model absurd.
+  c = j;
+  c["moe_layer_freq"] = 0;
+  EXPECT_NE(ckpt_error(c).find("moe_layer_freq must be positive"), std::string::npos);
+  c = j;
+  c["num_experts"] = 2000000000;
+  EXPECT_NE(ckpt_error(c).find("more than 2^40"), std::string::npos) << ckpt_error(c);
+  c = j;
+  c["num_experts"] = -1;
+  EXPECT_NE(ckpt_error(c).find("\"num_experts\" = -1"), std::string::npos);
+}
+
+// A resume must keep the experts: each differing setting is named. The router's settings are
+// part of a model with experts only: two dense models agree whatever they say.
+TEST(CheckpointModelConfig, MixtureOfExpertsDifferencesAreNamed) {
+  json dense = trident_config();
+  json moe = dense;
+  moe["num_experts"] = 8;
+  EXPECT_EQ(architecture_diff(dense, moe), " num_experts: checkpoint 0 vs run 8;");
+  json other = moe;
+  other["num_experts"] = 16;
+  other["moe_router_topk"] = 1;
+  other["moe_aux_loss_coeff"] = 0.01;
+  other["moe_router_load_balancing_type"] = "none";
+  EXPECT_EQ(architecture_diff(moe, other),
+            " num_experts: checkpoint 8 vs run 16; moe_router_topk: checkpoint 2 vs run 1; "
+            "moe_router_load_balancing_type: checkpoint \"aux_loss\" vs run \"none\"; "
+            "moe_aux_loss_coeff: checkpoint 0.0 vs run 0.01;");
+  // The experts' hidden size: not given is --ffn-hidden-size.
+  other = moe;
+  other["moe_ffn_hidden_size"] = 256;
+  EXPECT_EQ(architecture_diff(moe, other), "");
+  other["moe_ffn_hidden_size"] = 128;
+  EXPECT_EQ(architecture_diff(moe, other), " moe_ffn_hidden_size: checkpoint 256 vs run 128;");
+  // Dense: the router's settings do not count.
+  json dense2 = dense;
+  dense2["moe_router_topk"] = 4;
+  dense2["moe_ffn_hidden_size"] = 64;
+  EXPECT_EQ(architecture_diff(dense, dense2), "");
+}
+
+// A resume from a dense checkpoint with --num-experts is refused by the load, naming the key.
+TEST(CheckpointModelConfig, ResumeWithOtherExpertsIsRefused) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / "trident_model_config_test_moe_resume";
+  std::filesystem::remove_all(dir);
+  model::ModelConfig mc;
+  mc.num_layers = 1;
+  mc.hidden_size = 8;
+  mc.num_attention_heads = 2;
+  mc.seq_length = 4;
+  mc.vocab_size = 10;
+  mc.make_vocab_size_divisible_by = 4;
+  mc.swiglu = true;
+  mc.add_bias_linear = false;
+  const model::ParamTable table = model::build_gpt_param_table(mc);
+  const std::int64_t n = table.total_numel;
+  std::vector<float> buf(static_cast<std::size_t>(n), 0.5f);
+  CheckpointState st;
+  st.iteration = 2;
+  st.config = model_config_to_json(mc);
+  st.layout = {{"tp", 1}, {"pp", 1}, {"dp", 1}};
+  st.coords = {{"tp", 0}, {"pp", 0}, {"dp", 0}};
+  st.tables.push_back({&table, 0});
+  st.numel = n;
+  st.params = {buf.data(), 0, n};
+  comm::SelfCommunicator world;
+  save_checkpoint(dir.string(), st, world);
+
+  model::ModelConfig run = mc;
+  run.num_experts = 4;
+  st.config = model_config_to_json(run);
+  try {
+    (void)load_checkpoint(dir.string(), -1, st, world);
+    ADD_FAILURE() << "a dense checkpoint loaded into a run with --num-experts 4";
+  } catch (const core::DataError& e) {
+    EXPECT_NE(std::string(e.what()).find(
+                  "the checkpoint's model differs from this run's: num_experts: checkpoint 0 vs "
+                  "run 4;"),
+              std::string::npos)
+        << e.what();
+  }
+  // The same experts load.
+  st.config = model_config_to_json(mc);
+  EXPECT_NO_THROW((void)load_checkpoint(dir.string(), -1, st, world));
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -164,6 +164,20 @@ class Equivalence : public ::testing::Test {
       const std::size_t at = model_flags.find("--num-query-groups ");
       c.num_query_groups = std::stoi(model_flags.substr(at + 19));
     }
+    // The mixture-of-experts flags of kMoe / kMoeDropping below (the table's shapes).
+    auto flag = [&](const std::string& f, std::int64_t otherwise) -> std::int64_t {
+      const std::size_t at = model_flags.find(f + " ");
+      return at == std::string::npos ? otherwise
+                                     : std::stoll(model_flags.substr(at + f.size() + 1));
+    };
+    if (model_flags.find("--num-experts ") != std::string::npos) {
+      c.swiglu = true;
+      c.add_bias_linear = false;
+      c.num_experts = flag("--num-experts", 0);
+      c.moe_router_topk = flag("--moe-router-topk", 2);
+      c.moe_ffn_hidden_size = flag("--moe-ffn-hidden-size", 0);
+      c.moe_layer_freq = flag("--moe-layer-freq", 1);
+    }
     c.num_layers = 4;
     c.hidden_size = 32;
     c.num_attention_heads = 4;
@@ -475,6 +489,35 @@ TEST_F(Equivalence, LionLayouts) {
                       "--zero-stage 3 --sequence-parallel"},
                      2,
                      kLion});
+}
+// Mixture of experts at expert parallelism 1 (docs/moe.md): 4 SwiGLU experts, top-2, with the
+// load-balancing and z-losses, in every layer or every other one (dense layers between). The
+// experts are ordinary weights of their layer, so data parallelism with sharded optimizer state
+// (ZeRO-1) and sharded weights (ZeRO-3, the experts gathered with their layer), and pipeline
+// stages with virtual chunks and full recomputation, equal one process. The routing is
+// deterministic and a micro-batch's routing does not depend on the layout.
+constexpr const char* kMoe =
+    "--swiglu --disable-bias-linear --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 48 "
+    "--moe-aux-loss-coeff 0.01 --moe-z-loss-coeff 0.001";
+TEST_F(Equivalence, MoeLayouts) {
+  expect_equivalent({"moe_zero1dp2", 2, {"--zero-stage 1 --ddp-bucket-size 5000"}, 1, kMoe});
+  expect_equivalent({"moe_zero3dp2", 2, {"--zero-stage 3"}, 1, kMoe});
+  expect_equivalent({"moe_pp2v2recompute",
+                     2,
+                     {"--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1 "
+                      "--recompute-granularity full"},
+                     1,
+                     kMoe});
+}
+// With a capacity that drops tokens (1.0 x the even share, by probability; per-sequence
+// load balancing) and MoE in every other layer.
+constexpr const char* kMoeDropping =
+    "--swiglu --disable-bias-linear --num-experts 4 --moe-router-topk 2 --moe-layer-freq 2 "
+    "--moe-expert-capacity-factor 1.0 --moe-token-drop-policy probs "
+    "--moe-router-load-balancing-type seq_aux_loss --moe-aux-loss-coeff 0.01";
+TEST_F(Equivalence, MoeDroppingLayouts) {
+  expect_equivalent({"moedrop_dp2", 2, {}, 1, kMoeDropping});
+  expect_equivalent({"moedrop_pp2", 2, {"--pipeline-model-parallel-size 2"}, 1, kMoeDropping});
 }
 // A stop at iteration 5 and a resume give the uninterrupted run's losses and final checkpoint
 // bitwise: Lion's momentum is saved and restored by name ("exp_avg"), sharded over dp.

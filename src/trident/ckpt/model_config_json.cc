@@ -65,6 +65,9 @@ struct Key {
   bool architecture;
   // In config.json, per HfArch (gpt2, bloom, llama): the import reads and the export writes it.
   HfKey hf[3] = {};
+  // A mixture-of-experts setting: part of the model only when it has experts, so two dense
+  // models agree whatever it says.
+  bool moe = false;
 };
 
 #define TRIDENT_SIZE(member)                           \
@@ -175,6 +178,93 @@ const Key kKeys[] = {
     {"rope_high_freq_factor", TRIDENT_REAL(rope_high_freq_factor), 4.0, false},
     {"rope_original_max_position_embeddings", TRIDENT_SIZE(rope_original_max_positions), 8192,
      false},
+    // Mixture of experts (Megatron-Core's names and values; older checkpoints: dense). The
+    // experts' hidden size written resolved (--ffn-hidden-size when not given).
+    {"num_experts", TRIDENT_SIZE(num_experts), 0, true},
+    {"moe_ffn_hidden_size",
+     [](const ModelConfig& m) { return json(m.moe_ffn()); },
+     [](ModelConfig& m, const json& v, const Where& k) { m.moe_ffn_hidden_size = size_of(v, k); },
+     0,
+     true,
+     {},
+     true},
+    {"moe_router_topk", TRIDENT_SIZE(moe_router_topk), 2, true, {}, true},
+    {"moe_layer_freq", TRIDENT_SIZE(moe_layer_freq), 1, true, {}, true},
+    {"moe_router_score_function",
+     [](const ModelConfig& m) {
+       return json(m.moe_router_score_function == model::MoeScoreFunction::kSigmoid ? "sigmoid"
+                                                                                    : "softmax");
+     },
+     [](ModelConfig& m, const json& v, const Where& k) {
+       const std::string s = string_of(v, k);
+       if (s != "softmax" && s != "sigmoid") bad(k, v, "softmax or sigmoid");
+       m.moe_router_score_function =
+           s == "sigmoid" ? model::MoeScoreFunction::kSigmoid : model::MoeScoreFunction::kSoftmax;
+     },
+     "softmax",
+     true,
+     {},
+     true},
+    {"moe_router_pre_softmax", TRIDENT_BOOL(moe_router_pre_softmax), false, true, {}, true},
+    {"moe_router_topk_scaling_factor",
+     TRIDENT_REAL(moe_router_topk_scaling_factor),
+     0.0,
+     true,
+     {},
+     true},
+    {"moe_expert_capacity_factor", TRIDENT_REAL(moe_expert_capacity_factor), 0.0, true, {}, true},
+    {"moe_token_drop_policy",
+     [](const ModelConfig& m) {
+       return json(m.moe_token_drop_policy == model::MoeDropPolicy::kPosition ? "position"
+                                                                              : "probs");
+     },
+     [](ModelConfig& m, const json& v, const Where& k) {
+       const std::string s = string_of(v, k);
+       if (s != "probs" && s != "position") bad(k, v, "probs or position");
+       m.moe_token_drop_policy =
+           s == "position" ? model::MoeDropPolicy::kPosition : model::MoeDropPolicy::kProbs;
+     },
+     "probs",
+     true,
+     {},
+     true},
+    {"moe_pad_expert_input_to_capacity",
+     TRIDENT_BOOL(moe_pad_expert_input_to_capacity),
+     false,
+     true,
+     {},
+     true},
+    {"moe_router_load_balancing_type",
+     [](const ModelConfig& m) {
+       switch (m.moe_router_load_balancing_type) {
+         case model::MoeLoadBalancing::kSeqAuxLoss:
+           return json("seq_aux_loss");
+         case model::MoeLoadBalancing::kNone:
+           return json("none");
+         case model::MoeLoadBalancing::kAuxLoss:
+           break;
+       }
+       return json("aux_loss");
+     },
+     [](ModelConfig& m, const json& v, const Where& k) {
+       const std::string s = string_of(v, k);
+       if (s == "aux_loss") {
+         m.moe_router_load_balancing_type = model::MoeLoadBalancing::kAuxLoss;
+       } else if (s == "seq_aux_loss") {
+         m.moe_router_load_balancing_type = model::MoeLoadBalancing::kSeqAuxLoss;
+       } else if (s == "none") {
+         m.moe_router_load_balancing_type = model::MoeLoadBalancing::kNone;
+       } else {
+         bad(k, v, "aux_loss, seq_aux_loss or none");
+       }
+     },
+     "aux_loss",
+     true,
+     {},
+     true},
+    // The losses' coefficients change what training minimises: a resume must keep them.
+    {"moe_aux_loss_coeff", TRIDENT_REAL(moe_aux_loss_coeff), 0.0, true, {}, true},
+    {"moe_z_loss_coeff", TRIDENT_REAL(moe_z_loss_coeff), 0.0, true, {}, true},
 };
 
 #undef TRIDENT_SIZE
@@ -199,8 +289,11 @@ void check_model_size(const ModelConfig& m, const std::string& where) {
   const double h = static_cast<double>(m.hidden_size), f = static_cast<double>(m.ffn());
   const double v = static_cast<double>(m.padded_vocab_size());
   const double p = static_cast<double>(m.max_positions());
+  // Every layer counted with its experts (a bound; --moe-layer-freq thins them).
+  const double experts = static_cast<double>(m.num_experts) *
+                         (h + 3 * h * static_cast<double>(m.num_experts > 0 ? m.moe_ffn() : 0));
   const double params =
-      2 * v * h + p * h + static_cast<double>(m.num_layers) * (4 * h * h + 3 * h * f);
+      2 * v * h + p * h + static_cast<double>(m.num_layers) * (4 * h * h + 3 * h * f + experts);
   if (params > 0x1p40) {
     throw core::DataError(core::str(where, ": the model would have about ", params,
                                     " parameters, more than 2^40 (hidden ", m.hidden_size, ", ffn ",
@@ -225,6 +318,9 @@ ModelConfig model_config_from_json(const nlohmann::json& c) {
   // Before a layer or a parameter is sized from it.
   if (m.make_vocab_size_divisible_by <= 0) {
     throw core::DataError("checkpoint config: make_vocab_size_divisible_by must be positive");
+  }
+  if (m.moe_layer_freq <= 0) {  // ModelConfig::moe_layer divides by it
+    throw core::DataError("checkpoint config: moe_layer_freq must be positive");
   }
   check_model_size(m, "checkpoint config");
   return m;
@@ -259,9 +355,10 @@ std::string architecture_diff(const nlohmann::json& a, const nlohmann::json& b) 
     }
     return x == y;
   };
+  const bool experts = ma.num_experts > 0 || mb.num_experts > 0;
   std::ostringstream diff;
   for (const Key& k : kKeys) {
-    if (!k.architecture) continue;
+    if (!k.architecture || (k.moe && !experts)) continue;
     const json va = k.get(ma), vb = k.get(mb);
     if (!same(va, vb)) {
       diff << " " << k.name << ": checkpoint " << va.dump() << " vs run " << vb.dump() << ";";

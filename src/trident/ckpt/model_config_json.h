@@ -28,7 +28,8 @@ model::ModelConfig model_config_from_json(const nlohmann::json& config);
 
 // The keys that define the model's function and parameters, where a checkpoint's config `a` and
 // a run's `b` differ: " key: checkpoint X vs run Y;" each ("" when they agree). Real values
-// written as single-precision floats by older checkpoints match the double that rounds to them.
+// written as single-precision floats by older checkpoints match the double that rounds to them;
+// the mixture-of-experts keys count only when either model has experts.
 // Throws core::DataError as model_config_from_json for a malformed config.
 std::string architecture_diff(const nlohmann::json& a, const nlohmann::json& b);
 

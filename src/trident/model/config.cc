@@ -56,6 +56,34 @@ void ModelConfig::validate() const {
                 "--hidden-dropout must be in [0, 1), got ", hidden_dropout);
   TRIDENT_CHECK(attention_dropout >= 0 && attention_dropout < 1,
                 "--attention-dropout must be in [0, 1), got ", attention_dropout);
+  TRIDENT_CHECK(num_experts >= 0, "--num-experts must be >= 0 (0: dense), got ", num_experts);
+  if (num_experts == 0) return;
+  TRIDENT_CHECK(moe_router_topk >= 1 && moe_router_topk <= num_experts, "--moe-router-topk (",
+                moe_router_topk, ") must be in [1, --num-experts = ", num_experts, "]");
+  TRIDENT_CHECK(moe_layer_freq >= 1, "--moe-layer-freq must be >= 1, got ", moe_layer_freq);
+  TRIDENT_CHECK(moe_ffn_hidden_size >= 0, "--moe-ffn-hidden-size must be positive, got ",
+                moe_ffn_hidden_size);
+  TRIDENT_CHECK(
+      !add_bias_linear,
+      "--num-experts: the experts have no biases (as Mixtral, Qwen-MoE and DeepSeek); add "
+      "--disable-bias-linear (with --swiglu)");
+  TRIDENT_CHECK(moe_expert_capacity_factor >= 0, "--moe-expert-capacity-factor must be >= 0, got ",
+                moe_expert_capacity_factor);
+  TRIDENT_CHECK(!moe_pad_expert_input_to_capacity || moe_expert_capacity_factor > 0,
+                "--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor");
+  TRIDENT_CHECK(!moe_router_pre_softmax || moe_router_score_function == MoeScoreFunction::kSoftmax,
+                "--moe-router-pre-softmax applies to --moe-router-score-function softmax only");
+  TRIDENT_CHECK(moe_router_topk_scaling_factor >= 0,
+                "--moe-router-topk-scaling-factor must be positive, got ",
+                moe_router_topk_scaling_factor);
+  TRIDENT_CHECK(moe_aux_loss_coeff >= 0 && moe_z_loss_coeff >= 0,
+                "--moe-aux-loss-coeff and --moe-z-loss-coeff must be >= 0");
+  TRIDENT_CHECK(moe_aux_loss_coeff == 0 ||
+                    moe_router_load_balancing_type == MoeLoadBalancing::kNone ||
+                    moe_router_score_function == MoeScoreFunction::kSoftmax,
+                "--moe-aux-loss-coeff with --moe-router-score-function sigmoid is not implemented "
+                "(DeepSeek-V3's sigmoid router balances with the expert bias); use "
+                "--moe-aux-loss-coeff 0 or the softmax router");
 }
 
 double ModelConfig::flops_per_iteration(std::int64_t tokens) const {
@@ -66,7 +94,13 @@ double ModelConfig::flops_per_iteration(std::int64_t tokens) const {
   const double V = static_cast<double>(padded_vocab_size());
   // GQA shrinks the key/value projections, SwiGLU adds a third MLP matrix.
   const double qkv = 2.0 * h * static_cast<double>(qkv_rows()), mlp = (swiglu ? 6.0 : 4.0) * h * f;
-  const double per_token = L * (qkv + 2.0 * h * h + mlp + 4.0 * s * h) + 2.0 * h * V;
+  // A mixture-of-experts layer: the router, and k experts' MLPs per token.
+  const double moe_f = static_cast<double>(moe_ffn()), k = static_cast<double>(moe_router_topk);
+  const double moe_mlp =
+      2.0 * h * static_cast<double>(num_experts) + k * (swiglu ? 6.0 : 4.0) * h * moe_f;
+  double mlps = 0;
+  for (std::int64_t l = 0; l < num_layers; ++l) mlps += moe_layer(l) ? moe_mlp : mlp;
+  const double per_token = L * (qkv + 2.0 * h * h + 4.0 * s * h) + mlps + 2.0 * h * V;
   return 3.0 * per_token * static_cast<double>(tokens);
 }
 
@@ -74,13 +108,16 @@ std::int64_t ModelConfig::num_parameters() const {
   const std::int64_t h = hidden_size, f = ffn(), q = qkv_rows(), fc = fc_rows();
   const std::int64_t norm = normalization == Normalization::kRmsNorm ? h : 2 * h;
   const std::int64_t b = add_bias_linear ? 1 : 0;
-  const std::int64_t per_layer =
-      2 * norm + (q * h + b * q) + (h * h + b * h) + (fc * h + b * fc) + (h * f + b * h);
+  const std::int64_t attention = 2 * norm + (q * h + b * q) + (h * h + b * h);
+  const std::int64_t mlp = (fc * h + b * fc) + (h * f + b * h);
+  const std::int64_t moe_f = moe_ffn(), moe_fc = swiglu ? 2 * moe_f : moe_f;
+  const std::int64_t moe = num_experts * h + num_experts * (moe_fc * h + h * moe_f);
+  std::int64_t layers = 0;
+  for (std::int64_t l = 0; l < num_layers; ++l) layers += attention + (moe_layer(l) ? moe : mlp);
   const std::int64_t pos =
       position_embedding == PositionEmbedding::kLearnedAbsolute ? max_positions() * h : 0;
   const std::int64_t out = tied_output() ? 0 : padded_vocab_size() * h;
-  return padded_vocab_size() * h + pos + num_layers * per_layer + norm + out +
-         (embed_layernorm ? norm : 0);
+  return padded_vocab_size() * h + pos + layers + norm + out + (embed_layernorm ? norm : 0);
 }
 
 }  // namespace trident::model

@@ -18,6 +18,14 @@ enum class Normalization : std::uint8_t { kLayerNorm, kRmsNorm };
 // never keeps them).
 enum class Recompute : std::uint8_t { kNone, kSelective, kFull };
 
+// Mixture of experts (Megatron-Core's flags; docs/moe.md).
+// --moe-router-score-function.
+enum class MoeScoreFunction : std::uint8_t { kSoftmax, kSigmoid };
+// --moe-token-drop-policy: which tokens an over-full expert keeps.
+enum class MoeDropPolicy : std::uint8_t { kProbs, kPosition };
+// --moe-router-load-balancing-type (aux_loss, seq_aux_loss, none).
+enum class MoeLoadBalancing : std::uint8_t { kAuxLoss, kSeqAuxLoss, kNone };
+
 struct ModelConfig {
   std::int64_t num_layers = 2;
   std::int64_t hidden_size = 64;
@@ -64,8 +72,30 @@ struct ModelConfig {
   // (its backward follows each chunk's loss), so the (tokens x vocab) logits are never all in
   // memory; 0 keeps every row's logits (generation and the golden tests read them).
   std::int64_t loss_chunk_rows = 0;
+  // Mixture of experts: --num-experts E (0: dense MLPs) replaces the MLP of every
+  // --moe-layer-freq-th layer (0, freq, 2 freq, ...) by E experts of --moe-ffn-hidden-size
+  // (0: --ffn-hidden-size), SwiGLU or GeLU as the dense MLP, without biases; a router sends each
+  // token to --moe-router-topk of them (model/layers/moe.h).
+  std::int64_t num_experts = 0;
+  std::int64_t moe_ffn_hidden_size = 0;
+  std::int64_t moe_router_topk = 2;
+  std::int64_t moe_layer_freq = 1;
+  MoeScoreFunction moe_router_score_function = MoeScoreFunction::kSoftmax;
+  bool moe_router_pre_softmax = false;
+  double moe_router_topk_scaling_factor = 0.0;  // 0: none (1)
+  double moe_expert_capacity_factor = 0.0;      // 0: dropless
+  MoeDropPolicy moe_token_drop_policy = MoeDropPolicy::kProbs;
+  bool moe_pad_expert_input_to_capacity = false;
+  MoeLoadBalancing moe_router_load_balancing_type = MoeLoadBalancing::kAuxLoss;
+  double moe_aux_loss_coeff = 0.0;
+  double moe_z_loss_coeff = 0.0;
 
   bool documents() const { return reset_position_ids || reset_attention_mask; }
+  // Whether global layer `layer`'s MLP is a mixture of experts.
+  bool moe_layer(std::int64_t layer) const {
+    return num_experts > 0 && layer % moe_layer_freq == 0;
+  }
+  std::int64_t moe_ffn() const { return moe_ffn_hidden_size > 0 ? moe_ffn_hidden_size : ffn(); }
   // Whether local layer `l` of a shard is fully recomputed.
   bool recomputes(std::int64_t l) const {
     return recompute == Recompute::kFull && (!recompute_block || l < recompute_num_layers);

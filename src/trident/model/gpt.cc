@@ -65,14 +65,64 @@ void layout_activations(const ModelConfig& cfg, const ModelShard& shard, std::in
     s.out = take(R * C);  // every layer keeps its output: the next layer's input
     return s;
   };
+  // A mixture-of-experts layer's saved set (its int32 buffers in float-sized slots), instead of
+  // the MLP's.
+  const layers::MoeConfig moe = moe_config(cfg);
+  const std::int64_t E = moe.num_experts, K = moe.router.topk, MR = E > 0 ? moe.max_rows(BT) : 0;
+  const std::int64_t MF = moe.ffn, MFC = cfg.swiglu ? 2 * MF : MF;
+  TRIDENT_CHECK(E == 0 || (tp == 1 && !bf16),
+                "the mixture-of-experts layer runs with --tensor-model-parallel-size 1 and in FP32 "
+                "for now");
+  auto ints = [&](std::int64_t n) { return reinterpret_cast<std::int32_t*>(take(n)); };
+  auto moe_saved = [&](layers::BlockSaved& s) {
+    s.moe = {.logits = take(BT * E),
+             .scores = take(BT * E),
+             .experts = ints(BT * K),
+             .weights = take(BT * K),
+             .lse = take(BT),
+             .rows_of = ints(BT * K),
+             .sources = ints(MR),
+             .counts = ints(E),
+             .x_perm = take(MR * C),
+             .fc = take(MR * MFC),
+             .act = take(MR * MF),
+             .y_perm = take(MR * C)};
+  };
+  // A kept MoE layer: block_saved's set with the MoE layer's buffers instead of the MLP's.
+  auto layer_saved = [&](bool keep, std::int64_t global) {
+    if (!keep || !cfg.moe_layer(global)) return block_saved(keep);
+    layers::BlockSaved s{};
+    s.norm1 = norm_saved();
+    s.attention.qkv = take(BT * 3 * Cl);
+    s.attention.probs = unfused && !selective ? take(B * NH * T * T) : nullptr;
+    s.attention.lse = unfused ? nullptr : take(B * NH * T);
+    s.attention.attn = take(BT * Cl);
+    s.resid2 = take(R * C);
+    s.norm2 = norm_saved();
+    moe_saved(s);
+    s.out = take(R * C);
+    return s;
+  };
   bool any_full = false;
   for (std::int64_t l = 0; l < shard.layers(cfg); ++l) {
     const bool full = cfg.recomputes(l);
     any_full = any_full || full;
-    layers::BlockSaved s = block_saved(!full);
+    layers::BlockSaved s = layer_saved(!full, shard.first_layer + l);
     if (acts) acts->layers.push_back(s);
   }
-  if (any_full) a.scratch = block_saved(true);
+  if (any_full) {
+    a.scratch = block_saved(true);
+    if (E > 0) moe_saved(a.scratch);  // the scratch serves MoE and dense layers alike
+  }
+  if (E > 0) {
+    layers::Workspace& ws = a.ws;
+    ws.moe_d_weights = take(BT * K);
+    ws.moe_d_logits = take(BT * E);
+    ws.moe_d_perm = take(MR * C);
+    ws.moe_d_fc = take(MR * MFC);
+    ws.moe_d_act = take(MR * MF);
+    ws.moe_d_aux = take(B * E);
+  }
   layers::Workspace& ws = a.ws;
   ws.probs = selective ? take(B * NH * T * T) : nullptr;
   // The head's logits rows: all of them, or one chunk (the chunked head's d_norm replaces them).
@@ -280,7 +330,8 @@ struct Transformer {
                        .iteration = a_.inputs.iteration,
                        .first_sample = a_.inputs.first_sample},
            .positions = cfg_.reset_position_ids ? a_.positions : nullptr,
-           .docs = cfg_.reset_attention_mask ? a_.docs : nullptr} {
+           .docs = cfg_.reset_attention_mask ? a_.docs : nullptr,
+           .aux_loss_scale = rt_.moe_aux_loss_scale} {
     TRIDENT_ASSERT(tp_size_of(rt) == rt.shard.tp_size, "tp group of ", tp_size_of(rt),
                    " ranks for a shard of ", rt.shard.tp_size);
     TRIDENT_ASSERT(region.local_rows() == a.stage_rows, "activations laid out for ", a.stage_rows,
@@ -352,14 +403,16 @@ void gpt_forward(const core::ExecContext& ctx, const ModelConfig& cfg, const Mod
         {.out = a.encoded, .tokens = tokens, .position = kv.position, .saved = a.embedding});
     layers::dropout_forward(m.lc, a.encoded, C, -1, layers::DropSite::kEmbedding);
   }
+  a.moe_stats.assign(static_cast<std::size_t>(m.layers()), layers::MoeStats{});
   for (std::int64_t l = 0; l < m.layers(); ++l) {
-    const layers::KvCache* cache =
-        kv.caches.empty() ? nullptr : &kv.caches[static_cast<std::size_t>(l)];
+    const auto i = static_cast<std::size_t>(l);
+    const layers::KvCache* cache = kv.caches.empty() ? nullptr : &kv.caches[i];
     layers::block_forward(m.lc, m.arch.block, *m.forward_weights(l).params,
                           {.x = m.input_of(l),
                            .layer = m.global(l),
                            .saved = m.saved_for_forward(l),
-                           .cache = cache});
+                           .cache = cache,
+                           .moe_stats = cfg.moe_layer(m.global(l)) ? &a.moe_stats[i] : nullptr});
   }
   if (rt.shard.has_head) {
     layers::lm_head_forward(m.lc, m.arch.head, p.head, {.in = a.output(), .saved = a.head});

@@ -87,6 +87,10 @@ struct ModelRuntime {
   // returns {0, 0} (the caller reads the sum once per iteration: one host sync, not one per
   // micro-batch). Null: gpt_loss reads the sum back.
   kernels::TokenLossSum* loss_sum_on_device = nullptr;
+  // The gradient of the training loss with respect to each micro-batch's mixture-of-experts
+  // auxiliary losses (load balancing, z-loss): Megatron averages them over the micro-batches of
+  // the global batch, so 1 / (micro-batches per rank x data-parallel ranks).
+  double moe_aux_loss_scale = 1.0;
 };
 
 // What one call of the forward is given besides the weights: the micro-batch and the keys of
@@ -144,6 +148,9 @@ struct GptActivations {
   // every head (NH), the rotary inverse frequencies (head_dim / 2); null when not used.
   float* alibi = nullptr;
   float* inv_freq = nullptr;
+  // The routing of each mixture-of-experts layer of the shard in the last forward (local layer
+  // order; empty entries for dense layers): tokens per expert, drops, the auxiliary losses.
+  std::vector<layers::MoeStats> moe_stats;
 
   // The stage's output (the last layer's residual stream, or `encoded` without layers).
   const float* output() const { return layers.empty() ? encoded : layers.back().out; }

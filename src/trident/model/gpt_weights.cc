@@ -6,6 +6,29 @@
 
 namespace trident::model {
 
+layers::MoeConfig moe_config(const ModelConfig& cfg) {
+  const bool sigmoid = cfg.moe_router_score_function == MoeScoreFunction::kSigmoid;
+  const bool balance = cfg.moe_router_load_balancing_type != MoeLoadBalancing::kNone;
+  return {.hidden = cfg.hidden_size,
+          .num_experts = cfg.num_experts,
+          .ffn = cfg.moe_ffn(),
+          .activation = cfg.swiglu ? layers::Activation::kSwiGlu : layers::Activation::kGelu,
+          .router = {.topk = cfg.moe_router_topk,
+                     .score = sigmoid ? kernels::MoeScore::kSigmoid : kernels::MoeScore::kSoftmax,
+                     .pre_softmax = cfg.moe_router_pre_softmax,
+                     .scaling = cfg.moe_router_topk_scaling_factor > 0
+                                    ? static_cast<float>(cfg.moe_router_topk_scaling_factor)
+                                    : 1.0f},
+          .capacity_factor = cfg.moe_expert_capacity_factor,
+          .drop_policy = cfg.moe_token_drop_policy == MoeDropPolicy::kPosition
+                             ? kernels::MoeDropPolicy::kPosition
+                             : kernels::MoeDropPolicy::kProbs,
+          .pad_to_capacity = cfg.moe_pad_expert_input_to_capacity,
+          .aux_loss_coeff = balance ? cfg.moe_aux_loss_coeff : 0.0,
+          .aux_per_sequence = cfg.moe_router_load_balancing_type == MoeLoadBalancing::kSeqAuxLoss,
+          .z_loss_coeff = cfg.moe_z_loss_coeff};
+}
+
 GptLayers gpt_layers(const ModelConfig& cfg, const ModelShard& shard) {
   const int tp = shard.tp_size;
   const std::int64_t C = cfg.hidden_size, Vl = cfg.padded_vocab_size(tp) / tp;
@@ -37,7 +60,9 @@ GptLayers gpt_layers(const ModelConfig& cfg, const ModelShard& shard) {
                                                      : layers::Activation::kGelu,
                             .hidden = C,
                             .ffn = cfg.ffn(),
-                            .bias = cfg.add_bias_linear}},
+                            .bias = cfg.add_bias_linear},
+                    .moe = moe_config(cfg),
+                    .moe_layer_freq = cfg.moe_layer_freq},
           .head = {.hidden = C,
                    .vocab = cfg.vocab_size,
                    .vocab_local = Vl,

@@ -66,9 +66,41 @@ double to_double(const std::string& flag, const std::vector<std::string>& v) {
                                   "); remove it from the launch script. See docs/flags.md"));
 }
 
+// Mixture-of-experts settings Megatron and Megatron-DeepSpeed read only in a model with experts:
+// refused there (their notes say why), accepted in a dense run, whose model they leave as it is
+// (dense launch scripts often carry them).
+bool moe_only(std::string_view name) {
+  static constexpr std::string_view kMoeOnly[] = {
+      "--moe-train-capacity-factor",
+      "--moe-eval-capacity-factor",
+      "--moe-min-capacity",
+      "--mlp-type",
+      "--use-tutel",
+      "--expert-parallel",
+      "--moe-shared-expert-intermediate-size",
+      "--moe-router-enable-expert-bias",
+      "--moe-router-num-groups",
+      "--moe-router-group-topk",
+      "--moe-router-topk-limited-devices",
+      "--moe-input-jitter-eps",
+      "--moe-router-force-load-balancing",
+      "--moe-router-force-biased",
+      "--moe-apply-probs-on-input",
+      "--moe-latent-size",
+      "--moe-router-dtype",
+      "--moe-token-dropping",
+      "--moe-router-type",
+      "--moe-expert-rank-capacity-factor",
+      "--moe-dispatch-fwd-dtype",
+      "--moe-combine-bwd-dtype",
+  };
+  return std::find(std::begin(kMoeOnly), std::end(kMoeOnly), name) != std::end(kMoeOnly);
+}
+
 // Refused flags that are accepted with the value that says what trident does anyway.
 bool accepted_value(const TrainConfig& c, std::string_view name,
                     const std::vector<std::string>& v) {
+  if (c.model.num_experts == 0 && moe_only(name)) return true;
   auto is = [&](std::initializer_list<const char*> ok) {
     if (v.size() != 1) return false;
     for (const char* o : ok)
@@ -96,7 +128,12 @@ bool accepted_value(const TrainConfig& c, std::string_view name,
       name == "--expert-model-parallel-size" || name == "--expert-tensor-parallel-size" ||
       name == "--moe-expert-parallel-size" || name == "--num-distributed-optimizer-instances")
     return is_num(1);
-  if (name == "--num-experts") return is_num(0) || is_num(1);
+  // DeepSpeed-MoE's capacities are unused when it drops no tokens.
+  if (name == "--moe-train-capacity-factor" || name == "--moe-eval-capacity-factor" ||
+      name == "--moe-min-capacity")
+    return c.compat.contains("--disable-moe-token-dropping");
+  if (name == "--moe-router-dtype") return is({"fp32"});
+  if (name == "--moe-dispatch-fwd-dtype" || name == "--moe-combine-bwd-dtype") return is({"bf16"});
   if (name == "--sample-rate") return is_num(1.0);
   if (name == "--start-weight-decay" || name == "--end-weight-decay" || name == "--start-wd" ||
       name == "--end-wd")
@@ -202,9 +239,125 @@ void apply_mapped(TrainConfig& c, const CompatFlag& f, const std::vector<std::st
     c.pad_vocab_size_to = to_int(n, v);
   } else if (n == "--disable-log-loss-scale-to-tensorboard") {
     c.no_log_loss_scale_to_tensorboard = true;
+  } else if (n == "--moe-frequency") {
+    TRIDENT_CHECK(c.given.count("--moe-layer-freq") == 0,
+                  "--moe-frequency with --moe-layer-freq: give one (--moe-frequency is "
+                  "Megatron-LM's name of late 2023)");
+    c.model.moe_layer_freq = to_int(n, v);
+  } else if (n == "--topk" || n == "--moe-loss-coeff" || n == "--disable-moe-token-dropping" ||
+             n == "--disable-moe-top2-2nd-expert-sampling" || n == "--expert-interval") {
+    // Together, with Megatron-DeepSpeed's defaults: apply_deepspeed_moe.
   } else {
     throw core::Error(str("internal: mapped flag ", n, " has no mapping"));
   }
+}
+
+// Megatron-DeepSpeed's mixture of experts (DeepSpeed-MoE's gate) as trident's router, which is
+// Megatron-Core's: its flags where the run is the same, its defaults where a launch script of it
+// relies on them (they differ from Megatron-Core's), refusals where trident computes something
+// else. Megatron-DeepSpeed reads them only with --num-experts > 1.
+void apply_deepspeed_moe(TrainConfig& c) {
+  const auto has = [&](const char* f) { return c.compat.contains(f); };
+  const auto given = [&](const char* f) { return c.given.contains(f); };
+  for (const auto& [ds, core] :
+       {std::pair{"--topk", "--moe-router-topk"},
+        {"--moe-loss-coeff", "--moe-aux-loss-coeff"},
+        {"--expert-interval", "--moe-layer-freq"},
+        {"--disable-moe-token-dropping", "--moe-expert-capacity-factor"}}) {
+    TRIDENT_CHECK(!has(ds) || !given(core), ds, " with ", core, ": give one (", ds,
+                  " is Megatron-DeepSpeed's, ", core, " Megatron-Core's)");
+  }
+  if (c.model.num_experts == 0) return;
+  static constexpr const char* kDeepSpeedMoe[] = {
+      "--topk",
+      "--expert-interval",
+      "--moe-loss-coeff",
+      "--moe-train-capacity-factor",
+      "--moe-eval-capacity-factor",
+      "--moe-min-capacity",
+      "--disable-moe-token-dropping",
+      "--disable-moe-top2-2nd-expert-sampling",
+      "--moe-expert-parallel-size",
+      "--create-moe-param-group",
+      "--mlp-type",
+      "--enable-expert-tensor-parallelism",
+      "--use-tutel",
+  };
+  if (std::none_of(std::begin(kDeepSpeedMoe), std::end(kDeepSpeedMoe), has)) {
+    if (c.deepspeed) {
+      c.warnings.push_back(
+          str("--num-experts ", c.model.num_experts,
+              " with --deepspeed: trident takes Megatron-Core's defaults for the flags not given "
+              "(top-2 softmax router, experts in every layer, dropless, no load-balancing loss); "
+              "Megatron-DeepSpeed's differ (--topk 1, --expert-interval 2, token dropping at "
+              "--moe-train-capacity-factor 1.0, --moe-loss-coeff 0.1)"));
+    }
+    return;
+  }
+  // Experts per token: DeepSpeed's top-1 weight is the chosen expert's softmax probability
+  // (Switch: Megatron-Core's pre-softmax); its top-2 weights are the two probabilities
+  // renormalised (the softmax over the two, Megatron-Core's default), the top-k ones likewise.
+  if (!given("--moe-router-topk")) {
+    const std::int64_t k = has("--topk") ? to_int("--topk", c.compat.at("--topk")) : 1;
+    c.model.moe_router_topk = k;
+    if (k == 1) c.model.moe_router_pre_softmax = true;
+    TRIDENT_CHECK(k != 2 || has("--disable-moe-top2-2nd-expert-sampling"),
+                  "--topk 2: DeepSpeed-MoE draws each token's second expert with Gumbel noise, "
+                  "trident's router takes the next-highest score; add "
+                  "--disable-moe-top2-2nd-expert-sampling (DeepSpeed's argmax, the same run)");
+  }
+  // The load-balancing loss (the Switch loss, summed over the expert layers): Megatron-DeepSpeed's
+  // default coefficient 0.1 unless one is given.
+  if (!given("--moe-aux-loss-coeff")) {
+    const double coeff = has("--moe-loss-coeff")
+                             ? to_double("--moe-loss-coeff", c.compat.at("--moe-loss-coeff"))
+                             : 0.1;
+    const std::string which = has("--moe-loss-coeff")
+                                  ? str("--moe-loss-coeff ", coeff)
+                                  : "Megatron-DeepSpeed's default --moe-loss-coeff 0.1";
+    TRIDENT_CHECK(coeff == 0 || c.model.moe_router_topk != 2, which,
+                  " with top-2 routing: DeepSpeed-MoE's top-2 load-balancing loss counts the "
+                  "first choices only, trident's (Megatron-Core's) both; give --moe-loss-coeff 0, "
+                  "or --moe-aux-loss-coeff for Megatron-Core's loss");
+    TRIDENT_CHECK(
+        coeff == 0 || c.moe_router_load_balancing_type == "aux_loss", which,
+        " is DeepSpeed-MoE's Switch loss (aux_loss), not --moe-router-load-balancing-type ",
+        c.moe_router_load_balancing_type);
+    c.model.moe_aux_loss_coeff = coeff;
+  }
+  // Expert layers: Megatron-DeepSpeed's layers N, 2N, ... counted from 1; Megatron-Core's
+  // (trident's) 1, N + 1, 2N + 1, ...: the same for N = 1 only.
+  if (!given("--moe-layer-freq")) {
+    const std::int64_t n = has("--expert-interval")
+                               ? to_int("--expert-interval", c.compat.at("--expert-interval"))
+                               : 2;
+    TRIDENT_CHECK(n == 1,
+                  has("--expert-interval") ? str("--expert-interval ", n)
+                                           : std::string("Megatron-DeepSpeed's default "
+                                                         "--expert-interval 2"),
+                  ": Megatron-DeepSpeed puts the experts in layers ", n, ", ", 2 * n,
+                  ", ... (counting from 1), trident's --moe-layer-freq ", n,
+                  " (Megatron-Core's) in layers 1, ", n + 1, ", ", 2 * n + 1,
+                  ", ...; give --expert-interval 1 (every layer), or --moe-layer-freq N for "
+                  "Megatron-Core's layers");
+    c.model.moe_layer_freq = 1;
+  }
+  // Token dropping: DeepSpeed-MoE's capacity keeps at least --moe-min-capacity rows and drops at
+  // random (top-1) or second choices before first (top-2): not Megatron-Core's policies.
+  if (!given("--moe-expert-capacity-factor")) {
+    TRIDENT_CHECK(has("--disable-moe-token-dropping"),
+                  "Megatron-DeepSpeed's mixture of experts drops tokens by default (capacity "
+                  "--moe-train-capacity-factor 1.0, at least --moe-min-capacity 4 rows per "
+                  "expert, the dropped tokens drawn at random for top-1), which trident does not "
+                  "reproduce: add --disable-moe-token-dropping (dropless), or give "
+                  "--moe-expert-capacity-factor and --moe-token-drop-policy for Megatron-Core's "
+                  "dropping");
+    c.model.moe_expert_capacity_factor = 0;
+  }
+  c.warnings.push_back(
+      "Megatron-DeepSpeed mixture of experts: trident draws the router's weights as every other "
+      "weight (normal, --init-method-std, as Megatron-Core); DeepSpeed-MoE's torch.nn.Linear "
+      "draws them uniform in +-1/sqrt(--hidden-size)");
 }
 
 }  // namespace
@@ -319,6 +472,7 @@ void apply_compat_flags(TrainConfig& cfg) {
                                  ": accepted, but the run differs from Megatron's: ", f->note));
     }
   }
+  apply_deepspeed_moe(cfg);
 }
 
 void check_compat_combinations(const TrainConfig& cfg) {
@@ -368,6 +522,23 @@ constexpr const char* kNoOpReview =
     "does (FP32 softmax, residual stream and gradient reduction, the tanh GeLU, full "
     "checkpoints).\n\n";
 
+// The mixture-of-experts flags (issue 33), printed into docs/flags.md after the review: the
+// no-ops of the review that said "trident refuses experts" changed with the layer.
+constexpr const char* kMoeReview =
+    "## The mixture-of-experts flags (issue 33)\n\n"
+    "With the mixture-of-experts layer (docs/moe.md), `--num-experts` (refused before) is "
+    "implemented and 40 of the no-ops above changed status: 12 of Megatron-Core's `--moe-*` "
+    "settings are implemented; 6 flags are mapped (Megatron-DeepSpeed's `--topk`, "
+    "`--moe-loss-coeff`, `--disable-moe-token-dropping`, `--disable-moe-top2-2nd-expert-sampling` "
+    "and `--expert-interval`, each where its run is trident's, and Megatron-LM's "
+    "`--moe-frequency`); "
+    "22 are refused, because trident does not build what they ask for or computes something else "
+    "(shared experts, the expert bias, group-limited routing, DeepSpeed-MoE's capacities, ...), 20 "
+    "of them only in a model with experts (a dense run accepts them: Megatron does not read them "
+    "there). The kernel, dispatcher and memory switches stay no-ops (expert parallel size 1), and "
+    "the inference settings that were listed with the experts are now listed as inference "
+    "settings.\n\n";
+
 std::string flag_table_markdown() {
   std::map<FlagStatus, int> count;
   for (const CompatFlag& f : kTable) ++count[f.status];
@@ -395,6 +566,7 @@ std::string flag_table_markdown() {
           " mapped, ", count[FlagStatus::kNoOp], " no-op, ", count[FlagStatus::kNoOpDiffers],
           " no-op that differs, ", count[FlagStatus::kRefused], " refused.\n\n");
   s += kNoOpReview;
+  s += kMoeReview;
   s += "| flag | values | meaning | status | trident |\n|---|---|---|---|---|\n";
   for (const CompatFlag& f : kTable) {
     const std::string values = f.values == 0    ? "-"

@@ -41,7 +41,8 @@ void add_compat_options(CLI::App& app, TrainConfig& cfg);
 
 // Applies cfg.compat: mapped flags set trident settings, no-ops add one line each to
 // cfg.warnings, refused flags (or refused values) throw InvalidArgument with the reason.
-// Runs in TrainConfig::finalize before the checks.
+// Megatron-DeepSpeed's mixture-of-experts flags are applied together, with its defaults where a
+// script of it relies on them (docs/moe.md). Runs in TrainConfig::finalize before the checks.
 void apply_compat_flags(TrainConfig& cfg);
 
 // The compatibility flags refused only in combination with the final settings (after the model

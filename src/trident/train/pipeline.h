@@ -51,6 +51,11 @@ class GptPipeline final : public parallel::PipelineStage {
 
   // Rebuilds the schedule for another micro-batch count (--rampup-batch-size), adding
   // activation slots when the new schedule keeps more alive.
+  // The gradient scale of each micro-batch's mixture-of-experts auxiliary losses
+  // (model::ModelRuntime::moe_aux_loss_scale), for the coming iterations.
+  void set_moe_aux_loss_scale(double scale) {
+    for (model::ModelRuntime& rt : runtimes_) rt.moe_aux_loss_scale = scale;
+  }
   void set_num_microbatches(int num_microbatches) {
     executor_->set_num_microbatches(num_microbatches);
   }

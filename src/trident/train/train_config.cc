@@ -9,7 +9,9 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <system_error>
 #include <tuple>
+#include <vector>
 
 #include "trident/ckpt/model_config_json.h"
 #include "trident/core/error.h"
@@ -128,6 +130,101 @@ void require_utf8(const nlohmann::json& j, const std::string& key) {
   }
 }
 
+// Mixture of experts: Megatron-Core's flags (docs/moe.md). Megatron-DeepSpeed's (--topk,
+// --expert-interval, --moe-loss-coeff, ...) are compatibility flags mapped onto these
+// (compat_flags.cc).
+void add_moe_options(Settings& s, TrainConfig& c) {
+  model::ModelConfig& m = c.model;
+  constexpr int kMany = CLI::detail::expected_max_vector_size;
+  // One count; Megatron-DeepSpeed's flag of the same name takes a list (one count per expert
+  // layer), whose default [1] is a dense model.
+  s.value("--num-experts", m.num_experts);
+  s.app()
+      .add_option_function<std::vector<std::int64_t>>(
+          "--num-experts",
+          [&m](const std::vector<std::int64_t>& v) {
+            if (v.size() != 1) {
+              std::string list;
+              for (std::int64_t e : v) {
+                if (!list.empty()) list += ' ';
+                list += std::to_string(e);
+              }
+              throw CLI::ValidationError("--num-experts",
+                                         str("'", list,
+                                             "': one count for every expert layer is supported "
+                                             "(Megatron-DeepSpeed's per-layer lists are not)"));
+            }
+            m.num_experts = v[0] == 1 ? 0 : v[0];
+          },
+          "Experts in each mixture-of-experts layer (0 or 1: dense MLPs)")
+      ->expected(1, kMany);
+  s.add_option("--moe-ffn-hidden-size", m.moe_ffn_hidden_size,
+               "Hidden size of each expert's MLP (default --ffn-hidden-size)");
+  s.add_option("--moe-router-topk", m.moe_router_topk, "Experts each token is routed to")
+      ->capture_default_str();
+  s.add_option("--moe-layer-freq", m.moe_layer_freq,
+               "N: the MLP of every N-th layer (0, N, 2N, ...) is a mixture of experts")
+      ->capture_default_str()
+      ->check(CLI::Validator(
+          [](const std::string& v) {
+            std::int64_t n = 0;
+            const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+            if (ec == std::errc() && end == v.data() + v.size()) return std::string();
+            return str("'", v,
+                       "': only an integer N is supported (an expert layer every N-th layer, "
+                       "starting at layer 0); Megatron's layer patterns such as "
+                       "\"([1]*3+[0]*1)\" are not");
+          },
+          "", "integer"));
+  s.add_option("--moe-router-score-function", c.moe_router_score_function,
+               "Router scores: softmax or sigmoid")
+      ->capture_default_str();
+  s.add_flag("--moe-router-pre-softmax", m.moe_router_pre_softmax,
+             "Softmax over all the experts before the top-k: the weights are not renormalised");
+  s.add_option("--moe-router-topk-scaling-factor", m.moe_router_topk_scaling_factor,
+               "Multiplies the routing weights (default: none)");
+  s.add_option("--moe-expert-capacity-factor", m.moe_expert_capacity_factor,
+               "Tokens an expert takes: factor x tokens x topk / experts, the rest dropped "
+               "(default, 0 or negative: dropless)");
+  s.add_option("--moe-token-drop-policy", c.moe_token_drop_policy,
+               "Which tokens an over-full expert drops: probs (the lowest weights) or position "
+               "(the last)")
+      ->capture_default_str();
+  s.add_flag("--moe-pad-expert-input-to-capacity", m.moe_pad_expert_input_to_capacity,
+             "Pad each expert's input to its capacity");
+  // One type and one coefficient; Megatron takes lists of both (several losses at once).
+  s.value("--moe-router-load-balancing-type", c.moe_router_load_balancing_type);
+  s.app()
+      .add_option_function<std::vector<std::string>>(
+          "--moe-router-load-balancing-type",
+          [&c](const std::vector<std::string>& v) {
+            if (v.size() != 1) {
+              throw CLI::ValidationError("--moe-router-load-balancing-type",
+                                         "one type is supported (aux_loss, seq_aux_loss or none)");
+            }
+            c.moe_router_load_balancing_type = v[0];
+          },
+          "Load balancing: aux_loss (Switch / GShard), seq_aux_loss (per sequence) or none "
+          "(default aux_loss)")
+      ->expected(1, kMany);
+  s.value("--moe-aux-loss-coeff", m.moe_aux_loss_coeff);
+  s.app()
+      .add_option_function<std::vector<double>>(
+          "--moe-aux-loss-coeff",
+          [&m](const std::vector<double>& v) {
+            if (v.size() != 1) {
+              throw CLI::ValidationError("--moe-aux-loss-coeff",
+                                         "one coefficient is supported (lists go with several "
+                                         "--moe-router-load-balancing-type types, which are not)");
+            }
+            m.moe_aux_loss_coeff = v[0];
+          },
+          "Coefficient of the load-balancing loss (default 0)")
+      ->expected(1, kMany);
+  s.add_option("--moe-z-loss-coeff", m.moe_z_loss_coeff,
+               "Coefficient of the router's z-loss (default 0)");
+}
+
 // The model: sizes, dropout, position, norm, MLP and attention variants.
 void add_model_options(Settings& s, TrainConfig& c) {
   model::ModelConfig& m = c.model;
@@ -179,6 +276,7 @@ void add_model_options(Settings& s, TrainConfig& c) {
       "--disable-bias-linear", [&m](std::int64_t) { m.add_bias_linear = false; },
       "No biases in the attention and MLP linear layers");
   s.add_flag("--embed-layernorm", m.embed_layernorm, "LayerNorm after the word embedding (BLOOM)");
+  add_moe_options(s, c);
 }
 
 // Precision, loss scaling, recomputation, the chunked head, the model preset.
@@ -745,6 +843,39 @@ void TrainConfig::finalize_model() {
                              : position_embedding_type == "rope"
                                  ? model::PositionEmbedding::kRope
                                  : model::PositionEmbedding::kLearnedAbsolute;
+  finalize_moe();
+}
+
+// Mixture of experts: the router's enum flags. Megatron reads them only with --num-experts, so a
+// dense run accepts any value (as it did when they were no-ops).
+void TrainConfig::finalize_moe() {
+  if (model.num_experts > 0) {
+    TRIDENT_CHECK(moe_router_score_function == "softmax" || moe_router_score_function == "sigmoid",
+                  "--moe-router-score-function: unknown or unsupported value '",
+                  moe_router_score_function, "' (use softmax or sigmoid)");
+    TRIDENT_CHECK(moe_token_drop_policy == "probs" || moe_token_drop_policy == "position",
+                  "--moe-token-drop-policy: unknown value '", moe_token_drop_policy,
+                  "' (use probs or position)");
+    TRIDENT_CHECK(moe_router_load_balancing_type == "aux_loss" ||
+                      moe_router_load_balancing_type == "seq_aux_loss" ||
+                      moe_router_load_balancing_type == "none",
+                  "--moe-router-load-balancing-type: unknown or unsupported type '",
+                  moe_router_load_balancing_type,
+                  "' (use aux_loss, seq_aux_loss or none; sinkhorn, global_aux_loss and "
+                  "quantile_balancing are not in trident)");
+  }
+  model.moe_router_score_function = moe_router_score_function == "sigmoid"
+                                        ? model::MoeScoreFunction::kSigmoid
+                                        : model::MoeScoreFunction::kSoftmax;
+  model.moe_token_drop_policy = moe_token_drop_policy == "position"
+                                    ? model::MoeDropPolicy::kPosition
+                                    : model::MoeDropPolicy::kProbs;
+  model.moe_router_load_balancing_type =
+      moe_router_load_balancing_type == "seq_aux_loss" ? model::MoeLoadBalancing::kSeqAuxLoss
+      : moe_router_load_balancing_type == "none"       ? model::MoeLoadBalancing::kNone
+                                                       : model::MoeLoadBalancing::kAuxLoss;
+  // Megatron-Core takes a negative capacity factor for none (dropless), trident's 0.
+  if (model.moe_expert_capacity_factor < 0) model.moe_expert_capacity_factor = 0;
 }
 
 // Layout sizes, ZeRO, offload, sequence parallelism and the pipeline schedule.
@@ -758,6 +889,18 @@ void TrainConfig::finalize_parallel(int world_size) {
   TRIDENT_CHECK(comm_timeout > 0, "--comm-timeout must be positive");
   if (use_distributed_optimizer && zero_stage == 0) zero_stage = 1;
   TRIDENT_CHECK(!(bf16 && fp16), "--bf16 and --fp16 exclude each other");
+  // The mixture-of-experts layer's limits for now (docs/moe.md); expert parallelism
+  // (--expert-model-parallel-size) is refused with the compatibility flags.
+  if (model.num_experts > 0) {
+    TRIDENT_CHECK(
+        tensor_model_parallel_size == 1, "--num-experts ", model.num_experts,
+        " with --tensor-model-parallel-size ", tensor_model_parallel_size,
+        ": the mixture-of-experts layer runs with --tensor-model-parallel-size 1 for now");
+    const char* precision = bf16 ? "bf16" : "fp16";
+    TRIDENT_CHECK(!bf16 && !fp16, "--num-experts ", model.num_experts, " with --", precision,
+                  deepspeed ? str(" (or the DeepSpeed JSON's \"", precision, "\" block)") : "",
+                  ": the mixture-of-experts layer runs in FP32 for now");
+  }
   TRIDENT_CHECK(zero_stage >= 0 && zero_stage <= 3, "--zero-stage must be 0, 1, 2 or 3, got ",
                 zero_stage);
   TRIDENT_CHECK(ddp_bucket_size > 0, "--ddp-bucket-size must be positive");

@@ -39,6 +39,10 @@ struct TrainConfig {
   std::string normalization = "LayerNorm";  // --normalization LayerNorm|RMSNorm
   bool group_query_attention = false;       // --group-query-attention (with --num-query-groups)
   double rotary_percent = 1.0;              // --rotary-percent: only 1.0
+  // Mixture of experts: the names of Megatron-Core's enum flags, parsed into model by finalize.
+  std::string moe_router_score_function = "softmax";        // softmax, sigmoid
+  std::string moe_token_drop_policy = "probs";              // probs, position
+  std::string moe_router_load_balancing_type = "aux_loss";  // aux_loss, seq_aux_loss, none
 
   // Batches.
   std::int64_t micro_batch_size = 4;
@@ -186,6 +190,7 @@ struct TrainConfig {
  private:
   // The parts of finalize, in order.
   void finalize_model();
+  void finalize_moe();
   void finalize_parallel(int world_size);
   void finalize_offload();
   void finalize_schedule(int dp);

@@ -725,6 +725,9 @@ IterationResult Trainer::train_iteration() {
   // Every token of the global batch weighs 1 / (tokens in the global batch).
   const float d_scale = static_cast<float>(scaler_->scale()) / static_cast<float>(r.tokens) *
                         test_gradient_poison(progress_.iteration + 1, world_.rank());
+  // A micro-batch's MoE auxiliary losses weigh 1 / (micro-batches in the global batch): Megatron
+  // averages them over the micro-batches and the data-parallel ranks.
+  pipeline_->set_moe_aux_loss_scale(static_cast<double>(d_scale) * static_cast<double>(B_ * T_));
   r.pipeline = pipeline_->train(
       ctx_, optimizer_->views(), d_scale,
       micro_batches_of(*datasets_.train, progress_.consumed, progress_.iteration + 1));

@@ -11,7 +11,11 @@ void declare_block(const BlockConfig& cfg, const WeightScope& s, BlockParams* p,
                     field(g, &BlockGrads::attention));
   declare_norm(cfg.norm, s.sub("post_attention_layernorm."), field(p, &BlockParams::norm2),
                field(g, &BlockGrads::norm2));
-  declare_mlp(cfg.mlp, s.sub("mlp."), field(p, &BlockParams::mlp), field(g, &BlockGrads::mlp));
+  if (cfg.is_moe(s.layer())) {
+    declare_moe(cfg.moe, s.sub("mlp."), field(p, &BlockParams::moe), field(g, &BlockGrads::moe));
+  } else {
+    declare_mlp(cfg.mlp, s.sub("mlp."), field(p, &BlockParams::mlp), field(g, &BlockGrads::mlp));
+  }
 }
 
 namespace k = trident::kernels;
@@ -21,7 +25,8 @@ void block_forward(const LayerContext& lc, const BlockConfig& cfg, const BlockPa
   const BlockSaved& s = args.saved;
   const std::int64_t R = lc.local_rows(), C = cfg.norm.hidden, layer = args.layer;
   // Under --bf16 the fused residual + norm also writes the MLP input's BF16 copy.
-  core::bf16* norm2_bf16 = p.mlp.fc_w.bf16 && !lc.region.sp() ? lc.ws.bf16_in : nullptr;
+  const bool moe = cfg.is_moe(layer);
+  core::bf16* norm2_bf16 = !moe && p.mlp.fc_w.bf16 && !lc.region.sp() ? lc.ws.bf16_in : nullptr;
 
   norm_forward(lc, cfg.norm, p.norm1, {.in = args.x, .rows = R, .saved = s.norm1});
   attention_forward(lc, cfg.attention, p.attention,
@@ -39,8 +44,13 @@ void block_forward(const LayerContext& lc, const BlockConfig& cfg, const BlockPa
        .rows = R,
        .saved = s.norm2,
        .out_bf16 = norm2_bf16});
-  mlp_forward(lc, cfg.mlp, p.mlp,
-              {.out = s.out, .in = s.norm2.out, .in_bf16 = norm2_bf16, .saved = s.mlp});
+  if (moe) {
+    moe_forward(lc, cfg.moe, p.moe,
+                {.out = s.out, .in = s.norm2.out, .saved = s.moe, .stats = args.moe_stats});
+  } else {
+    mlp_forward(lc, cfg.mlp, p.mlp,
+                {.out = s.out, .in = s.norm2.out, .in_bf16 = norm2_bf16, .saved = s.mlp});
+  }
   dropout_forward(lc, s.out, C, layer, DropSite::kMlpOut);
   const core::Shape rc{R, C};
   k::add(lc.ctx, {.out = view_of(lc, s.out, rc),  // out = resid2 + out
@@ -56,8 +66,24 @@ void block_backward(const LayerContext& lc, const BlockConfig& cfg, const BlockP
   float* d_x = args.d_x;  // the residual adds pass it through; each branch adds into it
 
   const float* d = dropout_backward(lc, d_x, C, layer, DropSite::kMlpOut);
-  d = mlp_backward(lc, cfg.mlp, p.mlp,
-                   {.d_out = d, .in = s.norm2.out, .saved = s.mlp, .grads = g.mlp});
+  if (cfg.is_moe(layer)) {
+    const Workspace& ws = lc.ws;
+    d = moe_backward(lc, cfg.moe, p.moe,
+                     {.d_out = d,
+                      .in = s.norm2.out,
+                      .saved = s.moe,
+                      .grads = g.moe,
+                      .aux_grad_scale = lc.aux_loss_scale,
+                      .d_weights = ws.moe_d_weights,
+                      .d_logits = ws.moe_d_logits,
+                      .d_perm = ws.moe_d_perm,
+                      .d_fc = ws.moe_d_fc,
+                      .d_act = ws.moe_d_act,
+                      .d_aux = ws.moe_d_aux});
+  } else {
+    d = mlp_backward(lc, cfg.mlp, p.mlp,
+                     {.d_out = d, .in = s.norm2.out, .saved = s.mlp, .grads = g.mlp});
+  }
   residual_norm_backward(lc, cfg.norm, p.norm2,
                          {.d_resid = d_x,
                           .d_out = d,

@@ -7,6 +7,7 @@
 #include "trident/model/layers/attention.h"
 #include "trident/model/layers/layer.h"
 #include "trident/model/layers/mlp.h"
+#include "trident/model/layers/moe.h"
 #include "trident/model/layers/norm.h"
 
 namespace trident::model::layers {
@@ -15,21 +16,31 @@ struct BlockConfig {
   NormConfig norm;
   AttentionConfig attention;
   MlpConfig mlp;
+  // Mixture of experts (moe.num_experts > 0): the MLP of every moe_layer_freq-th global layer
+  // (0, freq, ...) is the MoE layer instead.
+  MoeConfig moe;
+  std::int64_t moe_layer_freq = 1;
+  bool is_moe(std::int64_t layer) const {
+    return moe.num_experts > 0 && layer % moe_layer_freq == 0;
+  }
 };
 struct BlockParams {
   NormParams norm1;
   AttentionParams attention;
   NormParams norm2;
   MlpParams mlp;
+  MoeParams moe;  // a mixture-of-experts layer's, instead of mlp's
 };
 struct BlockGrads {
   NormGrads norm1;
   AttentionGrads attention;
   NormGrads norm2;
   MlpGrads mlp;
+  MoeGrads moe;
 };
 // Saved activations of one block for one micro-batch (local rows of the residual stream).
-// "input_layernorm.", "self_attention.", "post_attention_layernorm.", "mlp.": the sub-layers'.
+// "input_layernorm.", "self_attention.", "post_attention_layernorm.", "mlp.": the sub-layers'
+// (the MoE layer's under "mlp." too, in the layers cfg.is_moe picks by the scope's layer).
 void declare_block(const BlockConfig& cfg, const WeightScope& s, BlockParams* p, BlockGrads* g);
 struct BlockSaved {
   NormSaved norm1;
@@ -37,6 +48,7 @@ struct BlockSaved {
   float* resid2 = nullptr;  // (local rows, C) the residual stream after attention
   NormSaved norm2;
   MlpSaved mlp;
+  MoeSaved moe;          // a mixture-of-experts layer's, instead of mlp's
   float* out = nullptr;  // (local rows, C) the block's output
 };
 
@@ -45,6 +57,7 @@ struct BlockForwardArgs {
   std::int64_t layer = 0;          // global layer index (dropout streams)
   BlockSaved saved;                // saved.out is the block's output
   const KvCache* cache = nullptr;  // generation's KV cache, or null
+  MoeStats* moe_stats = nullptr;   // a mixture-of-experts layer's routing, filled when not null
 };
 void block_forward(const LayerContext& lc, const BlockConfig& cfg, const BlockParams& p,
                    const BlockForwardArgs& args);

@@ -47,6 +47,13 @@ struct Workspace {
   std::span<std::byte> gemm_scratch{};   // oneDNN's BF16 workspace
   std::span<std::byte> fused_scratch{};  // bias_gelu_backward's per-chunk partial sums
   std::span<std::byte> norm_scratch{};   // residual_layernorm_backward's per-chunk partial sums
+  // Mixture of experts' backward scratch (moe.h, MoeBackwardArgs); null without experts.
+  float* moe_d_weights = nullptr;  // (B*T, k)
+  float* moe_d_logits = nullptr;   // (B*T, E)
+  float* moe_d_perm = nullptr;     // (R, C)
+  float* moe_d_fc = nullptr;       // (R, F) or SwiGLU (R, 2F)
+  float* moe_d_act = nullptr;      // (R, F)
+  float* moe_d_aux = nullptr;      // (B, E)
 };
 
 // Hidden-dropout keys of one micro-batch: masks are keyed by global token rows and the iteration,
@@ -72,6 +79,9 @@ struct LayerContext {
   // document id of every token, or null (positions 0..T-1, one document).
   const std::int32_t* positions = nullptr;
   const std::int32_t* docs = nullptr;
+  // The gradient of the training loss with respect to a mixture-of-experts layer's auxiliary
+  // losses of this micro-batch (Megatron: 1 / the micro-batches of the global batch).
+  double aux_loss_scale = 1.0;
 
   std::int64_t rows() const { return region.rows(); }  // B*T
   std::int64_t local_rows() const { return region.local_rows(); }

@@ -104,6 +104,7 @@ class WeightScope {
     return s;
   }
   int tp_size() const { return tp_size_; }
+  int layer() const { return layer_; }  // the global layer index, -1 outside the layers
 
  private:
   WeightVisitor* visitor_;
