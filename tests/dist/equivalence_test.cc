@@ -518,6 +518,17 @@ constexpr const char* kMoeDropping =
 TEST_F(Equivalence, MoeDroppingLayouts) {
   expect_equivalent({"moedrop_dp2", 2, {}, 1, kMoeDropping});
   expect_equivalent({"moedrop_pp2", 2, {"--pipeline-model-parallel-size 2"}, 1, kMoeDropping});
+  // The log line reports the routing, summed over the stages: the capacity drops some choices.
+  std::ifstream log(run_dir("moedrop_pp2") + "/log.txt");
+  const std::string text{std::istreambuf_iterator<char>(log), {}};
+  const std::size_t at = text.rfind("dropped tokens: ");
+  ASSERT_NE(at, std::string::npos) << text;
+  const double dropped = std::stod(text.substr(at + 16));
+  EXPECT_GT(dropped, 0.0);
+  EXPECT_LT(dropped, 50.0);
+  EXPECT_NE(text.find("load_balancing_loss: "), std::string::npos);
+  EXPECT_NE(text.find("expert load max/mean: "), std::string::npos);
+  std::printf("moedrop_pp2: last logged dropped share %.2f%%\n", dropped);
 }
 // A stop at iteration 5 and a resume give the uninterrupted run's losses and final checkpoint
 // bitwise: Lion's momentum is saved and restored by name ("exp_avg"), sharded over dp.

@@ -52,6 +52,25 @@ std::string fmt(const char* f, A... a) {
 
 }  // namespace
 
+std::string moe_log(const MoeRouting& m) {
+  const double calls = static_cast<double>(std::max<std::int64_t>(1, m.calls));
+  double max = 0, sum = 0;
+  for (double t : m.tokens_per_expert) {
+    max = std::max(max, t);
+    sum += t;
+  }
+  const double mean =
+      m.tokens_per_expert.empty() ? 0.0 : sum / static_cast<double>(m.tokens_per_expert.size());
+  std::string s;
+  s += fmt(" load_balancing_loss: %.6E |", m.aux_loss / calls);
+  s += fmt(" z_loss: %.6E |", m.z_loss / calls);
+  s += fmt(" dropped tokens: %.2f%% |",
+           m.choices > 0 ? 100.0 * static_cast<double>(m.dropped) / static_cast<double>(m.choices)
+                         : 0.0);
+  s += fmt(" expert load max/mean: %.2f |", mean > 0 ? max / mean : 0.0);
+  return s;
+}
+
 std::string iteration_log_line(const IterationLog& l) {
   std::string s;
   const auto ll = [](std::int64_t x) { return static_cast<long long>(x); };
@@ -92,6 +111,7 @@ std::string iteration_log_line(const IterationLog& l) {
   if (l.grad_norm) s += fmt(" grad norm: %.3f |", *l.grad_norm);
   s += fmt(" number of skipped iterations: %3lld |", ll(l.skipped));
   s += fmt(" number of nan iterations: %3lld |", ll(l.nan));
+  if (l.moe && l.moe->calls > 0) s += moe_log(*l.moe);
   return s;
 }
 
@@ -201,25 +221,26 @@ void TrainingLog::log_interval(const IterationResult& r) {
     tb_->add_scalar("iteration-time", avg_ms / 1e3, it);
     if (src_.cfg.log_throughput) tb_->add_scalar("throughput", tflops, it);
   }
-  log::info(iteration_log_line({.megatron_deepspeed = src_.cfg.megatron_deepspeed_log,
-                                .log_throughput = src_.cfg.log_throughput,
-                                .iteration = it,
-                                .train_iters = src_.cfg.train_iters,
-                                .consumed_samples = src_.progress.consumed,
-                                .consumed_tokens = src_.progress.consumed * T_,
-                                .iter_ms = avg_ms,
-                                .tflops_per_rank = tflops,
-                                .lr = r.lr,
-                                .global_batch_size = r.batch.running_global_batch_size,
-                                .lm_loss = avg_loss,
-                                .loss_scale = r.used_scale,
-                                .grad_norm = src_.cfg.optimizer.clip_grad > 0
-                                                 ? std::optional<double>(r.step.grad_norm)
-                                                 : std::nullopt,
-                                .skipped = s.skipped,
-                                .nan = s.nan,
-                                .samples_per_s = s.tokens / static_cast<double>(T_) / (s.ms / 1e3),
-                                .seq_length = T_}));
+  log::info(iteration_log_line(
+      {.megatron_deepspeed = src_.cfg.megatron_deepspeed_log,
+       .log_throughput = src_.cfg.log_throughput,
+       .iteration = it,
+       .train_iters = src_.cfg.train_iters,
+       .consumed_samples = src_.progress.consumed,
+       .consumed_tokens = src_.progress.consumed * T_,
+       .iter_ms = avg_ms,
+       .tflops_per_rank = tflops,
+       .lr = r.lr,
+       .global_batch_size = r.batch.running_global_batch_size,
+       .lm_loss = avg_loss,
+       .loss_scale = r.used_scale,
+       .grad_norm = src_.cfg.optimizer.clip_grad > 0 ? std::optional<double>(r.step.grad_norm)
+                                                     : std::nullopt,
+       .skipped = s.skipped,
+       .nan = s.nan,
+       .samples_per_s = s.tokens / static_cast<double>(T_) / (s.ms / 1e3),
+       .seq_length = T_,
+       .moe = s.moe.calls > 0 ? std::optional<MoeRouting>(s.moe) : std::nullopt}));
   nlohmann::json record = {{"iteration", it},
                            {"consumed_samples", src_.progress.consumed},
                            {"lm_loss", s.loss_all / iters},
@@ -234,6 +255,14 @@ void TrainingLog::log_interval(const IterationResult& r) {
                            {"nan_iterations", src_.progress.nan_iters},
                            {"global_batch_size", r.batch.running_global_batch_size},
                            {"loss_scale", r.used_scale}};
+  if (s.moe.calls > 0) {
+    const double calls = static_cast<double>(s.moe.calls);
+    record["moe_load_balancing_loss"] = s.moe.aux_loss / calls;
+    record["moe_z_loss"] = s.moe.z_loss / calls;
+    record["moe_dropped_fraction"] = static_cast<double>(s.moe.dropped) /
+                                     static_cast<double>(std::max<std::int64_t>(1, s.moe.choices));
+    record["moe_tokens_per_expert"] = s.moe.tokens_per_expert;
+  }
   // On a device: rank 0's peak device memory so far, arenas and buffers plus the stream pool.
   if (src_.ctx.device.kind == core::DeviceKind::kCuda) {
     record["peak_device_bytes"] =

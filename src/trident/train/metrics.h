@@ -51,6 +51,10 @@ struct IterationLog {
   std::int64_t skipped = 0, nan = 0;  // in this interval
   double samples_per_s = 0;
   std::int64_t seq_length = 0;
+  // Mixture of experts over the interval (MoE layer calls > 0): Megatron-Core's
+  // load_balancing_loss and z_loss (per layer and micro-batch, coefficients included), the
+  // share of the routing choices a capacity dropped, the busiest expert's tokens over the mean.
+  std::optional<MoeRouting> moe;
 };
 // Megatron-LM: " [date time] iteration N/M | consumed samples: ... | elapsed time per iteration
 // (ms): ... | learning rate: ... | global batch size: ... | lm loss: ... | loss scale: ... |
@@ -58,6 +62,9 @@ struct IterationLog {
 // Megatron-DeepSpeed (BLOOM): consumed tokens, elapsed time per iteration (s), learning rate
 // %.3E, ..., samples per second, TFLOPs.
 std::string iteration_log_line(const IterationLog& l);
+// The MoE part of the log line: " load_balancing_loss: ... | z_loss: ... | dropped tokens: ...% |
+// expert load max/mean: ... |".
+std::string moe_log(const MoeRouting& m);
 
 // Measured FP32 GEMM rate of this process's threads, in TFLOP/s (a 1024^3 product, best of 3).
 double measure_peak_tflops();
@@ -99,8 +106,21 @@ struct IntervalStats {
   double ms = 0, busy_ms = 0, pipe_ms = 0, flops = 0, tokens = 0;
   double cpu0 = process_cpu_ms();  // CPU time per iteration: timing on a shared machine
   std::int64_t iters = 0, skipped = 0, nan = 0, advanced = 0;
+  MoeRouting moe;
 
   void add(const IterationResult& r, double flops_of_iteration) {
+    const MoeRouting& m = r.pipeline.moe;
+    moe.aux_loss += m.aux_loss;
+    moe.z_loss += m.z_loss;
+    moe.calls += m.calls;
+    moe.dropped += m.dropped;
+    moe.choices += m.choices;
+    if (moe.tokens_per_expert.size() < m.tokens_per_expert.size()) {
+      moe.tokens_per_expert.resize(m.tokens_per_expert.size(), 0.0);
+    }
+    for (std::size_t e = 0; e < m.tokens_per_expert.size(); ++e) {
+      moe.tokens_per_expert[e] += m.tokens_per_expert[e];
+    }
     loss_all += r.lm_loss;
     if (r.advanced()) {
       loss += r.lm_loss;

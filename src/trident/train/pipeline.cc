@@ -74,6 +74,9 @@ void GptPipeline::forward(const core::ExecContext& ctx, const model::ModelViews&
                       .iteration = batches.iteration,
                       .training = grad == model::LossGrad::kCompute},
                      s.acts);
+  if (grad == model::LossGrad::kCompute) {
+    for (const model::layers::MoeStats& st : s.acts.moe_stats) moe_.add(st);
+  }
   if (shard.has_head) {
     // A chunked head (--loss-chunk-rows) runs its output layer here, and with gradients its
     // backward too: the output weight's gradient accumulates now.
@@ -101,6 +104,7 @@ void GptPipeline::backward(const core::ExecContext& ctx, const model::ModelViews
 PipelineStats GptPipeline::train(const core::ExecContext& ctx, const model::ModelViews& views,
                                  float d_scale, const MicroBatches& batches) {
   kernels::zero_on_device(ctx, loss_on_device_, sizeof(kernels::TokenLossSum));
+  moe_ = {};
   // The runtimes add their losses on the device during this call only, also when it throws.
   struct LossTarget {
     std::vector<model::ModelRuntime>& rts;
@@ -129,7 +133,8 @@ PipelineStats GptPipeline::train(const core::ExecContext& ctx, const model::Mode
           .total_ms = pass.total_ms,
           .max_live_activations = pass.max_live_activations,
           .activation_bytes =
-              static_cast<std::int64_t>(pass.max_live_activations) * activation_bytes_per_slot(0)};
+              static_cast<std::int64_t>(pass.max_live_activations) * activation_bytes_per_slot(0),
+          .moe = moe_};
 }
 
 void GptPipeline::read_loss(const core::ExecContext& ctx, PipelineStats& stats) {

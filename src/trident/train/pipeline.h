@@ -30,6 +30,29 @@ struct MicroBatches {
   std::int64_t iteration = 0;  // keys the dropout masks
 };
 
+// The mixture-of-experts layers' routing, summed over MoE layer forwards (layers x
+// micro-batches; model/layers/moe.h's MoeStats): the auxiliary losses with their coefficients,
+// the choices dropped by a capacity, the tokens each expert kept.
+struct MoeRouting {
+  double aux_loss = 0, z_loss = 0;
+  std::int64_t calls = 0, dropped = 0, choices = 0;
+  std::vector<double> tokens_per_expert;
+
+  void add(const model::layers::MoeStats& s) {
+    if (s.tokens_per_expert.empty()) return;  // a dense layer
+    tokens_per_expert.resize(s.tokens_per_expert.size(), 0.0);
+    for (std::size_t e = 0; e < s.tokens_per_expert.size(); ++e) {
+      tokens_per_expert[e] += s.tokens_per_expert[e];
+      choices += s.tokens_per_expert[e];
+    }
+    aux_loss += s.aux_loss;
+    z_loss += s.z_loss;
+    dropped += s.dropped;
+    choices += s.dropped;
+    ++calls;
+  }
+};
+
 struct PipelineStats {
   // This rank's loss share (last stage only; zero elsewhere), once read by
   // GptPipeline::read_loss (on a device it stays there until then).
@@ -38,6 +61,7 @@ struct PipelineStats {
   double total_ms = 0;  // the whole schedule, waits included
   int max_live_activations = 0;
   std::int64_t activation_bytes = 0;  // peak bytes of activation slots held at once
+  MoeRouting moe;                     // this rank's MoE layers, over the iteration's forwards
 };
 
 class GptPipeline final : public parallel::PipelineStage {
@@ -102,6 +126,7 @@ class GptPipeline final : public parallel::PipelineStage {
   core::ExecContext ctx_;  // where the activation slots live
   const RankModel& model_;
   std::vector<model::ModelRuntime> runtimes_;
+  MoeRouting moe_;  // the training pass's, reset by train()
   std::int64_t micro_batch_size_ = 1;
   std::vector<std::vector<Slot>> slots_by_chunk_;
   // The iteration's loss sum on ctx_'s device, and where its deferred read lands.

@@ -146,6 +146,7 @@ class Trainer {
   MicroBatches micro_batches_of(const data::SampleDataset& ds, std::int64_t first,
                                 std::int64_t iteration);
   double global_loss(const model::LossSum& mine);
+  MoeRouting global_moe_routing(const MoeRouting& mine);
 
   TrainConfig cfg_;
   comm::Communicator& world_;
@@ -668,6 +669,30 @@ double Trainer::global_loss(const model::LossSum& mine) {
   return v[0] / std::max(v[1], 1.0);
 }
 
+// The MoE routing summed over every rank (pipeline stages hold different layers, data-parallel
+// ranks different micro-batches; the MoE layer runs at tensor parallelism 1).
+MoeRouting Trainer::global_moe_routing(const MoeRouting& mine) {
+  const std::size_t E = static_cast<std::size_t>(cfg_.model.num_experts);
+  std::vector<double> v(5 + E, 0.0);
+  v[0] = mine.aux_loss;
+  v[1] = mine.z_loss;
+  v[2] = static_cast<double>(mine.calls);
+  v[3] = static_cast<double>(mine.dropped);
+  v[4] = static_cast<double>(mine.choices);
+  for (std::size_t e = 0; e < mine.tokens_per_expert.size() && e < E; ++e) {
+    v[5 + e] = mine.tokens_per_expert[e];
+  }
+  world_.all_reduce(v.data(), static_cast<std::int64_t>(v.size()), comm::Datatype::kF64,
+                    comm::ReduceOp::kSum);
+  MoeRouting all{.aux_loss = v[0],
+                 .z_loss = v[1],
+                 .calls = static_cast<std::int64_t>(v[2]),
+                 .dropped = static_cast<std::int64_t>(v[3]),
+                 .choices = static_cast<std::int64_t>(v[4])};
+  all.tokens_per_expert.assign(v.begin() + 5, v.end());
+  return all;
+}
+
 int Trainer::run() {
   // Megatron-DeepSpeed's --train-tokens also ends training.
   auto tokens_left = [this] {
@@ -739,6 +764,7 @@ IterationResult Trainer::train_iteration() {
   if (cfg_.fp16) scaler_->update(r.step.skipped);
   pipeline_->read_loss(ctx_, r.pipeline);  // after the step: its norm's host sync brought it
   r.lm_loss = global_loss(r.pipeline.loss);
+  if (cfg_.model.num_experts > 0) r.pipeline.moe = global_moe_routing(r.pipeline.moe);
   if (!r.step.skipped) {
     lr_sched_->step(static_cast<double>(r.batch.running_global_batch_size),
                     static_cast<double>(progress_.consumed * T_));
