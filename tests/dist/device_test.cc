@@ -371,6 +371,21 @@ TEST_F(Device, LionEqualsTheCpu) {
                        "CUEMU_DEVICE_COUNT=2", lion});
 }
 
+// Mixture of experts on the device: the MoE kernels' CUDA bodies inside training (router,
+// dispatch map, permutation, combine, their backward passes) with the experts' matmuls, one rank
+// and two pipeline stages over NCCL with a capacity that drops tokens, each against the CPU's run.
+TEST_F(Device, MixtureOfExpertsEqualsTheCpu) {
+  const std::string moe =
+      "--swiglu --disable-bias-linear --num-experts 4 --moe-router-topk 2 "
+      "--moe-aux-loss-coeff 0.01 --moe-z-loss-coeff 0.001";
+  expect_equal_to_cpu({"cuda1_moe", 1, kCuda, "", moe});
+  EXPECT_NE(log_of("cuda1_moe").find("load_balancing_loss"), std::string::npos);
+  need_ranks(2);
+  expect_equal_to_cpu({"pp2_moe_drop_nccl", 2,
+                       std::string(kCuda) + " --pipeline-model-parallel-size 2",
+                       "CUEMU_DEVICE_COUNT=2", moe + " --moe-expert-capacity-factor 1.0"});
+}
+
 // Host code touching device memory dies, naming the allocation (emulator only).
 TEST_F(Device, NothingAboveTheKernelsTouchesDeviceMemory) {
   if (!emulated()) GTEST_SKIP() << "CUEMU_STRICT_HOST is the emulator's";
