@@ -493,8 +493,9 @@ TEST_F(Equivalence, LionLayouts) {
 // Mixture of experts at expert parallelism 1 (docs/moe.md): 4 SwiGLU experts, top-2, with the
 // load-balancing and z-losses, in every layer or every other one (dense layers between). The
 // experts are ordinary weights of their layer, so data parallelism with sharded optimizer state
-// (ZeRO-1) and sharded weights (ZeRO-3, the experts gathered with their layer), and pipeline
-// stages with virtual chunks and full recomputation, equal one process. The routing is
+// (ZeRO-1) and sharded weights (ZeRO-3, the experts gathered with their layer), tensor
+// parallelism inside each expert (with SP), and pipeline stages with virtual chunks and full
+// recomputation, equal one process. The routing is
 // deterministic and a micro-batch's routing does not depend on the layout.
 constexpr const char* kMoe =
     "--swiglu --disable-bias-linear --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 48 "
@@ -502,6 +503,16 @@ constexpr const char* kMoe =
 TEST_F(Equivalence, MoeLayouts) {
   expect_equivalent({"moe_zero1dp2", 2, {"--zero-stage 1 --ddp-bucket-size 5000"}, 1, kMoe});
   expect_equivalent({"moe_zero3dp2", 2, {"--zero-stage 3"}, 1, kMoe});
+  // Tensor parallelism inside the experts (each expert's F split, the router replicated), with
+  // sequence parallelism, and with ZeRO-3 over dp 2.
+  expect_equivalent({"moe_tp2", 2, {"--tensor-model-parallel-size 2"}, 2, kMoe});
+  expect_equivalent(
+      {"moe_tp2sp", 2, {"--tensor-model-parallel-size 2 --sequence-parallel"}, 2, kMoe});
+  expect_equivalent({"moe_tp2spdp2zero3",
+                     4,
+                     {"--tensor-model-parallel-size 2 --sequence-parallel --zero-stage 3"},
+                     2,
+                     kMoe});
   expect_equivalent({"moe_pp2v2recompute",
                      2,
                      {"--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1 "

@@ -28,9 +28,11 @@ struct Result {
   std::vector<float> params, grads;  // flat, of the table used
 };
 
-// groups: Llama's key/value groups (0: GPT-2).
+// groups: Llama's key/value groups (0: GPT-2; -1: Llama with 4 experts in every layer, top-2,
+// each expert's F split over the tp ranks, the router replicated).
 ModelConfig tiny(int tp, int groups = 0) {
-  const bool llama = groups > 0;
+  const bool moe = groups < 0;
+  const bool llama = groups != 0;
   ModelConfig c;
   if (llama) {
     c.normalization = Normalization::kRmsNorm;
@@ -39,7 +41,7 @@ ModelConfig tiny(int tp, int groups = 0) {
     c.rope_original_max_positions = 4;  // so that the scaling changes the low frequencies
     c.rope_scaling_factor = 4.0f;
     c.swiglu = true;
-    c.num_query_groups = groups;
+    c.num_query_groups = moe ? 0 : groups;
     c.untie_embeddings_and_output_weights = true;
     c.add_bias_linear = false;
   }
@@ -51,6 +53,13 @@ ModelConfig tiny(int tp, int groups = 0) {
   c.vocab_size = 250;
   c.make_vocab_size_divisible_by = 128 * 4 / tp;  // the same padded vocabulary (512) for any tp
   c.init_method_std = 0.1f;
+  if (moe) {
+    c.num_experts = 4;
+    c.moe_router_topk = 2;
+    c.moe_ffn_hidden_size = 32;
+    c.moe_aux_loss_coeff = 0.01;
+    c.moe_z_loss_coeff = 0.001;
+  }
   return c;
 }
 
@@ -174,6 +183,9 @@ INSTANTIATE_TEST_SUITE_P(Sizes, TensorParallel,
                                             ::testing::Values(0, 4, 1)));
 INSTANTIATE_TEST_SUITE_P(ReplicatedGroups, TensorParallel,
                          ::testing::Values(std::tuple{4, true, 2}, std::tuple{4, false, 2}));
+INSTANTIATE_TEST_SUITE_P(MixtureOfExperts, TensorParallel,
+                         ::testing::Values(std::tuple{2, false, -1}, std::tuple{2, true, -1},
+                                           std::tuple{4, true, -1}));
 
 // Replicated key/value heads: every query row of the fused QKV weight is on exactly one rank,
 // every key/value row on the tp / G ranks sharing its group, and local_index inverts

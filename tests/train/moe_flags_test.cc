@@ -246,7 +246,8 @@ TEST(MoeFlags, ListsAndNegativeCapacity) {
             0.0);
 }
 
-// What the layer does not run with yet: tensor parallelism, BF16 / FP16, expert parallelism.
+// What the layer does not run with yet: BF16 / FP16, expert parallelism; tensor parallelism
+// needs F to divide.
 TEST(MoeFlags, LayoutsAndPrecisionsNotBuiltYetAreRefused) {
   const std::vector<std::string> moe = with({"--num-experts", "4"});
   auto plus = [&](std::vector<std::string> extra) {
@@ -254,9 +255,11 @@ TEST(MoeFlags, LayoutsAndPrecisionsNotBuiltYetAreRefused) {
     v.insert(v.end(), extra.begin(), extra.end());
     return v;
   };
-  EXPECT_NE(error_of(plus({"--tensor-model-parallel-size", "2"}), 2)
-                .find("--num-experts 4 with --tensor-model-parallel-size 2: the mixture-of-experts "
-                      "layer runs with --tensor-model-parallel-size 1 for now"),
+  // Tensor parallelism splits each expert's F, which must divide.
+  EXPECT_EQ(error_of(plus({"--tensor-model-parallel-size", "2"}), 2), "");
+  EXPECT_NE(error_of(plus({"--tensor-model-parallel-size", "2", "--moe-ffn-hidden-size", "33"}), 2)
+                .find("--moe-ffn-hidden-size (33) must be divisible by "
+                      "--tensor-model-parallel-size (2)"),
             std::string::npos);
   EXPECT_EQ(error_of(with({"--tensor-model-parallel-size", "2"}), 2), "");  // dense
   EXPECT_EQ(error_of(plus({"--pipeline-model-parallel-size", "2"}), 2), "");
@@ -285,10 +288,15 @@ TEST(MoeFlags, LayoutsAndPrecisionsNotBuiltYetAreRefused) {
                           " 2: not supported by trident (1 is accepted; expert "
                           "parallelism is not built yet");
   }
+  // Each expert is split over the tp ranks: --expert-tensor-parallel-size = tp is accepted.
   EXPECT_EQ(error_of(plus({"--expert-tensor-parallel-size", "1"})), "");
-  EXPECT_ERROR(plus({"--expert-tensor-parallel-size", "2"}),
-               "--expert-tensor-parallel-size 2: not supported by trident (1 is accepted; the "
-               "experts are not split across tensor-parallel ranks yet");
+  EXPECT_EQ(
+      error_of(plus({"--expert-tensor-parallel-size", "2", "--tensor-model-parallel-size", "2"}),
+               2),
+      "");
+  EXPECT_NE(error_of(plus({"--expert-tensor-parallel-size", "2"}))
+                .find("--expert-tensor-parallel-size 2: not supported by trident"),
+            std::string::npos);
 }
 
 // Megatron-Core flags trident does not build are refused with their reason in a model with

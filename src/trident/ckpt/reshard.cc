@@ -170,8 +170,8 @@ void check_param_slice(const model::ParamSpec& src, const std::vector<std::int64
   if (offset < 0 || offset > n || src.numel > n - offset) fail("slice outside the rank's layout");
   if (tp_rank < 0) fail("negative tp_rank");
   const int split = src.tp_split_dim;
-  if (split < -1 || split >= static_cast<int>(src.shape.size()) || split > 1) {
-    fail("tp_split_dim is not -1, 0 or 1 of the shape");
+  if (split < -1 || split >= static_cast<int>(src.shape.size())) {
+    fail("tp_split_dim is not -1 or a dimension of the shape");
   }
   for (std::size_t d = 0; d < src.shape.size(); ++d) {
     if (static_cast<int>(d) != split && src.shape[d] != global_shape[d]) {

@@ -69,10 +69,8 @@ void layout_activations(const ModelConfig& cfg, const ModelShard& shard, std::in
   // the MLP's.
   const layers::MoeConfig moe = moe_config(cfg);
   const std::int64_t E = moe.num_experts, K = moe.router.topk, MR = E > 0 ? moe.max_rows(BT) : 0;
-  const std::int64_t MF = moe.ffn, MFC = cfg.swiglu ? 2 * MF : MF;
-  TRIDENT_CHECK(E == 0 || (tp == 1 && !bf16),
-                "the mixture-of-experts layer runs with --tensor-model-parallel-size 1 and in FP32 "
-                "for now");
+  const std::int64_t MF = moe.ffn / tp, MFC = cfg.swiglu ? 2 * MF : MF;  // this rank's slice
+  TRIDENT_CHECK(E == 0 || !bf16, "the mixture-of-experts layer runs in FP32 for now");
   auto ints = [&](std::int64_t n) { return reinterpret_cast<std::int32_t*>(take(n)); };
   auto moe_saved = [&](layers::BlockSaved& s) {
     s.moe = {.logits = take(BT * E),

@@ -204,11 +204,18 @@ void init_params_range(const ModelConfig& cfg, const ParamTable& table, std::uin
           break;
         }
         // Keyed by the global element index (ParamSpec::global_index, as the kernel's formula).
-        // Split along dim 1: each row of dim 0 holds local_cols = numel / shape[0] elements of
-        // global_cols (SwiGLU's (2, F, C) up-projection: rows are gate and up, columns F x C).
-        const bool by_cols = p.tp_split_dim == 1;
-        const std::int64_t local_cols = by_cols ? p.numel / p.shape[0] : 1;
-        const std::int64_t global_cols = by_cols ? local_cols / p.shape[1] * p.global_shape[1] : 1;
+        // Split along dim d >= 1: each "row" (an index of the dims before d) holds local_cols =
+        // shape[d] x (the dims after d) elements of global_cols (SwiGLU's (2, F, C)
+        // up-projection: rows are gate and up, columns F x C; the experts' (E, 2, F, C): rows are
+        // each expert's gate and up).
+        const bool by_cols = p.tp_split_dim >= 1;
+        std::int64_t inner = 1;
+        for (std::size_t k = static_cast<std::size_t>(std::max(p.tp_split_dim, 0)) + 1;
+             k < p.shape.size(); ++k) {
+          inner *= p.shape[k];
+        }
+        const std::int64_t local_cols = by_cols ? p.shape[p.tp_split_dim] * inner : 1;
+        const std::int64_t global_cols = by_cols ? p.global_shape[p.tp_split_dim] * inner : 1;
         kernels::init_normal(ctx, {.out = core::view(dst, {hi - lo}, ctx.device),
                                    .begin = lo,
                                    .seed = seed,

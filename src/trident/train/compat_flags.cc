@@ -125,9 +125,14 @@ bool accepted_value(const TrainConfig& c, std::string_view name,
       name == "--exp-avg-sq-dtype")
     return is({"fp32"});
   if (name == "--context-parallel-size" || name == "--ds-sequence-parallel-size" ||
-      name == "--expert-model-parallel-size" || name == "--expert-tensor-parallel-size" ||
-      name == "--moe-expert-parallel-size" || name == "--num-distributed-optimizer-instances")
+      name == "--expert-model-parallel-size" || name == "--moe-expert-parallel-size" ||
+      name == "--num-distributed-optimizer-instances")
     return is_num(1);
+  // Each expert is split over the tensor-parallel ranks, as Megatron-Core's default
+  // (--expert-tensor-parallel-size = --tensor-model-parallel-size).
+  if (name == "--expert-tensor-parallel-size") {
+    return is_num(static_cast<double>(c.tensor_model_parallel_size));
+  }
   // DeepSpeed-MoE's capacities are unused when it drops no tokens.
   if (name == "--moe-train-capacity-factor" || name == "--moe-eval-capacity-factor" ||
       name == "--moe-min-capacity")

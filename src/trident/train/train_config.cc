@@ -889,13 +889,14 @@ void TrainConfig::finalize_parallel(int world_size) {
   TRIDENT_CHECK(comm_timeout > 0, "--comm-timeout must be positive");
   if (use_distributed_optimizer && zero_stage == 0) zero_stage = 1;
   TRIDENT_CHECK(!(bf16 && fp16), "--bf16 and --fp16 exclude each other");
-  // The mixture-of-experts layer's limits for now (docs/moe.md); expert parallelism
+  // The mixture-of-experts layer's limits (docs/moe.md); expert parallelism
   // (--expert-model-parallel-size) is refused with the compatibility flags.
   if (model.num_experts > 0) {
-    TRIDENT_CHECK(
-        tensor_model_parallel_size == 1, "--num-experts ", model.num_experts,
-        " with --tensor-model-parallel-size ", tensor_model_parallel_size,
-        ": the mixture-of-experts layer runs with --tensor-model-parallel-size 1 for now");
+    // Each expert is tensor-parallel as the dense MLP (Megatron's expert tensor parallelism =
+    // tensor parallelism): its F split over the tp ranks.
+    TRIDENT_CHECK(model.moe_ffn() % tensor_model_parallel_size == 0, "--moe-ffn-hidden-size (",
+                  model.moe_ffn(), ") must be divisible by --tensor-model-parallel-size (",
+                  tensor_model_parallel_size, ")");
     const char* precision = bf16 ? "bf16" : "fp16";
     TRIDENT_CHECK(!bf16 && !fp16, "--num-experts ", model.num_experts, " with --", precision,
                   deepspeed ? str(" (or the DeepSpeed JSON's \"", precision, "\" block)") : "",

@@ -670,10 +670,15 @@ double Trainer::global_loss(const model::LossSum& mine) {
 }
 
 // The MoE routing summed over every rank (pipeline stages hold different layers, data-parallel
-// ranks different micro-batches; the MoE layer runs at tensor parallelism 1).
+// ranks different micro-batches; tp rank 0 of each group speaks for it). Only rank 0 logs it.
 MoeRouting Trainer::global_moe_routing(const MoeRouting& mine) {
   const std::size_t E = static_cast<std::size_t>(cfg_.model.num_experts);
   std::vector<double> v(5 + E, 0.0);
+  if (par_.coord().tp != 0) {  // the tp ranks route the same rows alike: count them once
+    world_.all_reduce(v.data(), static_cast<std::int64_t>(v.size()), comm::Datatype::kF64,
+                      comm::ReduceOp::kSum);
+    return {};
+  }
   v[0] = mine.aux_loss;
   v[1] = mine.z_loss;
   v[2] = static_cast<double>(mine.calls);

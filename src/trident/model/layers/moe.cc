@@ -31,10 +31,17 @@ void declare_moe(const MoeConfig& cfg, const WeightScope& s, MoeParams* p, MoeGr
   const bool swiglu = cfg.activation == Activation::kSwiGlu;
   s({.name = "router.weight", .shape = {E, C}, .weight_decay = true},
     slot(field(p, &MoeParams::router), field(g, &MoeGrads::router)));
+  // Each expert tensor-parallel as the dense MLP: the up-projection column-parallel (F split;
+  // SwiGLU's gate and up blocks each), the down-projection row-parallel. The router is replicated:
+  // every tp rank routes the same (full) rows alike.
   s({.name = "experts.dense_h_to_4h.weight",
-     .shape = swiglu ? std::vector<std::int64_t>{E, 2, F, C} : std::vector<std::int64_t>{E, F, C}},
+     .shape = swiglu ? std::vector<std::int64_t>{E, 2, F, C} : std::vector<std::int64_t>{E, F, C},
+     .tp_split = swiglu ? 2 : 1},
     slot(field(p, &MoeParams::fc_w), field(g, &MoeGrads::fc_w)));
-  s({.name = "experts.dense_4h_to_h.weight", .shape = {E, C, F}, .init = InitRule::kScaledNormal},
+  s({.name = "experts.dense_4h_to_h.weight",
+     .shape = {E, C, F},
+     .tp_split = 2,
+     .init = InitRule::kScaledNormal},
     slot(field(p, &MoeParams::fc2_w), field(g, &MoeGrads::fc2_w)));
 }
 
@@ -53,10 +60,6 @@ std::vector<T> download(const LayerContext& lc, const T* src, std::int64_t n) {
 }
 
 void check_layout(const LayerContext& lc, const MoeConfig& cfg) {
-  TRIDENT_CHECK(lc.region.group().size() == 1,
-                "the mixture-of-experts layer runs with tensor "
-                "parallelism 1 for now (--tensor-model-parallel-size ",
-                lc.region.group().size(), ")");
   TRIDENT_CHECK(!cfg.aux_per_sequence || lc.seq_len > 0,
                 "the per-sequence load-balancing loss needs the sequence length");
 }
@@ -80,10 +83,12 @@ void moe_forward(const LayerContext& lc, const MoeConfig& cfg, const MoeParams& 
   check_layout(lc, cfg);
   const MoeSaved& s = args.saved;
   const std::int64_t N = lc.rows(), C = cfg.hidden, E = cfg.num_experts, K = cfg.router.topk;
-  const std::int64_t F = cfg.ffn, FC = cfg.activation == Activation::kSwiGlu ? 2 * F : F;
+  const std::int64_t tp = lc.region.group().size(), F = cfg.ffn / tp;
+  const std::int64_t FC = cfg.activation == Activation::kSwiGlu ? 2 * F : F;
   const std::int64_t R = cfg.max_rows(N);
+  const float* x = lc.region.enter(args.in, lc.ws.gathered);  // every row (SP: all-gathered)
   linear(lc, {.out = s.logits,
-              .in = args.in,
+              .in = x,
               .weight = p.router,
               .rows = N,
               .in_features = C,
@@ -108,7 +113,7 @@ void moe_forward(const LayerContext& lc, const MoeConfig& cfg, const MoeParams& 
   for (std::int32_t c : counts) rows += c;
   const std::int64_t used = cfg.pad_to_capacity ? R : rows;  // the permuted rows in use
   k::moe_permute(lc.ctx, {.x_perm = view_of(lc, s.x_perm, {used, C}),
-                          .x = view_of(lc, args.in, {N, C}),
+                          .x = view_of(lc, x, {N, C}),
                           .sources = view_of(lc, s.sources, {R}),
                           .topk = K});
   const std::int64_t cap = cfg.capacity(N);
@@ -142,10 +147,13 @@ void moe_forward(const LayerContext& lc, const MoeConfig& cfg, const MoeParams& 
     }
     first += n;
   }
-  k::moe_unpermute(lc.ctx, {.out = view_of(lc, args.out, {N, C}),
+  // Each tp rank's experts hold an F slice: the combine is its partial sum (x is consumed).
+  float* partial = lc.region.partial_of(args.out, lc.ws.gathered);
+  k::moe_unpermute(lc.ctx, {.out = view_of(lc, partial, {N, C}),
                             .y_perm = view_of(lc, s.y_perm, {used, C}),
                             .weights = view_of(lc, s.weights, {N, K}),
                             .rows = view_of(lc, s.rows_of, {N, K})});
+  lc.region.leave(partial, args.out);  // the tp sum (SP: reduce-scatter)
   if (args.stats == nullptr) return;
   MoeStats& st = *args.stats;
   st.tokens_per_expert = counts;
@@ -177,19 +185,24 @@ const float* moe_backward(const LayerContext& lc, const MoeConfig& cfg, const Mo
   const MoeSaved& s = args.saved;
   const MoeGrads& g = args.grads;
   const std::int64_t N = lc.rows(), C = cfg.hidden, E = cfg.num_experts, K = cfg.router.topk;
-  const std::int64_t F = cfg.ffn, FC = cfg.activation == Activation::kSwiGlu ? 2 * F : F;
+  const std::int64_t tp = lc.region.group().size(), F = cfg.ffn / tp;
+  const std::int64_t FC = cfg.activation == Activation::kSwiGlu ? 2 * F : F;
   const std::int64_t R = cfg.max_rows(N);
+  const float* d_out = lc.region.leave_backward(args.d_out, lc.ws.d_full);  // every row
   const std::vector<std::int32_t> counts = download(lc, s.counts, E);
   std::int64_t rows = 0;
   for (std::int32_t c : counts) rows += c;
   const std::int64_t used = cfg.pad_to_capacity ? R : rows;
   k::moe_unpermute_backward(lc.ctx, {.d_y_perm = view_of(lc, args.d_perm, {used, C}),
                                      .d_weights = view_of(lc, args.d_weights, {N, K}),
-                                     .d_out = view_of(lc, args.d_out, {N, C}),
+                                     .d_out = view_of(lc, d_out, {N, C}),
                                      .y_perm = view_of(lc, s.y_perm, {used, C}),
                                      .weights = view_of(lc, s.weights, {N, K}),
                                      .rows = view_of(lc, s.rows_of, {N, K}),
                                      .sources = view_of(lc, s.sources, {R})});
+  // The weights' gradient sums the experts' outputs over their F slices: summed over tp, it is
+  // the same on every rank, and so is the router's backward from here.
+  lc.region.group().all_reduce_sum(args.d_weights, N * K);
   const std::int64_t cap = cfg.capacity(N);
   std::int64_t first = 0;
   for (std::int64_t e = 0; e < E; ++e) {
@@ -252,18 +265,22 @@ const float* moe_backward(const LayerContext& lc, const MoeConfig& cfg, const Mo
                           .group_tokens = group,
                           .z_scale = z_scale,
                           .cfg = cfg.router});
-  linear_backward(lc, {.d_in = lc.ws.d_ln,
+  // The router's input gradient is the same on every tp rank: rank 0's joins the experts' partial
+  // input gradients before their tp sum.
+  const float* x = lc.region.enter(args.in, lc.ws.gathered);
+  linear_backward(lc, {.d_in = lc.tp_rank() == 0 ? lc.ws.d_ln : nullptr,
                        .d_weight = g.router,
                        .d_out = args.d_logits,
-                       .in = args.in,
+                       .in = x,
                        .weight = p.router,
                        .rows = N,
                        .in_features = C,
                        .out_features = E});
+  if (lc.tp_rank() != 0) k::zero_on_device(lc.ctx, lc.ws.d_ln, N * C * 4);  // no router part
   k::moe_permute_backward(lc.ctx, {.d_x = view_of(lc, lc.ws.d_ln, {N, C}),
                                    .d_x_perm = view_of(lc, args.d_perm, {used, C}),
                                    .rows = view_of(lc, s.rows_of, {N, K})});
-  return lc.ws.d_ln;
+  return lc.region.enter_backward(lc.ws.d_ln);  // the tp sum (SP: reduce-scatter)
 }
 
 }  // namespace trident::model::layers

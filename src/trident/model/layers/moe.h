@@ -14,7 +14,11 @@
 // MoeConfig::aux_per_sequence) and the router z-loss (mean_n logsumexp(logits[n])^2 times its
 // coefficient), whose gradients enter the router's backward.
 //
-// This layer runs with tensor parallelism 1 and every expert on this rank (expert parallelism 1).
+// Every expert is on this rank (expert parallelism 1), tensor-parallel as the dense MLP: its F
+// split over the tp ranks (column-parallel up-projection, row-parallel down-projection), the router
+// replicated (every tp rank routes the full rows alike: with sequence parallelism, the gathered
+// rows), the combine's partial sums reduced over tp (SP: reduce-scattered). In the backward the
+// routing weights' gradient is summed over tp before the router's backward.
 // The per-expert matmuls read each expert's row count on the host (one small device read per
 // layer call, as Megatron's dispatcher does).
 #pragma once
