@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""Mixture of experts against the dense model of the same active parameters, side by side.
+
+The MoE model has E experts of F_e each, top-k routing; the dense model's MLP has k x F_e, so both
+spend the same matmul FLOPs per token in their MLPs (the MoE adds the router and the routing ops)
+while the MoE holds E / k times the MLP weights. Both train with `trident train` on the same data,
+threads and batch, in turn (dense, moe, dense, moe, ...) so a shared machine's drift hits both.
+Each run's figure is the median step time over the profiled window (--profile), the table the
+median over rounds: ms per iteration, tokens/s, the ratio dense / moe, and the MoE's routing share:
+the time of its router, dispatch map, permutation and combine ops (forward and backward) over the
+iteration, from the profile's per-op table. At expert parallelism 1 there is no all-to-all; with
+expert parallelism this is where its share will be reported.
+
+With --balance ITERS it instead trains the MoE model ITERS iterations with each balancing option
+(no auxiliary loss; the Switch load-balancing loss 0.01; that with a capacity of 1.0 x the even
+share dropping by probability; the per-sequence loss) and reports the last log interval's expert
+load (the busiest expert's tokens over the mean), the dropped share and the language-model loss.
+
+Usage (from the repo root, after scripts/build trident):
+  bench/moe/run_moe_bench.py [--rounds 3] [--threads 2] [--experts 8] [--topk 2]
+                             [--data PREFIX --tokenizer DIR] [--balance 100]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def run(trident, common, extra, threads, workdir, name):
+    metrics = os.path.join(workdir, f"{name}.jsonl")
+    if os.path.exists(metrics):
+        os.remove(metrics)
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    cmd = [trident, "train"] + common + extra + ["--metrics-jsonl", metrics]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"run_moe_bench: {' '.join(cmd)} failed ({proc.returncode}):\n"
+                 f"{proc.stderr[-3000:]}{proc.stdout[-3000:]}")
+    profile = None
+    last = None
+    with open(metrics) as f:
+        for line in f:
+            rec = json.loads(line)
+            if "profile" in rec:
+                profile = rec["profile"]
+            elif "moe_tokens_per_expert" in rec:
+                last = rec
+    if "--profile" not in extra and "--profile" not in common:
+        return last, 0.0
+    if profile is None:
+        sys.exit(f"run_moe_bench: no profile record in {metrics}")
+    # The profile table's per-op rows: "| op | kind | calls/step | ms/step | share | rate |".
+    moe_ms = 0.0
+    for line in (proc.stdout + proc.stderr).splitlines():
+        cells = [c.strip() for c in line.split("|")]
+        if len(cells) > 5 and cells[1].startswith("moe_"):
+            moe_ms += float(cells[4])
+    return profile["iter_ms"], moe_ms
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--experts", type=int, default=8)
+    ap.add_argument("--topk", type=int, default=2)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--expert-ffn", type=int, default=256)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--micro-batch", type=int, default=4)
+    ap.add_argument("--data", default="/work/shared/data/megatron/meg-gpt2-openwebtext_text_document")
+    ap.add_argument("--tokenizer", default="/work/shared/data/tokenizers/gpt2")
+    ap.add_argument("--trident", default=os.path.join(ROOT, "build", "tools", "trident"))
+    ap.add_argument("--balance", type=int, default=0, metavar="ITERS")
+    args = ap.parse_args()
+
+    workdir = tempfile.mkdtemp(prefix="trident_moe_bench_")
+    common = [
+        "--num-layers", str(args.layers), "--hidden-size", str(args.hidden),
+        "--num-attention-heads", "4", "--seq-length", str(args.seq),
+        "--max-position-embeddings", str(args.seq), "--micro-batch-size", str(args.micro_batch),
+        "--global-batch-size", str(args.micro_batch), "--train-iters", "12", "--lr", "3e-4",
+        "--swiglu", "--disable-bias-linear", "--normalization", "RMSNorm",
+        "--position-embedding-type", "rope", "--use-flash-attn",
+        "--tokenizer-type", "GPT2BPETokenizer",
+        "--vocab-file", os.path.join(args.tokenizer, "gpt2-vocab.json"),
+        "--merge-file", os.path.join(args.tokenizer, "gpt2-merges.txt"),
+        "--data-path", args.data, "--split", "98,2,0", "--eval-interval", "1000", "--eval-iters", "0",
+        "--log-interval", "1", "--profile", "--profile-step-start", "4",
+        "--profile-step-end", "12", "--data-cache-path", os.path.join(workdir, "cache"),
+    ]
+    dense = ["--ffn-hidden-size", str(args.topk * args.expert_ffn)]
+    moe = ["--ffn-hidden-size", str(args.topk * args.expert_ffn), "--num-experts",
+           str(args.experts), "--moe-router-topk", str(args.topk), "--moe-ffn-hidden-size",
+           str(args.expert_ffn), "--moe-aux-loss-coeff", "0.01"]
+    if args.balance > 0:
+        base = [x for x in common if x not in ("--profile",)]
+        i = base.index("--profile-step-start")
+        del base[i:i + 4]
+        i = base.index("--train-iters")
+        base[i + 1] = str(args.balance)
+        i = base.index("--log-interval")
+        base[i + 1] = "10"
+        print("| balancing | expert load max/mean | dropped | lm loss |")
+        print("| --- | --- | --- | --- |")
+        for name, extra in (
+                ("none", []), ("aux_loss 0.01", ["--moe-aux-loss-coeff", "0.01"]),
+                ("aux_loss 0.01, capacity 1.0 (probs)",
+                 ["--moe-aux-loss-coeff", "0.01", "--moe-expert-capacity-factor", "1.0"]),
+                ("seq_aux_loss 0.01", ["--moe-aux-loss-coeff", "0.01",
+                                       "--moe-router-load-balancing-type", "seq_aux_loss"])):
+            flags = list(moe)
+            j = flags.index("--moe-aux-loss-coeff")
+            del flags[j:j + 2]
+            rec, _ = run(args.trident, base, flags + extra, args.threads, workdir, "balance")
+            t = rec["moe_tokens_per_expert"]
+            load = max(t) / (sum(t) / len(t))
+            print(f"| {name} | {load:.2f} | {100 * rec['moe_dropped_fraction']:.2f}% | "
+                  f"{rec['lm_loss']:.3f} |", flush=True)
+        return
+    times = {"dense": [], "moe": []}
+    moe_share = []
+    for r in range(args.rounds):
+        for name, extra in (("dense", dense), ("moe", moe)):
+            ms, routing_ms = run(args.trident, common, extra, args.threads, workdir, name)
+            times[name].append(ms)
+            if name == "moe":
+                moe_share.append(routing_ms / ms)
+            print(f"round {r + 1}: {name} {ms:.1f} ms/iteration", flush=True)
+    tokens = args.micro_batch * args.seq
+    d, m = statistics.median(times["dense"]), statistics.median(times["moe"])
+    print()
+    print(f"{args.layers} layers, hidden {args.hidden}, seq {args.seq}, micro-batch "
+          f"{args.micro_batch}, {args.threads} threads; MoE: {args.experts} experts of "
+          f"{args.expert_ffn}, top-{args.topk}; dense: ffn {args.topk * args.expert_ffn}")
+    print("| model | ms / iteration | tokens / s | routing ops' share |")
+    print("| --- | --- | --- | --- |")
+    print(f"| dense | {d:.1f} | {tokens / d * 1e3:.0f} | - |")
+    print(f"| MoE | {m:.1f} | {tokens / m * 1e3:.0f} | "
+          f"{100 * statistics.median(moe_share):.1f}% |")
+    print(f"dense / MoE time: {d / m:.3f} (MoE tokens/s relative to dense: {d / m:.3f})")
+
+
+if __name__ == "__main__":
+    main()
