@@ -76,7 +76,7 @@ struct ParamTable {
 
   std::vector<ParamSpec> params;
   std::int64_t total_numel = 0;  // flat buffer size, alignment padding included
-  ModelShard shard;  // what the table lays out
+  ModelShard shard;              // what the table lays out
 
   const ParamSpec& find(const std::string& name) const;  // throws InvalidArgument when absent
   std::int64_t num_parameters() const;                   // without padding
