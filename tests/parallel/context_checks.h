@@ -64,6 +64,19 @@ inline void check_context(comm::Communicator& world, const ParallelLayout& layou
     if (!par.is_last_stage()) par.pp().send(std::span<std::int32_t>(token), c.pp + 1);
   }
 
+  // Expert groups: ep (one rank without expert parallelism) and edp (dp itself then).
+  EXPECT_EQ(par.ep().size(), layout.ep_size);
+  EXPECT_EQ(par.ep().rank(), layout.ep_rank(c));
+  EXPECT_EQ(par.edp().size(), layout.edp_size());
+  EXPECT_EQ(par.edp().rank(), layout.edp_rank(c));
+  if (layout.ep_size > 1) {
+    for (Axis axis : {Axis::kEp, Axis::kEdp}) {
+      EXPECT_EQ(par.group(axis).group().global_ranks, layout.group_of(r, axis)) << axis_name(axis);
+    }
+    expect_group_sum(par.ep(), layout.group_of(r, Axis::kEp), r);
+    expect_group_sum(par.edp(), layout.group_of(r, Axis::kEdp), r);
+  }
+
   par.set_step(77);
   EXPECT_EQ(par.tp().step(), 77);
   EXPECT_EQ(par.pp().step(), 77);
@@ -71,13 +84,19 @@ inline void check_context(comm::Communicator& world, const ParallelLayout& layou
   par.world().barrier();
 }
 
-// Every layout (tp, pp) whose product divides the world size.
+// Every layout (tp, pp) whose product divides the world size, with every ep dividing its dp.
 inline std::vector<ParallelLayout> layouts_for(int world_size) {
   std::vector<ParallelLayout> out;
   for (int tp = 1; tp <= world_size; ++tp) {
     for (int pp = 1; pp <= world_size; ++pp) {
-      if (world_size % (tp * pp) == 0)
-        out.push_back(ParallelLayout::from_world_size(world_size, tp, pp));
+      if (world_size % (tp * pp) != 0) continue;
+      ParallelLayout l = ParallelLayout::from_world_size(world_size, tp, pp);
+      // Each expert-parallel size that divides dp.
+      for (int ep = 1; ep <= l.dp_size; ++ep) {
+        if (l.dp_size % ep != 0) continue;
+        l.ep_size = ep;
+        out.push_back(l);
+      }
     }
   }
   return out;

@@ -92,6 +92,61 @@ TEST(ParallelLayout, RoundTripsAndGroupsPartitionTheWorld) {
   }
 }
 
+TEST(ParallelLayout, ExpertAxesSplitDpAsMegatronCore) {
+  // 8 ranks, tp=2, dp=4, ep=2 (Megatron-Core, expert tp = tp: "tp-ep-dp-pp").
+  const ParallelLayout l{.tp_size = 2, .dp_size = 4, .pp_size = 1, .ep_size = 2};
+  EXPECT_EQ(l.groups(Axis::kEp), (Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
+  EXPECT_EQ(l.groups(Axis::kEdp), (Groups{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
+  std::ostringstream os;
+  os << l;
+  EXPECT_EQ(os.str(), "tp=2 dp=4 pp=1 ep=2");
+  // ep=4 over the same 8 ranks with tp=2: one ep group per tp rank, expert-dp of one.
+  const ParallelLayout l4{.tp_size = 2, .dp_size = 4, .pp_size = 1, .ep_size = 4};
+  EXPECT_EQ(l4.groups(Axis::kEp), (Groups{{0, 2, 4, 6}, {1, 3, 5, 7}}));
+  EXPECT_EQ(l4.groups(Axis::kEdp), (Groups{{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}}));
+
+  for (const ParallelLayout& base : many_layouts()) {
+    for (int ep = 2; ep <= base.dp_size; ++ep) {
+      if (base.dp_size % ep != 0) continue;
+      ParallelLayout l2 = base;
+      l2.ep_size = ep;
+      SCOPED_TRACE(::testing::Message() << l2);
+      for (Axis axis : {Axis::kEp, Axis::kEdp}) {
+        const Groups groups = l2.groups(axis);
+        ASSERT_EQ(static_cast<int>(groups.size()), l2.world_size() / l2.size_of(axis));
+        std::vector<int> seen(static_cast<std::size_t>(l2.world_size()), 0);
+        for (std::size_t gi = 0; gi < groups.size(); ++gi) {
+          const std::vector<int>& g = groups[gi];
+          ASSERT_TRUE(std::is_sorted(g.begin(), g.end()));
+          if (gi > 0) ASSERT_LT(groups[gi - 1].front(), g.front());
+          for (std::size_t i = 0; i < g.size(); ++i) {
+            ++seen[static_cast<std::size_t>(g[i])];
+            const Coord c = l2.coord_of(g[i]), c0 = l2.coord_of(g[0]);
+            ASSERT_EQ(l2.coord_along(c, axis), static_cast<int>(i));
+            ASSERT_EQ(l2.group_index(g[i], axis), static_cast<int>(gi));
+            // Same tp, pp and the other expert coordinate: a sub-group of the rank's dp group.
+            ASSERT_EQ(c.tp, c0.tp);
+            ASSERT_EQ(c.pp, c0.pp);
+            const Axis other = axis == Axis::kEp ? Axis::kEdp : Axis::kEp;
+            ASSERT_EQ(l2.coord_along(c, other), l2.coord_along(c0, other));
+            ASSERT_EQ(c.dp, l2.ep_rank(c) + l2.ep_size * l2.edp_rank(c));
+          }
+        }
+        ASSERT_TRUE(std::all_of(seen.begin(), seen.end(), [](int x) { return x == 1; }));
+      }
+    }
+  }
+  try {
+    (ParallelLayout{.tp_size = 1, .dp_size = 6, .pp_size = 1, .ep_size = 4}).validate();
+    ADD_FAILURE() << "no exception";
+  } catch (const core::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find(
+                  "expert-model-parallel size 4 does not divide the data-parallel size 6"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(ParallelLayout, EmbeddingGroups) {
   for (const ParallelLayout& l : many_layouts()) {
     SCOPED_TRACE(::testing::Message() << l);

@@ -13,6 +13,10 @@ const char* axis_name(Axis axis) {
       return "dp";
     case Axis::kPp:
       return "pp";
+    case Axis::kEp:
+      return "ep";
+    case Axis::kEdp:
+      return "edp";
   }
   return "?";
 }
@@ -22,7 +26,9 @@ std::ostream& operator<<(std::ostream& os, const Coord& c) {
 }
 
 std::ostream& operator<<(std::ostream& os, const ParallelLayout& l) {
-  return os << "tp=" << l.tp_size << " dp=" << l.dp_size << " pp=" << l.pp_size;
+  os << "tp=" << l.tp_size << " dp=" << l.dp_size << " pp=" << l.pp_size;
+  if (l.ep_size != 1) os << " ep=" << l.ep_size;
+  return os;
 }
 
 ParallelLayout ParallelLayout::from_world_size(int world_size, int tp_size, int pp_size) {
@@ -37,8 +43,12 @@ ParallelLayout ParallelLayout::from_world_size(int world_size, int tp_size, int 
 }
 
 void ParallelLayout::validate() const {
-  TRIDENT_CHECK(tp_size >= 1 && dp_size >= 1 && pp_size >= 1, "parallel sizes must be >= 1, got ",
-                *this);
+  TRIDENT_CHECK(tp_size >= 1 && dp_size >= 1 && pp_size >= 1 && ep_size >= 1,
+                "parallel sizes must be >= 1, got ", *this);
+  TRIDENT_CHECK(dp_size % ep_size == 0, "expert-model-parallel size ", ep_size,
+                " does not divide the data-parallel size ", dp_size,
+                ": the experts are split over data-parallel ranks (Megatron-Core's layout), so "
+                "--expert-model-parallel-size must divide world size / (tp x pp)");
 }
 
 int ParallelLayout::size_of(Axis axis) const {
@@ -49,6 +59,10 @@ int ParallelLayout::size_of(Axis axis) const {
       return dp_size;
     case Axis::kPp:
       return pp_size;
+    case Axis::kEp:
+      return ep_size;
+    case Axis::kEdp:
+      return edp_size();
   }
   return 0;
 }
@@ -61,6 +75,10 @@ int ParallelLayout::coord_along(const Coord& c, Axis axis) const {
       return c.dp;
     case Axis::kPp:
       return c.pp;
+    case Axis::kEp:
+      return ep_rank(c);
+    case Axis::kEdp:
+      return edp_rank(c);
   }
   return 0;
 }
@@ -69,6 +87,7 @@ std::vector<int> ParallelLayout::group_of(int rank, Axis axis) const {
   TRIDENT_CHECK(rank >= 0 && rank < world_size(), "rank ", rank, " outside the world of ",
                 world_size(), " (", *this, ")");
   Coord c = coord_of(rank);
+  const int ep = ep_rank(c), edp = edp_rank(c);
   std::vector<int> ranks;
   const int n = size_of(axis);
   ranks.reserve(static_cast<std::size_t>(n));
@@ -82,6 +101,12 @@ std::vector<int> ParallelLayout::group_of(int rank, Axis axis) const {
         break;
       case Axis::kPp:
         c.pp = i;
+        break;
+      case Axis::kEp:
+        c.dp = edp * ep_size + i;
+        break;
+      case Axis::kEdp:
+        c.dp = i * ep_size + ep;
         break;
     }
     ranks.push_back(rank_of(c));
@@ -98,6 +123,10 @@ int ParallelLayout::group_index(int rank, Axis axis) const {
       return c.tp + tp_size * c.pp;
     case Axis::kPp:
       return c.tp + tp_size * c.dp;
+    case Axis::kEp:  // numbered by (pp, edp, tp), the order of the groups' first ranks
+      return c.tp + tp_size * (edp_rank(c) + edp_size() * c.pp);
+    case Axis::kEdp:  // by (pp, ep, tp)
+      return c.tp + tp_size * (ep_rank(c) + ep_size * c.pp);
   }
   return 0;
 }

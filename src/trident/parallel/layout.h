@@ -7,6 +7,14 @@
 // tp=2, dp=2, pp=2:  tp groups [0,1] [2,3] [4,5] [6,7]; dp groups [0,2] [1,3] [4,6] [5,7];
 // pp groups [0,4] [1,5] [2,6] [3,7]; embedding groups (first and last stage) [0,4] [1,5] [2,6]
 // [3,7].
+//
+// Expert parallelism (mixture of experts) splits the dp axis, as Megatron-Core does with the
+// expert tensor-parallel size equal to tp (its "tp-ep-dp-pp" order for the experts): dp rank d
+// has ep rank d % ep_size and expert-data-parallel rank d / ep_size. An ep group (the ranks that
+// exchange tokens and hold different experts) is ep_size consecutive dp ranks; an expert-dp
+// group (the ranks holding the same experts, which sum their gradients) is every ep_size-th dp
+// rank. Example, 8 ranks, tp=2, dp=4, ep=2: ep groups [0,2] [1,3] [4,6] [5,7]; expert-dp groups
+// [0,4] [1,5] [2,6] [3,7].
 #pragma once
 
 #include <cstdint>
@@ -16,8 +24,9 @@
 
 namespace trident::parallel {
 
-enum class Axis : std::uint8_t { kTp, kDp, kPp };
-const char* axis_name(Axis axis);  // "tp", "dp", "pp"
+// kEp and kEdp are the two factors of the dp axis for expert parameters (see above).
+enum class Axis : std::uint8_t { kTp, kDp, kPp, kEp, kEdp };
+const char* axis_name(Axis axis);  // "tp", "dp", "pp", "ep", "edp"
 
 struct Coord {
   int tp = 0;
@@ -31,6 +40,7 @@ struct ParallelLayout {
   int tp_size = 1;
   int dp_size = 1;
   int pp_size = 1;
+  int ep_size = 1;  // --expert-model-parallel-size: divides dp_size
 
   // The layout of `world_size` ranks with the given tp and pp; dp = world_size / (tp * pp).
   // Throws InvalidArgument when the sizes are not positive or tp * pp does not divide world_size
@@ -38,8 +48,9 @@ struct ParallelLayout {
   static ParallelLayout from_world_size(int world_size, int tp_size, int pp_size);
 
   int world_size() const { return tp_size * dp_size * pp_size; }
+  int edp_size() const { return dp_size / ep_size; }  // expert-data-parallel size
   int size_of(Axis axis) const;
-  // Throws InvalidArgument unless every size is >= 1.
+  // Throws InvalidArgument unless every size is >= 1 and ep_size divides dp_size.
   void validate() const;
 
   int rank_of(const Coord& c) const { return c.tp + tp_size * (c.dp + dp_size * c.pp); }
@@ -48,6 +59,8 @@ struct ParallelLayout {
         .tp = rank % tp_size, .dp = (rank / tp_size) % dp_size, .pp = rank / (tp_size * dp_size)};
   }
   int coord_along(const Coord& c, Axis axis) const;
+  int ep_rank(const Coord& c) const { return c.dp % ep_size; }
+  int edp_rank(const Coord& c) const { return c.dp / ep_size; }
 
   // The ranks that differ from `rank` only along `axis`, in increasing order; the position of a
   // rank in this list is its coordinate along `axis` (and its rank in the group's communicator).
@@ -66,6 +79,7 @@ struct ParallelLayout {
 
   friend bool operator==(const ParallelLayout&, const ParallelLayout&) = default;
 };
-std::ostream& operator<<(std::ostream& os, const ParallelLayout& l);  // "tp=2 dp=2 pp=1"
+// "tp=2 dp=2 pp=1" (and " ep=2" when ep_size > 1)
+std::ostream& operator<<(std::ostream& os, const ParallelLayout& l);
 
 }  // namespace trident::parallel

@@ -38,6 +38,9 @@ ParallelContext::ParallelContext(comm::Communicator& world, const ParallelLayout
   embedding_ =
       world.split(in_embedding ? layout_.group_index(r, Axis::kPp) : comm::Communicator::kNoColor,
                   r, "embedding");
+  // ep: a group of one rank without expert parallelism; edp is then the dp group itself.
+  ep_ = world.split(layout_.ep_size > 1 ? layout_.group_index(r, Axis::kEp) : r, r, "ep");
+  if (layout_.ep_size > 1) edp_ = world.split(layout_.group_index(r, Axis::kEdp), r, "edp");
 
   // Group ranks are world-communicator ranks mapped through the world's global ranks.
   auto to_global = [&](const std::vector<int>& ranks) {
@@ -51,6 +54,15 @@ ParallelContext::ParallelContext(comm::Communicator& world, const ParallelLayout
   if (embedding_) {
     check_group(*embedding_, to_global(layout_.embedding_group_of(r)), coord_.pp == 0 ? 0 : 1);
   }
+  if (edp_) {
+    check_group(*ep_, to_global(layout_.group_of(r, Axis::kEp)), layout_.ep_rank(coord_));
+    check_group(*edp_, to_global(layout_.group_of(r, Axis::kEdp)), layout_.edp_rank(coord_));
+  }
+}
+
+comm::Communicator& ParallelContext::edp() const {
+  if (!edp_) return dp();
+  return edp_dev_ ? *edp_dev_ : *edp_;
 }
 
 comm::Communicator& ParallelContext::group(Axis axis) const {
@@ -61,6 +73,10 @@ comm::Communicator& ParallelContext::group(Axis axis) const {
       return dp();
     case Axis::kPp:
       return pp();
+    case Axis::kEp:
+      return ep();
+    case Axis::kEdp:
+      return edp();
   }
   TRIDENT_ASSERT(false, "unhandled axis ", static_cast<int>(axis));
   return tp();
@@ -89,25 +105,33 @@ std::string ParallelContext::use_device(const core::ExecContext& ctx) {
   make(dp_, "dp", dp_dev_);
   make(pp_, "pp", pp_dev_);
   if (embedding_) make(embedding_, "embedding", embedding_dev_);
+  if (edp_) {
+    make(ep_, "ep", ep_dev_);
+    make(edp_, "edp", edp_dev_);
+  }
   return kinds;
 }
 
 void ParallelContext::set_step(std::int64_t step) {
   world_->set_step(step);
-  for (auto* c : {&tp_, &dp_, &pp_, &embedding_, &tp_dev_, &dp_dev_, &pp_dev_, &embedding_dev_}) {
+  for (auto* c : {&tp_, &dp_, &pp_, &embedding_, &ep_, &edp_, &tp_dev_, &dp_dev_, &pp_dev_,
+                  &embedding_dev_, &ep_dev_, &edp_dev_}) {
     if (*c) (*c)->set_step(step);
   }
 }
 
 void ParallelContext::set_timeout(double seconds) {
   world_->set_timeout(seconds);
-  for (auto* c : {&tp_, &dp_, &pp_, &embedding_, &tp_dev_, &dp_dev_, &pp_dev_, &embedding_dev_}) {
+  for (auto* c : {&tp_, &dp_, &pp_, &embedding_, &ep_, &edp_, &tp_dev_, &dp_dev_, &pp_dev_,
+                  &embedding_dev_, &ep_dev_, &edp_dev_}) {
     if (*c) (*c)->set_timeout(seconds);
   }
 }
 
 std::string ParallelContext::coords_string() const {
-  return core::str("r", rank(), " tp", coord_.tp, " dp", coord_.dp, " pp", coord_.pp);
+  std::string s = core::str("r", rank(), " tp", coord_.tp, " dp", coord_.dp, " pp", coord_.pp);
+  if (layout_.ep_size > 1) s += core::str(" ep", layout_.ep_rank(coord_));
+  return s;
 }
 
 }  // namespace trident::parallel

@@ -1,6 +1,7 @@
-// ParallelContext: the communicators of one rank for a ParallelLayout (world, tp, dp, pp and the
-// embedding group), built once by train/ and passed down by const reference. No globals: every
-// call site names its group, par.tp().all_reduce(...), par.dp().reduce_scatter(...).
+// ParallelContext: the communicators of one rank for a ParallelLayout (world, tp, dp, pp, the
+// embedding group and, for experts, ep and edp), built once by train/ and passed down by const
+// reference. No globals: every call site names its group, par.tp().all_reduce(...),
+// par.dp().reduce_scatter(...).
 //
 // Each group has a host communicator (MPI) for scalars and control, and, once use_device() has
 // run on a CUDA context, a device communicator for tensors (NCCL, or host-staged where ranks share
@@ -38,6 +39,11 @@ class ParallelContext {
   comm::Communicator& tp() const { return tp_dev_ ? *tp_dev_ : *tp_; }
   comm::Communicator& dp() const { return dp_dev_ ? *dp_dev_ : *dp_; }
   comm::Communicator& pp() const { return pp_dev_ ? *pp_dev_ : *pp_; }
+  // Expert parallelism (layout.h): the ranks that exchange tokens and hold different experts
+  // ("ep", one rank when ep_size is 1), and the ranks holding the same experts ("edp", the dp
+  // group itself when ep_size is 1).
+  comm::Communicator& ep() const { return ep_dev_ ? *ep_dev_ : *ep_; }
+  comm::Communicator& edp() const;
   comm::Communicator& group(Axis axis) const;
   // The groups' host communicators (for host scalars); the same objects on the CPU.
   comm::Communicator& tp_host() const { return *tp_; }
@@ -69,8 +75,8 @@ class ParallelContext {
   comm::Communicator* world_;
   ParallelLayout layout_;
   Coord coord_;
-  std::unique_ptr<comm::Communicator> tp_, dp_, pp_, embedding_;
-  std::unique_ptr<comm::Communicator> tp_dev_, dp_dev_, pp_dev_, embedding_dev_;
+  std::unique_ptr<comm::Communicator> tp_, dp_, pp_, embedding_, ep_, edp_;
+  std::unique_ptr<comm::Communicator> tp_dev_, dp_dev_, pp_dev_, embedding_dev_, ep_dev_, edp_dev_;
 };
 
 }  // namespace trident::parallel
