@@ -69,7 +69,11 @@ void import_from_hf(const HfImportArgs& a) {
   log::info("convert: ", a.from_hf, ": ", ckpt::hf_arch_name(imp.arch), ", ", mc.num_layers,
             " layers, hidden ", mc.hidden_size, ", ", mc.num_attention_heads, " heads (",
             mc.query_groups(), " key/value), ffn ", mc.ffn(), ", vocab ", mc.vocab_size,
-            " (padded ", mc.padded_vocab_size(), "), ", ckpt::st_dtype_name(imp.dtype));
+            " (padded ", mc.padded_vocab_size(), "), ",
+            mc.num_experts > 0 ? str(mc.num_experts, " experts (top ", mc.moe_router_topk, ", ffn ",
+                                     mc.moe_ffn(), "), ")
+                               : std::string(),
+            ckpt::st_dtype_name(imp.dtype));
 
   // The weights: each HF tensor scattered into its trident parameter (padded rows stay zero).
   std::vector<float> flat(static_cast<std::size_t>(table.total_numel), 0.0f);

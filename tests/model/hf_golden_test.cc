@@ -1,8 +1,10 @@
-// Golden test against Hugging Face transformers (tests/reference/hf_reference.py): GPT-2, BLOOM
-// and Llama built by transformers from their configs, with trident's weights copied in, in
+// Golden test against Hugging Face transformers (tests/reference/hf_reference.py): GPT-2, BLOOM,
+// Llama and Mixtral built by transformers from their configs, with trident's weights copied in, in
 // float64. `--dump PATH --variant V` writes the inputs (config, one batch, the initial weights);
 // `--inputs IN --reference REF --variant V` recomputes in trident (FP32) and compares the logits,
-// transformers' own loss (it shifts the labels itself) and every parameter gradient.
+// transformers' own loss (it shifts the labels itself) and every parameter gradient; for Mixtral
+// (every MLP a mixture of 4 experts, top 2, trident's --num-experts) also each layer's router
+// logits and the experts each token is routed to (exactly).
 //
 // Variants gpt2_docs and llama_docs: samples holding several documents (end-of-document tokens
 // inside), trained with --reset-position-ids and --reset-attention-mask; transformers is given
@@ -12,6 +14,7 @@
 // measured errors are printed).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <random>
@@ -73,6 +76,24 @@ model::ModelConfig make_config() {
     c.rope_scaling_factor = 4.0f;
     c.rope_original_max_positions = 8;
     c.layernorm_epsilon = 1e-6f;
+  } else if (base_variant() == "mixtral") {
+    // Llama's attention (grouped-query, rope without scaling: transformers' Mixtral has none) with
+    // a mixture of experts in every layer: softmax router, top-2 renormalised, dropless. No
+    // auxiliary losses: transformers' load-balancing loss is not Megatron-Core's (its reference
+    // sets router_aux_loss_coef 0; moe_golden_test compares the per-layer losses).
+    c.normalization = model::Normalization::kRmsNorm;
+    c.position_embedding = model::PositionEmbedding::kRope;
+    c.swiglu = true;
+    c.untie_embeddings_and_output_weights = true;
+    c.add_bias_linear = false;
+    c.num_attention_heads = 8;
+    c.num_query_groups = 2;
+    c.rotary_base = 500.0f;
+    c.layernorm_epsilon = 1e-5f;
+    c.num_layers = 3;
+    c.num_experts = 4;
+    c.moe_router_topk = 2;
+    c.ffn_hidden_size = c.moe_ffn_hidden_size = 24;
   }
   return c;
 }
@@ -84,10 +105,11 @@ int dump(const std::string& path) {
   model::init_params(c, table, 4242, flat.data());
   std::vector<NamedTensor> out;
   out.push_back(testing::make_i64_tensor(
-      "config", {13},
+      "config", {16},
       {c.vocab_size, c.padded_vocab_size(), c.hidden_size, c.num_layers, c.num_attention_heads,
        c.ffn(), c.seq_length, c.max_positions(), kBatch, c.query_groups(), c.rope_scaling ? 1 : 0,
-       c.rope_original_max_positions, documents() ? c.eod_token : -1}));
+       c.rope_original_max_positions, documents() ? c.eod_token : -1, c.num_experts,
+       c.moe_router_topk, c.moe_ffn()}));
   out.push_back(testing::make_f64_tensor("hyper", {5},
                                          {c.layernorm_epsilon, c.rotary_base, c.rope_scaling_factor,
                                           c.rope_low_freq_factor, c.rope_high_freq_factor}));
@@ -168,6 +190,29 @@ TEST(HfGolden, MatchesTransformers) {
   // transformers' logits cover the real vocabulary; trident's rows are padded.
   expect_close("logits", acts.logits, testing::find_tensor(ref, "logits"), c.vocab_size,
                c.padded_vocab_size());
+  // Each mixture-of-experts layer's router logits (rows, E) and its chosen experts (rows, k), as
+  // sets: the order of the k choices is each side's own.
+  for (std::int64_t l = 0; l < c.num_layers && c.num_experts > 0; ++l) {
+    const model::layers::MoeSaved& moe = acts.layers[static_cast<std::size_t>(l)].moe;
+    const std::string at = std::to_string(l);
+    expect_close("router_logits." + at, moe.logits,
+                 testing::find_tensor(ref, "router_logits." + at));
+    const std::vector<std::int64_t> theirs =
+        testing::find_tensor(ref, "router_experts." + at).i64();
+    const std::int64_t k = c.moe_router_topk, rows = kBatch * c.seq_length;
+    ASSERT_EQ(static_cast<std::int64_t>(theirs.size()), rows * k);
+    std::int64_t differ = 0;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      std::vector<std::int64_t> a(moe.experts + r * k, moe.experts + (r + 1) * k);
+      std::vector<std::int64_t> b(theirs.begin() + r * k, theirs.begin() + (r + 1) * k);
+      std::sort(a.begin(), a.end());
+      std::sort(b.begin(), b.end());
+      differ += a != b;
+    }
+    EXPECT_EQ(differ, 0) << "layer " << l << ": tokens routed to other experts than transformers'";
+    std::printf("  %-52s %lld of %lld tokens differ\n", ("router_experts." + at).c_str(),
+                static_cast<long long>(differ), static_cast<long long>(rows));
+  }
   const model::LossSum loss =
       model::gpt_loss(ctx, c, rt, labels.data(), 1.0f, model::LossGrad::kCompute, acts);
   ASSERT_GT(loss.count, 0);

@@ -1,8 +1,8 @@
 # Hugging Face transformers reference for trident's golden tests (tests/model/hf_golden_test.cc):
-# a tiny GPT-2, BLOOM or Llama is built from its config by transformers itself (random weights are
+# a tiny GPT-2, BLOOM, Llama or Mixtral is built from its config by transformers itself (random weights are
 # never used: trident's weights are copied in, nothing is downloaded), in float64; its logits, its
 # own loss (labels shifted inside the model) and every parameter gradient are written back in
-# trident's names and layouts. Runs with the venv of scripts/install-python-deps (transformers
+# trident's names and layouts; for Mixtral also each layer's router logits and chosen experts. Runs with the venv of scripts/install-python-deps (transformers
 # pinned; torch 1.13 from Debian).
 """HF transformers float64 reference: --inputs IN.trtf --output OUT.trtf."""
 
@@ -18,7 +18,7 @@ from tensor_file import read_tensor_file, write_tensor_file  # noqa: E402
 # Order of the "config" (i64) and "hyper" (f64) entries written by hf_golden_test.cc.
 CONFIG_KEYS = ["vocab", "vocab_padded", "hidden", "num_layers", "num_heads", "ffn_hidden",
                "seq_len", "max_positions", "batch", "query_groups", "rope_scaling",
-               "rope_original_max_positions", "eod"]
+               "rope_original_max_positions", "eod", "num_experts", "topk", "moe_ffn_hidden"]
 HYPER_KEYS = ["norm_eps", "rotary_base", "rope_factor", "rope_low", "rope_high"]
 
 
@@ -54,6 +54,22 @@ def hf_model(variant, c, h):
                              rope_scaling=scaling, tie_word_embeddings=False,
                              attention_bias=False, mlp_bias=False, hidden_act="silu", **common)
         model = tf.LlamaForCausalLM(cfg)
+    elif variant == "mixtral":
+        if c["rope_scaling"]:
+            raise ValueError("transformers' Mixtral has no rope_scaling")
+        # router_aux_loss_coef 0: the loss is the language-model loss alone (transformers' load
+        # balancing loss, over all layers at once, is not Megatron's per-layer one).
+        cfg = tf.MixtralConfig(hidden_size=c["hidden"], intermediate_size=c["moe_ffn_hidden"],
+                               num_hidden_layers=c["num_layers"],
+                               num_attention_heads=c["num_heads"],
+                               num_key_value_heads=c["query_groups"],
+                               max_position_embeddings=c["max_positions"],
+                               rms_norm_eps=h["norm_eps"], rope_theta=h["rotary_base"],
+                               tie_word_embeddings=False, hidden_act="silu",
+                               num_local_experts=c["num_experts"], num_experts_per_tok=c["topk"],
+                               router_aux_loss_coef=0.0, router_jitter_noise=0.0,
+                               sliding_window=None, **common)
+        model = tf.MixtralForCausalLM(cfg)
     else:
         raise ValueError(f"unknown variant {variant}")
     cfg._attn_implementation = "eager"
@@ -132,7 +148,7 @@ def weight_map(variant, c):
                 rows.append((p + name, q + name, *same))
         rows += [("final_layernorm.weight", "transformer.ln_f.weight", *same),
                  ("final_layernorm.bias", "transformer.ln_f.bias", *same)]
-    else:  # llama
+    else:  # llama, mixtral
         hpg = NH // G
         rows += [("embedding.word_embeddings.weight", "model.embed_tokens.weight", vocab, unvocab)]
         for l in range(L):
@@ -150,23 +166,44 @@ def weight_map(variant, c):
                       lambda t: part(t, hpg + 1, hpg + 2), None),
                      (p + "self_attention.dense.weight", q + "self_attn.o_proj.weight", *same),
                      (p + "post_attention_layernorm.weight", q + "post_attention_layernorm.weight",
-                      *same),
-                     (p + "mlp.dense_h_to_4h.weight", q + "mlp.gate_proj.weight",
-                      lambda t: t[0], None),
-                     (p + "mlp.dense_h_to_4h.weight", q + "mlp.up_proj.weight",
-                      lambda t: t[1], None),
-                     (p + "mlp.dense_4h_to_h.weight", q + "mlp.down_proj.weight", *same)]
+                      *same)]
+            if variant == "llama":
+                rows += [(p + "mlp.dense_h_to_4h.weight", q + "mlp.gate_proj.weight",
+                          lambda t: t[0], None),
+                         (p + "mlp.dense_h_to_4h.weight", q + "mlp.up_proj.weight",
+                          lambda t: t[1], None),
+                         (p + "mlp.dense_4h_to_h.weight", q + "mlp.down_proj.weight", *same)]
+                continue
+            # Mixtral: trident's router (E, C) is gate; its experts' stacked (E, 2, F, C) holds
+            # expert e's w1 at [e, 0] and w3 at [e, 1], its (E, C, F) w2 at [e].
+            moe = q + "block_sparse_moe."
+            rows.append((p + "mlp.router.weight", moe + "gate.weight", *same))
+            for e in range(c["num_experts"]):
+                rows += [(p + "mlp.experts.dense_h_to_4h.weight", moe + f"experts.{e}.w1.weight",
+                          lambda t, e=e: t[e, 0], None),
+                         (p + "mlp.experts.dense_h_to_4h.weight", moe + f"experts.{e}.w3.weight",
+                          lambda t, e=e: t[e, 1], None),
+                         (p + "mlp.experts.dense_4h_to_h.weight", moe + f"experts.{e}.w2.weight",
+                          lambda t, e=e: t[e], None)]
         rows += [("final_layernorm.weight", "model.norm.weight", *same),
                  ("output_layer.weight", "lm_head.weight", vocab, unvocab)]
     return rows
 
 
 def llama_grads_back(c, named_grads, name):
-    """Gradient of a Llama parameter trident fuses (QKV, gate/up) from HF's separate ones."""
+    """Gradient of a Llama / Mixtral parameter trident fuses (QKV, gate/up, the experts) from
+    HF's separate ones."""
     C, NH, G = c["hidden"], c["num_heads"], c["query_groups"]
     HS, hpg = C // NH, NH // G
     l = name.split(".")[1]
     q = f"model.layers.{l}."
+    experts = range(c["num_experts"])
+    moe = q + "block_sparse_moe.experts."
+    if name.endswith("experts.dense_h_to_4h.weight"):
+        return torch.stack([torch.stack([named_grads[moe + f"{e}.w1.weight"],
+                                         named_grads[moe + f"{e}.w3.weight"]]) for e in experts])
+    if name.endswith("experts.dense_4h_to_h.weight"):
+        return torch.stack([named_grads[moe + f"{e}.w2.weight"] for e in experts])
     if name.endswith("query_key_value.weight"):
         gq = named_grads[q + "self_attn.q_proj.weight"].reshape(G, hpg, HS, C)
         gk = named_grads[q + "self_attn.k_proj.weight"].reshape(G, 1, HS, C)
@@ -223,7 +260,7 @@ def run(inputs, variant):
                                  f"{tuple(dst.shape)}")
             dst.copy_(src)
             covered.add(hname)
-    tied = {"lm_head.weight"} if variant != "llama" else set()
+    tied = {"lm_head.weight"} if variant not in ("llama", "mixtral") else set()
     missing = set(hf_params) - covered - tied
     if missing:
         raise ValueError(f"HF parameters not set from trident's: {sorted(missing)}")
@@ -243,11 +280,18 @@ def run(inputs, variant):
             gpt2_inject_mask(model, mask)
         else:
             kwargs["attention_mask"] = mask
+    if variant == "mixtral":
+        kwargs["output_router_logits"] = True
     out = model(input_ids=tokens, labels=labels, **kwargs)
     out.loss.backward()
     named_grads = {n: p.grad for n, p in model.named_parameters()}
     result = [("logits", out.logits.detach().reshape(-1, c["vocab"])),
               ("loss", out.loss.detach().reshape(1))]
+    if variant == "mixtral":  # each layer's (B*T, E) router logits and its chosen experts
+        for l, logits in enumerate(out.router_logits):
+            chosen = torch.topk(torch.softmax(logits, dim=-1), c["topk"], dim=-1).indices
+            result += [(f"router_logits.{l}", logits.detach().contiguous()),
+                       (f"router_experts.{l}", chosen.to(torch.int64).contiguous())]
     done = set()
     for tname, hname, _, from_hf in rows:
         if tname in done:
@@ -263,7 +307,7 @@ def main(argv):
     ap.add_argument("--inputs", required=True)
     ap.add_argument("--output", required=True)
     ap.add_argument("--variant", required=True,
-                    choices=["gpt2", "bloom", "llama", "gpt2_docs", "llama_docs"])
+                    choices=["gpt2", "bloom", "llama", "mixtral", "gpt2_docs", "llama_docs"])
     a = ap.parse_args(argv)
     torch.manual_seed(0)
     write_tensor_file(a.output, run(read_tensor_file(a.inputs), a.variant.replace("_docs", "")))

@@ -1,12 +1,13 @@
 # Round trip through trident of a transformers model directory, for `trident convert`:
-#   transformers builds a tiny random GPT-2 / BLOOM / Llama from its config and saves it with
+#   transformers builds a tiny random GPT-2 / BLOOM / Llama / Mixtral from its config and saves it with
 #   save_pretrained (safetensors, sharded, in the dtype asked for) with a byte-level BPE tokenizer;
 #   trident convert --from-hf imports it into a checkpoint of a TP x PP x DP / ZeRO layout;
 #   trident convert --to-hf exports that checkpoint again (sharded).
 # Checks: every tensor of the export is bitwise identical to the original (names, dtypes, shapes,
 # bytes), the export loads with AutoModelForCausalLM / AutoTokenizer.from_pretrained as it is and
 # gives the original model's logits exactly, and the tokenizer encodes the same ids.
-"""--trident PATH --work DIR --variant gpt2|bloom|llama --dtype float32|bfloat16|float16."""
+"""--trident PATH --work DIR --variant gpt2|bloom|llama|mixtral
+--dtype float32|bfloat16|float16."""
 
 import argparse
 import json
@@ -38,6 +39,13 @@ def model(variant, vocab, dtype):
     elif variant == "bloom":
         cfg = tf.BloomConfig(vocab_size=vocab, hidden_size=32, n_layer=3, n_head=4)
         m = tf.BloomForCausalLM(cfg)
+    elif variant == "mixtral":
+        cfg = tf.MixtralConfig(vocab_size=vocab, hidden_size=32, intermediate_size=40,
+                               num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                               max_position_embeddings=64, rope_theta=5000.0,
+                               num_local_experts=4, num_experts_per_tok=2,
+                               router_aux_loss_coef=0.02, tie_word_embeddings=False)
+        m = tf.MixtralForCausalLM(cfg)
     else:
         cfg = tf.LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=48,
                              num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
@@ -62,7 +70,7 @@ def main(argv):
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--trident", required=True)
     ap.add_argument("--work", required=True)
-    ap.add_argument("--variant", required=True, choices=["gpt2", "bloom", "llama"])
+    ap.add_argument("--variant", required=True, choices=["gpt2", "bloom", "llama", "mixtral"])
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--layout", default="--tensor-model-parallel-size 2 "
                     "--pipeline-model-parallel-size 2")

@@ -20,6 +20,8 @@ const char* hf_arch_name(HfArch a) {
       return "bloom";
     case HfArch::kLlama:
       return "llama";
+    case HfArch::kMixtral:
+      return "mixtral";
   }
   return "?";
 }
@@ -69,6 +71,26 @@ const char* dtype_torch_name(StDType t) {
   return t == StDType::kBF16 ? "bfloat16" : t == StDType::kF16 ? "float16" : "float32";
 }
 
+// What Llama and Mixtral share: RMSNorm, rotary positions, grouped-query attention, SwiGLU, no
+// biases, untied output by default; their refusals.
+void llama_like_to_model(const json& c, model::ModelConfig& m) {
+  m.normalization = model::Normalization::kRmsNorm;
+  m.position_embedding = model::PositionEmbedding::kRope;
+  m.swiglu = true;
+  m.add_bias_linear = false;
+  m.untie_embeddings_and_output_weights = !get_or<bool>(c, "tie_word_embeddings", false);
+  if (m.num_query_groups == m.num_attention_heads) m.num_query_groups = 0;  // multi-head
+  refuse_if(get_or<std::string>(c, "hidden_act", "silu") != "silu",
+            "hidden_act other than silu is not supported");
+  refuse_if(get_or<bool>(c, "attention_bias", false),
+            "attention_bias true is not supported (trident's Llama has no biases)");
+  refuse_if(get_or<bool>(c, "mlp_bias", false),
+            "mlp_bias true is not supported (trident's Llama has no biases)");
+  refuse_if(c.contains("head_dim") && !c["head_dim"].is_null() && m.num_attention_heads > 0 &&
+                int_of(c["head_dim"], "head_dim") != m.hidden_size / m.num_attention_heads,
+            "head_dim other than hidden_size / num_attention_heads is not supported");
+}
+
 }  // namespace
 
 HfImport hf_config_to_trident(const json& c, std::int64_t seq_length) {
@@ -110,21 +132,7 @@ HfImport hf_config_to_trident(const json& c, std::int64_t seq_length) {
     } else if (type == "llama") {
       r.arch = HfArch::kLlama;
       hf_keys_to_model(c, r.arch, m);
-      m.normalization = model::Normalization::kRmsNorm;
-      m.position_embedding = model::PositionEmbedding::kRope;
-      m.swiglu = true;
-      m.add_bias_linear = false;
-      m.untie_embeddings_and_output_weights = !get_or<bool>(c, "tie_word_embeddings", false);
-      if (m.num_query_groups == m.num_attention_heads) m.num_query_groups = 0;  // multi-head
-      refuse_if(get_or<std::string>(c, "hidden_act", "silu") != "silu",
-                "hidden_act other than silu is not supported");
-      refuse_if(get_or<bool>(c, "attention_bias", false),
-                "attention_bias true is not supported (trident's Llama has no biases)");
-      refuse_if(get_or<bool>(c, "mlp_bias", false),
-                "mlp_bias true is not supported (trident's Llama has no biases)");
-      refuse_if(c.contains("head_dim") && !c["head_dim"].is_null() && m.num_attention_heads > 0 &&
-                    int_of(c["head_dim"], "head_dim") != m.hidden_size / m.num_attention_heads,
-                "head_dim other than hidden_size / num_attention_heads is not supported");
+      llama_like_to_model(c, m);
       if (c.contains("rope_scaling") && !c["rope_scaling"].is_null()) {
         const json& s = c["rope_scaling"];
         const std::string rt =
@@ -139,9 +147,41 @@ HfImport hf_config_to_trident(const json& c, std::int64_t seq_length) {
         m.rope_original_max_positions = int_of(s.at("original_max_position_embeddings"),
                                                "rope_scaling.original_max_position_embeddings");
       }
+    } else if (type == "mixtral") {
+      // A Llama whose every MLP is a sparse mixture of experts (modeling_mixtral.py): the router
+      // softmax over all experts, the top k renormalised (Megatron-Core's default softmax
+      // router), no capacity (dropless).
+      r.arch = HfArch::kMixtral;
+      hf_keys_to_model(c, r.arch, m);
+      // null: one key/value head per query head (MixtralConfig); absent: its default, 8.
+      if (c.contains("num_key_value_heads") && c["num_key_value_heads"].is_null()) {
+        m.num_query_groups = m.num_attention_heads;
+      }
+      llama_like_to_model(c, m);
+      m.ffn_hidden_size = m.moe_ffn_hidden_size;
+      m.moe_layer_freq = 1;
+      m.moe_router_score_function = model::MoeScoreFunction::kSoftmax;
+      m.moe_router_pre_softmax = false;
+      m.moe_expert_capacity_factor = 0.0;
+      m.moe_router_load_balancing_type = model::MoeLoadBalancing::kAuxLoss;
+      refuse_if(m.num_experts == 0, "num_local_experts 0 is not supported (a Mixtral has experts)");
+      refuse_if(c.contains("sliding_window") && !c["sliding_window"].is_null(),
+                str("sliding_window = ", c["sliding_window"].dump(),
+                    " is not supported (trident's attention is causal over the whole sequence; "
+                    "only sliding_window null converts)"));
+      refuse_if(c.contains("rope_scaling") && !c["rope_scaling"].is_null(),
+                "rope_scaling is not supported for mixtral (transformers' Mixtral has none)");
+      refuse_if(get_or<double>(c, "router_jitter_noise", 0.0) != 0.0,
+                "router_jitter_noise other than 0 is not supported (trident's router has no "
+                "input jitter)");
+    } else if (type == "qwen2_moe") {
+      throw InvalidArgument(
+          "config.json: model_type 'qwen2_moe' is not supported: Qwen2-MoE needs shared experts "
+          "(shared_expert, shared_expert_gate), which trident does not have yet (docs/moe.md)");
     } else {
-      throw InvalidArgument(str("config.json: model_type '", type,
-                                "' is not supported (trident converts gpt2, bloom and llama)"));
+      throw InvalidArgument(
+          str("config.json: model_type '", type,
+              "' is not supported (trident converts gpt2, bloom, llama and mixtral)"));
     }
   } catch (const json::exception& e) {
     throw InvalidArgument(str("config.json: ", e.what()));
@@ -168,10 +208,37 @@ HfArch hf_arch_of(const model::ModelConfig& m) {
       mha && m.add_bias_linear && m.tied_output() && m.ffn() == 4 * m.hidden_size) {
     return HfArch::kBloom;
   }
-  if (!ln && m.position_embedding == PositionEmbedding::kRope && m.swiglu && !m.add_bias_linear &&
-      !m.embed_layernorm) {
-    return HfArch::kLlama;
+  const bool llama = !ln && m.position_embedding == PositionEmbedding::kRope && m.swiglu &&
+                     !m.add_bias_linear && !m.embed_layernorm;
+  if (m.num_experts > 0) {
+    // Mixtral: a Llama whose every MLP is a softmax-routed, renormalised top-k, dropless mixture
+    // of SwiGLU experts. Each setting it cannot express is named.
+    std::string no;
+    auto refuse = [&no](bool bad, const char* what) {
+      if (bad) no += str(no.empty() ? "" : "; ", what);
+    };
+    refuse(ln || m.position_embedding != PositionEmbedding::kRope || m.embed_layernorm,
+           "not a Llama's norms and positions (RMSNorm, rope, no --embed-layernorm)");
+    refuse(!m.swiglu, "GeLU experts (Mixtral's are SwiGLU: --swiglu)");
+    refuse(m.add_bias_linear, "biases (Mixtral has none: --disable-bias-linear)");
+    refuse(m.moe_layer_freq != 1, "--moe-layer-freq other than 1 (every Mixtral MLP is MoE)");
+    refuse(m.moe_router_score_function != model::MoeScoreFunction::kSoftmax,
+           "--moe-router-score-function sigmoid (Mixtral's router is a softmax)");
+    refuse(m.moe_router_pre_softmax,
+           "--moe-router-pre-softmax (Mixtral renormalises the top-k probabilities)");
+    refuse(m.moe_router_topk_scaling_factor != 0.0 && m.moe_router_topk_scaling_factor != 1.0,
+           "--moe-router-topk-scaling-factor (Mixtral's weights are not scaled)");
+    refuse(m.moe_expert_capacity_factor > 0.0,
+           "--moe-expert-capacity-factor (Mixtral is dropless)");
+    refuse(m.moe_pad_expert_input_to_capacity, "--moe-pad-expert-input-to-capacity");
+    refuse(m.rope_scaling, "--use-rope-scaling (transformers' Mixtral has no rope_scaling)");
+    if (!no.empty()) {
+      throw InvalidArgument(str("this mixture-of-experts model is not transformers' Mixtral: ", no,
+                                "; it cannot be exported"));
+    }
+    return HfArch::kMixtral;
   }
+  if (llama) return HfArch::kLlama;
   throw InvalidArgument(
       "this model is none of transformers' GPT-2 (LayerNorm, learned positions, GeLU, biases, "
       "tied output), BLOOM (LayerNorm, ALiBi, --embed-layernorm, GeLU with ffn = 4 x hidden, "
@@ -219,6 +286,16 @@ json trident_to_hf_config(const model::ModelConfig& m, HfArch arch, StDType dtyp
                              {"original_max_position_embeddings", m.rope_original_max_positions}};
       }
       break;
+    case HfArch::kMixtral:
+      c["model_type"] = "mixtral";
+      c["architectures"] = {"MixtralForCausalLM"};
+      c["hidden_act"] = "silu";
+      c["attention_dropout"] = m.attention_dropout;
+      c["tie_word_embeddings"] = m.tied_output();
+      c["sliding_window"] = nullptr;
+      c["router_jitter_noise"] = 0.0;
+      c["output_router_logits"] = false;
+      break;
   }
   return c;
 }
@@ -237,10 +314,17 @@ enum class HfLayout {
   kGate,       // SwiGLU's gate_proj / up_proj: [0] and [1] of trident's (2, F, C)
   kUp,         // up-projection
   kVocabRows,  // the embedding's / output layer's real rows (trident pads the vocabulary)
+  // Mixtral's experts: one transformers tensor per expert e (the "{e}" of its name) of a stacked
+  // trident weight. w1 / w3: [e][0] (gate) and [e][1] (up) of experts.dense_h_to_4h (E, 2, F, C);
+  // w2: [e] of experts.dense_4h_to_h (E, C, F).
+  kExpertGate,
+  kExpertUp,
+  kExpertDown,
 };
 
 // One transformers tensor of a declared weight. Names under the layer prefixes (trident's
-// "layers.<i>.", the architecture's HfNames::layer) for layer weights, whole names otherwise.
+// "layers.<i>.", the architecture's HfNames::layer) for layer weights, whole names otherwise. A
+// name with "{e}" (the kExpert* layouts) stands for one tensor per expert.
 struct HfName {
   const char* trident;
   const char* hf;
@@ -310,6 +394,22 @@ const HfNames& hf_names(HfArch arch) {
        {"mlp.dense_h_to_4h.weight", "mlp.gate_proj.weight", L::kGate},
        {"mlp.dense_h_to_4h.weight", "mlp.up_proj.weight", L::kUp},
        {"mlp.dense_4h_to_h.weight", "mlp.down_proj.weight"}}};
+  // Llama's attention and norms; the MLP is block_sparse_moe, trident's MoE layer (moe.h).
+  static const HfNames mixtral{
+      "model.layers.",
+      llama.global,
+      {{"input_layernorm.weight", "input_layernorm.weight"},
+       {"self_attention.query_key_value.weight", "self_attn.q_proj.weight", L::kQuery},
+       {"self_attention.query_key_value.weight", "self_attn.k_proj.weight", L::kKey},
+       {"self_attention.query_key_value.weight", "self_attn.v_proj.weight", L::kValue},
+       {"self_attention.dense.weight", "self_attn.o_proj.weight"},
+       {"post_attention_layernorm.weight", "post_attention_layernorm.weight"},
+       {"mlp.router.weight", "block_sparse_moe.gate.weight"},
+       {"mlp.experts.dense_h_to_4h.weight", "block_sparse_moe.experts.{e}.w1.weight",
+        L::kExpertGate},
+       {"mlp.experts.dense_h_to_4h.weight", "block_sparse_moe.experts.{e}.w3.weight", L::kExpertUp},
+       {"mlp.experts.dense_4h_to_h.weight", "block_sparse_moe.experts.{e}.w2.weight",
+        L::kExpertDown}}};
   switch (arch) {
     case HfArch::kGpt2:
       return gpt2;
@@ -317,13 +417,16 @@ const HfNames& hf_names(HfArch arch) {
       return bloom;
     case HfArch::kLlama:
       return llama;
+    case HfArch::kMixtral:
+      return mixtral;
   }
   throw core::InternalError("unknown HfArch");
 }
 
-// The transformers tensor `name` of the whole declared weight of shape `g`, laid out as `layout`.
+// The transformers tensor `name` of the whole declared weight of shape `g`, laid out as `layout`
+// (for the kExpert* layouts: expert `expert`'s).
 HfTensor hf_tensor(const model::ModelConfig& m, std::string name, const model::ParamSpec& p,
-                   HfLayout layout) {
+                   HfLayout layout, std::int64_t expert = 0) {
   const std::vector<std::int64_t>& g = p.global_shape;
   const std::int64_t C = m.hidden_size, NH = m.num_attention_heads, HS = m.head_dim();
   const std::int64_t G = m.query_groups(), hpg = NH / G;
@@ -375,6 +478,18 @@ HfTensor hf_tensor(const model::ModelConfig& m, std::string name, const model::P
     case HfLayout::kVocabRows:
       t.shape = {m.vocab_size, g[1]};
       break;
+    case HfLayout::kExpertGate:
+    case HfLayout::kExpertUp:
+    case HfLayout::kExpertDown: {
+      // (E, 2, F, C): expert e's gate at (e, 0), up at (e, 1); (E, C, F): expert e's at e.
+      const bool down = layout == HfLayout::kExpertDown;
+      const std::int64_t rows = down ? g[1] : g[2], cols = down ? g[2] : g[3];
+      const std::int64_t start =
+          (down ? expert : expert * 2 + (layout == HfLayout::kExpertUp)) * rows * cols;
+      t.shape = {rows, cols};
+      t.index = [start](std::int64_t i) { return start + i; };
+      break;
+    }
   }
   return t;
 }
@@ -396,7 +511,17 @@ std::vector<HfTensor> hf_tensors(const model::ModelConfig& m, HfArch arch) {
     }
     const std::size_t before = t.size();
     for (const HfName& n : *list) {
-      if (key == n.trident) t.push_back(hf_tensor(m, prefix + n.hf, p, n.layout));
+      if (key != n.trident) continue;
+      const std::string hf = prefix + n.hf;
+      const std::size_t at = hf.find("{e}");
+      if (at == std::string::npos) {
+        t.push_back(hf_tensor(m, hf, p, n.layout));
+        continue;
+      }
+      for (std::int64_t e = 0; e < p.global_shape[0]; ++e) {  // one tensor per expert
+        t.push_back(
+            hf_tensor(m, std::string(hf).replace(at, 3, std::to_string(e)), p, n.layout, e));
+      }
     }
     // One without a tensor would stay zero on import and be dropped on export.
     if (t.size() == before) {
@@ -421,7 +546,7 @@ bool hf_ignored_name(const std::string& name, HfArch arch, const model::ModelCon
 
 std::string hf_alternate_name(const std::string& name, HfArch arch) {
   const std::string prefix = "transformer.";
-  if (arch == HfArch::kLlama) return name;
+  if (arch == HfArch::kLlama || arch == HfArch::kMixtral) return name;
   if (name.rfind(prefix, 0) == 0) return name.substr(prefix.size());
   return prefix + name;
 }

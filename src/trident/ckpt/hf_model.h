@@ -1,6 +1,7 @@
 // Hugging Face transformers models <-> trident: config.json <-> ModelConfig, and every HF weight
 // as a re-indexing of one trident parameter (the full, single-rank ParamTable), for GPT-2
-// (GPT2LMHeadModel), BLOOM (BloomForCausalLM) and Llama (LlamaForCausalLM). Used by
+// (GPT2LMHeadModel), BLOOM (BloomForCausalLM), Llama (LlamaForCausalLM) and Mixtral
+// (MixtralForCausalLM: Llama with a mixture of experts in every layer, docs/moe.md). Used by
 // `trident convert --from-hf / --to-hf` (tools/convert_hf.cc); docs/hf-import.md, docs/hf-export.md
 // list the supported config fields and what is refused.
 #pragma once
@@ -17,7 +18,7 @@
 
 namespace trident::ckpt {
 
-const char* hf_arch_name(HfArch a);  // "gpt2", "bloom", "llama"
+const char* hf_arch_name(HfArch a);  // "gpt2", "bloom", "llama", "mixtral"
 
 struct HfImport {
   HfArch arch = HfArch::kGpt2;
@@ -28,11 +29,13 @@ struct HfImport {
 // config.json -> trident. seq_length: the training sequence length to record (0: the model's
 // max_position_embeddings, 2048 for BLOOM, which has none). Throws InvalidArgument naming the
 // config field for anything trident cannot run exactly (e.g. rope_scaling types other than
-// llama3, attention biases in Llama, BLOOM's apply_residual_connection_post_layernorm).
+// llama3, attention biases in Llama, BLOOM's apply_residual_connection_post_layernorm, Mixtral's
+// sliding_window, model_type qwen2_moe).
 HfImport hf_config_to_trident(const nlohmann::json& config, std::int64_t seq_length);
 
 // The architecture trident's config corresponds to; InvalidArgument listing the mismatches when
-// it is none of the three (e.g. rotary positions with LayerNorm).
+// it is none of the four (e.g. rotary positions with LayerNorm; for a model with experts, each
+// setting Mixtral cannot express, such as --moe-router-pre-softmax).
 HfArch hf_arch_of(const model::ModelConfig& cfg);
 // trident -> config.json for `arch`, weights stored as `dtype`.
 nlohmann::json trident_to_hf_config(const model::ModelConfig& cfg, HfArch arch, StDType dtype);
