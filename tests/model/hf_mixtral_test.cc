@@ -168,6 +168,9 @@ TEST(HfMixtral, ImportRefusesWhatTridentCannotRun) {
   EXPECT_NE(qwen.find("qwen2_moe"), std::string::npos) << qwen;
   EXPECT_NE(qwen.find("shared experts"), std::string::npos) << qwen;
   c = mixtral_config();
+  c["num_local_experts"] = 1 << 20;
+  EXPECT_NE(refusal(c).find("num_local_experts 1048576"), std::string::npos) << refusal(c);
+  c = mixtral_config();
   c["num_experts_per_tok"] = 5;  // more than the 4 experts
   EXPECT_FALSE(refusal(c).empty());
   EXPECT_EQ(refusal(mixtral_config()), "");

@@ -165,6 +165,10 @@ HfImport hf_config_to_trident(const json& c, std::int64_t seq_length) {
       m.moe_expert_capacity_factor = 0.0;
       m.moe_router_load_balancing_type = model::MoeLoadBalancing::kAuxLoss;
       refuse_if(m.num_experts == 0, "num_local_experts 0 is not supported (a Mixtral has experts)");
+      // A bound before E x 3 tensors per layer are listed (a corrupt file, as check_model_size's).
+      refuse_if(m.num_experts > 65536,
+                str("num_local_experts ", m.num_experts,
+                    ": more than trident reads from a file (65536); the file is corrupt"));
       refuse_if(c.contains("sliding_window") && !c["sliding_window"].is_null(),
                 str("sliding_window = ", c["sliding_window"].dump(),
                     " is not supported (trident's attention is causal over the whole sequence; "
