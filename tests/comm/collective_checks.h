@@ -177,6 +177,39 @@ inline void check_all_gather_v(Communicator& c, std::int64_t base) {
       c);
 }
 
+// Rank a sends rank b (base + 3a + b) % 7 values (some blocks empty when base is 0), each
+// 1e6 a + 1e3 b + j: every rank knows the whole count matrix, so it checks what it receives.
+inline void check_all_to_all_v(Communicator& c, std::int64_t base) {
+  const int w = c.size(), me = c.rank();
+  auto count = [&](int a, int b) { return (base + 3 * a + b) % 7 + (base > 0 ? base : 0); };
+  auto value = [](int a, int b, std::int64_t j) {
+    return static_cast<double>(1000000 * a + 1000 * b + j);
+  };
+  std::vector<std::int64_t> send_counts, recv_counts;
+  std::vector<double> in, expected;
+  for (int b = 0; b < w; ++b) {
+    send_counts.push_back(count(me, b));
+    for (std::int64_t j = 0; j < count(me, b); ++j) in.push_back(value(me, b, j));
+  }
+  for (int a = 0; a < w; ++a) {
+    recv_counts.push_back(count(a, me));
+    for (std::int64_t j = 0; j < count(a, me); ++j) expected.push_back(value(a, me, j));
+  }
+  std::vector<double> out(expected.size(), -1.0);
+  c.all_to_all_v(in.data(), send_counts, out.data(), recv_counts, Datatype::kF64);
+  expect_values(
+      out, [&](std::int64_t i) { return expected[static_cast<std::size_t>(i)]; },
+      "all_to_all_v base " + std::to_string(base), c);
+  // Non-blocking, twice in flight.
+  std::vector<double> out2(expected.size(), -1.0), out3(expected.size(), -1.0);
+  Request r2 = c.iall_to_all_v(in.data(), send_counts, out2.data(), recv_counts, Datatype::kF64);
+  Request r3 = c.iall_to_all_v(in.data(), send_counts, out3.data(), recv_counts, Datatype::kF64);
+  r3.wait();
+  r2.wait();
+  EXPECT_EQ(out2, expected) << "iall_to_all_v on rank " << me;
+  EXPECT_EQ(out3, expected) << "second iall_to_all_v on rank " << me;
+}
+
 inline void check_broadcast(Communicator& c, std::int64_t count) {
   const std::int64_t w = c.size();
   for (int root : {0, c.size() - 1, c.size() / 2}) {
@@ -313,6 +346,7 @@ inline void check_everything(Communicator& c) {
   for (std::int64_t base : {0, 1, 5, 1000}) {
     check_reduce_scatter_v(c, base);
     check_all_gather_v(c, base);
+    check_all_to_all_v(c, base);
   }
   check_split(c);
   c.barrier();

@@ -58,6 +58,7 @@ TEST(MpiCommunicator, AllGather) {
   auto world = make_world();
   for (std::int64_t n : sweep_counts(world->size())) check_all_gather(*world, n);
   for (std::int64_t base : {0, 1, 5, 1000}) check_all_gather_v(*world, base);
+  for (std::int64_t base : {0, 1, 5, 1000}) check_all_to_all_v(*world, base);
 }
 
 TEST(MpiCommunicator, Broadcast) {

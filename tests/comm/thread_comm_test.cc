@@ -55,6 +55,15 @@ TEST_P(ThreadCollectives, AllGather) {
       test_policy());
 }
 
+TEST_P(ThreadCollectives, AllToAllV) {
+  run_on_threads(
+      GetParam(),
+      [](Communicator& c) {
+        for (std::int64_t base : {0, 1, 5, 1000}) check_all_to_all_v(c, base);
+      },
+      test_policy());
+}
+
 TEST_P(ThreadCollectives, Broadcast) {
   run_on_threads(
       GetParam(),
@@ -199,6 +208,27 @@ TEST(ThreadCommunicator, MismatchedCollectivesFailOnEveryRank) {
     EXPECT_NE(e.find("collective mismatch"), std::string::npos) << e;
     EXPECT_NE(e.find("all_reduce(count=4, f32, sum)"), std::string::npos) << e;
     EXPECT_NE(e.find("all_reduce(count=5, f32, sum)"), std::string::npos) << e;
+  }
+}
+
+TEST(ThreadCommunicator, AllToAllVCountsThatDoNotPairUpFailOnEveryRank) {
+  std::vector<std::string> errors(3);
+  run_on_threads(
+      3,
+      [&](Communicator& c) {
+        // Rank 2 expects 4 elements from rank 0, which sends it 2.
+        std::vector<std::int64_t> send{2, 2, 2}, recv{c.rank() == 2 ? 4 : 2, 2, 2};
+        std::vector<float> in(6, 1.0f), out(8);
+        try {
+          c.all_to_all_v(in.data(), send, out.data(), recv, Datatype::kF32);
+        } catch (const core::CommError& e) {
+          errors[static_cast<std::size_t>(c.rank())] = e.what();
+        }
+      },
+      test_policy());
+  for (const std::string& e : errors) {
+    EXPECT_NE(e.find("all_to_all_v count mismatch on group 'world': rank"), std::string::npos) << e;
+    EXPECT_NE(e.find("which expects 4"), std::string::npos) << e;
   }
 }
 

@@ -68,6 +68,8 @@ const char* op_name(OpKind kind) {
       return "all_gather";
     case OpKind::kAllGatherV:
       return "all_gather_v";
+    case OpKind::kAllToAllV:
+      return "all_to_all_v";
     case OpKind::kBroadcast:
       return "broadcast";
     case OpKind::kSend:
@@ -93,6 +95,7 @@ std::string describe(const GroupInfo& group, int rank, const OpDesc& op) {
       break;
     case OpKind::kAllGather:
     case OpKind::kAllGatherV:
+    case OpKind::kAllToAllV:
       s += core::str("(count=", op.count, ", ", datatype_name(op.dtype), ")");
       break;
     case OpKind::kBroadcast:
@@ -431,6 +434,32 @@ Request Communicator::iall_gather_v(const void* in, void* out, std::span<const s
 void Communicator::all_gather_v(const void* in, void* out, std::span<const std::int64_t> counts,
                                 Datatype dtype) {
   iall_gather_v(in, out, counts, dtype).wait();
+}
+
+Request Communicator::iall_to_all_v(const void* in, std::span<const std::int64_t> send_counts,
+                                    void* out, std::span<const std::int64_t> recv_counts,
+                                    Datatype dtype) {
+  check_counts(send_counts, size(), "all_to_all_v (send counts)", name());
+  check_counts(recv_counts, size(), "all_to_all_v (recv counts)", name());
+  const std::int64_t sent = sum_of(send_counts, send_counts.size());
+  const std::int64_t received = sum_of(recv_counts, recv_counts.size());
+  check_buffer(in, sent, "all_to_all_v (in)", name());
+  check_buffer(out, received, "all_to_all_v (out)", name());
+  const std::int64_t es = size_of(dtype);
+  TRIDENT_CHECK(!overlaps(in, sent * es, out, received * es), "all_to_all_v on group '", name(),
+                "': the send and receive buffers overlap");
+  const auto r = static_cast<std::size_t>(rank());
+  TRIDENT_CHECK(send_counts[r] == recv_counts[r], "all_to_all_v on group '", name(), "': rank ",
+                rank(), " sends itself ", send_counts[r], " elements but expects ", recv_counts[r]);
+  // The desc's count: what this rank sends (its receives show in the peers' descs).
+  return start(desc(OpKind::kAllToAllV, sent, dtype),
+               [&] { return post_all_to_all_v(in, send_counts, out, recv_counts, dtype); });
+}
+
+void Communicator::all_to_all_v(const void* in, std::span<const std::int64_t> send_counts,
+                                void* out, std::span<const std::int64_t> recv_counts,
+                                Datatype dtype) {
+  iall_to_all_v(in, send_counts, out, recv_counts, dtype).wait();
 }
 
 Request Communicator::ibroadcast(void* buf, std::int64_t count, Datatype dtype, int root) {

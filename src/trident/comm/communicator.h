@@ -43,6 +43,7 @@ enum class OpKind : std::uint8_t {
   kReduceScatterV,
   kAllGather,
   kAllGatherV,
+  kAllToAllV,
   kBroadcast,
   kSend,
   kRecv,
@@ -197,6 +198,16 @@ class Communicator {
   Request iall_gather_v(const void* in, void* out, std::span<const std::int64_t> counts,
                         Datatype dtype);
 
+  // Personalised exchange (MPI_Alltoallv with packed blocks): in (sum(send_counts)) holds, in rank
+  // order, the block of send_counts[r] elements for rank r; out (sum(recv_counts)) receives, in
+  // rank order, the block of recv_counts[r] elements from rank r. The counts must pair up over the
+  // group (rank a's send_counts[b] is rank b's recv_counts[a]): exchange them first (an all_gather
+  // of the send counts) when they are data-dependent. in and out must not overlap.
+  void all_to_all_v(const void* in, std::span<const std::int64_t> send_counts, void* out,
+                    std::span<const std::int64_t> recv_counts, Datatype dtype);
+  Request iall_to_all_v(const void* in, std::span<const std::int64_t> send_counts, void* out,
+                        std::span<const std::int64_t> recv_counts, Datatype dtype);
+
   // buf (count) of group rank `root` is copied to every rank's buf.
   void broadcast(void* buf, std::int64_t count, Datatype dtype, int root);
   Request ibroadcast(void* buf, std::int64_t count, Datatype dtype, int root);
@@ -283,6 +294,9 @@ class Communicator {
   virtual ImplPtr post_all_gather(const void* in, void* out, std::int64_t count,
                                   Datatype dtype) = 0;
   virtual ImplPtr post_all_gather_v(const void* in, void* out, std::span<const std::int64_t> counts,
+                                    Datatype dtype) = 0;
+  virtual ImplPtr post_all_to_all_v(const void* in, std::span<const std::int64_t> send_counts,
+                                    void* out, std::span<const std::int64_t> recv_counts,
                                     Datatype dtype) = 0;
   virtual ImplPtr post_broadcast(void* buf, std::int64_t count, Datatype dtype, int root) = 0;
   virtual ImplPtr post_send(const void* buf, std::int64_t count, Datatype dtype, int peer,

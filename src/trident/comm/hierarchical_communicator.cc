@@ -160,6 +160,12 @@ Communicator::ImplPtr HierarchicalCommunicator::post_all_gather_v(
   return wrap(flat_->iall_gather_v(in, out, counts, dtype));
 }
 
+Communicator::ImplPtr HierarchicalCommunicator::post_all_to_all_v(
+    const void* in, std::span<const std::int64_t> send_counts, void* out,
+    std::span<const std::int64_t> recv_counts, Datatype dtype) {
+  return wrap(flat_->iall_to_all_v(in, send_counts, out, recv_counts, dtype));
+}
+
 Communicator::ImplPtr HierarchicalCommunicator::post_broadcast(void* buf, std::int64_t count,
                                                                Datatype dtype, int root) {
   return wrap(flat_->ibroadcast(buf, count, dtype, root));

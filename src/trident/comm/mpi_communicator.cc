@@ -72,8 +72,9 @@ const void* byte_offset(const void* p, std::int64_t bytes) {
 class MpiRequest final : public detail::RequestImpl {
  public:
   struct Buffers {
-    std::vector<int> counts, displs;  // argument arrays of the v-collectives
-    std::vector<std::byte> temp;      // result of an in-place reduce_scatter
+    std::vector<int> counts, displs;            // argument arrays of the v-collectives
+    std::vector<int> recv_counts, recv_displs;  // all_to_all_v's receive side
+    std::vector<std::byte> temp;                // result of an in-place reduce_scatter
   };
 
   // Appends a request; `expected_recv` >= 0 makes completion check the received element count.
@@ -290,6 +291,33 @@ Communicator::ImplPtr MpiCommunicator::post_all_gather_v(const void* in, void* o
   check_mpi(MPI_Iallgatherv(in_place ? MPI_IN_PLACE : in, b.counts[me], to_mpi(dtype), out,
                             b.counts.data(), b.displs.data(), to_mpi(dtype), comm_, &r),
             "MPI_Iallgatherv");
+  req->add(r);
+  return req;
+}
+
+Communicator::ImplPtr MpiCommunicator::post_all_to_all_v(const void* in,
+                                                         std::span<const std::int64_t> send_counts,
+                                                         void* out,
+                                                         std::span<const std::int64_t> recv_counts,
+                                                         Datatype dtype) {
+  auto req = std::make_unique<MpiRequest>();
+  auto& b = req->buffers();
+  std::int64_t sent = 0, received = 0;
+  for (int r = 0; r < size(); ++r) {
+    const auto i = static_cast<std::size_t>(r);
+    b.counts.push_back(to_int(send_counts[i], "all_to_all_v"));
+    b.displs.push_back(to_int(sent, "all_to_all_v"));
+    b.recv_counts.push_back(to_int(recv_counts[i], "all_to_all_v"));
+    b.recv_displs.push_back(to_int(received, "all_to_all_v"));
+    sent += send_counts[i];
+    received += recv_counts[i];
+  }
+  to_int(sent, "all_to_all_v");
+  to_int(received, "all_to_all_v");
+  MPI_Request r = MPI_REQUEST_NULL;
+  check_mpi(MPI_Ialltoallv(in, b.counts.data(), b.displs.data(), to_mpi(dtype), out,
+                           b.recv_counts.data(), b.recv_displs.data(), to_mpi(dtype), comm_, &r),
+            "MPI_Ialltoallv");
   req->add(r);
   return req;
 }

@@ -514,6 +514,53 @@ Communicator::ImplPtr NcclCommunicator::post_all_gather_v(const void* in, void* 
   return after_op("all_gather_v");
 }
 
+Communicator::ImplPtr NcclCommunicator::post_all_to_all_v(const void* in,
+                                                          std::span<const std::int64_t> send_counts,
+                                                          void* out,
+                                                          std::span<const std::int64_t> recv_counts,
+                                                          Datatype dtype) {
+  flush_p2p();
+  before_op();
+  const NcclType t = nccl_type(dtype, false);
+  const auto stream = static_cast<cudaStream_t>(comm_stream_);
+  std::int64_t sent = 0, received = 0;
+  std::vector<std::int64_t> send_at, recv_at;
+  for (int r = 0; r < size(); ++r) {
+    send_at.push_back(sent);
+    recv_at.push_back(received);
+    sent += send_counts[static_cast<std::size_t>(r)];
+    received += recv_counts[static_cast<std::size_t>(r)];
+  }
+  // This rank's own block is a copy on the communication stream; the others are one NCCL group of
+  // sends and receives (empty blocks skipped on both sides: the counts pair up).
+  const auto me = static_cast<std::size_t>(rank());
+  if (send_counts[me] > 0) {
+    check_cuda(
+        cudaMemcpyAsync(const_cast<char*>(at(out, recv_at[me], dtype)), at(in, send_at[me], dtype),
+                        static_cast<size_t>(send_counts[me] * size_of(dtype)),
+                        cudaMemcpyDeviceToDevice, stream),
+        "cudaMemcpyAsync (all_to_all_v)");
+  }
+  check_nccl(ncclGroupStart(), "ncclGroupStart");
+  for (int r = 0; r < size(); ++r) {
+    const auto i = static_cast<std::size_t>(r);
+    if (i == me) continue;
+    if (send_counts[i] > 0) {
+      check_nccl(ncclSend(at(in, send_at[i], dtype), static_cast<size_t>(send_counts[i] * t.scale),
+                          t.type, r, state_->comm, stream),
+                 "ncclSend");
+    }
+    if (recv_counts[i] > 0) {
+      check_nccl(
+          ncclRecv(const_cast<char*>(at(out, recv_at[i], dtype)),
+                   static_cast<size_t>(recv_counts[i] * t.scale), t.type, r, state_->comm, stream),
+          "ncclRecv");
+    }
+  }
+  check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+  return after_op("all_to_all_v");
+}
+
 Communicator::ImplPtr NcclCommunicator::post_broadcast(void* buf, std::int64_t count,
                                                        Datatype dtype, int root) {
   flush_p2p();
@@ -678,6 +725,19 @@ Communicator::ImplPtr HostStagedCommunicator::post_all_gather_v(
   d2h(mine, in, counts[static_cast<std::size_t>(rank())] * size_of(dtype));
   host_->all_gather_v(mine, h, counts, dtype);
   h2d(out, h, bytes);
+  return nullptr;
+}
+
+Communicator::ImplPtr HostStagedCommunicator::post_all_to_all_v(
+    const void* in, std::span<const std::int64_t> send_counts, void* out,
+    std::span<const std::int64_t> recv_counts, Datatype dtype) {
+  sync_host_step();
+  const std::int64_t sent = total(send_counts) * size_of(dtype);
+  const std::int64_t received = total(recv_counts) * size_of(dtype);
+  char* h = static_cast<char*>(staging(sent + received));
+  d2h(h, in, sent);
+  host_->all_to_all_v(h, send_counts, h + sent, recv_counts, dtype);
+  h2d(out, h + sent, received);
   return nullptr;
 }
 

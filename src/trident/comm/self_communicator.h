@@ -23,6 +23,8 @@ class SelfCommunicator final : public Communicator {
   ImplPtr post_all_gather(const void* in, void* out, std::int64_t count, Datatype dtype) override;
   ImplPtr post_all_gather_v(const void* in, void* out, std::span<const std::int64_t> counts,
                             Datatype dtype) override;
+  ImplPtr post_all_to_all_v(const void* in, std::span<const std::int64_t> send_counts, void* out,
+                            std::span<const std::int64_t> recv_counts, Datatype dtype) override;
   ImplPtr post_broadcast(void* buf, std::int64_t count, Datatype dtype, int root) override;
   ImplPtr post_send(const void* buf, std::int64_t count, Datatype dtype, int peer,
                     int tag) override;

@@ -44,7 +44,9 @@ struct CollectiveSlot {
   ReduceOp op = ReduceOp::kSum;
   int root = 0;
   std::vector<std::int64_t> counts;  // the _v variants
-  int first_rank = 0;                // whose arguments the others are compared with
+  // all_to_all_v: each rank's send and receive counts (they differ per rank by design).
+  std::vector<std::vector<std::int64_t>> send_counts, recv_counts;
+  int first_rank = 0;  // whose arguments the others are compared with
 
   std::vector<const void*> in;  // per rank
   std::vector<void*> out;       // per rank
@@ -58,6 +60,12 @@ struct CollectiveSlot {
   std::vector<std::byte> result;
   std::vector<SplitResult> split;  // per rank
   std::string failure;             // non-empty: every rank that tests the slot throws this
+
+  // all_to_all_v: the elements rank r sends.
+  std::int64_t count_of(int r) const {
+    const auto& c = send_counts[static_cast<std::size_t>(r)];
+    return std::accumulate(c.begin(), c.end(), std::int64_t{0});
+  }
 };
 
 struct P2POp {
@@ -170,6 +178,19 @@ void compute(ThreadGroupState& g, CollectiveSlot& s) {
                    s.counts[static_cast<std::size_t>(r)] * es);
       }
       break;
+    case OpKind::kAllToAllV: {
+      // Every rank's input, concatenated in rank order; deliver() picks each rank's blocks.
+      std::int64_t total = 0;
+      for (int r = 0; r < n; ++r) total += s.count_of(r);
+      s.result.resize(static_cast<std::size_t>(total * es));
+      std::int64_t at = 0;
+      for (int r = 0; r < n; ++r) {
+        copy_bytes(s.result.data() + at * es, s.in[static_cast<std::size_t>(r)],
+                   s.count_of(r) * es);
+        at += s.count_of(r);
+      }
+      break;
+    }
     case OpKind::kBroadcast:
       s.result.resize(static_cast<std::size_t>(s.count * es));
       copy_bytes(s.result.data(), s.in[static_cast<std::size_t>(s.root)], s.count * es);
@@ -206,11 +227,41 @@ void deliver(CollectiveSlot& s, int r) {
       copy_bytes(out, s.result.data() + offset_of(s.counts, r) * es,
                  s.counts[static_cast<std::size_t>(r)] * es);
       break;
+    case OpKind::kAllToAllV: {
+      // From each source rank, its block for r: after the source's blocks for ranks < r.
+      std::int64_t base = 0, at = 0;
+      for (int src = 0; src < static_cast<int>(s.in.size()); ++src) {
+        const auto& sc = s.send_counts[static_cast<std::size_t>(src)];
+        const std::int64_t n = sc[static_cast<std::size_t>(r)];
+        copy_bytes(static_cast<std::byte*>(out) + at * es,
+                   s.result.data() + (base + offset_of(sc, r)) * es, n * es);
+        at += n;
+        base += s.count_of(src);
+      }
+      break;
+    }
     case OpKind::kSplit:
     case OpKind::kBarrier:
     case OpKind::kSend:
     case OpKind::kRecv:
       break;
+  }
+}
+
+// all_to_all_v: rank r has just posted; its counts must pair up with every rank posted before it
+// (a's send_counts[b] is b's recv_counts[a]). A mismatch fails the collective on every rank.
+void check_pairing(const ThreadGroupState& g, CollectiveSlot& s, std::size_t r) {
+  for (std::size_t p = 0; p < s.posted.size(); ++p) {
+    if (!s.posted[p] || p == r) continue;
+    for (auto [a, b] : {std::pair{r, p}, std::pair{p, r}}) {
+      const std::int64_t sent = s.send_counts[a][b], expected = s.recv_counts[b][a];
+      if (sent == expected) continue;
+      s.failure = core::str("all_to_all_v count mismatch on group '", g.info.name, "': rank ", a,
+                            " (global ", g.global(static_cast<int>(a)), ") sends ", sent,
+                            " elements to rank ", b, " (global ", g.global(static_cast<int>(b)),
+                            "), which expects ", expected);
+      return;
+    }
   }
 }
 
@@ -382,6 +433,7 @@ struct ThreadCommunicator::CollectiveArgs {
   ReduceOp op = ReduceOp::kSum;
   int root = 0;
   std::span<const std::int64_t> counts{};
+  std::span<const std::int64_t> send_counts{}, recv_counts{};  // all_to_all_v
   int color = 0, key = 0;
   std::string name{};
   std::shared_ptr<detail::SplitResult> split_out{};
@@ -452,6 +504,8 @@ Communicator::ImplPtr ThreadCommunicator::post_collective(const CollectiveArgs& 
     s.colors.assign(static_cast<std::size_t>(n), kNoColor);
     s.keys.assign(static_cast<std::size_t>(n), 0);
     s.names.assign(static_cast<std::size_t>(n), "");
+    s.send_counts.assign(static_cast<std::size_t>(n), {});
+    s.recv_counts.assign(static_cast<std::size_t>(n), {});
   } else if (s.failure.empty()) {
     // The front end checked this rank's arguments; here they must agree with the other ranks'.
     // (A reduce_scatter_v / all_gather_v's per-rank count differs by design: compare `counts`.)
@@ -472,7 +526,10 @@ Communicator::ImplPtr ThreadCommunicator::post_collective(const CollectiveArgs& 
   s.colors[r] = a.color;
   s.keys[r] = a.key;
   s.names[r] = a.name;
+  s.send_counts[r].assign(a.send_counts.begin(), a.send_counts.end());
+  s.recv_counts[r].assign(a.recv_counts.begin(), a.recv_counts.end());
   s.posted[r] = 1;
+  if (a.kind == OpKind::kAllToAllV && s.failure.empty()) check_pairing(*state_, s, r);
   ++s.arrived;
   state_->cv.notify_all();
   return std::make_unique<CollectiveRequest>(state_, seq, rank(), a.split_out);
@@ -525,6 +582,17 @@ Communicator::ImplPtr ThreadCommunicator::post_all_gather_v(const void* in, void
                           .count = counts[static_cast<std::size_t>(rank())],
                           .dtype = dtype,
                           .counts = counts});
+}
+
+Communicator::ImplPtr ThreadCommunicator::post_all_to_all_v(
+    const void* in, std::span<const std::int64_t> send_counts, void* out,
+    std::span<const std::int64_t> recv_counts, Datatype dtype) {
+  return post_collective({.kind = OpKind::kAllToAllV,
+                          .in = in,
+                          .out = out,
+                          .dtype = dtype,
+                          .send_counts = send_counts,
+                          .recv_counts = recv_counts});
 }
 
 Communicator::ImplPtr ThreadCommunicator::post_broadcast(void* buf, std::int64_t count,

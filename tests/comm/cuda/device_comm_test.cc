@@ -112,6 +112,28 @@ void check_collectives(Communicator& c) {
       ASSERT_FLOAT_EQ(gathered[i], want) << c.name() << " all_gather_v element " << i;
     }
   }
+  {  // all_to_all_v: rank a sends rank b 3 + 2a + b values (rank 0 sends rank 0 none when R > 1)
+    auto count = [&](int a, int b) -> std::int64_t {
+      return a == 0 && b == 0 && R > 1 ? 0 : 3 + 2 * a + b;
+    };
+    std::vector<std::int64_t> send, recv;
+    std::vector<float> h, want;
+    for (int b = 0; b < R; ++b) {
+      send.push_back(count(me, b));
+      for (std::int64_t j = 0; j < count(me, b); ++j) h.push_back(v(me, 100 * b + j));
+    }
+    for (int a = 0; a < R; ++a) {
+      recv.push_back(count(a, me));
+      for (std::int64_t j = 0; j < count(a, me); ++j) want.push_back(v(a, 100 * me + j));
+    }
+    auto d = to_device(h);
+    cuda::DeviceBuffer out(static_cast<std::int64_t>(want.size()) * 4);
+    c.all_to_all_v(d.data(), send, out.data(), recv, Datatype::kF32);
+    const auto got = to_host(out, static_cast<std::int64_t>(want.size()));
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      ASSERT_EQ(got[i], want[i]) << c.name() << " all_to_all_v element " << i;
+    }
+  }
   {  // all_gather in place and broadcast
     cuda::DeviceBuffer all(n * R * 4);
     std::vector<float> h(n);
