@@ -67,8 +67,10 @@ void layout_activations(const ModelConfig& cfg, const ModelShard& shard, std::in
   };
   // A mixture-of-experts layer's saved set (its int32 buffers in float-sized slots), instead of
   // the MLP's.
-  const layers::MoeConfig moe = moe_config(cfg);
+  const layers::MoeConfig moe = moe_config(cfg, shard.ep_size);
   const std::int64_t E = moe.num_experts, K = moe.router.topk, MR = E > 0 ? moe.max_rows(BT) : 0;
+  const std::int64_t RL = E > 0 ? moe.max_local_rows(BT) : 0;  // the rows this rank's experts run
+  const bool ep = shard.ep_size > 1;
   const std::int64_t MF = moe.ffn / tp, MFC = cfg.swiglu ? 2 * MF : MF;  // this rank's slice
   TRIDENT_CHECK(E == 0 || !bf16, "the mixture-of-experts layer runs in FP32 for now");
   auto ints = [&](std::int64_t n) { return reinterpret_cast<std::int32_t*>(take(n)); };
@@ -82,8 +84,9 @@ void layout_activations(const ModelConfig& cfg, const ModelShard& shard, std::in
              .sources = ints(MR),
              .counts = ints(E),
              .x_perm = take(MR * C),
-             .fc = take(MR * MFC),
-             .act = take(MR * MF),
+             .x_loc = ep ? take(RL * C) : nullptr,
+             .fc = take(RL * MFC),
+             .act = take(RL * MF),
              .y_perm = take(MR * C)};
   };
   // A kept MoE layer: block_saved's set with the MoE layer's buffers instead of the MLP's.
@@ -117,9 +120,11 @@ void layout_activations(const ModelConfig& cfg, const ModelShard& shard, std::in
     ws.moe_d_weights = take(BT * K);
     ws.moe_d_logits = take(BT * E);
     ws.moe_d_perm = take(MR * C);
-    ws.moe_d_fc = take(MR * MFC);
-    ws.moe_d_act = take(MR * MF);
+    ws.moe_d_fc = take(RL * MFC);
+    ws.moe_d_act = take(RL * MF);
     ws.moe_d_aux = take(B * E);
+    ws.moe_ep_a = ep ? take(RL * C) : nullptr;
+    ws.moe_ep_b = ep ? take(RL * C) : nullptr;
   }
   layers::Workspace& ws = a.ws;
   ws.probs = selective ? take(B * NH * T * T) : nullptr;
@@ -329,7 +334,9 @@ struct Transformer {
                        .first_sample = a_.inputs.first_sample},
            .positions = cfg_.reset_position_ids ? a_.positions : nullptr,
            .docs = cfg_.reset_attention_mask ? a_.docs : nullptr,
-           .aux_loss_scale = rt_.moe_aux_loss_scale} {
+           .aux_loss_scale = rt_.moe_aux_loss_scale,
+           .ep = rt_.ep,
+           .ep_host = rt_.ep_host} {
     TRIDENT_ASSERT(tp_size_of(rt) == rt.shard.tp_size, "tp group of ", tp_size_of(rt),
                    " ranks for a shard of ", rt.shard.tp_size);
     TRIDENT_ASSERT(region.local_rows() == a.stage_rows, "activations laid out for ", a.stage_rows,

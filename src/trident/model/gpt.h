@@ -91,6 +91,9 @@ struct ModelRuntime {
   // auxiliary losses (load balancing, z-loss): Megatron averages them over the micro-batches of
   // the global batch, so 1 / (micro-batches per rank x data-parallel ranks).
   double moe_aux_loss_scale = 1.0;
+  // Expert parallelism (shard.ep_size > 1): the ep group's tensor channel and its host channel.
+  comm::Communicator* ep = nullptr;
+  comm::Communicator* ep_host = nullptr;
 };
 
 // What one call of the forward is given besides the weights: the micro-batch and the keys of

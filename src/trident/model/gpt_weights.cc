@@ -6,7 +6,7 @@
 
 namespace trident::model {
 
-layers::MoeConfig moe_config(const ModelConfig& cfg) {
+layers::MoeConfig moe_config(const ModelConfig& cfg, int ep_size) {
   const bool sigmoid = cfg.moe_router_score_function == MoeScoreFunction::kSigmoid;
   const bool balance = cfg.moe_router_load_balancing_type != MoeLoadBalancing::kNone;
   return {.hidden = cfg.hidden_size,
@@ -26,7 +26,8 @@ layers::MoeConfig moe_config(const ModelConfig& cfg) {
           .pad_to_capacity = cfg.moe_pad_expert_input_to_capacity,
           .aux_loss_coeff = balance ? cfg.moe_aux_loss_coeff : 0.0,
           .aux_per_sequence = cfg.moe_router_load_balancing_type == MoeLoadBalancing::kSeqAuxLoss,
-          .z_loss_coeff = cfg.moe_z_loss_coeff};
+          .z_loss_coeff = cfg.moe_z_loss_coeff,
+          .ep_size = ep_size};
 }
 
 GptLayers gpt_layers(const ModelConfig& cfg, const ModelShard& shard) {
@@ -61,7 +62,7 @@ GptLayers gpt_layers(const ModelConfig& cfg, const ModelShard& shard) {
                             .hidden = C,
                             .ffn = cfg.ffn(),
                             .bias = cfg.add_bias_linear},
-                    .moe = moe_config(cfg),
+                    .moe = moe_config(cfg, shard.ep_size),
                     .moe_layer_freq = cfg.moe_layer_freq},
           .head = {.hidden = C,
                    .vocab = cfg.vocab_size,

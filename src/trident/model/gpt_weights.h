@@ -26,8 +26,9 @@ struct GptLayers {
   layers::LmHeadConfig head;
 };
 GptLayers gpt_layers(const ModelConfig& cfg, const ModelShard& shard);
-// The mixture-of-experts layer's configuration (num_experts 0: none).
-layers::MoeConfig moe_config(const ModelConfig& cfg);
+// The mixture-of-experts layer's configuration (num_experts 0: none), its experts split over
+// ep_size expert-parallel ranks.
+layers::MoeConfig moe_config(const ModelConfig& cfg, int ep_size = 1);
 
 // The weights one rank's layers run with: views into buffers laid out by the shard's ParamTable.
 // Shapes are the local (tensor-parallel) ones. The embedding on a first pipeline stage, the head

@@ -34,7 +34,31 @@ std::int64_t ParamSpec::replicated_begin() const {
   return split_rows / tp_replicas * row_elems(*this);
 }
 
+std::int64_t ParamSpec::ep_offset() const {
+  if (ep_size <= 1) return 0;
+  std::int64_t whole = 1;
+  for (std::int64_t n : global_shape) whole *= n;
+  return static_cast<std::int64_t>(ep_rank) * (whole / ep_size);
+}
+
 std::int64_t ParamSpec::global_index(std::int64_t i, int tp_rank) const {
+  // Within this rank's block of experts (dim 0, outermost), the tensor-parallel split as below.
+  if (ep_size > 1) return ep_offset() + tp_global_index(i, tp_rank);
+  return tp_global_index(i, tp_rank);
+}
+
+std::int64_t ParamSpec::local_index(std::int64_t g, int tp_rank) const {
+  if (ep_size > 1) {
+    std::int64_t whole = 1;
+    for (std::int64_t n : global_shape) whole *= n;
+    const std::int64_t block = whole / ep_size, at = g - ep_offset();
+    if (at < 0 || at >= block) return -1;
+    return tp_local_index(at, tp_rank);
+  }
+  return tp_local_index(g, tp_rank);
+}
+
+std::int64_t ParamSpec::tp_global_index(std::int64_t i, int tp_rank) const {
   if (tp_split_dim < 0) return i;
   if (tp_replicas > 1) {
     const std::int64_t inner = row_elems(*this), row = i / inner,
@@ -56,7 +80,7 @@ std::int64_t ParamSpec::global_index(std::int64_t i, int tp_rank) const {
   return (o * global_d + static_cast<std::int64_t>(tp_rank) * local_d + j) * inner + k;
 }
 
-std::int64_t ParamSpec::local_index(std::int64_t g, int tp_rank) const {
+std::int64_t ParamSpec::tp_local_index(std::int64_t g, int tp_rank) const {
   if (tp_split_dim < 0) return g;
   if (tp_replicas > 1) {
     const std::int64_t inner = row_elems(*this), global_row = g / inner;
@@ -114,6 +138,15 @@ class TableBuilder final : public layers::WeightVisitor {
                      ") not divisible by tp ", shard.tp_size);
       n /= shard.tp_size;
     }
+    p.expert = d.expert;
+    if (d.expert && shard.ep_size > 1) {
+      TRIDENT_ASSERT(p.shape[0] % shard.ep_size == 0 && p.tp_split_dim != 0 && d.tp_replicas == 1,
+                     p.name, ": ", p.shape[0], " experts do not split over ", shard.ep_size,
+                     " expert-parallel ranks");
+      p.shape[0] /= shard.ep_size;
+      p.ep_size = shard.ep_size;
+      p.ep_rank = shard.ep_rank;
+    }
     p.shared = d.shared;
     p.tied_embedding = d.tied;
     p.sequence_parallel = shard.sequence_parallel && shard.tp_size > 1 && d.norm;
@@ -148,6 +181,11 @@ ParamTable build_gpt_param_table(const ModelConfig& cfg, const ModelShard& shard
                 "(G / tp of them), or tp / G ranks share one group's key/value heads");
   TRIDENT_CHECK(cfg.ffn() % tp == 0, "--ffn-hidden-size (", cfg.ffn(),
                 ") must be divisible by --tensor-model-parallel-size (", tp, ")");
+  TRIDENT_CHECK(shard.ep_size >= 1 && shard.ep_rank >= 0 && shard.ep_rank < shard.ep_size,
+                "bad expert-parallel rank ", shard.ep_rank, " of ", shard.ep_size);
+  TRIDENT_CHECK(shard.ep_size == 1 || cfg.num_experts % shard.ep_size == 0, "--num-experts (",
+                cfg.num_experts, ") must be divisible by --expert-model-parallel-size (",
+                shard.ep_size, "): each expert-parallel rank holds num_experts / ep experts");
   const std::int64_t L = shard.layers(cfg);
   TRIDENT_CHECK(shard.first_layer >= 0 && L >= 0 && shard.first_layer + L <= cfg.num_layers,
                 "layers [", shard.first_layer, ", ", shard.first_layer + L,
@@ -216,15 +254,16 @@ void init_params_range(const ModelConfig& cfg, const ParamTable& table, std::uin
         }
         const std::int64_t local_cols = by_cols ? p.shape[p.tp_split_dim] * inner : 1;
         const std::int64_t global_cols = by_cols ? p.global_shape[p.tp_split_dim] * inner : 1;
-        kernels::init_normal(ctx, {.out = core::view(dst, {hi - lo}, ctx.device),
-                                   .begin = lo,
-                                   .seed = seed,
-                                   .stream = core::fnv1a64(p.name.c_str()),
-                                   .stddev = p.init == InitRule::kNormal ? std_normal : std_scaled,
-                                   .base = p.tp_split_dim == 0 ? tp_rank * p.numel : 0,
-                                   .local_cols = local_cols,
-                                   .global_cols = global_cols,
-                                   .col_offset = by_cols ? tp_rank * local_cols : 0});
+        kernels::init_normal(ctx,
+                             {.out = core::view(dst, {hi - lo}, ctx.device),
+                              .begin = lo,
+                              .seed = seed,
+                              .stream = core::fnv1a64(p.name.c_str()),
+                              .stddev = p.init == InitRule::kNormal ? std_normal : std_scaled,
+                              .base = (p.tp_split_dim == 0 ? tp_rank * p.numel : 0) + p.ep_offset(),
+                              .local_cols = local_cols,
+                              .global_cols = global_cols,
+                              .col_offset = by_cols ? tp_rank * local_cols : 0});
         break;
       }
     }

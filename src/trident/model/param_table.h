@@ -23,6 +23,10 @@ struct ModelShard {
   bool has_embedding = true;     // first pipeline stage: word (and position) embedding
   bool has_head = true;          // last stage: final LayerNorm, output layer (tied), loss
   bool sequence_parallel = false;
+  // Expert parallelism: the experts (dim 0 of the expert weights) split into ep_size equal
+  // blocks, this rank holding block ep_rank.
+  int ep_size = 1;
+  int ep_rank = 0;
 
   std::int64_t layers(const ModelConfig& cfg) const {
     return num_layers >= 0 ? num_layers : cfg.num_layers - first_layer;
@@ -56,17 +60,30 @@ struct ParamSpec {
   // tp_replicas 1: a plain split.
   int tp_replicas = 1;
   std::int64_t split_rows = 0, block_rows = 0;
+  // A mixture-of-experts expert weight (dim 0: the experts): with expert parallelism (ep_size >
+  // 1) this rank holds experts [ep_rank, ep_rank + 1) x shape[0] of global_shape[0]; its gradient
+  // is summed over the expert-data-parallel group, not the data-parallel one.
+  bool expert = false;
+  int ep_size = 1, ep_rank = 0;
 
   // Replicated across tensor-parallel ranks (LayerNorms, row-parallel biases, position
   // embeddings): counted once (on tp rank 0) in the gradient norm.
   bool tp_duplicated() const { return tp_split_dim < 0; }
   // The first local element of the part replicated over tp_replicas ranks (numel when none).
   std::int64_t replicated_begin() const;
+  // The global flat index of this rank's first expert (0 without expert parallelism): its block
+  // of experts is contiguous in the whole parameter.
+  std::int64_t ep_offset() const;
   // The global (unsplit) flat index of local element i on tensor-parallel rank tp_rank.
   std::int64_t global_index(std::int64_t i, int tp_rank) const;
   // The inverse: the local index of global flat index g on tp rank tp_rank, or -1 when that rank
   // does not hold it.
   std::int64_t local_index(std::int64_t g, int tp_rank) const;
+
+ private:
+  // The same within the rank's block of experts (the whole parameter without experts).
+  std::int64_t tp_global_index(std::int64_t i, int tp_rank) const;
+  std::int64_t tp_local_index(std::int64_t g, int tp_rank) const;
 };
 
 struct ParamTable {

@@ -51,9 +51,12 @@ struct Workspace {
   float* moe_d_weights = nullptr;  // (B*T, k)
   float* moe_d_logits = nullptr;   // (B*T, E)
   float* moe_d_perm = nullptr;     // (R, C)
-  float* moe_d_fc = nullptr;       // (R, F) or SwiGLU (R, 2F)
-  float* moe_d_act = nullptr;      // (R, F)
+  float* moe_d_fc = nullptr;       // (RL, F) or SwiGLU (RL, 2F)
+  float* moe_d_act = nullptr;      // (RL, F)
   float* moe_d_aux = nullptr;      // (B, E)
+  // Expert parallelism: the all-to-all's exchange buffers, (RL, C) each (MoeConfig).
+  float* moe_ep_a = nullptr;
+  float* moe_ep_b = nullptr;
 };
 
 // Hidden-dropout keys of one micro-batch: masks are keyed by global token rows and the iteration,
@@ -82,6 +85,10 @@ struct LayerContext {
   // The gradient of the training loss with respect to a mixture-of-experts layer's auxiliary
   // losses of this micro-batch (Megatron: 1 / the micro-batches of the global batch).
   double aux_loss_scale = 1.0;
+  // Expert parallelism: the ep group's tensor channel and its host channel (for the row counts);
+  // null or one rank without it.
+  comm::Communicator* ep = nullptr;
+  comm::Communicator* ep_host = nullptr;
 
   std::int64_t rows() const { return region.rows(); }  // B*T
   std::int64_t local_rows() const { return region.local_rows(); }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "trident/core/error.h"
 #include "trident/kernels/elementwise.h"
@@ -26,6 +27,18 @@ std::int64_t MoeConfig::max_rows(std::int64_t rows) const {
   return pad_to_capacity ? num_experts * cap : std::min(all, num_experts * cap);
 }
 
+std::int64_t MoeConfig::max_local_rows(std::int64_t rows) const {
+  if (ep_size <= 1) return max_rows(rows);
+  const std::int64_t El = local_experts(), cap = capacity(rows);
+  if (cap > 0) {  // at most the capacity of each local expert from each rank (padded: exactly)
+    const std::int64_t from_one =
+        pad_to_capacity ? El * cap
+                        : std::min(El * cap, rows * std::min<std::int64_t>(router.topk, El));
+    return ep_size * from_one;
+  }
+  return ep_size * rows * std::min<std::int64_t>(router.topk, El);
+}
+
 void declare_moe(const MoeConfig& cfg, const WeightScope& s, MoeParams* p, MoeGrads* g) {
   const std::int64_t C = cfg.hidden, E = cfg.num_experts, F = cfg.ffn;
   const bool swiglu = cfg.activation == Activation::kSwiGlu;
@@ -36,12 +49,14 @@ void declare_moe(const MoeConfig& cfg, const WeightScope& s, MoeParams* p, MoeGr
   // every tp rank routes the same (full) rows alike.
   s({.name = "experts.dense_h_to_4h.weight",
      .shape = swiglu ? std::vector<std::int64_t>{E, 2, F, C} : std::vector<std::int64_t>{E, F, C},
-     .tp_split = swiglu ? 2 : 1},
+     .tp_split = swiglu ? 2 : 1,
+     .expert = true},
     slot(field(p, &MoeParams::fc_w), field(g, &MoeGrads::fc_w)));
   s({.name = "experts.dense_4h_to_h.weight",
      .shape = {E, C, F},
      .tp_split = 2,
-     .init = InitRule::kScaledNormal},
+     .init = InitRule::kScaledNormal,
+     .expert = true},
     slot(field(p, &MoeParams::fc2_w), field(g, &MoeGrads::fc2_w)));
 }
 
@@ -74,6 +89,119 @@ std::vector<double> group_counts(const std::vector<std::int32_t>& experts,
     if (rows_of[i] >= 0) counts[(i / topk / group_tokens) * E + experts[i]] += 1.0;
   }
   return counts;
+}
+
+// The rows of each local expert in the buffers its MLP reads: n rows from `first`.
+struct ExpertRows {
+  std::int64_t first = 0, n = 0;
+};
+
+// Expert parallelism's bookkeeping for one call: how many permuted rows each rank sends each
+// expert (its kept rows, or the capacity when padded), and where they sit on both sides.
+class EpExchange {
+ public:
+  // block[e]: this rank's rows for expert e (contiguous, expert-major, in x_perm). Gathers every
+  // ep rank's over the host channel.
+  EpExchange(const LayerContext& lc, const MoeConfig& cfg, const std::vector<std::int64_t>& block)
+      : P_(lc.ep->size()), me_(lc.ep->rank()), El_(cfg.local_experts()), C_(cfg.hidden) {
+    const std::int64_t E = cfg.num_experts;
+    all_.resize(static_cast<std::size_t>(P_ * E));
+    lc.ep_host->all_gather(block.data(), all_.data(), E, comm::Datatype::kI64);
+    for (int q = 0; q < P_; ++q) {
+      std::int64_t to_q = 0, from_q = 0;
+      for (std::int64_t j = 0; j < El_; ++j) {
+        to_q += block[static_cast<std::size_t>(q * El_ + j)];
+        from_q += at(q, j);
+      }
+      send_.push_back(to_q * C_);
+      recv_.push_back(from_q * C_);
+    }
+    // Local expert j's rows, grouped by source rank: expert-major after the regrouping.
+    std::int64_t first = 0;
+    for (std::int64_t j = 0; j < El_; ++j) {
+      std::int64_t n = 0;
+      for (int q = 0; q < P_; ++q) n += at(q, j);
+      experts_.push_back({first, n});
+      first += n;
+    }
+    rows_ = first;
+  }
+
+  const std::vector<ExpertRows>& experts() const { return experts_; }
+  std::int64_t rows() const { return rows_; }  // received rows
+
+  // x (this rank's permuted rows, expert-major over every expert) -> each local expert's rows
+  // from every rank, expert-major (by source within an expert). `recv` is scratch.
+  void dispatch(const LayerContext& lc, const float* x, float* recv, float* out) const {
+    lc.ep->all_to_all_v(x, send_, recv, recv_, comm::Datatype::kF32);
+    regroup(lc, recv, out, true);
+  }
+  // The reverse: local expert rows (expert-major) -> this rank's permuted rows. `send` is scratch.
+  void combine(const LayerContext& lc, const float* in, float* send, float* out) const {
+    regroup(lc, in, send, false);
+    lc.ep->all_to_all_v(send, recv_, out, send_, comm::Datatype::kF32);
+  }
+
+ private:
+  // Rows rank q sends local expert j.
+  std::int64_t at(int q, std::int64_t j) const {
+    return all_[static_cast<std::size_t>(q * El_ * P_ + me_ * El_ + j)];
+  }
+  // Source-major (rank q, then expert j) <-> expert-major (j, then q), one copy per block.
+  void regroup(const LayerContext& lc, const float* from, float* to, bool to_expert_major) const {
+    std::int64_t src_major = 0;
+    std::vector<std::int64_t> expert_at;
+    for (const ExpertRows& r : experts_) expert_at.push_back(r.first);
+    for (int q = 0; q < P_; ++q) {
+      for (std::int64_t j = 0; j < El_; ++j) {
+        const std::int64_t n = at(q, j);
+        std::int64_t& e_at = expert_at[static_cast<std::size_t>(j)];
+        if (n > 0) {
+          const float* src = from + (to_expert_major ? src_major : e_at) * C_;
+          float* dst = to + (to_expert_major ? e_at : src_major) * C_;
+          k::copy_on_device(lc.ctx, dst, src, n * C_ * 4);
+        }
+        src_major += n;
+        e_at += n;
+      }
+    }
+  }
+
+  int P_, me_;
+  std::int64_t El_, C_;
+  std::vector<std::int64_t> all_;          // (P, E) every rank's block rows
+  std::vector<std::int64_t> send_, recv_;  // elements to / from each rank
+  std::vector<ExpertRows> experts_;
+  std::int64_t rows_ = 0;
+};
+
+bool expert_parallel(const LayerContext& lc, const MoeConfig& cfg) {
+  const int ep = lc.ep != nullptr ? lc.ep->size() : 1;
+  TRIDENT_ASSERT(ep == cfg.ep_size, "an ep group of ", ep, " ranks for experts split ", cfg.ep_size,
+                 " ways");
+  return ep > 1;
+}
+
+// The rows each expert of this rank keeps: counts[e], or the capacity when padded.
+std::vector<std::int64_t> block_rows(const MoeConfig& cfg, const std::vector<std::int32_t>& counts,
+                                     std::int64_t N) {
+  std::vector<std::int64_t> b;
+  for (std::int32_t c : counts) b.push_back(cfg.pad_to_capacity ? cfg.capacity(N) : c);
+  return b;
+}
+
+// Without expert parallelism: expert e's kept rows inside x_perm (padded: from e * capacity).
+std::vector<ExpertRows> local_rows(const MoeConfig& cfg, const std::vector<std::int32_t>& counts,
+                                   std::int64_t N) {
+  std::vector<ExpertRows> r;
+  std::int64_t first = 0;
+  const std::int64_t cap = cfg.capacity(N);
+  for (std::size_t e = 0; e < counts.size(); ++e) {
+    if (cfg.pad_to_capacity) first = static_cast<std::int64_t>(e) * cap;
+    r.push_back({first, counts[e]});
+    first += counts[e];
+  }
+  return r;
 }
 
 }  // namespace
@@ -116,14 +244,26 @@ void moe_forward(const LayerContext& lc, const MoeConfig& cfg, const MoeParams& 
                           .x = view_of(lc, x, {N, C}),
                           .sources = view_of(lc, s.sources, {R}),
                           .topk = K});
+  // The rows each local expert runs on: x_perm's own (expert parallelism 1), or the rows every
+  // ep rank sent this rank's experts.
+  const bool ep = expert_parallel(lc, cfg);
+  std::optional<EpExchange> ex;
+  const float* x_loc = s.x_perm;
+  float* y_loc = s.y_perm;
+  if (ep) {
+    ex.emplace(lc, cfg, block_rows(cfg, counts, N));
+    ex->dispatch(lc, s.x_perm, lc.ws.moe_ep_a, s.x_loc);
+    x_loc = s.x_loc;
+    y_loc = lc.ws.moe_ep_b;
+  }
+  const std::vector<ExpertRows> experts = ep ? ex->experts() : local_rows(cfg, counts, N);
   const std::int64_t cap = cfg.capacity(N);
-  std::int64_t first = 0;
-  for (std::int64_t e = 0; e < E; ++e) {
-    if (cfg.pad_to_capacity) first = e * cap;
-    const std::int64_t n = counts[e];
+  for (std::size_t j = 0; j < experts.size(); ++j) {
+    const auto [first, n] = experts[j];
+    const auto e = static_cast<std::int64_t>(j);  // the local expert
     if (n > 0) {
       linear(lc, {.out = s.fc + first * FC,
-                  .in = s.x_perm + first * C,
+                  .in = x_loc + first * C,
                   .weight = expert_weight(p.fc_w, e, FC * C),
                   .rows = n,
                   .in_features = C,
@@ -135,18 +275,20 @@ void moe_forward(const LayerContext& lc, const MoeConfig& cfg, const MoeParams& 
         k::gelu(lc.ctx, {.out = view_of(lc, s.act + first * F, {n, F}),
                          .in = view_of(lc, s.fc + first * FC, {n, F})});
       }
-      linear(lc, {.out = s.y_perm + first * C,
+      linear(lc, {.out = y_loc + first * C,
                   .in = s.act + first * F,
                   .weight = expert_weight(p.fc2_w, e, C * F),
                   .rows = n,
                   .in_features = F,
                   .out_features = C});
     }
-    if (cfg.pad_to_capacity && n < cap) {  // padding rows: no expert output
+    // Padding rows: no expert output (with expert parallelism the experts ran on them: zero rows
+    // in, zero rows out, no biases).
+    if (!ep && cfg.pad_to_capacity && n < cap) {
       k::zero_on_device(lc.ctx, s.y_perm + (first + n) * C, (cap - n) * C * 4);
     }
-    first += n;
   }
+  if (ep) ex->combine(lc, y_loc, lc.ws.moe_ep_a, s.y_perm);
   // Each tp rank's experts hold an F slice: the combine is its partial sum (x is consumed).
   float* partial = lc.region.partial_of(args.out, lc.ws.gathered);
   k::moe_unpermute(lc.ctx, {.out = view_of(lc, partial, {N, C}),
@@ -203,41 +345,50 @@ const float* moe_backward(const LayerContext& lc, const MoeConfig& cfg, const Mo
   // The weights' gradient sums the experts' outputs over their F slices: summed over tp, it is
   // the same on every rank, and so is the router's backward from here.
   lc.region.group().all_reduce_sum(args.d_weights, N * K);
-  const std::int64_t cap = cfg.capacity(N);
-  std::int64_t first = 0;
-  for (std::int64_t e = 0; e < E; ++e) {
-    if (cfg.pad_to_capacity) first = e * cap;
-    const std::int64_t n = counts[e];
-    if (n > 0) {
-      // d_perm's rows are the expert output's gradient, then (=) its input's.
-      linear_backward(lc, {.d_in = args.d_act + first * F,
-                           .d_weight = g.fc2_w + e * C * F,
-                           .d_out = args.d_perm + first * C,
-                           .in = s.act + first * F,
-                           .weight = expert_weight(p.fc2_w, e, C * F),
-                           .rows = n,
-                           .in_features = F,
-                           .out_features = C});
-      if (cfg.activation == Activation::kSwiGlu) {
-        k::swiglu_backward(lc.ctx, {.d_in = view_of(lc, args.d_fc + first * FC, {n, FC}),
-                                    .d_out = view_of(lc, args.d_act + first * F, {n, F}),
-                                    .in = view_of(lc, s.fc + first * FC, {n, FC})});
-      } else {
-        k::gelu_backward(lc.ctx, {.d_in = view_of(lc, args.d_fc + first * FC, {n, F}),
-                                  .d_out = view_of(lc, args.d_act + first * F, {n, F}),
-                                  .in = view_of(lc, s.fc + first * FC, {n, F})});
-      }
-      linear_backward(lc, {.d_in = args.d_perm + first * C,
-                           .d_weight = g.fc_w + e * FC * C,
-                           .d_out = args.d_fc + first * FC,
-                           .in = s.x_perm + first * C,
-                           .weight = expert_weight(p.fc_w, e, FC * C),
-                           .rows = n,
-                           .in_features = C,
-                           .out_features = FC});
-    }
-    first += n;
+  // The experts' output gradients where their rows are (received from every ep rank).
+  const bool ep = expert_parallel(lc, cfg);
+  std::optional<EpExchange> ex;
+  const float* x_loc = s.x_perm;
+  float* d_loc = args.d_perm;
+  if (ep) {
+    ex.emplace(lc, cfg, block_rows(cfg, counts, N));
+    ex->dispatch(lc, args.d_perm, lc.ws.moe_ep_a, lc.ws.moe_ep_b);
+    x_loc = s.x_loc;
+    d_loc = lc.ws.moe_ep_b;
   }
+  const std::vector<ExpertRows> experts = ep ? ex->experts() : local_rows(cfg, counts, N);
+  for (std::size_t j = 0; j < experts.size(); ++j) {
+    const auto [first, n] = experts[j];
+    const auto e = static_cast<std::int64_t>(j);
+    if (n == 0) continue;
+    // d_loc's rows are the expert output's gradient, then (=) its input's.
+    linear_backward(lc, {.d_in = args.d_act + first * F,
+                         .d_weight = g.fc2_w + e * C * F,
+                         .d_out = d_loc + first * C,
+                         .in = s.act + first * F,
+                         .weight = expert_weight(p.fc2_w, e, C * F),
+                         .rows = n,
+                         .in_features = F,
+                         .out_features = C});
+    if (cfg.activation == Activation::kSwiGlu) {
+      k::swiglu_backward(lc.ctx, {.d_in = view_of(lc, args.d_fc + first * FC, {n, FC}),
+                                  .d_out = view_of(lc, args.d_act + first * F, {n, F}),
+                                  .in = view_of(lc, s.fc + first * FC, {n, FC})});
+    } else {
+      k::gelu_backward(lc.ctx, {.d_in = view_of(lc, args.d_fc + first * FC, {n, F}),
+                                .d_out = view_of(lc, args.d_act + first * F, {n, F}),
+                                .in = view_of(lc, s.fc + first * FC, {n, F})});
+    }
+    linear_backward(lc, {.d_in = d_loc + first * C,
+                         .d_weight = g.fc_w + e * FC * C,
+                         .d_out = args.d_fc + first * FC,
+                         .in = x_loc + first * C,
+                         .weight = expert_weight(p.fc_w, e, FC * C),
+                         .rows = n,
+                         .in_features = C,
+                         .out_features = FC});
+  }
+  if (ep) ex->combine(lc, d_loc, lc.ws.moe_ep_a, args.d_perm);  // back to this rank's rows
   // The router: the combine's gradient, the load-balancing loss's and the z-loss's.
   const std::int64_t group = cfg.aux_per_sequence ? lc.seq_len : N, groups = N / group;
   const bool aux = cfg.aux_loss_coeff != 0.0;

@@ -14,7 +14,15 @@
 // MoeConfig::aux_per_sequence) and the router z-loss (mean_n logsumexp(logits[n])^2 times its
 // coefficient), whose gradients enter the router's backward.
 //
-// Every expert is on this rank (expert parallelism 1), tensor-parallel as the dense MLP: its F
+// Expert parallelism (MoeConfig::ep_size > 1, Megatron-Core's all-to-all dispatcher): this rank
+// holds experts [ep_rank * E / ep, (ep_rank + 1) * E / ep) and routes only its own tokens; the
+// permuted rows (expert-major, so each rank's block is contiguous) go by all-to-all over the ep
+// group to the ranks holding their experts, after an all-gather of the per-expert row counts;
+// each rank regroups what it received by expert, runs its experts, and the outputs come back by
+// the reverse all-to-all (the backward moves the gradients the same two ways). The routing, the
+// drops and every per-row result are those of expert parallelism 1.
+//
+// Every expert's MLP is tensor-parallel as the dense MLP: its F
 // split over the tp ranks (column-parallel up-projection, row-parallel down-projection), the router
 // replicated (every tp rank routes the full rows alike: with sequence parallelism, the gathered
 // rows), the combine's partial sums reduced over tp (SP: reduce-scattered). In the backward the
@@ -45,11 +53,16 @@ struct MoeConfig {
   double aux_loss_coeff = 0.0;    // --moe-aux-loss-coeff
   bool aux_per_sequence = false;  // --moe-router-load-balancing-type seq_aux_loss
   double z_loss_coeff = 0.0;      // --moe-z-loss-coeff
+  int ep_size = 1;                // --expert-model-parallel-size: divides num_experts
 
+  std::int64_t local_experts() const { return num_experts / ep_size; }
   // The rows the permuted buffers hold for `rows` tokens: every choice (dropless), at most the
   // capacity per expert, or exactly that (padded).
   std::int64_t capacity(std::int64_t rows) const;
   std::int64_t max_rows(std::int64_t rows) const;
+  // The rows this rank's experts may receive when every ep rank routes `rows` tokens (max_rows
+  // without expert parallelism): each token picks a local expert at most min(k, E / ep) times.
+  std::int64_t max_local_rows(std::int64_t rows) const;
 };
 
 struct MoeParams {
@@ -61,7 +74,7 @@ struct MoeGrads {
   float *router = nullptr, *fc_w = nullptr, *fc2_w = nullptr;
 };
 // "router.weight" (E, C), "experts.dense_h_to_4h.weight" and "experts.dense_4h_to_h.weight"
-// (expert e's matrices at index e of the first dimension), none tensor-parallel.
+// (expert e's matrices at index e of the first dimension, split over the expert-parallel ranks).
 void declare_moe(const MoeConfig& cfg, const WeightScope& s, MoeParams* p, MoeGrads* g);
 
 // The activations the backward reads (rows = this call's tokens, R = cfg.max_rows(rows)); int32
@@ -76,9 +89,12 @@ struct MoeSaved {
   std::int32_t* sources = nullptr;  // (R)
   std::int32_t* counts = nullptr;   // (E) on the device
   float* x_perm = nullptr;          // (R, C)
-  float* fc = nullptr;              // (R, F); SwiGLU (R, 2F)
-  float* act = nullptr;             // (R, F)
-  float* y_perm = nullptr;          // (R, C)
+  // RL = cfg.max_local_rows(rows): the rows this rank's experts run on (R without expert
+  // parallelism, where x_loc is x_perm and may be null).
+  float* x_loc = nullptr;   // (RL, C) expert parallelism: the received rows, by local expert
+  float* fc = nullptr;      // (RL, F); SwiGLU (RL, 2F)
+  float* act = nullptr;     // (RL, F)
+  float* y_perm = nullptr;  // (R, C)
 };
 
 // What the router did in one call (host values, for the loss and the log).
@@ -107,7 +123,7 @@ struct MoeBackwardArgs {
   MoeSaved saved;
   MoeGrads grads;
   double aux_grad_scale = 1.0;
-  // Scratch: (rows, k), (rows, E), (R, C), (R, F or 2F), (R, F), (E or E x sequences) floats.
+  // Scratch: (rows, k), (rows, E), (R, C), (RL, F or 2F), (RL, F), (E or E x sequences) floats.
   float* d_weights = nullptr;
   float* d_logits = nullptr;
   float* d_perm = nullptr;

@@ -55,6 +55,8 @@ struct WeightDecl {
   int tp_replicas = 1;
   std::int64_t split_rows = 0, block_rows = 0;
   int layer = -1;  // transformer layer (global index), set by the scope; -1 outside the blocks
+  // A mixture-of-experts expert weight, dim 0 the experts: split over the expert-parallel ranks.
+  bool expert = false;
 };
 
 // The fields one weight binds to: its FP32 view, its BF16 copy (the matmul weights: Weight's
