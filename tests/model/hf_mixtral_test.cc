@@ -263,6 +263,23 @@ constexpr const char* kModelFlags =
     " --moe-router-topk 2 --moe-ffn-hidden-size 40 --moe-aux-loss-coeff 0.02"
     " --tokenizer-type NullTokenizer --vocab-size 300";
 
+// A learnable corpus (runs of increasing ids with noise) in NullTokenizer's ids.
+void write_corpus(const fs::path& prefix) {
+  data::IndexedDatasetBuilder b(prefix.string(), data::TokenDType::kU16);
+  std::mt19937 rng(5);
+  for (int doc = 0; doc < 100; ++doc) {
+    std::vector<std::int32_t> ids(30 + doc % 17);
+    std::int32_t t = static_cast<std::int32_t>(rng() % 300);
+    for (auto& x : ids) {
+      x = (rng() % 4 == 0) ? static_cast<std::int32_t>(rng() % 300) : t;
+      t = (t + 1) % 300;
+    }
+    b.add_sequence(ids);
+    b.end_document();
+  }
+  b.finalize();
+}
+
 TEST(HfMixtralFineTune, ImportedFineTunesAndExportsBack) {
   const fs::path dir = work_dir() / "finetune";
   fs::remove_all(dir);
@@ -279,22 +296,7 @@ TEST(HfMixtralFineTune, ImportedFineTunesAndExportsBack) {
                     " --seq-length 16 --tensor-model-parallel-size 2",
                 dir / "import.txt"),
             0);
-  // A learnable corpus (runs of increasing ids with noise) in NullTokenizer's ids.
-  {
-    data::IndexedDatasetBuilder b((dir / "corpus").string(), data::TokenDType::kU16);
-    std::mt19937 rng(5);
-    for (int doc = 0; doc < 100; ++doc) {
-      std::vector<std::int32_t> ids(30 + doc % 17);
-      std::int32_t t = static_cast<std::int32_t>(rng() % 300);
-      for (auto& x : ids) {
-        x = (rng() % 4 == 0) ? static_cast<std::int32_t>(rng() % 300) : t;
-        t = (t + 1) % 300;
-      }
-      b.add_sequence(ids);
-      b.end_document();
-    }
-    b.finalize();
-  }
+  write_corpus(dir / "corpus");
   ASSERT_EQ(run(cli + " train" + kModelFlags + " --finetune --load " + imported.string() +
                     " --save " + tuned.string() + " --data-path " + (dir / "corpus").string() +
                     " --data-cache-path " + (dir / "cache").string() +
@@ -396,6 +398,31 @@ TEST(HfMixtralFineTune, ImportedFineTunesAndExportsBack) {
   EXPECT_EQ(mine, testing::find_tensor(ref, "generated").i64())
       << "greedy tokens of trident vs transformers' generate()";
   fs::remove_all(work_dir());
+}
+
+// A model trained with a router Mixtral does not have is refused by --to-hf, naming the flag.
+TEST(HfMixtralCli, ExportRefusesPreSoftmaxRouter) {
+  const fs::path dir = work_dir() / "pre_softmax";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  write_corpus(dir / "corpus");
+  const std::string cli = std::string("OMP_NUM_THREADS=1 ") + TRIDENT_CLI;
+  ASSERT_EQ(run(cli + " train" + kModelFlags + " --moe-router-pre-softmax --save " +
+                    (dir / "ckpt").string() + " --data-path " + (dir / "corpus").string() +
+                    " --data-cache-path " + (dir / "cache").string() +
+                    " --micro-batch-size 2 --global-batch-size 2 --train-iters 1 --lr 1e-3"
+                    " --split 100,0,0 --eval-iters 0",
+                dir / "train.txt"),
+            0);
+  const fs::path log = dir / "export.txt";
+  const std::string cmd = cli + " convert --load " + (dir / "ckpt").string() + " --to-hf " +
+                          (dir / "hf").string() + " > " + log.string() + " 2>&1";
+  EXPECT_NE(std::system(cmd.c_str()), 0) << cmd;
+  const std::string out = read_file(log);
+  EXPECT_NE(out.find("not transformers' Mixtral: --moe-router-pre-softmax"), std::string::npos)
+      << out;
+  EXPECT_FALSE(fs::exists(dir / "hf" / "config.json"));
+  fs::remove_all(dir);
 }
 
 }  // namespace
