@@ -17,6 +17,7 @@
 #include "trident/kernels/embedding.h"
 #include "trident/kernels/fill.h"
 #include "trident/kernels/flash_attention.h"
+#include "trident/kernels/flash_attention_block.h"
 #include "trident/kernels/fused_bias_gelu.h"
 #include "trident/kernels/fused_residual_layernorm.h"
 #include "trident/kernels/init_normal.h"
