@@ -93,8 +93,11 @@ void flash_attention_block_forward(const core::ExecContext& ctx, const FlashAtte
           std::fill(m.begin(), m.end(), -INFINITY);
           std::fill(l.begin(), l.end(), 0.0f);
           std::fill(acc.begin(), acc.end(), 0.0f);
+          const std::int32_t last_q = *std::max_element(a.q_pos + q0, a.q_pos + q0 + nq);
           for (std::int64_t k0 = 0; k0 < Tk; k0 += kBk) {
             const std::int64_t nk = std::min(kBk, Tk - k0);
+            // A key block after every query of this block (the causal mask's other side): skip.
+            if (*std::min_element(a.k_pos + k0, a.k_pos + k0 + nk) > last_q) continue;
             for (std::int64_t i = 0; i < nq; ++i) {
               const std::int64_t q = q0 + i;
               const std::int32_t qp = a.q_pos[q];
