@@ -275,19 +275,36 @@ TEST(MoeFlags, LayoutsAndPrecisionsNotBuiltYetAreRefused) {
                "--num-experts 4 with --bf16 (or the DeepSpeed JSON's \"bf16\" block): the "
                "mixture-of-experts layer runs in FP32 for now");
   fs::remove(ds_json);
-  // Expert parallelism: size 1 is what trident does (--moe-expert-parallel-size is
-  // Megatron-DeepSpeed's: its script says how it routes).
+  // Expert parallelism (--moe-expert-parallel-size is Megatron-DeepSpeed's name: its script says
+  // how it routes): the experts over ep of the dp ranks.
   for (const char* flag : {"--expert-model-parallel-size", "--moe-expert-parallel-size"}) {
-    std::vector<std::string> one = plus({flag, "1"}), two = plus({flag, "2"});
+    std::vector<std::string> extra;
     if (std::string(flag) == "--moe-expert-parallel-size") {
-      for (std::vector<std::string>* v : {&one, &two})
-        v->insert(v->end(), {"--expert-interval", "1", "--disable-moe-token-dropping"});
+      extra = {"--expert-interval", "1", "--disable-moe-token-dropping"};
     }
-    EXPECT_EQ(error_of(one), "") << flag;
-    EXPECT_ERROR(two, std::string(flag) +
-                          " 2: not supported by trident (1 is accepted; expert "
-                          "parallelism is not built yet");
+    auto args = [&](std::vector<std::string> a) {
+      std::vector<std::string> v = plus(std::move(a));
+      v.insert(v.end(), extra.begin(), extra.end());
+      return v;
+    };
+    EXPECT_EQ(error_of(args({flag, "1"})), "") << flag;
+    EXPECT_EQ(error_of(args({flag, "2"}), 2), "") << flag;
+    EXPECT_EQ(parse(args({flag, "4"}), 8).expert_model_parallel_size, 4) << flag;
+    EXPECT_ERROR(args({flag, "2"}),  // one rank: dp 1
+                 "--expert-model-parallel-size 2 must divide the data-parallel size 1 (1 ranks / "
+                 "(tp 1 x pp 1)): the experts are split over data-parallel ranks");
+    EXPECT_ERROR(args({flag, "3"}),
+                 "--num-experts (4) must be divisible by --expert-model-parallel-size (3)");
   }
+  EXPECT_ERROR(with({"--expert-model-parallel-size", "2"}),
+               "--expert-model-parallel-size 2 needs a mixture-of-experts model (--num-experts)");
+  EXPECT_NE(error_of(plus({"--expert-model-parallel-size", "2", "--save", "/tmp/x"}), 2)
+                .find("--save / --load with --expert-model-parallel-size 2: checkpoints of "
+                      "expert-parallel runs are not written yet"),
+            std::string::npos);
+  EXPECT_NE(error_of(plus({"--expert-model-parallel-size", "2", "--offload-optimizer", "cpu"}), 2)
+                .find("--offload-optimizer / --offload-params with --expert-model-parallel-size 2"),
+            std::string::npos);
   // Each expert is split over the tp ranks: --expert-tensor-parallel-size = tp is accepted.
   EXPECT_EQ(error_of(plus({"--expert-tensor-parallel-size", "1"})), "");
   EXPECT_EQ(

@@ -92,6 +92,7 @@ class Binder final : public layers::WeightVisitor {
         grad_(std::move(grad)) {}
 
   void weight(const layers::WeightDecl& decl, const layers::WeightSlot& slot) override {
+    if (!table_.holds(decl.expert)) return;  // a part without it: the view stays null
     TRIDENT_ASSERT(next_ < table_.params.size() && table_.params[next_].name == decl.name,
                    "the parameter table does not follow the layers' declarations at ", decl.name);
     const std::int64_t offset = table_.params[next_++].offset;

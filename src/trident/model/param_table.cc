@@ -117,6 +117,7 @@ class TableBuilder final : public layers::WeightVisitor {
   explicit TableBuilder(ParamTable& t) : t_(t) {}
 
   void weight(const layers::WeightDecl& d, const layers::WeightSlot& /*slot*/) override {
+    if (!t_.holds(d.expert)) return;
     const ModelShard& shard = t_.shard;
     ParamSpec p;
     p.name = d.name;
@@ -166,7 +167,7 @@ class TableBuilder final : public layers::WeightVisitor {
 
 }  // namespace
 
-ParamTable build_gpt_param_table(const ModelConfig& cfg, const ModelShard& shard) {
+ParamTable build_gpt_param_table(const ModelConfig& cfg, const ModelShard& shard, ParamPart part) {
   cfg.validate();
   const int tp = shard.tp_size;
   TRIDENT_CHECK(tp >= 1 && shard.tp_rank >= 0 && shard.tp_rank < tp, "bad tensor-parallel rank ",
@@ -192,6 +193,7 @@ ParamTable build_gpt_param_table(const ModelConfig& cfg, const ModelShard& shard
                 ") do not fit a model of ", cfg.num_layers, " layers");
   ParamTable t;
   t.shard = shard;
+  t.part = part;
   TableBuilder builder(t);
   declare_gpt(cfg, shard, builder, nullptr, nullptr);
   return t;

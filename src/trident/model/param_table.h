@@ -86,6 +86,10 @@ struct ParamSpec {
   std::int64_t tp_local_index(std::int64_t g, int tp_rank) const;
 };
 
+// Which parameters a table lays out: all of them, or (expert parallelism keeps the experts in
+// buffers of their own, reduced over another group) everything but the experts, or the experts.
+enum class ParamPart : std::uint8_t { kAll, kDense, kExperts };
+
 struct ParamTable {
   // Offsets are aligned to this many elements (64 bytes of fp32), so every parameter starts on
   // a cache line and ZeRO shard boundaries can be aligned the same way.
@@ -94,6 +98,12 @@ struct ParamTable {
   std::vector<ParamSpec> params;
   std::int64_t total_numel = 0;  // flat buffer size, alignment padding included
   ModelShard shard;              // what the table lays out
+  ParamPart part = ParamPart::kAll;
+
+  // Whether the table has a row for a declared weight (its part holds it).
+  bool holds(bool expert) const {
+    return part == ParamPart::kAll || expert == (part == ParamPart::kExperts);
+  }
 
   const ParamSpec& find(const std::string& name) const;  // throws InvalidArgument when absent
   std::int64_t num_parameters() const;                   // without padding
@@ -104,7 +114,9 @@ struct ParamTable {
 // the word embedding, marked shared).
 // Throws InvalidArgument when the shard does not fit the model (heads, FFN size or padded
 // vocabulary not divisible by tp_size, layers out of range).
-ParamTable build_gpt_param_table(const ModelConfig& cfg, const ModelShard& shard = {});
+// `part`: the table of only the dense parameters or only the experts (ParamPart).
+ParamTable build_gpt_param_table(const ModelConfig& cfg, const ModelShard& shard = {},
+                                 ParamPart part = ParamPart::kAll);
 
 // Fills `flat` (table.total_numel elements) with the initial weights: N(0, std) draws keyed by
 // (seed, parameter name, global element index) so that every parallel layout starts from the

@@ -24,6 +24,7 @@ FlatLayout::FlatLayout(std::vector<LayoutChunk> chunks, int tp_rank)
     numel_ += ch.table->total_numel;
     const int first_unit = static_cast<int>(units_.size());
     first_unit_.push_back(first_unit);
+    layer_unit_.emplace_back();
     for (const model::ParamSpec& p : ch.table->params) {
       const Range r{ch.base + p.offset, ch.base + p.offset + aligned(p.numel)};
       if (p.layer < 0) {
@@ -34,13 +35,21 @@ FlatLayout::FlatLayout(std::vector<LayoutChunk> chunks, int tp_rank)
         }
         continue;
       }
+      // A table of one part (model::ParamPart) may hold no parameter of some layers: those
+      // layers have no unit (unit_of gives -1).
       const std::int64_t local = p.layer - ch.first_layer;
-      if (static_cast<std::int64_t>(units_.size()) == first_unit + local) {
+      if (static_cast<int>(units_.size()) == first_unit || units_.back().layer != local) {
+        TRIDENT_ASSERT(static_cast<int>(units_.size()) == first_unit || units_.back().layer < local,
+                       "layer ", p.layer, " parameters are not contiguous");
+        auto& map = layer_unit_[static_cast<std::size_t>(c)];
+        if (static_cast<std::int64_t>(map.size()) <= local) {
+          map.resize(static_cast<std::size_t>(local + 1), -1);
+        }
+        map[static_cast<std::size_t>(local)] = static_cast<int>(units_.size());
         units_.push_back({c, local, r});
       } else {
         LayerUnit& u = units_.back();
-        TRIDENT_ASSERT(u.layer == local && u.range.end == r.begin, "layer ", p.layer,
-                       " parameters are not contiguous");
+        TRIDENT_ASSERT(u.range.end == r.begin, "layer ", p.layer, " parameters are not contiguous");
         u.range.end = r.end;
       }
     }
@@ -52,9 +61,9 @@ FlatLayout::FlatLayout(std::vector<LayoutChunk> chunks, int tp_rank)
 
 int FlatLayout::unit_of(int chunk, std::int64_t layer) const {
   if (chunk < 0 || chunk >= static_cast<int>(first_unit_.size())) return -1;
-  const std::size_t c = static_cast<std::size_t>(chunk);
-  if (layer < 0 || layer >= num_units_[c]) return -1;
-  return first_unit_[c] + static_cast<int>(layer);
+  const auto& map = layer_unit_[static_cast<std::size_t>(chunk)];
+  if (layer < 0 || layer >= static_cast<std::int64_t>(map.size())) return -1;
+  return map[static_cast<std::size_t>(layer)];
 }
 
 std::int64_t FlatLayout::rest_index(std::int64_t flat) const {

@@ -56,7 +56,8 @@ class FlatLayout {
   std::int64_t rest_numel() const { return rest_numel_; }
   std::int64_t max_unit() const { return max_unit_; }  // >= 1
 
-  // The unit of local layer `layer` of `chunk`, or -1 (embedding -1, head = number of layers).
+  // The unit of local layer `layer` of `chunk`, or -1 (embedding -1, head = number of layers, a
+  // layer without parameters in the tables' part).
   int unit_of(int chunk, std::int64_t layer) const;
   // Offset of flat index i in the compact concatenation of the rest ranges, or -1.
   std::int64_t rest_index(std::int64_t flat) const;
@@ -73,8 +74,9 @@ class FlatLayout {
   std::int64_t numel_ = 0;
   int tp_rank_ = 0;
   std::vector<LayerUnit> units_;
-  std::vector<int> first_unit_;  // per chunk
-  std::vector<int> num_units_;   // per chunk
+  std::vector<int> first_unit_;               // per chunk
+  std::vector<int> num_units_;                // per chunk
+  std::vector<std::vector<int>> layer_unit_;  // per chunk: local layer -> unit, or -1
   std::vector<Range> rest_;
   std::int64_t rest_numel_ = 0;
   std::int64_t max_unit_ = 1;

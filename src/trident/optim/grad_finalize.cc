@@ -12,9 +12,10 @@
 namespace trident::optim {
 
 GradFinalizer::GradFinalizer(const FlatLayout& layout, const parallel::ParallelContext& par,
-                             double clip_grad)
+                             double clip_grad, bool experts)
     : layout_(layout), par_(par), clip_grad_(clip_grad) {
-  model_parallel_ = par.world().split(par.coord().dp, par.rank(), "mp");
+  const int replica = experts ? par.layout().edp_rank(par.coord()) : par.coord().dp;
+  model_parallel_ = par.world().split(replica, par.rank(), experts ? "mp-experts" : "mp");
   // Every rank of a tp group has the same tables, so all of them split (collectively) alike.
   std::set<int> replicas;
   for (const LayoutChunk& ch : layout.chunks())
@@ -90,16 +91,23 @@ bool GradFinalizer::any_overflow(const core::ExecContext& ctx, const HeldGrads& 
   return bad > 0;
 }
 
-FinalizedGrads GradFinalizer::finalize(const core::ExecContext& ctx, const HeldGrads& held,
-                                       const GradScaling& scaling) {
+GradShare GradFinalizer::share(const core::ExecContext& ctx, const HeldGrads& held,
+                               const GradScaling& scaling) {
   sum_sequence_parallel_norms(held);
   sum_tp_replicated(held);
+  GradShare s;
+  const double norm = global_norm(ctx, held);
+  s.norm_sq = norm * norm;
+  s.overflow = std::isfinite(scaling.overflow_threshold)
+                   ? any_overflow(ctx, held, scaling.overflow_threshold)
+                   : !std::isfinite(norm);
+  return s;
+}
+
+FinalizedGrads GradFinalizer::finalize(const GradShare& share, const GradScaling& scaling) const {
   FinalizedGrads f;
-  f.grad_norm = global_norm(ctx, held) / scaling.loss_scale;
-  const bool overflow = std::isfinite(scaling.overflow_threshold)
-                            ? any_overflow(ctx, held, scaling.overflow_threshold)
-                            : !std::isfinite(f.grad_norm);
-  if (overflow || !std::isfinite(f.grad_norm)) {
+  f.grad_norm = std::sqrt(share.norm_sq) / scaling.loss_scale;
+  if (share.overflow || !std::isfinite(f.grad_norm)) {
     f.skipped = true;  // every rank sees the same verdict, so every rank skips
     return f;
   }

@@ -31,6 +31,13 @@ struct GradScaling {
   float overflow_threshold = INFINITY;
 };
 
+// A part's gradients after the reductions: the squared global norm of its (scaled) gradients,
+// summed over the job, and whether any rank found an overflow.
+struct GradShare {
+  double norm_sq = 0;
+  bool overflow = false;
+};
+
 struct FinalizedGrads {
   double grad_norm = 0;     // of the unscaled gradient
   bool skipped = false;     // overflow or a non-finite norm: no update on any rank
@@ -39,7 +46,10 @@ struct FinalizedGrads {
 
 class GradFinalizer {
  public:
-  GradFinalizer(const FlatLayout& layout, const parallel::ParallelContext& par, double clip_grad);
+  // experts: the layout holds only expert weights (expert parallelism), replicated over the
+  // expert-data-parallel group rather than dp.
+  GradFinalizer(const FlatLayout& layout, const parallel::ParallelContext& par, double clip_grad,
+                bool experts = false);
 
   // Tied word embedding: sums the first and last stage's gradients (pp > 1). Call after
   // GradSync::finish_layers() and before GradSync::reduce_rest().
@@ -52,15 +62,23 @@ class GradFinalizer {
   double global_norm(const core::ExecContext& ctx, const HeldGrads& held);
   // True when any rank holds a gradient above threshold in magnitude or not finite.
   bool any_overflow(const core::ExecContext& ctx, const HeldGrads& held, float threshold);
-  // All of the above after the reduction: the norm, the verdict and the update's scale.
+  // The sums over tp, then the squared norm and the overflow verdict of the held gradients.
+  GradShare share(const core::ExecContext& ctx, const HeldGrads& held, const GradScaling& scaling);
+  // The norm, the verdict and the update's scale from the parts' shares (summed when several).
+  FinalizedGrads finalize(const GradShare& share, const GradScaling& scaling) const;
+  // Both at once, for one part.
   FinalizedGrads finalize(const core::ExecContext& ctx, const HeldGrads& held,
-                          const GradScaling& scaling);
+                          const GradScaling& scaling) {
+    return finalize(share(ctx, held, scaling), scaling);
+  }
 
  private:
   const FlatLayout& layout_;
   const parallel::ParallelContext& par_;
   double clip_grad_;
-  std::unique_ptr<comm::Communicator> model_parallel_;  // ranks with this rank's dp coordinate
+  // The ranks holding different parts of one replica: those with this rank's dp coordinate (the
+  // experts: its expert-data-parallel coordinate).
+  std::unique_ptr<comm::Communicator> model_parallel_;
   // tp_replicas -> the subgroup of that many consecutive tp ranks holding this rank's copies.
   std::map<int, std::unique_ptr<comm::Communicator>> replica_groups_;
 };

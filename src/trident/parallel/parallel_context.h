@@ -49,6 +49,7 @@ class ParallelContext {
   comm::Communicator& tp_host() const { return *tp_; }
   comm::Communicator& dp_host() const { return *dp_; }
   comm::Communicator& pp_host() const { return *pp_; }
+  comm::Communicator& ep_host() const { return *ep_; }
 
   // Collective over the world: gives every group a device communicator for tensors on ctx's
   // device (a no-op on the CPU). Returns what each group got, e.g. "tp nccl, dp nccl, pp nccl".

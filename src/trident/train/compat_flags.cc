@@ -125,7 +125,6 @@ bool accepted_value(const TrainConfig& c, std::string_view name,
       name == "--exp-avg-sq-dtype")
     return is({"fp32"});
   if (name == "--context-parallel-size" || name == "--ds-sequence-parallel-size" ||
-      name == "--expert-model-parallel-size" || name == "--moe-expert-parallel-size" ||
       name == "--num-distributed-optimizer-instances")
     return is_num(1);
   // Each expert is split over the tensor-parallel ranks, as Megatron-Core's default
@@ -175,6 +174,8 @@ void apply_mapped(TrainConfig& c, const CompatFlag& f, const std::vector<std::st
     c.no_pipeline_parallel = true;
   } else if (n == "--model-parallel-size") {
     c.tensor_model_parallel_size = static_cast<int>(to_int(n, v));
+  } else if (n == "--moe-expert-parallel-size") {
+    c.expert_model_parallel_size = static_cast<int>(to_int(n, v));
   } else if (n == "--batch-size") {
     c.micro_batch_size = to_int(n, v);
   } else if (n == "--warmup") {

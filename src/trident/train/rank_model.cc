@@ -45,7 +45,7 @@ std::pair<std::int64_t, std::int64_t> virtual_stage_layers(std::int64_t num_laye
 }
 
 RankModel::RankModel(const model::ModelConfig& cfg, const PipelineSplit& split, int tp_size,
-                     int tp_rank, int pp_rank, bool sequence_parallel)
+                     int tp_rank, int pp_rank, bool sequence_parallel, const ExpertSplit& experts)
     : cfg_(cfg), tp_rank_(tp_rank) {
   const int P = split.pp_size, v = split.num_chunks;
   for (int c = 0; c < v; ++c) {
@@ -59,7 +59,9 @@ RankModel::RankModel(const model::ModelConfig& cfg, const PipelineSplit& split, 
     chunk.shard.has_embedding = u == 0;
     chunk.shard.has_head = u == P * v - 1;
     chunk.shard.sequence_parallel = sequence_parallel && tp_size > 1;
-    chunk.table = model::build_gpt_param_table(cfg, chunk.shard);
+    chunk.shard.ep_size = experts.ep_size;
+    chunk.shard.ep_rank = experts.ep_rank;
+    chunk.table = model::build_gpt_param_table(cfg, chunk.shard, experts.part);
     chunk.base = total_numel_;
     total_numel_ += chunk.table.total_numel;
     chunks_.push_back(std::move(chunk));

@@ -33,10 +33,17 @@ struct ModelChunk {
   std::int64_t base = 0;    // element offset of this chunk in the rank's flat buffers
 };
 
+// Expert parallelism: the chunks hold experts block ep_rank of ep_size (model::ModelShard);
+// `part` keeps only the dense parameters or only the experts in the tables.
+struct ExpertSplit {
+  int ep_size = 1, ep_rank = 0;
+  model::ParamPart part = model::ParamPart::kAll;
+};
+
 class RankModel {
  public:
   RankModel(const model::ModelConfig& cfg, const PipelineSplit& split, int tp_size, int tp_rank,
-            int pp_rank, bool sequence_parallel = false);
+            int pp_rank, bool sequence_parallel = false, const ExpertSplit& experts = {});
 
   const model::ModelConfig& config() const { return cfg_; }
   const std::vector<ModelChunk>& chunks() const { return chunks_; }

@@ -540,6 +540,9 @@ void add_parallel_options(Settings& s, TrainConfig& c) {
       ->capture_default_str();
   s.add_option("--pipeline-model-parallel-size", c.pipeline_model_parallel_size, "PP size")
       ->capture_default_str();
+  s.add_option("--expert-model-parallel-size", c.expert_model_parallel_size,
+               "EP size: the experts split over this many data-parallel ranks (docs/moe.md)")
+      ->capture_default_str();
   s.add_option("--zero-stage", c.zero_stage,
                "ZeRO stage: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters")
       ->capture_default_str();
@@ -889,8 +892,32 @@ void TrainConfig::finalize_parallel(int world_size) {
   TRIDENT_CHECK(comm_timeout > 0, "--comm-timeout must be positive");
   if (use_distributed_optimizer && zero_stage == 0) zero_stage = 1;
   TRIDENT_CHECK(!(bf16 && fp16), "--bf16 and --fp16 exclude each other");
-  // The mixture-of-experts layer's limits (docs/moe.md); expert parallelism
-  // (--expert-model-parallel-size) is refused with the compatibility flags.
+  // Expert parallelism: Megatron-Core's layout (parallel/layout.h), the experts over ep of the dp
+  // ranks.
+  const int ep = expert_model_parallel_size;
+  const int dp = world_size / (tensor_model_parallel_size * pipeline_model_parallel_size);
+  TRIDENT_CHECK(ep >= 1, "--expert-model-parallel-size must be >= 1, got ", ep);
+  if (ep > 1) {
+    TRIDENT_CHECK(model.num_experts > 0, "--expert-model-parallel-size ", ep,
+                  " needs a mixture-of-experts model (--num-experts)");
+    TRIDENT_CHECK(model.num_experts % ep == 0, "--num-experts (", model.num_experts,
+                  ") must be divisible by --expert-model-parallel-size (", ep,
+                  "): each expert-parallel rank holds num_experts / ep experts");
+    TRIDENT_CHECK(dp % ep == 0, "--expert-model-parallel-size ", ep,
+                  " must divide the data-parallel size ", dp, " (", world_size, " ranks / (tp ",
+                  tensor_model_parallel_size, " x pp ", pipeline_model_parallel_size,
+                  ")): the experts are split over data-parallel ranks, as in Megatron-Core");
+    TRIDENT_CHECK(offload_optimizer == "none" && offload_params == "none",
+                  "--offload-optimizer / --offload-params with --expert-model-parallel-size ", ep,
+                  ": offloading the experts' optimizer is not built yet; drop the offload or "
+                  "use --expert-model-parallel-size 1");
+    TRIDENT_CHECK(save.empty() && load.empty(),
+                  "--save / --load with --expert-model-parallel-size ", ep,
+                  ": checkpoints of expert-parallel runs are not written yet (the experts live in "
+                  "buffers of their own); train with --expert-model-parallel-size 1 to save, "
+                  "or without --save / --load");
+  }
+  // The mixture-of-experts layer's limits (docs/moe.md).
   if (model.num_experts > 0) {
     // Each expert is tensor-parallel as the dense MLP (Megatron's expert tensor parallelism =
     // tensor parallelism): its F split over the tp ranks.

@@ -135,6 +135,7 @@ struct TrainConfig {
 
   // Parallelism: data-parallel size = world size / (tp x pp).
   int tensor_model_parallel_size = 1;
+  int expert_model_parallel_size = 1;  // the experts split over this many dp ranks
   int pipeline_model_parallel_size = 1;
   bool sequence_parallel = false;
   int zero_stage = 0;  // --zero-stage (--use-distributed-optimizer = 1)

@@ -163,6 +163,12 @@ class Trainer {
   std::optional<data::BatchSchedule> batches_;
   std::optional<RankModel> rank_model_;
   std::optional<ZeroOptimizer> optimizer_;
+  // Expert parallelism: the dense parameters and the experts in optimizers of their own (the
+  // experts data-parallel over the expert-data-parallel group), each over its part's tables;
+  // optimizer_ is then the dense one.
+  std::optional<RankModel> dense_model_, expert_model_;
+  std::optional<ZeroOptimizer> expert_optimizer_;
+  std::vector<std::unique_ptr<MergedLayerWeights>> merged_weights_;
   std::optional<OffloadReporter> offload_report_;
   model::TpTraffic tp_traffic_;
   parallel::PipelineScheduleKind schedule_kind_{};
@@ -189,6 +195,14 @@ TrainConfig finalized(TrainConfig cfg, int world_size) {
   return cfg;
 }
 
+parallel::ParallelLayout layout_of(const TrainConfig& cfg, int world_size) {
+  parallel::ParallelLayout l = parallel::ParallelLayout::from_world_size(
+      world_size, cfg.tensor_model_parallel_size, cfg.pipeline_model_parallel_size);
+  l.ep_size = cfg.expert_model_parallel_size;
+  l.validate();
+  return l;
+}
+
 comm::Communicator& with_timeout(comm::Communicator& world, double seconds) {
   world.set_timeout(seconds);
   return world;
@@ -197,8 +211,7 @@ comm::Communicator& with_timeout(comm::Communicator& world, double seconds) {
 Trainer::Trainer(TrainConfig cfg, comm::Communicator& world)
     : cfg_(finalized(std::move(cfg), world.size())),
       world_(world),
-      layout_(parallel::ParallelLayout::from_world_size(
-          world.size(), cfg_.tensor_model_parallel_size, cfg_.pipeline_model_parallel_size)),
+      layout_(layout_of(cfg_, world.size())),
       par_(with_timeout(world, cfg_.comm_timeout), layout_, cfg_.hierarchical_dp),
       dp_(layout_.dp_size),
       dp_rank_(par_.coord().dp) {
@@ -425,15 +438,30 @@ void Trainer::build_model() {
                             .num_chunks = cfg_.virtual_pipeline_chunks(),
                             .first_stage_layers = cfg_.decoder_first_pipeline_num_layers,
                             .last_stage_layers = cfg_.decoder_last_pipeline_num_layers};
-  rank_model_.emplace(cfg_.model, split, layout_.tp_size, par_.coord().tp, par_.coord().pp,
-                      cfg_.sequence_parallel);
-  optimizer_.emplace(*rank_model_, par_, cfg_.optimizer,
-                     ZeroConfig{.stage = cfg_.zero_stage,
-                                .bucket_size = cfg_.ddp_bucket_size,
-                                .bf16 = cfg_.bf16,
-                                .offload = cfg_.offload,
-                                .offload_params = cfg_.offload_params == "nvme",
-                                .ctx = ctx_});
+  const bool ep = layout_.ep_size > 1;
+  const ExpertSplit experts{.ep_size = layout_.ep_size, .ep_rank = layout_.ep_rank(par_.coord())};
+  auto model_of = [&](model::ParamPart part) -> RankModel {
+    ExpertSplit e = experts;
+    e.part = part;
+    return RankModel(cfg_.model, split, layout_.tp_size, par_.coord().tp, par_.coord().pp,
+                     cfg_.sequence_parallel, e);
+  };
+  rank_model_.emplace(model_of(model::ParamPart::kAll));
+  ZeroConfig zero{.stage = cfg_.zero_stage,
+                  .bucket_size = cfg_.ddp_bucket_size,
+                  .bf16 = cfg_.bf16,
+                  .offload = cfg_.offload,
+                  .offload_params = cfg_.offload_params == "nvme",
+                  .ctx = ctx_};
+  if (ep) {
+    dense_model_.emplace(model_of(model::ParamPart::kDense));
+    expert_model_.emplace(model_of(model::ParamPart::kExperts));
+  }
+  optimizer_.emplace(ep ? *dense_model_ : *rank_model_, par_, cfg_.optimizer, zero);
+  if (ep) {
+    zero.experts = true;
+    expert_optimizer_.emplace(*expert_model_, par_, cfg_.optimizer, zero);
+  }
   offload_report_.emplace(*optimizer_, cfg_);
   B_ = cfg_.micro_batch_size;
   T_ = cfg_.model.seq_length;
@@ -445,13 +473,28 @@ void Trainer::build_model() {
     rt.tp = &par_.tp();
     rt.dropout_seed = cfg_.seed ^ 0x5eed0d0bull;
     rt.tp_traffic = &tp_traffic_;
+    if (ep) {
+      rt.ep = &par_.ep();
+      rt.ep_host = &par_.ep_host();
+    }
     runtimes.push_back(rt);
   }
   optimizer_->install_hooks(runtimes);
+  if (expert_optimizer_) expert_optimizer_->merge_hooks(runtimes, merged_weights_);
   schedule_kind_ = parallel::parse_pipeline_schedule(cfg_.pipeline_schedule);
   pipeline_.emplace(*rank_model_, par_, schedule_kind_, static_cast<int>(micro_batches_), B_,
                     std::move(runtimes), ctx_);
   mem_ = optimizer_->memory();
+  if (expert_optimizer_) {
+    const MemoryReport e = expert_optimizer_->memory();
+    mem_.param_bytes += e.param_bytes;
+    mem_.grad_bytes += e.grad_bytes;
+    mem_.optimizer_bytes += e.optimizer_bytes;
+    mem_.staging_bytes += e.staging_bytes;
+    mem_.predicted_param_bytes += e.predicted_param_bytes;
+    mem_.predicted_grad_bytes += e.predicted_grad_bytes;
+    mem_.predicted_optimizer_bytes += e.predicted_optimizer_bytes;
+  }
 }
 
 void Trainer::log_model() const {
@@ -459,8 +502,11 @@ void Trainer::log_model() const {
   log::info("model: GPT ", mc.num_layers, " layers, hidden ", mc.hidden_size, ", heads ",
             mc.num_attention_heads, ", ffn ", mc.ffn(), ", vocab ", mc.vocab_size, " (padded ",
             mc.padded_vocab_size(layout_.tp_size), "), ", mc.num_parameters(), " parameters");
-  log::info("layout: tp ", layout_.tp_size, " x pp ", layout_.pp_size, " x dp ", dp_, " on ",
-            world_.size(), " ranks; ", rank_model_->chunks().size(), " chunk(s) per stage, ",
+  log::info("layout: tp ", layout_.tp_size, " x pp ", layout_.pp_size, " x dp ", dp_,
+            layout_.ep_size > 1 ? core::str(" (experts: ep ", layout_.ep_size, " x expert dp ",
+                                             layout_.edp_size(), ")")
+                                : std::string(),
+            " on ", world_.size(), " ranks; ", rank_model_->chunks().size(), " chunk(s) per stage, ",
             pipeline_schedule_name(schedule_kind_), " schedule; this rank holds ",
             rank_model_->num_parameters(), " parameters");
   log::info("memory per rank (ZeRO stage ", cfg_.zero_stage, ", dp ", dp_, "): parameters ",
@@ -477,6 +523,7 @@ void Trainer::log_model() const {
 
 // What a checkpoint of this rank holds: the configuration, the layout and this rank's slices.
 void Trainer::describe_checkpoint_state() {
+  if (expert_optimizer_) return;  // refused with --save / --load for now (TrainConfig)
   const std::int64_t n = rank_model_->total_numel();
   state_.config = cfg_.to_json();
   state_.layout = {{"tp", layout_.tp_size},
@@ -579,8 +626,10 @@ void Trainer::resume_or_initialise() {
     if (!cfg_.load.empty())
       log::warn("ckpt: nothing to load in ", cfg_.load, "; starting from scratch");
     optimizer_->init_params(cfg_.seed);
+    if (expert_optimizer_) expert_optimizer_->init_params(cfg_.seed);
   }
   optimizer_->refresh_bf16(ctx_);
+  if (expert_optimizer_) expert_optimizer_->refresh_bf16(ctx_);
 }
 
 // The MFU reference, the writers, the loss scaler and the learning-rate schedule (restored from
@@ -752,6 +801,7 @@ IterationResult Trainer::train_iteration() {
   }
   r.tokens = r.batch.running_global_batch_size * T_;
   optimizer_->begin_iteration();
+  if (expert_optimizer_) expert_optimizer_->begin_iteration();
   // Every token of the global batch weighs 1 / (tokens in the global batch).
   const float d_scale = static_cast<float>(scaler_->scale()) / static_cast<float>(r.tokens) *
                         test_gradient_poison(progress_.iteration + 1, world_.rank());
@@ -762,9 +812,12 @@ IterationResult Trainer::train_iteration() {
       ctx_, optimizer_->views(), d_scale,
       micro_batches_of(*datasets_.train, progress_.consumed, progress_.iteration + 1));
   r.lr = lr_sched_->lr();
-  r.step = optimizer_->step(ctx_, r.lr, progress_.iteration + 1,
-                            {.loss_scale = scaler_->scale(),
-                             .overflow_threshold = cfg_.fp16 ? optim::kFp16Max : INFINITY});
+  const optim::GradScaling scaling{.loss_scale = scaler_->scale(),
+                                   .overflow_threshold = cfg_.fp16 ? optim::kFp16Max : INFINITY};
+  r.step = expert_optimizer_
+               ? ZeroOptimizer::step_together(ctx_, r.lr, progress_.iteration + 1, scaling,
+                                              *optimizer_, *expert_optimizer_)
+               : optimizer_->step(ctx_, r.lr, progress_.iteration + 1, scaling);
   r.used_scale = scaler_->scale();
   if (cfg_.fp16) scaler_->update(r.step.skipped);
   pipeline_->read_loss(ctx_, r.pipeline);  // after the step: its norm's host sync brought it
@@ -801,6 +854,7 @@ double Trainer::evaluation_loss(const data::SampleDataset& ds, std::int64_t& con
   if (log_->profiling()) core::profile::set_enabled(false);  // nor profiled
   model::LossSum total;
   optimizer_->begin_evaluation();  // ZeRO-3: gather the weights the last step updated
+  if (expert_optimizer_) expert_optimizer_->begin_evaluation();
   for (std::int64_t e = 0; e < cfg_.eval_iters; ++e) {
     const model::LossSum l =
         pipeline_->evaluate(ctx_, optimizer_->views(), static_cast<int>(eval_micro),

@@ -10,6 +10,12 @@
 
 namespace trident::train {
 
+namespace {
+// The views of a layer without parameters in an optimizer's part (every pointer null).
+const model::layers::BlockParams kNoBlockParams{};
+model::layers::BlockGrads kNoBlockGrads{};
+}  // namespace
+
 optim::FlatLayout flat_layout_of(const RankModel& model) {
   std::vector<optim::LayoutChunk> chunks;
   for (const ModelChunk& ch : model.chunks()) {
@@ -24,7 +30,7 @@ ZeroOptimizer::ZeroOptimizer(const RankModel& model, const parallel::ParallelCon
       par_(par),
       policy_(optim::zero_policy(zero.stage)),
       layout_(flat_layout_of(model)) {
-  comm::Communicator& dp = par.dp();
+  comm::Communicator& dp = zero.experts ? par.edp() : par.dp();
   const parallel::ShardPlan plan =
       parallel::build_shard_plan(layout_.numel(), dp.size(), optim::kShardAlign);
   TRIDENT_CHECK(!zero.offload_params || policy_.shards_parameters(),
@@ -58,7 +64,8 @@ ZeroOptimizer::ZeroOptimizer(const RankModel& model, const parallel::ParallelCon
     gatherer_ = std::make_unique<optim::Zero3ParamGatherer>(
         *buffers_, dp, comm_, param_array_ >= 0 ? store_.get() : nullptr, param_array_);
   }
-  finalizer_ = std::make_unique<optim::GradFinalizer>(layout_, par, optimizer.clip_grad);
+  finalizer_ =
+      std::make_unique<optim::GradFinalizer>(layout_, par, optimizer.clip_grad, zero.experts);
   opt_ = std::make_unique<optim::DistributedOptimizer>(
       *buffers_, dp, comm_, optimizer, store_.get(), param_array_, state_array_, zero.ctx,
       zero.offload.device, zero.offload.window_bytes);
@@ -165,6 +172,7 @@ model::LayerWeights ZeroOptimizer::layer_weights(int chunk, std::int64_t layer, 
   }
   // Stage 3: gather into the slot of the layer's parity, prefetch the layer the pass visits next.
   const int u = layout_.unit_of(chunk, layer);
+  if (u < 0) return {&kNoBlockParams};  // no parameter of this layer in this optimizer's part
   const int next = layout_.unit_of(chunk, forward ? layer + 1 : layer - 1);
   const optim::StagedLayer staged =
       gatherer_->acquire(hook_ctx_, u, static_cast<int>(layer % 2), next);
@@ -175,7 +183,9 @@ model::LayerWeights ZeroOptimizer::layer_weights(int chunk, std::int64_t layer, 
 model::LayerBackwardWeights ZeroOptimizer::layer_backward(int chunk, std::int64_t layer) {
   model::LayerBackwardWeights w{layer_weights(chunk, layer, false), nullptr};
   const int u = layout_.unit_of(chunk, layer);
-  if (sync_->stages_layer_grads()) {
+  if (u < 0 && sync_->stages_layer_grads()) {
+    w.grads = &kNoBlockGrads;
+  } else if (sync_->stages_layer_grads()) {
     sync_->layer_grads(hook_ctx_, u);  // zeroes the staging slot
     w.grads = &slot_grad_views_[static_cast<std::size_t>(u)];
   } else {
@@ -186,7 +196,8 @@ model::LayerBackwardWeights ZeroOptimizer::layer_backward(int chunk, std::int64_
 }
 
 void ZeroOptimizer::layer_backward_done(int chunk, std::int64_t layer) {
-  sync_->layer_done(hook_ctx_, layout_.unit_of(chunk, layer));
+  const int u = layout_.unit_of(chunk, layer);
+  if (u >= 0) sync_->layer_done(hook_ctx_, u);
 }
 
 void ZeroOptimizer::install_hooks(std::vector<model::ModelRuntime>& runtimes) {
@@ -196,6 +207,53 @@ void ZeroOptimizer::install_hooks(std::vector<model::ModelRuntime>& runtimes) {
     runtimes[c].layer_weights = providers_[c].get();
     runtimes[c].bf16 = buffers_->bf16_params() != nullptr;
   }
+}
+
+void ZeroOptimizer::merge_hooks(std::vector<model::ModelRuntime>& runtimes,
+                                std::vector<std::unique_ptr<MergedLayerWeights>>& merged) {
+  TRIDENT_ASSERT(runtimes.size() == providers_.size(), runtimes.size(), " runtimes for ",
+                 providers_.size(), " chunks");
+  for (std::size_t c = 0; c < runtimes.size(); ++c) {
+    TRIDENT_ASSERT(runtimes[c].layer_weights != nullptr, "no dense provider to merge with");
+    merged.push_back(
+        std::make_unique<MergedLayerWeights>(*runtimes[c].layer_weights, *providers_[c]));
+    runtimes[c].layer_weights = merged.back().get();
+  }
+}
+
+namespace {
+// The expert weights of `from` into `to` (the dense provider's views leave them null).
+void take_experts(model::layers::MoeParams& to, const model::layers::MoeParams& from) {
+  to.fc_w = from.fc_w;
+  to.fc2_w = from.fc2_w;
+}
+}  // namespace
+
+void MergedLayerWeights::begin_backward(bool last_of_iteration) {
+  dense_.begin_backward(last_of_iteration);
+  experts_.begin_backward(last_of_iteration);
+}
+
+model::LayerWeights MergedLayerWeights::forward(std::int64_t layer) {
+  forward_ = *dense_.forward(layer).params;
+  take_experts(forward_.moe, experts_.forward(layer).params->moe);
+  return {&forward_};
+}
+
+model::LayerBackwardWeights MergedLayerWeights::backward(std::int64_t layer) {
+  const model::LayerBackwardWeights d = dense_.backward(layer);
+  const model::LayerBackwardWeights e = experts_.backward(layer);
+  backward_ = *d.weights.params;
+  take_experts(backward_.moe, e.weights.params->moe);
+  grads_ = *d.grads;
+  grads_.moe.fc_w = e.grads->moe.fc_w;
+  grads_.moe.fc2_w = e.grads->moe.fc2_w;
+  return {{&backward_}, &grads_};
+}
+
+void MergedLayerWeights::backward_done(std::int64_t layer) {
+  dense_.backward_done(layer);
+  experts_.backward_done(layer);
 }
 
 void ZeroOptimizer::init_params(std::uint64_t seed) {
@@ -244,19 +302,43 @@ void ZeroOptimizer::begin_backward(int /*chunk*/, bool last_of_iteration) {
   sync_->begin_backward(last_of_iteration);
 }
 
-OptimizerStepResult ZeroOptimizer::step(const core::ExecContext& ctx, double lr, std::int64_t step,
-                                        const GradScaling& scaling) {
+optim::GradShare ZeroOptimizer::reduce_grads(const core::ExecContext& ctx,
+                                             const GradScaling& scaling) {
   sync_->finish_layers();
   finalizer_->sum_tied_embeddings(*sync_);
   sync_->reduce_rest(ctx);
-  const optim::HeldGrads held = sync_->held();
-  const optim::FinalizedGrads f = finalizer_->finalize(ctx, held, scaling);
-  if (f.skipped) return {f.grad_norm, true};
-  TRIDENT_ASSERT(held.grads.range == opt_->updated_range(), "held gradients [",
-                 held.grads.range.begin, ", ", held.grads.range.end, ") are not the updated range");
+  held_ = sync_->held();
+  TRIDENT_ASSERT(held_.grads.range == opt_->updated_range(), "held gradients [",
+                 held_.grads.range.begin, ", ", held_.grads.range.end,
+                 ") are not the updated range");
+  return finalizer_->share(ctx, held_, scaling);
+}
+
+void ZeroOptimizer::update(const core::ExecContext& ctx, double lr, std::int64_t step,
+                           float grad_scale) {
   if (gatherer_) gatherer_->drain();
-  opt_->step(ctx, lr, step, f.grad_scale, held.grads.data);
+  opt_->step(ctx, lr, step, grad_scale, held_.grads.data);
   refresh_bf16(ctx);
+}
+
+OptimizerStepResult ZeroOptimizer::step(const core::ExecContext& ctx, double lr, std::int64_t step,
+                                        const GradScaling& scaling) {
+  const optim::FinalizedGrads f = finalizer_->finalize(reduce_grads(ctx, scaling), scaling);
+  if (f.skipped) return {f.grad_norm, true};
+  update(ctx, lr, step, f.grad_scale);
+  return {f.grad_norm, false};
+}
+
+OptimizerStepResult ZeroOptimizer::step_together(const core::ExecContext& ctx, double lr,
+                                                 std::int64_t step, const GradScaling& scaling,
+                                                 ZeroOptimizer& dense, ZeroOptimizer& experts) {
+  const optim::GradShare a = dense.reduce_grads(ctx, scaling);
+  const optim::GradShare b = experts.reduce_grads(ctx, scaling);
+  const optim::FinalizedGrads f = dense.finalizer_->finalize(
+      {.norm_sq = a.norm_sq + b.norm_sq, .overflow = a.overflow || b.overflow}, scaling);
+  if (f.skipped) return {f.grad_norm, true};
+  dense.update(ctx, lr, step, f.grad_scale);
+  experts.update(ctx, lr, step, f.grad_scale);
   return {f.grad_norm, false};
 }
 

@@ -52,11 +52,32 @@ struct ZeroConfig {
   // Where the weights, gradients and optimizer state live and the optimizer's kernels run (the
   // host, or a CUDA device: --device).
   core::ExecContext ctx{};
+  // The model's tables hold only the experts (expert parallelism, model::ParamPart::kExperts):
+  // data-parallel over the expert-data-parallel group (ParallelContext::edp) instead of dp.
+  bool experts = false;
 };
 
 struct OptimizerStepResult {
   double grad_norm = 0;  // of the unscaled gradient
   bool skipped = false;  // an overflow: no update on any rank
+};
+
+// One transformer layer's weights and gradients from two providers: the dense parameters from
+// one, the experts from the other (expert parallelism keeps them in two optimizers).
+class MergedLayerWeights final : public model::LayerWeightsProvider {
+ public:
+  MergedLayerWeights(model::LayerWeightsProvider& dense, model::LayerWeightsProvider& experts)
+      : dense_(dense), experts_(experts) {}
+  void begin_backward(bool last_of_iteration) override;
+  model::LayerWeights forward(std::int64_t layer) override;
+  model::LayerBackwardWeights backward(std::int64_t layer) override;
+  void backward_done(std::int64_t layer) override;
+
+ private:
+  model::LayerWeightsProvider& dense_;
+  model::LayerWeightsProvider& experts_;
+  model::layers::BlockParams forward_{}, backward_{};
+  model::layers::BlockGrads grads_{};
 };
 
 // The rank's flat layout from its model chunks.
@@ -71,6 +92,11 @@ class ZeroOptimizer {
   const model::ModelViews& views() const { return views_; }
   // Gives the chunks' runtimes their layer-weight providers (and BF16 views).
   void install_hooks(std::vector<model::ModelRuntime>& runtimes);
+  // Expert parallelism: this optimizer holds the experts of the layers whose dense parameters the
+  // runtimes' providers (another optimizer's) hand out; each chunk gets a merged provider, kept in
+  // `merged`.
+  void merge_hooks(std::vector<model::ModelRuntime>& runtimes,
+                   std::vector<std::unique_ptr<MergedLayerWeights>>& merged);
   // Layout-independent initial weights (seed) into this rank's buffers; at stage 3 only the
   // elements of its shard are computed and written.
   void init_params(std::uint64_t seed);
@@ -87,6 +113,11 @@ class ZeroOptimizer {
   // finite). `step` is the 1-based iteration (Adam's bias correction).
   OptimizerStepResult step(const core::ExecContext& ctx, double lr, std::int64_t step,
                            const GradScaling& scaling = {});
+  // The same for the dense parameters and the experts of an expert-parallel run, each in its own
+  // optimizer: one global norm over both (squares summed), one clipping coefficient, one verdict.
+  static OptimizerStepResult step_together(const core::ExecContext& ctx, double lr,
+                                           std::int64_t step, const GradScaling& scaling,
+                                           ZeroOptimizer& dense, ZeroOptimizer& experts);
 
   MemoryReport memory() const;
   const CommCounters& comm() const { return comm_; }
@@ -134,6 +165,10 @@ class ZeroOptimizer {
 
  private:
   class ChunkWeights;  // the LayerWeightsProvider of one chunk
+  // step() in parts: the reductions and the squared norm / overflow verdict (already summed over
+  // the job), then the update with the common scale.
+  optim::GradShare reduce_grads(const core::ExecContext& ctx, const GradScaling& scaling);
+  void update(const core::ExecContext& ctx, double lr, std::int64_t step, float grad_scale);
   void build_chunk_views();
   void build_slot_views();
   model::LayerWeights layer_weights(int chunk, std::int64_t layer, bool forward);
@@ -152,6 +187,7 @@ class ZeroOptimizer {
   std::unique_ptr<optim::Zero3ParamGatherer> gatherer_;  // stage 3 only
   std::unique_ptr<optim::GradFinalizer> finalizer_;
   std::unique_ptr<optim::DistributedOptimizer> opt_;
+  optim::HeldGrads held_{};     // between reduce_grads() and update()
   core::ExecContext hook_ctx_;  // kernels run from the hooks
 
   model::ModelViews views_;
