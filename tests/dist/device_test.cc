@@ -384,6 +384,15 @@ TEST_F(Device, MixtureOfExpertsEqualsTheCpu) {
   expect_equal_to_cpu({"pp2_moe_drop_nccl", 2,
                        std::string(kCuda) + " --pipeline-model-parallel-size 2",
                        "CUEMU_DEVICE_COUNT=2", moe + " --moe-expert-capacity-factor 1.0"});
+  // Expert parallelism: the all-to-all over NCCL (a device each) and host-staged (one shared
+  // device), the experts' optimizer over the expert-data-parallel group (ZeRO-1 over dp 4).
+  expect_equal_to_cpu({"ep2_moe_nccl", 2, std::string(kCuda) + " --expert-model-parallel-size 2",
+                       "CUEMU_DEVICE_COUNT=2", moe});
+  EXPECT_NE(log_of("ep2_moe_nccl").find("ep nccl, edp nccl"), std::string::npos);
+  expect_equal_to_cpu({"ep2dp4_moe_shared", 4,
+                       std::string(kCuda) + " --expert-model-parallel-size 2 --zero-stage 1",
+                       "CUEMU_DEVICE_COUNT=1", moe});
+  EXPECT_NE(log_of("ep2dp4_moe_shared").find("ep host-staged"), std::string::npos);
 }
 
 // Host code touching device memory dies, naming the allocation (emulator only).
