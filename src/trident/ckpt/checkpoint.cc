@@ -179,6 +179,10 @@ nlohmann::json table_json(const model::ParamTable& t, std::int64_t base) {
                         {"shared", p.shared},
                         {"offset", base + p.offset},
                         {"numel", p.numel}};
+    if (p.ep_size > 1) {  // the rank's block of experts (dim 0)
+      e["ep_size"] = p.ep_size;
+      e["ep_rank"] = p.ep_rank;
+    }
     if (p.tp_replicas > 1) {  // partly replicated (key/value heads shared by tp ranks)
       e["tp_replicas"] = p.tp_replicas;
       e["split_rows"] = p.split_rows;
@@ -350,6 +354,7 @@ void finish_on_rank0(const std::string& dir, const std::string& tmp_dir, const C
     manifest["config"] = s.config;
     manifest["layout"] = s.layout;
     manifest["world_size"] = world_size;
+    if (s.experts != nullptr) manifest["expert_shards"] = world_size;
     manifest["trainer_state"] = s.trainer_state;
     write_file((fs::path(tmp_dir) / "manifest.json").string(), manifest.dump(1));
     fsync_path(tmp_dir, true);
@@ -410,13 +415,17 @@ bool architecture_matches(const nlohmann::json& a, const nlohmann::json& b, std:
 std::int64_t shard_bytes(const CheckpointState& s) {
   std::int64_t elements = 0;
   for (const auto& [name, sl] : s.tensors()) elements += sl->end - sl->begin;
-  return static_cast<std::int64_t>(sizeof(kShardMagic)) + elements * 4;
+  return static_cast<std::int64_t>(sizeof(kShardMagic)) + elements * 4 +
+         (s.experts != nullptr ? shard_bytes(*s.experts) : 0);
 }
 
 std::string begin_save(const std::string& dir, const CheckpointState& s,
                        comm::Communicator& world) {
-  for (const auto& [name, sl] : s.tensors()) {
-    TRIDENT_ASSERT(sl->data != nullptr, "incomplete checkpoint state: no ", name);
+  for (const CheckpointState* part : {&s, static_cast<const CheckpointState*>(s.experts)}) {
+    if (part == nullptr) continue;
+    for (const auto& [name, sl] : part->tensors()) {
+      TRIDENT_ASSERT(sl->data != nullptr, "incomplete checkpoint state: no ", name);
+    }
   }
   const std::string final_dir = (fs::path(dir) / iteration_dir_name(s.iteration)).string();
   // One temporary name for the whole job: rank 0's pid, broadcast.
@@ -470,6 +479,18 @@ std::string begin_save(const std::string& dir, const CheckpointState& s,
 }
 
 std::string write_shard(const std::string& tmp_dir, int rank, const CheckpointState& s) {
+  if (s.experts != nullptr) {  // the experts' shard after this rank's own
+    CheckpointState dense = s;
+    dense.experts = nullptr;
+    std::string error = write_shard(tmp_dir, rank, dense);
+    if (error.empty()) {
+      CheckpointState e = *s.experts;
+      e.iteration = s.iteration;
+      e.experts = nullptr;
+      error = write_shard(tmp_dir, s.experts_first_shard + rank, e);
+    }
+    return error;
+  }
   arm_fault_injection(s.iteration, rank);
   try {
     const std::int64_t n = s.numel;
@@ -673,12 +694,20 @@ nlohmann::json load_one(const std::string& dir, std::int64_t it, CheckpointState
                           ", or start from its weights with a fresh optimizer (--finetune)"));
     }
     bool same_layout = m.at("layout") == s.layout && m.at("world_size").get<int>() == world_size;
+    const int expert_shards = m.value("expert_shards", 0);
+    same_layout = same_layout && (s.experts != nullptr) == (expert_shards > 0);
+    const auto same_shard = [&](int shard_rank, const CheckpointState& part) {
+      const nlohmann::json shard =
+          parse_shard_json((it_dir / rank_name(shard_rank, "json")).string());
+      return shard.at("tables") == tables_json(part.tables) && shard.at("numel") == part.numel;
+    };
     if (same_layout) {
-      const nlohmann::json shard = parse_shard_json((it_dir / rank_name(rank, "json")).string());
-      same_layout = shard.at("tables") == tables_json(s.tables) && shard.at("numel") == s.numel;
+      same_layout = same_shard(rank, s) &&
+                    (s.experts == nullptr || same_shard(world_size + rank, *s.experts));
     }
     if (same_layout) {
       read_shard(it_dir, rank, s);
+      if (s.experts != nullptr) read_shard(it_dir, world_size + rank, *s.experts);
     } else {
       if (rank == 0) {
         log::info("ckpt: resharding ", it_dir.string(), " from layout ", m.at("layout").dump(),
@@ -686,6 +715,7 @@ nlohmann::json load_one(const std::string& dir, std::int64_t it, CheckpointState
                   world_size);
       }
       load_resharded(it_dir, m, s);
+      if (s.experts != nullptr) load_resharded(it_dir, m, *s.experts);
     }
   } catch (const nlohmann::json::exception& e) {
     throw CorruptCheckpoint(str("--load ", dir, ": malformed manifest (", e.what(), ")"));

@@ -75,6 +75,12 @@ struct CheckpointState {
     Slice slice;
   };
   std::vector<NamedSlice> optimizer_state;
+  // Expert parallelism: the rank's experts, kept in buffers of their own (their tables, flat
+  // layout, slices and coordinates), saved as the extra shard `experts_first_shard + rank` (the
+  // manifest's "expert_shards" counts them) and loaded from it, or resharded by global index like
+  // any other shard. Null without expert parallelism. Not owned.
+  CheckpointState* experts = nullptr;
+  int experts_first_shard = 0;
 
   // Every tensor a shard holds: "params", then optimizer_state in order.
   std::vector<std::pair<std::string, const Slice*>> tensors() const;

@@ -161,6 +161,23 @@ void check_param_slice(const model::ParamSpec& src, const std::vector<std::int64
                                 ", numel ", src.numel, "); the checkpoint is corrupt"));
   };
   if (src.shape.size() != global_shape.size()) fail("local and global shapes differ in rank");
+  if (src.ep_size < 1 || src.ep_rank < 0 || src.ep_rank >= src.ep_size) {
+    fail("ep_rank is not a rank of ep_size");
+  }
+  if (src.ep_size > 1) {
+    // A block of experts (dim 0): checked against the whole parameter's block of that size.
+    if (src.shape.empty() || global_shape[0] % src.ep_size != 0 || src.tp_split_dim == 0 ||
+        src.tp_replicas != 1) {
+      fail("the expert-parallel split is not a block of dim 0");
+    }
+    std::vector<std::int64_t> block = global_shape;
+    block[0] /= src.ep_size;
+    model::ParamSpec whole = src;
+    whole.ep_size = 1;
+    whole.ep_rank = 0;
+    check_param_slice(whole, block, offset, n, tp_rank, where);
+    return;
+  }
   std::int64_t numel = 1;
   for (std::size_t d = 0; d < src.shape.size(); ++d) {
     if (src.shape[d] < 1 || src.shape[d] > global_shape[d]) fail("a local dimension out of range");
@@ -203,8 +220,15 @@ void load_resharded(const fs::path& it_dir, const nlohmann::json& manifest,
   std::vector<std::unique_ptr<SourceShard>> shards;
   std::map<std::string, std::vector<SourceParam>> by_name;
   try {
+    // Every rank's shard, then the expert-parallel runs' expert shards (checkpoint.h).
     const int world = manifest.at("world_size");
-    for (int r = 0; r < world; ++r) {
+    const int expert_shards = manifest.value("expert_shards", 0);
+    if (expert_shards != 0 && expert_shards != world) {
+      throw CorruptCheckpoint(str(it_dir.string(), ": manifest names ", expert_shards,
+                                  " expert shards for ", world,
+                                  " ranks (the checkpoint is corrupt)"));
+    }
+    for (int r = 0; r < world + expert_shards; ++r) {
       shards.push_back(std::make_unique<SourceShard>(it_dir, r));
       SourceShard& sh = *shards.back();
       for (const nlohmann::json& table : sh.json().at("tables")) {
@@ -219,6 +243,8 @@ void load_resharded(const fs::path& it_dir, const nlohmann::json& manifest,
           sp.spec.tp_replicas = p.value("tp_replicas", 1);
           sp.spec.split_rows = p.value("split_rows", std::int64_t{0});
           sp.spec.block_rows = p.value("block_rows", std::int64_t{0});
+          sp.spec.ep_size = p.value("ep_size", 1);
+          sp.spec.ep_rank = p.value("ep_rank", 0);
           sp.offset = p.at("offset");
           by_name[sp.spec.name].push_back(sp);
         }

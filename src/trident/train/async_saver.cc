@@ -31,10 +31,20 @@ double CheckpointSaver::save(const ckpt::CheckpointState& state, comm::Communica
   poll(world, /*block=*/true);  // at most one save in flight
   tmp_dir_ = ckpt::begin_save(dir_, state, world);
   copy_ = state;
-  buffers_.resize(1 + state.optimizer_state.size());
-  copy_slice(state.params, buffers_[0], copy_.params);
-  for (std::size_t i = 0; i < state.optimizer_state.size(); ++i) {
-    copy_slice(state.optimizer_state[i].slice, buffers_[i + 1], copy_.optimizer_state[i].slice);
+  const auto parts = static_cast<std::size_t>(state.experts != nullptr ? 2 : 1);
+  buffers_.assign(parts * (1 + state.optimizer_state.size()), {});
+  std::size_t next = 0;
+  const auto copy_part = [&](const ckpt::CheckpointState& from, ckpt::CheckpointState& to) {
+    copy_slice(from.params, buffers_[next++], to.params);
+    for (std::size_t i = 0; i < from.optimizer_state.size(); ++i) {
+      copy_slice(from.optimizer_state[i].slice, buffers_[next++], to.optimizer_state[i].slice);
+    }
+  };
+  copy_part(state, copy_);
+  if (state.experts != nullptr) {
+    experts_copy_ = *state.experts;
+    copy_part(*state.experts, experts_copy_);
+    copy_.experts = &experts_copy_;
   }
   done_ = false;
   error_.clear();

@@ -37,7 +37,8 @@ class CheckpointSaver {
   std::string dir_;
   bool async_ = false;
   ckpt::SaveOptions options_;
-  ckpt::CheckpointState copy_;  // the state being written, pointing into the buffers below
+  ckpt::CheckpointState copy_;          // the state being written, pointing into the buffers below
+  ckpt::CheckpointState experts_copy_;  // its experts' part (expert parallelism)
   std::vector<std::vector<float>> buffers_;  // one per tensor of the state
   std::string tmp_dir_, error_;
   std::thread writer_;

@@ -911,11 +911,6 @@ void TrainConfig::finalize_parallel(int world_size) {
                   "--offload-optimizer / --offload-params with --expert-model-parallel-size ", ep,
                   ": offloading the experts' optimizer is not built yet; drop the offload or "
                   "use --expert-model-parallel-size 1");
-    TRIDENT_CHECK(save.empty() && load.empty(),
-                  "--save / --load with --expert-model-parallel-size ", ep,
-                  ": checkpoints of expert-parallel runs are not written yet (the experts live in "
-                  "buffers of their own); train with --expert-model-parallel-size 1 to save, "
-                  "or without --save / --load");
   }
   // The mixture-of-experts layer's limits (docs/moe.md).
   if (model.num_experts > 0) {

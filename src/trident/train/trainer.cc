@@ -176,6 +176,7 @@ class Trainer {
   std::int64_t B_ = 0, T_ = 0, micro_batches_ = 0;
   MemoryReport mem_{};
   ckpt::CheckpointState state_;
+  ckpt::CheckpointState expert_state_;  // expert parallelism: the experts' part (state_.experts)
   // On a device: the host buffers the checkpoint slices go through, and where they live on the
   // device (params, then the optimizer's state arrays).
   std::vector<kernels::HostBuffer> ckpt_host_;
@@ -504,11 +505,11 @@ void Trainer::log_model() const {
             mc.padded_vocab_size(layout_.tp_size), "), ", mc.num_parameters(), " parameters");
   log::info("layout: tp ", layout_.tp_size, " x pp ", layout_.pp_size, " x dp ", dp_,
             layout_.ep_size > 1 ? core::str(" (experts: ep ", layout_.ep_size, " x expert dp ",
-                                             layout_.edp_size(), ")")
+                                            layout_.edp_size(), ")")
                                 : std::string(),
-            " on ", world_.size(), " ranks; ", rank_model_->chunks().size(), " chunk(s) per stage, ",
-            pipeline_schedule_name(schedule_kind_), " schedule; this rank holds ",
-            rank_model_->num_parameters(), " parameters");
+            " on ", world_.size(), " ranks; ", rank_model_->chunks().size(),
+            " chunk(s) per stage, ", pipeline_schedule_name(schedule_kind_),
+            " schedule; this rank holds ", rank_model_->num_parameters(), " parameters");
   log::info("memory per rank (ZeRO stage ", cfg_.zero_stage, ", dp ", dp_, "): parameters ",
             mem_.param_bytes, " B, gradients ", mem_.grad_bytes, " B, optimizer state ",
             mem_.optimizer_bytes, " B; staging ", mem_.staging_bytes, " B; activations ",
@@ -521,10 +522,9 @@ void Trainer::log_model() const {
       " B (differences: shard padding)");
 }
 
-// What a checkpoint of this rank holds: the configuration, the layout and this rank's slices.
+// What a checkpoint of this rank holds: the configuration, the layout and this rank's slices
+// (with expert parallelism, the experts' part in expert_state_, its extra shard).
 void Trainer::describe_checkpoint_state() {
-  if (expert_optimizer_) return;  // refused with --save / --load for now (TrainConfig)
-  const std::int64_t n = rank_model_->total_numel();
   state_.config = cfg_.to_json();
   state_.layout = {{"tp", layout_.tp_size},
                    {"pp", layout_.pp_size},
@@ -533,41 +533,60 @@ void Trainer::describe_checkpoint_state() {
                    {"first_stage_layers", cfg_.decoder_first_pipeline_num_layers},
                    {"last_stage_layers", cfg_.decoder_last_pipeline_num_layers},
                    {"zero_stage", cfg_.zero_stage}};
+  if (layout_.ep_size > 1) state_.layout["ep"] = layout_.ep_size;
   state_.coords = {{"tp", par_.coord().tp}, {"pp", par_.coord().pp}, {"dp", dp_rank_}};
   state_.tp_rank = par_.coord().tp;
-  for (const ModelChunk& ch : rank_model_->chunks()) state_.tables.push_back({&ch.table, ch.base});
-  state_.numel = n;
   auto slice = [](ZeroOptimizer::TensorSlice t) {
     return ckpt::CheckpointState::Slice{t.data, t.range.begin, t.range.end};
   };
-  state_.params = slice(optimizer_->params_slice());
-  state_.optimizer_state.clear();
-  for (const ZeroOptimizer::NamedSlice& s : optimizer_->state_slices()) {
-    state_.optimizer_state.push_back({s.name, slice(s.slice)});
-    state_.optimizer_state.back().slice.mapped = optimizer_->state_offloaded();
-  }
-  state_.params.mapped = optimizer_->params_offloaded();
-  if (ctx_.device.kind == core::DeviceKind::kCuda) {
-    // The checkpoint code reads and writes host memory: each slice on the device gets a pinned
-    // host buffer (offloaded optimizer state is in host memory already).
-    std::vector<ckpt::CheckpointState::Slice*> on_device{&state_.params};
-    if (!optimizer_->state_on_host()) {
-      for (ckpt::CheckpointState::NamedSlice& s : state_.optimizer_state) {
-        on_device.push_back(&s.slice);
+  // One part: a model's tables and its optimizer's slices, data-parallel over `dp` ranks.
+  auto describe = [&](ckpt::CheckpointState& part, const RankModel& model, ZeroOptimizer& opt,
+                      int dp, int dp_rank) {
+    const std::int64_t n = model.total_numel();
+    for (const ModelChunk& ch : model.chunks()) part.tables.push_back({&ch.table, ch.base});
+    part.numel = n;
+    part.params = slice(opt.params_slice());
+    part.optimizer_state.clear();
+    for (const ZeroOptimizer::NamedSlice& s : opt.state_slices()) {
+      part.optimizer_state.push_back({s.name, slice(s.slice)});
+      part.optimizer_state.back().slice.mapped = opt.state_offloaded();
+    }
+    part.params.mapped = opt.params_offloaded();
+    if (ctx_.device.kind == core::DeviceKind::kCuda) {
+      // The checkpoint code reads and writes host memory: each slice on the device gets a pinned
+      // host buffer (offloaded optimizer state is in host memory already).
+      std::vector<ckpt::CheckpointState::Slice*> on_device{&part.params};
+      if (!opt.state_on_host()) {
+        for (ckpt::CheckpointState::NamedSlice& s : part.optimizer_state) {
+          on_device.push_back(&s.slice);
+        }
+      }
+      for (ckpt::CheckpointState::Slice* s : on_device) {
+        ckpt_device_.push_back(*s);
+        ckpt_host_.emplace_back(ctx_,
+                                (s->end - s->begin) * static_cast<std::int64_t>(sizeof(float)));
+        s->data = ckpt_host_.back().as<float>();
       }
     }
-    for (ckpt::CheckpointState::Slice* s : on_device) {
-      ckpt_device_.push_back(*s);
-      ckpt_host_.emplace_back(ctx_, (s->end - s->begin) * static_cast<std::int64_t>(sizeof(float)));
-      s->data = ckpt_host_.back().as<float>();
-    }
+    // `trident convert` writes other layouts' shards from the same rule (zero_optimizer.h).
+    TRIDENT_ASSERT(ZeroOptimizer::stored_range(cfg_.zero_stage, false, n, dp, dp_rank) ==
+                           opt.params_slice().range &&
+                       ZeroOptimizer::stored_range(cfg_.zero_stage, true, n, dp, dp_rank) ==
+                           opt.state_slices().front().slice.range,
+                   "checkpoint slices disagree with ZeroOptimizer::stored_range");
+  };
+  if (!expert_optimizer_) {
+    describe(state_, *rank_model_, *optimizer_, dp_, dp_rank_);
+    return;
   }
-  // `trident convert` writes other layouts' shards from the same rule (zero_optimizer.h).
-  TRIDENT_ASSERT(ZeroOptimizer::stored_range(cfg_.zero_stage, false, n, dp_, dp_rank_) ==
-                         optimizer_->params_slice().range &&
-                     ZeroOptimizer::stored_range(cfg_.zero_stage, true, n, dp_, dp_rank_) ==
-                         optimizer_->state_slices().front().slice.range,
-                 "checkpoint slices disagree with ZeroOptimizer::stored_range");
+  describe(state_, *dense_model_, *optimizer_, dp_, dp_rank_);
+  expert_state_.coords = state_.coords;
+  expert_state_.coords["ep"] = layout_.ep_rank(par_.coord());
+  expert_state_.tp_rank = state_.tp_rank;
+  describe(expert_state_, *expert_model_, *expert_optimizer_, layout_.edp_size(),
+           layout_.edp_rank(par_.coord()));
+  state_.experts = &expert_state_;
+  state_.experts_first_shard = world_.size();
 }
 
 void Trainer::checkpoint_out() {
@@ -600,14 +619,21 @@ void Trainer::resume_or_initialise() {
   if (have_checkpoint_) {
     if (cfg_.finetune) {  // weights only: the moments stay zero (null data skips a tensor)
       const std::vector<ckpt::CheckpointState::NamedSlice> kept = state_.optimizer_state;
-      for (ckpt::CheckpointState::NamedSlice& s : state_.optimizer_state) s.slice.data = nullptr;
+      const std::vector<ckpt::CheckpointState::NamedSlice> kept_experts =
+          expert_state_.optimizer_state;
+      for (ckpt::CheckpointState* part : {&state_, &expert_state_}) {
+        for (ckpt::CheckpointState::NamedSlice& s : part->optimizer_state) s.slice.data = nullptr;
+      }
       ckpt::load_checkpoint(cfg_.load, -1, state_, world_);
       state_.optimizer_state = kept;
-      if (!ckpt_device_.empty()) {  // only the weights came from the checkpoint
-        kernels::copy_to_device(ctx_, ckpt_device_[0].data, ckpt_host_[0].data(),
-                                ckpt_host_[0].bytes());
-        kernels::synchronize(ctx_);
+      expert_state_.optimizer_state = kept_experts;
+      // Only the weights came from the checkpoint (on a device: the parts' params slices).
+      for (std::size_t i = 0; i < ckpt_device_.size(); ++i) {
+        const float* host = ckpt_host_[i].as<float>();
+        if (host != state_.params.data && host != expert_state_.params.data) continue;
+        kernels::copy_to_device(ctx_, ckpt_device_[i].data, host, ckpt_host_[i].bytes());
       }
+      if (!ckpt_device_.empty()) kernels::synchronize(ctx_);
       state_.trainer_state = nlohmann::json::object();
       log::info("train: --finetune: weights of ", cfg_.load, " iteration ", state_.iteration,
                 "; starting at iteration 0 with a fresh optimizer");
@@ -619,6 +645,7 @@ void Trainer::resume_or_initialise() {
       progress_.consumed_valid = state_.consumed_valid_samples;
     }
     optimizer_->checkpoint_io_done(/*written=*/true);
+    if (expert_optimizer_) expert_optimizer_->checkpoint_io_done(/*written=*/true);
     resumed_ = TrainerState::from_json(state_.trainer_state);
     progress_.skipped_iters = resumed_.skipped_iterations;
     progress_.nan_iters = resumed_.nan_iterations;
