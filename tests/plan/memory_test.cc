@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <CLI/CLI.hpp>
+#include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -33,6 +35,11 @@ const char* kLlama =
     "--untie-embeddings-and-output-weights --disable-bias-linear "
     "--make-vocab-size-divisible-by 64";
 
+// A mixture of experts in every layer (docs/moe.md), 4 experts of F 48, top 2 (no biases, as
+// the experts need, with SwiGLU).
+const char* kMoe =
+    "--swiglu --disable-bias-linear --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 48";
+
 train::TrainConfig parse(const std::string& flags, int world) {
   train::TrainConfig cfg;
   CLI::App app;
@@ -54,41 +61,74 @@ struct Actual {
   int pp_rank = 0;
 };
 
-// What each rank of a `world`-rank job allocates, built as run_training builds it.
+// What each rank of a `world`-rank job allocates, built as run_training builds it (with expert
+// parallelism as Trainer::build_model: the dense part and the experts in optimizers of their own,
+// the experts' over the expert-data-parallel group, the two memory reports summed).
 std::vector<Actual> allocate(const train::TrainConfig& cfg, int world) {
   std::vector<Actual> out(static_cast<std::size_t>(world));
   comm::run_on_threads(
       world,
       [&](comm::Communicator& w) {
-        const auto layout = parallel::ParallelLayout::from_world_size(
+        auto layout = parallel::ParallelLayout::from_world_size(
             w.size(), cfg.tensor_model_parallel_size, cfg.pipeline_model_parallel_size);
+        layout.ep_size = cfg.expert_model_parallel_size;
+        layout.validate();
         parallel::ParallelContext par(w, layout);
         const train::PipelineSplit split{
             .pp_size = layout.pp_size,
             .num_chunks = cfg.virtual_pipeline_chunks(),
             .first_stage_layers = cfg.decoder_first_pipeline_num_layers,
             .last_stage_layers = cfg.decoder_last_pipeline_num_layers};
-        const train::RankModel rm(cfg.model, split, layout.tp_size, par.coord().tp, par.coord().pp,
-                                  cfg.sequence_parallel);
-        train::ZeroOptimizer opt(rm, par, cfg.optimizer,
-                                 {.stage = cfg.zero_stage,
-                                  .bucket_size = cfg.ddp_bucket_size,
-                                  .bf16 = cfg.bf16,
-                                  .offload = cfg.offload,
-                                  .offload_params = cfg.offload_params == "nvme"});
+        const bool ep = layout.ep_size > 1;
+        auto model_of = [&](model::ParamPart part) {
+          return train::RankModel(
+              cfg.model, split, layout.tp_size, par.coord().tp, par.coord().pp,
+              cfg.sequence_parallel,
+              {.ep_size = layout.ep_size, .ep_rank = layout.ep_rank(par.coord()), .part = part});
+        };
+        const train::RankModel rm = model_of(model::ParamPart::kAll);
+        std::optional<train::RankModel> dense, experts;
+        if (ep) {
+          dense.emplace(model_of(model::ParamPart::kDense));
+          experts.emplace(model_of(model::ParamPart::kExperts));
+        }
+        train::ZeroConfig zero{.stage = cfg.zero_stage,
+                               .bucket_size = cfg.ddp_bucket_size,
+                               .bf16 = cfg.bf16,
+                               .offload = cfg.offload,
+                               .offload_params = cfg.offload_params == "nvme"};
+        train::ZeroOptimizer opt(ep ? *dense : rm, par, cfg.optimizer, zero);
+        std::optional<train::ZeroOptimizer> expert_opt;
+        if (ep) {
+          zero.experts = true;
+          expert_opt.emplace(*experts, par, cfg.optimizer, zero);
+        }
         std::vector<model::ModelRuntime> runtimes;
         for (const train::ModelChunk& ch : rm.chunks()) {
           model::ModelRuntime rt;
           rt.shard = ch.shard;
           rt.tp = &par.tp();
+          if (ep) {
+            rt.ep = &par.ep();
+            rt.ep_host = &par.ep_host();
+          }
           runtimes.push_back(rt);
         }
         opt.install_hooks(runtimes);
+        std::vector<std::unique_ptr<train::MergedLayerWeights>> merged;
+        if (expert_opt) expert_opt->merge_hooks(runtimes, merged);
         train::GptPipeline ex(rm, par, parallel::parse_pipeline_schedule(cfg.pipeline_schedule),
                               static_cast<int>(cfg.num_micro_batches(w.size())),
                               cfg.micro_batch_size, runtimes);
         Actual& a = out[static_cast<std::size_t>(w.rank())];
         a.mem = opt.memory();
+        if (expert_opt) {
+          const train::MemoryReport e = expert_opt->memory();
+          a.mem.param_bytes += e.param_bytes;
+          a.mem.grad_bytes += e.grad_bytes;
+          a.mem.optimizer_bytes += e.optimizer_bytes;
+          a.mem.staging_bytes += e.staging_bytes;
+        }
         a.pp_rank = par.coord().pp;
         for (int c = 0; c < static_cast<int>(rm.chunks().size()); ++c) {
           a.slots.push_back(ex.slots_of(c));
@@ -230,7 +270,40 @@ INSTANTIATE_TEST_SUITE_P(
                  " --num-query-groups 1 --tensor-model-parallel-size 2 --zero-stage 3"},
         Case{"llama_tp2pp2dp2sp", 8,
              std::string(kLlama) + " --num-query-groups 2 --tensor-model-parallel-size 2 "
-                                   "--pipeline-model-parallel-size 2 --sequence-parallel"}),
+                                   "--pipeline-model-parallel-size 2 --sequence-parallel"},
+        // Mixture of experts (4 experts, top 2), without and with expert parallelism
+        // (tests/dist/equivalence_test.cc's MoeExpertParallelLayouts): the dense part over dp,
+        // the experts over the expert-data-parallel group, the expert activations sized for the
+        // rows the ep group may send (MoeConfig::max_local_rows).
+        Case{"moe_dp2", 2, std::string(kMoe) + " --zero-stage 1"},
+        Case{"moe_ep2", 2, std::string(kMoe) + " --expert-model-parallel-size 2"},
+        Case{"moe_ep2dp4zero1", 4,
+             std::string(kMoe) + " --expert-model-parallel-size 2 --zero-stage 1"},
+        Case{"moe_ep2dp4zero2", 4,
+             std::string(kMoe) + " --expert-model-parallel-size 2 --zero-stage 2"},
+        Case{"moe_ep2dp4zero3", 4,
+             std::string(kMoe) + " --expert-model-parallel-size 2 --zero-stage 3"},
+        Case{"moe_ep4zero3", 4,
+             std::string(kMoe) + " --expert-model-parallel-size 4 --zero-stage 3"},
+        Case{"moe_ep2tp2sp", 4,
+             std::string(kMoe) + " --expert-model-parallel-size 2 --tensor-model-parallel-size 2 "
+                                 "--sequence-parallel --make-vocab-size-divisible-by 64"},
+        Case{"moe_ep4tp2", 8,
+             std::string(kMoe) +
+                 " --expert-model-parallel-size 4 --tensor-model-parallel-size 2 --zero-stage 1 "
+                 "--make-vocab-size-divisible-by 64"},
+        Case{"moe_ep2pp2v2_recompute", 4,
+             std::string(kMoe) +
+                 " --expert-model-parallel-size 2 --pipeline-model-parallel-size 2 "
+                 "--num-layers-per-virtual-pipeline-stage 1 --recompute-granularity full"},
+        Case{"moe_ep2_capacity_pad_freq2", 2,
+             std::string(kMoe) +
+                 " --expert-model-parallel-size 2 --moe-layer-freq 2 "
+                 "--moe-expert-capacity-factor 1.0 --moe-pad-expert-input-to-capacity"},
+        Case{"moe_llama_ep2dp4zero3", 4,
+             std::string(kLlama) +
+                 " --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 48 "
+                 "--num-query-groups 2 --expert-model-parallel-size 2 --zero-stage 3"}),
     [](const auto& p) { return p.param.name; });
 
 // Shapes of the prediction that follow from the schedules (independent of the tables).

@@ -50,17 +50,42 @@ MemoryPlan predict_memory(const train::TrainConfig& cfg, int world_size) {
   const auto kind = parallel::parse_pipeline_schedule(cfg.pipeline_schedule);
   const int m = static_cast<int>(cfg.num_micro_batches(world_size));
   const std::int64_t B = cfg.micro_batch_size, T = mc.seq_length;
+  // Expert parallelism (docs/moe.md): the rank holds experts block 0 of ep (every block is the
+  // same size); the trainer keeps the dense part in an optimizer over dp and the experts in one
+  // over the expert-data-parallel group (dp / ep), and sums the two reports (train/trainer.cc).
+  const int ep = cfg.expert_model_parallel_size;
+  const int edp = dp / ep;
+  auto rank_model = [&](int stage, model::ParamPart part) {
+    return train::RankModel(mc, split, tp, 0, stage, cfg.sequence_parallel,
+                            {.ep_size = ep, .ep_rank = 0, .part = part});
+  };
   MemoryPlan plan;
   for (int stage = 0; stage < pp; ++stage) {
-    const train::RankModel rm(mc, split, tp, 0, stage, cfg.sequence_parallel);
+    const train::RankModel rm = rank_model(stage, model::ParamPart::kAll);
     // The optimizer's buffers as ParamGradBuffers and DistributedOptimizer allocate them (the
     // update rule's state arrays: AdamW 2, Lion 1).
     const int state_arrays = optim::state_array_count(cfg.optimizer.kind);
     const bool params_nvme = cfg.offload_params == "nvme" && cfg.zero_stage == 3;
     const bool moments_nvme = cfg.offload.device == optim::OffloadDevice::kNvme;
     const optim::FlatLayout layout = train::flat_layout_of(rm);
-    const optim::MemoryReport states =
-        optim::model_state_memory(layout, cfg.zero_stage, dp, cfg.bf16, state_arrays, params_nvme);
+    optim::MemoryReport states;
+    if (ep > 1) {
+      // Offloading is refused with expert parallelism (TrainConfig::finalize), so the two parts'
+      // resident buffers are all there is.
+      for (const auto& [part, group] :
+           {std::pair{model::ParamPart::kDense, dp}, std::pair{model::ParamPart::kExperts, edp}}) {
+        const optim::MemoryReport part_states =
+            optim::model_state_memory(train::flat_layout_of(rank_model(stage, part)),
+                                      cfg.zero_stage, group, cfg.bf16, state_arrays);
+        states.param_bytes += part_states.param_bytes;
+        states.grad_bytes += part_states.grad_bytes;
+        states.optimizer_bytes += part_states.optimizer_bytes;
+        states.staging_bytes += part_states.staging_bytes;
+      }
+    } else {
+      states = optim::model_state_memory(layout, cfg.zero_stage, dp, cfg.bf16, state_arrays,
+                                         params_nvme);
+    }
     RankMemory r;
     r.pp_rank = stage;
     r.num_parameters = rm.num_parameters();
