@@ -33,6 +33,7 @@ struct PlanOptions {
   int top = 5;
   std::string format = "text";
   double train_tokens = 0;
+  bool ep_given = false;  // the search keeps --expert-model-parallel-size
 };
 
 int env_threads() {
@@ -211,7 +212,12 @@ void run_plan(train::TrainConfig cfg, const PlanOptions& o) {
   cfg.model.validate();
 
   if (o.search) {
-    const plan::SearchResult r = plan::search_layouts(cfg, cl, static_cast<std::size_t>(o.top));
+    // --expert-model-parallel-size (or Megatron-DeepSpeed's --moe-expert-parallel-size) given:
+    // the search keeps it; otherwise it tries every ep the model and dp allow.
+    const plan::SearchConstraints fixed{.expert_model_parallel_size =
+                                            o.ep_given ? cfg.expert_model_parallel_size : 0};
+    const plan::SearchResult r =
+        plan::search_layouts(cfg, cl, static_cast<std::size_t>(o.top), fixed);
     if (o.format == "json") {
       std::cout << plan::search_json(cl, r, static_cast<std::size_t>(o.top)).dump(1) << "\n";
     } else {
@@ -266,8 +272,12 @@ void register_plan(CLI::App& app) {
   sub->add_option("--format", opt->format, "text or json");
   // --train-tokens (registered by add_train_options, Megatron-DeepSpeed's flag): also estimate the
   // days and GPU-hours to train this many tokens.
-  sub->callback([cfg, opt] {
+  sub->callback([cfg, opt, sub] {
     opt->train_tokens = static_cast<double>(cfg->train_tokens);
+    // Given as --expert-model-parallel-size (also 1: no expert parallelism), or any size above 1
+    // however it was set (Megatron-DeepSpeed's --moe-expert-parallel-size, the DeepSpeed JSON).
+    const CLI::Option* ep = sub->get_option_no_throw("--expert-model-parallel-size");
+    opt->ep_given = (ep != nullptr && ep->count() > 0) || cfg->expert_model_parallel_size > 1;
     run_plan(*cfg, *opt);
   });
 }

@@ -5,7 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <CLI/CLI.hpp>
+#include <cmath>
+#include <set>
 #include <sstream>
+#include <tuple>
 
 #include "trident/core/error.h"
 #include "trident/plan/plan.h"
@@ -148,6 +151,165 @@ TEST(PlanSearch, RanksOnlyLayoutsThatFitBestFirst) {
                   cand.cfg.pipeline_model_parallel_size,
               1);
   EXPECT_GT(small.rejected_memory, r.rejected_memory);
+}
+
+// A mixture-of-experts model (FP32: trident's experts run in FP32), `experts` experts of top 2 in
+// every layer.
+train::TrainConfig moe(const std::string& flags, int world, int experts = 8) {
+  train::TrainConfig cfg;
+  CLI::App app;
+  train::add_train_options(app, cfg);
+  std::vector<std::string> args;
+  std::istringstream in(
+      "--num-layers 4 --hidden-size 1024 --num-attention-heads 16 "
+      "--seq-length 1024 --tokenizer-type NullTokenizer --vocab-size 50256 "
+      "--data-path x --swiglu --disable-bias-linear --moe-router-topk 2 --num-experts " +
+      std::to_string(experts) + " " + flags);
+  for (std::string a; in >> a;) args.push_back(a);
+  std::reverse(args.begin(), args.end());
+  app.parse(args);
+  cfg.finalize(world);
+  cfg.model.vocab_size = 50257;
+  return cfg;
+}
+
+// The expert-parallel exchange per MoE layer and micro-batch, forward and backward alike: the
+// count all-gather (ep x E int64) and two all-to-alls of the routed rows (rows x k x C x 4 bytes,
+// (ep-1)/ep of them leaving the rank), each (ep-1) latencies, over NVLink inside one node.
+// Computed here from the hardware table, not from the planner's helpers.
+TEST(PlanTime, ExpertAllToAllGrowsWithEpAsTheFormula) {
+  const Cluster c = a100(8);
+  const double bw = c.hw.intra_bw * c.hw.comm_efficiency, alpha = c.hw.intra_latency;
+  const double rows = 2 * 1024, k = 2, C = 1024, E = 8, L = 4;
+  const std::string f = "--micro-batch-size 2 --global-batch-size 64 ";
+  const TimeBreakdown t1 = predict_time(moe(f, 8), c);
+  EXPECT_EQ(t1.ep_comm, 0);
+  double previous = 0;
+  for (int ep : {2, 4, 8}) {
+    SCOPED_TRACE("ep " + std::to_string(ep));
+    const TimeBreakdown t =
+        predict_time(moe(f + "--expert-model-parallel-size " + std::to_string(ep), 8), c);
+    const double n = ep;
+    const double a2a = (n - 1) / n * rows * k * C * 4 / bw + (n - 1) * alpha;
+    const double counts = (n - 1) / n * n * E * 8 / bw + (n - 1) * alpha;
+    const double m = 64.0 / (2 * 8);  // micro-batches: global batch / (micro-batch x dp)
+    EXPECT_EQ(t.micro_batches, 4);
+    const double expected = m * L * 2 * (counts + 2 * a2a);
+    EXPECT_NEAR(t.ep_comm, expected, 1e-9 * expected);
+    EXPECT_GT(t.ep_comm, previous);
+    previous = t.ep_comm;
+    // On the critical path: the iteration is the micro-batches' work (the exchange included),
+    // the bubble, the exposed data-parallel traffic and the optimizer.
+    EXPECT_NEAR(t.iteration,
+                t.forward + t.backward + t.recompute + t.tp_comm + t.ep_comm + t.pp_comm +
+                    t.bubble + t.dp_exposed + t.optimizer,
+                1e-9 * t.iteration);
+  }
+  // An ep group of tp x ep = 16 ranks spans two nodes: InfiniBand's bandwidth and latency.
+  const Cluster c16 = a100(16);
+  const double ib = c16.hw.inter_bw * c16.hw.comm_efficiency, beta = c16.hw.inter_latency;
+  const TimeBreakdown t16 =
+      predict_time(moe("--micro-batch-size 2 --global-batch-size 64 --expert-model-parallel-size 8 "
+                       "--tensor-model-parallel-size 2",
+                       16),
+                   c16);
+  const double a2a16 = 7.0 / 8 * rows * k * C * 4 / ib + 7 * beta;
+  const double counts16 = 7.0 / 8 * 8 * E * 8 / ib + 7 * beta;
+  const double expected16 = 4 * L * 2 * (counts16 + 2 * a2a16);
+  EXPECT_NEAR(t16.ep_comm, expected16, 1e-9 * expected16);
+}
+
+// The experts' GEMMs: the same FLOPs per rank whatever ep (each rank's E / ep experts run the
+// rows every ep rank sends them), the busiest rank kMoeLoadImbalance times the mean; padded to a
+// capacity, exactly ep x capacity rows per local expert.
+TEST(PlanTime, ExpertRowsPerRankFollowTheRouting) {
+  const auto mc = moe("--micro-batch-size 2 --global-batch-size 64", 8).model;
+  const std::int64_t rows = 2048;
+  const MoeLayerCost one = moe_layer_cost(mc, rows, 1, 1);
+  EXPECT_EQ(one.routed_rows, rows * 2);
+  EXPECT_EQ(one.local_experts, 8);
+  EXPECT_EQ(one.rows_per_local_expert, rows * 2 / 8);
+  EXPECT_EQ(one.all_to_all_bytes, rows * 2 * 1024 * 4.0);
+  for (int ep : {2, 4, 8}) {
+    const MoeLayerCost c = moe_layer_cost(mc, rows, 2, ep);
+    EXPECT_EQ(c.local_experts, 8 / ep);
+    EXPECT_EQ(c.rows_per_local_expert,
+              static_cast<std::int64_t>(std::ceil(ep * rows * 2 / 8.0 * kMoeLoadImbalance)));
+    EXPECT_EQ(c.ffn_local, 4096 / 2);
+    EXPECT_EQ(c.count_bytes, ep * 8 * 8.0);
+  }
+  auto padded = moe("--micro-batch-size 2 --global-batch-size 64 --moe-expert-capacity-factor 1.5 "
+                    "--moe-pad-expert-input-to-capacity",
+                    8)
+                    .model;
+  const std::int64_t cap = static_cast<std::int64_t>(std::ceil(rows * 2 / 8.0 * 1.5));
+  const MoeLayerCost p = moe_layer_cost(padded, rows, 1, 4);
+  EXPECT_EQ(p.routed_rows, 8 * cap);
+  EXPECT_EQ(p.rows_per_local_expert, 4 * cap);
+}
+
+TEST(PlanSearch, MoeModelsGetExpertParallelLayoutsDenseModelsNone) {
+  Cluster c = a100(8);
+  // 6 experts on 8 GPUs: ep 2 divides both the experts and dp 2, 4 or 8; ep 4 and 8 divide no
+  // expert count of 6, so they are never proposed.
+  const SearchResult r =
+      search_layouts(moe("--micro-batch-size 1 --global-batch-size 64", 8, 6), c, 100000);
+  ASSERT_FALSE(r.ranked.empty());
+  std::set<int> eps;
+  for (const Candidate& cand : r.ranked) {
+    const int ep = cand.cfg.expert_model_parallel_size;
+    eps.insert(ep);
+    EXPECT_EQ(6 % ep, 0);
+    EXPECT_EQ(cand.cfg.data_parallel_size(8) % ep, 0);
+    EXPECT_EQ(cand.flags.find("--expert-model-parallel-size") != std::string::npos, ep > 1);
+    if (ep > 1) {
+      EXPECT_GT(cand.plan.time.ep_comm, 0);
+    }
+  }
+  EXPECT_EQ(eps, (std::set<int>{1, 2}));
+  // 8 experts: every ep dividing dp is tried.
+  const SearchResult r8 =
+      search_layouts(moe("--micro-batch-size 1 --global-batch-size 64", 8), c, 100000);
+  std::set<int> eps8;
+  for (const Candidate& cand : r8.ranked) eps8.insert(cand.cfg.expert_model_parallel_size);
+  EXPECT_EQ(eps8, (std::set<int>{1, 2, 4, 8}));
+  // --expert-model-parallel-size given: only that ep.
+  const SearchResult fixed = search_layouts(
+      moe("--micro-batch-size 1 --global-batch-size 64 --expert-model-parallel-size 4", 8), c,
+      100000, {.expert_model_parallel_size = 4});
+  ASSERT_FALSE(fixed.ranked.empty());
+  for (const Candidate& cand : fixed.ranked) {
+    EXPECT_EQ(cand.cfg.expert_model_parallel_size, 4);
+    EXPECT_EQ(cand.cfg.data_parallel_size(8) % 4, 0);
+  }
+  // A dense model: no expert parallelism.
+  const SearchResult dense =
+      search_layouts(gpt("--micro-batch-size 1 --global-batch-size 64", 8), c, 100000);
+  ASSERT_FALSE(dense.ranked.empty());
+  for (const Candidate& cand : dense.ranked) {
+    EXPECT_EQ(cand.cfg.expert_model_parallel_size, 1);
+    EXPECT_EQ(cand.flags.find("--expert-model-parallel-size"), std::string::npos);
+    EXPECT_EQ(cand.plan.time.ep_comm, 0);
+  }
+}
+
+// An expert-parallel size the experts or dp do not divide: the error of `trident train` (the
+// same TrainConfig::finalize), naming the flag.
+TEST(PlanSearch, AnImpossibleExpertParallelSizeIsRefusedAsTrainRefusesIt) {
+  for (const auto& [flags, world, says] :
+       {std::tuple{std::string("--expert-model-parallel-size 3"), 6,
+                   std::string("--num-experts (8) must be divisible by "
+                               "--expert-model-parallel-size (3)")},
+        std::tuple{std::string("--expert-model-parallel-size 4 --tensor-model-parallel-size 2"), 4,
+                   std::string("--expert-model-parallel-size 4 must divide the data-parallel "
+                               "size 2")}}) {
+    try {
+      moe("--micro-batch-size 1 --global-batch-size 64 " + flags, world);
+      FAIL() << "no exception for " << flags;
+    } catch (const core::InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(PlanHardware, KnownGpusAndAClearErrorOtherwise) {

@@ -67,10 +67,11 @@ struct TimeBreakdown {
   double forward = 0, backward = 0, recompute = 0;  // compute (GEMM + attention + element-wise)
   double gemm = 0, attention = 0, elementwise = 0;  // the same compute, by kind of kernel
   double tp_comm = 0;                               // tensor-parallel collectives (not overlapped)
-  double pp_comm = 0;                               // pipeline sends and receives
-  double bubble = 0;                                // pipeline fill and drain
-  double dp_comm = 0;                               // data-parallel / ZeRO traffic in total
-  double dp_exposed = 0;                            // the part the backward does not hide
+  double ep_comm = 0;     // expert parallelism: the count all-gathers and token all-to-alls
+  double pp_comm = 0;     // pipeline sends and receives
+  double bubble = 0;      // pipeline fill and drain
+  double dp_comm = 0;     // data-parallel / ZeRO traffic in total
+  double dp_exposed = 0;  // the part the backward does not hide
   double optimizer = 0;   // clipping norm, AdamW, gradient zeroing, BF16 refresh
   double offload_io = 0;  // offload nvme: moments / master shard read and written (overlapped)
   double offload_param_io = 0;       // --offload-params nvme: the gathers' reads of layer pieces
@@ -86,6 +87,21 @@ struct TimeBreakdown {
 // cpu: whether the calibration holds trident's measured collectives for a job of this many ranks
 // (`--calibrate-comm`); without them the time model prices collectives from the copy bandwidth.
 bool collectives_measured(const Cluster& cluster);
+
+// A mixture-of-experts layer's work on one rank for one micro-batch of `rows` tokens, with its
+// experts over `ep` ranks and tensor-parallel over `tp` (docs/plan.md "Mixture of experts").
+// The busiest ep rank's experts run kMoeLoadImbalance times the mean rows (dropless, ep > 1):
+// the expected max / mean load of the aux-loss-balanced routers the docs report.
+inline constexpr double kMoeLoadImbalance = 1.2;
+struct MoeLayerCost {
+  std::int64_t routed_rows = 0;              // rows the permute produces (MoeConfig::max_rows)
+  std::int64_t local_experts = 0;            // E / ep
+  std::int64_t rows_per_local_expert = 0;    // on the busiest rank: ceil(ep x routed / E x load)
+  std::int64_t ffn_local = 0, fc_local = 0;  // each expert's F / tp, its up-projection's outputs
+  double all_to_all_bytes = 0;  // what each rank sends in one all-to-all: routed rows x C x 4
+  double count_bytes = 0;       // the count all-gather's total: ep x E x 8 (int64)
+};
+MoeLayerCost moe_layer_cost(const model::ModelConfig& mc, std::int64_t rows, int tp, int ep);
 
 // Throws InvalidArgument for a cluster that does not match the layout (cpu without calibration).
 TimeBreakdown predict_time(const train::TrainConfig& cfg, const Cluster& cluster);
@@ -112,8 +128,14 @@ struct SearchResult {
   std::vector<Candidate> ranked;  // fitting layouts, best first
   std::int64_t evaluated = 0, rejected_memory = 0, invalid = 0;
 };
+// Sizes the search keeps fixed (0: searched). --expert-model-parallel-size given to
+// `trident plan --search` fixes the expert-parallel size; otherwise a mixture-of-experts model's
+// search tries every ep dividing both the number of experts and dp (dense models: 1).
+struct SearchConstraints {
+  int expert_model_parallel_size = 0;
+};
 SearchResult search_layouts(const train::TrainConfig& base, const Cluster& cluster,
-                            std::size_t keep = 10);
+                            std::size_t keep = 10, const SearchConstraints& fixed = {});
 
 // Training length: time and GPU-hours to train `tokens` tokens at the predicted speed.
 struct TrainingEstimate {

@@ -60,6 +60,7 @@ nlohmann::json time_json(const TimeBreakdown& t) {
           {"attention_s", t.attention},
           {"elementwise_s", t.elementwise},
           {"tp_comm_s", t.tp_comm},
+          {"ep_comm_s", t.ep_comm},
           {"pp_comm_s", t.pp_comm},
           {"bubble_s", t.bubble},
           {"dp_comm_s", t.dp_comm},
@@ -112,6 +113,8 @@ std::string layout_flags(const train::TrainConfig& c) {
     o << " --pipeline-schedule " << c.pipeline_schedule;
   o << " --micro-batch-size " << c.micro_batch_size << " --global-batch-size "
     << c.global_batch_size;
+  if (c.expert_model_parallel_size > 1)
+    o << " --expert-model-parallel-size " << c.expert_model_parallel_size;
   if (c.zero_stage > 0) o << " --zero-stage " << c.zero_stage;
   if (c.sequence_parallel) o << " --sequence-parallel";
   if (!c.recompute_granularity.empty()) {
@@ -123,7 +126,7 @@ std::string layout_flags(const train::TrainConfig& c) {
 }
 
 SearchResult search_layouts(const train::TrainConfig& base, const Cluster& cluster,
-                            std::size_t keep) {
+                            std::size_t keep, const SearchConstraints& fixed) {
   SearchResult res;
   const int world = cluster.num_gpus;
   const model::ModelConfig& mc = base.model;
@@ -131,7 +134,8 @@ SearchResult search_layouts(const train::TrainConfig& base, const Cluster& clust
   std::vector<int> tps, pps;
   for (int t = 1; t <= world; ++t)
     if (world % t == 0 && t <= std::max(1, cluster.hw.gpus_per_node) &&
-        mc.num_attention_heads % t == 0 && mc.ffn() % t == 0)
+        mc.num_attention_heads % t == 0 && mc.ffn() % t == 0 &&
+        (mc.num_experts == 0 || mc.moe_ffn() % t == 0))
       tps.push_back(t);
   for (int p = 1; p <= world; ++p)
     if (world % p == 0 && mc.num_layers % p == 0) pps.push_back(p);
@@ -140,50 +144,60 @@ SearchResult search_layouts(const train::TrainConfig& base, const Cluster& clust
     for (int pp : pps) {
       if (world % (tp * pp) != 0) continue;
       const int dp = world / (tp * pp);
-      for (int v : {1, 2, 3, 4, 6, 8}) {
-        if (v > 1 && (pp == 1 || mc.num_layers % (pp * v) != 0)) continue;
-        for (std::int64_t mbs : {1, 2, 4, 8, 16}) {
-          if (gbs % (mbs * dp) != 0) continue;
-          const std::int64_t m = gbs / (mbs * dp);
-          if (v > 1 && m % pp != 0) continue;
-          for (int zero = 0; zero <= 3; ++zero) {
-            if (dp == 1 && zero > 0) continue;
-            for (bool sp : {false, true}) {
-              if (sp && (tp == 1 || (mbs * mc.seq_length) % tp != 0)) continue;
-              for (const std::string& rc : recomputes) {
-                // Selective recomputation only drops the unfused attention's probabilities.
-                if (rc == "selective" && mc.flash_attention()) continue;
-                train::TrainConfig c = base;
-                c.tensor_model_parallel_size = tp;
-                c.pipeline_model_parallel_size = pp;
-                c.num_layers_per_virtual_pipeline_stage = v > 1 ? mc.num_layers / (pp * v) : 0;
-                c.pipeline_schedule = v > 1 ? "interleaved" : "1f1b";
-                c.decoder_first_pipeline_num_layers = c.decoder_last_pipeline_num_layers = -1;
-                c.micro_batch_size = mbs;
-                c.zero_stage = zero;
-                c.use_distributed_optimizer = false;
-                c.sequence_parallel = sp;
-                c.recompute_granularity = rc;
-                c.recompute_method = "uniform";
-                c.model.recompute_num_layers = 1;
-                c.model.make_vocab_size_divisible_by = base.model.make_vocab_size_divisible_by;
-                ++res.evaluated;
-                try {
-                  c.finalize(world);
-                  Plan p = make_plan(c, cluster);
-                  if (!p.fits) {
-                    ++res.rejected_memory;
-                    continue;
+      // Expert parallelism: every ep dividing the experts and dp (a dense model: 1), or the
+      // given one where it divides them (a layout it does not divide is not proposed).
+      std::vector<int> eps;
+      for (int e = 1; e <= dp; ++e) {
+        if (dp % e != 0 || (e > 1 && (mc.num_experts == 0 || mc.num_experts % e != 0))) continue;
+        if (fixed.expert_model_parallel_size > 0 && e != fixed.expert_model_parallel_size) continue;
+        eps.push_back(e);
+      }
+      for (int ep : eps)
+        for (int v : {1, 2, 3, 4, 6, 8}) {
+          if (v > 1 && (pp == 1 || mc.num_layers % (pp * v) != 0)) continue;
+          for (std::int64_t mbs : {1, 2, 4, 8, 16}) {
+            if (gbs % (mbs * dp) != 0) continue;
+            const std::int64_t m = gbs / (mbs * dp);
+            if (v > 1 && m % pp != 0) continue;
+            for (int zero = 0; zero <= 3; ++zero) {
+              if (dp == 1 && zero > 0) continue;
+              for (bool sp : {false, true}) {
+                if (sp && (tp == 1 || (mbs * mc.seq_length) % tp != 0)) continue;
+                for (const std::string& rc : recomputes) {
+                  // Selective recomputation only drops the unfused attention's probabilities.
+                  if (rc == "selective" && mc.flash_attention()) continue;
+                  train::TrainConfig c = base;
+                  c.tensor_model_parallel_size = tp;
+                  c.pipeline_model_parallel_size = pp;
+                  c.expert_model_parallel_size = ep;
+                  c.num_layers_per_virtual_pipeline_stage = v > 1 ? mc.num_layers / (pp * v) : 0;
+                  c.pipeline_schedule = v > 1 ? "interleaved" : "1f1b";
+                  c.decoder_first_pipeline_num_layers = c.decoder_last_pipeline_num_layers = -1;
+                  c.micro_batch_size = mbs;
+                  c.zero_stage = zero;
+                  c.use_distributed_optimizer = false;
+                  c.sequence_parallel = sp;
+                  c.recompute_granularity = rc;
+                  c.recompute_method = "uniform";
+                  c.model.recompute_num_layers = 1;
+                  c.model.make_vocab_size_divisible_by = base.model.make_vocab_size_divisible_by;
+                  ++res.evaluated;
+                  try {
+                    c.finalize(world);
+                    Plan p = make_plan(c, cluster);
+                    if (!p.fits) {
+                      ++res.rejected_memory;
+                      continue;
+                    }
+                    res.ranked.push_back({c, std::move(p), layout_flags(c)});
+                  } catch (const core::InvalidArgument&) {
+                    ++res.invalid;
                   }
-                  res.ranked.push_back({c, std::move(p), layout_flags(c)});
-                } catch (const core::InvalidArgument&) {
-                  ++res.invalid;
                 }
               }
             }
           }
         }
-      }
     }
   std::stable_sort(res.ranked.begin(), res.ranked.end(),
                    [](const Candidate& a, const Candidate& b) {
@@ -212,8 +226,13 @@ std::string format_plan(const train::TrainConfig& cfg, const Cluster& cluster, c
                     std::to_string(world) + " trident plan --gpu cpu --calibrate-comm");
   }
   o << "\nlayout: tp " << cfg.tensor_model_parallel_size << " x pp "
-    << cfg.pipeline_model_parallel_size << " x dp " << cfg.data_parallel_size(world) << ", "
-    << cfg.virtual_pipeline_chunks() << " chunk(s) per stage, " << cfg.pipeline_schedule
+    << cfg.pipeline_model_parallel_size << " x dp " << cfg.data_parallel_size(world)
+    << (cfg.expert_model_parallel_size > 1
+            ? " (experts: ep " + std::to_string(cfg.expert_model_parallel_size) + " x expert dp " +
+                  std::to_string(cfg.data_parallel_size(world) / cfg.expert_model_parallel_size) +
+                  ")"
+            : std::string())
+    << ", " << cfg.virtual_pipeline_chunks() << " chunk(s) per stage, " << cfg.pipeline_schedule
     << ", micro-batch " << cfg.micro_batch_size << " x " << plan.time.micro_batches << ", ZeRO "
     << cfg.zero_stage << (cfg.sequence_parallel ? ", SP" : "")
     << (cfg.recompute_granularity.empty() ? "" : ", recompute " + cfg.recompute_granularity)
@@ -253,8 +272,10 @@ std::string format_plan(const train::TrainConfig& cfg, const Cluster& cluster, c
   o << "  forward        " << ms(t.forward) << "\n  backward       " << ms(t.backward)
     << "\n  recompute      " << ms(t.recompute) << "\n    (GEMM " << ms(t.gemm) << ", attention "
     << ms(t.attention) << ", element-wise " << ms(t.elementwise) << ")\n  TP comm        "
-    << ms(t.tp_comm) << "\n  PP comm        " << ms(t.pp_comm) << "\n  pipeline bubble"
-    << ms(t.bubble) << "\n  DP/ZeRO comm   " << ms(t.dp_comm) << " (exposed " << ms(t.dp_exposed)
+    << ms(t.tp_comm)
+    << (cfg.expert_model_parallel_size > 1 ? "\n  EP all-to-all  " + ms(t.ep_comm) : std::string())
+    << "\n  PP comm        " << ms(t.pp_comm) << "\n  pipeline bubble" << ms(t.bubble)
+    << "\n  DP/ZeRO comm   " << ms(t.dp_comm) << " (exposed " << ms(t.dp_exposed)
     << ")\n  optimizer      " << ms(t.optimizer) << "\n";
   if (t.offload_io > 0) {
     o << "    (offload I/O " << ms(t.offload_io) << " at "
@@ -290,8 +311,11 @@ std::string format_search(const Cluster& cluster, const SearchResult& r, std::si
       << ", iteration " << fmt("%.3f", t.iteration) << " s, peak memory "
       << gib(static_cast<double>(c.plan.memory.worst().peak())) << "\n";
     o << "    compute " << fmt("%.3f", t.forward + t.backward + t.recompute) << " s, TP "
-      << fmt("%.3f", t.tp_comm) << " s, PP " << fmt("%.3f", t.pp_comm) << " s, bubble "
-      << fmt("%.3f", t.bubble) << " s, DP exposed " << fmt("%.3f", t.dp_exposed) << " s, optimizer "
+      << fmt("%.3f", t.tp_comm) << " s, "
+      << (c.cfg.expert_model_parallel_size > 1 ? "EP " + fmt("%.3f", t.ep_comm) + " s, "
+                                               : std::string())
+      << "PP " << fmt("%.3f", t.pp_comm) << " s, bubble " << fmt("%.3f", t.bubble)
+      << " s, DP exposed " << fmt("%.3f", t.dp_exposed) << " s, optimizer "
       << fmt("%.3f", t.optimizer) << " s\n";
     o << "    trident train " << c.flags << "\n";
   }
@@ -307,6 +331,7 @@ nlohmann::json plan_json(const train::TrainConfig& cfg, const Cluster& cluster, 
   if (cluster.hw.is_cpu) j["collectives_measured"] = collectives_measured(cluster);
   j["layout"] = {{"tp", cfg.tensor_model_parallel_size},
                  {"pp", cfg.pipeline_model_parallel_size},
+                 {"ep", cfg.expert_model_parallel_size},
                  {"dp", cfg.data_parallel_size(cluster.num_gpus)},
                  {"virtual_chunks", cfg.virtual_pipeline_chunks()},
                  {"schedule", cfg.pipeline_schedule},

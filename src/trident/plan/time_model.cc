@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "trident/core/error.h"
+#include "trident/model/gpt_weights.h"
 #include "trident/plan/plan.h"
 #include "trident/train/rank_model.h"
 #include "trident/train/zero_optimizer.h"
@@ -160,6 +161,14 @@ class Costs {
     if (const CommCosts* m = measured(n)) return b * (m->reduce_scatter(bytes / b) + sync_wait(n));
     return all_gather(bytes, n, across);
   }
+  // An all-to-all in which each of n ranks sends `bytes` in total, an equal share to every rank
+  // (pairwise exchange: (n-1)/n of it leaves the rank in n-1 steps). Modelled also on a calibrated
+  // CPU (--calibrate-comm does not time all-to-alls), with its synchronising wait.
+  double all_to_all(double bytes, int n, bool across) const {
+    if (n <= 1) return 0;
+    return static_cast<double>(n - 1) / n * bytes / link_bw(across) + (n - 1) * latency(across) +
+           sync_wait(n);
+  }
   double p2p(double bytes, bool across) const {
     if (const CommCosts* m = measured(2)) return m->p2p(bytes) + sync_wait(2);
     return bytes / link_bw(across) + latency(across);
@@ -205,19 +214,52 @@ class Costs {
 
 struct Pass {  // one micro-batch through one chunk
   double gemm = 0, attn = 0, ew = 0, tp = 0;
+  double ep = 0;  // expert parallelism: the dispatcher's count all-gathers and all-to-alls
   double compute() const { return gemm + attn + ew; }
   Pass& operator+=(const Pass& o) {
-    gemm += o.gemm, attn += o.attn, ew += o.ew, tp += o.tp;
+    gemm += o.gemm, attn += o.attn, ew += o.ew, tp += o.tp, ep += o.ep;
     return *this;
   }
+};
+
+// How the experts' group is placed: ep ranks, spanning nodes or not.
+struct ExpertGroup {
+  int ep = 1;
+  bool across = false;
 };
 
 struct ChunkCost {
   Pass fwd, bwd, recompute;
 };
 
+}  // namespace
+
+MoeLayerCost moe_layer_cost(const model::ModelConfig& mc, std::int64_t rows, int tp, int ep) {
+  const model::layers::MoeConfig moe = model::moe_config(mc, ep);
+  MoeLayerCost c;
+  if (moe.num_experts == 0) return c;
+  const std::int64_t E = moe.num_experts, cap = moe.capacity(rows);
+  c.routed_rows = moe.max_rows(rows);  // every choice, at most E x capacity, or exactly (padded)
+  c.local_experts = moe.local_experts();
+  // The rows of one expert from one rank, on average; the busiest ep rank's experts get ep times
+  // that, times the load imbalance (none when padded: every block is the capacity), at most the
+  // capacity from every rank.
+  double rows_per_expert = static_cast<double>(ep) * static_cast<double>(c.routed_rows) /
+                           static_cast<double>(E) *
+                           (ep > 1 && !moe.pad_to_capacity ? kMoeLoadImbalance : 1.0);
+  if (cap > 0) rows_per_expert = std::min(rows_per_expert, static_cast<double>(ep * cap));
+  c.rows_per_local_expert = static_cast<std::int64_t>(std::ceil(rows_per_expert));
+  c.ffn_local = moe.ffn / tp;
+  c.fc_local = mc.swiglu ? 2 * c.ffn_local : c.ffn_local;
+  c.all_to_all_bytes = static_cast<double>(c.routed_rows) * static_cast<double>(mc.hidden_size) * 4;
+  c.count_bytes = static_cast<double>(ep) * static_cast<double>(E) * 8;
+  return c;
+}
+
+namespace {
+
 ChunkCost chunk_cost(const train::TrainConfig& cfg, const model::ModelShard& shard, const Costs& k,
-                     bool tp_across) {
+                     bool tp_across, const ExpertGroup& eg) {
   const model::ModelConfig& mc = cfg.model;
   const int tp = shard.tp_size;
   const bool sp = shard.sequence_parallel && tp > 1;
@@ -254,32 +296,67 @@ ChunkCost chunk_cost(const train::TrainConfig& cfg, const model::ModelShard& sha
           ? k.ew(Ew::kAdd, static_cast<double>(rows * (NHl + mc.local_query_groups(tp)) * HS))
           : 0.0;
 
-  Pass lf;  // one layer forward
+  const std::int64_t L = shard.layers(mc);
+  bool any_dense = false, any_moe = false;
+  for (std::int64_t l = 0; l < L; ++l) {
+    (mc.moe_layer(shard.first_layer + l) ? any_moe : any_dense) = true;
+  }
+  Pass lf;  // one layer forward without its MLP
   lf.ew = 2 * k.ew(Ew::kLnFwd, static_cast<double>(R * C)) +
-          2 * k.ew(Ew::kAdd, static_cast<double>(R * C)) + 2 * dropout +
-          k.ew(Ew::kGeluFwd, static_cast<double>(rows * Fl)) + rope;
-  lf.gemm = k.gemm_fwd(rows, C, QKVl) + k.gemm_fwd(rows, Cl, C) + k.gemm_fwd(rows, C, UPl) +
-            k.gemm_fwd(rows, Fl, C);
+          2 * k.ew(Ew::kAdd, static_cast<double>(R * C)) + 2 * dropout + rope;
+  lf.gemm = k.gemm_fwd(rows, C, QKVl) + k.gemm_fwd(rows, Cl, C);
   lf.attn = k.attn_fwd(flash, B * NHl, T, HS) + attn_drop;
   lf.tp = 2 * region;
-  Pass lb;  // one layer backward
+  Pass lb;  // one layer backward without its MLP
   lb.ew = 2 * k.ew(Ew::kLnBwd, static_cast<double>(R * C)) +
-          2 * k.ew(Ew::kAdd, static_cast<double>(R * C)) + 2 * dropout +
-          k.ew(Ew::kGeluBwd, static_cast<double>(rows * Fl)) + rope;
-  lb.gemm = k.gemm_bwd(rows, C, QKVl) + k.gemm_bwd(rows, Cl, C) + k.gemm_bwd(rows, C, UPl) +
-            k.gemm_bwd(rows, Fl, C);
+          2 * k.ew(Ew::kAdd, static_cast<double>(R * C)) + 2 * dropout + rope;
+  lb.gemm = k.gemm_bwd(rows, C, QKVl) + k.gemm_bwd(rows, Cl, C);
   lb.attn = k.attn_bwd(flash, B * NHl, T, HS) + attn_drop;
   // SP's backward gathers each region's input again for the weight gradient (the forward kept
   // only the local rows).
   lb.tp = 2 * region + (sp ? 2 * k.all_gather(full_bytes, tp, tp_across) : 0);
+  // The dense MLP.
+  Pass mf, mb;
+  if (any_dense) {
+    mf.ew = k.ew(Ew::kGeluFwd, static_cast<double>(rows * Fl));
+    mf.gemm = k.gemm_fwd(rows, C, UPl) + k.gemm_fwd(rows, Fl, C);
+    mb.ew = k.ew(Ew::kGeluBwd, static_cast<double>(rows * Fl));
+    mb.gemm = k.gemm_bwd(rows, C, UPl) + k.gemm_bwd(rows, Fl, C);
+  }
+  // A mixture of experts instead (docs/plan.md "Mixture of experts"): the router's GEMM and
+  // softmax / top-k, the permute and the weighted combine, each local expert's two GEMMs and
+  // activation on the busiest rank's rows per expert, and with expert parallelism the count
+  // all-gather and the two all-to-alls of the routed rows, forward and backward alike.
+  Pass xf, xb;
+  if (any_moe) {
+    const MoeLayerCost m = moe_layer_cost(mc, rows, tp, eg.ep);
+    const std::int64_t E = mc.num_experts, RE = m.rows_per_local_expert;
+    const auto El = static_cast<double>(m.local_experts);
+    const double routed = static_cast<double>(m.routed_rows * C);
+    const double act_elems = El * static_cast<double>(RE * m.ffn_local);
+    xf.gemm = k.gemm_fwd(rows, C, E) +
+              El * (k.gemm_fwd(RE, C, m.fc_local) + k.gemm_fwd(RE, m.ffn_local, C));
+    xf.ew = k.ew(Ew::kLnFwd, static_cast<double>(rows * E)) + k.ew(Ew::kGeluFwd, act_elems) +
+            k.ew(Ew::kEmbedding, routed) + k.ew(Ew::kAdd, routed);
+    xb.gemm = k.gemm_bwd(rows, C, E) +
+              El * (k.gemm_bwd(RE, C, m.fc_local) + k.gemm_bwd(RE, m.ffn_local, C));
+    xb.ew = k.ew(Ew::kLnBwd, static_cast<double>(rows * E)) + k.ew(Ew::kGeluBwd, act_elems) +
+            k.ew(Ew::kEmbedding, routed) + k.ew(Ew::kAdd, routed);
+    xf.ep = xb.ep = eg.ep > 1 ? k.all_gather(m.count_bytes, eg.ep, eg.across) +
+                                    2 * k.all_to_all(m.all_to_all_bytes, eg.ep, eg.across)
+                              : 0;
+  }
 
   ChunkCost cc;
-  const std::int64_t L = shard.layers(mc);
   for (std::int64_t l = 0; l < L; ++l) {
-    cc.fwd += lf;
-    cc.bwd += lb;
+    const bool moe = mc.moe_layer(shard.first_layer + l);
+    Pass f = lf, b = lb;
+    f += moe ? xf : mf;
+    b += moe ? xb : mb;
+    cc.fwd += f;
+    cc.bwd += b;
     if (mc.recomputes(l)) {
-      cc.recompute += lf;
+      cc.recompute += f;
     } else if (mc.recompute == model::Recompute::kSelective && !flash) {
       Pass a;
       a.attn = k.attn_fwd(false, B * NHl, T, HS);
@@ -356,6 +433,8 @@ namespace {
 struct Layout {
   int world, tp, pp, dp, v;
   bool tp_across, dp_across, pp_across;  // the group spans nodes
+  ExpertGroup experts;                   // the ep group (tp x ep consecutive ranks)
+  int edp;                               // the expert-data-parallel size, dp / ep
   std::int64_t m;                        // micro-batches per iteration
 };
 
@@ -370,21 +449,46 @@ Layout layout_of(const train::TrainConfig& cfg, const Cluster& cluster) {
   l.tp_across = l.tp > g;
   l.dp_across = static_cast<std::int64_t>(l.tp) * l.dp > g;
   l.pp_across = static_cast<std::int64_t>(l.tp) * l.dp >= g;
+  l.experts.ep = cfg.expert_model_parallel_size;
+  l.experts.across = static_cast<std::int64_t>(l.tp) * l.experts.ep > g;
+  l.edp = l.dp / l.experts.ep;
   l.m = cfg.num_micro_batches(l.world);
   return l;
 }
 
 // One pipeline stage's work per micro-batch (all its chunks) and what it holds.
-struct Stage {
-  double fwd = 0, bwd = 0, rec = 0, gemm = 0, attn = 0, ew = 0, tp = 0, p2p = 0;
-  double per_micro() const { return fwd + bwd + rec + tp + p2p; }
+// What one optimizer of a stage holds and how trident's gradient sync calls its data-parallel
+// group (optim/grad_sync.cc): the layers' elements, their DDP buckets (stages 0-1), and the
+// non-layer ranges (embeddings, final LayerNorm), each reduced in its own call once per iteration.
+struct DpPart {
   std::int64_t numel = 0;
   std::int64_t units = 0;  // ZeRO-3 gathers: one per layer, the embedding and the head
-  double embed_bytes = 0;
-  // How trident's gradient sync calls the data-parallel group (optim/grad_sync.cc): the layers'
-  // elements, their DDP buckets (stages 0-1), and the non-layer ranges (embeddings, final
-  // LayerNorm), each reduced in its own call once per iteration.
   std::int64_t layer_numel = 0, layer_calls = 0, buckets = 0, rest_calls = 0;
+};
+
+DpPart dp_part(const train::RankModel& rm, std::int64_t bucket_size) {
+  DpPart d;
+  d.numel = rm.total_numel();
+  const optim::FlatLayout flat = train::flat_layout_of(rm);
+  d.layer_numel = d.numel - flat.rest_numel();
+  d.layer_calls = static_cast<std::int64_t>(flat.units().size());
+  d.buckets = static_cast<std::int64_t>(flat.layer_buckets(bucket_size).size());
+  d.rest_calls = static_cast<std::int64_t>(flat.rest().size());
+  for (const train::ModelChunk& ch : rm.chunks()) {
+    const model::ModelShard& sh = ch.shard;
+    d.units += sh.layers(rm.config()) + (sh.has_embedding ? 1 : 0) + (sh.has_head ? 1 : 0);
+  }
+  return d;
+}
+
+struct Stage {
+  double fwd = 0, bwd = 0, rec = 0, gemm = 0, attn = 0, ew = 0, tp = 0, p2p = 0, ep = 0;
+  double per_micro() const { return fwd + bwd + rec + tp + p2p + ep; }
+  // The optimizer over dp (everything, or with expert parallelism the dense part) and the
+  // experts' over the expert-data-parallel group (expert parallelism only).
+  DpPart dense, experts;
+  std::int64_t numel() const { return dense.numel + experts.numel; }
+  double embed_bytes = 0;
 };
 
 std::vector<Stage> stage_costs(const train::TrainConfig& cfg, const Layout& l, const Costs& k) {
@@ -397,19 +501,23 @@ std::vector<Stage> stage_costs(const train::TrainConfig& cfg, const Layout& l, c
       cfg.micro_batch_size * mc.seq_length / (cfg.sequence_parallel && l.tp > 1 ? l.tp : 1);
   const double p2p_bytes = static_cast<double>(rows_local * mc.hidden_size) * k.act_bytes();
   std::vector<Stage> stages;
+  const int ep = l.experts.ep;
+  auto rank_model = [&](int stage, model::ParamPart part) {
+    return train::RankModel(mc, split, l.tp, 0, stage, cfg.sequence_parallel,
+                            {.ep_size = ep, .ep_rank = 0, .part = part});
+  };
   for (int s = 0; s < l.pp; ++s) {
-    const train::RankModel rm(mc, split, l.tp, 0, s, cfg.sequence_parallel);
+    const train::RankModel rm = rank_model(s, model::ParamPart::kAll);
     Stage st;
-    st.numel = rm.total_numel();
-    const optim::FlatLayout flat = train::flat_layout_of(rm);
-    st.layer_numel = st.numel - flat.rest_numel();
-    st.layer_calls = static_cast<std::int64_t>(flat.units().size());
-    st.buckets = static_cast<std::int64_t>(flat.layer_buckets(cfg.ddp_bucket_size).size());
-    st.rest_calls = static_cast<std::int64_t>(flat.rest().size());
+    if (ep > 1) {
+      st.dense = dp_part(rank_model(s, model::ParamPart::kDense), cfg.ddp_bucket_size);
+      st.experts = dp_part(rank_model(s, model::ParamPart::kExperts), cfg.ddp_bucket_size);
+    } else {
+      st.dense = dp_part(rm, cfg.ddp_bucket_size);
+    }
     for (std::size_t c = 0; c < rm.chunks().size(); ++c) {
       const model::ModelShard& sh = rm.chunks()[c].shard;
-      st.units += sh.layers(mc) + (sh.has_embedding ? 1 : 0) + (sh.has_head ? 1 : 0);
-      const ChunkCost cc = chunk_cost(cfg, sh, k, l.tp_across);
+      const ChunkCost cc = chunk_cost(cfg, sh, k, l.tp_across, l.experts);
       st.fwd += cc.fwd.compute();
       st.bwd += cc.bwd.compute();
       st.rec += cc.recompute.compute();
@@ -417,6 +525,7 @@ std::vector<Stage> stage_costs(const train::TrainConfig& cfg, const Layout& l, c
       st.attn += cc.fwd.attn + cc.bwd.attn + cc.recompute.attn;
       st.ew += cc.fwd.ew + cc.bwd.ew + cc.recompute.ew;
       st.tp += cc.fwd.tp + cc.bwd.tp + cc.recompute.tp;
+      st.ep += cc.fwd.ep + cc.bwd.ep + cc.recompute.ep;
       const int u = static_cast<int>(c) * l.pp + s;
       if (u > 0) st.p2p += k.p2p(p2p_bytes, l.pp_across);               // receive the input
       if (u < l.pp * l.v - 1) st.p2p += k.p2p(p2p_bytes, l.pp_across);  // receive its gradient
@@ -445,69 +554,90 @@ void add_pipeline(TimeBreakdown& t, const Layout& l, const std::vector<Stage>& s
   t.attention = md * w.attn;
   t.elementwise = md * w.ew;
   t.tp_comm = md * w.tp;
+  t.ep_comm = md * w.ep;
   t.pp_comm = md * w.p2p;
   // Fill and drain: every other stage's share of one micro-batch, spread over v chunks.
   t.bubble = (sum - w.per_micro()) / l.v;
 }
 
-// Data-parallel / ZeRO traffic of the largest stage's buffer (FP32 gradients and weights), the
-// part the backward does not hide, and the tied embedding's sum over first and last stage.
-void add_data_parallel(TimeBreakdown& t, const train::TrainConfig& cfg, const Cluster& cluster,
-                       const Layout& l, const Costs& k, const std::vector<Stage>& stages,
-                       const Stage& w) {
-  const int dp = l.dp;
+// One optimizer's data-parallel / ZeRO traffic per iteration over its group of n ranks (the
+// stage with the most of its elements sets it), and its DDP buckets (the last one is exposed).
+struct DpTraffic {
+  double comm = 0;
+  std::int64_t buckets = 1;
+};
+
+DpTraffic dp_traffic(const train::TrainConfig& cfg, const Layout& l, const Costs& k,
+                     const std::vector<Stage>& stages, DpPart Stage::*part, int n) {
   const double md = static_cast<double>(l.m);
-  double embed_bytes = 0;
-  const Stage* big = &stages.front();  // the stage with the most elements sets the DP traffic
+  const DpPart* big = &(stages.front().*part);
   for (const Stage& s : stages) {
-    if (s.numel > big->numel) big = &s;
-    embed_bytes = std::max(embed_bytes, s.embed_bytes);
+    if ((s.*part).numel > big->numel) big = &(s.*part);
   }
+  DpTraffic r;
   const double bytes = 4.0 * static_cast<double>(big->numel);
   const double layer_bytes = 4.0 * static_cast<double>(big->layer_numel);
   const double rest_bytes = bytes - layer_bytes;
-  double window = 0;  // backward compute the reduction can run under
-  const double one_bwd = w.bwd + w.rec;
   // Stages 0-1: the layers' DDP buckets on the last micro-batch, then each non-layer range.
   const std::int64_t buckets = std::max<std::int64_t>(1, big->buckets);
+  r.buckets = buckets;
   const std::int64_t rest_calls = std::max<std::int64_t>(1, big->rest_calls);
   const double rest_rs =
-      rest_bytes > 0 ? k.reduce_scatter(rest_bytes, dp, l.dp_across, rest_calls) : 0;
+      rest_bytes > 0 ? k.reduce_scatter(rest_bytes, n, l.dp_across, rest_calls) : 0;
   // One all-gather of the parameters after the step.
-  const double ag = k.all_gather(bytes, dp, l.dp_across);
+  const double ag = k.all_gather(bytes, n, l.dp_across);
   switch (cfg.zero_stage) {
     case 0:
-      t.dp_comm =
-          k.all_reduce_buckets(layer_bytes, dp, buckets, l.dp_across) +
-          (rest_bytes > 0 ? k.all_reduce_buckets(rest_bytes, dp, rest_calls, l.dp_across) : 0);
-      window = one_bwd;
+      r.comm = k.all_reduce_buckets(layer_bytes, n, buckets, l.dp_across) +
+               (rest_bytes > 0 ? k.all_reduce_buckets(rest_bytes, n, rest_calls, l.dp_across) : 0);
       break;
     case 1:
-      t.dp_comm = k.reduce_scatter(layer_bytes, dp, l.dp_across, buckets) + rest_rs + ag;
-      window = one_bwd;
+      r.comm = k.reduce_scatter(layer_bytes, n, l.dp_across, buckets) + rest_rs + ag;
       break;
     case 2: {
       // Every micro-batch reduce-scatters each layer's gradient after its backward (one call a
       // layer); the non-layer gradients accumulate whole and are reduce-scattered once.
       const std::int64_t layers = std::max<std::int64_t>(1, big->layer_calls);
-      t.dp_comm = md * k.reduce_scatter(layer_bytes, dp, l.dp_across, layers) + rest_rs + ag;
-      window = md * one_bwd;
+      r.comm = md * k.reduce_scatter(layer_bytes, n, l.dp_across, layers) + rest_rs + ag;
       break;
     }
     default: {  // per micro-batch and unit: gathered for the forward and the backward, and
                 // its gradient reduce-scattered
       double units = 1;
-      for (const Stage& s : stages) units = std::max(units, static_cast<double>(s.units));
-      t.dp_comm = md * units *
-                  (2 * k.all_gather(bytes / units, dp, l.dp_across) +
-                   k.reduce_scatter(bytes / units, dp, l.dp_across));
-      window = md * (w.fwd + one_bwd);
+      for (const Stage& s : stages) units = std::max(units, static_cast<double>((s.*part).units));
+      r.comm = md * units *
+               (2 * k.all_gather(bytes / units, n, l.dp_across) +
+                k.reduce_scatter(bytes / units, n, l.dp_across));
     }
   }
-  if (dp <= 1) t.dp_comm = 0;
+  if (n <= 1 || big->numel == 0) r.comm = 0;
+  return r;
+}
+
+// Data-parallel / ZeRO traffic of the largest stage's buffers (FP32 gradients and weights; with
+// expert parallelism the dense part's over dp and the experts' over the expert-data-parallel
+// group), the part the backward does not hide, and the tied embedding's sum over first and last
+// stage.
+void add_data_parallel(TimeBreakdown& t, const train::TrainConfig& cfg, const Cluster& cluster,
+                       const Layout& l, const Costs& k, const std::vector<Stage>& stages,
+                       const Stage& w) {
+  const double md = static_cast<double>(l.m);
+  double embed_bytes = 0;
+  for (const Stage& s : stages) embed_bytes = std::max(embed_bytes, s.embed_bytes);
+  const DpTraffic dense = dp_traffic(cfg, l, k, stages, &Stage::dense, l.dp);
+  const DpTraffic experts = l.experts.ep > 1 ? dp_traffic(cfg, l, k, stages, &Stage::experts, l.edp)
+                                             : DpTraffic{.comm = 0, .buckets = 1};
+  t.dp_comm = dense.comm + experts.comm;
+  // The backward compute the reduction can run under.
+  const double one_bwd = w.bwd + w.rec;
+  double window = cfg.zero_stage <= 1   ? one_bwd
+                  : cfg.zero_stage == 2 ? md * one_bwd
+                                        : md * (w.fwd + one_bwd);
   // On the CPU the MPI library moves data only inside its calls: nothing overlaps.
   if (cluster.hw.is_cpu) window = 0;
-  const double tail = t.dp_comm / static_cast<double>(buckets + 1);  // the last piece is exposed
+  // The last piece of each is exposed.
+  const double tail = dense.comm / static_cast<double>(dense.buckets + 1) +
+                      experts.comm / static_cast<double>(experts.buckets + 1);
   t.dp_exposed = std::max(tail, t.dp_comm - window);
   if (l.pp > 1) t.dp_exposed += k.all_reduce(embed_bytes, 2, l.pp_across || l.dp_across);
 }
@@ -517,12 +647,19 @@ void add_data_parallel(TimeBreakdown& t, const train::TrainConfig& cfg, const Cl
 void add_optimizer_and_offload(TimeBreakdown& t, const train::TrainConfig& cfg,
                                const Cluster& cluster, const Layout& l, const Costs& k,
                                const std::vector<Stage>& stages, const Stage& w) {
-  double max_numel = 0;
-  for (const Stage& s : stages) max_numel = std::max(max_numel, static_cast<double>(s.numel));
+  // The elements the rank updates (n_opt) and whose gradients it reads (n_grad): each part's
+  // whole or its shard over its group (dp; the experts' expert dp), on the largest stage.
   const int stage_z = cfg.zero_stage, dp = l.dp;
+  double max_numel = 0, n_opt = 0, n_grad = 0;
+  for (const Stage& s : stages) {
+    const double dense = static_cast<double>(s.dense.numel);
+    const double experts = static_cast<double>(s.experts.numel);
+    max_numel = std::max(max_numel, dense + experts);
+    n_opt = std::max(n_opt, stage_z == 0 ? dense + experts : dense / dp + experts / l.edp);
+    n_grad = std::max(n_grad, stage_z >= 2 ? dense / dp + experts / l.edp : dense + experts);
+  }
   const double md = static_cast<double>(l.m);
-  const double n_opt = stage_z == 0 ? max_numel : max_numel / dp;
-  t.optimizer = k.optimizer(n_opt, stage_z >= 2 ? max_numel / dp : max_numel, cfg.bf16);
+  t.optimizer = k.optimizer(n_opt, n_grad, cfg.bf16);
   const bool params_nvme = cfg.offload_params == "nvme" && stage_z == 3;
   const double disk_bw = cluster.hw.offload_disk_bw;
   if (cfg.offload.device == optim::OffloadDevice::kNvme || params_nvme) {
@@ -553,7 +690,7 @@ void add_oversubscription(TimeBreakdown& t, const Cluster& cluster, const Layout
   double work = 0;
   for (const Stage& s : stages) work += md * (s.fwd + s.bwd + s.rec) + t.optimizer;
   work *= static_cast<double>(l.tp) * l.dp * cluster.threads_per_rank / cores;
-  const double shared = work + t.tp_comm + t.pp_comm + t.dp_exposed;
+  const double shared = work + t.tp_comm + t.ep_comm + t.pp_comm + t.dp_exposed;
   if (shared > t.iteration) {
     t.oversubscription = shared - t.iteration;
     t.iteration = shared;
