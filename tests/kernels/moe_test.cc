@@ -492,6 +492,74 @@ TEST(Moe, PermuteThenUnpermuteGivesTheTokensBack) {
   }
 }
 
+// Qwen2-MoE's shared-expert gate against the reference on every backend, and the reference's
+// backward against central finite differences in double: L = sum(out * w) with random w.
+TEST(Moe, SharedGateMatchesReferenceAndFiniteDifferences) {
+  const std::int64_t N = 37, C = 45;
+  const auto shared = randn(N * C, 950), base = randn(N * C, 951), d_out = randn(N * C, 952);
+  auto logits = randn(N, 953);
+  logits[0] = 30.0f;  // saturated: the gate passes everything
+  logits[1] = -30.0f;
+  std::vector<float> out = base, out_ref = base;
+  moe_shared_gate(ctx(), {.out = view_of(out, {N, C}),
+                          .shared = view_of(shared, {N, C}),
+                          .logits = view_of(logits, {N})});
+  ref::moe_shared_gate_forward<float>({.out = out_ref.data(),
+                                       .shared = shared.data(),
+                                       .logits = logits.data(),
+                                       .tokens = N,
+                                       .hidden = C});
+  EXPECT_TRUE(all_close("shared gate out", fetch(out), out_ref, {1e-6, 1e-6}));
+  std::vector<float> d_shared(N * C), d_logits(N), d_shared_ref(N * C), d_logits_ref(N);
+  moe_shared_gate_backward(ctx(), {.d_shared = view_of(d_shared, {N, C}),
+                                   .d_logits = view_of(d_logits, {N}),
+                                   .d_out = view_of(d_out, {N, C}),
+                                   .shared = view_of(shared, {N, C}),
+                                   .logits = view_of(logits, {N})});
+  ref::moe_shared_gate_backward<float>({.d_shared = d_shared_ref.data(),
+                                        .d_logits = d_logits_ref.data(),
+                                        .d_out = d_out.data(),
+                                        .shared = shared.data(),
+                                        .logits = logits.data(),
+                                        .tokens = N,
+                                        .hidden = C});
+  EXPECT_TRUE(all_close("d_shared", fetch(d_shared), d_shared_ref, {1e-6, 1e-6}));
+  EXPECT_TRUE(all_close("d_logits", fetch(d_logits), d_logits_ref, {1e-5, 1e-6}));
+  // Finite differences of the double reference.
+  std::vector<double> s64(shared.begin(), shared.end()), l64(logits.begin(), logits.end()),
+      w64(d_out.begin(), d_out.end());
+  auto loss = [&](const std::vector<double>& s, const std::vector<double>& l) {
+    std::vector<double> o(static_cast<std::size_t>(N * C), 0.0);
+    ref::moe_shared_gate_forward<double>(
+        {.out = o.data(), .shared = s.data(), .logits = l.data(), .tokens = N, .hidden = C});
+    double sum = 0;
+    for (std::size_t i = 0; i < o.size(); ++i) sum += o[i] * w64[i];
+    return sum;
+  };
+  std::vector<double> ds(static_cast<std::size_t>(N * C)), dl(static_cast<std::size_t>(N));
+  ref::moe_shared_gate_backward<double>({.d_shared = ds.data(),
+                                         .d_logits = dl.data(),
+                                         .d_out = w64.data(),
+                                         .shared = s64.data(),
+                                         .logits = l64.data(),
+                                         .tokens = N,
+                                         .hidden = C});
+  const double h = 1e-6;
+  for (std::int64_t n : {2, 7, 36}) {
+    auto lp = l64, lm = l64;
+    lp[static_cast<std::size_t>(n)] += h;
+    lm[static_cast<std::size_t>(n)] -= h;
+    const double fd = (loss(s64, lp) - loss(s64, lm)) / (2 * h);
+    EXPECT_NEAR(dl[static_cast<std::size_t>(n)], fd, 1e-7 + 1e-6 * std::abs(fd)) << "logit " << n;
+    auto sp = s64, sm = s64;
+    const auto i = static_cast<std::size_t>(n * C + 3);
+    sp[i] += h;
+    sm[i] -= h;
+    const double fds = (loss(sp, l64) - loss(sm, l64)) / (2 * h);
+    EXPECT_NEAR(ds[i], fds, 1e-7 + 1e-6 * std::abs(fds)) << "shared " << i;
+  }
+}
+
 TEST(Moe, WrongViewsAreClearErrors) {
   const std::int64_t N = 4, E = 3;
   const std::vector<float> logits(N * E), scores(N * E), weights(N * 2);

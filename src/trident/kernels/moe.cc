@@ -244,4 +244,40 @@ void moe_unpermute_backward(const core::ExecContext& ctx, const MoeUnpermuteBack
   TRIDENT_DISPATCH(moe_unpermute_backward, ctx, args);
 }
 
+void moe_shared_gate_forward(const core::ExecContext& ctx, const MoeSharedGateArgs& args) {
+  TRIDENT_DISPATCH(moe_shared_gate_forward, ctx, args);
+}
+
+void moe_shared_gate(const core::ExecContext& ctx, const MoeSharedGateViews& v) {
+  constexpr const char* op = "moe_shared_gate";
+  check_rank(op, "out", v.out, 2);
+  const std::int64_t N = v.out.shape[0], C = v.out.shape[1];
+  check_views(op, ctx, DType::kF32, {N, C}, {{"out", v.out}, {"shared", v.shared}});
+  check_view(op, "logits", v.logits, DType::kF32, {N}, ctx);
+  const core::profile::Scope prof(core::profile::Kind::kMemory, op, 0, 4.0 * 3 * N * C);
+  moe_shared_gate_forward(ctx, {.out = v.out.as<float>(),
+                                .shared = v.shared.as<float>(),
+                                .logits = v.logits.as<float>(),
+                                .tokens = N,
+                                .hidden = C});
+}
+
+void moe_shared_gate_backward(const core::ExecContext& ctx, const MoeSharedGateBackwardViews& v) {
+  constexpr const char* op = "moe_shared_gate_backward";
+  check_rank(op, "d_out", v.d_out, 2);
+  const std::int64_t N = v.d_out.shape[0], C = v.d_out.shape[1];
+  check_views(op, ctx, DType::kF32, {N, C},
+              {{"d_out", v.d_out}, {"shared", v.shared}, {"d_shared", v.d_shared}});
+  check_views(op, ctx, DType::kF32, {N}, {{"logits", v.logits}, {"d_logits", v.d_logits}});
+  const MoeSharedGateBackwardArgs args{.d_shared = v.d_shared.as<float>(),
+                                       .d_logits = v.d_logits.as<float>(),
+                                       .d_out = v.d_out.as<float>(),
+                                       .shared = v.shared.as<float>(),
+                                       .logits = v.logits.as<float>(),
+                                       .tokens = N,
+                                       .hidden = C};
+  const core::profile::Scope prof(core::profile::Kind::kMemory, op, 0, 4.0 * 3 * N * C);
+  TRIDENT_DISPATCH(moe_shared_gate_backward, ctx, args);
+}
+
 }  // namespace trident::kernels

@@ -7,6 +7,7 @@
 //                         (token, choice) goes in the expert-major permuted order, what is dropped
 //   moe_permute           x (N, C) -> x_perm (R, C): each expert's tokens contiguous
 //   moe_unpermute         y_perm (R, C) -> out (N, C) = sum_j weights[n, j] * y_perm[rows[n, j]]
+//   moe_shared_gate       out (N, C) += sigmoid(logits[n]) * shared (N, C) (Qwen2-MoE's gate)
 //
 // Routing is deterministic: ties in the top-k go to the lower expert index, an expert's rows are
 // in token order, a capacity drop (policy probs) keeps the larger weights and, among equal
@@ -151,6 +152,29 @@ struct MoeUnpermuteBackwardArgs {
   std::int64_t tokens = 0, hidden = 0, topk = 1, rows_out = 0;
 };
 
+// Qwen2-MoE's shared-expert gate: out[n] += sigmoid(logits[n]) * shared[n] (the shared experts'
+// output weighed by a per-token sigmoid gate, added to the routed experts' combine).
+template <class T>
+struct BasicMoeSharedGateArgs {
+  T* out = nullptr;           // (N, C)  accumulated (+=)
+  const T* shared = nullptr;  // (N, C)
+  const T* logits = nullptr;  // (N)     the gate's logits
+  std::int64_t tokens = 0, hidden = 0;
+};
+using MoeSharedGateArgs = BasicMoeSharedGateArgs<float>;
+// d_shared[n] = sigmoid(logits[n]) d_out[n] (=); d_logits[n] = sigmoid' (logits[n]) (d_out[n] .
+// shared[n]) (=), the dot product in double.
+template <class T>
+struct BasicMoeSharedGateBackwardArgs {
+  T* d_shared = nullptr;      // (N, C)  written (=)
+  T* d_logits = nullptr;      // (N)     written (=)
+  const T* d_out = nullptr;   // (N, C)
+  const T* shared = nullptr;  // (N, C)
+  const T* logits = nullptr;  // (N)
+  std::int64_t tokens = 0, hidden = 0;
+};
+using MoeSharedGateBackwardArgs = BasicMoeSharedGateBackwardArgs<float>;
+
 // The typed views. N and E come from logits, k from experts; f32 unless marked i32.
 struct MoeRouterViews {
   core::TensorView scores{};       // (N, E)  written (=)
@@ -226,6 +250,22 @@ struct MoeUnpermuteBackwardViews {
 };
 void moe_unpermute_backward(const core::ExecContext& ctx, const MoeUnpermuteBackwardViews& v);
 
+struct MoeSharedGateViews {
+  core::TensorView out{};     // (N, C)  accumulated (+=)
+  core::TensorView shared{};  // (N, C)
+  core::TensorView logits{};  // (N)
+};
+void moe_shared_gate(const core::ExecContext& ctx, const MoeSharedGateViews& v);
+
+struct MoeSharedGateBackwardViews {
+  core::TensorView d_shared{};  // (N, C)  written (=)
+  core::TensorView d_logits{};  // (N)     written (=)
+  core::TensorView d_out{};     // (N, C)
+  core::TensorView shared{};    // (N, C)
+  core::TensorView logits{};    // (N)
+};
+void moe_shared_gate_backward(const core::ExecContext& ctx, const MoeSharedGateBackwardViews& v);
+
 namespace ref {
 // The specification (ref/moe_ref.cc), over the element type T for the router (docs/architecture.md,
 // "How to add an op").
@@ -238,6 +278,10 @@ void moe_permute(const MoePermuteArgs& args);
 void moe_permute_backward(const MoePermuteBackwardArgs& args);
 void moe_unpermute(const MoeUnpermuteArgs& args);
 void moe_unpermute_backward(const MoeUnpermuteBackwardArgs& args);
+template <class T = float>
+void moe_shared_gate_forward(const BasicMoeSharedGateArgs<T>& args);
+template <class T = float>
+void moe_shared_gate_backward(const BasicMoeSharedGateBackwardArgs<T>& args);
 }  // namespace ref
 
 }  // namespace trident::kernels

@@ -229,4 +229,33 @@ void moe_unpermute_backward(const ExecContext& ctx, const MoeUnpermuteBackwardAr
   }
 }
 
+void moe_shared_gate_forward(const ExecContext& ctx, const MoeSharedGateArgs& a) {
+  const std::int64_t C = a.hidden;
+#pragma omp parallel for num_threads(detail::num_threads(ctx)) schedule(static)
+  for (std::int64_t n = 0; n < a.tokens; ++n) {
+    const float g = static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(a.logits[n]))));
+    float* out = a.out + n * C;
+    const float* shared = a.shared + n * C;
+    for (std::int64_t c = 0; c < C; ++c) out[c] += g * shared[c];
+  }
+}
+
+void moe_shared_gate_backward(const ExecContext& ctx, const MoeSharedGateBackwardArgs& a) {
+  const std::int64_t C = a.hidden;
+#pragma omp parallel for num_threads(detail::num_threads(ctx)) schedule(static)
+  for (std::int64_t n = 0; n < a.tokens; ++n) {
+    const double g = 1.0 / (1.0 + std::exp(-static_cast<double>(a.logits[n])));
+    const float gf = static_cast<float>(g);
+    const float* d_out = a.d_out + n * C;
+    const float* shared = a.shared + n * C;
+    float* d_shared = a.d_shared + n * C;
+    double dot = 0;
+    for (std::int64_t c = 0; c < C; ++c) {
+      d_shared[c] = gf * d_out[c];
+      dot += static_cast<double>(d_out[c]) * shared[c];
+    }
+    a.d_logits[n] = static_cast<float>(g * (1.0 - g) * dot);
+  }
+}
+
 }  // namespace trident::kernels::TRIDENT_CPU_ISA

@@ -459,4 +459,55 @@ void moe_unpermute_backward(const ExecContext& ctx, const MoeUnpermuteBackwardAr
   }
 }
 
+namespace {
+
+__global__ void moe_shared_gate_kernel(float* out, const float* shared, const float* logits,
+                                       std::int64_t n_out, std::int64_t hidden) {
+  for (std::int64_t i = global_thread(); i < n_out; i += grid_threads()) {
+    const std::int64_t n = i / hidden;
+    const float g = static_cast<float>(1.0 / (1.0 + exp(-static_cast<double>(logits[n]))));
+    out[i] += g * shared[i];
+  }
+}
+
+// One warp per token: d_shared's row, and d_logits[n] from the lanes' double partials over the
+// columns lane, lane + 32, ..., added by warp_sum's fixed tree.
+__global__ void moe_shared_gate_backward_kernel(float* d_shared, float* d_logits,
+                                                const float* d_out, const float* shared,
+                                                const float* logits, std::int64_t tokens,
+                                                std::int64_t hidden) {
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  const std::int64_t warps = grid_threads() / 32;
+  for (std::int64_t n = global_thread() / 32; n < tokens; n += warps) {
+    const double g = 1.0 / (1.0 + exp(-static_cast<double>(logits[n])));
+    const float gf = static_cast<float>(g);
+    double acc = 0.0;
+    for (std::int64_t c = lane; c < hidden; c += 32) {
+      const std::int64_t i = n * hidden + c;
+      d_shared[i] = gf * d_out[i];
+      acc += static_cast<double>(d_out[i]) * static_cast<double>(shared[i]);
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) d_logits[n] = static_cast<float>(g * (1.0 - g) * acc);
+  }
+}
+
+}  // namespace
+
+void moe_shared_gate_forward(const ExecContext& ctx, const MoeSharedGateArgs& args) {
+  const std::int64_t n_out = args.tokens * args.hidden;
+  if (n_out == 0) return;
+  moe_shared_gate_kernel<<<grid_for(n_out, kThreads), kThreads, 0, stream_of(ctx)>>>(
+      args.out, args.shared, args.logits, n_out, args.hidden);
+  TRIDENT_CUDA_LAUNCH_CHECK("moe_shared_gate_forward");
+}
+
+void moe_shared_gate_backward(const ExecContext& ctx, const MoeSharedGateBackwardArgs& args) {
+  if (args.tokens == 0) return;
+  moe_shared_gate_backward_kernel<<<grid_for(args.tokens * 32, kThreads), kThreads, 0,
+                                    stream_of(ctx)>>>(
+      args.d_shared, args.d_logits, args.d_out, args.shared, args.logits, args.tokens, args.hidden);
+  TRIDENT_CUDA_LAUNCH_CHECK("moe_shared_gate_backward");
+}
+
 }  // namespace trident::kernels::cuda

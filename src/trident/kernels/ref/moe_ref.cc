@@ -212,4 +212,34 @@ void moe_unpermute_backward(const MoeUnpermuteBackwardArgs& a) {
   }
 }
 
+template <class T>
+void moe_shared_gate_forward(const BasicMoeSharedGateArgs<T>& a) {
+  for (std::int64_t n = 0; n < a.tokens; ++n) {
+    const double g = 1.0 / (1.0 + std::exp(-static_cast<double>(a.logits[n])));
+    for (std::int64_t c = 0; c < a.hidden; ++c) {
+      const std::int64_t i = n * a.hidden + c;
+      a.out[i] = static_cast<T>(static_cast<double>(a.out[i]) + g * a.shared[i]);
+    }
+  }
+}
+
+template <class T>
+void moe_shared_gate_backward(const BasicMoeSharedGateBackwardArgs<T>& a) {
+  for (std::int64_t n = 0; n < a.tokens; ++n) {
+    const double g = 1.0 / (1.0 + std::exp(-static_cast<double>(a.logits[n])));
+    double dot = 0;
+    for (std::int64_t c = 0; c < a.hidden; ++c) {
+      const std::int64_t i = n * a.hidden + c;
+      a.d_shared[i] = static_cast<T>(g * a.d_out[i]);
+      dot += static_cast<double>(a.d_out[i]) * a.shared[i];
+    }
+    a.d_logits[n] = static_cast<T>(g * (1.0 - g) * dot);
+  }
+}
+
+template void moe_shared_gate_forward<float>(const BasicMoeSharedGateArgs<float>&);
+template void moe_shared_gate_forward<double>(const BasicMoeSharedGateArgs<double>&);
+template void moe_shared_gate_backward<float>(const BasicMoeSharedGateBackwardArgs<float>&);
+template void moe_shared_gate_backward<double>(const BasicMoeSharedGateBackwardArgs<double>&);
+
 }  // namespace trident::kernels::ref
