@@ -177,6 +177,8 @@ class Equivalence : public ::testing::Test {
       c.moe_router_topk = flag("--moe-router-topk", 2);
       c.moe_ffn_hidden_size = flag("--moe-ffn-hidden-size", 0);
       c.moe_layer_freq = flag("--moe-layer-freq", 1);
+      c.moe_shared_expert_intermediate_size = flag("--moe-shared-expert-intermediate-size", 0);
+      c.moe_shared_expert_gate = model_flags.find("--moe-shared-expert-gate") != std::string::npos;
     }
     c.num_layers = 4;
     c.hidden_size = 32;
@@ -579,6 +581,24 @@ TEST_F(Equivalence, MoeExpertParallelLayouts) {
   for (int shard = 0; shard < 8; ++shard) {
     EXPECT_TRUE(fs::exists(it10 + "rank_0000" + std::to_string(shard) + ".bin")) << shard;
   }
+}
+// Shared experts with Qwen2-MoE's gate beside the routed experts: tensor parallelism with SP (the
+// shared MLP split as the dense one, the gate's gradient summed over tp) and EP 2 over dp 4 with
+// ZeRO-3 (the shared experts in the dense part).
+constexpr const char* kMoeShared =
+    "--swiglu --disable-bias-linear --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 48 "
+    "--moe-aux-loss-coeff 0.01 --moe-shared-expert-intermediate-size 32 --moe-shared-expert-gate";
+TEST_F(Equivalence, MoeSharedExpertLayouts) {
+  expect_equivalent({"moeshared_tp2sp",
+                     2,
+                     {"--tensor-model-parallel-size 2 --sequence-parallel"},
+                     2,
+                     kMoeShared});
+  expect_equivalent({"moeshared_ep2dp4zero3",
+                     4,
+                     {"--expert-model-parallel-size 2 --zero-stage 3"},
+                     1,
+                     kMoeShared});
 }
 // An expert-parallel checkpoint resumes: stopped at iteration 5 and resumed in the same layout,
 // the losses and the final checkpoint equal the uninterrupted run's bitwise; resumed in other

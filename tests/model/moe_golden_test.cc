@@ -32,13 +32,14 @@ std::string g_dump, g_inputs, g_reference, g_variant;
 struct Variant {
   std::int64_t B = 2, T = 8, C = 16, E = 4, K = 2, F = 12;
   bool pre_softmax = false;
+  std::int64_t S = 0;  // shared experts' size (with Qwen2-MoE's gate), 0: none
   double aux_coeff = 0.1, z_coeff = 0.01;
 };
 
 Variant variant_of(const std::string& name) {
   if (name == "mixtral") return {};
   if (name == "mixtral_top1") return {.C = 24, .E = 3, .K = 1, .F = 20};
-  if (name == "qwen2") return {.E = 6, .K = 2, .F = 10, .pre_softmax = true};
+  if (name == "qwen2") return {.E = 6, .K = 2, .F = 10, .pre_softmax = true, .S = 14};
   throw std::runtime_error("unknown variant " + name);
 }
 
@@ -64,7 +65,13 @@ int dump(const std::string& path) {
        make_f32_tensor("router", {v.E, v.C}, randn(v.E * v.C, 2, 0.5)),
        make_f32_tensor("fc", {v.E, 2, v.F, v.C}, randn(v.E * 2 * v.F * v.C, 3, 0.2)),
        make_f32_tensor("fc2", {v.E, v.C, v.F}, randn(v.E * v.C * v.F, 4, 0.2)),
-       make_f32_tensor("d_out", {N, v.C}, randn(N * v.C, 5, 1.0))});
+       make_f32_tensor("d_out", {N, v.C}, randn(N * v.C, 5, 1.0)),
+       make_f32_tensor("shared_sizes", {1}, {static_cast<float>(v.S)}),
+       make_f32_tensor("shared_fc", {2, std::max<std::int64_t>(v.S, 1), v.C},
+                       randn(2 * std::max<std::int64_t>(v.S, 1) * v.C, 6, 0.2)),
+       make_f32_tensor("shared_fc2", {v.C, std::max<std::int64_t>(v.S, 1)},
+                       randn(v.C * std::max<std::int64_t>(v.S, 1), 7, 0.2)),
+       make_f32_tensor("shared_gate", {1, v.C}, randn(v.C, 8, 0.5))});
   return 0;
 }
 
@@ -96,12 +103,25 @@ TEST(MoeGolden, LayerMatchesTransformers) {
                       .activation = Activation::kSwiGlu,
                       .router = {.topk = K, .pre_softmax = v.pre_softmax},
                       .aux_loss_coeff = v.aux_coeff,
-                      .z_loss_coeff = v.z_coeff};
+                      .z_loss_coeff = v.z_coeff,
+                      .shared_ffn = v.S,
+                      .shared_gate = v.S > 0};
+  const std::int64_t S = v.S;
   const std::vector<float> x = find_tensor(in, "x").f32(), d_out = find_tensor(in, "d_out").f32();
   const std::vector<float> router = find_tensor(in, "router").f32();
   const std::vector<float> fc = find_tensor(in, "fc").f32(), fc2 = find_tensor(in, "fc2").f32();
-  const MoeParams p{.router = {router.data()}, .fc_w = {fc.data()}, .fc2_w = {fc2.data()}};
+  const std::vector<float> sfc = find_tensor(in, "shared_fc").f32(),
+                           sfc2 = find_tensor(in, "shared_fc2").f32(),
+                           sgate = find_tensor(in, "shared_gate").f32();
+  const MoeParams p{.router = {router.data()},
+                    .fc_w = {fc.data()},
+                    .fc2_w = {fc2.data()},
+                    .shared = {.fc_w = {sfc.data()}, .fc2_w = {sfc2.data()}},
+                    .shared_gate = sgate.data()};
   std::vector<float> g_router(router.size()), g_fc(fc.size()), g_fc2(fc2.size());
+  std::vector<float> g_sfc(sfc.size()), g_sfc2(sfc2.size()), g_sgate(sgate.size());
+  std::vector<float> s_fc(N * 2 * std::max<std::int64_t>(S, 1)),
+      s_act(N * std::max<std::int64_t>(S, 1)), s_out(N * C), s_logits(N);
 
   const std::int64_t R = cfg.max_rows(N);
   std::vector<float> logits(N * E), scores(N * E), weights(N * K), lse(N), x_perm(R * C),
@@ -118,10 +138,16 @@ TEST(MoeGolden, LayerMatchesTransformers) {
                        .x_perm = x_perm.data(),
                        .fc = fc_out.data(),
                        .act = act.data(),
-                       .y_perm = y_perm.data()};
-  std::vector<float> d_ln(N * C);
+                       .y_perm = y_perm.data(),
+                       .shared = {.fc = s_fc.data(), .gelu = s_act.data()},
+                       .shared_out = s_out.data(),
+                       .shared_logits = s_logits.data()};
+  std::vector<float> d_ln(N * C), ws_fc(N * 2 * std::max<std::int64_t>(S, 1)),
+      ws_act(N * std::max<std::int64_t>(S, 1));
   Workspace ws;
   ws.d_ln = d_ln.data();
+  ws.d_fc = ws_fc.data();
+  ws.d_act = ws_act.data();
   const core::ExecContext ctx;
   const parallel::TpGroup group;
   const parallel::TpRegion region(group, false, N, C);
@@ -130,18 +156,26 @@ TEST(MoeGolden, LayerMatchesTransformers) {
   MoeStats stats;
   moe_forward(lc, cfg, p, {.out = out.data(), .in = x.data(), .saved = saved, .stats = &stats});
   std::vector<float> d_weights(N * K), d_logits(N * E), d_perm(R * C), d_fc(R * 2 * F),
-      d_act(R * F), d_aux(E);
-  const float* d_x = moe_backward(lc, cfg, p,
-                                  {.d_out = d_out.data(),
-                                   .in = x.data(),
-                                   .saved = saved,
-                                   .grads = {g_router.data(), g_fc.data(), g_fc2.data()},
-                                   .d_weights = d_weights.data(),
-                                   .d_logits = d_logits.data(),
-                                   .d_perm = d_perm.data(),
-                                   .d_fc = d_fc.data(),
-                                   .d_act = d_act.data(),
-                                   .d_aux = d_aux.data()});
+      d_act(R * F), d_aux(E), d_shared_in(N * C), d_shared_out(N * C), d_shared_logits(N);
+  const float* d_x =
+      moe_backward(lc, cfg, p,
+                   {.d_out = d_out.data(),
+                    .in = x.data(),
+                    .saved = saved,
+                    .grads = {.router = g_router.data(),
+                              .fc_w = g_fc.data(),
+                              .fc2_w = g_fc2.data(),
+                              .shared = {.fc_w = g_sfc.data(), .fc2_w = g_sfc2.data()},
+                              .shared_gate = g_sgate.data()},
+                    .d_weights = d_weights.data(),
+                    .d_logits = d_logits.data(),
+                    .d_perm = d_perm.data(),
+                    .d_fc = d_fc.data(),
+                    .d_act = d_act.data(),
+                    .d_aux = d_aux.data(),
+                    .d_shared_in = d_shared_in.data(),
+                    .d_shared_out = d_shared_out.data(),
+                    .d_shared_logits = d_shared_logits.data()});
   expect_close("out", out, find_tensor(ref, "out"));
   expect_close("logits", logits, find_tensor(ref, "logits"));
   expect_close("d_x", std::vector<float>(d_x, d_x + N * C), find_tensor(ref, "d_x"));
@@ -150,6 +184,11 @@ TEST(MoeGolden, LayerMatchesTransformers) {
   expect_close("d_fc2", g_fc2, find_tensor(ref, "d_fc2"));
   expect_close("aux_loss", {static_cast<float>(stats.aux_loss)}, find_tensor(ref, "aux"));
   expect_close("z_loss", {static_cast<float>(stats.z_loss)}, find_tensor(ref, "z"));
+  if (S > 0) {  // the shared experts and their gate (Qwen2-MoE)
+    expect_close("d_shared_fc", g_sfc, find_tensor(ref, "d_shared_fc"));
+    expect_close("d_shared_fc2", g_sfc2, find_tensor(ref, "d_shared_fc2"));
+    expect_close("d_gate", g_sgate, find_tensor(ref, "d_shared_gate"));
+  }
   EXPECT_EQ(stats.dropped, 0);  // dropless
   std::int64_t kept = 0;
   for (std::int32_t c : stats.tokens_per_expert) kept += c;

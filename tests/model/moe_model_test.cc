@@ -31,6 +31,8 @@ ModelConfig moe_config() {
   c.moe_layer_freq = 2;  // layers 0 and 2
   c.moe_aux_loss_coeff = 0.1;
   c.moe_z_loss_coeff = 0.01;
+  c.moe_shared_expert_intermediate_size = 16;  // Qwen2-MoE's shared experts, gated
+  c.moe_shared_expert_gate = true;
   return c;
 }
 
@@ -56,6 +58,14 @@ TEST(MoeModel, TableDeclaresTheExpertsInTheirLayers) {
     ASSERT_NE(fc2, nullptr);
     EXPECT_EQ(fc2->shape, (std::vector<std::int64_t>{4, 32, 24}));
     EXPECT_EQ(find(t, p + "dense_h_to_4h.weight"), nullptr) << "a MoE layer has no dense MLP";
+    const ParamSpec* shared = find(t, p + "shared_experts.dense_h_to_4h.weight");
+    ASSERT_NE(shared, nullptr);
+    EXPECT_EQ(shared->shape, (std::vector<std::int64_t>{2, 16, 32}));
+    EXPECT_FALSE(shared->expert);
+    ASSERT_NE(find(t, p + "shared_experts.dense_4h_to_h.weight"), nullptr);
+    const ParamSpec* gate = find(t, p + "shared_experts.gate_weight");
+    ASSERT_NE(gate, nullptr);
+    EXPECT_EQ(gate->shape, (std::vector<std::int64_t>{1, 32}));
   }
   EXPECT_NE(find(t, "layers.1.mlp.dense_h_to_4h.weight"), nullptr);
   EXPECT_EQ(find(t, "layers.1.mlp.router.weight"), nullptr);
@@ -110,7 +120,10 @@ TEST(MoeModel, GradientsMatchFiniteDifferences) {
   for (const char* name :
        {"layers.0.mlp.router.weight", "layers.0.mlp.experts.dense_h_to_4h.weight",
         "layers.2.mlp.experts.dense_4h_to_h.weight", "layers.2.mlp.router.weight",
-        "layers.1.mlp.dense_h_to_4h.weight", "layers.0.self_attention.query_key_value.weight"}) {
+        "layers.1.mlp.dense_h_to_4h.weight", "layers.0.self_attention.query_key_value.weight",
+        "layers.0.mlp.shared_experts.dense_h_to_4h.weight",
+        "layers.2.mlp.shared_experts.dense_4h_to_h.weight",
+        "layers.2.mlp.shared_experts.gate_weight"}) {
     const ParamSpec* spec = find(r.tiny.table, name);
     ASSERT_NE(spec, nullptr) << name;
     for (int i = 0; i < 6; ++i) {

@@ -3,8 +3,8 @@
 # trident's dumped weights copied in:
 #   mixtral, mixtral_top1: MixtralSparseMoeBlock (softmax over all experts, top-k, renormalised)
 #   qwen2:                 Qwen2MoeSparseMoeBlock with norm_topk_prob=False (the top-k of the
-#                          full softmax, not renormalised: Megatron's --moe-router-pre-softmax);
-#                          its shared expert and gate are zero, so they add nothing
+#                          full softmax, not renormalised: Megatron's --moe-router-pre-softmax),
+#                          with its shared expert (SwiGLU, shared_sizes[0] wide) and sigmoid gate
 # The loss whose gradients are compared: sum(out * d_out) + aux_coeff * aux + z_coeff * z, with
 # aux = transformers' load_balancing_loss_func / top_k (Megatron's Switch loss: transformers'
 # counts each of the k choices as a fraction of the tokens, Megatron divides by k) and
@@ -52,8 +52,9 @@ def main():
     else:
         from transformers import Qwen2MoeConfig
         from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeSparseMoeBlock
+        S = int(t["shared_sizes"].tolist()[0])
         cfg = Qwen2MoeConfig(hidden_size=C, moe_intermediate_size=F,
-                             shared_expert_intermediate_size=F, num_experts=E,
+                             shared_expert_intermediate_size=S, num_experts=E,
                              num_experts_per_tok=K, norm_topk_prob=False)
         block = Qwen2MoeSparseMoeBlock(cfg).double()
         with torch.no_grad():
@@ -62,9 +63,11 @@ def main():
                 block.experts[e].gate_proj.weight.copy_(fc[e, 0])
                 block.experts[e].up_proj.weight.copy_(fc[e, 1])
                 block.experts[e].down_proj.weight.copy_(fc2[e])
-            for p in list(block.shared_expert.parameters()) + list(
-                    block.shared_expert_gate.parameters()):
-                p.zero_()
+            sfc, sfc2 = t["shared_fc"].double(), t["shared_fc2"].double()
+            block.shared_expert.gate_proj.weight.copy_(sfc[0])
+            block.shared_expert.up_proj.weight.copy_(sfc[1])
+            block.shared_expert.down_proj.weight.copy_(sfc2)
+            block.shared_expert_gate.weight.copy_(t["shared_gate"].double())
         gate_of = lambda e: block.experts[e].gate_proj.weight  # noqa: E731
         up_of = lambda e: block.experts[e].up_proj.weight  # noqa: E731
         down_of = lambda e: block.experts[e].down_proj.weight  # noqa: E731
@@ -82,7 +85,13 @@ def main():
 
     d_fc = torch.stack([torch.stack([grad(gate_of(e)), grad(up_of(e))]) for e in range(E)])
     d_fc2 = torch.stack([grad(down_of(e)) for e in range(E)])
-    write_tensor_file(args.output, [
+    extra = []
+    if args.variant == "qwen2":
+        se = block.shared_expert
+        extra = [("d_shared_fc", torch.stack([grad(se.gate_proj.weight), grad(se.up_proj.weight)])),
+                 ("d_shared_fc2", grad(se.down_proj.weight)),
+                 ("d_shared_gate", grad(block.shared_expert_gate.weight))]
+    write_tensor_file(args.output, extra + [
         ("out", out.detach().reshape(B * T, C)),
         ("logits", logits.detach()),
         ("d_x", x.grad.reshape(B * T, C)),

@@ -288,6 +288,13 @@ const Key kKeys[] = {
      {{}, {}, {}, {"router_aux_loss_coef", 0.001}},
      true},
     {"moe_z_loss_coeff", TRIDENT_REAL(moe_z_loss_coeff), 0.0, true, {}, true},
+    {"moe_shared_expert_intermediate_size",
+     TRIDENT_SIZE(moe_shared_expert_intermediate_size),
+     0,
+     true,
+     {},
+     true},
+    {"moe_shared_expert_gate", TRIDENT_BOOL(moe_shared_expert_gate), false, true, {}, true},
 };
 
 #undef TRIDENT_SIZE

@@ -76,6 +76,11 @@ void ModelConfig::validate() const {
   TRIDENT_CHECK(moe_router_topk_scaling_factor >= 0,
                 "--moe-router-topk-scaling-factor must be positive, got ",
                 moe_router_topk_scaling_factor);
+  TRIDENT_CHECK(moe_shared_expert_intermediate_size >= 0,
+                "--moe-shared-expert-intermediate-size must be >= 0, got ",
+                moe_shared_expert_intermediate_size);
+  TRIDENT_CHECK(!moe_shared_expert_gate || moe_shared_expert_intermediate_size > 0,
+                "--moe-shared-expert-gate needs --moe-shared-expert-intermediate-size");
   TRIDENT_CHECK(moe_aux_loss_coeff >= 0 && moe_z_loss_coeff >= 0,
                 "--moe-aux-loss-coeff and --moe-z-loss-coeff must be >= 0");
   TRIDENT_CHECK(moe_aux_loss_coeff == 0 ||
@@ -96,8 +101,10 @@ double ModelConfig::flops_per_iteration(std::int64_t tokens) const {
   const double qkv = 2.0 * h * static_cast<double>(qkv_rows()), mlp = (swiglu ? 6.0 : 4.0) * h * f;
   // A mixture-of-experts layer: the router, and k experts' MLPs per token.
   const double moe_f = static_cast<double>(moe_ffn()), k = static_cast<double>(moe_router_topk);
-  const double moe_mlp =
-      2.0 * h * static_cast<double>(num_experts) + k * (swiglu ? 6.0 : 4.0) * h * moe_f;
+  const double shared_f = static_cast<double>(moe_shared_expert_intermediate_size);
+  const double moe_mlp = 2.0 * h * static_cast<double>(num_experts) +
+                         (k * moe_f + shared_f) * (swiglu ? 6.0 : 4.0) * h +
+                         (moe_shared_expert_gate ? 2.0 * h : 0.0);
   double mlps = 0;
   for (std::int64_t l = 0; l < num_layers; ++l) mlps += moe_layer(l) ? moe_mlp : mlp;
   const double per_token = L * (qkv + 2.0 * h * h + 4.0 * s * h) + mlps + 2.0 * h * V;
@@ -111,7 +118,9 @@ std::int64_t ModelConfig::num_parameters() const {
   const std::int64_t attention = 2 * norm + (q * h + b * q) + (h * h + b * h);
   const std::int64_t mlp = (fc * h + b * fc) + (h * f + b * h);
   const std::int64_t moe_f = moe_ffn(), moe_fc = swiglu ? 2 * moe_f : moe_f;
-  const std::int64_t moe = num_experts * h + num_experts * (moe_fc * h + h * moe_f);
+  const std::int64_t shared_f = moe_shared_expert_intermediate_size;
+  const std::int64_t shared = (swiglu ? 3 : 2) * shared_f * h + (moe_shared_expert_gate ? h : 0);
+  const std::int64_t moe = num_experts * h + num_experts * (moe_fc * h + h * moe_f) + shared;
   std::int64_t layers = 0;
   for (std::int64_t l = 0; l < num_layers; ++l) layers += attention + (moe_layer(l) ? moe : mlp);
   const std::int64_t pos =

@@ -89,6 +89,11 @@ struct ModelConfig {
   MoeLoadBalancing moe_router_load_balancing_type = MoeLoadBalancing::kAuxLoss;
   double moe_aux_loss_coeff = 0.0;
   double moe_z_loss_coeff = 0.0;
+  // Shared experts (Qwen2-MoE, DeepSeek): a dense MLP of this size beside the routed experts in
+  // every MoE layer, its output added to theirs (0: none); with the gate (Qwen2-MoE's), weighed by
+  // sigmoid(x . g) per token.
+  std::int64_t moe_shared_expert_intermediate_size = 0;
+  bool moe_shared_expert_gate = false;
 
   bool documents() const { return reset_position_ids || reset_attention_mask; }
   // Whether global layer `layer`'s MLP is a mixture of experts.

@@ -72,6 +72,7 @@ void layout_activations(const ModelConfig& cfg, const ModelShard& shard, std::in
   const std::int64_t RL = E > 0 ? moe.max_local_rows(BT) : 0;  // the rows this rank's experts run
   const bool ep = shard.ep_size > 1;
   const std::int64_t MF = moe.ffn / tp, MFC = cfg.swiglu ? 2 * MF : MF;  // this rank's slice
+  const std::int64_t SF = E > 0 ? moe.shared_ffn / tp : 0, SFC = cfg.swiglu ? 2 * SF : SF;
   TRIDENT_CHECK(E == 0 || !bf16, "the mixture-of-experts layer runs in FP32 for now");
   auto ints = [&](std::int64_t n) { return reinterpret_cast<std::int32_t*>(take(n)); };
   auto moe_saved = [&](layers::BlockSaved& s) {
@@ -87,7 +88,11 @@ void layout_activations(const ModelConfig& cfg, const ModelShard& shard, std::in
              .x_loc = ep ? take(RL * C) : nullptr,
              .fc = take(RL * MFC),
              .act = take(RL * MF),
-             .y_perm = take(MR * C)};
+             .y_perm = take(MR * C),
+             .shared = {.fc = SF > 0 ? take(BT * SFC) : nullptr,
+                        .gelu = SF > 0 ? take(BT * SF) : nullptr},
+             .shared_out = SF > 0 ? take(R * C) : nullptr,
+             .shared_logits = moe.shared_gate ? take(R) : nullptr};
   };
   // A kept MoE layer: block_saved's set with the MoE layer's buffers instead of the MLP's.
   auto layer_saved = [&](bool keep, std::int64_t global) {
@@ -125,6 +130,9 @@ void layout_activations(const ModelConfig& cfg, const ModelShard& shard, std::in
     ws.moe_d_aux = take(B * E);
     ws.moe_ep_a = ep ? take(RL * C) : nullptr;
     ws.moe_ep_b = ep ? take(RL * C) : nullptr;
+    ws.moe_d_shared_in = SF > 0 ? take(R * C) : nullptr;
+    ws.moe_d_shared_out = moe.shared_gate ? take(R * C) : nullptr;
+    ws.moe_d_shared_logits = moe.shared_gate ? take(R) : nullptr;
   }
   layers::Workspace& ws = a.ws;
   ws.probs = selective ? take(B * NH * T * T) : nullptr;
@@ -156,9 +164,9 @@ void layout_activations(const ModelConfig& cfg, const ModelShard& shard, std::in
   ws.d_ln = take(BT * C);
   ws.d_attn = take(BT * Cl);
   ws.d_qkv = take(BT * 3 * Cl);
-  ws.d_fc = take(BT * FCl);
+  ws.d_fc = take(BT * std::max(FCl, SFC));  // the dense MLP's, or the shared experts'
   ws.qkv_grouped = grouped ? take(BT * Ql) : nullptr;
-  ws.d_act = cfg.swiglu ? take(BT * F) : nullptr;
+  ws.d_act = cfg.swiglu ? take(BT * std::max(F, SF)) : nullptr;
   ws.d_probs = unfused ? take(B * NH * T * T) : nullptr;
   if (cfg.documents()) {  // int32 per token, in float-sized slots
     a.positions = reinterpret_cast<std::int32_t*>(take(BT));

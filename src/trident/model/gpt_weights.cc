@@ -27,7 +27,9 @@ layers::MoeConfig moe_config(const ModelConfig& cfg, int ep_size) {
           .aux_loss_coeff = balance ? cfg.moe_aux_loss_coeff : 0.0,
           .aux_per_sequence = cfg.moe_router_load_balancing_type == MoeLoadBalancing::kSeqAuxLoss,
           .z_loss_coeff = cfg.moe_z_loss_coeff,
-          .ep_size = ep_size};
+          .ep_size = ep_size,
+          .shared_ffn = cfg.moe_shared_expert_intermediate_size,
+          .shared_gate = cfg.moe_shared_expert_gate};
 }
 
 GptLayers gpt_layers(const ModelConfig& cfg, const ModelShard& shard) {

@@ -77,7 +77,6 @@ bool moe_only(std::string_view name) {
       "--mlp-type",
       "--use-tutel",
       "--expert-parallel",
-      "--moe-shared-expert-intermediate-size",
       "--moe-router-enable-expert-bias",
       "--moe-router-num-groups",
       "--moe-router-group-topk",
@@ -541,9 +540,12 @@ constexpr const char* kMoeReview =
     "22 are refused, because trident does not build what they ask for or computes something else "
     "(shared experts, the expert bias, group-limited routing, DeepSpeed-MoE's capacities, ...), 20 "
     "of them only in a model with experts (a dense run accepts them: Megatron does not read them "
-    "there). The kernel, dispatcher and memory switches stay no-ops (expert parallel size 1), and "
+    "there). The kernel, dispatcher and memory switches stay no-ops, and "
     "the inference settings that were listed with the experts are now listed as inference "
-    "settings.\n\n";
+    "settings. Since then: expert parallelism (`--expert-model-parallel-size`, with "
+    "Megatron-DeepSpeed's `--moe-expert-parallel-size` mapped to it) and shared experts "
+    "(`--moe-shared-expert-intermediate-size`, `--moe-shared-expert-gate`) are implemented, "
+    "and the shared experts' kernel and overlap switches are no-ops.\n\n";
 
 std::string flag_table_markdown() {
   std::map<FlagStatus, int> count;

@@ -223,6 +223,11 @@ void add_moe_options(Settings& s, TrainConfig& c) {
       ->expected(1, kMany);
   s.add_option("--moe-z-loss-coeff", m.moe_z_loss_coeff,
                "Coefficient of the router's z-loss (default 0)");
+  s.add_option("--moe-shared-expert-intermediate-size", m.moe_shared_expert_intermediate_size,
+               "Shared experts: a dense MLP of this size beside the routed experts (default 0: "
+               "none)");
+  s.add_flag("--moe-shared-expert-gate", m.moe_shared_expert_gate,
+             "Weigh the shared experts' output by a per-token sigmoid gate (Qwen2-MoE)");
 }
 
 // The model: sizes, dropout, position, norm, MLP and attention variants.
@@ -919,6 +924,11 @@ void TrainConfig::finalize_parallel(int world_size) {
     TRIDENT_CHECK(model.moe_ffn() % tensor_model_parallel_size == 0, "--moe-ffn-hidden-size (",
                   model.moe_ffn(), ") must be divisible by --tensor-model-parallel-size (",
                   tensor_model_parallel_size, ")");
+    TRIDENT_CHECK(model.moe_shared_expert_intermediate_size % tensor_model_parallel_size == 0,
+                  "--moe-shared-expert-intermediate-size (",
+                  model.moe_shared_expert_intermediate_size,
+                  ") must be divisible by --tensor-model-parallel-size (",
+                  tensor_model_parallel_size, "): the shared experts are split as the dense MLP");
     const char* precision = bf16 ? "bf16" : "fp16";
     TRIDENT_CHECK(!bf16 && !fp16, "--num-experts ", model.num_experts, " with --", precision,
                   deepspeed ? str(" (or the DeepSpeed JSON's \"", precision, "\" block)") : "",

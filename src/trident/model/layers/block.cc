@@ -79,7 +79,10 @@ void block_backward(const LayerContext& lc, const BlockConfig& cfg, const BlockP
                       .d_perm = ws.moe_d_perm,
                       .d_fc = ws.moe_d_fc,
                       .d_act = ws.moe_d_act,
-                      .d_aux = ws.moe_d_aux});
+                      .d_aux = ws.moe_d_aux,
+                      .d_shared_in = ws.moe_d_shared_in,
+                      .d_shared_out = ws.moe_d_shared_out,
+                      .d_shared_logits = ws.moe_d_shared_logits});
   } else {
     d = mlp_backward(lc, cfg.mlp, p.mlp,
                      {.d_out = d, .in = s.norm2.out, .saved = s.mlp, .grads = g.mlp});

@@ -57,6 +57,10 @@ struct Workspace {
   // Expert parallelism: the all-to-all's exchange buffers, (RL, C) each (MoeConfig).
   float* moe_ep_a = nullptr;
   float* moe_ep_b = nullptr;
+  // Shared experts: (local rows, C), and with the gate (local rows, C) and (local rows).
+  float* moe_d_shared_in = nullptr;
+  float* moe_d_shared_out = nullptr;
+  float* moe_d_shared_logits = nullptr;
 };
 
 // Hidden-dropout keys of one micro-batch: masks are keyed by global token rows and the iteration,

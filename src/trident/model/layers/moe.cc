@@ -7,6 +7,7 @@
 #include "trident/core/error.h"
 #include "trident/kernels/elementwise.h"
 #include "trident/kernels/memory.h"
+#include "trident/kernels/moe.h"
 #include "trident/kernels/swiglu.h"
 
 namespace trident::model::layers {
@@ -58,6 +59,16 @@ void declare_moe(const MoeConfig& cfg, const WeightScope& s, MoeParams* p, MoeGr
      .init = InitRule::kScaledNormal,
      .expert = true},
     slot(field(p, &MoeParams::fc2_w), field(g, &MoeGrads::fc2_w)));
+  if (cfg.shared_ffn > 0) {
+    declare_mlp(cfg.shared_mlp(), s.sub("shared_experts."), field(p, &MoeParams::shared),
+                field(g, &MoeGrads::shared));
+  }
+  if (cfg.shared_gate) {
+    // Replicated over tp; under sequence parallelism each rank sees only its rows, so (as a
+    // norm's parameter) its gradient is summed over tp.
+    s({.name = "shared_experts.gate_weight", .shape = {1, C}, .norm = true},
+      slot(field(p, &MoeParams::shared_gate), field(g, &MoeGrads::shared_gate)));
+  }
 }
 
 namespace {
@@ -204,6 +215,61 @@ std::vector<ExpertRows> local_rows(const MoeConfig& cfg, const std::vector<std::
   return r;
 }
 
+// The shared experts: out += their MLP's output (gated: times sigmoid(in . g) per token).
+void shared_forward(const LayerContext& lc, const MoeConfig& cfg, const MoeParams& p,
+                    const MoeForwardArgs& args) {
+  const MoeSaved& s = args.saved;
+  const std::int64_t rows = lc.local_rows(), C = cfg.hidden;
+  mlp_forward(lc, cfg.shared_mlp(), p.shared,
+              {.out = s.shared_out, .in = args.in, .saved = s.shared});
+  const core::TensorView out = view_of(lc, args.out, {rows, C});
+  if (!cfg.shared_gate) {
+    k::add(lc.ctx, {.out = out, .a = out, .b = view_of(lc, s.shared_out, {rows, C})});
+    return;
+  }
+  linear(lc, {.out = s.shared_logits,
+              .in = args.in,
+              .weight = {p.shared_gate, nullptr},
+              .rows = rows,
+              .in_features = C,
+              .out_features = 1});
+  k::moe_shared_gate(lc.ctx, {.out = out,
+                              .shared = view_of(lc, s.shared_out, {rows, C}),
+                              .logits = view_of(lc, s.shared_logits, {rows})});
+}
+
+// The shared experts' backward: their input gradient (local rows) into args.d_shared_in; grads +=.
+void shared_backward(const LayerContext& lc, const MoeConfig& cfg, const MoeParams& p,
+                     const MoeBackwardArgs& args) {
+  const MoeSaved& s = args.saved;
+  const std::int64_t rows = lc.local_rows(), C = cfg.hidden;
+  const float* d_shared = args.d_out;
+  if (cfg.shared_gate) {
+    k::moe_shared_gate_backward(lc.ctx, {.d_shared = view_of(lc, args.d_shared_out, {rows, C}),
+                                         .d_logits = view_of(lc, args.d_shared_logits, {rows}),
+                                         .d_out = view_of(lc, args.d_out, {rows, C}),
+                                         .shared = view_of(lc, s.shared_out, {rows, C}),
+                                         .logits = view_of(lc, s.shared_logits, {rows})});
+    d_shared = args.d_shared_out;
+  }
+  const float* d_in = mlp_backward(
+      lc, cfg.shared_mlp(), p.shared,
+      {.d_out = d_shared, .in = args.in, .saved = s.shared, .grads = args.grads.shared});
+  k::copy_on_device(lc.ctx, args.d_shared_in, d_in, rows * C * 4);
+  if (!cfg.shared_gate) return;
+  // The gate's input gradient (d_logits (rows, 1) times g) into d_ln, added.
+  linear_backward(lc, {.d_in = lc.ws.d_ln,
+                       .d_weight = args.grads.shared_gate,
+                       .d_out = args.d_shared_logits,
+                       .in = args.in,
+                       .weight = {p.shared_gate, nullptr},
+                       .rows = rows,
+                       .in_features = C,
+                       .out_features = 1});
+  const core::TensorView acc = view_of(lc, args.d_shared_in, {rows, C});
+  k::add(lc.ctx, {.out = acc, .a = acc, .b = view_of(lc, lc.ws.d_ln, {rows, C})});
+}
+
 }  // namespace
 
 void moe_forward(const LayerContext& lc, const MoeConfig& cfg, const MoeParams& p,
@@ -296,6 +362,7 @@ void moe_forward(const LayerContext& lc, const MoeConfig& cfg, const MoeParams& 
                             .weights = view_of(lc, s.weights, {N, K}),
                             .rows = view_of(lc, s.rows_of, {N, K})});
   lc.region.leave(partial, args.out);  // the tp sum (SP: reduce-scatter)
+  if (cfg.shared_ffn > 0) shared_forward(lc, cfg, p, args);
   if (args.stats == nullptr) return;
   MoeStats& st = *args.stats;
   st.tokens_per_expert = counts;
@@ -324,6 +391,8 @@ void moe_forward(const LayerContext& lc, const MoeConfig& cfg, const MoeParams& 
 const float* moe_backward(const LayerContext& lc, const MoeConfig& cfg, const MoeParams& p,
                           const MoeBackwardArgs& args) {
   check_layout(lc, cfg);
+  // The shared experts first: their backward uses the workspace the routed part returns in.
+  if (cfg.shared_ffn > 0) shared_backward(lc, cfg, p, args);
   const MoeSaved& s = args.saved;
   const MoeGrads& g = args.grads;
   const std::int64_t N = lc.rows(), C = cfg.hidden, E = cfg.num_experts, K = cfg.router.topk;
@@ -431,7 +500,13 @@ const float* moe_backward(const LayerContext& lc, const MoeConfig& cfg, const Mo
   k::moe_permute_backward(lc.ctx, {.d_x = view_of(lc, lc.ws.d_ln, {N, C}),
                                    .d_x_perm = view_of(lc, args.d_perm, {used, C}),
                                    .rows = view_of(lc, s.rows_of, {N, K})});
-  return lc.region.enter_backward(lc.ws.d_ln);  // the tp sum (SP: reduce-scatter)
+  const float* d_in = lc.region.enter_backward(lc.ws.d_ln);  // the tp sum (SP: reduce-scatter)
+  if (cfg.shared_ffn == 0) return d_in;
+  // The routed and the shared experts' input gradients (the returned buffer is workspace).
+  float* sum = const_cast<float*>(d_in);
+  const core::TensorView v = view_of(lc, sum, {lc.local_rows(), C});
+  k::add(lc.ctx, {.out = v, .a = v, .b = view_of(lc, args.d_shared_in, {lc.local_rows(), C})});
+  return sum;
 }
 
 }  // namespace trident::model::layers

@@ -54,6 +54,15 @@ struct MoeConfig {
   bool aux_per_sequence = false;  // --moe-router-load-balancing-type seq_aux_loss
   double z_loss_coeff = 0.0;      // --moe-z-loss-coeff
   int ep_size = 1;                // --expert-model-parallel-size: divides num_experts
+  // Shared experts (--moe-shared-expert-intermediate-size, 0: none): a dense MLP beside the
+  // routed experts, tensor-parallel as the dense MLP, its output added to the combine; with
+  // shared_gate (Qwen2-MoE's shared_expert_gate) weighed by sigmoid(in . g) per token.
+  std::int64_t shared_ffn = 0;
+  bool shared_gate = false;
+
+  MlpConfig shared_mlp() const {
+    return {.activation = activation, .hidden = hidden, .ffn = shared_ffn, .bias = false};
+  }
 
   std::int64_t local_experts() const { return num_experts / ep_size; }
   // The rows the permuted buffers hold for `rows` tokens: every choice (dropless), at most the
@@ -66,15 +75,21 @@ struct MoeConfig {
 };
 
 struct MoeParams {
-  Weight router;  // (E, C)
-  Weight fc_w;    // (E, F, C); SwiGLU: (E, 2, F, C), each expert's gate block then its up block
-  Weight fc2_w;   // (E, C, F)
+  Weight router;     // (E, C)
+  Weight fc_w;       // (E, F, C); SwiGLU: (E, 2, F, C), each expert's gate block then its up block
+  Weight fc2_w;      // (E, C, F)
+  MlpParams shared;  // the shared experts' MLP (shared_ffn > 0)
+  const float* shared_gate = nullptr;  // (1, C) with shared_gate
 };
 struct MoeGrads {
   float *router = nullptr, *fc_w = nullptr, *fc2_w = nullptr;
+  MlpGrads shared;
+  float* shared_gate = nullptr;
 };
 // "router.weight" (E, C), "experts.dense_h_to_4h.weight" and "experts.dense_4h_to_h.weight"
-// (expert e's matrices at index e of the first dimension, split over the expert-parallel ranks).
+// (expert e's matrices at index e of the first dimension, split over the expert-parallel ranks),
+// and with shared experts "shared_experts.dense_h_to_4h.weight" / "dense_4h_to_h.weight" (the
+// dense MLP's) and "shared_experts.gate_weight" (1, C).
 void declare_moe(const MoeConfig& cfg, const WeightScope& s, MoeParams* p, MoeGrads* g);
 
 // The activations the backward reads (rows = this call's tokens, R = cfg.max_rows(rows)); int32
@@ -95,6 +110,11 @@ struct MoeSaved {
   float* fc = nullptr;      // (RL, F); SwiGLU (RL, 2F)
   float* act = nullptr;     // (RL, F)
   float* y_perm = nullptr;  // (R, C)
+  // Shared experts: their MLP's saved set, their output (local rows, C) and the gate's logits
+  // (local rows).
+  MlpSaved shared;
+  float* shared_out = nullptr;
+  float* shared_logits = nullptr;
 };
 
 // What the router did in one call (host values, for the loss and the log).
@@ -130,6 +150,11 @@ struct MoeBackwardArgs {
   float* d_fc = nullptr;
   float* d_act = nullptr;
   float* d_aux = nullptr;
+  // Shared experts: (local rows, C) for their input gradient, (local rows, C) and (local rows)
+  // for the gate's backward.
+  float* d_shared_in = nullptr;
+  float* d_shared_out = nullptr;
+  float* d_shared_logits = nullptr;
 };
 const float* moe_backward(const LayerContext& lc, const MoeConfig& cfg, const MoeParams& p,
                           const MoeBackwardArgs& args);
