@@ -8,8 +8,12 @@ threads and batch, in turn (dense, moe, dense, moe, ...) so a shared machine's d
 Each run's figure is the median step time over the profiled window (--profile), the table the
 median over rounds: ms per iteration, tokens/s, the ratio dense / moe, and the MoE's routing share:
 the time of its router, dispatch map, permutation and combine ops (forward and backward) over the
-iteration, from the profile's per-op table. At expert parallelism 1 there is no all-to-all; with
-expert parallelism this is where its share will be reported.
+iteration, from the profile's per-op table.
+
+With --ep N the three models run as N data-parallel ranks under mpirun (threads / N each): the
+dense model, the MoE at expert parallelism 1 and the MoE with its experts split over the N ranks
+(--expert-model-parallel-size N); the table adds the all-to-all's share (the all_to_all_v waits of
+the token exchange, from rank 0's profile) and the MoE tokens/s relative to the dense model's.
 
 With --balance ITERS it instead trains the MoE model ITERS iterations with each balancing option
 (no auxiliary loss; the Switch load-balancing loss 0.01; that with a capacity of 1.0 x the even
@@ -18,7 +22,7 @@ load (the busiest expert's tokens over the mean), the dropped share and the lang
 
 Usage (from the repo root, after scripts/build trident):
   bench/moe/run_moe_bench.py [--rounds 3] [--threads 2] [--experts 8] [--topk 2]
-                             [--data PREFIX --tokenizer DIR] [--balance 100]
+                             [--data PREFIX --tokenizer DIR] [--balance 100] [--ep 2]
 """
 import argparse
 import json
@@ -31,12 +35,15 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def run(trident, common, extra, threads, workdir, name):
+def run(trident, common, extra, threads, workdir, name, ranks=1):
     metrics = os.path.join(workdir, f"{name}.jsonl")
     if os.path.exists(metrics):
         os.remove(metrics)
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    cmd = [trident, "train"] + common + extra + ["--metrics-jsonl", metrics]
+    env = dict(os.environ, OMP_NUM_THREADS=str(max(1, threads // ranks)),
+               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_mpi_yield_when_idle="1")
+    launcher = ["mpirun", "-np", str(ranks), "--bind-to", "none"] if ranks > 1 else []
+    cmd = launcher + [trident, "train"] + common + extra + ["--metrics-jsonl", metrics]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"run_moe_bench: {' '.join(cmd)} failed ({proc.returncode}):\n"
@@ -55,11 +62,15 @@ def run(trident, common, extra, threads, workdir, name):
     if profile is None:
         sys.exit(f"run_moe_bench: no profile record in {metrics}")
     # The profile table's per-op rows: "| op | kind | calls/step | ms/step | share | rate |".
-    moe_ms = 0.0
+    moe_ms = a2a_ms = 0.0
     for line in (proc.stdout + proc.stderr).splitlines():
         cells = [c.strip() for c in line.split("|")]
         if len(cells) > 5 and cells[1].startswith("moe_"):
             moe_ms += float(cells[4])
+        if len(cells) > 5 and cells[1] == "all_to_all_v":
+            a2a_ms += float(cells[4])
+    if ranks > 1:
+        return profile["iter_ms"], moe_ms, a2a_ms
     return profile["iter_ms"], moe_ms
 
 
@@ -78,6 +89,7 @@ def main():
     ap.add_argument("--tokenizer", default="/work/shared/data/tokenizers/gpt2")
     ap.add_argument("--trident", default=os.path.join(ROOT, "build", "tools", "trident"))
     ap.add_argument("--balance", type=int, default=0, metavar="ITERS")
+    ap.add_argument("--ep", type=int, default=1, metavar="N")
     args = ap.parse_args()
 
     workdir = tempfile.mkdtemp(prefix="trident_moe_bench_")
@@ -123,6 +135,39 @@ def main():
             load = max(t) / (sum(t) / len(t))
             print(f"| {name} | {load:.2f} | {100 * rec['moe_dropped_fraction']:.2f}% | "
                   f"{rec['lm_loss']:.3f} |", flush=True)
+        return
+    if args.ep > 1:
+        n = args.ep
+        i = common.index("--global-batch-size")
+        common[i + 1] = str(args.micro_batch * n)
+        models = (("dense", dense), ("moe ep1", moe),
+                  (f"moe ep{n}", moe + ["--expert-model-parallel-size", str(n)]))
+        times = {name: [] for name, _ in models}
+        routing = {name: [] for name, _ in models}
+        a2a = {name: [] for name, _ in models}
+        for r in range(args.rounds):
+            for name, extra in models:
+                ms, routing_ms, a2a_ms = run(args.trident, common, extra, args.threads, workdir,
+                                             name.replace(" ", "_"), ranks=n)
+                times[name].append(ms)
+                routing[name].append(routing_ms / ms)
+                a2a[name].append(a2a_ms / ms)
+                print(f"round {r + 1}: {name} {ms:.1f} ms/iteration", flush=True)
+        tokens = args.micro_batch * args.seq * n
+        d = statistics.median(times["dense"])
+        print()
+        print(f"{n} ranks (data-parallel), {max(1, args.threads // n)} thread(s) each; "
+              f"{args.layers} layers, hidden {args.hidden}, seq {args.seq}, micro-batch "
+              f"{args.micro_batch}; MoE: {args.experts} experts of {args.expert_ffn}, "
+              f"top-{args.topk}; dense: ffn {args.topk * args.expert_ffn}")
+        print("| model | ms / iteration | tokens / s | vs dense | routing ops' share | "
+              "all-to-all share |")
+        print("| --- | --- | --- | --- | --- | --- |")
+        for name, _ in models:
+            m = statistics.median(times[name])
+            share = "-" if name == "dense" else f"{100 * statistics.median(routing[name]):.1f}%"
+            print(f"| {name} | {m:.1f} | {tokens / m * 1e3:.0f} | {d / m:.3f} | {share} | "
+                  f"{100 * statistics.median(a2a[name]):.1f}% |")
         return
     times = {"dense": [], "moe": []}
     moe_share = []
