@@ -3,7 +3,7 @@
 // bitwise round trip hf_roundtrip_mixtral.
 //
 // HfMixtral.*: config.json <-> trident's MoE settings, and what is refused, by name: a config
-// with sliding_window, router jitter or rope_scaling, model_type qwen2_moe (shared experts) on
+// with sliding_window, router jitter or rope_scaling, model_type qwen2_moe (its QKV-only bias) on
 // import; each mixture-of-experts setting Mixtral cannot express on export.
 //
 // HfMixtralFineTune.ImportedFineTunesAndExportsBack (needs transformers, $TRIDENT_HF_PYTHON): a
@@ -166,7 +166,7 @@ TEST(HfMixtral, ImportRefusesWhatTridentCannotRun) {
   c["model_type"] = "qwen2_moe";
   const std::string qwen = refusal(c);
   EXPECT_NE(qwen.find("qwen2_moe"), std::string::npos) << qwen;
-  EXPECT_NE(qwen.find("shared experts"), std::string::npos) << qwen;
+  EXPECT_NE(qwen.find("query, key and value projections alone"), std::string::npos) << qwen;
   c = mixtral_config();
   c["num_local_experts"] = 1 << 20;
   EXPECT_NE(refusal(c).find("num_local_experts 1048576"), std::string::npos) << refusal(c);
@@ -236,7 +236,7 @@ TEST(HfMixtralCli, RefusalsNameTheSetting) {
   fs::create_directories(dir);
   for (const auto& [key, value, expect] :
        {std::tuple<std::string, json, std::string>{"sliding_window", 4096, "sliding_window"},
-        {"model_type", "qwen2_moe", "shared experts"}}) {
+        {"model_type", "qwen2_moe", "query, key and value projections alone"}}) {
     json c = mixtral_config();
     c[key] = value;
     const fs::path hf = dir / key;

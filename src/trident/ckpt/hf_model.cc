@@ -180,8 +180,11 @@ HfImport hf_config_to_trident(const json& c, std::int64_t seq_length) {
                 "input jitter)");
     } else if (type == "qwen2_moe") {
       throw InvalidArgument(
-          "config.json: model_type 'qwen2_moe' is not supported: Qwen2-MoE needs shared experts "
-          "(shared_expert, shared_expert_gate), which trident does not have yet (docs/moe.md)");
+          "config.json: model_type 'qwen2_moe' is not supported yet: trident's layer has "
+          "Qwen2-MoE's "
+          "shared experts and gate (--moe-shared-expert-intermediate-size, "
+          "--moe-shared-expert-gate), but not its bias on the query, key and value projections "
+          "alone, and the model's import is not built (docs/moe.md)");
     } else {
       throw InvalidArgument(
           str("config.json: model_type '", type,
