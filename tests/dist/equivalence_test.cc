@@ -572,6 +572,22 @@ TEST_F(Equivalence, MoeExpertParallelLayouts) {
   expect_equivalent(ep("moedrop_ep2", 2, "--expert-model-parallel-size 2", 1, kMoeDropping));
   expect_equivalent(
       ep("moedrop_ep2zero3", 4, "--expert-model-parallel-size 2 --zero-stage 3", 1, kMoeDropping));
+  // The metrics count the experts' reductions over the expert-dp group: dp 4 / EP 2 = 2 ranks move
+  // bytes, EP 2 on 2 ranks (expert dp 1) none.
+  auto expert_bytes = [](const std::string& name) {
+    std::ifstream in(run_dir(name) + "/metrics.jsonl");
+    std::string line;
+    double bytes = -1;
+    while (std::getline(in, line)) {
+      const auto j = nlohmann::json::parse(line);
+      if (j.contains("expert_dp_comm_bytes_per_iteration")) {
+        bytes = j["expert_dp_comm_bytes_per_iteration"];
+      }
+    }
+    return bytes;
+  };
+  EXPECT_GT(expert_bytes("moe_ep2dp4zero1"), 0.0);
+  EXPECT_EQ(expert_bytes("moe_ep2"), 0.0);
   // The checkpoint: each rank's shard and its experts' shard (rank world + r).
   const std::string it10 = run_dir("moe_ep2dp4zero1") + "/ckpt/iter_0000010/";
   std::ifstream m(it10 + "manifest.json");

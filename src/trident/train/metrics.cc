@@ -271,6 +271,10 @@ void TrainingLog::log_interval(const IterationResult& r) {
   // Data-parallel traffic this rank sent per iteration (ring-algorithm bytes).
   record["dp_comm_bytes_per_iteration"] = src_.optimizer.comm().dp_bytes / iters;
   src_.optimizer.reset_comm();
+  if (src_.expert_optimizer != nullptr) {  // the experts' reductions over the expert-dp group
+    record["expert_dp_comm_bytes_per_iteration"] = src_.expert_optimizer->comm().dp_bytes / iters;
+    src_.expert_optimizer->reset_comm();
+  }
   src_.offload.interval(record, s.iters);
   if (src_.par.layout().tp_size > 1) {
     record["tp_comm_bytes_per_iteration"] = src_.tp_traffic.bytes / iters;

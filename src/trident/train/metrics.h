@@ -156,6 +156,8 @@ class TrainingLog {
     const Progress& progress;
     const MemoryReport& mem;
     const std::int64_t& micro_batches;  // changes with --rampup-batch-size
+    // Expert parallelism: the experts' optimizer (its traffic over the expert-dp group), or null.
+    ZeroOptimizer* expert_optimizer = nullptr;
   };
   // peak_tflops: the MFU denominator, per rank.
   TrainingLog(const Sources& s, double peak_tflops, parallel::PipelineScheduleKind schedule);

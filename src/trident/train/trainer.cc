@@ -685,17 +685,19 @@ void Trainer::build_schedules() {
   log::info("train: global batch ", cfg_.global_batch_size, " = micro ", B_, " x ", micro_batches_,
             " micro-batches x ", dp_, " data-parallel; ", omp_get_max_threads(),
             " threads per rank; MFU against ", peak_tflops, " TFLOP/s per rank (", peak_basis, ")");
-  log_.emplace(TrainingLog::Sources{.cfg = cfg_,
-                                    .world = world_,
-                                    .par = par_,
-                                    .ctx = ctx_,
-                                    .optimizer = *optimizer_,
-                                    .offload = *offload_report_,
-                                    .tp_traffic = tp_traffic_,
-                                    .progress = progress_,
-                                    .mem = mem_,
-                                    .micro_batches = micro_batches_},
-               peak_tflops, schedule_kind_);
+  log_.emplace(
+      TrainingLog::Sources{.cfg = cfg_,
+                           .world = world_,
+                           .par = par_,
+                           .ctx = ctx_,
+                           .optimizer = *optimizer_,
+                           .offload = *offload_report_,
+                           .tp_traffic = tp_traffic_,
+                           .progress = progress_,
+                           .mem = mem_,
+                           .micro_batches = micro_batches_,
+                           .expert_optimizer = expert_optimizer_ ? &*expert_optimizer_ : nullptr},
+      peak_tflops, schedule_kind_);
   scaler_.emplace(optim::LossScalerConfig{
       .dynamic = cfg_.fp16 && cfg_.loss_scale <= 0,
       .static_scale = cfg_.fp16 && cfg_.loss_scale > 0 ? cfg_.loss_scale : 1.0,
