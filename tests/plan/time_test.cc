@@ -222,6 +222,21 @@ TEST(PlanTime, ExpertAllToAllGrowsWithEpAsTheFormula) {
 // The experts' GEMMs: the same FLOPs per rank whatever ep (each rank's E / ep experts run the
 // rows every ep rank sends them), the busiest rank kMoeLoadImbalance times the mean; padded to a
 // capacity, exactly ep x capacity rows per local expert.
+// Shared experts add their MLP's GEMMs: the GEMM time grows as the model's FLOPs do (the FLOPs
+// formula, model/config.cc, is independent of the time model).
+TEST(PlanTime, SharedExpertsAddTheirMlpAsTheFlops) {
+  const std::string f = "--micro-batch-size 2 --global-batch-size 16 --moe-ffn-hidden-size 1024 ";
+  const TimeBreakdown plain = predict_time(moe(f, 8), a100(8));
+  const TimeBreakdown shared =
+      predict_time(moe(f + "--moe-shared-expert-intermediate-size 2048", 8), a100(8));
+  const TimeBreakdown gated = predict_time(
+      moe(f + "--moe-shared-expert-intermediate-size 2048 --moe-shared-expert-gate", 8), a100(8));
+  EXPECT_GT(shared.model_flops, plain.model_flops);
+  EXPECT_GT(shared.gemm, plain.gemm);
+  EXPECT_NEAR(shared.gemm / plain.gemm, shared.model_flops / plain.model_flops, 0.05);
+  EXPECT_GT(gated.gemm, shared.gemm);
+}
+
 TEST(PlanTime, ExpertRowsPerRankFollowTheRouting) {
   const auto mc = moe("--micro-batch-size 2 --global-batch-size 64", 8).model;
   const std::int64_t rows = 2048;

@@ -345,6 +345,24 @@ ChunkCost chunk_cost(const train::TrainConfig& cfg, const model::ModelShard& sha
     xf.ep = xb.ep = eg.ep > 1 ? k.all_gather(m.count_bytes, eg.ep, eg.across) +
                                     2 * k.all_to_all(m.all_to_all_bytes, eg.ep, eg.across)
                               : 0;
+    // Shared experts: a dense MLP of the shared size on every row (tensor-parallel as the dense
+    // MLP: one more region each way), and Qwen2-MoE's gate (a C -> 1 GEMM and its weighing).
+    const std::int64_t S = mc.moe_shared_expert_intermediate_size;
+    if (S > 0) {
+      const std::int64_t SFl = S / tp, SUPl = mc.swiglu ? 2 * SFl : SFl;
+      xf.gemm += k.gemm_fwd(rows, C, SUPl) + k.gemm_fwd(rows, SFl, C);
+      xb.gemm += k.gemm_bwd(rows, C, SUPl) + k.gemm_bwd(rows, SFl, C);
+      xf.ew += k.ew(Ew::kGeluFwd, static_cast<double>(rows * SFl)) +
+               k.ew(Ew::kAdd, static_cast<double>(R * C));
+      xb.ew += k.ew(Ew::kGeluBwd, static_cast<double>(rows * SFl)) +
+               k.ew(Ew::kAdd, static_cast<double>(R * C));
+      xf.tp += region;
+      xb.tp += region + (sp ? k.all_gather(full_bytes, tp, tp_across) : 0);
+      if (mc.moe_shared_expert_gate) {
+        xf.gemm += k.gemm_fwd(R, C, 1);
+        xb.gemm += k.gemm_bwd(R, C, 1);
+      }
+    }
   }
 
   ChunkCost cc;
