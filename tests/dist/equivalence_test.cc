@@ -179,6 +179,11 @@ class Equivalence : public ::testing::Test {
       c.moe_layer_freq = flag("--moe-layer-freq", 1);
       c.moe_shared_expert_intermediate_size = flag("--moe-shared-expert-intermediate-size", 0);
       c.moe_shared_expert_gate = model_flags.find("--moe-shared-expert-gate") != std::string::npos;
+      c.moe_router_enable_expert_bias =
+          model_flags.find("--moe-router-enable-expert-bias") != std::string::npos;
+      if (c.moe_router_enable_expert_bias) {
+        c.moe_router_score_function = model::MoeScoreFunction::kSigmoid;
+      }
     }
     c.num_layers = 4;
     c.hidden_size = 32;
@@ -615,6 +620,47 @@ TEST_F(Equivalence, MoeSharedExpertLayouts) {
                      {"--expert-model-parallel-size 2 --zero-stage 3"},
                      1,
                      kMoeShared});
+}
+// DeepSeek-V3's auxiliary-loss-free balancing: the sigmoid router with the expert bias, moved by
+// 0.01 x sign(mean - tokens) of the global batch after every step. Every layout sees the same
+// global counts, so the biases and the losses equal one process's: data parallelism with ZeRO-1,
+// pipeline stages (each stage moves its layers' biases), tensor parallelism, EP 2 over dp 4 with
+// ZeRO-3 (the bias in the dense part's shards). The biases moved: each is a multiple of the rate
+// within 10 steps of 0, and the run differs from one without the bias.
+constexpr const char* kMoeBias =
+    "--swiglu --disable-bias-linear --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 48 "
+    "--moe-router-score-function sigmoid --moe-router-enable-expert-bias "
+    "--moe-router-bias-update-rate 0.01";
+TEST_F(Equivalence, MoeExpertBiasLayouts) {
+  expect_equivalent(
+      {"moebias_zero1dp2", 2, {"--zero-stage 1 --ddp-bucket-size 5000"}, 1, kMoeBias});
+  expect_equivalent({"moebias_pp2", 2, {"--pipeline-model-parallel-size 2"}, 1, kMoeBias});
+  expect_equivalent({"moebias_tp2", 2, {"--tensor-model-parallel-size 2"}, 2, kMoeBias});
+  expect_equivalent(
+      {"moebias_ep2dp4zero3", 4, {"--expert-model-parallel-size 2 --zero-stage 3"}, 1, kMoeBias});
+  model::ParamTable table;
+  const std::vector<float> w = final_params("moebias_ep2dp4zero3", table, kMoeBias);
+  int moved = 0;
+  for (const model::ParamSpec& p : table.params) {
+    if (!p.name.ends_with("router.expert_bias")) continue;
+    for (std::int64_t i = 0; i < p.numel; ++i) {
+      const double b = w[static_cast<std::size_t>(p.offset + i)];
+      EXPECT_LE(std::abs(b), 10 * 0.01 + 1e-6) << p.name;
+      EXPECT_NEAR(b / 0.01, std::round(b / 0.01), 1e-3) << p.name << " " << b;
+      moved += b != 0 ? 1 : 0;
+    }
+  }
+  EXPECT_GT(moved, 0) << "no expert bias moved";
+  const std::string without =
+      reference_for({"x",
+                     1,
+                     {},
+                     1,
+                     "--swiglu --disable-bias-linear --num-experts 4 --moe-router-topk 2 "
+                     "--moe-ffn-hidden-size 48 --moe-router-score-function sigmoid"});
+  const std::string with = reference_for({"x", 1, {}, 1, kMoeBias});
+  EXPECT_EQ(losses(with)[0], losses(without)[0]);  // the bias starts at 0
+  EXPECT_NE(losses(with).back(), losses(without).back());
 }
 // An expert-parallel checkpoint resumes: stopped at iteration 5 and resumed in the same layout,
 // the losses and the final checkpoint equal the uninterrupted run's bitwise; resumed in other

@@ -202,6 +202,25 @@ TEST(MoeFlags, EnumValues) {
                "sinkhorn, global_aux_loss and quantile_balancing are not in trident");
   // A dense run never reads them.
   EXPECT_EQ(error_of(with({"--moe-router-load-balancing-type", "sinkhorn"})), "");
+  // The expert bias (aux-loss-free balancing) goes with the sigmoid router.
+  const model::ModelConfig biased =
+      model_of({"--moe-router-score-function", "sigmoid", "--moe-aux-loss-coeff", "0",
+                "--moe-router-enable-expert-bias", "--moe-router-bias-update-rate", "0.002"});
+  EXPECT_TRUE(biased.moe_router_enable_expert_bias);
+  EXPECT_DOUBLE_EQ(biased.moe_router_bias_update_rate, 0.002);
+  EXPECT_DOUBLE_EQ(model_of({}).moe_router_bias_update_rate, 1e-3);  // Megatron's default
+  // The model's check (run when the model is built, before any step).
+  try {
+    model::ModelConfig m = model_of({"--moe-router-enable-expert-bias"});
+    m.vocab_size = 300;  // the tokenizer's, set when the run builds it
+    m.validate();
+    ADD_FAILURE() << "the expert bias with the softmax router was accepted";
+  } catch (const core::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find(
+                  "--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // --moe-layer-freq takes an integer N (layers 0, N, 2N, ...); Megatron's Python list patterns are
@@ -318,7 +337,6 @@ TEST(MoeFlags, LayoutsAndPrecisionsNotBuiltYetAreRefused) {
 // communication switches are no-ops, said once.
 TEST(MoeFlags, UnbuiltFeaturesAndNoOps) {
   const std::vector<std::pair<std::vector<std::string>, const char*>> refused = {
-      {{"--moe-router-enable-expert-bias"}, "the expert bias and its update"},
       {{"--moe-router-num-groups", "2"}, "group-limited routing"},
       {{"--moe-input-jitter-eps", "0.01"}, "random noise on the router's input"},
       {{"--moe-router-dtype", "fp64"}, "fp64 is refused"},
@@ -370,9 +388,9 @@ TEST(MoeFlags, TheTableSaysWhatDenseRunsAccept) {
       EXPECT_NE(error_of(dense), "") << f.name << " is accepted in a dense run; say so";
     }
   }
-  // The 20 of issue 33, --mlp-type and --use-tutel, less --moe-shared-expert-intermediate-size
-  // (built since).
-  EXPECT_EQ(dense_ok, 21);
+  // The 20 of issue 33, --mlp-type and --use-tutel, less --moe-shared-expert-intermediate-size and
+  // --moe-router-enable-expert-bias (built since).
+  EXPECT_EQ(dense_ok, 20);
 }
 
 // Megatron-DeepSpeed's flags (DeepSpeed-MoE) where its run is trident's: top-1 is Switch routing

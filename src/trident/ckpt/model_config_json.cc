@@ -295,6 +295,19 @@ const Key kKeys[] = {
      {},
      true},
     {"moe_shared_expert_gate", TRIDENT_BOOL(moe_shared_expert_gate), false, true, {}, true},
+    {"moe_router_enable_expert_bias",
+     TRIDENT_BOOL(moe_router_enable_expert_bias),
+     false,
+     true,
+     {},
+     true},
+    // How fast the bias moves: a training setting (a resume may change it).
+    {"moe_router_bias_update_rate",
+     TRIDENT_REAL(moe_router_bias_update_rate),
+     1e-3,
+     false,
+     {},
+     true},
 };
 
 #undef TRIDENT_SIZE

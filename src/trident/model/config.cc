@@ -79,6 +79,12 @@ void ModelConfig::validate() const {
   TRIDENT_CHECK(moe_shared_expert_intermediate_size >= 0,
                 "--moe-shared-expert-intermediate-size must be >= 0, got ",
                 moe_shared_expert_intermediate_size);
+  TRIDENT_CHECK(
+      !moe_router_enable_expert_bias || moe_router_score_function == MoeScoreFunction::kSigmoid,
+      "--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid (the "
+      "bias shifts the sigmoid scores for the choice, as DeepSeek-V3's router)");
+  TRIDENT_CHECK(moe_router_bias_update_rate >= 0,
+                "--moe-router-bias-update-rate must be >= 0, got ", moe_router_bias_update_rate);
   TRIDENT_CHECK(!moe_shared_expert_gate || moe_shared_expert_intermediate_size > 0,
                 "--moe-shared-expert-gate needs --moe-shared-expert-intermediate-size");
   TRIDENT_CHECK(moe_aux_loss_coeff >= 0 && moe_z_loss_coeff >= 0,
@@ -120,7 +126,8 @@ std::int64_t ModelConfig::num_parameters() const {
   const std::int64_t moe_f = moe_ffn(), moe_fc = swiglu ? 2 * moe_f : moe_f;
   const std::int64_t shared_f = moe_shared_expert_intermediate_size;
   const std::int64_t shared = (swiglu ? 3 : 2) * shared_f * h + (moe_shared_expert_gate ? h : 0);
-  const std::int64_t moe = num_experts * h + num_experts * (moe_fc * h + h * moe_f) + shared;
+  const std::int64_t bias = moe_router_enable_expert_bias ? num_experts : 0;
+  const std::int64_t moe = num_experts * h + num_experts * (moe_fc * h + h * moe_f) + shared + bias;
   std::int64_t layers = 0;
   for (std::int64_t l = 0; l < num_layers; ++l) layers += attention + (moe_layer(l) ? moe : mlp);
   const std::int64_t pos =

@@ -94,6 +94,11 @@ struct ModelConfig {
   // sigmoid(x . g) per token.
   std::int64_t moe_shared_expert_intermediate_size = 0;
   bool moe_shared_expert_gate = false;
+  // DeepSeek-V3's auxiliary-loss-free balancing (sigmoid router): a per-expert bias added to the
+  // scores for the top-k choice only, moved after every step by the update rate times the sign of
+  // (mean tokens per expert - the expert's tokens) over the global batch.
+  bool moe_router_enable_expert_bias = false;
+  double moe_router_bias_update_rate = 1e-3;
 
   bool documents() const { return reset_position_ids || reset_attention_mask; }
   // Whether global layer `layer`'s MLP is a mixture of experts.

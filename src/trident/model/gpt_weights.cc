@@ -29,7 +29,8 @@ layers::MoeConfig moe_config(const ModelConfig& cfg, int ep_size) {
           .z_loss_coeff = cfg.moe_z_loss_coeff,
           .ep_size = ep_size,
           .shared_ffn = cfg.moe_shared_expert_intermediate_size,
-          .shared_gate = cfg.moe_shared_expert_gate};
+          .shared_gate = cfg.moe_shared_expert_gate,
+          .expert_bias = cfg.moe_router_enable_expert_bias};
 }
 
 GptLayers gpt_layers(const ModelConfig& cfg, const ModelShard& shard) {

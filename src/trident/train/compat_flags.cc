@@ -77,7 +77,6 @@ bool moe_only(std::string_view name) {
       "--mlp-type",
       "--use-tutel",
       "--expert-parallel",
-      "--moe-router-enable-expert-bias",
       "--moe-router-num-groups",
       "--moe-router-group-topk",
       "--moe-router-topk-limited-devices",
@@ -543,8 +542,9 @@ constexpr const char* kMoeReview =
     "there). The kernel, dispatcher and memory switches stay no-ops, and "
     "the inference settings that were listed with the experts are now listed as inference "
     "settings. Since then: expert parallelism (`--expert-model-parallel-size`, with "
-    "Megatron-DeepSpeed's `--moe-expert-parallel-size` mapped to it) and shared experts "
-    "(`--moe-shared-expert-intermediate-size`, `--moe-shared-expert-gate`) are implemented, "
+    "Megatron-DeepSpeed's `--moe-expert-parallel-size` mapped to it), shared experts "
+    "(`--moe-shared-expert-intermediate-size`, `--moe-shared-expert-gate`) and the expert bias "
+    "(`--moe-router-enable-expert-bias`, `--moe-router-bias-update-rate`) are implemented, "
     "and the shared experts' kernel and overlap switches are no-ops.\n\n";
 
 std::string flag_table_markdown() {

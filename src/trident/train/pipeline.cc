@@ -75,7 +75,9 @@ void GptPipeline::forward(const core::ExecContext& ctx, const model::ModelViews&
                       .training = grad == model::LossGrad::kCompute},
                      s.acts);
   if (grad == model::LossGrad::kCompute) {
-    for (const model::layers::MoeStats& st : s.acts.moe_stats) moe_.add(st);
+    for (std::size_t i = 0; i < s.acts.moe_stats.size(); ++i) {
+      moe_.add(s.acts.moe_stats[i], shard.first_layer + static_cast<std::int64_t>(i));
+    }
   }
   if (shard.has_head) {
     // A chunked head (--loss-chunk-rows) runs its output layer here, and with gradients its

@@ -37,10 +37,20 @@ struct MoeRouting {
   double aux_loss = 0, z_loss = 0;
   std::int64_t calls = 0, dropped = 0, choices = 0;
   std::vector<double> tokens_per_expert;
+  // Per global layer (this rank's MoE layers; empty elsewhere): the expert bias's update reads it.
+  std::vector<std::vector<double>> layer_tokens;
 
-  void add(const model::layers::MoeStats& s) {
+  void add(const model::layers::MoeStats& s, std::int64_t layer = -1) {
     if (s.tokens_per_expert.empty()) return;  // a dense layer
     tokens_per_expert.resize(s.tokens_per_expert.size(), 0.0);
+    if (layer >= 0) {
+      if (layer_tokens.size() <= static_cast<std::size_t>(layer)) {
+        layer_tokens.resize(static_cast<std::size_t>(layer) + 1);
+      }
+      std::vector<double>& t = layer_tokens[static_cast<std::size_t>(layer)];
+      t.resize(s.tokens_per_expert.size(), 0.0);
+      for (std::size_t e = 0; e < t.size(); ++e) t[e] += s.tokens_per_expert[e];
+    }
     for (std::size_t e = 0; e < s.tokens_per_expert.size(); ++e) {
       tokens_per_expert[e] += s.tokens_per_expert[e];
       choices += s.tokens_per_expert[e];

@@ -228,6 +228,11 @@ void add_moe_options(Settings& s, TrainConfig& c) {
                "none)");
   s.add_flag("--moe-shared-expert-gate", m.moe_shared_expert_gate,
              "Weigh the shared experts' output by a per-token sigmoid gate (Qwen2-MoE)");
+  s.add_flag("--moe-router-enable-expert-bias", m.moe_router_enable_expert_bias,
+             "Auxiliary-loss-free balancing (DeepSeek-V3): a per-expert bias for the top-k "
+             "choice, updated after every step (needs the sigmoid router)");
+  s.add_option("--moe-router-bias-update-rate", m.moe_router_bias_update_rate,
+               "The expert bias's step per iteration (default 1e-3)");
 }
 
 // The model: sizes, dropout, position, norm, MLP and attention variants.

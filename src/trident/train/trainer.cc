@@ -147,6 +147,9 @@ class Trainer {
                                 std::int64_t iteration);
   double global_loss(const model::LossSum& mine);
   MoeRouting global_moe_routing(const MoeRouting& mine);
+  // --moe-router-enable-expert-bias: moves each MoE layer's expert bias by the update rate times
+  // sign(mean - tokens) of the global batch's tokens per expert (this rank's counts in `mine`).
+  void update_expert_bias(const MoeRouting& mine);
 
   TrainConfig cfg_;
   comm::Communicator& world_;
@@ -776,6 +779,36 @@ MoeRouting Trainer::global_moe_routing(const MoeRouting& mine) {
   return all;
 }
 
+void Trainer::update_expert_bias(const MoeRouting& mine) {
+  const model::ModelConfig& mc = cfg_.model;
+  const std::size_t E = static_cast<std::size_t>(mc.num_experts);
+  const auto L = static_cast<std::size_t>(mc.num_layers);
+  // Every layer's counts summed over the job: each layer's stage fills its rows, the dp ranks add
+  // theirs, the tp ranks (which route the same rows alike) count once.
+  std::vector<double> v(L * E, 0.0);
+  if (par_.coord().tp == 0) {
+    for (std::size_t l = 0; l < std::min(L, mine.layer_tokens.size()); ++l) {
+      const std::vector<double>& t = mine.layer_tokens[l];
+      for (std::size_t e = 0; e < std::min(E, t.size()); ++e) v[l * E + e] = t[e];
+    }
+  }
+  world_.all_reduce(v.data(), static_cast<std::int64_t>(v.size()), comm::Datatype::kF64,
+                    comm::ReduceOp::kSum);
+  const auto rate = static_cast<float>(mc.moe_router_bias_update_rate);
+  for (std::size_t l = 0; l < L; ++l) {
+    if (!mc.moe_layer(static_cast<std::int64_t>(l))) continue;
+    double mean = 0;
+    for (std::size_t e = 0; e < E; ++e) mean += v[l * E + e];
+    mean /= static_cast<double>(E);
+    std::vector<float> delta(E);
+    for (std::size_t e = 0; e < E; ++e) {
+      const double gap = mean - v[l * E + e];  // underused experts (gap > 0) move up
+      delta[e] = gap > 0 ? rate : gap < 0 ? -rate : 0.0f;
+    }
+    optimizer_->add_to_param(core::str("layers.", l, ".mlp.router.expert_bias"), delta);
+  }
+}
+
 int Trainer::run() {
   // Megatron-DeepSpeed's --train-tokens also ends training.
   auto tokens_left = [this] {
@@ -851,6 +884,9 @@ IterationResult Trainer::train_iteration() {
   if (cfg_.fp16) scaler_->update(r.step.skipped);
   pipeline_->read_loss(ctx_, r.pipeline);  // after the step: its norm's host sync brought it
   r.lm_loss = global_loss(r.pipeline.loss);
+  if (cfg_.model.moe_router_enable_expert_bias && !r.step.skipped) {
+    update_expert_bias(r.pipeline.moe);
+  }
   if (cfg_.model.num_experts > 0) r.pipeline.moe = global_moe_routing(r.pipeline.moe);
   if (!r.step.skipped) {
     lr_sched_->step(static_cast<double>(r.batch.running_global_batch_size),

@@ -342,6 +342,31 @@ OptimizerStepResult ZeroOptimizer::step_together(const core::ExecContext& ctx, d
   return {f.grad_norm, false};
 }
 
+void ZeroOptimizer::add_to_param(const std::string& name, const std::vector<float>& delta) {
+  const TensorSlice held = params_slice();
+  for (const ModelChunk& ch : model_.chunks()) {
+    for (const model::ParamSpec& p : ch.table.params) {
+      if (p.name != name) continue;
+      TRIDENT_ASSERT(static_cast<std::int64_t>(delta.size()) == p.numel, name, ": ", delta.size(),
+                     " values for ", p.numel, " elements");
+      const std::int64_t at = ch.base + p.offset;
+      const std::int64_t lo = std::max(at, held.range.begin);
+      const std::int64_t hi = std::min(at + p.numel, held.range.end);
+      if (lo >= hi) continue;
+      float* dst = held.data + (lo - held.range.begin);
+      std::vector<float> v(static_cast<std::size_t>(hi - lo));
+      const auto bytes = static_cast<std::int64_t>(v.size() * sizeof(float));
+      kernels::copy_to_host(hook_ctx_, v.data(), dst, bytes);
+      kernels::synchronize(hook_ctx_);
+      for (std::int64_t i = lo; i < hi; ++i) {
+        v[static_cast<std::size_t>(i - lo)] += delta[static_cast<std::size_t>(i - at)];
+      }
+      kernels::copy_to_device(hook_ctx_, dst, v.data(), bytes);
+      kernels::synchronize(hook_ctx_);
+    }
+  }
+}
+
 MemoryReport ZeroOptimizer::memory() const {
   const auto arrays = static_cast<std::int64_t>(opt_->rule().state_arrays().size());
   MemoryReport m = buffers_->memory(static_cast<int>(arrays));

@@ -154,6 +154,10 @@ class ZeroOptimizer {
   bool state_on_host() const;
   // The read-ahead buffers of --offload-params nvme (0 otherwise).
   std::int64_t param_fetch_bytes() const { return gatherer_ ? gatherer_->fetch_bytes() : 0; }
+  // Adds delta[i] to element i of every copy of parameter `name` this rank stores (its whole
+  // weights at ZeRO 0-2, the part in its shard at 3; nothing when no chunk has it): a weight the
+  // trainer moves itself (the expert bias). Call after step(), on every rank of the dp group alike.
+  void add_to_param(const std::string& name, const std::vector<float>& delta);
   // Before an evaluation pass after a step: the stage-3 gathered weights are re-gathered from the
   // updated shard (what begin_iteration does, without touching the gradients).
   void begin_evaluation();

@@ -45,6 +45,12 @@ void declare_moe(const MoeConfig& cfg, const WeightScope& s, MoeParams* p, MoeGr
   const bool swiglu = cfg.activation == Activation::kSwiGlu;
   s({.name = "router.weight", .shape = {E, C}, .weight_decay = true},
     slot(field(p, &MoeParams::router), field(g, &MoeGrads::router)));
+  if (cfg.expert_bias) {
+    // Zero at the start, no gradient and no weight decay: the optimizer leaves it where the
+    // trainer's update puts it (AdamW's and Lion's steps are 0 for a zero gradient).
+    s({.name = "router.expert_bias", .shape = {E}, .init = InitRule::kZeros, .weight_decay = false},
+      slot(field(p, &MoeParams::expert_bias), nullptr));
+  }
   // Each expert tensor-parallel as the dense MLP: the up-projection column-parallel (F split;
   // SwiGLU's gate and up blocks each), the down-projection row-parallel. The router is replicated:
   // every tp rank routes the same (full) rows alike.
@@ -292,6 +298,7 @@ void moe_forward(const LayerContext& lc, const MoeConfig& cfg, const MoeParams& 
                          .weights = view_of(lc, s.weights, {N, K}),
                          .lse = view_of(lc, s.lse, {N}),
                          .logits = view_of(lc, s.logits, {N, E}),
+                         .expert_bias = view_of(lc, p.expert_bias, {E}),
                          .cfg = cfg.router});
   k::moe_dispatch_map(lc.ctx, {.rows = view_of(lc, s.rows_of, {N, K}),
                                .counts = view_of(lc, s.counts, {E}),

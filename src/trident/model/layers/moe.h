@@ -59,6 +59,9 @@ struct MoeConfig {
   // shared_gate (Qwen2-MoE's shared_expert_gate) weighed by sigmoid(in . g) per token.
   std::int64_t shared_ffn = 0;
   bool shared_gate = false;
+  // DeepSeek-V3's expert bias ("router.expert_bias" (E), sigmoid router): added to the scores for
+  // the choice only. Not trained: it has no gradient; the trainer moves it after each step.
+  bool expert_bias = false;
 
   MlpConfig shared_mlp() const {
     return {.activation = activation, .hidden = hidden, .ffn = shared_ffn, .bias = false};
@@ -80,6 +83,7 @@ struct MoeParams {
   Weight fc2_w;      // (E, C, F)
   MlpParams shared;  // the shared experts' MLP (shared_ffn > 0)
   const float* shared_gate = nullptr;  // (1, C) with shared_gate
+  const float* expert_bias = nullptr;  // (E) with expert_bias
 };
 struct MoeGrads {
   float *router = nullptr, *fc_w = nullptr, *fc2_w = nullptr;
