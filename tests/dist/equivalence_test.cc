@@ -484,6 +484,42 @@ TEST_F(Equivalence, LlamaLayouts) {
                      kLlama});
 }
 
+// Context parallelism (docs/long-context.md): each 16-token sequence in 2 x cp chunks of
+// 16 / (2 cp), rank i holding chunks i and 2cp-1-i, attention as a ring of flash blocks merged by
+// their log-sum-exp. With tensor parallelism and SP, pipelining with ZeRO-1 over the data-parallel
+// ranks, ZeRO-3 over dp x cp, for GPT (learned positions), BLOOM (ALiBi: the key's global
+// position) and Llama (rotary positions, grouped-query heads), and with dropout (masks keyed by
+// the global token and key/query positions).
+TEST_F(Equivalence, ContextParallelLayouts) {
+  expect_equivalent({"cp2", 2, {"--context-parallel-size 2"}, 1});
+  expect_equivalent({"cp4", 4, {"--context-parallel-size 4"}, 1});
+  expect_equivalent({"cp2tp2sp",
+                     4,
+                     {"--context-parallel-size 2 --tensor-model-parallel-size 2 "
+                      "--sequence-parallel"},
+                     2});
+  expect_equivalent({"cp2pp2dp2zero1",
+                     8,
+                     {"--context-parallel-size 2 --pipeline-model-parallel-size 2 "
+                      "--zero-stage 1 --ddp-bucket-size 5000"},
+                     1});
+  expect_equivalent({"cp2zero3", 2, {"--context-parallel-size 2 --zero-stage 3"}, 1});
+}
+TEST_F(Equivalence, ContextParallelModels) {
+  expect_equivalent({"bloom_cp2", 2, {"--context-parallel-size 2"}, 1, "--model bloom"});
+  expect_equivalent({"bloom_cp4", 4, {"--context-parallel-size 4"}, 1, "--model bloom"});
+  expect_equivalent(
+      {"llama_cp2tp2", 4, {"--context-parallel-size 2 --tensor-model-parallel-size 2"}, 2, kLlama});
+  expect_equivalent({"llama_cp4", 4, {"--context-parallel-size 4"}, 1, kLlama});
+  expect_equivalent({"drop_cp2", 2, {"--context-parallel-size 2"}, 1, kDropout});
+  expect_equivalent({"drop_cp2tp2sp",
+                     4,
+                     {"--context-parallel-size 2 --tensor-model-parallel-size 2 "
+                      "--sequence-parallel"},
+                     2,
+                     kDropout});
+}
+
 // --optimizer lion (the second update rule: one state array, the sign of the momentum
 // interpolation as the step): sharded state (ZeRO-1 over dp 2) and 3D with ZeRO-3 and sequence
 // parallelism equal one process, as AdamW's layouts do.

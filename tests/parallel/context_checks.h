@@ -77,6 +77,14 @@ inline void check_context(comm::Communicator& world, const ParallelLayout& layou
     expect_group_sum(par.edp(), layout.group_of(r, Axis::kEdp), r);
   }
 
+  // Context parallelism: the cp group (one rank without it).
+  EXPECT_EQ(par.cp().size(), layout.cp_size);
+  EXPECT_EQ(par.cp().rank(), layout.cp_rank(c));
+  if (layout.cp_size > 1) {
+    EXPECT_EQ(par.group(Axis::kCp).group().global_ranks, layout.group_of(r, Axis::kCp));
+    expect_group_sum(par.cp(), layout.group_of(r, Axis::kCp), r);
+  }
+
   par.set_step(77);
   EXPECT_EQ(par.tp().step(), 77);
   EXPECT_EQ(par.pp().step(), 77);
@@ -97,6 +105,14 @@ inline std::vector<ParallelLayout> layouts_for(int world_size) {
         l.ep_size = ep;
         out.push_back(l);
       }
+      l.ep_size = 1;
+      // Each context-parallel size above 1 that divides dp.
+      for (int cp = 2; cp <= l.dp_size; ++cp) {
+        if (l.dp_size % cp != 0) continue;
+        l.cp_size = cp;
+        out.push_back(l);
+      }
+      l.cp_size = 1;
     }
   }
   return out;

@@ -147,6 +147,59 @@ TEST(ParallelLayout, ExpertAxesSplitDpAsMegatronCore) {
   }
 }
 
+TEST(ParallelLayout, ContextAxisSplitsDpAsMegatronCore) {
+  // 8 ranks, tp=2, dp=4 (2 data-parallel x cp 2): Megatron-Core's "tp-cp-dp-pp".
+  const ParallelLayout l{.tp_size = 2, .dp_size = 4, .pp_size = 1, .cp_size = 2};
+  EXPECT_EQ(l.groups(Axis::kCp), (Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
+  EXPECT_EQ(l.data_size(), 2);
+  EXPECT_EQ(l.data_rank(l.coord_of(4)), 1);
+  EXPECT_EQ(l.cp_rank(l.coord_of(6)), 1);
+  std::ostringstream os;
+  os << l;
+  EXPECT_EQ(os.str(), "tp=2 dp=4 pp=1 cp=2");
+  for (const ParallelLayout& base : many_layouts()) {
+    for (int cp = 2; cp <= base.dp_size; ++cp) {
+      if (base.dp_size % cp != 0) continue;
+      ParallelLayout l2 = base;
+      l2.cp_size = cp;
+      SCOPED_TRACE(::testing::Message() << l2);
+      const Groups groups = l2.groups(Axis::kCp);
+      ASSERT_EQ(static_cast<int>(groups.size()), l2.world_size() / cp);
+      std::vector<int> seen(static_cast<std::size_t>(l2.world_size()), 0);
+      for (std::size_t gi = 0; gi < groups.size(); ++gi) {
+        const std::vector<int>& g = groups[gi];
+        ASSERT_TRUE(std::is_sorted(g.begin(), g.end()));
+        if (gi > 0) ASSERT_LT(groups[gi - 1].front(), g.front());
+        for (std::size_t i = 0; i < g.size(); ++i) {
+          ++seen[static_cast<std::size_t>(g[i])];
+          const Coord c = l2.coord_of(g[i]), c0 = l2.coord_of(g[0]);
+          ASSERT_EQ(l2.cp_rank(c), static_cast<int>(i));
+          ASSERT_EQ(l2.group_index(g[i], Axis::kCp), static_cast<int>(gi));
+          // The same tp, pp and data rank: the ranks that read the same samples.
+          ASSERT_EQ(c.tp, c0.tp);
+          ASSERT_EQ(c.pp, c0.pp);
+          ASSERT_EQ(l2.data_rank(c), l2.data_rank(c0));
+          ASSERT_EQ(c.dp, l2.cp_rank(c) + cp * l2.data_rank(c));
+        }
+      }
+      ASSERT_TRUE(std::all_of(seen.begin(), seen.end(), [](int x) { return x == 1; }));
+    }
+  }
+  for (const auto& [bad, what] :
+       {std::pair{ParallelLayout{.tp_size = 1, .dp_size = 6, .pp_size = 1, .cp_size = 4},
+                  std::string("context-parallel size 4 does not divide the 6 ranks")},
+        std::pair{
+            ParallelLayout{.tp_size = 1, .dp_size = 4, .pp_size = 1, .ep_size = 2, .cp_size = 2},
+            std::string("with context parallelism (cp 2) is not supported yet")}}) {
+    try {
+      bad.validate();
+      ADD_FAILURE() << "no exception for " << bad;
+    } catch (const core::InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(ParallelLayout, EmbeddingGroups) {
   for (const ParallelLayout& l : many_layouts()) {
     SCOPED_TRACE(::testing::Message() << l);

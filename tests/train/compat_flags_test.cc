@@ -174,8 +174,9 @@ TEST(CompatFlags, ReviewedNoOps) {
   // (813 at the review; --lion-beta1 and --lion-beta2 are implemented since, with --optimizer
   // lion; with the mixture of experts, 12 --moe-* flags are implemented, 6 mapped and 22 refused
   // in a model with experts: MoeFlags below; --moe-shared-expert-gate and
-  // --moe-router-bias-update-rate are implemented since.)
-  EXPECT_EQ(count[FlagStatus::kNoOp] + count[FlagStatus::kNoOpDiffers], 769);
+  // --moe-router-bias-update-rate are implemented since; --cp-comm-type is checked since
+  // context parallelism: p2p accepted, the other kinds refused.)
+  EXPECT_EQ(count[FlagStatus::kNoOp] + count[FlagStatus::kNoOpDiffers], 768);
   EXPECT_EQ(count[FlagStatus::kNoOpDiffers], 8);
 }
 
@@ -194,11 +195,34 @@ TEST(CompatFlags, RefusedFlagsNameTheReason) {
                 .find("--optimizer sgd: trident has adam (AdamW, Megatron's adam) and lion"),
             std::string::npos);
   EXPECT_NE(error_of(with({"--data-impl", "lazy"})).find("--data-impl lazy"), std::string::npos);
+  // Context parallelism is trident's own flag (docs/long-context.md); its ring is p2p.
   EXPECT_EQ(error_of(with({"--context-parallel-size", "1"})), "");
-  EXPECT_NE(error_of(with({"--context-parallel-size", "2"})).find("context parallelism"),
+  EXPECT_EQ(error_of(with({"--cp-comm-type", "p2p"})), "");
+  EXPECT_NE(error_of(with({"--cp-comm-type", "a2a"})).find("--cp-comm-type a2a"),
             std::string::npos);
   EXPECT_EQ(error_of(with({"--kv-channels", "16"})), "");  // 64 / 4
   EXPECT_NE(error_of(with({"--kv-channels", "32"})), "");
+}
+
+// --context-parallel-size's limits name the problem and the way out (docs/long-context.md).
+TEST(CompatFlags, ContextParallelLimits) {
+  EXPECT_EQ(error_of(with({"--context-parallel-size", "2"}), 2), "");
+  const TrainConfig c = parse(with({"--context-parallel-size", "2"}), 4);
+  EXPECT_EQ(c.data_parallel_size(4), 2);     // world / (tp x pp x cp)
+  EXPECT_TRUE(c.model.use_flash_attention);  // the ring runs the fused core
+  EXPECT_NE(error_of(with({"--context-parallel-size", "2"}), 3)
+                .find("--context-parallel-size 2 must divide the 3 ranks"),
+            std::string::npos);
+  EXPECT_NE(error_of(with({"--context-parallel-size", "2", "--seq-length", "30"}), 2)
+                .find("must be divisible by 2 x --context-parallel-size (4)"),
+            std::string::npos);
+  EXPECT_NE(error_of(with({"--context-parallel-size", "2", "--reset-attention-mask"}), 2)
+                .find("--reset-position-ids / --reset-attention-mask is not supported yet"),
+            std::string::npos);
+  EXPECT_NE(error_of(with({"--context-parallel-size", "2", "--num-experts", "4"}), 2)
+                .find("with a mixture-of-experts model is not supported yet"),
+            std::string::npos);
+  EXPECT_NE(error_of(with({"--context-parallel-size", "0"}), 2).find(">= 1"), std::string::npos);
 }
 
 TEST(CompatFlags, IntegersWithUnderscores) {

@@ -11,6 +11,7 @@
 #include "trident/kernels/fused_residual_layernorm.h"
 #include "trident/kernels/matmul_bf16.h"
 #include "trident/kernels/memory.h"
+#include "trident/model/layers/context_parallel.h"
 
 namespace trident::model {
 
@@ -172,6 +173,21 @@ void layout_activations(const ModelConfig& cfg, const ModelShard& shard, std::in
     a.positions = reinterpret_cast<std::int32_t*>(take(BT));
     a.docs = reinterpret_cast<std::int32_t*>(take(BT));
   }
+  if (shard.cp_size > 1) {
+    // Context parallelism (layers/context_parallel.h): the rows' global positions, the positions
+    // 0 .. T_total-1, the ring's travelling blocks and gradients, one block's out and lse.
+    TRIDENT_CHECK(!cfg.documents(),
+                  "context parallelism with --reset-position-ids / "
+                  "--reset-attention-mask is not supported yet: a document boundary can fall in "
+                  "any chunk; drop those flags or use --context-parallel-size 1");
+    a.positions = ints(BT);
+    a.cp_positions = ints(T * shard.cp_size);
+    for (float*& b : ws.cp_kv) b = take(BT * 3 * Cl);
+    for (float*& b : ws.cp_dkv) b = take(BT * 3 * Cl);
+    ws.cp_dq = take(BT * 3 * Cl);
+    ws.cp_out_blk = take(BT / 2 * Cl);
+    ws.cp_lse_blk = take(B * NH * (T / 2));
+  }
   if (stage_reads_tokens(cfg, shard)) {  // the micro-batch's tokens and labels, staged in
     a.tokens = reinterpret_cast<std::int32_t*>(take(BT));
     a.labels = reinterpret_cast<std::int32_t*>(take(BT));
@@ -274,6 +290,17 @@ void make_activations(const ModelConfig& cfg, const ModelShard& shard, std::int6
     k::copy_to_device(ctx, acts.inv_freq, f.data(),
                       static_cast<std::int64_t>(f.size() * sizeof(float)));
   }
+  if (acts.cp_positions != nullptr) {
+    const std::int64_t T = seq_len * shard.cp_size, BT = batch * seq_len;
+    std::vector<std::int32_t> all(static_cast<std::size_t>(T)), rows(static_cast<std::size_t>(BT));
+    for (std::int64_t t = 0; t < T; ++t) all[static_cast<std::size_t>(t)] = static_cast<int>(t);
+    for (std::int64_t r = 0; r < BT; ++r) {
+      rows[static_cast<std::size_t>(r)] = static_cast<std::int32_t>(
+          layers::cp_row_position(shard.cp_size, shard.cp_rank, batch, seq_len, r));
+    }
+    k::copy_to_device(ctx, acts.cp_positions, all.data(), T * 4);
+    k::copy_to_device(ctx, acts.positions, rows.data(), BT * 4);
+  }
 }
 
 namespace {
@@ -340,13 +367,19 @@ struct Transformer {
                        .seed = rt_.dropout_seed,
                        .iteration = a_.inputs.iteration,
                        .first_sample = a_.inputs.first_sample},
-           .positions = cfg_.reset_position_ids ? a_.positions : nullptr,
+           .positions =
+               cfg_.reset_position_ids || a_.cp_positions != nullptr ? a_.positions : nullptr,
            .docs = cfg_.reset_attention_mask ? a_.docs : nullptr,
            .aux_loss_scale = rt_.moe_aux_loss_scale,
            .ep = rt_.ep,
-           .ep_host = rt_.ep_host} {
+           .ep_host = rt_.ep_host,
+           .cp = rt_.cp,
+           .cp_positions = a_.cp_positions} {
     TRIDENT_ASSERT(tp_size_of(rt) == rt.shard.tp_size, "tp group of ", tp_size_of(rt),
                    " ranks for a shard of ", rt.shard.tp_size);
+    TRIDENT_ASSERT((rt.cp == nullptr ? 1 : rt.cp->size()) == rt.shard.cp_size, "cp group of ",
+                   rt.cp == nullptr ? 1 : rt.cp->size(), " ranks for a shard of ",
+                   rt.shard.cp_size);
     TRIDENT_ASSERT(region.local_rows() == a.stage_rows, "activations laid out for ", a.stage_rows,
                    " rows, not ", region.local_rows());
   }

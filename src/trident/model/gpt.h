@@ -94,6 +94,8 @@ struct ModelRuntime {
   // Expert parallelism (shard.ep_size > 1): the ep group's tensor channel and its host channel.
   comm::Communicator* ep = nullptr;
   comm::Communicator* ep_host = nullptr;
+  // Context parallelism (shard.cp_size > 1): the cp group's tensor channel (the attention ring).
+  comm::Communicator* cp = nullptr;
 };
 
 // What one call of the forward is given besides the weights: the micro-batch and the keys of
@@ -139,8 +141,11 @@ struct GptActivations {
   // Documents inside the samples (ModelConfig::documents()): per token (B*T), its position and
   // its document's index in the sample, derived from the tokens by every stage's forward
   // (kernels/document_ids.h); null without documents.
+  // Under context parallelism (shard.cp_size > 1) positions holds the rows' global positions
+  // (layers/context_parallel.h) and cp_positions the positions 0 .. T_total-1.
   std::int32_t* positions = nullptr;
   std::int32_t* docs = nullptr;
+  std::int32_t* cp_positions = nullptr;
   float* d_x = nullptr;  // (B*T, C) gradient of the residual stream; on a stage without the
                          // embedding, the gradient of its input after gpt_backward
   // The micro-batch's tokens and labels (B*T) on the activations' device, on the stages that read

@@ -27,6 +27,10 @@ struct ModelShard {
   // blocks, this rank holding block ep_rank.
   int ep_size = 1;
   int ep_rank = 0;
+  // Context parallelism: the sequence in 2 cp_size chunks, this rank holding chunks cp_rank and
+  // 2 cp_size - 1 - cp_rank (layers/context_parallel.h). Weights are not split.
+  int cp_size = 1;
+  int cp_rank = 0;
 
   std::int64_t layers(const ModelConfig& cfg) const {
     return num_layers >= 0 ? num_layers : cfg.num_layers - first_layer;

@@ -17,6 +17,8 @@ const char* axis_name(Axis axis) {
       return "ep";
     case Axis::kEdp:
       return "edp";
+    case Axis::kCp:
+      return "cp";
   }
   return "?";
 }
@@ -28,6 +30,7 @@ std::ostream& operator<<(std::ostream& os, const Coord& c) {
 std::ostream& operator<<(std::ostream& os, const ParallelLayout& l) {
   os << "tp=" << l.tp_size << " dp=" << l.dp_size << " pp=" << l.pp_size;
   if (l.ep_size != 1) os << " ep=" << l.ep_size;
+  if (l.cp_size != 1) os << " cp=" << l.cp_size;
   return os;
 }
 
@@ -43,8 +46,16 @@ ParallelLayout ParallelLayout::from_world_size(int world_size, int tp_size, int 
 }
 
 void ParallelLayout::validate() const {
-  TRIDENT_CHECK(tp_size >= 1 && dp_size >= 1 && pp_size >= 1 && ep_size >= 1,
+  TRIDENT_CHECK(tp_size >= 1 && dp_size >= 1 && pp_size >= 1 && ep_size >= 1 && cp_size >= 1,
                 "parallel sizes must be >= 1, got ", *this);
+  TRIDENT_CHECK(dp_size % cp_size == 0, "context-parallel size ", cp_size, " does not divide the ",
+                dp_size,
+                " ranks left after tp x pp: --context-parallel-size must divide world size / (tp "
+                "x pp) (the data-parallel size is world size / (tp x pp x cp))");
+  TRIDENT_CHECK(ep_size == 1 || cp_size == 1, "expert parallelism (ep ", ep_size,
+                ") with context parallelism (cp ", cp_size,
+                ") is not supported yet: choose one of --expert-model-parallel-size and "
+                "--context-parallel-size");
   TRIDENT_CHECK(dp_size % ep_size == 0, "expert-model-parallel size ", ep_size,
                 " does not divide the data-parallel size ", dp_size,
                 ": the experts are split over data-parallel ranks (Megatron-Core's layout), so "
@@ -63,6 +74,8 @@ int ParallelLayout::size_of(Axis axis) const {
       return ep_size;
     case Axis::kEdp:
       return edp_size();
+    case Axis::kCp:
+      return cp_size;
   }
   return 0;
 }
@@ -79,6 +92,8 @@ int ParallelLayout::coord_along(const Coord& c, Axis axis) const {
       return ep_rank(c);
     case Axis::kEdp:
       return edp_rank(c);
+    case Axis::kCp:
+      return cp_rank(c);
   }
   return 0;
 }
@@ -87,7 +102,7 @@ std::vector<int> ParallelLayout::group_of(int rank, Axis axis) const {
   TRIDENT_CHECK(rank >= 0 && rank < world_size(), "rank ", rank, " outside the world of ",
                 world_size(), " (", *this, ")");
   Coord c = coord_of(rank);
-  const int ep = ep_rank(c), edp = edp_rank(c);
+  const int ep = ep_rank(c), edp = edp_rank(c), data = data_rank(c);
   std::vector<int> ranks;
   const int n = size_of(axis);
   ranks.reserve(static_cast<std::size_t>(n));
@@ -108,6 +123,9 @@ std::vector<int> ParallelLayout::group_of(int rank, Axis axis) const {
       case Axis::kEdp:
         c.dp = i * ep_size + ep;
         break;
+      case Axis::kCp:
+        c.dp = data * cp_size + i;
+        break;
     }
     ranks.push_back(rank_of(c));
   }
@@ -127,6 +145,8 @@ int ParallelLayout::group_index(int rank, Axis axis) const {
       return c.tp + tp_size * (edp_rank(c) + edp_size() * c.pp);
     case Axis::kEdp:  // by (pp, ep, tp)
       return c.tp + tp_size * (ep_rank(c) + ep_size * c.pp);
+    case Axis::kCp:  // by (pp, data, tp)
+      return c.tp + tp_size * (data_rank(c) + data_size() * c.pp);
   }
   return 0;
 }

@@ -41,6 +41,8 @@ ParallelContext::ParallelContext(comm::Communicator& world, const ParallelLayout
   // ep: a group of one rank without expert parallelism; edp is then the dp group itself.
   ep_ = world.split(layout_.ep_size > 1 ? layout_.group_index(r, Axis::kEp) : r, r, "ep");
   if (layout_.ep_size > 1) edp_ = world.split(layout_.group_index(r, Axis::kEdp), r, "edp");
+  // cp: a group of one rank without context parallelism.
+  cp_ = world.split(layout_.cp_size > 1 ? layout_.group_index(r, Axis::kCp) : r, r, "cp");
 
   // Group ranks are world-communicator ranks mapped through the world's global ranks.
   auto to_global = [&](const std::vector<int>& ranks) {
@@ -57,6 +59,9 @@ ParallelContext::ParallelContext(comm::Communicator& world, const ParallelLayout
   if (edp_) {
     check_group(*ep_, to_global(layout_.group_of(r, Axis::kEp)), layout_.ep_rank(coord_));
     check_group(*edp_, to_global(layout_.group_of(r, Axis::kEdp)), layout_.edp_rank(coord_));
+  }
+  if (layout_.cp_size > 1) {
+    check_group(*cp_, to_global(layout_.group_of(r, Axis::kCp)), layout_.cp_rank(coord_));
   }
 }
 
@@ -77,6 +82,8 @@ comm::Communicator& ParallelContext::group(Axis axis) const {
       return ep();
     case Axis::kEdp:
       return edp();
+    case Axis::kCp:
+      return cp();
   }
   TRIDENT_ASSERT(false, "unhandled axis ", static_cast<int>(axis));
   return tp();
@@ -109,21 +116,22 @@ std::string ParallelContext::use_device(const core::ExecContext& ctx) {
     make(ep_, "ep", ep_dev_);
     make(edp_, "edp", edp_dev_);
   }
+  if (layout_.cp_size > 1) make(cp_, "cp", cp_dev_);
   return kinds;
 }
 
 void ParallelContext::set_step(std::int64_t step) {
   world_->set_step(step);
-  for (auto* c : {&tp_, &dp_, &pp_, &embedding_, &ep_, &edp_, &tp_dev_, &dp_dev_, &pp_dev_,
-                  &embedding_dev_, &ep_dev_, &edp_dev_}) {
+  for (auto* c : {&tp_, &dp_, &pp_, &embedding_, &ep_, &edp_, &cp_, &tp_dev_, &dp_dev_, &pp_dev_,
+                  &embedding_dev_, &ep_dev_, &edp_dev_, &cp_dev_}) {
     if (*c) (*c)->set_step(step);
   }
 }
 
 void ParallelContext::set_timeout(double seconds) {
   world_->set_timeout(seconds);
-  for (auto* c : {&tp_, &dp_, &pp_, &embedding_, &ep_, &edp_, &tp_dev_, &dp_dev_, &pp_dev_,
-                  &embedding_dev_, &ep_dev_, &edp_dev_}) {
+  for (auto* c : {&tp_, &dp_, &pp_, &embedding_, &ep_, &edp_, &cp_, &tp_dev_, &dp_dev_, &pp_dev_,
+                  &embedding_dev_, &ep_dev_, &edp_dev_, &cp_dev_}) {
     if (*c) (*c)->set_timeout(seconds);
   }
 }
@@ -131,6 +139,7 @@ void ParallelContext::set_timeout(double seconds) {
 std::string ParallelContext::coords_string() const {
   std::string s = core::str("r", rank(), " tp", coord_.tp, " dp", coord_.dp, " pp", coord_.pp);
   if (layout_.ep_size > 1) s += core::str(" ep", layout_.ep_rank(coord_));
+  if (layout_.cp_size > 1) s += core::str(" cp", layout_.cp_rank(coord_));
   return s;
 }
 

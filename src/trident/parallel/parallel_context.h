@@ -44,12 +44,16 @@ class ParallelContext {
   // group itself when ep_size is 1).
   comm::Communicator& ep() const { return ep_dev_ ? *ep_dev_ : *ep_; }
   comm::Communicator& edp() const;
+  // Context parallelism (layout.h): the ranks that hold chunks of the same samples and pass
+  // key/value blocks around their ring ("cp", one rank when cp_size is 1).
+  comm::Communicator& cp() const { return cp_dev_ ? *cp_dev_ : *cp_; }
   comm::Communicator& group(Axis axis) const;
   // The groups' host communicators (for host scalars); the same objects on the CPU.
   comm::Communicator& tp_host() const { return *tp_; }
   comm::Communicator& dp_host() const { return *dp_; }
   comm::Communicator& pp_host() const { return *pp_; }
   comm::Communicator& ep_host() const { return *ep_; }
+  comm::Communicator& cp_host() const { return *cp_; }
 
   // Collective over the world: gives every group a device communicator for tensors on ctx's
   // device (a no-op on the CPU). Returns what each group got, e.g. "tp nccl, dp nccl, pp nccl".
@@ -76,8 +80,9 @@ class ParallelContext {
   comm::Communicator* world_;
   ParallelLayout layout_;
   Coord coord_;
-  std::unique_ptr<comm::Communicator> tp_, dp_, pp_, embedding_, ep_, edp_;
-  std::unique_ptr<comm::Communicator> tp_dev_, dp_dev_, pp_dev_, embedding_dev_, ep_dev_, edp_dev_;
+  std::unique_ptr<comm::Communicator> tp_, dp_, pp_, embedding_, ep_, edp_, cp_;
+  std::unique_ptr<comm::Communicator> tp_dev_, dp_dev_, pp_dev_, embedding_dev_, ep_dev_, edp_dev_,
+      cp_dev_;
 };
 
 }  // namespace trident::parallel

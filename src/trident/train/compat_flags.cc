@@ -122,8 +122,8 @@ bool accepted_value(const TrainConfig& c, std::string_view name,
   if (name == "--main-grads-dtype" || name == "--main-params-dtype" || name == "--exp-avg-dtype" ||
       name == "--exp-avg-sq-dtype")
     return is({"fp32"});
-  if (name == "--context-parallel-size" || name == "--ds-sequence-parallel-size" ||
-      name == "--num-distributed-optimizer-instances")
+  if (name == "--cp-comm-type") return is({"p2p"});
+  if (name == "--ds-sequence-parallel-size" || name == "--num-distributed-optimizer-instances")
     return is_num(1);
   // Each expert is split over the tensor-parallel ranks, as Megatron-Core's default
   // (--expert-tensor-parallel-size = --tensor-model-parallel-size).

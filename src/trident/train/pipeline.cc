@@ -31,10 +31,12 @@ void GptPipeline::add_slots(int chunk, int count) {
   slots.resize(static_cast<std::size_t>(count));
   for (std::size_t i = had; i < slots.size(); ++i) {
     Slot& s = slots[i];
-    model::make_activations(cfg, model_.chunks()[static_cast<std::size_t>(chunk)].shard,
-                            micro_batch_size_, cfg.seq_length,
+    // Under context parallelism a rank holds seq_length / cp tokens of each sample.
+    const model::ModelShard& shard = model_.chunks()[static_cast<std::size_t>(chunk)].shard;
+    const std::int64_t seq_len = cfg.seq_length / shard.cp_size;
+    model::make_activations(cfg, shard, micro_batch_size_, seq_len,
                             runtimes_[static_cast<std::size_t>(chunk)].bf16, s.acts, ctx_);
-    s.tokens.resize(static_cast<std::size_t>(micro_batch_size_ * cfg.seq_length));
+    s.tokens.resize(static_cast<std::size_t>(micro_batch_size_ * seq_len));
     s.labels.resize(s.tokens.size());
   }
 }

@@ -45,6 +45,10 @@ class RankModel {
   RankModel(const model::ModelConfig& cfg, const PipelineSplit& split, int tp_size, int tp_rank,
             int pp_rank, bool sequence_parallel = false, const ExpertSplit& experts = {});
 
+  // Context parallelism: every chunk's shard holds chunks cp_rank and 2 cp_size - 1 - cp_rank of
+  // each sequence (its weights are not split).
+  void set_context_parallel(int cp_size, int cp_rank);
+
   const model::ModelConfig& config() const { return cfg_; }
   const std::vector<ModelChunk>& chunks() const { return chunks_; }
   std::int64_t total_numel() const { return total_numel_; }

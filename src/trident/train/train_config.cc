@@ -553,6 +553,10 @@ void add_parallel_options(Settings& s, TrainConfig& c) {
   s.add_option("--expert-model-parallel-size", c.expert_model_parallel_size,
                "EP size: the experts split over this many data-parallel ranks (docs/moe.md)")
       ->capture_default_str();
+  s.add_option("--context-parallel-size", c.context_parallel_size,
+               "CP size: each sequence split over this many ranks, attention as a ring "
+               "(docs/long-context.md)")
+      ->capture_default_str();
   s.add_option("--zero-stage", c.zero_stage,
                "ZeRO stage: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters")
       ->capture_default_str();
@@ -647,7 +651,8 @@ void record_given_flags(const CLI::App& app, TrainConfig& c) {
 }
 
 int TrainConfig::data_parallel_size(int world_size) const {
-  return world_size / (tensor_model_parallel_size * pipeline_model_parallel_size);
+  return world_size /
+         (tensor_model_parallel_size * pipeline_model_parallel_size * context_parallel_size);
 }
 
 int TrainConfig::virtual_pipeline_chunks() const {
@@ -892,6 +897,36 @@ void TrainConfig::finalize_moe() {
 }
 
 // Layout sizes, ZeRO, offload, sequence parallelism and the pipeline schedule.
+// Context parallelism's limits (docs/long-context.md). dp: the ranks left after tp x pp.
+void TrainConfig::finalize_context_parallel(int dp) {
+  const int cp = context_parallel_size;
+  TRIDENT_CHECK(cp >= 1, "--context-parallel-size must be >= 1, got ", cp);
+  if (cp == 1) return;
+  TRIDENT_CHECK(dp % cp == 0, "--context-parallel-size ", cp, " must divide the ", dp,
+                " ranks left after --tensor-model-parallel-size x --pipeline-model-parallel-size "
+                "(the data-parallel size is world size / (tp x pp x cp))");
+  TRIDENT_CHECK(model.seq_length % (2 * cp) == 0, "--seq-length (", model.seq_length,
+                ") must be divisible by 2 x --context-parallel-size (", 2 * cp,
+                "): each rank holds 2 of the 2 x cp equal chunks (the load-balanced causal split)");
+  // The ring runs flash blocks merged by their log-sum-exp: the fused core (Megatron-Core's
+  // context parallelism needs flash attention too), as if --use-flash-attn were given.
+  model.use_flash_attention = true;
+  TRIDENT_CHECK(!model.documents(), "--context-parallel-size ", cp,
+                " with --reset-position-ids / --reset-attention-mask is not supported yet (a "
+                "document can start in any chunk); drop those flags or use "
+                "--context-parallel-size 1");
+  TRIDENT_CHECK(model.num_experts == 0, "--context-parallel-size ", cp,
+                " with a mixture-of-experts model is not supported yet (the router's "
+                "auxiliary losses would need the cp group's token counts); use "
+                "--context-parallel-size 1");
+  TRIDENT_CHECK(!(sequence_parallel && tensor_model_parallel_size > 1 &&
+                  (micro_batch_size * model.seq_length / cp) % tensor_model_parallel_size != 0),
+                "--sequence-parallel: micro-batch x seq-length / context-parallel size (",
+                micro_batch_size * model.seq_length / cp,
+                " rows) must be divisible by --tensor-model-parallel-size (",
+                tensor_model_parallel_size, ")");
+}
+
 void TrainConfig::finalize_parallel(int world_size) {
   TRIDENT_CHECK(tensor_model_parallel_size >= 1 && pipeline_model_parallel_size >= 1,
                 "parallel sizes must be >= 1");
@@ -922,6 +957,7 @@ void TrainConfig::finalize_parallel(int world_size) {
                   ": offloading the experts' optimizer is not built yet; drop the offload or "
                   "use --expert-model-parallel-size 1");
   }
+  finalize_context_parallel(dp);
   // The mixture-of-experts layer's limits (docs/moe.md).
   if (model.num_experts > 0) {
     // Each expert is tensor-parallel as the dense MLP (Megatron's expert tensor parallelism =

@@ -136,6 +136,7 @@ struct TrainConfig {
   // Parallelism: data-parallel size = world size / (tp x pp).
   int tensor_model_parallel_size = 1;
   int expert_model_parallel_size = 1;  // the experts split over this many dp ranks
+  int context_parallel_size = 1;       // the sequence split over this many ranks (ring attention)
   int pipeline_model_parallel_size = 1;
   bool sequence_parallel = false;
   int zero_stage = 0;  // --zero-stage (--use-distributed-optimizer = 1)
@@ -193,6 +194,7 @@ struct TrainConfig {
   void finalize_model();
   void finalize_moe();
   void finalize_parallel(int world_size);
+  void finalize_context_parallel(int dp);
   void finalize_offload();
   void finalize_schedule(int dp);
   void finalize_split_paths();

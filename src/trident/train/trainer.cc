@@ -27,6 +27,7 @@
 #include "trident/kernels/elementwise.h"
 #include "trident/kernels/memory.h"
 #include "trident/model/gpt.h"
+#include "trident/model/layers/context_parallel.h"
 #include "trident/optim/loss_scaler.h"
 #include "trident/parallel/layout.h"
 #include "trident/parallel/parallel_context.h"
@@ -69,14 +70,20 @@ std::string fmt_e(double x) {
 }
 
 // Megatron's micro-batch order: micro-batch j of the global batch starting at `first` goes to data
-// rank r as samples first + j * micro * dp + r * micro + [0, micro).
-void fill_micro_batch(const data::SampleDataset& ds, std::int64_t first, std::int64_t micro, int dp,
-                      int dp_rank, int j, std::int32_t* tokens, std::int32_t* labels,
+// rank r as samples first + j * micro * dp + r * micro + [0, micro). Under context parallelism
+// (cp > 1) the rank keeps its two chunks of each sample, chunk-major
+// (model/layers/context_parallel.h): tokens and labels hold micro * T / cp rows.
+struct DataSlice {
+  int dp = 1, dp_rank = 0;  // data-parallel size and rank
+  int cp = 1, cp_rank = 0;  // context-parallel size and rank
+};
+void fill_micro_batch(const data::SampleDataset& ds, std::int64_t first, std::int64_t micro,
+                      const DataSlice& d, int j, std::int32_t* tokens, std::int32_t* labels,
                       std::vector<std::int32_t>& scratch, std::int64_t vocab,
                       std::int32_t mask_eod = -1) {
-  const std::int64_t T = ds.seq_length();
+  const std::int64_t T = ds.seq_length(), Tl = T / d.cp;
   scratch.resize(static_cast<std::size_t>(T + 1));
-  const std::int64_t start = data::micro_batch_first_sample(first, j, dp_rank, micro, dp);
+  const std::int64_t start = data::micro_batch_first_sample(first, j, d.dp_rank, micro, d.dp);
   for (std::int64_t b = 0; b < micro; ++b) {
     const std::int64_t id = start + b;
     if (id >= ds.num_samples()) {
@@ -92,11 +99,15 @@ void fill_micro_batch(const data::SampleDataset& ds, std::int64_t first, std::in
     }
     // A short final sample is padded with a negative id: its labels are ignored by the loss and
     // its inputs read token 0, as Megatron does.
-    for (std::int64_t t = 0; t < T; ++t) {
-      tokens[b * T + t] = std::max(scratch[static_cast<std::size_t>(t)], 0);
-      labels[b * T + t] = scratch[static_cast<std::size_t>(t + 1)];
+    for (std::int64_t i = 0; i < Tl; ++i) {
+      // Row i of this sample's rows: position t of the sequence.
+      const std::int64_t row = d.cp == 1 ? b * T + i : model::layers::cp_chunk_row(micro, Tl, b, i);
+      const std::int64_t t =
+          d.cp == 1 ? i : model::layers::cp_row_position(d.cp, d.cp_rank, micro, Tl, row);
+      tokens[row] = std::max(scratch[static_cast<std::size_t>(t)], 0);
+      labels[row] = scratch[static_cast<std::size_t>(t + 1)];
       // --eod-mask-loss: no loss where the input is end-of-document (Megatron's loss_mask).
-      if (mask_eod >= 0 && scratch[static_cast<std::size_t>(t)] == mask_eod) labels[b * T + t] = -1;
+      if (mask_eod >= 0 && scratch[static_cast<std::size_t>(t)] == mask_eod) labels[row] = -1;
     }
   }
 }
@@ -157,7 +168,10 @@ class Trainer {
   core::ExecContext ctx_{.workspace = &workspace_};  // the device: the host, or a GPU (--device)
   const parallel::ParallelLayout layout_;
   parallel::ParallelContext par_;
+  // The ranks holding the same dense weights (ZeRO shards and gradient sums over them: data
+  // parallel x context parallel), and this rank's slice of the data.
   const int dp_, dp_rank_;
+  const DataSlice data_;
   std::optional<StopConditions> stops_;
   std::unique_ptr<ckpt::SaveLock> save_lock_;
   std::unique_ptr<data::Tokenizer> tokenizer_;
@@ -203,6 +217,7 @@ parallel::ParallelLayout layout_of(const TrainConfig& cfg, int world_size) {
   parallel::ParallelLayout l = parallel::ParallelLayout::from_world_size(
       world_size, cfg.tensor_model_parallel_size, cfg.pipeline_model_parallel_size);
   l.ep_size = cfg.expert_model_parallel_size;
+  l.cp_size = cfg.context_parallel_size;
   l.validate();
   return l;
 }
@@ -218,7 +233,11 @@ Trainer::Trainer(TrainConfig cfg, comm::Communicator& world)
       layout_(layout_of(cfg_, world.size())),
       par_(with_timeout(world, cfg_.comm_timeout), layout_, cfg_.hierarchical_dp),
       dp_(layout_.dp_size),
-      dp_rank_(par_.coord().dp) {
+      dp_rank_(par_.coord().dp),
+      data_{.dp = layout_.data_size(),
+            .dp_rank = layout_.data_rank(par_.coord()),
+            .cp = layout_.cp_size,
+            .cp_rank = layout_.cp_rank(par_.coord())} {
   place_ranks();
   select_device();
   build_tokenizer();
@@ -399,7 +418,7 @@ void Trainer::build_data() {
   dcfg.split = cfg_.split;
   dcfg.seq_length = mc.seq_length;
   dcfg.seed = static_cast<std::int64_t>(cfg_.seed);
-  batches_.emplace(cfg_.batch_schedule_config(dp_));
+  batches_.emplace(cfg_.batch_schedule_config(data_.dp));
   std::int64_t train_samples =
       cfg_.train_samples > 0 ? cfg_.train_samples : cfg_.train_iters * cfg_.global_batch_size;
   if (!cfg_.step_schedule.empty() && cfg_.train_samples == 0) {
@@ -451,6 +470,7 @@ void Trainer::build_model() {
                      cfg_.sequence_parallel, e);
   };
   rank_model_.emplace(model_of(model::ParamPart::kAll));
+  rank_model_->set_context_parallel(data_.cp, data_.cp_rank);
   ZeroConfig zero{.stage = cfg_.zero_stage,
                   .bucket_size = cfg_.ddp_bucket_size,
                   .bf16 = cfg_.bf16,
@@ -481,6 +501,7 @@ void Trainer::build_model() {
       rt.ep = &par_.ep();
       rt.ep_host = &par_.ep_host();
     }
+    if (data_.cp > 1) rt.cp = &par_.cp();
     runtimes.push_back(rt);
   }
   optimizer_->install_hooks(runtimes);
@@ -506,7 +527,8 @@ void Trainer::log_model() const {
   log::info("model: GPT ", mc.num_layers, " layers, hidden ", mc.hidden_size, ", heads ",
             mc.num_attention_heads, ", ffn ", mc.ffn(), ", vocab ", mc.vocab_size, " (padded ",
             mc.padded_vocab_size(layout_.tp_size), "), ", mc.num_parameters(), " parameters");
-  log::info("layout: tp ", layout_.tp_size, " x pp ", layout_.pp_size, " x dp ", dp_,
+  log::info("layout: tp ", layout_.tp_size, " x pp ", layout_.pp_size, " x dp ", data_.dp,
+            data_.cp > 1 ? core::str(" x cp ", data_.cp) : std::string(),
             layout_.ep_size > 1 ? core::str(" (experts: ep ", layout_.ep_size, " x expert dp ",
                                             layout_.edp_size(), ")")
                                 : std::string(),
@@ -537,6 +559,7 @@ void Trainer::describe_checkpoint_state() {
                    {"last_stage_layers", cfg_.decoder_last_pipeline_num_layers},
                    {"zero_stage", cfg_.zero_stage}};
   if (layout_.ep_size > 1) state_.layout["ep"] = layout_.ep_size;
+  if (layout_.cp_size > 1) state_.layout["cp"] = layout_.cp_size;
   state_.coords = {{"tp", par_.coord().tp}, {"pp", par_.coord().pp}, {"dp", dp_rank_}};
   state_.tp_rank = par_.coord().tp;
   auto slice = [](ZeroOptimizer::TensorSlice t) {
@@ -686,7 +709,7 @@ void Trainer::build_schedules() {
   }
   world_.all_reduce(&peak_tflops, 1, comm::Datatype::kF64, comm::ReduceOp::kMin);
   log::info("train: global batch ", cfg_.global_batch_size, " = micro ", B_, " x ", micro_batches_,
-            " micro-batches x ", dp_, " data-parallel; ", omp_get_max_threads(),
+            " micro-batches x ", data_.dp, " data-parallel; ", omp_get_max_threads(),
             " threads per rank; MFU against ", peak_tflops, " TFLOP/s per rank (", peak_basis, ")");
   log_.emplace(
       TrainingLog::Sources{.cfg = cfg_,
@@ -732,12 +755,12 @@ MicroBatches Trainer::micro_batches_of(const data::SampleDataset& ds, std::int64
                                        std::int64_t iteration) {
   return {.fill =
               [this, &ds, first](int j, std::int32_t* tokens, std::int32_t* labels) {
-                fill_micro_batch(ds, first, B_, dp_, dp_rank_, j, tokens, labels, scratch_,
+                fill_micro_batch(ds, first, B_, data_, j, tokens, labels, scratch_,
                                  cfg_.model.vocab_size, mask_eod_);
               },
           .first_sample =
               [this, first](int j) {
-                return data::micro_batch_first_sample(first, j, dp_rank_, B_, dp_);
+                return data::micro_batch_first_sample(first, j, data_.dp_rank, B_, data_.dp);
               },
           .iteration = iteration};
 }
@@ -924,7 +947,7 @@ double Trainer::evaluation_loss(const data::SampleDataset& ds, std::int64_t& con
     const model::LossSum l =
         pipeline_->evaluate(ctx_, optimizer_->views(), static_cast<int>(eval_micro),
                             micro_batches_of(ds, consumed, it));
-    consumed += eval_micro * B_ * dp_;
+    consumed += eval_micro * B_ * data_.dp;
     total.sum += l.sum;
     total.count += l.count;
   }
@@ -973,7 +996,7 @@ void Trainer::evaluate_groups(std::int64_t it, bool at_end, bool test) {
       log_->tensorboard().add_scalar(tag + " ppl vs tokens", ppl, progress_.consumed * T_);
     }
   }
-  if (!test) progress_.consumed_valid += n * cfg_.eval_iters * micro_batches_ * B_ * dp_;
+  if (!test) progress_.consumed_valid += n * cfg_.eval_iters * micro_batches_ * B_ * data_.dp;
 }
 
 void Trainer::evaluate(std::int64_t it, const char* suffix, bool test) {
@@ -986,7 +1009,7 @@ void Trainer::evaluate(std::int64_t it, const char* suffix, bool test) {
   std::int64_t test_consumed = 0;
   std::int64_t& eval_consumed = test ? test_consumed : progress_.consumed_valid;
   const double loss =
-      evaluation_loss(*eval_ds, eval_consumed, cfg_.global_batch_size / (B_ * dp_), it);
+      evaluation_loss(*eval_ds, eval_consumed, cfg_.global_batch_size / (B_ * data_.dp), it);
   const double ppl = std::exp(std::min(loss, 20.0));
   // Megatron's lines: dashes, the result, dashes.
   const std::string line =

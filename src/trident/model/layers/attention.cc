@@ -1,9 +1,11 @@
 #include "trident/model/layers/attention.h"
 
+#include "trident/core/error.h"
 #include "trident/kernels/attention.h"
 #include "trident/kernels/flash_attention.h"
 #include "trident/kernels/kv_cache_attention.h"
 #include "trident/kernels/rope.h"
+#include "trident/model/layers/context_parallel.h"
 
 namespace trident::model::layers {
 
@@ -97,6 +99,18 @@ k::AttentionDropout attention_dropout(const LayerContext& lc, const AttentionCon
           .total_heads = cfg.heads};
 }
 
+RingAttentionArgs ring_args(const LayerContext& lc, const AttentionConfig& cfg,
+                            const AttentionSaved& s, std::int64_t layer) {
+  const auto [NH, HS, Cl] = local_of(lc, cfg);
+  return {.attn = s.attn,
+          .lse = s.lse,
+          .qkv = s.qkv,
+          .alibi = cfg.alibi,
+          .dropout = attention_dropout(lc, cfg, layer),
+          .num_heads = NH,
+          .head_dim = HS};
+}
+
 // The attention core forward: qkv -> attn (and lse or probs).
 void core_forward(const LayerContext& lc, const AttentionConfig& cfg, const AttentionSaved& s,
                   float* probs, std::int64_t layer, const KvCache* cache) {
@@ -113,6 +127,10 @@ void core_forward(const LayerContext& lc, const AttentionConfig& cfg, const Atte
     return;
   }
   const CoreShapes sh = core_shapes(lc, cfg);
+  if (lc.context_parallel()) {
+    TRIDENT_CHECK(cfg.flash, "context parallelism runs the fused attention core only");
+    return ring_attention_forward(lc, ring_args(lc, cfg, s, layer));
+  }
   if (cfg.flash) {
     return k::flash_attention(lc.ctx, {.out = view_of(lc, s.attn, sh.out),
                                        .lse = view_of(lc, s.lse, sh.lse),
@@ -189,7 +207,10 @@ const float* attention_backward(const LayerContext& lc, const AttentionConfig& c
                        .in_features = Cl,
                        .out_features = C});
   const CoreShapes sh = core_shapes(lc, cfg);
-  if (cfg.flash) {
+  if (lc.context_parallel()) {
+    ring_attention_backward(
+        lc, {.d_qkv = ws.d_qkv, .d_attn = ws.d_attn, .fwd = ring_args(lc, cfg, s, layer)});
+  } else if (cfg.flash) {
     k::flash_attention_backward(lc.ctx, {.d_qkv = view_of(lc, ws.d_qkv, sh.qkv),
                                          .d_out = view_of(lc, ws.d_attn, sh.out),
                                          .qkv = view_of(lc, s.qkv, sh.qkv),

@@ -1,10 +1,13 @@
 #include "trident/model/layers/layer.h"
 
+#include <algorithm>
+
 #include "trident/kernels/bf16.h"
 #include "trident/kernels/dropout.h"
 #include "trident/kernels/linear.h"
 #include "trident/kernels/matmul.h"
 #include "trident/kernels/matmul_bf16.h"
+#include "trident/model/layers/context_parallel.h"
 
 namespace trident::model::layers {
 
@@ -78,18 +81,41 @@ k::HiddenDropoutViews dropout_args(const LayerContext& lc, float* out, const flo
           .seed = lc.dropout.seed,
           .stream = drop_stream(lc.dropout.iteration, layer, site)};
 }
+
+// out = dropout(in) over this rank's rows. The mask of a row is keyed by its global token row
+// (sample x T + position); under context parallelism the rows are chunk-major
+// (context_parallel.h), so the rows go by runs that are contiguous in the global sequence.
+void hidden_dropout_rows(const LayerContext& lc, float* out, const float* in, std::int64_t cols,
+                         std::int64_t layer, DropSite site) {
+  k::HiddenDropoutViews v = dropout_args(lc, out, in, cols, layer, site);
+  if (!lc.context_parallel()) return k::hidden_dropout(lc.ctx, v);
+  const int size = lc.cp->size(), rank = lc.cp->rank();
+  const std::int64_t B = lc.batch, Tl = lc.seq_len, Tc = Tl / 2, T = lc.total_len();
+  const std::int64_t first = lc.region.first_row(), end = first + lc.local_rows();
+  for (std::int64_t r = first; r < end;) {
+    const std::int64_t run = std::min(end, (r / Tc + 1) * Tc) - r;  // to the chunk's end
+    const core::Shape rows{run, cols};
+    const std::int64_t at = (r - first) * cols;
+    v.out = view_of(lc, out + at, rows);
+    v.in = view_of(lc, in + at, rows);
+    v.first_row = (lc.dropout.first_sample + cp_row_sample(B, Tl, r)) * T +
+                  cp_row_position(size, rank, B, Tl, r);
+    k::hidden_dropout(lc.ctx, v);
+    r += run;
+  }
+}
 }  // namespace
 
 void dropout_forward(const LayerContext& lc, float* x, std::int64_t cols, std::int64_t layer,
                      DropSite site) {
   if (lc.dropout.hidden_p <= 0.0f) return;
-  k::hidden_dropout(lc.ctx, dropout_args(lc, x, x, cols, layer, site));
+  hidden_dropout_rows(lc, x, x, cols, layer, site);
 }
 
 const float* dropout_backward(const LayerContext& lc, const float* d, std::int64_t cols,
                               std::int64_t layer, DropSite site) {
   if (lc.dropout.hidden_p <= 0.0f) return d;
-  k::hidden_dropout(lc.ctx, dropout_args(lc, lc.ws.d_drop, d, cols, layer, site));
+  hidden_dropout_rows(lc, lc.ws.d_drop, d, cols, layer, site);
   return lc.ws.d_drop;
 }
 

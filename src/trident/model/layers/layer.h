@@ -61,6 +61,14 @@ struct Workspace {
   float* moe_d_shared_in = nullptr;
   float* moe_d_shared_out = nullptr;
   float* moe_d_shared_logits = nullptr;
+  // Context parallelism's ring (context_parallel.h): two travelling key/value blocks and two
+  // travelling key/value gradients, (B*T, 3C/tp) each as the local qkv rows; the query gradient
+  // (B*T, 3C/tp); one block's output (B*T/2, C/tp) and log-sum-exp (B, NH/tp, T/2).
+  float* cp_kv[2] = {nullptr, nullptr};
+  float* cp_dkv[2] = {nullptr, nullptr};
+  float* cp_dq = nullptr;
+  float* cp_out_blk = nullptr;
+  float* cp_lse_blk = nullptr;
 };
 
 // Hidden-dropout keys of one micro-batch: masks are keyed by global token rows and the iteration,
@@ -93,10 +101,17 @@ struct LayerContext {
   // null or one rank without it.
   comm::Communicator* ep = nullptr;
   comm::Communicator* ep_host = nullptr;
+  // Context parallelism (context_parallel.h): the cp group's tensor channel (null or one rank
+  // without it; seq_len is then this rank's 2 chunks, T / cp) and the positions 0 .. T-1 on the
+  // device (the chunks' position ids).
+  comm::Communicator* cp = nullptr;
+  const std::int32_t* cp_positions = nullptr;
 
   std::int64_t rows() const { return region.rows(); }  // B*T
   std::int64_t local_rows() const { return region.local_rows(); }
   int tp_rank() const { return region.group().rank(); }
+  bool context_parallel() const { return cp != nullptr && cp->size() > 1; }
+  std::int64_t total_len() const { return context_parallel() ? seq_len * cp->size() : seq_len; }
 };
 
 // A layer buffer as a kernel argument: a typed view on the context's device, or an empty view for

@@ -1,0 +1,163 @@
+#include "trident/model/layers/context_parallel.h"
+
+#include <array>
+
+#include "trident/comm/communicator.h"
+#include "trident/kernels/elementwise.h"
+#include "trident/kernels/fill.h"
+#include "trident/kernels/flash_attention_block.h"
+
+namespace trident::model::layers {
+
+namespace k = trident::kernels;
+
+namespace {
+
+// The views of one ring step's operands: this rank's chunks and the visiting block's.
+struct Ring {
+  const LayerContext& lc;
+  int size, rank, next, prev;
+  std::int64_t B, Tc, NH, HS;
+  std::int64_t qkv_chunk() const { return B * Tc * NH * 3 * HS; }  // floats of one chunk's rows
+  std::int64_t qkv_all() const { return 2 * qkv_chunk(); }
+
+  Ring(const LayerContext& c, std::int64_t nh, std::int64_t hs)
+      : lc(c),
+        size(c.cp->size()),
+        rank(c.cp->rank()),
+        next((c.cp->rank() + 1) % c.cp->size()),
+        prev((c.cp->rank() + c.cp->size() - 1) % c.cp->size()),
+        B(c.batch),
+        Tc(c.seq_len / 2),
+        NH(nh),
+        HS(hs) {}
+
+  // Rows (B, Tc, NH, 3 HS) of half h of a chunk-major qkv-shaped buffer.
+  core::TensorView qkv(const float* base, int h) const {
+    return view_of(lc, base + h * qkv_chunk(), {B, Tc, NH, 3 * HS});
+  }
+  core::TensorView out(const float* base, int h) const {
+    return view_of(lc, base + h * B * Tc * NH * HS, {B, Tc, NH * HS});
+  }
+  core::TensorView lse(const float* base, int h) const {
+    return view_of(lc, base + h * B * NH * Tc, {B, NH, Tc});
+  }
+  // Global positions of chunk `chunk`.
+  core::TensorView pos(std::int64_t chunk) const {
+    return view_of(lc, lc.cp_positions + chunk * Tc, {Tc});
+  }
+  std::int64_t chunk(int owner, int h) const { return cp_chunk(size, owner, h); }
+  // The block held at step s came from this rank.
+  int owner_at(int s) const { return (rank - s + size) % size; }
+};
+
+// Starts the block's move one step along the ring: send `from` to the next rank, receive the
+// previous rank's into `into`.
+std::array<comm::Request, 2> pass_on(const Ring& r, const float* from, float* into) {
+  comm::Communicator& cp = *r.lc.cp;
+  return {cp.isend(from, r.qkv_all(), comm::Datatype::kF32, r.next),
+          cp.irecv(into, r.qkv_all(), comm::Datatype::kF32, r.prev)};
+}
+
+void finish(std::array<comm::Request, 2>& reqs) {
+  for (comm::Request& q : reqs) q.wait();
+}
+
+}  // namespace
+
+void ring_attention_forward(const LayerContext& lc, const RingAttentionArgs& a) {
+  const Ring r(lc, a.num_heads, a.head_dim);
+  const Workspace& ws = lc.ws;
+  const std::int64_t T = lc.total_len();
+  const core::TensorView slopes = view_of(lc, a.alibi, {r.NH});
+  bool started[2] = {false, false};
+  const float* kv = a.qkv;  // the visiting block: first this rank's own
+  for (int s = 0; s < r.size; ++s) {
+    std::array<comm::Request, 2> moving{};
+    float* incoming = ws.cp_kv[s % 2];
+    if (s + 1 < r.size) moving = pass_on(r, kv, incoming);
+    const int owner = r.owner_at(s);
+    for (int hq = 0; hq < 2; ++hq) {
+      const std::int64_t qc = r.chunk(r.rank, hq);
+      for (int hk = 0; hk < 2; ++hk) {
+        const std::int64_t kc = r.chunk(owner, hk);
+        if (kc > qc) continue;  // every key of the chunk is after every query: nothing visible
+        // A chunk's first pair (its diagonal, at step 0) writes its out and lse; the others go
+        // through the block buffers and are merged in.
+        const bool first = !started[hq];
+        started[hq] = true;
+        k::flash_attention_block(lc.ctx,
+                                 {.out = first ? r.out(a.attn, hq) : r.out(ws.cp_out_blk, 0),
+                                  .lse = first ? r.lse(a.lse, hq) : r.lse(ws.cp_lse_blk, 0),
+                                  .qkv = r.qkv(a.qkv, hq),
+                                  .kv = r.qkv(kv, hk),
+                                  .q_pos = r.pos(qc),
+                                  .k_pos = r.pos(kc),
+                                  .alibi = slopes,
+                                  .dropout = a.dropout,
+                                  .total_len = T});
+        if (!first) {
+          k::flash_attention_merge(lc.ctx, {.out = r.out(a.attn, hq),
+                                            .lse = r.lse(a.lse, hq),
+                                            .out_blk = r.out(ws.cp_out_blk, 0),
+                                            .lse_blk = r.lse(ws.cp_lse_blk, 0)});
+        }
+      }
+    }
+    finish(moving);
+    kv = incoming;
+  }
+}
+
+void ring_attention_backward(const LayerContext& lc, const RingAttentionBackwardArgs& b) {
+  const RingAttentionArgs& a = b.fwd;
+  const Ring r(lc, a.num_heads, a.head_dim);
+  const Workspace& ws = lc.ws;
+  const std::int64_t T = lc.total_len();
+  const core::TensorView slopes = view_of(lc, a.alibi, {r.NH});
+  const core::Shape all{r.qkv_all()};
+  // The query gradients accumulate in cp_dq (its key/value slots stay 0); the key/value gradients
+  // of the visiting block in the travelling buffer (its query slots stay 0).
+  k::fill(lc.ctx, {.out = view_of(lc, ws.cp_dq, all)});
+  k::fill(lc.ctx, {.out = view_of(lc, ws.cp_dkv[0], all)});
+  const float* kv = a.qkv;
+  float* dkv = ws.cp_dkv[0];
+  for (int s = 0; s < r.size; ++s) {
+    std::array<comm::Request, 2> moving{};
+    float* incoming = ws.cp_kv[s % 2];
+    if (s + 1 < r.size) moving = pass_on(r, kv, incoming);
+    const int owner = r.owner_at(s);
+    for (int hq = 0; hq < 2; ++hq) {
+      const std::int64_t qc = r.chunk(r.rank, hq);
+      for (int hk = 0; hk < 2; ++hk) {
+        const std::int64_t kc = r.chunk(owner, hk);
+        if (kc > qc) continue;
+        k::flash_attention_block_backward(lc.ctx, {.d_qkv = r.qkv(ws.cp_dq, hq),
+                                                   .d_kv = r.qkv(dkv, hk),
+                                                   .accumulate_dkv = true,
+                                                   .d_out = r.out(b.d_attn, hq),
+                                                   .out = r.out(a.attn, hq),
+                                                   .lse = r.lse(a.lse, hq),
+                                                   .qkv = r.qkv(a.qkv, hq),
+                                                   .kv = r.qkv(kv, hk),
+                                                   .q_pos = r.pos(qc),
+                                                   .k_pos = r.pos(kc),
+                                                   .alibi = slopes,
+                                                   .dropout = a.dropout,
+                                                   .total_len = T});
+      }
+    }
+    finish(moving);
+    kv = incoming;
+    // The block's gradients follow it (after the last step they return to their owner).
+    float* dkv_in = ws.cp_dkv[(s + 1) % 2];
+    std::array<comm::Request, 2> grads = pass_on(r, dkv, dkv_in);
+    finish(grads);
+    dkv = dkv_in;
+  }
+  k::add(lc.ctx, {.out = view_of(lc, b.d_qkv, all),
+                  .a = view_of(lc, ws.cp_dq, all),
+                  .b = view_of(lc, dkv, all)});
+}
+
+}  // namespace trident::model::layers

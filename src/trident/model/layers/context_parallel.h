@@ -1,0 +1,64 @@
+// Context parallelism (docs/long-context.md, Megatron-Core's --context-parallel-size): the
+// sequence of T tokens is cut into 2C chunks of Tc = T / 2C over the C ranks of the cp group, and
+// cp rank i holds chunks i and 2C-1-i (the load-balanced causal split: every rank then has the
+// same attention work). A rank's rows are "chunk-major": its first B*Tc rows are chunk i of every
+// sample (b, t), the next B*Tc rows chunk 2C-1-i. Every layer but the attention core works on
+// rows alone and does not care; the core runs as a ring (ring_attention_forward / _backward), and
+// the embedding, rotary positions and dropout masks use each row's global position
+// (cp_row_position), so every layout draws the same numbers as one process.
+#pragma once
+
+#include <cstdint>
+
+#include "trident/kernels/flash_attention.h"
+#include "trident/model/layers/layer.h"
+
+namespace trident::model::layers {
+
+// The sequence chunk (0 .. 2C-1) that cp rank `rank` of `size` holds as its half h (0 or 1).
+inline std::int64_t cp_chunk(int size, int rank, int h) {
+  return h == 0 ? rank : 2 * static_cast<std::int64_t>(size) - 1 - rank;
+}
+// Position in its sample of local row r of a cp rank's chunk-major rows (batch B, local sequence
+// Tl = 2 Tc).
+inline std::int64_t cp_row_position(int size, int rank, std::int64_t batch, std::int64_t local_len,
+                                    std::int64_t r) {
+  const std::int64_t tc = local_len / 2, half = r / (batch * tc);
+  return cp_chunk(size, rank, static_cast<int>(half)) * tc + r % tc;
+}
+// The local row of the i-th of sample b's Tl positions (its chunk i / Tc, offset i % Tc).
+inline std::int64_t cp_chunk_row(std::int64_t batch, std::int64_t local_len, std::int64_t b,
+                                 std::int64_t i) {
+  const std::int64_t tc = local_len / 2;
+  return ((i / tc) * batch + b) * tc + i % tc;
+}
+// Sample (0 .. B-1) of local row r.
+inline std::int64_t cp_row_sample(std::int64_t batch, std::int64_t local_len, std::int64_t r) {
+  const std::int64_t tc = local_len / 2;
+  return (r % (batch * tc)) / tc;
+}
+
+// The attention core of this rank's queries over the whole sequence: C steps, each running
+// flash_attention_block on the local query chunks against the visiting key/value block (pairs a
+// chunk cannot see are skipped), the partial results merged by their log-sum-exp; the next block
+// travels (cp isend to the next rank, irecv from the previous) while the current one is computed.
+// qkv (B*Tl, NH/tp, 3 HS) chunk-major; writes attn (B*Tl, C/tp) and lse (2, B, NH/tp, Tc).
+struct RingAttentionArgs {
+  float* attn = nullptr;
+  float* lse = nullptr;
+  const float* qkv = nullptr;
+  const float* alibi = nullptr;  // (NH/tp) or null
+  kernels::AttentionDropout dropout;
+  std::int64_t num_heads = 0, head_dim = 0;  // this rank's
+};
+void ring_attention_forward(const LayerContext& lc, const RingAttentionArgs& args);
+// The backward: the ring again, the key/value gradients of each block travelling with it and
+// arriving at their owner after C hops. Writes d_qkv (B*Tl, NH/tp, 3 HS) from d_attn.
+struct RingAttentionBackwardArgs {
+  float* d_qkv = nullptr;
+  const float* d_attn = nullptr;
+  RingAttentionArgs fwd;  // the forward's operands and results (attn and lse read)
+};
+void ring_attention_backward(const LayerContext& lc, const RingAttentionBackwardArgs& args);
+
+}  // namespace trident::model::layers
