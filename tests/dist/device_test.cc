@@ -395,6 +395,26 @@ TEST_F(Device, MixtureOfExpertsEqualsTheCpu) {
   EXPECT_NE(log_of("ep2dp4_moe_shared").find("ep host-staged"), std::string::npos);
 }
 
+// Context parallelism on the device: the ring's flash blocks, merges and block backward passes
+// (their CUDA bodies) with the key/value blocks and their gradients travelling over NCCL (a
+// device each), and host-staged (one shared device) with tensor parallelism and SP, against
+// the CPU's one-rank run; BLOOM's ALiBi and dropout keyed by the global positions.
+TEST_F(Device, ContextParallelEqualsTheCpu) {
+  need_ranks(2);
+  expect_equal_to_cpu({"cp2_nccl", 2, std::string(kCuda) + " --context-parallel-size 2",
+                       "CUEMU_DEVICE_COUNT=2",
+                       "--model bloom --hidden-dropout 0.1 "
+                       "--attention-dropout 0.1"});
+  EXPECT_NE(log_of("cp2_nccl").find("cp nccl"), std::string::npos);
+  need_ranks(4);
+  expect_equal_to_cpu({"cp2tp2sp_shared", 4,
+                       std::string(kCuda) +
+                           " --context-parallel-size 2 --tensor-model-parallel-size 2 "
+                           "--sequence-parallel",
+                       "CUEMU_DEVICE_COUNT=1"});
+  EXPECT_NE(log_of("cp2tp2sp_shared").find("cp host-staged"), std::string::npos);
+}
+
 // Host code touching device memory dies, naming the allocation (emulator only).
 TEST_F(Device, NothingAboveTheKernelsTouchesDeviceMemory) {
   if (!emulated()) GTEST_SKIP() << "CUEMU_STRICT_HOST is the emulator's";
