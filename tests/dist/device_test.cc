@@ -397,7 +397,8 @@ TEST_F(Device, MixtureOfExpertsEqualsTheCpu) {
 
 // Context parallelism on the device: the ring's flash blocks, merges and block backward passes
 // (their CUDA bodies) with the key/value blocks and their gradients travelling over NCCL (a
-// device each), and host-staged (one shared device) with tensor parallelism and SP, against
+// device each), and host-staged (one shared device) with tensor parallelism and SP, and
+// DeepSpeed-Ulysses' all-to-all over NCCL, against
 // the CPU's one-rank run; BLOOM's ALiBi and dropout keyed by the global positions.
 TEST_F(Device, ContextParallelEqualsTheCpu) {
   need_ranks(2);
@@ -413,6 +414,9 @@ TEST_F(Device, ContextParallelEqualsTheCpu) {
                            "--sequence-parallel",
                        "CUEMU_DEVICE_COUNT=1"});
   EXPECT_NE(log_of("cp2tp2sp_shared").find("cp host-staged"), std::string::npos);
+  // DeepSpeed-Ulysses: the head exchange (copy_columns' CUDA body) and its all-to-all over NCCL.
+  expect_equal_to_cpu({"uly2_nccl", 2, std::string(kCuda) + " --ds-sequence-parallel-size 2",
+                       "CUEMU_DEVICE_COUNT=2"});
 }
 
 // Host code touching device memory dies, naming the allocation (emulator only).

@@ -520,6 +520,32 @@ TEST_F(Equivalence, ContextParallelModels) {
                      kDropout});
 }
 
+// DeepSpeed-Ulysses (--ds-sequence-parallel-size U): the same chunks of the sequence per rank,
+// an all-to-all before the core hands each rank all of the sequence for 1/U of its heads, and
+// back after it; with data parallelism and ZeRO-1 (the gradients over dp x U), tensor
+// parallelism with SP (the heads split by tp, then by U), BLOOM (each rank's ALiBi slopes),
+// Llama (grouped-query heads expanded before the exchange) and dropout (masks by global head).
+TEST_F(Equivalence, UlyssesLayouts) {
+  expect_equivalent({"uly2", 2, {"--ds-sequence-parallel-size 2"}, 1});
+  expect_equivalent({"uly4", 4, {"--ds-sequence-parallel-size 4"}, 1});
+  expect_equivalent({"uly2dp2zero1",
+                     4,
+                     {"--ds-sequence-parallel-size 2 --zero-stage 1 --ddp-bucket-size 5000"},
+                     1});
+  expect_equivalent({"uly2tp2sp",
+                     4,
+                     {"--ds-sequence-parallel-size 2 --tensor-model-parallel-size 2 "
+                      "--sequence-parallel"},
+                     2});
+  expect_equivalent({"bloom_uly4", 4, {"--ds-sequence-parallel-size 4"}, 1, "--model bloom"});
+  expect_equivalent({"llama_uly2pp2",
+                     4,
+                     {"--ds-sequence-parallel-size 2 --pipeline-model-parallel-size 2"},
+                     1,
+                     kLlama});
+  expect_equivalent({"drop_uly2", 2, {"--ds-sequence-parallel-size 2"}, 1, kDropout});
+}
+
 // --optimizer lion (the second update rule: one state array, the sign of the momentum
 // interpolation as the step): sharded state (ZeRO-1 over dp 2) and 3D with ZeRO-3 and sequence
 // parallelism equal one process, as AdamW's layouts do.

@@ -223,6 +223,18 @@ TEST(CompatFlags, ContextParallelLimits) {
                 .find("with a mixture-of-experts model is not supported yet"),
             std::string::npos);
   EXPECT_NE(error_of(with({"--context-parallel-size", "0"}), 2).find(">= 1"), std::string::npos);
+  // DeepSpeed-Ulysses: the same split, the heads of a tp rank divided among the ranks.
+  const TrainConfig u = parse(with({"--ds-sequence-parallel-size", "4"}), 8);
+  EXPECT_EQ(u.sequence_split(), 4);
+  EXPECT_TRUE(u.ulysses());
+  EXPECT_EQ(u.data_parallel_size(8), 2);
+  EXPECT_NE(
+      error_of(with({"--ds-sequence-parallel-size", "2", "--tensor-model-parallel-size", "4"}), 8)
+          .find("the 1 attention heads of a tensor-parallel rank"),
+      std::string::npos);
+  EXPECT_NE(error_of(with({"--ds-sequence-parallel-size", "2", "--context-parallel-size", "2"}), 4)
+                .find("both split the sequence: choose one"),
+            std::string::npos);
 }
 
 TEST(CompatFlags, IntegersWithUnderscores) {

@@ -48,6 +48,7 @@ void layout_activations(const ModelConfig& cfg, const ModelShard& shard, std::in
   a.encoded = take(R * C);
   a.stage_rows = R;
   const bool unfused = !cfg.flash_attention();
+  const bool ulysses = shard.cp_size > 1 && shard.ulysses;
   const bool selective = cfg.recompute == Recompute::kSelective && unfused;
   auto norm_saved = [&] { return layers::NormSaved{take(R * C), take(R), take(R)}; };
   auto block_saved = [&](bool keep) {
@@ -58,6 +59,7 @@ void layout_activations(const ModelConfig& cfg, const ModelShard& shard, std::in
       s.attention.probs = unfused && !selective ? take(B * NH * T * T) : nullptr;
       s.attention.lse = unfused ? nullptr : take(B * NH * T);
       s.attention.attn = take(BT * Cl);
+      s.attention.attn_seq = ulysses ? take(BT * Cl) : nullptr;
       s.resid2 = take(R * C);
       s.norm2 = norm_saved();
       s.mlp.fc = take(BT * FCl);
@@ -104,6 +106,7 @@ void layout_activations(const ModelConfig& cfg, const ModelShard& shard, std::in
     s.attention.probs = unfused && !selective ? take(B * NH * T * T) : nullptr;
     s.attention.lse = unfused ? nullptr : take(B * NH * T);
     s.attention.attn = take(BT * Cl);
+    s.attention.attn_seq = ulysses ? take(BT * Cl) : nullptr;
     s.resid2 = take(R * C);
     s.norm2 = norm_saved();
     moe_saved(s);
@@ -175,18 +178,26 @@ void layout_activations(const ModelConfig& cfg, const ModelShard& shard, std::in
   }
   if (shard.cp_size > 1) {
     // Context parallelism (layers/context_parallel.h): the rows' global positions, the positions
-    // 0 .. T_total-1, the ring's travelling blocks and gradients, one block's out and lse.
+    // 0 .. T_total-1, one block's out and lse, and the ring's travelling blocks and gradients or
+    // Ulysses' exchange buffers.
     TRIDENT_CHECK(!cfg.documents(),
                   "context parallelism with --reset-position-ids / "
                   "--reset-attention-mask is not supported yet: a document boundary can fall in "
                   "any chunk; drop those flags or use --context-parallel-size 1");
     a.positions = ints(BT);
     a.cp_positions = ints(T * shard.cp_size);
-    for (float*& b : ws.cp_kv) b = take(BT * 3 * Cl);
-    for (float*& b : ws.cp_dkv) b = take(BT * 3 * Cl);
-    ws.cp_dq = take(BT * 3 * Cl);
     ws.cp_out_blk = take(BT / 2 * Cl);
     ws.cp_lse_blk = take(B * NH * (T / 2));
+    if (shard.ulysses) {
+      ws.sp_local = take(BT * 3 * Cl);
+      ws.sp_send = take(BT * 3 * Cl);
+      ws.sp_dout = take(BT * Cl);
+      ws.sp_dqkv = take(BT * 3 * Cl);
+    } else {
+      for (float*& b : ws.cp_kv) b = take(BT * 3 * Cl);
+      for (float*& b : ws.cp_dkv) b = take(BT * 3 * Cl);
+      ws.cp_dq = take(BT * 3 * Cl);
+    }
   }
   if (stage_reads_tokens(cfg, shard)) {  // the micro-batch's tokens and labels, staged in
     a.tokens = reinterpret_cast<std::int32_t*>(take(BT));
@@ -374,7 +385,8 @@ struct Transformer {
            .ep = rt_.ep,
            .ep_host = rt_.ep_host,
            .cp = rt_.cp,
-           .cp_positions = a_.cp_positions} {
+           .cp_positions = a_.cp_positions,
+           .ulysses = rt_.shard.ulysses} {
     TRIDENT_ASSERT(tp_size_of(rt) == rt.shard.tp_size, "tp group of ", tp_size_of(rt),
                    " ranks for a shard of ", rt.shard.tp_size);
     TRIDENT_ASSERT((rt.cp == nullptr ? 1 : rt.cp->size()) == rt.shard.cp_size, "cp group of ",

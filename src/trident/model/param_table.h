@@ -31,6 +31,7 @@ struct ModelShard {
   // 2 cp_size - 1 - cp_rank (layers/context_parallel.h). Weights are not split.
   int cp_size = 1;
   int cp_rank = 0;
+  bool ulysses = false;  // the cp group runs DeepSpeed-Ulysses' all-to-all instead of the ring
 
   std::int64_t layers(const ModelConfig& cfg) const {
     return num_layers >= 0 ? num_layers : cfg.num_layers - first_layer;

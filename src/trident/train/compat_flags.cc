@@ -123,8 +123,7 @@ bool accepted_value(const TrainConfig& c, std::string_view name,
       name == "--exp-avg-sq-dtype")
     return is({"fp32"});
   if (name == "--cp-comm-type") return is({"p2p"});
-  if (name == "--ds-sequence-parallel-size" || name == "--num-distributed-optimizer-instances")
-    return is_num(1);
+  if (name == "--num-distributed-optimizer-instances") return is_num(1);
   // Each expert is split over the tensor-parallel ranks, as Megatron-Core's default
   // (--expert-tensor-parallel-size = --tensor-model-parallel-size).
   if (name == "--expert-tensor-parallel-size") {

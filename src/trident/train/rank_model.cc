@@ -90,10 +90,11 @@ void RankModel::init_range(std::uint64_t seed, parallel::Range range, float* out
   }
 }
 
-void RankModel::set_context_parallel(int cp_size, int cp_rank) {
+void RankModel::set_context_parallel(int cp_size, int cp_rank, bool ulysses) {
   for (ModelChunk& ch : chunks_) {
     ch.shard.cp_size = cp_size;
     ch.shard.cp_rank = cp_rank;
+    ch.shard.ulysses = ulysses;
   }
 }
 

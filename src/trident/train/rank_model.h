@@ -46,8 +46,8 @@ class RankModel {
             int pp_rank, bool sequence_parallel = false, const ExpertSplit& experts = {});
 
   // Context parallelism: every chunk's shard holds chunks cp_rank and 2 cp_size - 1 - cp_rank of
-  // each sequence (its weights are not split).
-  void set_context_parallel(int cp_size, int cp_rank);
+  // each sequence (its weights are not split), its attention a ring or Ulysses' all-to-all.
+  void set_context_parallel(int cp_size, int cp_rank, bool ulysses = false);
 
   const model::ModelConfig& config() const { return cfg_; }
   const std::vector<ModelChunk>& chunks() const { return chunks_; }

@@ -557,6 +557,10 @@ void add_parallel_options(Settings& s, TrainConfig& c) {
                "CP size: each sequence split over this many ranks, attention as a ring "
                "(docs/long-context.md)")
       ->capture_default_str();
+  s.add_option("--ds-sequence-parallel-size", c.ds_sequence_parallel_size,
+               "DeepSpeed-Ulysses size: each sequence split over this many ranks, attention by "
+               "head after an all-to-all (docs/long-context.md)")
+      ->capture_default_str();
   s.add_option("--zero-stage", c.zero_stage,
                "ZeRO stage: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters")
       ->capture_default_str();
@@ -652,7 +656,7 @@ void record_given_flags(const CLI::App& app, TrainConfig& c) {
 
 int TrainConfig::data_parallel_size(int world_size) const {
   return world_size /
-         (tensor_model_parallel_size * pipeline_model_parallel_size * context_parallel_size);
+         (tensor_model_parallel_size * pipeline_model_parallel_size * sequence_split());
 }
 
 int TrainConfig::virtual_pipeline_chunks() const {
@@ -899,29 +903,47 @@ void TrainConfig::finalize_moe() {
 // Layout sizes, ZeRO, offload, sequence parallelism and the pipeline schedule.
 // Context parallelism's limits (docs/long-context.md). dp: the ranks left after tp x pp.
 void TrainConfig::finalize_context_parallel(int dp) {
-  const int cp = context_parallel_size;
-  TRIDENT_CHECK(cp >= 1, "--context-parallel-size must be >= 1, got ", cp);
+  TRIDENT_CHECK(context_parallel_size >= 1, "--context-parallel-size must be >= 1, got ",
+                context_parallel_size);
+  TRIDENT_CHECK(ds_sequence_parallel_size >= 1, "--ds-sequence-parallel-size must be >= 1, got ",
+                ds_sequence_parallel_size);
+  TRIDENT_CHECK(context_parallel_size == 1 || ds_sequence_parallel_size == 1,
+                "--context-parallel-size ", context_parallel_size,
+                " and --ds-sequence-parallel-size ", ds_sequence_parallel_size,
+                " both split the sequence: choose one (the ring, or Ulysses' all-to-all)");
+  const int cp = sequence_split();
   if (cp == 1) return;
-  TRIDENT_CHECK(dp % cp == 0, "--context-parallel-size ", cp, " must divide the ", dp,
+  const std::string name = ulysses() ? "--ds-sequence-parallel-size" : "--context-parallel-size";
+  const std::string flag = str(name, " ", cp);
+  TRIDENT_CHECK(dp % cp == 0, flag, " must divide the ", dp,
                 " ranks left after --tensor-model-parallel-size x --pipeline-model-parallel-size "
-                "(the data-parallel size is world size / (tp x pp x cp))");
+                "(the data-parallel size is world size / (tp x pp x ",
+                cp, "))");
   TRIDENT_CHECK(model.seq_length % (2 * cp) == 0, "--seq-length (", model.seq_length,
-                ") must be divisible by 2 x --context-parallel-size (", 2 * cp,
-                "): each rank holds 2 of the 2 x cp equal chunks (the load-balanced causal split)");
+                ") must be divisible by 2 x ", name, " (", 2 * cp, "): each rank holds 2 of the ",
+                2 * cp, " equal chunks (the load-balanced causal split)");
+  if (ulysses()) {
+    const int heads = static_cast<int>(model.num_attention_heads / tensor_model_parallel_size);
+    TRIDENT_CHECK(heads % cp == 0, flag, ": the ", heads,
+                  " attention heads of a tensor-parallel rank (--num-attention-heads / "
+                  "--tensor-model-parallel-size) must be divisible by it: each rank attends "
+                  "with heads / ",
+                  cp, " of them over the whole sequence");
+  }
   // The ring runs flash blocks merged by their log-sum-exp: the fused core (Megatron-Core's
   // context parallelism needs flash attention too), as if --use-flash-attn were given.
   model.use_flash_attention = true;
-  TRIDENT_CHECK(!model.documents(), "--context-parallel-size ", cp,
+  TRIDENT_CHECK(!model.documents(), flag,
                 " with --reset-position-ids / --reset-attention-mask is not supported yet (a "
-                "document can start in any chunk); drop those flags or use "
-                "--context-parallel-size 1");
-  TRIDENT_CHECK(model.num_experts == 0, "--context-parallel-size ", cp,
+                "document can start in any chunk); drop those flags or use ",
+                name, " 1");
+  TRIDENT_CHECK(model.num_experts == 0, flag,
                 " with a mixture-of-experts model is not supported yet (the router's "
-                "auxiliary losses would need the cp group's token counts); use "
-                "--context-parallel-size 1");
+                "auxiliary losses would need the cp group's token counts); use ",
+                name, " 1");
   TRIDENT_CHECK(!(sequence_parallel && tensor_model_parallel_size > 1 &&
                   (micro_batch_size * model.seq_length / cp) % tensor_model_parallel_size != 0),
-                "--sequence-parallel: micro-batch x seq-length / context-parallel size (",
+                "--sequence-parallel: micro-batch x seq-length / ", name, " (",
                 micro_batch_size * model.seq_length / cp,
                 " rows) must be divisible by --tensor-model-parallel-size (",
                 tensor_model_parallel_size, ")");

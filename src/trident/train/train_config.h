@@ -137,6 +137,12 @@ struct TrainConfig {
   int tensor_model_parallel_size = 1;
   int expert_model_parallel_size = 1;  // the experts split over this many dp ranks
   int context_parallel_size = 1;       // the sequence split over this many ranks (ring attention)
+  int ds_sequence_parallel_size = 1;   // DeepSpeed-Ulysses: the same split, heads by all-to-all
+  // The ranks each sequence is split over (either of the two above), and whether by Ulysses.
+  int sequence_split() const {
+    return ds_sequence_parallel_size > 1 ? ds_sequence_parallel_size : context_parallel_size;
+  }
+  bool ulysses() const { return ds_sequence_parallel_size > 1; }
   int pipeline_model_parallel_size = 1;
   bool sequence_parallel = false;
   int zero_stage = 0;  // --zero-stage (--use-distributed-optimizer = 1)

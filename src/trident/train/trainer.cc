@@ -217,7 +217,7 @@ parallel::ParallelLayout layout_of(const TrainConfig& cfg, int world_size) {
   parallel::ParallelLayout l = parallel::ParallelLayout::from_world_size(
       world_size, cfg.tensor_model_parallel_size, cfg.pipeline_model_parallel_size);
   l.ep_size = cfg.expert_model_parallel_size;
-  l.cp_size = cfg.context_parallel_size;
+  l.cp_size = cfg.sequence_split();
   l.validate();
   return l;
 }
@@ -470,7 +470,7 @@ void Trainer::build_model() {
                      cfg_.sequence_parallel, e);
   };
   rank_model_.emplace(model_of(model::ParamPart::kAll));
-  rank_model_->set_context_parallel(data_.cp, data_.cp_rank);
+  rank_model_->set_context_parallel(data_.cp, data_.cp_rank, cfg_.ulysses());
   ZeroConfig zero{.stage = cfg_.zero_stage,
                   .bucket_size = cfg_.ddp_bucket_size,
                   .bf16 = cfg_.bf16,
@@ -527,14 +527,15 @@ void Trainer::log_model() const {
   log::info("model: GPT ", mc.num_layers, " layers, hidden ", mc.hidden_size, ", heads ",
             mc.num_attention_heads, ", ffn ", mc.ffn(), ", vocab ", mc.vocab_size, " (padded ",
             mc.padded_vocab_size(layout_.tp_size), "), ", mc.num_parameters(), " parameters");
-  log::info("layout: tp ", layout_.tp_size, " x pp ", layout_.pp_size, " x dp ", data_.dp,
-            data_.cp > 1 ? core::str(" x cp ", data_.cp) : std::string(),
-            layout_.ep_size > 1 ? core::str(" (experts: ep ", layout_.ep_size, " x expert dp ",
-                                            layout_.edp_size(), ")")
-                                : std::string(),
-            " on ", world_.size(), " ranks; ", rank_model_->chunks().size(),
-            " chunk(s) per stage, ", pipeline_schedule_name(schedule_kind_),
-            " schedule; this rank holds ", rank_model_->num_parameters(), " parameters");
+  log::info(
+      "layout: tp ", layout_.tp_size, " x pp ", layout_.pp_size, " x dp ", data_.dp,
+      data_.cp > 1 ? core::str(cfg_.ulysses() ? " x ulysses " : " x cp ", data_.cp) : std::string(),
+      layout_.ep_size > 1
+          ? core::str(" (experts: ep ", layout_.ep_size, " x expert dp ", layout_.edp_size(), ")")
+          : std::string(),
+      " on ", world_.size(), " ranks; ", rank_model_->chunks().size(), " chunk(s) per stage, ",
+      pipeline_schedule_name(schedule_kind_), " schedule; this rank holds ",
+      rank_model_->num_parameters(), " parameters");
   log::info("memory per rank (ZeRO stage ", cfg_.zero_stage, ", dp ", dp_, "): parameters ",
             mem_.param_bytes, " B, gradients ", mem_.grad_bytes, " B, optimizer state ",
             mem_.optimizer_bytes, " B; staging ", mem_.staging_bytes, " B; activations ",
@@ -559,7 +560,7 @@ void Trainer::describe_checkpoint_state() {
                    {"last_stage_layers", cfg_.decoder_last_pipeline_num_layers},
                    {"zero_stage", cfg_.zero_stage}};
   if (layout_.ep_size > 1) state_.layout["ep"] = layout_.ep_size;
-  if (layout_.cp_size > 1) state_.layout["cp"] = layout_.cp_size;
+  if (layout_.cp_size > 1) state_.layout[cfg_.ulysses() ? "ulysses" : "cp"] = layout_.cp_size;
   state_.coords = {{"tp", par_.coord().tp}, {"pp", par_.coord().pp}, {"dp", dp_rank_}};
   state_.tp_rank = par_.coord().tp;
   auto slice = [](ZeroOptimizer::TensorSlice t) {

@@ -28,4 +28,18 @@ void copy(const core::ExecContext& ctx, const CopyArgs& a) {
   for (std::int64_t i = 0; i < a.n; ++i) out[i] = in[i];
 }
 
+void copy_columns(const core::ExecContext& ctx, const CopyColumnsArgs& a) {
+  TRIDENT_CHECK(a.rows >= 0 && a.cols >= 0, "copy_columns: negative size (", a.rows, " x ", a.cols,
+                ")");
+  if (a.rows == 0 || a.cols == 0) return;
+  TRIDENT_CHECK(a.out != nullptr && a.in != nullptr, "copy_columns: a pointer is null");
+  const float* in = a.in + a.in_col;
+  float* out = a.out + a.out_col;
+#pragma omp parallel for num_threads(detail::num_threads(ctx)) schedule(static)
+  for (std::int64_t r = 0; r < a.rows; ++r) {
+    std::memcpy(out + r * a.out_width, in + r * a.in_width,
+                static_cast<std::size_t>(a.cols) * sizeof(float));
+  }
+}
+
 }  // namespace trident::kernels::TRIDENT_CPU_ISA

@@ -236,6 +236,25 @@ void copy(const ExecContext& ctx, const CopyArgs& args) {
                                      cudaMemcpyDeviceToDevice, stream_of(ctx)));
 }
 
+__global__ void copy_columns_kernel(CopyColumnsArgs a) {
+  const std::int64_t n = a.rows * a.cols;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t r = i / a.cols, c = i % a.cols;
+    a.out[r * a.out_width + a.out_col + c] = a.in[r * a.in_width + a.in_col + c];
+  }
+}
+
+void copy_columns(const ExecContext& ctx, const CopyColumnsArgs& args) {
+  TRIDENT_CHECK(args.rows >= 0 && args.cols >= 0, "copy_columns: negative size (", args.rows,
+                " x ", args.cols, ")");
+  const std::int64_t n = args.rows * args.cols;
+  if (n == 0) return;
+  TRIDENT_CHECK(args.out != nullptr && args.in != nullptr, "copy_columns: a pointer is null");
+  copy_columns_kernel<<<grid_for(n, kThreads), kThreads, 0, stream_of(ctx)>>>(args);
+  TRIDENT_CUDA_LAUNCH_CHECK("copy_columns");
+}
+
 std::int64_t overflow_count(const ExecContext& ctx, const OverflowCountArgs& args) {
   check_n("overflow_count", args.n, args.x != nullptr);
   TRIDENT_CHECK(args.threshold >= 0.0f, "overflow_count: threshold must be >= 0, got ",

@@ -111,6 +111,21 @@ RingAttentionArgs ring_args(const LayerContext& lc, const AttentionConfig& cfg,
           .head_dim = HS};
 }
 
+// Ulysses: the projection's rows are in the workspace; the saved qkv is the whole sequence.
+UlyssesArgs ulysses_args(const LayerContext& lc, const AttentionConfig& cfg,
+                         const AttentionSaved& s, std::int64_t layer) {
+  const auto [NH, HS, Cl] = local_of(lc, cfg);
+  return {.local_qkv = lc.ws.sp_local,
+          .qkv = s.qkv,
+          .out = s.attn_seq,
+          .lse = s.lse,
+          .attn = s.attn,
+          .alibi = cfg.alibi,
+          .dropout = attention_dropout(lc, cfg, layer),
+          .num_heads = NH,
+          .head_dim = HS};
+}
+
 // The attention core forward: qkv -> attn (and lse or probs).
 void core_forward(const LayerContext& lc, const AttentionConfig& cfg, const AttentionSaved& s,
                   float* probs, std::int64_t layer, const KvCache* cache) {
@@ -129,6 +144,7 @@ void core_forward(const LayerContext& lc, const AttentionConfig& cfg, const Atte
   const CoreShapes sh = core_shapes(lc, cfg);
   if (lc.context_parallel()) {
     TRIDENT_CHECK(cfg.flash, "context parallelism runs the fused attention core only");
+    if (lc.ulysses) return ulysses_attention_forward(lc, ulysses_args(lc, cfg, s, layer));
     return ring_attention_forward(lc, ring_args(lc, cfg, s, layer));
   }
   if (cfg.flash) {
@@ -155,7 +171,9 @@ void attention_forward(const LayerContext& lc, const AttentionConfig& cfg, const
   const std::int64_t BT = lc.rows(), C = cfg.hidden;
   const float* x = lc.region.enter(args.in, lc.ws.gathered);  // f (SP: all-gather)
   const k::RopeQkvGeometry rg = rope_geometry(lc, cfg, args.cache ? args.cache->position : 0);
-  linear(lc, {.out = cfg.expand_qkv ? lc.ws.qkv_grouped : s.qkv,
+  // Ulysses: the rows' qkv go to the workspace; the all-to-all fills the saved qkv.
+  float* qkv = lc.context_parallel() && lc.ulysses ? lc.ws.sp_local : s.qkv;
+  linear(lc, {.out = cfg.expand_qkv ? lc.ws.qkv_grouped : qkv,
               .in = x,
               .weight = p.qkv_w,
               .bias = p.qkv_b,
@@ -163,7 +181,7 @@ void attention_forward(const LayerContext& lc, const AttentionConfig& cfg, const
               .in_features = C,
               .out_features = cfg.expand_qkv ? rg.in_cols() : 3 * Cl});
   if (cfg.expand_qkv) {
-    k::rope_qkv(lc.ctx, {.out = view_of(lc, s.qkv, {BT, rg.out_cols()}),
+    k::rope_qkv(lc.ctx, {.out = view_of(lc, qkv, {BT, rg.out_cols()}),
                          .in = view_of(lc, lc.ws.qkv_grouped, {BT, rg.in_cols()}),
                          .inv_freq = view_of(lc, cfg.inv_freq, {cfg.head_dim / 2}),
                          .positions = view_of(lc, lc.positions, {BT}),
@@ -207,7 +225,10 @@ const float* attention_backward(const LayerContext& lc, const AttentionConfig& c
                        .in_features = Cl,
                        .out_features = C});
   const CoreShapes sh = core_shapes(lc, cfg);
-  if (lc.context_parallel()) {
+  if (lc.context_parallel() && lc.ulysses) {
+    ulysses_attention_backward(
+        lc, {.d_qkv = ws.d_qkv, .d_attn = ws.d_attn, .fwd = ulysses_args(lc, cfg, s, layer)});
+  } else if (lc.context_parallel()) {
     ring_attention_backward(
         lc, {.d_qkv = ws.d_qkv, .d_attn = ws.d_attn, .fwd = ring_args(lc, cfg, s, layer)});
   } else if (cfg.flash) {

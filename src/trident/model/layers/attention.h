@@ -49,6 +49,9 @@ struct AttentionSaved {
   float* probs = nullptr;  // (B, NH/tp, T, T) unfused core; null: recomputed (selective)
   float* lse = nullptr;    // (B, NH/tp, T) fused core
   float* attn = nullptr;   // (B*T, C/tp) before the projection
+  // DeepSpeed-Ulysses (context_parallel.h): qkv holds the whole sequence for this rank's heads,
+  // attn_seq the core's output there (B*T x C/tp elements each, as qkv and attn).
+  float* attn_seq = nullptr;
 };
 // Generation: keys and values of earlier positions (one sample, this layer).
 struct KvCache {

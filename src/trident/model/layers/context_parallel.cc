@@ -1,6 +1,7 @@
 #include "trident/model/layers/context_parallel.h"
 
 #include <array>
+#include <vector>
 
 #include "trident/comm/communicator.h"
 #include "trident/kernels/elementwise.h"
@@ -158,6 +159,142 @@ void ring_attention_backward(const LayerContext& lc, const RingAttentionBackward
   k::add(lc.ctx, {.out = view_of(lc, b.d_qkv, all),
                   .a = view_of(lc, ws.cp_dq, all),
                   .b = view_of(lc, dkv, all)});
+}
+
+namespace {
+
+// Ulysses' geometry: the U ranks of the group, NHu = NH / U of the tp rank's NH heads each. The
+// whole sequence for a rank's heads is 2U blocks (rank j's half h is block 2j + h) of
+// (B, Tc, NHu, w) elements, w = 3 HS for qkv and HS for the output.
+struct Heads {
+  const LayerContext& lc;
+  int size, rank;
+  std::int64_t B, Tc, BT, NH, NHu, HS;
+
+  Heads(const LayerContext& c, std::int64_t nh, std::int64_t hs)
+      : lc(c),
+        size(c.cp->size()),
+        rank(c.cp->rank()),
+        B(c.batch),
+        Tc(c.seq_len / 2),
+        BT(c.batch * c.seq_len),
+        NH(nh),
+        NHu(nh / c.cp->size()),
+        HS(hs) {}
+
+  int blocks() const { return 2 * size; }
+  std::int64_t chunk(int block) const { return cp_chunk(size, block / 2, block % 2); }
+  core::TensorView qkv(const float* base, int block) const {
+    return view_of(lc, base + block * B * Tc * NHu * 3 * HS, {B, Tc, NHu, 3 * HS});
+  }
+  core::TensorView out(const float* base, int block) const {
+    return view_of(lc, base + block * B * Tc * NHu * HS, {B, Tc, NHu * HS});
+  }
+  core::TensorView lse(const float* base, int block) const {
+    return view_of(lc, base + block * B * NHu * Tc, {B, NHu, Tc});
+  }
+  core::TensorView pos(std::int64_t chunk) const {
+    return view_of(lc, lc.cp_positions + chunk * Tc, {Tc});
+  }
+
+  // rows (B*Tl, NH w), every head of this rank's rows -> heads: U blocks of (B*Tl, NHu w), block
+  // j rank j's rows of this rank's heads (packed through send, then one all-to-all).
+  void rows_to_heads(const float* rows, float* send, float* heads, std::int64_t w) const {
+    const std::int64_t cols = NHu * w;
+    for (int j = 0; j < size; ++j) {
+      k::copy_columns(lc.ctx, {.out = view_of(lc, send + j * BT * cols, {BT, cols}),
+                               .in = view_of(lc, rows, {BT, NH * w}),
+                               .in_col = j * cols,
+                               .cols = cols});
+    }
+    exchange(send, heads, BT * cols);
+  }
+  // The reverse: heads -> (through recv) rows.
+  void heads_to_rows(const float* heads, float* recv, float* rows, std::int64_t w) const {
+    const std::int64_t cols = NHu * w;
+    exchange(heads, recv, BT * cols);
+    for (int j = 0; j < size; ++j) {
+      k::copy_columns(lc.ctx, {.out = view_of(lc, rows, {BT, NH * w}),
+                               .in = view_of(lc, recv + j * BT * cols, {BT, cols}),
+                               .out_col = j * cols,
+                               .cols = cols});
+    }
+  }
+  void exchange(const float* in, float* out, std::int64_t block) const {
+    const std::vector<std::int64_t> counts(static_cast<std::size_t>(size), block);
+    lc.cp->all_to_all_v(in, counts, out, counts, comm::Datatype::kF32);
+  }
+
+  // This rank's heads' slopes and dropout keys.
+  core::TensorView slopes(const float* alibi) const {
+    return view_of(lc, alibi == nullptr ? nullptr : alibi + rank * NHu, {NHu});
+  }
+  k::AttentionDropout dropout(k::AttentionDropout d) const {
+    d.head_offset += rank * NHu;
+    return d;
+  }
+};
+
+}  // namespace
+
+void ulysses_attention_forward(const LayerContext& lc, const UlyssesArgs& a) {
+  const Heads g(lc, a.num_heads, a.head_dim);
+  const Workspace& ws = lc.ws;
+  g.rows_to_heads(a.local_qkv, ws.sp_send, a.qkv, 3 * g.HS);
+  for (int bq = 0; bq < g.blocks(); ++bq) {
+    const std::int64_t qc = g.chunk(bq);
+    bool first = true;
+    for (int bk = 0; bk < g.blocks(); ++bk) {
+      const std::int64_t kc = g.chunk(bk);
+      if (kc > qc) continue;  // all of its keys come after all of the queries
+      k::flash_attention_block(lc.ctx, {.out = first ? g.out(a.out, bq) : g.out(ws.cp_out_blk, 0),
+                                        .lse = first ? g.lse(a.lse, bq) : g.lse(ws.cp_lse_blk, 0),
+                                        .qkv = g.qkv(a.qkv, bq),
+                                        .kv = g.qkv(a.qkv, bk),
+                                        .q_pos = g.pos(qc),
+                                        .k_pos = g.pos(kc),
+                                        .alibi = g.slopes(a.alibi),
+                                        .dropout = g.dropout(a.dropout),
+                                        .total_len = lc.total_len()});
+      if (!first) {
+        k::flash_attention_merge(lc.ctx, {.out = g.out(a.out, bq),
+                                          .lse = g.lse(a.lse, bq),
+                                          .out_blk = g.out(ws.cp_out_blk, 0),
+                                          .lse_blk = g.lse(ws.cp_lse_blk, 0)});
+      }
+      first = false;
+    }
+  }
+  g.heads_to_rows(a.out, ws.sp_send, a.attn, g.HS);
+}
+
+void ulysses_attention_backward(const LayerContext& lc, const UlyssesBackwardArgs& b) {
+  const UlyssesArgs& a = b.fwd;
+  const Heads g(lc, a.num_heads, a.head_dim);
+  const Workspace& ws = lc.ws;
+  g.rows_to_heads(b.d_attn, ws.sp_send, ws.sp_dout, g.HS);
+  k::fill(lc.ctx, {.out = view_of(lc, ws.sp_dqkv, {g.BT * g.NH * 3 * g.HS})});
+  for (int bq = 0; bq < g.blocks(); ++bq) {
+    const std::int64_t qc = g.chunk(bq);
+    for (int bk = 0; bk < g.blocks(); ++bk) {
+      const std::int64_t kc = g.chunk(bk);
+      if (kc > qc) continue;
+      k::flash_attention_block_backward(lc.ctx, {.d_qkv = g.qkv(ws.sp_dqkv, bq),
+                                                 .d_kv = g.qkv(ws.sp_dqkv, bk),
+                                                 .accumulate_dkv = true,
+                                                 .d_out = g.out(ws.sp_dout, bq),
+                                                 .out = g.out(a.out, bq),
+                                                 .lse = g.lse(a.lse, bq),
+                                                 .qkv = g.qkv(a.qkv, bq),
+                                                 .kv = g.qkv(a.qkv, bk),
+                                                 .q_pos = g.pos(qc),
+                                                 .k_pos = g.pos(kc),
+                                                 .alibi = g.slopes(a.alibi),
+                                                 .dropout = g.dropout(a.dropout),
+                                                 .total_len = lc.total_len()});
+    }
+  }
+  g.heads_to_rows(ws.sp_dqkv, ws.sp_send, b.d_qkv, 3 * g.HS);
 }
 
 }  // namespace trident::model::layers

@@ -38,6 +38,31 @@ inline std::int64_t cp_row_sample(std::int64_t batch, std::int64_t local_len, st
   return (r % (batch * tc)) / tc;
 }
 
+// DeepSpeed-Ulysses (--ds-sequence-parallel-size U) on the same rows: an all-to-all gives each
+// rank of the group all 2U chunks of the sequence for NH/(tp U) of its heads, the core runs there
+// (flash blocks over the chunk pairs a query chunk can see, merged by their log-sum-exp), and
+// the reverse all-to-all brings the output back to the rows. The qkv all-to-all's result (the
+// whole sequence, this rank's heads: U blocks of (B*Tl, NH/(tp U), 3 HS), block j from rank j)
+// and the core's output in the same layout are saved for the backward.
+struct UlyssesArgs {
+  float* local_qkv = nullptr;                // (B*Tl, NH/tp, 3 HS): the projection's output (read)
+  float* qkv = nullptr;                      // written: the whole sequence for this rank's heads
+  float* out = nullptr;                      // written: the core's output, (U, B*Tl, NH/(tp U), HS)
+  float* lse = nullptr;                      // written: (2U, B, NH/(tp U), Tc)
+  float* attn = nullptr;                     // written: (B*Tl, C/tp), the rows' attention output
+  const float* alibi = nullptr;              // (NH/tp) this tp rank's slopes, or null
+  kernels::AttentionDropout dropout;         // head_offset: this tp rank's first head
+  std::int64_t num_heads = 0, head_dim = 0;  // this tp rank's
+};
+void ulysses_attention_forward(const LayerContext& lc, const UlyssesArgs& args);
+// Writes d_qkv (B*Tl, NH/tp, 3 HS) from d_attn (B*Tl, C/tp); reads the forward's qkv, out, lse.
+struct UlyssesBackwardArgs {
+  float* d_qkv = nullptr;
+  const float* d_attn = nullptr;
+  UlyssesArgs fwd;
+};
+void ulysses_attention_backward(const LayerContext& lc, const UlyssesBackwardArgs& args);
+
 // The attention core of this rank's queries over the whole sequence: C steps, each running
 // flash_attention_block on the local query chunks against the visiting key/value block (pairs a
 // chunk cannot see are skipped), the partial results merged by their log-sum-exp; the next block

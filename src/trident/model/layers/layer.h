@@ -69,6 +69,13 @@ struct Workspace {
   float* cp_dq = nullptr;
   float* cp_out_blk = nullptr;
   float* cp_lse_blk = nullptr;
+  // DeepSpeed-Ulysses (context_parallel.h): the projection's local qkv (B*T, 3C/tp), the
+  // all-to-all's send buffer (B*T, 3C/tp), the whole sequence's output gradient (B*T, C/tp) and
+  // qkv gradient (B*T, 3C/tp) for this rank's heads.
+  float* sp_local = nullptr;
+  float* sp_send = nullptr;
+  float* sp_dout = nullptr;
+  float* sp_dqkv = nullptr;
 };
 
 // Hidden-dropout keys of one micro-batch: masks are keyed by global token rows and the iteration,
@@ -106,6 +113,9 @@ struct LayerContext {
   // device (the chunks' position ids).
   comm::Communicator* cp = nullptr;
   const std::int32_t* cp_positions = nullptr;
+  // The cp group runs DeepSpeed-Ulysses (an all-to-all from sequence chunks to heads and back)
+  // instead of the ring.
+  bool ulysses = false;
 
   std::int64_t rows() const { return region.rows(); }  // B*T
   std::int64_t local_rows() const { return region.local_rows(); }
