@@ -63,7 +63,10 @@ struct Actual {
 
 // What each rank of a `world`-rank job allocates, built as run_training builds it (with expert
 // parallelism as Trainer::build_model: the dense part and the experts in optimizers of their own,
-// the experts' over the expert-data-parallel group, the two memory reports summed).
+// the experts' over the expert-data-parallel group, the two memory reports summed; with context
+// parallelism the chunks' shards hold the rank's cp coordinates, the optimizer shards over
+// dp x cp and the pipeline's slots hold seq_length / cp tokens, as Trainer::build_model and
+// GptPipeline::add_slots do).
 std::vector<Actual> allocate(const train::TrainConfig& cfg, int world) {
   std::vector<Actual> out(static_cast<std::size_t>(world));
   comm::run_on_threads(
@@ -72,6 +75,7 @@ std::vector<Actual> allocate(const train::TrainConfig& cfg, int world) {
         auto layout = parallel::ParallelLayout::from_world_size(
             w.size(), cfg.tensor_model_parallel_size, cfg.pipeline_model_parallel_size);
         layout.ep_size = cfg.expert_model_parallel_size;
+        layout.cp_size = cfg.context_parallel_size;
         layout.validate();
         parallel::ParallelContext par(w, layout);
         const train::PipelineSplit split{
@@ -86,7 +90,8 @@ std::vector<Actual> allocate(const train::TrainConfig& cfg, int world) {
               cfg.sequence_parallel,
               {.ep_size = layout.ep_size, .ep_rank = layout.ep_rank(par.coord()), .part = part});
         };
-        const train::RankModel rm = model_of(model::ParamPart::kAll);
+        train::RankModel rm = model_of(model::ParamPart::kAll);
+        rm.set_context_parallel(layout.cp_size, layout.cp_rank(par.coord()));
         std::optional<train::RankModel> dense, experts;
         if (ep) {
           dense.emplace(model_of(model::ParamPart::kDense));
@@ -112,6 +117,7 @@ std::vector<Actual> allocate(const train::TrainConfig& cfg, int world) {
             rt.ep = &par.ep();
             rt.ep_host = &par.ep_host();
           }
+          if (layout.cp_size > 1) rt.cp = &par.cp();
           runtimes.push_back(rt);
         }
         opt.install_hooks(runtimes);
@@ -303,7 +309,27 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"moe_llama_ep2dp4zero3", 4,
              std::string(kLlama) +
                  " --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 48 "
-                 "--num-query-groups 2 --expert-model-parallel-size 2 --zero-stage 3"}),
+                 "--num-query-groups 2 --expert-model-parallel-size 2 --zero-stage 3"},
+        // Context parallelism (tests/dist/equivalence_test.cc's ContextParallelLayouts and
+        // Models): seq_length / cp tokens a rank and the ring's buffers in each slot, ZeRO over
+        // dp x cp.
+        Case{"cp2", 2, "--make-vocab-size-divisible-by 128 --context-parallel-size 2"},
+        Case{"cp4", 4, "--make-vocab-size-divisible-by 128 --context-parallel-size 4"},
+        Case{"cp2tp2sp", 4,
+             "--make-vocab-size-divisible-by 64 --context-parallel-size 2 "
+             "--tensor-model-parallel-size 2 --sequence-parallel"},
+        Case{"cp2pp2dp2zero1", 8,
+             "--context-parallel-size 2 --pipeline-model-parallel-size 2 --zero-stage 1 "
+             "--ddp-bucket-size 5000"},
+        Case{"cp2zero3", 2, "--context-parallel-size 2 --zero-stage 3"},
+        Case{"cp2dp2zero2bf16", 4, "--context-parallel-size 2 --zero-stage 2 --bf16"},
+        Case{"bloom_cp4", 4, "--model bloom --context-parallel-size 4"},
+        Case{"llama_cp2tp2", 4,
+             std::string(kLlama) + " --num-query-groups 2 --context-parallel-size 2 "
+                                   "--tensor-model-parallel-size 2"},
+        Case{"drop_cp2recompute", 2,
+             "--context-parallel-size 2 --hidden-dropout 0.1 --attention-dropout 0.1 "
+             "--recompute-granularity full"}),
     [](const auto& p) { return p.param.name; });
 
 // Shapes of the prediction that follow from the schedules (independent of the tables).

@@ -1,7 +1,8 @@
 // The time model's structure: the pipeline bubble follows (P - 1) / (v m) for uniform stages,
 // tensor parallelism divides the compute, ZeRO-3 moves three times ZeRO-1's bytes per
-// micro-batch, Megatron's throughput formula; --search returns only layouts that fit, best first;
-// the GPU table and its error for unknown names.
+// micro-batch, context parallelism's ring as its formula, Megatron's throughput formula; --search
+// returns only layouts that fit, best first, and context-parallel ones for long sequences; the GPU
+// table and its error for unknown names.
 #include <gtest/gtest.h>
 
 #include <CLI/CLI.hpp>
@@ -325,6 +326,153 @@ TEST(PlanSearch, AnImpossibleExpertParallelSizeIsRefusedAsTrainRefusesIt) {
       EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
     }
   }
+}
+
+// A small dense model with a long sequence: 2 layers, hidden 256, 2 heads (so tp is at most 2),
+// FP32.
+train::TrainConfig long_gpt(std::int64_t seq, const std::string& flags, int world) {
+  train::TrainConfig cfg;
+  CLI::App app;
+  train::add_train_options(app, cfg);
+  std::vector<std::string> args;
+  std::istringstream in("--num-layers 2 --hidden-size 256 --num-attention-heads 2 --seq-length " +
+                        std::to_string(seq) +
+                        " --tokenizer-type NullTokenizer --vocab-size 50256 --data-path x " +
+                        flags);
+  for (std::string a; in >> a;) args.push_back(a);
+  std::reverse(args.begin(), args.end());
+  app.parse(args);
+  cfg.finalize(world);
+  cfg.model.vocab_size = 50257;
+  return cfg;
+}
+
+// Context parallelism's ring, recomputed here from the hardware table: per layer and micro-batch
+// the forward passes cp - 1 key/value blocks (B x T/cp x 3C/tp FP32) to the next rank and the
+// backward cp - 1 blocks and cp gradient hops, each bytes / bw + alpha over NVLink (the cp group
+// in a node). A forward or backward block overlaps its step's attention (exposed: the excess),
+// the gradient hops do not. The attention per rank and micro-batch falls as 1/cp (the
+// load-balanced causal split), the rest of the compute about so; the gradients are reduced over
+// dp x cp = all 8 ranks, as without cp.
+TEST(PlanTime, ContextParallelRingAsTheFormula) {
+  const Cluster c = a100(8);
+  const double bw = c.hw.intra_bw * c.hw.comm_efficiency, alpha = c.hw.intra_latency;
+  const double B = 1, T = 2048, C = 2048, L = 24;
+  const std::string f = "--micro-batch-size 1 --global-batch-size 16 --zero-stage 1 ";
+  const TimeBreakdown t1 = predict_time(gpt(f, 8), c);
+  EXPECT_EQ(t1.cp_comm, 0);
+  EXPECT_EQ(t1.cp_exposed, 0);
+  double previous = 0, previous_compute = 1e30;
+  for (int cp : {2, 4, 8}) {
+    SCOPED_TRACE("cp " + std::to_string(cp));
+    const train::TrainConfig cfg = gpt(f + "--context-parallel-size " + std::to_string(cp), 8);
+    const TimeBreakdown t = predict_time(cfg, c);
+    const double m = 16.0 / (8 / cp);  // micro-batches: global batch / (micro x data parallel)
+    EXPECT_EQ(t.micro_batches, static_cast<std::int64_t>(m));
+    const double hop = B * (T / cp) * 3 * C * 4 / bw + alpha;
+    const double expected = m * L * (3 * cp - 2) * hop;
+    EXPECT_NEAR(t.cp_comm, expected, 1e-9 * expected);
+    EXPECT_GT(t.cp_comm, previous);
+    previous = t.cp_comm;
+    // The step's attention (backward 2.5 x the forward), from the model's own attention time.
+    const double step = t.attention / (m * L * cp * 3.5);
+    const double exposed = m * L *
+                           ((cp - 1) * std::max(0.0, hop - step) +
+                            (cp - 1) * std::max(0.0, hop - 2.5 * step) + cp * hop);
+    EXPECT_NEAR(t.cp_exposed, exposed, 1e-9 * exposed);
+    EXPECT_LT(t.cp_exposed, t.cp_comm);
+    // Per micro-batch and rank: the attention exactly 1/cp of one process's, all compute less.
+    EXPECT_NEAR(t.attention / m, t1.attention / t1.micro_batches / cp, 1e-9 * t.attention);
+    const double compute = (t.forward + t.backward) / m;
+    EXPECT_LT(compute, previous_compute);
+    EXPECT_LT(compute, (t1.forward + t1.backward) / t1.micro_batches / cp * 1.6);
+    previous_compute = compute;
+    // ZeRO-1 over dp x cp: the same 8 ranks and bytes as without cp.
+    EXPECT_DOUBLE_EQ(t.dp_comm, t1.dp_comm);
+    EXPECT_NEAR(t.iteration,
+                t.forward + t.backward + t.recompute + t.tp_comm + t.ep_comm + t.cp_exposed +
+                    t.pp_comm + t.bubble + t.dp_exposed + t.optimizer,
+                1e-9 * t.iteration);
+    const std::string text = format_plan(cfg, c, make_plan(cfg, c), 0);
+    EXPECT_NE(text.find("x cp " + std::to_string(cp)), std::string::npos) << text;
+    EXPECT_NE(text.find("CP ring"), std::string::npos) << text;
+    EXPECT_NE(layout_flags(cfg).find("--context-parallel-size " + std::to_string(cp)),
+              std::string::npos);
+  }
+  EXPECT_EQ(layout_flags(gpt(f, 8)).find("--context-parallel-size"), std::string::npos);
+  // A cp group of tp x cp = 16 ranks spans two nodes: InfiniBand's bandwidth and latency.
+  const Cluster c16 = a100(16);
+  const double ib = c16.hw.inter_bw * c16.hw.comm_efficiency, beta = c16.hw.inter_latency;
+  const TimeBreakdown t16 =
+      predict_time(gpt(f + "--context-parallel-size 8 --tensor-model-parallel-size 2", 16), c16);
+  const double hop16 = B * (T / 8) * 3 * (C / 2) * 4 / ib + beta;
+  const double expected16 = 16 * L * (3 * 8 - 2) * hop16;
+  EXPECT_NEAR(t16.cp_comm, expected16, 1e-9 * expected16);
+}
+
+// A long sequence (32768 tokens): context parallelism splits every activation of a slot, tp
+// (at most 2 here: 2 heads) and pp only some of them, so the least memory a CP layout needs is
+// below any other layout's; with a memory between the two the search proposes only CP layouts,
+// each with its flag. Every cp it tries divides world / (tp x pp), and 2 x cp the sequence.
+TEST(PlanSearch, LongSequencesThatOnlyFitSplitGetContextParallelLayouts) {
+  Cluster c = a100(8);
+  // Flash attention for every layout (context parallelism runs it): linear in the sequence.
+  const train::TrainConfig base =
+      long_gpt(32768, "--micro-batch-size 1 --global-batch-size 8 --use-flash-attn", 8);
+  const SearchResult all = search_layouts(base, c, 100000);
+  ASSERT_FALSE(all.ranked.empty());
+  double min_without = 1e30, min_with = 1e30;
+  std::set<int> cps;
+  for (const Candidate& cand : all.ranked) {
+    const int cp = cand.cfg.context_parallel_size;
+    cps.insert(cp);
+    const int left =
+        8 / (cand.cfg.tensor_model_parallel_size * cand.cfg.pipeline_model_parallel_size);
+    EXPECT_EQ(left % cp, 0);
+    double& least = cp > 1 ? min_with : min_without;
+    least = std::min(least, static_cast<double>(cand.plan.memory.worst().peak()));
+  }
+  EXPECT_EQ(cps, (std::set<int>{1, 2, 4, 8}));
+  ASSERT_LT(min_with, min_without);
+  // A memory between the two: only CP layouts fit.
+  c.hw.memory_bytes = (min_with + min_without) / 2;
+  c.hw.reserved_bytes = 0;
+  const SearchResult tight = search_layouts(base, c, 100000);
+  ASSERT_FALSE(tight.ranked.empty());
+  for (const Candidate& cand : tight.ranked) {
+    EXPECT_GT(cand.cfg.context_parallel_size, 1);
+    EXPECT_NE(cand.flags.find("--context-parallel-size"), std::string::npos);
+    EXPECT_GT(cand.plan.time.cp_comm, 0);
+  }
+  // A sequence of 12 tokens: 2 x cp must divide it, so cp 4 and 8 are never tried.
+  std::set<int> short_cps;
+  for (const Candidate& cand :
+       search_layouts(long_gpt(12, "--micro-batch-size 1 --global-batch-size 8", 8), a100(8),
+                      100000)
+           .ranked)
+    short_cps.insert(cand.cfg.context_parallel_size);
+  EXPECT_EQ(short_cps, (std::set<int>{1, 2}));
+}
+
+// A given --context-parallel-size is kept (as a constraint, or set in the base configuration).
+TEST(PlanSearch, AGivenContextParallelSizeIsKept) {
+  const train::TrainConfig base =
+      long_gpt(4096, "--micro-batch-size 1 --global-batch-size 8 --context-parallel-size 2", 8);
+  for (const SearchConstraints& fixed :
+       {SearchConstraints{}, SearchConstraints{.context_parallel_size = 2}}) {
+    const SearchResult r = search_layouts(base, a100(8), 100000, fixed);
+    ASSERT_FALSE(r.ranked.empty());
+    for (const Candidate& cand : r.ranked) {
+      EXPECT_EQ(cand.cfg.context_parallel_size, 2);
+      EXPECT_NE(cand.flags.find("--context-parallel-size 2"), std::string::npos);
+    }
+  }
+  // Given as 1: no context parallelism.
+  const SearchResult one =
+      search_layouts(long_gpt(4096, "--micro-batch-size 1 --global-batch-size 8", 8), a100(8),
+                     100000, {.context_parallel_size = 1});
+  ASSERT_FALSE(one.ranked.empty());
+  for (const Candidate& cand : one.ranked) EXPECT_EQ(cand.cfg.context_parallel_size, 1);
 }
 
 TEST(PlanHardware, KnownGpusAndAClearErrorOtherwise) {

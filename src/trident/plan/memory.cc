@@ -41,7 +41,11 @@ std::int64_t slot_activation_bytes(const model::ModelConfig& mc, const model::Mo
 MemoryPlan predict_memory(const train::TrainConfig& cfg, int world_size) {
   const model::ModelConfig& mc = cfg.model;
   const int tp = cfg.tensor_model_parallel_size, pp = cfg.pipeline_model_parallel_size;
-  const int dp = cfg.data_parallel_size(world_size);
+  // The ranks that hold the same weights, over which ZeRO shards and the gradients are summed:
+  // data parallel x context parallel (parallel/layout.h; cfg.data_parallel_size counts only the
+  // ranks reading different samples).
+  const int cp = cfg.context_parallel_size;
+  const int dp = cfg.data_parallel_size(world_size) * cp;
   const int v = cfg.virtual_pipeline_chunks();
   const train::PipelineSplit split{.pp_size = pp,
                                    .num_chunks = v,
@@ -49,7 +53,9 @@ MemoryPlan predict_memory(const train::TrainConfig& cfg, int world_size) {
                                    .last_stage_layers = cfg.decoder_last_pipeline_num_layers};
   const auto kind = parallel::parse_pipeline_schedule(cfg.pipeline_schedule);
   const int m = static_cast<int>(cfg.num_micro_batches(world_size));
-  const std::int64_t B = cfg.micro_batch_size, T = mc.seq_length;
+  // Context parallelism: each rank holds seq_length / cp tokens of a sample, and the ring's
+  // buffers (model/gpt.cc), as GptPipeline::add_slots sizes them.
+  const std::int64_t B = cfg.micro_batch_size, T = mc.seq_length / cp;
   // Expert parallelism (docs/moe.md): the rank holds experts block 0 of ep (every block is the
   // same size); the trainer keeps the dense part in an optimizer over dp and the experts in one
   // over the expert-data-parallel group (dp / ep), and sums the two reports (train/trainer.cc).
@@ -61,7 +67,8 @@ MemoryPlan predict_memory(const train::TrainConfig& cfg, int world_size) {
   };
   MemoryPlan plan;
   for (int stage = 0; stage < pp; ++stage) {
-    const train::RankModel rm = rank_model(stage, model::ParamPart::kAll);
+    train::RankModel rm = rank_model(stage, model::ParamPart::kAll);
+    rm.set_context_parallel(cp, 0);  // every cp rank's arenas are the same size
     // The optimizer's buffers as ParamGradBuffers and DistributedOptimizer allocate them (the
     // update rule's state arrays: AdamW 2, Lion 1).
     const int state_arrays = optim::state_array_count(cfg.optimizer.kind);

@@ -68,6 +68,8 @@ struct TimeBreakdown {
   double gemm = 0, attention = 0, elementwise = 0;  // the same compute, by kind of kernel
   double tp_comm = 0;                               // tensor-parallel collectives (not overlapped)
   double ep_comm = 0;     // expert parallelism: the count all-gathers and token all-to-alls
+  double cp_comm = 0;     // context parallelism: the ring's key/value blocks and gradients
+  double cp_exposed = 0;  // the part of cp_comm the attention does not hide
   double pp_comm = 0;     // pipeline sends and receives
   double bubble = 0;      // pipeline fill and drain
   double dp_comm = 0;     // data-parallel / ZeRO traffic in total
@@ -117,8 +119,8 @@ struct Plan {
 };
 Plan make_plan(const train::TrainConfig& cfg, const Cluster& cluster);
 
-// --search: layouts (TP, PP, virtual stages, DP, micro-batch size, ZeRO stage, SP, recompute) of
-// cfg's model and global batch on the cluster; those that fit, best throughput first.
+// --search: layouts (TP, PP, CP, virtual stages, DP, micro-batch size, ZeRO stage, SP, recompute)
+// of cfg's model and global batch on the cluster; those that fit, best throughput first.
 struct Candidate {
   train::TrainConfig cfg;
   Plan plan;
@@ -131,8 +133,12 @@ struct SearchResult {
 // Sizes the search keeps fixed (0: searched). --expert-model-parallel-size given to
 // `trident plan --search` fixes the expert-parallel size; otherwise a mixture-of-experts model's
 // search tries every ep dividing both the number of experts and dp (dense models: 1).
+// context_parallel_size fixes cp (a base configuration's cp above 1 is kept as well); otherwise
+// the search tries every cp dividing world / (tp x pp) whose 2 x cp chunks divide the sequence
+// (dense models without --reset-position-ids / --reset-attention-mask; others: 1).
 struct SearchConstraints {
   int expert_model_parallel_size = 0;
+  int context_parallel_size = 0;
 };
 SearchResult search_layouts(const train::TrainConfig& base, const Cluster& cluster,
                             std::size_t keep = 10, const SearchConstraints& fixed = {});

@@ -61,6 +61,8 @@ nlohmann::json time_json(const TimeBreakdown& t) {
           {"elementwise_s", t.elementwise},
           {"tp_comm_s", t.tp_comm},
           {"ep_comm_s", t.ep_comm},
+          {"cp_comm_s", t.cp_comm},
+          {"cp_exposed_s", t.cp_exposed},
           {"pp_comm_s", t.pp_comm},
           {"bubble_s", t.bubble},
           {"dp_comm_s", t.dp_comm},
@@ -115,6 +117,7 @@ std::string layout_flags(const train::TrainConfig& c) {
     << c.global_batch_size;
   if (c.expert_model_parallel_size > 1)
     o << " --expert-model-parallel-size " << c.expert_model_parallel_size;
+  if (c.context_parallel_size > 1) o << " --context-parallel-size " << c.context_parallel_size;
   if (c.zero_stage > 0) o << " --zero-stage " << c.zero_stage;
   if (c.sequence_parallel) o << " --sequence-parallel";
   if (!c.recompute_granularity.empty()) {
@@ -124,6 +127,44 @@ std::string layout_flags(const train::TrainConfig& c) {
   if (c.bf16) o << " --bf16";
   return o.str();
 }
+
+namespace {
+
+// Context parallelism: every cp dividing the world / (tp x pp) ranks left after tp x pp (none
+// when tp x pp does not divide the world) whose 2 x cp chunks divide the sequence, for a model
+// trident train runs with it (dense, no documents); or only `fixed` (> 0) where it divides them.
+// Searched at every sequence length: on a short one the ring and the narrower GEMMs make CP
+// slower than plain dp, and the time model ranks it so.
+std::vector<int> context_parallel_sizes(const model::ModelConfig& mc, int world, int tp_pp,
+                                        int fixed) {
+  std::vector<int> cps;
+  const int dp_all = world % tp_pp == 0 ? world / tp_pp : 0;
+  for (int c = 1; c <= dp_all; ++c) {
+    if (dp_all % c != 0 || (fixed > 0 && c != fixed)) continue;
+    if (c > 1 && (mc.seq_length % (2 * c) != 0 || mc.num_experts > 0 || mc.documents())) continue;
+    cps.push_back(c);
+  }
+  return cps;
+}
+
+// Plans one candidate layout of the search: counted, and kept when it is valid and fits.
+void consider(train::TrainConfig c, const Cluster& cluster, SearchResult& res) {
+  ++res.evaluated;
+  try {
+    c.finalize(cluster.num_gpus);
+    Plan p = make_plan(c, cluster);
+    if (!p.fits) {
+      ++res.rejected_memory;
+      return;
+    }
+    std::string flags = layout_flags(c);
+    res.ranked.push_back({std::move(c), std::move(p), std::move(flags)});
+  } catch (const core::InvalidArgument&) {
+    ++res.invalid;
+  }
+}
+
+}  // namespace
 
 SearchResult search_layouts(const train::TrainConfig& base, const Cluster& cluster,
                             std::size_t keep, const SearchConstraints& fixed) {
@@ -140,65 +181,62 @@ SearchResult search_layouts(const train::TrainConfig& base, const Cluster& clust
   for (int p = 1; p <= world; ++p)
     if (world % p == 0 && mc.num_layers % p == 0) pps.push_back(p);
   const std::vector<std::string> recomputes = {"", "selective", "full"};
+  // A --context-parallel-size above 1 in the base configuration is kept as a given one.
+  int fixed_cp = fixed.context_parallel_size;
+  if (fixed_cp == 0 && base.context_parallel_size > 1) fixed_cp = base.context_parallel_size;
   for (int tp : tps)
-    for (int pp : pps) {
-      if (world % (tp * pp) != 0) continue;
-      const int dp = world / (tp * pp);
-      // Expert parallelism: every ep dividing the experts and dp (a dense model: 1), or the
-      // given one where it divides them (a layout it does not divide is not proposed).
-      std::vector<int> eps;
-      for (int e = 1; e <= dp; ++e) {
-        if (dp % e != 0 || (e > 1 && (mc.num_experts == 0 || mc.num_experts % e != 0))) continue;
-        if (fixed.expert_model_parallel_size > 0 && e != fixed.expert_model_parallel_size) continue;
-        eps.push_back(e);
-      }
-      for (int ep : eps)
-        for (int v : {1, 2, 3, 4, 6, 8}) {
-          if (v > 1 && (pp == 1 || mc.num_layers % (pp * v) != 0)) continue;
-          for (std::int64_t mbs : {1, 2, 4, 8, 16}) {
-            if (gbs % (mbs * dp) != 0) continue;
-            const std::int64_t m = gbs / (mbs * dp);
-            if (v > 1 && m % pp != 0) continue;
-            for (int zero = 0; zero <= 3; ++zero) {
-              if (dp == 1 && zero > 0) continue;
-              for (bool sp : {false, true}) {
-                if (sp && (tp == 1 || (mbs * mc.seq_length) % tp != 0)) continue;
-                for (const std::string& rc : recomputes) {
-                  // Selective recomputation only drops the unfused attention's probabilities.
-                  if (rc == "selective" && mc.flash_attention()) continue;
-                  train::TrainConfig c = base;
-                  c.tensor_model_parallel_size = tp;
-                  c.pipeline_model_parallel_size = pp;
-                  c.expert_model_parallel_size = ep;
-                  c.num_layers_per_virtual_pipeline_stage = v > 1 ? mc.num_layers / (pp * v) : 0;
-                  c.pipeline_schedule = v > 1 ? "interleaved" : "1f1b";
-                  c.decoder_first_pipeline_num_layers = c.decoder_last_pipeline_num_layers = -1;
-                  c.micro_batch_size = mbs;
-                  c.zero_stage = zero;
-                  c.use_distributed_optimizer = false;
-                  c.sequence_parallel = sp;
-                  c.recompute_granularity = rc;
-                  c.recompute_method = "uniform";
-                  c.model.recompute_num_layers = 1;
-                  c.model.make_vocab_size_divisible_by = base.model.make_vocab_size_divisible_by;
-                  ++res.evaluated;
-                  try {
-                    c.finalize(world);
-                    Plan p = make_plan(c, cluster);
-                    if (!p.fits) {
-                      ++res.rejected_memory;
-                      continue;
-                    }
-                    res.ranked.push_back({c, std::move(p), layout_flags(c)});
-                  } catch (const core::InvalidArgument&) {
-                    ++res.invalid;
+    for (int pp : pps)
+      for (int cp : context_parallel_sizes(mc, world, tp * pp, fixed_cp)) {
+        // dp: the ranks reading different samples (the batch's divisor); the ep and cp factors
+        // split the tp x pp remainder dp x cp.
+        const int dp = world / (tp * pp * cp);
+        // Expert parallelism: every ep dividing the experts and dp (a dense model: 1), or the
+        // given one where it divides them (a layout it does not divide is not proposed).
+        std::vector<int> eps;
+        for (int e = 1; e <= dp; ++e) {
+          if (dp % e != 0 || (e > 1 && (mc.num_experts == 0 || mc.num_experts % e != 0))) continue;
+          if (fixed.expert_model_parallel_size > 0 && e != fixed.expert_model_parallel_size)
+            continue;
+          eps.push_back(e);
+        }
+        for (int ep : eps)
+          for (int v : {1, 2, 3, 4, 6, 8}) {
+            if (v > 1 && (pp == 1 || mc.num_layers % (pp * v) != 0)) continue;
+            for (std::int64_t mbs : {1, 2, 4, 8, 16}) {
+              if (gbs % (mbs * dp) != 0) continue;
+              const std::int64_t m = gbs / (mbs * dp);
+              if (v > 1 && m % pp != 0) continue;
+              for (int zero = 0; zero <= 3; ++zero) {
+                if (dp == 1 && zero > 0) continue;
+                for (bool sp : {false, true}) {
+                  if (sp && (tp == 1 || (mbs * mc.seq_length / cp) % tp != 0)) continue;
+                  for (const std::string& rc : recomputes) {
+                    // Selective recomputation only drops the unfused attention's probabilities
+                    // (context parallelism runs flash attention).
+                    if (rc == "selective" && (mc.flash_attention() || cp > 1)) continue;
+                    train::TrainConfig c = base;
+                    c.tensor_model_parallel_size = tp;
+                    c.pipeline_model_parallel_size = pp;
+                    c.expert_model_parallel_size = ep;
+                    c.context_parallel_size = cp;
+                    c.num_layers_per_virtual_pipeline_stage = v > 1 ? mc.num_layers / (pp * v) : 0;
+                    c.pipeline_schedule = v > 1 ? "interleaved" : "1f1b";
+                    c.decoder_first_pipeline_num_layers = c.decoder_last_pipeline_num_layers = -1;
+                    c.micro_batch_size = mbs;
+                    c.zero_stage = zero;
+                    c.use_distributed_optimizer = false;
+                    c.sequence_parallel = sp;
+                    c.recompute_granularity = rc;
+                    c.recompute_method = "uniform";
+                    c.model.recompute_num_layers = 1;
+                    c.model.make_vocab_size_divisible_by = base.model.make_vocab_size_divisible_by;
+                    consider(std::move(c), cluster, res);
                   }
                 }
               }
             }
           }
-        }
-    }
+      }
   std::stable_sort(res.ranked.begin(), res.ranked.end(),
                    [](const Candidate& a, const Candidate& b) {
                      return a.plan.time.tokens_per_s > b.plan.time.tokens_per_s;
@@ -227,6 +265,8 @@ std::string format_plan(const train::TrainConfig& cfg, const Cluster& cluster, c
   }
   o << "\nlayout: tp " << cfg.tensor_model_parallel_size << " x pp "
     << cfg.pipeline_model_parallel_size << " x dp " << cfg.data_parallel_size(world)
+    << (cfg.context_parallel_size > 1 ? " x cp " + std::to_string(cfg.context_parallel_size)
+                                      : std::string())
     << (cfg.expert_model_parallel_size > 1
             ? " (experts: ep " + std::to_string(cfg.expert_model_parallel_size) + " x expert dp " +
                   std::to_string(cfg.data_parallel_size(world) / cfg.expert_model_parallel_size) +
@@ -274,6 +314,9 @@ std::string format_plan(const train::TrainConfig& cfg, const Cluster& cluster, c
     << ms(t.attention) << ", element-wise " << ms(t.elementwise) << ")\n  TP comm        "
     << ms(t.tp_comm)
     << (cfg.expert_model_parallel_size > 1 ? "\n  EP all-to-all  " + ms(t.ep_comm) : std::string())
+    << (cfg.context_parallel_size > 1
+            ? "\n  CP ring        " + ms(t.cp_comm) + " (exposed " + ms(t.cp_exposed) + ")"
+            : std::string())
     << "\n  PP comm        " << ms(t.pp_comm) << "\n  pipeline bubble" << ms(t.bubble)
     << "\n  DP/ZeRO comm   " << ms(t.dp_comm) << " (exposed " << ms(t.dp_exposed)
     << ")\n  optimizer      " << ms(t.optimizer) << "\n";
@@ -314,6 +357,8 @@ std::string format_search(const Cluster& cluster, const SearchResult& r, std::si
       << fmt("%.3f", t.tp_comm) << " s, "
       << (c.cfg.expert_model_parallel_size > 1 ? "EP " + fmt("%.3f", t.ep_comm) + " s, "
                                                : std::string())
+      << (c.cfg.context_parallel_size > 1 ? "CP exposed " + fmt("%.3f", t.cp_exposed) + " s, "
+                                          : std::string())
       << "PP " << fmt("%.3f", t.pp_comm) << " s, bubble " << fmt("%.3f", t.bubble)
       << " s, DP exposed " << fmt("%.3f", t.dp_exposed) << " s, optimizer "
       << fmt("%.3f", t.optimizer) << " s\n";
@@ -332,6 +377,7 @@ nlohmann::json plan_json(const train::TrainConfig& cfg, const Cluster& cluster, 
   j["layout"] = {{"tp", cfg.tensor_model_parallel_size},
                  {"pp", cfg.pipeline_model_parallel_size},
                  {"ep", cfg.expert_model_parallel_size},
+                 {"cp", cfg.context_parallel_size},
                  {"dp", cfg.data_parallel_size(cluster.num_gpus)},
                  {"virtual_chunks", cfg.virtual_pipeline_chunks()},
                  {"schedule", cfg.pipeline_schedule},

@@ -104,6 +104,9 @@ class Costs {
   double latency(bool across_nodes) const {
     return across_nodes ? c_.hw.inter_latency : c_.hw.intra_latency;
   }
+  // Whether a non-blocking transfer moves while the rank computes: on the CPU the MPI library
+  // moves data only inside its calls.
+  bool transfers_overlap_compute() const { return !c_.hw.is_cpu; }
   // On the CPU, after `mpirun -np W trident plan --gpu cpu --calibrate-comm`: trident's own
   // collectives as measured for a group of n inside a job of this many ranks.
   const CommCosts* measured(int n) const {
@@ -215,12 +218,42 @@ class Costs {
 struct Pass {  // one micro-batch through one chunk
   double gemm = 0, attn = 0, ew = 0, tp = 0;
   double ep = 0;  // expert parallelism: the dispatcher's count all-gathers and all-to-alls
+  // Context parallelism: the ring's transfers, and the part of them the attention does not hide.
+  double cp_traffic = 0, cp = 0;
   double compute() const { return gemm + attn + ew; }
   Pass& operator+=(const Pass& o) {
     gemm += o.gemm, attn += o.attn, ew += o.ew, tp += o.tp, ep += o.ep;
+    cp_traffic += o.cp_traffic, cp += o.cp;
     return *this;
   }
 };
+
+// Context parallelism's ring attention (model/layers/context_parallel.cc) on one rank for one
+// layer and micro-batch: cp steps, each a pair of flash tiles whose work is a causal attention
+// over the rank's T / cp tokens (`step_fwd`, `step_bwd`), so the cp steps make 1/cp of the whole
+// sequence's causal attention. The next key/value block (B x T/cp x 3C/tp FP32, `block_bytes`)
+// travels to the next rank of the ring while a step computes: a step costs max(compute,
+// transfer), i.e. the compute plus the transfer's excess over it, and the last step sends
+// nothing (cp - 1 transfers). The backward overlaps its cp - 1 blocks the same way, and after
+// each step passes the block's key/value gradients one hop on, waiting for them (cp hops, not
+// overlapped). On the CPU nothing overlaps. With cp = 1: one step, no transfer.
+struct RingCost {
+  Pass fwd, bwd;
+};
+RingCost ring_attention_cost(const Costs& k, int cp, double step_fwd, double step_bwd,
+                             double block_bytes, bool across) {
+  RingCost r;
+  r.fwd.attn = cp * step_fwd;
+  r.bwd.attn = cp * step_bwd;
+  if (cp <= 1) return r;
+  const double hop = k.p2p(block_bytes, across);
+  const double hidden = k.transfers_overlap_compute() ? 1.0 : 0.0;
+  r.fwd.cp_traffic = (cp - 1) * hop;
+  r.fwd.cp = (cp - 1) * std::max(0.0, hop - hidden * step_fwd);
+  r.bwd.cp_traffic = (2 * cp - 1) * hop;
+  r.bwd.cp = (cp - 1) * std::max(0.0, hop - hidden * step_bwd) + cp * hop;
+  return r;
+}
 
 // How the experts' group is placed: ep ranks, spanning nodes or not.
 struct ExpertGroup {
@@ -258,12 +291,15 @@ MoeLayerCost moe_layer_cost(const model::ModelConfig& mc, std::int64_t rows, int
 
 namespace {
 
+// With context parallelism (shard.cp_size > 1) every shape is the rank's: T = seq_length / cp
+// tokens of each sample, its rows B x T, the attention a ring (ring_attention_cost) over the cp
+// group (`cp_across`: spanning nodes).
 ChunkCost chunk_cost(const train::TrainConfig& cfg, const model::ModelShard& shard, const Costs& k,
-                     bool tp_across, const ExpertGroup& eg) {
+                     bool tp_across, const ExpertGroup& eg, bool cp_across) {
   const model::ModelConfig& mc = cfg.model;
-  const int tp = shard.tp_size;
+  const int tp = shard.tp_size, cp = shard.cp_size;
   const bool sp = shard.sequence_parallel && tp > 1;
-  const std::int64_t B = cfg.micro_batch_size, T = mc.seq_length, rows = B * T;
+  const std::int64_t B = cfg.micro_batch_size, T = mc.seq_length / cp, rows = B * T;
   const std::int64_t C = mc.hidden_size, Cl = C / tp, Fl = mc.ffn() / tp;
   // Llama's shapes: grouped-query QKV (key/value heads per group, replicated when G < tp), the
   // SwiGLU up-projection's gate and up halves in one GEMM. The gated activation and RMSNorm are
@@ -301,17 +337,19 @@ ChunkCost chunk_cost(const train::TrainConfig& cfg, const model::ModelShard& sha
   for (std::int64_t l = 0; l < L; ++l) {
     (mc.moe_layer(shard.first_layer + l) ? any_moe : any_dense) = true;
   }
-  Pass lf;  // one layer forward without its MLP
+  // The attention core (a ring of cp steps under context parallelism), its dropout in each step.
+  const RingCost ring = ring_attention_cost(k, cp, k.attn_fwd(flash, B * NHl, T, HS) + attn_drop,
+                                            k.attn_bwd(flash, B * NHl, T, HS) + attn_drop,
+                                            static_cast<double>(rows * 3 * Cl) * 4, cp_across);
+  Pass lf = ring.fwd;  // one layer forward without its MLP
   lf.ew = 2 * k.ew(Ew::kLnFwd, static_cast<double>(R * C)) +
           2 * k.ew(Ew::kAdd, static_cast<double>(R * C)) + 2 * dropout + rope;
   lf.gemm = k.gemm_fwd(rows, C, QKVl) + k.gemm_fwd(rows, Cl, C);
-  lf.attn = k.attn_fwd(flash, B * NHl, T, HS) + attn_drop;
   lf.tp = 2 * region;
-  Pass lb;  // one layer backward without its MLP
+  Pass lb = ring.bwd;  // one layer backward without its MLP
   lb.ew = 2 * k.ew(Ew::kLnBwd, static_cast<double>(R * C)) +
           2 * k.ew(Ew::kAdd, static_cast<double>(R * C)) + 2 * dropout + rope;
   lb.gemm = k.gemm_bwd(rows, C, QKVl) + k.gemm_bwd(rows, Cl, C);
-  lb.attn = k.attn_bwd(flash, B * NHl, T, HS) + attn_drop;
   // SP's backward gathers each region's input again for the weight gradient (the forward kept
   // only the local rows).
   lb.tp = 2 * region + (sp ? 2 * k.all_gather(full_bytes, tp, tp_across) : 0);
@@ -449,8 +487,11 @@ KernelShapes kernel_shapes(const train::TrainConfig& cfg, const Cluster& cluster
 namespace {
 // What a layout's placement implies for the links (GPUs per node) and its sizes.
 struct Layout {
-  int world, tp, pp, dp, v;
+  // dp: the ranks holding the same weights (gradient sums and ZeRO shards), data parallel x
+  // context parallel (ParallelLayout::dp_size); cp: the context-parallel factor of it.
+  int world, tp, pp, dp, v, cp;
   bool tp_across, dp_across, pp_across;  // the group spans nodes
+  bool cp_across;                        // the cp group (tp x cp consecutive ranks) spans nodes
   ExpertGroup experts;                   // the ep group (tp x ep consecutive ranks)
   int edp;                               // the expert-data-parallel size, dp / ep
   std::int64_t m;                        // micro-batches per iteration
@@ -461,10 +502,12 @@ Layout layout_of(const train::TrainConfig& cfg, const Cluster& cluster) {
   l.world = cluster.num_gpus;
   l.tp = cfg.tensor_model_parallel_size;
   l.pp = cfg.pipeline_model_parallel_size;
-  l.dp = cfg.data_parallel_size(l.world);
+  l.cp = cfg.context_parallel_size;
+  l.dp = cfg.data_parallel_size(l.world) * l.cp;
   l.v = cfg.virtual_pipeline_chunks();
   const int g = cluster.hw.gpus_per_node;
   l.tp_across = l.tp > g;
+  l.cp_across = static_cast<std::int64_t>(l.tp) * l.cp > g;
   l.dp_across = static_cast<std::int64_t>(l.tp) * l.dp > g;
   l.pp_across = static_cast<std::int64_t>(l.tp) * l.dp >= g;
   l.experts.ep = cfg.expert_model_parallel_size;
@@ -501,7 +544,8 @@ DpPart dp_part(const train::RankModel& rm, std::int64_t bucket_size) {
 
 struct Stage {
   double fwd = 0, bwd = 0, rec = 0, gemm = 0, attn = 0, ew = 0, tp = 0, p2p = 0, ep = 0;
-  double per_micro() const { return fwd + bwd + rec + tp + p2p + ep; }
+  double cp = 0, cp_traffic = 0;  // the ring's exposed transfers and all of them
+  double per_micro() const { return fwd + bwd + rec + tp + p2p + ep + cp; }
   // The optimizer over dp (everything, or with expert parallelism the dense part) and the
   // experts' over the expert-data-parallel group (expert parallelism only).
   DpPart dense, experts;
@@ -516,7 +560,7 @@ std::vector<Stage> stage_costs(const train::TrainConfig& cfg, const Layout& l, c
                                    .first_stage_layers = cfg.decoder_first_pipeline_num_layers,
                                    .last_stage_layers = cfg.decoder_last_pipeline_num_layers};
   const std::int64_t rows_local =
-      cfg.micro_batch_size * mc.seq_length / (cfg.sequence_parallel && l.tp > 1 ? l.tp : 1);
+      cfg.micro_batch_size * mc.seq_length / l.cp / (cfg.sequence_parallel && l.tp > 1 ? l.tp : 1);
   const double p2p_bytes = static_cast<double>(rows_local * mc.hidden_size) * k.act_bytes();
   std::vector<Stage> stages;
   const int ep = l.experts.ep;
@@ -525,7 +569,8 @@ std::vector<Stage> stage_costs(const train::TrainConfig& cfg, const Layout& l, c
                             {.ep_size = ep, .ep_rank = 0, .part = part});
   };
   for (int s = 0; s < l.pp; ++s) {
-    const train::RankModel rm = rank_model(s, model::ParamPart::kAll);
+    train::RankModel rm = rank_model(s, model::ParamPart::kAll);
+    rm.set_context_parallel(l.cp, 0);
     Stage st;
     if (ep > 1) {
       st.dense = dp_part(rank_model(s, model::ParamPart::kDense), cfg.ddp_bucket_size);
@@ -535,7 +580,7 @@ std::vector<Stage> stage_costs(const train::TrainConfig& cfg, const Layout& l, c
     }
     for (std::size_t c = 0; c < rm.chunks().size(); ++c) {
       const model::ModelShard& sh = rm.chunks()[c].shard;
-      const ChunkCost cc = chunk_cost(cfg, sh, k, l.tp_across, l.experts);
+      const ChunkCost cc = chunk_cost(cfg, sh, k, l.tp_across, l.experts, l.cp_across);
       st.fwd += cc.fwd.compute();
       st.bwd += cc.bwd.compute();
       st.rec += cc.recompute.compute();
@@ -544,6 +589,8 @@ std::vector<Stage> stage_costs(const train::TrainConfig& cfg, const Layout& l, c
       st.ew += cc.fwd.ew + cc.bwd.ew + cc.recompute.ew;
       st.tp += cc.fwd.tp + cc.bwd.tp + cc.recompute.tp;
       st.ep += cc.fwd.ep + cc.bwd.ep + cc.recompute.ep;
+      st.cp += cc.fwd.cp + cc.bwd.cp + cc.recompute.cp;
+      st.cp_traffic += cc.fwd.cp_traffic + cc.bwd.cp_traffic + cc.recompute.cp_traffic;
       const int u = static_cast<int>(c) * l.pp + s;
       if (u > 0) st.p2p += k.p2p(p2p_bytes, l.pp_across);               // receive the input
       if (u < l.pp * l.v - 1) st.p2p += k.p2p(p2p_bytes, l.pp_across);  // receive its gradient
@@ -573,6 +620,8 @@ void add_pipeline(TimeBreakdown& t, const Layout& l, const std::vector<Stage>& s
   t.elementwise = md * w.ew;
   t.tp_comm = md * w.tp;
   t.ep_comm = md * w.ep;
+  t.cp_comm = md * w.cp_traffic;
+  t.cp_exposed = md * w.cp;
   t.pp_comm = md * w.p2p;
   // Fill and drain: every other stage's share of one micro-batch, spread over v chunks.
   t.bubble = (sum - w.per_micro()) / l.v;
@@ -708,7 +757,7 @@ void add_oversubscription(TimeBreakdown& t, const Cluster& cluster, const Layout
   double work = 0;
   for (const Stage& s : stages) work += md * (s.fwd + s.bwd + s.rec) + t.optimizer;
   work *= static_cast<double>(l.tp) * l.dp * cluster.threads_per_rank / cores;
-  const double shared = work + t.tp_comm + t.ep_comm + t.pp_comm + t.dp_exposed;
+  const double shared = work + t.tp_comm + t.ep_comm + t.cp_exposed + t.pp_comm + t.dp_exposed;
   if (shared > t.iteration) {
     t.oversubscription = shared - t.iteration;
     t.iteration = shared;
