@@ -194,9 +194,8 @@ void layout_activations(const ModelConfig& cfg, const ModelShard& shard, std::in
       ws.sp_dout = take(BT * Cl);
       ws.sp_dqkv = take(BT * 3 * Cl);
     } else {
-      for (float*& b : ws.cp_kv) b = take(BT * 3 * Cl);
-      for (float*& b : ws.cp_dkv) b = take(BT * 3 * Cl);
-      ws.cp_dq = take(BT * 3 * Cl);
+      for (float*& b : ws.cp_kv) b = take(BT * 2 * Cl);
+      for (float*& b : ws.cp_dkv) b = take(BT * 2 * Cl);
     }
   }
   if (stage_reads_tokens(cfg, shard)) {  // the micro-batch's tokens and labels, staged in

@@ -4,7 +4,6 @@
 #include <vector>
 
 #include "trident/comm/communicator.h"
-#include "trident/kernels/elementwise.h"
 #include "trident/kernels/fill.h"
 #include "trident/kernels/flash_attention_block.h"
 
@@ -14,13 +13,14 @@ namespace k = trident::kernels;
 
 namespace {
 
-// The views of one ring step's operands: this rank's chunks and the visiting block's.
+// The views of one ring step's operands: this rank's chunks and the visiting block's. A block
+// travels as keys and values only (B*Tl, NH, 2 HS), two thirds of the qkv rows.
 struct Ring {
   const LayerContext& lc;
   int size, rank, next, prev;
   std::int64_t B, Tc, NH, HS;
-  std::int64_t qkv_chunk() const { return B * Tc * NH * 3 * HS; }  // floats of one chunk's rows
-  std::int64_t qkv_all() const { return 2 * qkv_chunk(); }
+  std::int64_t rows() const { return 2 * B * Tc; }
+  std::int64_t kv_all() const { return rows() * NH * 2 * HS; }  // floats of a block
 
   Ring(const LayerContext& c, std::int64_t nh, std::int64_t hs)
       : lc(c),
@@ -33,10 +33,12 @@ struct Ring {
         NH(nh),
         HS(hs) {}
 
-  // Rows (B, Tc, NH, 3 HS) of half h of a chunk-major qkv-shaped buffer.
-  core::TensorView qkv(const float* base, int h) const {
-    return view_of(lc, base + h * qkv_chunk(), {B, Tc, NH, 3 * HS});
+  // Rows (B, Tc, NH, w HS) of half h of a chunk-major buffer of w slots per head (3: qkv, 2: kv).
+  core::TensorView heads(const float* base, int h, std::int64_t w) const {
+    return view_of(lc, base + h * B * Tc * NH * w * HS, {B, Tc, NH, w * HS});
   }
+  core::TensorView qkv(const float* base, int h) const { return heads(base, h, 3); }
+  core::TensorView kv(const float* base, int h) const { return heads(base, h, 2); }
   core::TensorView out(const float* base, int h) const {
     return view_of(lc, base + h * B * Tc * NH * HS, {B, Tc, NH * HS});
   }
@@ -50,14 +52,28 @@ struct Ring {
   std::int64_t chunk(int owner, int h) const { return cp_chunk(size, owner, h); }
   // The block held at step s came from this rank.
   int owner_at(int s) const { return (rank - s + size) % size; }
+
+  // Each head's key and value (slots 1, 2 of its 3) between qkv rows and kv rows.
+  void pack_kv(const float* qkv, float* kv) const { move_kv(qkv, 3, 1, kv, 2, 0); }
+  void unpack_kv(const float* kv, float* qkv) const { move_kv(kv, 2, 0, qkv, 3, 1); }
+  void move_kv(const float* in, std::int64_t in_w, std::int64_t in_slot, float* out,
+               std::int64_t out_w, std::int64_t out_slot) const {
+    for (std::int64_t h = 0; h < NH; ++h) {
+      k::copy_columns(lc.ctx, {.out = view_of(lc, out, {rows(), NH * out_w * HS}),
+                               .in = view_of(lc, in, {rows(), NH * in_w * HS}),
+                               .out_col = (h * out_w + out_slot) * HS,
+                               .in_col = (h * in_w + in_slot) * HS,
+                               .cols = 2 * HS});
+    }
+  }
 };
 
 // Starts the block's move one step along the ring: send `from` to the next rank, receive the
 // previous rank's into `into`.
 std::array<comm::Request, 2> pass_on(const Ring& r, const float* from, float* into) {
   comm::Communicator& cp = *r.lc.cp;
-  return {cp.isend(from, r.qkv_all(), comm::Datatype::kF32, r.next),
-          cp.irecv(into, r.qkv_all(), comm::Datatype::kF32, r.prev)};
+  return {cp.isend(from, r.kv_all(), comm::Datatype::kF32, r.next),
+          cp.irecv(into, r.kv_all(), comm::Datatype::kF32, r.prev)};
 }
 
 void finish(std::array<comm::Request, 2>& reqs) {
@@ -66,13 +82,17 @@ void finish(std::array<comm::Request, 2>& reqs) {
 
 }  // namespace
 
+// The travelling blocks: this rank's own keys and values are packed into cp_kv[1]; at step s the
+// block held is sent on and the next one received into cp_kv[s % 2] (the buffer of the block
+// two steps back, whose send has completed).
 void ring_attention_forward(const LayerContext& lc, const RingAttentionArgs& a) {
   const Ring r(lc, a.num_heads, a.head_dim);
   const Workspace& ws = lc.ws;
   const std::int64_t T = lc.total_len();
   const core::TensorView slopes = view_of(lc, a.alibi, {r.NH});
   bool started[2] = {false, false};
-  const float* kv = a.qkv;  // the visiting block: first this rank's own
+  r.pack_kv(a.qkv, ws.cp_kv[1]);
+  const float* kv = ws.cp_kv[1];
   for (int s = 0; s < r.size; ++s) {
     std::array<comm::Request, 2> moving{};
     float* incoming = ws.cp_kv[s % 2];
@@ -91,7 +111,7 @@ void ring_attention_forward(const LayerContext& lc, const RingAttentionArgs& a) 
                                  {.out = first ? r.out(a.attn, hq) : r.out(ws.cp_out_blk, 0),
                                   .lse = first ? r.lse(a.lse, hq) : r.lse(ws.cp_lse_blk, 0),
                                   .qkv = r.qkv(a.qkv, hq),
-                                  .kv = r.qkv(kv, hk),
+                                  .kv = r.kv(kv, hk),
                                   .q_pos = r.pos(qc),
                                   .k_pos = r.pos(kc),
                                   .alibi = slopes,
@@ -110,18 +130,19 @@ void ring_attention_forward(const LayerContext& lc, const RingAttentionArgs& a) 
   }
 }
 
+// The query gradients accumulate in d_qkv's query slots; each block's key and value gradients in
+// a buffer that travels with it (cp_dkv) and is back at its owner after the last step, which
+// unpacks it into d_qkv's key and value slots.
 void ring_attention_backward(const LayerContext& lc, const RingAttentionBackwardArgs& b) {
   const RingAttentionArgs& a = b.fwd;
   const Ring r(lc, a.num_heads, a.head_dim);
   const Workspace& ws = lc.ws;
   const std::int64_t T = lc.total_len();
   const core::TensorView slopes = view_of(lc, a.alibi, {r.NH});
-  const core::Shape all{r.qkv_all()};
-  // The query gradients accumulate in cp_dq (its key/value slots stay 0); the key/value gradients
-  // of the visiting block in the travelling buffer (its query slots stay 0).
-  k::fill(lc.ctx, {.out = view_of(lc, ws.cp_dq, all)});
-  k::fill(lc.ctx, {.out = view_of(lc, ws.cp_dkv[0], all)});
-  const float* kv = a.qkv;
+  k::fill(lc.ctx, {.out = view_of(lc, b.d_qkv, {r.rows() * r.NH * 3 * r.HS})});
+  k::fill(lc.ctx, {.out = view_of(lc, ws.cp_dkv[0], {r.kv_all()})});
+  r.pack_kv(a.qkv, ws.cp_kv[1]);
+  const float* kv = ws.cp_kv[1];
   float* dkv = ws.cp_dkv[0];
   for (int s = 0; s < r.size; ++s) {
     std::array<comm::Request, 2> moving{};
@@ -133,14 +154,14 @@ void ring_attention_backward(const LayerContext& lc, const RingAttentionBackward
       for (int hk = 0; hk < 2; ++hk) {
         const std::int64_t kc = r.chunk(owner, hk);
         if (kc > qc) continue;
-        k::flash_attention_block_backward(lc.ctx, {.d_qkv = r.qkv(ws.cp_dq, hq),
-                                                   .d_kv = r.qkv(dkv, hk),
+        k::flash_attention_block_backward(lc.ctx, {.d_qkv = r.qkv(b.d_qkv, hq),
+                                                   .d_kv = r.kv(dkv, hk),
                                                    .accumulate_dkv = true,
                                                    .d_out = r.out(b.d_attn, hq),
                                                    .out = r.out(a.attn, hq),
                                                    .lse = r.lse(a.lse, hq),
                                                    .qkv = r.qkv(a.qkv, hq),
-                                                   .kv = r.qkv(kv, hk),
+                                                   .kv = r.kv(kv, hk),
                                                    .q_pos = r.pos(qc),
                                                    .k_pos = r.pos(kc),
                                                    .alibi = slopes,
@@ -156,9 +177,7 @@ void ring_attention_backward(const LayerContext& lc, const RingAttentionBackward
     finish(grads);
     dkv = dkv_in;
   }
-  k::add(lc.ctx, {.out = view_of(lc, b.d_qkv, all),
-                  .a = view_of(lc, ws.cp_dq, all),
-                  .b = view_of(lc, dkv, all)});
+  r.unpack_kv(dkv, b.d_qkv);
 }
 
 namespace {

@@ -67,6 +67,7 @@ void ulysses_attention_backward(const LayerContext& lc, const UlyssesBackwardArg
 // flash_attention_block on the local query chunks against the visiting key/value block (pairs a
 // chunk cannot see are skipped), the partial results merged by their log-sum-exp; the next block
 // travels (cp isend to the next rank, irecv from the previous) while the current one is computed.
+// Blocks travel as keys and values only, (B*Tl, NH/tp, 2 HS), packed from the qkv rows.
 // qkv (B*Tl, NH/tp, 3 HS) chunk-major; writes attn (B*Tl, C/tp) and lse (2, B, NH/tp, Tc).
 struct RingAttentionArgs {
   float* attn = nullptr;

@@ -62,11 +62,10 @@ struct Workspace {
   float* moe_d_shared_out = nullptr;
   float* moe_d_shared_logits = nullptr;
   // Context parallelism's ring (context_parallel.h): two travelling key/value blocks and two
-  // travelling key/value gradients, (B*T, 3C/tp) each as the local qkv rows; the query gradient
-  // (B*T, 3C/tp); one block's output (B*T/2, C/tp) and log-sum-exp (B, NH/tp, T/2).
+  // travelling key/value gradients, (B*T, 2C/tp) each (a head's key then value); one block's
+  // output (B*T/2, C/tp) and log-sum-exp (B, NH/tp, T/2).
   float* cp_kv[2] = {nullptr, nullptr};
   float* cp_dkv[2] = {nullptr, nullptr};
-  float* cp_dq = nullptr;
   float* cp_out_blk = nullptr;
   float* cp_lse_blk = nullptr;
   // DeepSpeed-Ulysses (context_parallel.h): the projection's local qkv (B*T, 3C/tp), the
