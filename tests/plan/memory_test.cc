@@ -75,7 +75,7 @@ std::vector<Actual> allocate(const train::TrainConfig& cfg, int world) {
         auto layout = parallel::ParallelLayout::from_world_size(
             w.size(), cfg.tensor_model_parallel_size, cfg.pipeline_model_parallel_size);
         layout.ep_size = cfg.expert_model_parallel_size;
-        layout.cp_size = cfg.context_parallel_size;
+        layout.cp_size = cfg.sequence_split();
         layout.validate();
         parallel::ParallelContext par(w, layout);
         const train::PipelineSplit split{
@@ -91,7 +91,7 @@ std::vector<Actual> allocate(const train::TrainConfig& cfg, int world) {
               {.ep_size = layout.ep_size, .ep_rank = layout.ep_rank(par.coord()), .part = part});
         };
         train::RankModel rm = model_of(model::ParamPart::kAll);
-        rm.set_context_parallel(layout.cp_size, layout.cp_rank(par.coord()));
+        rm.set_context_parallel(layout.cp_size, layout.cp_rank(par.coord()), cfg.ulysses());
         std::optional<train::RankModel> dense, experts;
         if (ep) {
           dense.emplace(model_of(model::ParamPart::kDense));
@@ -329,7 +329,19 @@ INSTANTIATE_TEST_SUITE_P(
                                    "--tensor-model-parallel-size 2"},
         Case{"drop_cp2recompute", 2,
              "--context-parallel-size 2 --hidden-dropout 0.1 --attention-dropout 0.1 "
-             "--recompute-granularity full"}),
+             "--recompute-granularity full"},
+        // DeepSpeed-Ulysses on the same axis (UlyssesLayouts): its exchange buffers instead of
+        // the ring's, and the attention output over the whole sequence.
+        Case{"uly2", 2, "--ds-sequence-parallel-size 2"},
+        Case{"uly2dp2zero1", 4,
+             "--ds-sequence-parallel-size 2 --zero-stage 1 --ddp-bucket-size 5000"},
+        Case{"uly2tp2sp", 4,
+             "--make-vocab-size-divisible-by 64 --ds-sequence-parallel-size 2 "
+             "--tensor-model-parallel-size 2 --sequence-parallel"},
+        Case{"bloom_uly4zero3", 4, "--model bloom --ds-sequence-parallel-size 4 --zero-stage 3"},
+        Case{"llama_uly2pp2", 4,
+             std::string(kLlama) + " --num-query-groups 2 --ds-sequence-parallel-size 2 "
+                                   "--pipeline-model-parallel-size 2"}),
     [](const auto& p) { return p.param.name; });
 
 // Shapes of the prediction that follow from the schedules (independent of the tables).

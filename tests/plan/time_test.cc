@@ -410,6 +410,36 @@ TEST(PlanTime, ContextParallelRingAsTheFormula) {
   EXPECT_NEAR(t16.cp_comm, expected16, 1e-9 * expected16);
 }
 
+// DeepSpeed-Ulysses on the same axis: per layer and micro-batch, forward and backward, an
+// all-to-all of the rows' qkv (each rank sends B x T/u x 3C FP32) and one of the attention output
+// (B x T/u x C), each (u-1)/u of the bytes over NVLink plus (u-1) latencies, none hidden; the
+// attention per rank the same as the ring's (the whole sequence for 1/u of the heads).
+TEST(PlanTime, UlyssesAllToAllsAsTheFormula) {
+  const Cluster c = a100(8);
+  const double bw = c.hw.intra_bw * c.hw.comm_efficiency, alpha = c.hw.intra_latency;
+  const double B = 1, T = 2048, C = 2048, L = 24;
+  const std::string f = "--micro-batch-size 1 --global-batch-size 16 --zero-stage 1 ";
+  for (int u : {2, 4, 8}) {
+    SCOPED_TRACE("u " + std::to_string(u));
+    const train::TrainConfig cfg = gpt(f + "--ds-sequence-parallel-size " + std::to_string(u), 8);
+    const TimeBreakdown t = predict_time(cfg, c);
+    const TimeBreakdown ring =
+        predict_time(gpt(f + "--context-parallel-size " + std::to_string(u), 8), c);
+    const double m = 16.0 / (8 / u), n = u, rows = B * T / u * C * 4;
+    auto a2a = [&](double bytes) { return (n - 1) / n * bytes / bw + (n - 1) * alpha; };
+    const double expected = m * L * 2 * (a2a(3 * rows) + a2a(rows));
+    EXPECT_NEAR(t.cp_comm, expected, 1e-9 * expected);
+    EXPECT_NEAR(t.cp_exposed, expected, 1e-9 * expected);
+    EXPECT_NEAR(t.attention, ring.attention, 1e-9 * t.attention);
+    EXPECT_DOUBLE_EQ(t.dp_comm, ring.dp_comm);
+    const std::string text = format_plan(cfg, c, make_plan(cfg, c), 0);
+    EXPECT_NE(text.find("x ulysses " + std::to_string(u)), std::string::npos) << text;
+    EXPECT_NE(layout_flags(cfg).find("--ds-sequence-parallel-size " + std::to_string(u)),
+              std::string::npos);
+    EXPECT_EQ(layout_flags(cfg).find("--context-parallel-size"), std::string::npos);
+  }
+}
+
 // A long sequence (32768 tokens): context parallelism splits every activation of a slot, tp
 // (at most 2 here: 2 heads) and pp only some of them, so the least memory a CP layout needs is
 // below any other layout's; with a memory between the two the search proposes only CP layouts,
@@ -454,7 +484,8 @@ TEST(PlanSearch, LongSequencesThatOnlyFitSplitGetContextParallelLayouts) {
   EXPECT_EQ(short_cps, (std::set<int>{1, 2}));
 }
 
-// A given --context-parallel-size is kept (as a constraint, or set in the base configuration).
+// A given --context-parallel-size is kept (as a constraint, or set in the base configuration),
+// and a given --ds-sequence-parallel-size too.
 TEST(PlanSearch, AGivenContextParallelSizeIsKept) {
   const train::TrainConfig base =
       long_gpt(4096, "--micro-batch-size 1 --global-batch-size 8 --context-parallel-size 2", 8);
@@ -466,6 +497,16 @@ TEST(PlanSearch, AGivenContextParallelSizeIsKept) {
       EXPECT_EQ(cand.cfg.context_parallel_size, 2);
       EXPECT_NE(cand.flags.find("--context-parallel-size 2"), std::string::npos);
     }
+  }
+  // --ds-sequence-parallel-size 2: Ulysses 2 is kept.
+  const SearchResult uly = search_layouts(
+      long_gpt(4096, "--micro-batch-size 1 --global-batch-size 8 --ds-sequence-parallel-size 2", 8),
+      a100(8), 100000);
+  ASSERT_FALSE(uly.ranked.empty());
+  for (const Candidate& cand : uly.ranked) {
+    EXPECT_TRUE(cand.cfg.ulysses());
+    EXPECT_EQ(cand.cfg.sequence_split(), 2);
+    EXPECT_NE(cand.flags.find("--ds-sequence-parallel-size 2"), std::string::npos);
   }
   // Given as 1: no context parallelism.
   const SearchResult one =

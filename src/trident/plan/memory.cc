@@ -43,8 +43,9 @@ MemoryPlan predict_memory(const train::TrainConfig& cfg, int world_size) {
   const int tp = cfg.tensor_model_parallel_size, pp = cfg.pipeline_model_parallel_size;
   // The ranks that hold the same weights, over which ZeRO shards and the gradients are summed:
   // data parallel x context parallel (parallel/layout.h; cfg.data_parallel_size counts only the
-  // ranks reading different samples).
-  const int cp = cfg.context_parallel_size;
+  // ranks reading different samples). cp: --context-parallel-size or, with the same split,
+  // --ds-sequence-parallel-size (DeepSpeed-Ulysses).
+  const int cp = cfg.sequence_split();
   const int dp = cfg.data_parallel_size(world_size) * cp;
   const int v = cfg.virtual_pipeline_chunks();
   const train::PipelineSplit split{.pp_size = pp,
@@ -53,8 +54,8 @@ MemoryPlan predict_memory(const train::TrainConfig& cfg, int world_size) {
                                    .last_stage_layers = cfg.decoder_last_pipeline_num_layers};
   const auto kind = parallel::parse_pipeline_schedule(cfg.pipeline_schedule);
   const int m = static_cast<int>(cfg.num_micro_batches(world_size));
-  // Context parallelism: each rank holds seq_length / cp tokens of a sample, and the ring's
-  // buffers (model/gpt.cc), as GptPipeline::add_slots sizes them.
+  // Context parallelism: each rank holds seq_length / cp tokens of a sample, and the ring's (or
+  // Ulysses') buffers (model/gpt.cc), as GptPipeline::add_slots sizes them.
   const std::int64_t B = cfg.micro_batch_size, T = mc.seq_length / cp;
   // Expert parallelism (docs/moe.md): the rank holds experts block 0 of ep (every block is the
   // same size); the trainer keeps the dense part in an optimizer over dp and the experts in one
@@ -68,7 +69,7 @@ MemoryPlan predict_memory(const train::TrainConfig& cfg, int world_size) {
   MemoryPlan plan;
   for (int stage = 0; stage < pp; ++stage) {
     train::RankModel rm = rank_model(stage, model::ParamPart::kAll);
-    rm.set_context_parallel(cp, 0);  // every cp rank's arenas are the same size
+    rm.set_context_parallel(cp, 0, cfg.ulysses());  // every cp rank's arenas are the same size
     // The optimizer's buffers as ParamGradBuffers and DistributedOptimizer allocate them (the
     // update rule's state arrays: AdamW 2, Lion 1).
     const int state_arrays = optim::state_array_count(cfg.optimizer.kind);

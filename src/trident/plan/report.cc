@@ -118,6 +118,7 @@ std::string layout_flags(const train::TrainConfig& c) {
   if (c.expert_model_parallel_size > 1)
     o << " --expert-model-parallel-size " << c.expert_model_parallel_size;
   if (c.context_parallel_size > 1) o << " --context-parallel-size " << c.context_parallel_size;
+  if (c.ulysses()) o << " --ds-sequence-parallel-size " << c.ds_sequence_parallel_size;
   if (c.zero_stage > 0) o << " --zero-stage " << c.zero_stage;
   if (c.sequence_parallel) o << " --sequence-parallel";
   if (!c.recompute_granularity.empty()) {
@@ -182,8 +183,11 @@ SearchResult search_layouts(const train::TrainConfig& base, const Cluster& clust
     if (world % p == 0 && mc.num_layers % p == 0) pps.push_back(p);
   const std::vector<std::string> recomputes = {"", "selective", "full"};
   // A --context-parallel-size above 1 in the base configuration is kept as a given one.
+  // A sequence split above 1 in the base configuration is kept as a given one; a
+  // --ds-sequence-parallel-size (Ulysses) stays Ulysses, otherwise the split is the ring.
   int fixed_cp = fixed.context_parallel_size;
-  if (fixed_cp == 0 && base.context_parallel_size > 1) fixed_cp = base.context_parallel_size;
+  if (fixed_cp == 0 && base.sequence_split() > 1) fixed_cp = base.sequence_split();
+  const bool ulysses = base.ulysses();
   for (int tp : tps)
     for (int pp : pps)
       for (int cp : context_parallel_sizes(mc, world, tp * pp, fixed_cp)) {
@@ -218,7 +222,8 @@ SearchResult search_layouts(const train::TrainConfig& base, const Cluster& clust
                     c.tensor_model_parallel_size = tp;
                     c.pipeline_model_parallel_size = pp;
                     c.expert_model_parallel_size = ep;
-                    c.context_parallel_size = cp;
+                    c.context_parallel_size = ulysses ? 1 : cp;
+                    c.ds_sequence_parallel_size = ulysses ? cp : 1;
                     c.num_layers_per_virtual_pipeline_stage = v > 1 ? mc.num_layers / (pp * v) : 0;
                     c.pipeline_schedule = v > 1 ? "interleaved" : "1f1b";
                     c.decoder_first_pipeline_num_layers = c.decoder_last_pipeline_num_layers = -1;
@@ -265,8 +270,9 @@ std::string format_plan(const train::TrainConfig& cfg, const Cluster& cluster, c
   }
   o << "\nlayout: tp " << cfg.tensor_model_parallel_size << " x pp "
     << cfg.pipeline_model_parallel_size << " x dp " << cfg.data_parallel_size(world)
-    << (cfg.context_parallel_size > 1 ? " x cp " + std::to_string(cfg.context_parallel_size)
-                                      : std::string())
+    << (cfg.sequence_split() > 1
+            ? (cfg.ulysses() ? " x ulysses " : " x cp ") + std::to_string(cfg.sequence_split())
+            : std::string())
     << (cfg.expert_model_parallel_size > 1
             ? " (experts: ep " + std::to_string(cfg.expert_model_parallel_size) + " x expert dp " +
                   std::to_string(cfg.data_parallel_size(world) / cfg.expert_model_parallel_size) +
@@ -314,8 +320,9 @@ std::string format_plan(const train::TrainConfig& cfg, const Cluster& cluster, c
     << ms(t.attention) << ", element-wise " << ms(t.elementwise) << ")\n  TP comm        "
     << ms(t.tp_comm)
     << (cfg.expert_model_parallel_size > 1 ? "\n  EP all-to-all  " + ms(t.ep_comm) : std::string())
-    << (cfg.context_parallel_size > 1
-            ? "\n  CP ring        " + ms(t.cp_comm) + " (exposed " + ms(t.cp_exposed) + ")"
+    << (cfg.sequence_split() > 1
+            ? std::string(cfg.ulysses() ? "\n  Ulysses a2a    " : "\n  CP ring        ") +
+                  ms(t.cp_comm) + " (exposed " + ms(t.cp_exposed) + ")"
             : std::string())
     << "\n  PP comm        " << ms(t.pp_comm) << "\n  pipeline bubble" << ms(t.bubble)
     << "\n  DP/ZeRO comm   " << ms(t.dp_comm) << " (exposed " << ms(t.dp_exposed)
@@ -357,8 +364,8 @@ std::string format_search(const Cluster& cluster, const SearchResult& r, std::si
       << fmt("%.3f", t.tp_comm) << " s, "
       << (c.cfg.expert_model_parallel_size > 1 ? "EP " + fmt("%.3f", t.ep_comm) + " s, "
                                                : std::string())
-      << (c.cfg.context_parallel_size > 1 ? "CP exposed " + fmt("%.3f", t.cp_exposed) + " s, "
-                                          : std::string())
+      << (c.cfg.sequence_split() > 1 ? "CP exposed " + fmt("%.3f", t.cp_exposed) + " s, "
+                                     : std::string())
       << "PP " << fmt("%.3f", t.pp_comm) << " s, bubble " << fmt("%.3f", t.bubble)
       << " s, DP exposed " << fmt("%.3f", t.dp_exposed) << " s, optimizer "
       << fmt("%.3f", t.optimizer) << " s\n";
@@ -377,7 +384,8 @@ nlohmann::json plan_json(const train::TrainConfig& cfg, const Cluster& cluster, 
   j["layout"] = {{"tp", cfg.tensor_model_parallel_size},
                  {"pp", cfg.pipeline_model_parallel_size},
                  {"ep", cfg.expert_model_parallel_size},
-                 {"cp", cfg.context_parallel_size},
+                 {"cp", cfg.sequence_split()},
+                 {"ulysses", cfg.ulysses()},
                  {"dp", cfg.data_parallel_size(cluster.num_gpus)},
                  {"virtual_chunks", cfg.virtual_pipeline_chunks()},
                  {"schedule", cfg.pipeline_schedule},

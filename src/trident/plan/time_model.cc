@@ -237,12 +237,12 @@ struct Pass {  // one micro-batch through one chunk
 // nothing (cp - 1 transfers). The backward overlaps its cp - 1 blocks the same way, and after
 // each step passes the block's key/value gradients one hop on, waiting for them (cp hops, not
 // overlapped). On the CPU nothing overlaps. With cp = 1: one step, no transfer.
-struct RingCost {
+struct CoreCost {  // the attention core of one layer and micro-batch
   Pass fwd, bwd;
 };
-RingCost ring_attention_cost(const Costs& k, int cp, double step_fwd, double step_bwd,
+CoreCost ring_attention_cost(const Costs& k, int cp, double step_fwd, double step_bwd,
                              double block_bytes, bool across) {
-  RingCost r;
+  CoreCost r;
   r.fwd.attn = cp * step_fwd;
   r.bwd.attn = cp * step_bwd;
   if (cp <= 1) return r;
@@ -252,6 +252,21 @@ RingCost ring_attention_cost(const Costs& k, int cp, double step_fwd, double ste
   r.fwd.cp = (cp - 1) * std::max(0.0, hop - hidden * step_fwd);
   r.bwd.cp_traffic = (2 * cp - 1) * hop;
   r.bwd.cp = (cp - 1) * std::max(0.0, hop - hidden * step_bwd) + cp * hop;
+  return r;
+}
+
+// DeepSpeed-Ulysses on the same group of u ranks (--ds-sequence-parallel-size, shard.ulysses):
+// the core runs once over the whole sequence for 1/u of the rank's heads (`core_fwd`,
+// `core_bwd`), between an all-to-all of the rows' qkv (each rank sends B x T/u x 3C/tp FP32,
+// 3 x `row_bytes`) and one bringing the output back (B x T/u x C/tp); the backward makes the same
+// two, reversed. On the critical path (trident waits for each).
+CoreCost ulysses_attention_cost(const Costs& k, int u, double core_fwd, double core_bwd,
+                                double row_bytes, bool across) {
+  CoreCost r;
+  r.fwd.attn = core_fwd;
+  r.bwd.attn = core_bwd;
+  const double a2a = k.all_to_all(3 * row_bytes, u, across) + k.all_to_all(row_bytes, u, across);
+  r.fwd.cp_traffic = r.fwd.cp = r.bwd.cp_traffic = r.bwd.cp = a2a;
   return r;
 }
 
@@ -322,11 +337,13 @@ ChunkCost chunk_cost(const train::TrainConfig& cfg, const model::ModelShard& sha
   // Hidden dropout on the rows this rank holds (after the attention and the MLP, and on the
   // embedding); the backward draws the same masks again.
   const double dropout = drop * k.ew(Ew::kDropout, static_cast<double>(R * C));
-  const double attn_drop =
-      mc.attention_dropout > 0
-          ? k.attention_dropout(static_cast<double>(B * NHl) * static_cast<double>(T) *
-                                static_cast<double>(T + 1) / 2)
-          : 0.0;
+  // Attention dropout: a draw per causal score of `heads` heads over `len` tokens.
+  auto attn_drop = [&](std::int64_t heads, std::int64_t len) {
+    return mc.attention_dropout > 0
+               ? k.attention_dropout(static_cast<double>(B * heads) * static_cast<double>(len) *
+                                     static_cast<double>(len + 1) / 2)
+               : 0.0;
+  };
   const double rope =
       mc.position_embedding == model::PositionEmbedding::kRope
           ? k.ew(Ew::kAdd, static_cast<double>(rows * (NHl + mc.local_query_groups(tp)) * HS))
@@ -337,16 +354,24 @@ ChunkCost chunk_cost(const train::TrainConfig& cfg, const model::ModelShard& sha
   for (std::int64_t l = 0; l < L; ++l) {
     (mc.moe_layer(shard.first_layer + l) ? any_moe : any_dense) = true;
   }
-  // The attention core (a ring of cp steps under context parallelism), its dropout in each step.
-  const RingCost ring = ring_attention_cost(k, cp, k.attn_fwd(flash, B * NHl, T, HS) + attn_drop,
-                                            k.attn_bwd(flash, B * NHl, T, HS) + attn_drop,
-                                            static_cast<double>(rows * 3 * Cl) * 4, cp_across);
-  Pass lf = ring.fwd;  // one layer forward without its MLP
+  // The attention core with its dropout: a ring of cp steps over the local tokens under context
+  // parallelism, Ulysses' whole sequence for 1/cp of the heads.
+  const double row_bytes = static_cast<double>(rows * Cl) * 4;  // B x T x C/tp FP32
+  const std::int64_t NHu = NHl / cp, Tu = T * cp;
+  const CoreCost core =
+      shard.ulysses && cp > 1
+          ? ulysses_attention_cost(k, cp, k.attn_fwd(flash, B * NHu, Tu, HS) + attn_drop(NHu, Tu),
+                                   k.attn_bwd(flash, B * NHu, Tu, HS) + attn_drop(NHu, Tu),
+                                   row_bytes, cp_across)
+          : ring_attention_cost(k, cp, k.attn_fwd(flash, B * NHl, T, HS) + attn_drop(NHl, T),
+                                k.attn_bwd(flash, B * NHl, T, HS) + attn_drop(NHl, T),
+                                3 * row_bytes, cp_across);
+  Pass lf = core.fwd;  // one layer forward without its MLP
   lf.ew = 2 * k.ew(Ew::kLnFwd, static_cast<double>(R * C)) +
           2 * k.ew(Ew::kAdd, static_cast<double>(R * C)) + 2 * dropout + rope;
   lf.gemm = k.gemm_fwd(rows, C, QKVl) + k.gemm_fwd(rows, Cl, C);
   lf.tp = 2 * region;
-  Pass lb = ring.bwd;  // one layer backward without its MLP
+  Pass lb = core.bwd;  // one layer backward without its MLP
   lb.ew = 2 * k.ew(Ew::kLnBwd, static_cast<double>(R * C)) +
           2 * k.ew(Ew::kAdd, static_cast<double>(R * C)) + 2 * dropout + rope;
   lb.gemm = k.gemm_bwd(rows, C, QKVl) + k.gemm_bwd(rows, Cl, C);
@@ -502,7 +527,7 @@ Layout layout_of(const train::TrainConfig& cfg, const Cluster& cluster) {
   l.world = cluster.num_gpus;
   l.tp = cfg.tensor_model_parallel_size;
   l.pp = cfg.pipeline_model_parallel_size;
-  l.cp = cfg.context_parallel_size;
+  l.cp = cfg.sequence_split();  // --context-parallel-size or --ds-sequence-parallel-size
   l.dp = cfg.data_parallel_size(l.world) * l.cp;
   l.v = cfg.virtual_pipeline_chunks();
   const int g = cluster.hw.gpus_per_node;
@@ -570,7 +595,7 @@ std::vector<Stage> stage_costs(const train::TrainConfig& cfg, const Layout& l, c
   };
   for (int s = 0; s < l.pp; ++s) {
     train::RankModel rm = rank_model(s, model::ParamPart::kAll);
-    rm.set_context_parallel(l.cp, 0);
+    rm.set_context_parallel(l.cp, 0, cfg.ulysses());
     Stage st;
     if (ep > 1) {
       st.dense = dp_part(rank_model(s, model::ParamPart::kDense), cfg.ddp_bucket_size);
