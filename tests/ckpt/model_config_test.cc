@@ -181,6 +181,7 @@ TEST(CheckpointModelConfig, RoundTripsEveryKeyAndOldConfigsTakeTheDefaults) {
   EXPECT_EQ(m.position_embedding, model::PositionEmbedding::kLearnedAbsolute);
   EXPECT_EQ(m.query_groups(), 4);
   EXPECT_TRUE(m.add_bias_linear);
+  EXPECT_FALSE(m.add_qkv_bias);  // older checkpoints: the QKV bias follows add_bias_linear
   EXPECT_DOUBLE_EQ(m.rotary_base, 10000.0);
   m.normalization = model::Normalization::kRmsNorm;
   m.position_embedding = model::PositionEmbedding::kRope;
@@ -195,6 +196,13 @@ TEST(CheckpointModelConfig, RoundTripsEveryKeyAndOldConfigsTakeTheDefaults) {
   EXPECT_EQ(j["position_embedding_type"], "rope");
   EXPECT_EQ(model_config_to_json(model_config_from_json(j)), j);
   EXPECT_EQ(architecture_diff(j, j), "");
+  // --add-qkv-bias (Qwen2): kept, and a run without it differs from the checkpoint.
+  m.add_qkv_bias = true;
+  const json q = model_config_to_json(m);
+  EXPECT_EQ(q["add_qkv_bias"], true);
+  EXPECT_TRUE(model_config_from_json(q).add_qkv_bias);
+  EXPECT_EQ(model_config_to_json(model_config_from_json(q)), q);
+  EXPECT_EQ(architecture_diff(q, j), " add_qkv_bias: checkpoint true vs run false;");
 }
 
 TEST(CheckpointModelConfig, MissingKeysAndDifferencesAreNamed) {

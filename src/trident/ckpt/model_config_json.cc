@@ -179,6 +179,8 @@ const Key kKeys[] = {
     {"untie_embeddings_and_output_weights", TRIDENT_BOOL(untie_embeddings_and_output_weights),
      false, true},
     {"add_bias_linear", TRIDENT_BOOL(add_bias_linear), true, true},
+    // --add-qkv-bias (older checkpoints: none; the QKV bias then follows add_bias_linear).
+    {"add_qkv_bias", TRIDENT_BOOL(add_qkv_bias), false, true},
     {"rotary_base",
      TRIDENT_REAL(rotary_base),
      10000.0,

@@ -120,8 +120,8 @@ double ModelConfig::flops_per_iteration(std::int64_t tokens) const {
 std::int64_t ModelConfig::num_parameters() const {
   const std::int64_t h = hidden_size, f = ffn(), q = qkv_rows(), fc = fc_rows();
   const std::int64_t norm = normalization == Normalization::kRmsNorm ? h : 2 * h;
-  const std::int64_t b = add_bias_linear ? 1 : 0;
-  const std::int64_t attention = 2 * norm + (q * h + b * q) + (h * h + b * h);
+  const std::int64_t b = add_bias_linear ? 1 : 0, qb = qkv_bias() ? 1 : 0;
+  const std::int64_t attention = 2 * norm + (q * h + qb * q) + (h * h + b * h);
   const std::int64_t mlp = (fc * h + b * fc) + (h * f + b * h);
   const std::int64_t moe_f = moe_ffn(), moe_fc = swiglu ? 2 * moe_f : moe_f;
   const std::int64_t shared_f = moe_shared_expert_intermediate_size;

@@ -55,6 +55,9 @@ struct ModelConfig {
   std::int64_t num_query_groups = 0;  // --group-query-attention --num-query-groups; 0: heads
   bool untie_embeddings_and_output_weights = false;  // own output layer (not the embedding)
   bool add_bias_linear = true;  // --disable-bias-linear: no bias in any linear layer
+  // --add-qkv-bias: the QKV projection keeps its bias even with --disable-bias-linear (Qwen2,
+  // Qwen2-MoE; Megatron's add_bias_linear or add_qkv_bias).
+  bool add_qkv_bias = false;
   double hidden_dropout = 0.0;  // embedding output and both residual branches
   double attention_dropout = 0.0;
   // Attention kernel: the fused flash-style one (no (T x T) probabilities kept) or the unfused
@@ -116,6 +119,8 @@ struct ModelConfig {
            attention_dropout > 0.0;
   }
 
+  // Whether the QKV projection has a bias (the other linear layers: add_bias_linear).
+  bool qkv_bias() const { return add_bias_linear || add_qkv_bias; }
   std::int64_t ffn() const { return ffn_hidden_size > 0 ? ffn_hidden_size : 4 * hidden_size; }
   std::int64_t max_positions() const {
     return max_position_embeddings > 0 ? max_position_embeddings : seq_length;

@@ -59,7 +59,8 @@ GptLayers gpt_layers(const ModelConfig& cfg, const ModelShard& shard) {
                                   .head_dim = cfg.head_dim(),
                                   .flash = cfg.flash_attention(),
                                   .query_groups = cfg.query_groups(),
-                                  .bias = cfg.add_bias_linear},
+                                  .bias = cfg.add_bias_linear,
+                                  .qkv_bias = cfg.qkv_bias()},
                     .mlp = {.activation = cfg.swiglu ? layers::Activation::kSwiGlu
                                                      : layers::Activation::kGelu,
                             .hidden = C,

@@ -478,11 +478,9 @@ void apply_compat_flags(TrainConfig& cfg) {
   apply_deepspeed_moe(cfg);
 }
 
-void check_compat_combinations(const TrainConfig& cfg) {
-  TRIDENT_CHECK(!cfg.compat.contains("--add-qkv-bias") || cfg.model.add_bias_linear,
-                "--add-qkv-bias with --disable-bias-linear (or --model llama): Megatron keeps a "
-                "bias on QKV alone, trident cannot; remove one of them from the launch script. See "
-                "docs/flags.md");
+void check_compat_combinations(const TrainConfig&) {
+  // None at present: --add-qkv-bias with --disable-bias-linear, refused until the QKV bias could
+  // be kept alone, is implemented (ModelConfig::add_qkv_bias).
 }
 
 // The review of the no-ops (issue 35), printed into docs/flags.md above the table.
@@ -501,7 +499,9 @@ constexpr const char* kNoOpReview =
     "converts the checkpoint and exits without training; trident trained), `--no-rope-freq` "
     "(Megatron skips RoPE in some layers), `--glu-linear-offset` other than 0 (an offset in "
     "SwiGLU, which trident now has); `--add-qkv-bias` with `--disable-bias-linear` (Megatron "
-    "keeps the QKV bias alone; alone the flag stays a no-op, trident's QKV has a bias).\n"
+    "keeps the QKV bias alone; alone the flag stays a no-op, trident's QKV has a bias). Since "
+    "implemented: `--add-qkv-bias` keeps the QKV bias with `--disable-bias-linear` (Qwen2, "
+    "Qwen2-MoE).\n"
     "- **8 now warn what differs** (`no-op, differs`): `--no-bias-gelu-fusion` and `--onnx-safe` "
     "(Megatron switches to the exact erf GeLU, trident keeps the tanh approximation: up to 4.7e-4 "
     "per value), `--allow-ambiguous-pad-tokens` (Megatron masks the loss on labels equal to a "
@@ -515,7 +515,8 @@ constexpr const char* kNoOpReview =
     "`--no-rope-fusion` is a kernel switch, `--ckpt-convert-save` only goes with the refused "
     "`--ckpt-convert-format`, and the four `--save-*-interval` dumps are debugging output, not "
     "checkpoint format.\n"
-    "- **805 stay no-ops** (`--add-qkv-bias` alone among them), because Megatron's run with the "
+    "- **805 stay no-ops** (`--add-qkv-bias` alone among them, implemented since), because "
+    "Megatron's run with the "
     "flag is trident's run: GPU kernel, "
     "fusion, memory and communication switches (the same mathematics), inference / RL serving "
     "settings, settings read only by refused features (mixture of experts, MLA, Mamba, MTP, "

@@ -285,6 +285,8 @@ void add_model_options(Settings& s, TrainConfig& c) {
   s.app().add_flag(
       "--disable-bias-linear", [&m](std::int64_t) { m.add_bias_linear = false; },
       "No biases in the attention and MLP linear layers");
+  s.add_flag("--add-qkv-bias", m.add_qkv_bias,
+             "Keep the QKV projection's bias with --disable-bias-linear (Qwen2, Qwen2-MoE)");
   s.add_flag("--embed-layernorm", m.embed_layernorm, "LayerNorm after the word embedding (BLOOM)");
   add_moe_options(s, c);
 }

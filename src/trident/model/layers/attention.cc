@@ -29,7 +29,7 @@ void declare_attention(const AttentionConfig& cfg, const WeightScope& s, Attenti
      .split_rows = q_rows,
      .block_rows = block},
     slot(field(p, &AttentionParams::qkv_w), field(g, &AttentionGrads::qkv_w)));
-  if (cfg.bias) {
+  if (cfg.qkv_bias) {
     s({.name = "query_key_value.bias",
        .shape = {Q},
        .tp_split = 0,

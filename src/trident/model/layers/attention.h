@@ -9,7 +9,8 @@
 // projection has a key and a value head per group) and rotary positions (inv_freq). With either,
 // the projection's output (in Megatron's grouped layout) goes through kernels/rope.h, which
 // rotates q and k and expands every group's key and value to its query heads, so the attention
-// cores always see (NH/tp, 3, HS) rows. Biases are optional (--disable-bias-linear).
+// cores always see (NH/tp, 3, HS) rows. Biases are optional (--disable-bias-linear), the QKV one
+// apart (--add-qkv-bias).
 #pragma once
 
 #include "trident/model/layers/layer.h"
@@ -27,6 +28,7 @@ struct AttentionConfig {
   bool expand_qkv = false;          // rotary or grouped-query: run kernels/rope.h
   const float* inv_freq = nullptr;  // rotary inverse frequencies (head_dim / 2), or null
   bool bias = true;                 // the projections' biases (--disable-bias-linear: none)
+  bool qkv_bias = true;  // the QKV projection's bias (--add-qkv-bias keeps it without `bias`)
 };
 struct AttentionParams {
   // (Ql, C), rows per local query group (G/tp, NH/G + 2, HS); with fewer groups than ranks
