@@ -34,6 +34,7 @@ struct PlanOptions {
   std::string format = "text";
   double train_tokens = 0;
   bool ep_given = false;  // the search keeps --expert-model-parallel-size
+  bool cp_given = false;  // and --context-parallel-size
 };
 
 int env_threads() {
@@ -214,8 +215,10 @@ void run_plan(train::TrainConfig cfg, const PlanOptions& o) {
   if (o.search) {
     // --expert-model-parallel-size (or Megatron-DeepSpeed's --moe-expert-parallel-size) given:
     // the search keeps it; otherwise it tries every ep the model and dp allow.
-    const plan::SearchConstraints fixed{.expert_model_parallel_size =
-                                            o.ep_given ? cfg.expert_model_parallel_size : 0};
+    // --context-parallel-size given (also 1: no context parallelism): kept the same way.
+    const plan::SearchConstraints fixed{
+        .expert_model_parallel_size = o.ep_given ? cfg.expert_model_parallel_size : 0,
+        .context_parallel_size = o.cp_given ? cfg.context_parallel_size : 0};
     const plan::SearchResult r =
         plan::search_layouts(cfg, cl, static_cast<std::size_t>(o.top), fixed);
     if (o.format == "json") {
@@ -278,6 +281,8 @@ void register_plan(CLI::App& app) {
     // however it was set (Megatron-DeepSpeed's --moe-expert-parallel-size, the DeepSpeed JSON).
     const CLI::Option* ep = sub->get_option_no_throw("--expert-model-parallel-size");
     opt->ep_given = (ep != nullptr && ep->count() > 0) || cfg->expert_model_parallel_size > 1;
+    const CLI::Option* cp = sub->get_option_no_throw("--context-parallel-size");
+    opt->cp_given = (cp != nullptr && cp->count() > 0) || cfg->context_parallel_size > 1;
     run_plan(*cfg, *opt);
   });
 }

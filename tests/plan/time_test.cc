@@ -348,7 +348,7 @@ train::TrainConfig long_gpt(std::int64_t seq, const std::string& flags, int worl
 }
 
 // Context parallelism's ring, recomputed here from the hardware table: per layer and micro-batch
-// the forward passes cp - 1 key/value blocks (B x T/cp x 3C/tp FP32) to the next rank and the
+// the forward passes cp - 1 key/value blocks (B x T/cp x 2C/tp FP32) to the next rank and the
 // backward cp - 1 blocks and cp gradient hops, each bytes / bw + alpha over NVLink (the cp group
 // in a node). A forward or backward block overlaps its step's attention (exposed: the excess),
 // the gradient hops do not. The attention per rank and micro-batch falls as 1/cp (the
@@ -369,7 +369,7 @@ TEST(PlanTime, ContextParallelRingAsTheFormula) {
     const TimeBreakdown t = predict_time(cfg, c);
     const double m = 16.0 / (8 / cp);  // micro-batches: global batch / (micro x data parallel)
     EXPECT_EQ(t.micro_batches, static_cast<std::int64_t>(m));
-    const double hop = B * (T / cp) * 3 * C * 4 / bw + alpha;
+    const double hop = B * (T / cp) * 2 * C * 4 / bw + alpha;
     const double expected = m * L * (3 * cp - 2) * hop;
     EXPECT_NEAR(t.cp_comm, expected, 1e-9 * expected);
     EXPECT_GT(t.cp_comm, previous);
@@ -405,7 +405,7 @@ TEST(PlanTime, ContextParallelRingAsTheFormula) {
   const double ib = c16.hw.inter_bw * c16.hw.comm_efficiency, beta = c16.hw.inter_latency;
   const TimeBreakdown t16 =
       predict_time(gpt(f + "--context-parallel-size 8 --tensor-model-parallel-size 2", 16), c16);
-  const double hop16 = B * (T / 8) * 3 * (C / 2) * 4 / ib + beta;
+  const double hop16 = B * (T / 8) * 2 * (C / 2) * 4 / ib + beta;
   const double expected16 = 16 * L * (3 * 8 - 2) * hop16;
   EXPECT_NEAR(t16.cp_comm, expected16, 1e-9 * expected16);
 }

@@ -231,7 +231,8 @@ struct Pass {  // one micro-batch through one chunk
 // Context parallelism's ring attention (model/layers/context_parallel.cc) on one rank for one
 // layer and micro-batch: cp steps, each a pair of flash tiles whose work is a causal attention
 // over the rank's T / cp tokens (`step_fwd`, `step_bwd`), so the cp steps make 1/cp of the whole
-// sequence's causal attention. The next key/value block (B x T/cp x 3C/tp FP32, `block_bytes`)
+// sequence's causal attention. The next key/value block (B x T/cp x 2C/tp FP32: keys and values
+// only, `block_bytes`)
 // travels to the next rank of the ring while a step computes: a step costs max(compute,
 // transfer), i.e. the compute plus the transfer's excess over it, and the last step sends
 // nothing (cp - 1 transfers). The backward overlaps its cp - 1 blocks the same way, and after
@@ -365,7 +366,7 @@ ChunkCost chunk_cost(const train::TrainConfig& cfg, const model::ModelShard& sha
                                    row_bytes, cp_across)
           : ring_attention_cost(k, cp, k.attn_fwd(flash, B * NHl, T, HS) + attn_drop(NHl, T),
                                 k.attn_bwd(flash, B * NHl, T, HS) + attn_drop(NHl, T),
-                                3 * row_bytes, cp_across);
+                                2 * row_bytes, cp_across);
   Pass lf = core.fwd;  // one layer forward without its MLP
   lf.ew = 2 * k.ew(Ew::kLnFwd, static_cast<double>(R * C)) +
           2 * k.ew(Ew::kAdd, static_cast<double>(R * C)) + 2 * dropout + rope;
