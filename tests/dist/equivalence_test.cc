@@ -813,6 +813,59 @@ TEST_F(Equivalence, ContextParallelResume) {
   }
 }
 
+// Mixture of experts in BF16: the experts' matmuls run by blocks of 32 rows (the last padded:
+// model/layers/moe.h), so 4 experts top-2 (about 16 rows each: padded blocks) and 2 experts top-2
+// (32 rows each: whole blocks). Each layout is within the BF16 bound (1e-4) of one BF16 process;
+// each BF16 run is within 2e-4 of the FP32 run of the same model (the blocks hold the right rows:
+// dropping one row of each padded block moves it by 5e-4)
+// and differs from it.
+TEST_F(Equivalence, MoeBf16Layouts) {
+  const std::string two =
+      "--swiglu --disable-bias-linear --num-experts 2 --moe-router-topk 2 --moe-ffn-hidden-size 48 "
+      "--moe-aux-loss-coeff 0.01 --moe-z-loss-coeff 0.001";
+  for (const std::string& model : {std::string(kMoe) + " --bf16", two + " --bf16"}) {
+    const std::string ref = reference_for({"x", 1, {}, 1, model});
+    const std::string fp32 = reference_for({"x", 1, {}, 1, model.substr(0, model.size() - 7)});
+    const auto r = losses(ref), f = losses(fp32);
+    ASSERT_EQ(r.size(), 10u);
+    ASSERT_EQ(f.size(), 10u);
+    double to_fp32 = 0;
+    for (std::size_t i = 0; i < r.size(); ++i) {
+      EXPECT_NEAR(r[i], f[i], 2e-4 * f[i]) << model << " iteration " << i + 1;
+      to_fp32 = std::max(to_fp32, std::abs(r[i] - f[i]) / f[i]);
+    }
+    EXPECT_GT(to_fp32, 0) << "BF16 must differ from FP32";
+    const bool four = model == std::string(kMoe) + " --bf16";
+    std::vector<Layout> layouts = {
+        {four ? "moe_bf16_ep2" : "moe2_bf16_ep2", 2, {"--expert-model-parallel-size 2"}, 1, model},
+        {four ? "moe_bf16_tp2sp" : "moe2_bf16_tp2sp",
+         2,
+         {"--tensor-model-parallel-size 2 --sequence-parallel"},
+         2,
+         model}};
+    if (four) {
+      layouts.push_back({"moe_bf16_ep2dp4zero3",
+                         4,
+                         {"--expert-model-parallel-size 2 --zero-stage 3"},
+                         1,
+                         model + " --moe-expert-capacity-factor 1.0"});
+    }
+    for (const Layout& l : layouts) {
+      const std::string lref = reference_for(l);
+      ASSERT_EQ(train(l), 0) << l.name;
+      const auto a = losses(lref), b = losses(l.name);
+      ASSERT_EQ(b.size(), a.size());
+      double worst = 0;
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        EXPECT_NEAR(b[i], a[i], 1e-4 * a[i]) << l.name;
+        worst = std::max(worst, std::abs(b[i] - a[i]) / a[i]);
+      }
+      std::printf("%s: max loss rel diff %.2e (BF16 against FP32: %.2e)\n", l.name.c_str(), worst,
+                  to_fp32);
+    }
+  }
+}
+
 // A stop at iteration 5 and a resume give the uninterrupted run's losses and final checkpoint
 // bitwise: Lion's momentum is saved and restored by name ("exp_avg"), sharded over dp.
 TEST_F(Equivalence, LionResumeIsBitwise) {

@@ -1,7 +1,8 @@
 // A warm step allocates nothing in the matmuls: every oneDNN BF16 matmul primitive (one per
 // product configuration: shape, strides, transpositions, beta, bias, threads) a training step uses
 // is created by the activation layout's scratch sizing or the first step, and the second step, on
-// the same shapes, creates none (oneDNN allocates when it creates a primitive).
+// the same shapes, creates none (oneDNN allocates when it creates a primitive), also when the
+// experts of a mixture-of-experts layer get other row counts each step.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -62,6 +63,22 @@ TEST(WarmStep, Bf16MatmulsCreateNoPrimitivesAfterTheFirstStep) {
     EXPECT_EQ(kernels::gemm_bf16_primitives_created(), after_first)
         << "a warm step created matmul primitives (chunked head: " << chunked << ")";
   }
+  // BF16 experts: their matmuls run by fixed blocks of rows (model/layers/moe.h), so the routing,
+  // which gives each expert other row counts every step, creates no new product shapes. With
+  // top-1 of 4 experts over 32 rows the counts are uneven, some above one block.
+  ModelConfig moe = small(false);
+  moe.swiglu = true;
+  moe.add_bias_linear = false;
+  moe.num_experts = 4;
+  moe.moe_router_topk = 1;
+  moe.moe_shared_expert_intermediate_size = 32;
+  Bf16Model m(moe, 4);
+  const core::ExecContext ctx;
+  m.step(ctx);
+  const std::int64_t after_first = kernels::gemm_bf16_primitives_created();
+  for (int i = 0; i < 4; ++i) m.step(ctx);
+  EXPECT_EQ(kernels::gemm_bf16_primitives_created(), after_first)
+      << "a warm step of the BF16 experts created matmul primitives";
   // The counter counts: a product shape never seen before creates one.
   const std::int64_t before = kernels::gemm_bf16_primitives_created();
   (void)kernels::gemm_bf16_scratch_bytes(core::ExecContext{},

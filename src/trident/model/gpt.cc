@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 #include "trident/core/error.h"
 #include "trident/core/view.h"
@@ -76,7 +77,6 @@ void layout_activations(const ModelConfig& cfg, const ModelShard& shard, std::in
   const bool ep = shard.ep_size > 1;
   const std::int64_t MF = moe.ffn / tp, MFC = cfg.swiglu ? 2 * MF : MF;  // this rank's slice
   const std::int64_t SF = E > 0 ? moe.shared_ffn / tp : 0, SFC = cfg.swiglu ? 2 * SF : SF;
-  TRIDENT_CHECK(E == 0 || !bf16, "the mixture-of-experts layer runs in FP32 for now");
   auto ints = [&](std::int64_t n) { return reinterpret_cast<std::int32_t*>(take(n)); };
   auto moe_saved = [&](layers::BlockSaved& s) {
     s.moe = {.logits = take(BT * E),
@@ -137,6 +137,13 @@ void layout_activations(const ModelConfig& cfg, const ModelShard& shard, std::in
     ws.moe_d_shared_in = SF > 0 ? take(R * C) : nullptr;
     ws.moe_d_shared_out = moe.shared_gate ? take(R * C) : nullptr;
     ws.moe_d_shared_logits = moe.shared_gate ? take(R) : nullptr;
+    if (bf16) {  // an expert matmul's padded block of rows (layers::kMoeBf16Block)
+      const std::int64_t w = layers::kMoeBf16Block * std::max(C, MFC);
+      ws.moe_pad_in = take(w);
+      ws.moe_pad_out = take(w);
+      ws.moe_pad_d_in = take(w);
+      ws.moe_pad_d_out = take(w);
+    }
   }
   layers::Workspace& ws = a.ws;
   ws.probs = selective ? take(B * NH * T * T) : nullptr;
@@ -207,18 +214,30 @@ void layout_activations(const ModelConfig& cfg, const ModelShard& shard, std::in
   if (cfg.position_embedding == PositionEmbedding::kRope) a.inv_freq = take(cfg.head_dim() / 2);
   if (bf16) {
     // The widest matmul input and output of the shard, in bf16 (two per float), and the largest
-    // oneDNN workspace any of its matmuls needs.
-    // The output layer's (head_rows, Vl) counts only on the head's stage.
-    const std::int64_t widest_in = std::max(C, F);
+    // oneDNN workspace any of its matmuls needs. The output layer's (head_rows, Vl) counts only
+    // on the head's stage; with experts their blocks (kMoeBf16Block rows), the router's and the
+    // shared experts' matmuls count too.
+    const std::int64_t XB = E > 0 ? layers::kMoeBf16Block : 0;  // an expert matmul's rows
+    const std::int64_t widest_in = std::max({C, F, MF, SF});
     const std::int64_t dout =
-        std::max(BT * std::max({3 * Cl, Ql, C, FCl}), shard.has_head ? head_rows * Vl : 0);
-    ws.bf16_in = reinterpret_cast<core::bf16*>(take((BT * widest_in + 1) / 2));
+        std::max({BT * std::max({3 * Cl, Ql, C, FCl, E, SFC}), XB * std::max(MFC, C),
+                  shard.has_head ? head_rows * Vl : 0});
+    ws.bf16_in = reinterpret_cast<core::bf16*>(take((std::max(BT, XB) * widest_in + 1) / 2));
     ws.bf16_dout = reinterpret_cast<core::bf16*>(take((dout + 1) / 2));
     const core::ExecContext ctx;
     std::int64_t bytes = 0;
     for (auto [in, out] :
          {std::pair{C, Ql}, std::pair{Cl, C}, std::pair{C, FCl}, std::pair{F, C}}) {
       bytes = std::max(bytes, k::linear_bf16_scratch_bytes(ctx, BT, in, out));
+    }
+    if (E > 0) {
+      for (auto [rows, in, out] :
+           {std::tuple{XB, C, MFC}, std::tuple{XB, MF, C}, std::tuple{BT, C, E},
+            std::tuple{BT, C, SFC}, std::tuple{BT, SF, C}, std::tuple{BT, C, std::int64_t{1}}}) {
+        if (out > 0 && in > 0) {
+          bytes = std::max(bytes, k::linear_bf16_scratch_bytes(ctx, rows, in, out));
+        }
+      }
     }
     if (shard.has_head) {
       bytes = std::max(bytes, k::linear_bf16_scratch_bytes(ctx, head_rows, C, Vl));

@@ -6,6 +6,7 @@
 
 #include "trident/core/error.h"
 #include "trident/kernels/elementwise.h"
+#include "trident/kernels/fill.h"
 #include "trident/kernels/memory.h"
 #include "trident/kernels/moe.h"
 #include "trident/kernels/swiglu.h"
@@ -82,6 +83,68 @@ namespace {
 // Expert e's matrix inside a stacked (E, ...) weight of `per` elements per expert.
 Weight expert_weight(const Weight& w, std::int64_t e, std::int64_t per) {
   return {w.f32 + e * per, w.bf16 != nullptr ? w.bf16 + e * per : nullptr};
+}
+
+// n rows of `cols` from `from` to `to` (device copies), and zero rows after them up to a block.
+void pad_rows(const LayerContext& lc, float* to, const float* from, std::int64_t n,
+              std::int64_t cols) {
+  k::copy(lc.ctx, {.out = view_of(lc, to, {n * cols}), .in = view_of(lc, from, {n * cols})});
+  if (n < kMoeBf16Block) {
+    k::fill(lc.ctx, {.out = view_of(lc, to + n * cols, {(kMoeBf16Block - n) * cols})});
+  }
+}
+
+// An expert's matmul: `linear` itself in FP32; under BF16 by blocks of kMoeBf16Block rows, the
+// last one padded (its zero rows give rows the copy back leaves out).
+void expert_linear(const LayerContext& lc, const LinearArgs& a) {
+  if (a.weight.bf16 == nullptr) return linear(lc, a);
+  const std::int64_t B = kMoeBf16Block, in = a.in_features, out = a.out_features;
+  for (std::int64_t r = 0; r < a.rows; r += B) {
+    const std::int64_t n = std::min(B, a.rows - r);
+    LinearArgs blk = a;
+    blk.rows = B;
+    blk.out = a.out + r * out;
+    blk.in = a.in + r * in;
+    if (n == B) {
+      linear(lc, blk);
+      continue;
+    }
+    pad_rows(lc, lc.ws.moe_pad_in, blk.in, n, in);
+    blk.in = lc.ws.moe_pad_in;
+    blk.out = lc.ws.moe_pad_out;
+    linear(lc, blk);
+    k::copy(lc.ctx, {.out = view_of(lc, a.out + r * out, {n * out}),
+                     .in = view_of(lc, lc.ws.moe_pad_out, {n * out})});
+  }
+}
+
+// Its backward, by the same blocks: padded rows have zero gradients and inputs, so they add
+// nothing to the weight's gradient.
+void expert_linear_backward(const LayerContext& lc, const LinearBackwardArgs& a) {
+  if (a.weight.bf16 == nullptr) return linear_backward(lc, a);
+  const std::int64_t B = kMoeBf16Block, in = a.in_features, out = a.out_features;
+  for (std::int64_t r = 0; r < a.rows; r += B) {
+    const std::int64_t n = std::min(B, a.rows - r);
+    LinearBackwardArgs blk = a;
+    blk.rows = B;
+    blk.d_in = a.d_in != nullptr ? a.d_in + r * in : nullptr;
+    blk.d_out = a.d_out + r * out;
+    blk.in = a.in + r * in;
+    if (n == B) {
+      linear_backward(lc, blk);
+      continue;
+    }
+    pad_rows(lc, lc.ws.moe_pad_d_out, blk.d_out, n, out);
+    pad_rows(lc, lc.ws.moe_pad_in, blk.in, n, in);
+    blk.d_out = lc.ws.moe_pad_d_out;
+    blk.in = lc.ws.moe_pad_in;
+    blk.d_in = a.d_in != nullptr ? lc.ws.moe_pad_d_in : nullptr;
+    linear_backward(lc, blk);
+    if (a.d_in != nullptr) {
+      k::copy(lc.ctx, {.out = view_of(lc, a.d_in + r * in, {n * in}),
+                       .in = view_of(lc, lc.ws.moe_pad_d_in, {n * in})});
+    }
+  }
 }
 
 template <class T>
@@ -335,12 +398,12 @@ void moe_forward(const LayerContext& lc, const MoeConfig& cfg, const MoeParams& 
     const auto [first, n] = experts[j];
     const auto e = static_cast<std::int64_t>(j);  // the local expert
     if (n > 0) {
-      linear(lc, {.out = s.fc + first * FC,
-                  .in = x_loc + first * C,
-                  .weight = expert_weight(p.fc_w, e, FC * C),
-                  .rows = n,
-                  .in_features = C,
-                  .out_features = FC});
+      expert_linear(lc, {.out = s.fc + first * FC,
+                         .in = x_loc + first * C,
+                         .weight = expert_weight(p.fc_w, e, FC * C),
+                         .rows = n,
+                         .in_features = C,
+                         .out_features = FC});
       if (cfg.activation == Activation::kSwiGlu) {
         k::swiglu(lc.ctx, {.out = view_of(lc, s.act + first * F, {n, F}),
                            .in = view_of(lc, s.fc + first * FC, {n, FC})});
@@ -348,12 +411,12 @@ void moe_forward(const LayerContext& lc, const MoeConfig& cfg, const MoeParams& 
         k::gelu(lc.ctx, {.out = view_of(lc, s.act + first * F, {n, F}),
                          .in = view_of(lc, s.fc + first * FC, {n, F})});
       }
-      linear(lc, {.out = y_loc + first * C,
-                  .in = s.act + first * F,
-                  .weight = expert_weight(p.fc2_w, e, C * F),
-                  .rows = n,
-                  .in_features = F,
-                  .out_features = C});
+      expert_linear(lc, {.out = y_loc + first * C,
+                         .in = s.act + first * F,
+                         .weight = expert_weight(p.fc2_w, e, C * F),
+                         .rows = n,
+                         .in_features = F,
+                         .out_features = C});
     }
     // Padding rows: no expert output (with expert parallelism the experts ran on them: zero rows
     // in, zero rows out, no biases).
@@ -438,14 +501,14 @@ const float* moe_backward(const LayerContext& lc, const MoeConfig& cfg, const Mo
     const auto e = static_cast<std::int64_t>(j);
     if (n == 0) continue;
     // d_loc's rows are the expert output's gradient, then (=) its input's.
-    linear_backward(lc, {.d_in = args.d_act + first * F,
-                         .d_weight = g.fc2_w + e * C * F,
-                         .d_out = d_loc + first * C,
-                         .in = s.act + first * F,
-                         .weight = expert_weight(p.fc2_w, e, C * F),
-                         .rows = n,
-                         .in_features = F,
-                         .out_features = C});
+    expert_linear_backward(lc, {.d_in = args.d_act + first * F,
+                                .d_weight = g.fc2_w + e * C * F,
+                                .d_out = d_loc + first * C,
+                                .in = s.act + first * F,
+                                .weight = expert_weight(p.fc2_w, e, C * F),
+                                .rows = n,
+                                .in_features = F,
+                                .out_features = C});
     if (cfg.activation == Activation::kSwiGlu) {
       k::swiglu_backward(lc.ctx, {.d_in = view_of(lc, args.d_fc + first * FC, {n, FC}),
                                   .d_out = view_of(lc, args.d_act + first * F, {n, F}),
@@ -455,14 +518,14 @@ const float* moe_backward(const LayerContext& lc, const MoeConfig& cfg, const Mo
                                 .d_out = view_of(lc, args.d_act + first * F, {n, F}),
                                 .in = view_of(lc, s.fc + first * FC, {n, F})});
     }
-    linear_backward(lc, {.d_in = d_loc + first * C,
-                         .d_weight = g.fc_w + e * FC * C,
-                         .d_out = args.d_fc + first * FC,
-                         .in = x_loc + first * C,
-                         .weight = expert_weight(p.fc_w, e, FC * C),
-                         .rows = n,
-                         .in_features = C,
-                         .out_features = FC});
+    expert_linear_backward(lc, {.d_in = d_loc + first * C,
+                                .d_weight = g.fc_w + e * FC * C,
+                                .d_out = args.d_fc + first * FC,
+                                .in = x_loc + first * C,
+                                .weight = expert_weight(p.fc_w, e, FC * C),
+                                .rows = n,
+                                .in_features = C,
+                                .out_features = FC});
   }
   if (ep) ex->combine(lc, d_loc, lc.ws.moe_ep_a, args.d_perm);  // back to this rank's rows
   // The router: the combine's gradient, the load-balancing loss's and the z-loss's.
