@@ -1,12 +1,13 @@
 # Round trip through trident of a transformers model directory, for `trident convert`:
-#   transformers builds a tiny random GPT-2 / BLOOM / Llama / Mixtral from its config and saves it with
-#   save_pretrained (safetensors, sharded, in the dtype asked for) with a byte-level BPE tokenizer;
+#   transformers builds a tiny random GPT-2 / BLOOM / Llama / Mixtral / Qwen2-MoE from its config
+#   and saves it with save_pretrained (safetensors, sharded, in the dtype asked for) with a
+#   byte-level BPE tokenizer;
 #   trident convert --from-hf imports it into a checkpoint of a TP x PP x DP / ZeRO layout;
 #   trident convert --to-hf exports that checkpoint again (sharded).
 # Checks: every tensor of the export is bitwise identical to the original (names, dtypes, shapes,
 # bytes), the export loads with AutoModelForCausalLM / AutoTokenizer.from_pretrained as it is and
 # gives the original model's logits exactly, and the tokenizer encodes the same ids.
-"""--trident PATH --work DIR --variant gpt2|bloom|llama|mixtral
+"""--trident PATH --work DIR --variant gpt2|bloom|llama|mixtral|qwen2_moe
 --dtype float32|bfloat16|float16."""
 
 import argparse
@@ -30,7 +31,7 @@ def tokenizer(work):
                                    eos_token="<|endoftext|>", unk_token="<|endoftext|>")
 
 
-def model(variant, vocab, dtype):
+def model(variant, vocab, dtype, layers=4, std=0.02, aux_coef=0.02, norm_topk_prob=False):
     import transformers as tf
     if variant == "gpt2":
         cfg = tf.GPT2Config(vocab_size=vocab, n_positions=32, n_embd=32, n_layer=3, n_head=4,
@@ -46,6 +47,19 @@ def model(variant, vocab, dtype):
                                num_local_experts=4, num_experts_per_tok=2,
                                router_aux_loss_coef=0.02, tie_word_embeddings=False)
         m = tf.MixtralForCausalLM(cfg)
+    elif variant == "qwen2_moe":
+        # Biases on q, k, v alone; 4 experts of 16 (top 2) and a gated shared expert of 24 in
+        # every layer; intermediate_size is the (unused) dense MLP's.
+        cfg = tf.Qwen2MoeConfig(vocab_size=vocab, hidden_size=32, intermediate_size=40,
+                                num_hidden_layers=layers, num_attention_heads=4,
+                                num_key_value_heads=2, max_position_embeddings=64,
+                                rope_theta=5000.0, rms_norm_eps=1e-6, num_experts=4,
+                                num_experts_per_tok=2, moe_intermediate_size=16,
+                                shared_expert_intermediate_size=24,
+                                norm_topk_prob=norm_topk_prob, decoder_sparse_step=1,
+                                router_aux_loss_coef=aux_coef, initializer_range=std,
+                                tie_word_embeddings=False)
+        m = tf.Qwen2MoeForCausalLM(cfg)
     else:
         cfg = tf.LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=48,
                              num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
@@ -70,7 +84,8 @@ def main(argv):
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--trident", required=True)
     ap.add_argument("--work", required=True)
-    ap.add_argument("--variant", required=True, choices=["gpt2", "bloom", "llama", "mixtral"])
+    ap.add_argument("--variant", required=True,
+                    choices=["gpt2", "bloom", "llama", "mixtral", "qwen2_moe"])
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--layout", default="--tensor-model-parallel-size 2 "
                     "--pipeline-model-parallel-size 2")

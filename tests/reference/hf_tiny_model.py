@@ -1,7 +1,7 @@
 # A tiny random transformers model saved with save_pretrained (safetensors, no tokenizer), for
 # tests that start from a Hugging Face directory (tests/model/hf_mixtral_test.cc: import, fine-tune,
 # export). The model is hf_roundtrip.py's (norms and biases away from their init).
-"""--variant gpt2|bloom|llama|mixtral --vocab V --dtype float32 --out DIR."""
+"""--variant gpt2|bloom|llama|mixtral|qwen2_moe --vocab V --dtype float32 --out DIR."""
 
 import argparse
 import os
@@ -15,7 +15,8 @@ from hf_roundtrip import model  # noqa: E402
 
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--variant", required=True, choices=["gpt2", "bloom", "llama", "mixtral"])
+    ap.add_argument("--variant", required=True,
+                    choices=["gpt2", "bloom", "llama", "mixtral", "qwen2_moe"])
     ap.add_argument("--vocab", type=int, required=True)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--out", required=True)

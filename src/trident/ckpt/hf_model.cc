@@ -22,6 +22,8 @@ const char* hf_arch_name(HfArch a) {
       return "llama";
     case HfArch::kMixtral:
       return "mixtral";
+    case HfArch::kQwen2Moe:
+      return "qwen2_moe";
   }
   return "?";
 }
@@ -89,6 +91,40 @@ void llama_like_to_model(const json& c, model::ModelConfig& m) {
   refuse_if(c.contains("head_dim") && !c["head_dim"].is_null() && m.num_attention_heads > 0 &&
                 int_of(c["head_dim"], "head_dim") != m.hidden_size / m.num_attention_heads,
             "head_dim other than hidden_size / num_attention_heads is not supported");
+}
+
+// What Qwen2-MoE's config.json may say that trident's model cannot run.
+void refuse_qwen2_moe(const json& c, const model::ModelConfig& m) {
+  refuse_if(m.num_experts == 0,
+            "num_experts 0 is not supported (a dense Qwen2 is not converted; a Qwen2-MoE has "
+            "experts)");
+  refuse_if(m.num_experts > 65536, str("num_experts ", m.num_experts,
+                                       ": more than trident reads from a file (65536); the file "
+                                       "is corrupt"));
+  refuse_if(m.moe_shared_expert_intermediate_size == 0,
+            "shared_expert_intermediate_size 0 is not supported (trident's shared expert and its "
+            "gate need a size)");
+  // transformers' sparse layers are those with (i + 1) % decoder_sparse_step == 0 (step - 1,
+  // 2 step - 1, ...); trident's --moe-layer-freq N puts them at 0, N, 2N, ...: only 1 agrees.
+  const json step = c.contains("decoder_sparse_step") ? c["decoder_sparse_step"] : json(1);
+  refuse_if(
+      !step.is_null() && int_of(step, "decoder_sparse_step") != 1,
+      str("decoder_sparse_step = ", step.dump(),
+          " is not supported (its mixtures of experts are in layers step-1, 2 step-1, ...; "
+          "trident's --moe-layer-freq N puts them in layers 0, N, 2N, ...: only 1 converts)"));
+  refuse_if(c.contains("mlp_only_layers") && !c["mlp_only_layers"].is_null() &&
+                !c["mlp_only_layers"].empty(),
+            str("mlp_only_layers = ", c.value("mlp_only_layers", json()).dump().substr(0, 40),
+                " is not supported (dense layers among the mixtures of experts cannot be said "
+                "with --moe-layer-freq, which puts them in layers 0, N, 2N, ...; only [] "
+                "converts)"));
+  refuse_if(get_or<bool>(c, "use_sliding_window", false),
+            "use_sliding_window true is not supported (trident's attention is causal over the "
+            "whole sequence)");
+  refuse_if(c.contains("rope_scaling") && !c["rope_scaling"].is_null(),
+            "rope_scaling is not supported for qwen2_moe (only null converts)");
+  refuse_if(get_or<double>(c, "router_jitter_noise", 0.0) != 0.0,
+            "router_jitter_noise other than 0 is not supported");
 }
 
 }  // namespace
@@ -179,16 +215,32 @@ HfImport hf_config_to_trident(const json& c, std::int64_t seq_length) {
                 "router_jitter_noise other than 0 is not supported (trident's router has no "
                 "input jitter)");
     } else if (type == "qwen2_moe") {
-      throw InvalidArgument(
-          "config.json: model_type 'qwen2_moe' is not supported yet: trident's layer has "
-          "Qwen2-MoE's "
-          "shared experts and gate (--moe-shared-expert-intermediate-size, "
-          "--moe-shared-expert-gate), but not its bias on the query, key and value projections "
-          "alone, and the model's import is not built (docs/moe.md)");
+      // modeling_qwen2_moe.py: Llama's layer with biases on q, k and v alone (--add-qkv-bias),
+      // and in every layer a mixture of experts (the softmax over all experts, the top k
+      // renormalised only with norm_topk_prob) beside a shared expert weighed by
+      // sigmoid(shared_expert_gate . x) (--moe-shared-expert-gate).
+      r.arch = HfArch::kQwen2Moe;
+      hf_keys_to_model(c, r.arch, m);
+      if (c.contains("num_key_value_heads") && c["num_key_value_heads"].is_null()) {
+        m.num_query_groups = m.num_attention_heads;
+      }
+      llama_like_to_model(c, m);
+      m.add_qkv_bias = true;
+      refuse_if(!get_or<bool>(c, "qkv_bias", true),
+                "qkv_bias false is not supported (transformers' Qwen2-MoE has biases on q, k, v)");
+      refuse_qwen2_moe(c, m);
+      m.moe_layer_freq = 1;
+      m.moe_router_score_function = model::MoeScoreFunction::kSoftmax;
+      // norm_topk_prob false: the top k of the softmax over all experts, not renormalised
+      // (Megatron's --moe-router-pre-softmax); true: renormalised, the default router's.
+      m.moe_router_pre_softmax = !get_or<bool>(c, "norm_topk_prob", false);
+      m.moe_expert_capacity_factor = 0.0;
+      m.moe_router_load_balancing_type = model::MoeLoadBalancing::kAuxLoss;
+      m.moe_shared_expert_gate = true;
     } else {
       throw InvalidArgument(
           str("config.json: model_type '", type,
-              "' is not supported (trident converts gpt2, bloom, llama and mixtral)"));
+              "' is not supported (trident converts gpt2, bloom, llama, mixtral and qwen2_moe)"));
     }
   } catch (const json::exception& e) {
     throw InvalidArgument(str("config.json: ", e.what()));
@@ -219,31 +271,59 @@ HfArch hf_arch_of(const model::ModelConfig& m) {
                      !m.add_bias_linear && !m.embed_layernorm;
   if (m.num_experts > 0) {
     // Mixtral: a Llama whose every MLP is a softmax-routed, renormalised top-k, dropless mixture
-    // of SwiGLU experts. Each setting it cannot express is named.
+    // of SwiGLU experts. Qwen2-MoE (a model with shared experts): the same with biases on q, k
+    // and v, a gated shared expert, and the top k renormalised or not (norm_topk_prob). Each
+    // setting the architecture cannot express is named.
+    const bool qwen = m.moe_shared_expert_intermediate_size > 0;
     std::string no;
     auto refuse = [&no](bool bad, const char* what) {
       if (bad) no += str(no.empty() ? "" : "; ", what);
     };
     refuse(ln || m.position_embedding != PositionEmbedding::kRope || m.embed_layernorm,
            "not a Llama's norms and positions (RMSNorm, rope, no --embed-layernorm)");
-    refuse(!m.swiglu, "GeLU experts (Mixtral's are SwiGLU: --swiglu)");
-    refuse(m.add_bias_linear, "biases (Mixtral has none: --disable-bias-linear)");
-    refuse(m.moe_layer_freq != 1, "--moe-layer-freq other than 1 (every Mixtral MLP is MoE)");
+    refuse(!m.swiglu, qwen ? "GeLU experts (Qwen2-MoE's are SwiGLU: --swiglu)"
+                           : "GeLU experts (Mixtral's are SwiGLU: --swiglu)");
+    refuse(m.add_bias_linear, qwen ? "biases other than the QKV's (Qwen2-MoE has them on q, k "
+                                     "and v alone: --disable-bias-linear --add-qkv-bias)"
+                                   : "biases (Mixtral has none: --disable-bias-linear)");
+    refuse(m.moe_layer_freq != 1, qwen
+                                      ? "--moe-layer-freq other than 1 (every Qwen2-MoE MLP "
+                                        "exported is MoE: decoder_sparse_step 1)"
+                                      : "--moe-layer-freq other than 1 (every Mixtral MLP is MoE)");
     refuse(m.moe_router_score_function != model::MoeScoreFunction::kSoftmax,
-           "--moe-router-score-function sigmoid (Mixtral's router is a softmax)");
-    refuse(m.moe_router_pre_softmax,
-           "--moe-router-pre-softmax (Mixtral renormalises the top-k probabilities)");
+           "--moe-router-score-function sigmoid (the router is a softmax)");
     refuse(m.moe_router_topk_scaling_factor != 0.0 && m.moe_router_topk_scaling_factor != 1.0,
-           "--moe-router-topk-scaling-factor (Mixtral's weights are not scaled)");
-    refuse(m.moe_expert_capacity_factor > 0.0,
-           "--moe-expert-capacity-factor (Mixtral is dropless)");
+           "--moe-router-topk-scaling-factor (the routing weights are not scaled)");
+    refuse(m.moe_expert_capacity_factor > 0.0, "--moe-expert-capacity-factor (dropless)");
     refuse(m.moe_pad_expert_input_to_capacity, "--moe-pad-expert-input-to-capacity");
-    refuse(m.rope_scaling, "--use-rope-scaling (transformers' Mixtral has no rope_scaling)");
+    refuse(m.moe_router_enable_expert_bias, "--moe-router-enable-expert-bias");
+    if (qwen) {
+      refuse(!m.moe_shared_expert_gate,
+             "shared experts without --moe-shared-expert-gate (Qwen2-MoE's shared expert is "
+             "gated; Mixtral has none)");
+      refuse(!m.add_bias_linear && !m.add_qkv_bias,
+             "no QKV bias (Qwen2-MoE's q, k and v have biases: --add-qkv-bias)");
+      refuse(m.rope_scaling, "--use-rope-scaling (rope_scaling of Qwen2-MoE is not converted)");
+    } else {
+      refuse(m.moe_router_pre_softmax,
+             "--moe-router-pre-softmax (Mixtral renormalises the top-k probabilities; Qwen2-MoE "
+             "does not, but has shared experts)");
+      refuse(!m.add_bias_linear && m.add_qkv_bias,
+             "--add-qkv-bias (Mixtral's attention has no biases; Qwen2-MoE's has, but also "
+             "shared experts)");
+      refuse(m.rope_scaling, "--use-rope-scaling (transformers' Mixtral has no rope_scaling)");
+    }
     if (!no.empty()) {
-      throw InvalidArgument(str("this mixture-of-experts model is not transformers' Mixtral: ", no,
+      throw InvalidArgument(str("this mixture-of-experts model is not transformers' ",
+                                qwen ? "Qwen2-MoE" : "Mixtral", ": ", no,
                                 "; it cannot be exported"));
     }
-    return HfArch::kMixtral;
+    return qwen ? HfArch::kQwen2Moe : HfArch::kMixtral;
+  }
+  if (llama && m.qkv_bias()) {
+    throw InvalidArgument(
+        "this model is a Llama with biases on q, k and v alone (--add-qkv-bias): transformers' "
+        "Qwen2, which it is, is not converted by trident (Qwen2-MoE is); it cannot be exported");
   }
   if (llama) return HfArch::kLlama;
   throw InvalidArgument(
@@ -303,6 +383,21 @@ json trident_to_hf_config(const model::ModelConfig& m, HfArch arch, StDType dtyp
       c["router_jitter_noise"] = 0.0;
       c["output_router_logits"] = false;
       break;
+    case HfArch::kQwen2Moe:
+      c["model_type"] = "qwen2_moe";
+      c["architectures"] = {"Qwen2MoeForCausalLM"};
+      c["hidden_act"] = "silu";
+      c["attention_dropout"] = m.attention_dropout;
+      c["tie_word_embeddings"] = m.tied_output();
+      c["rope_scaling"] = nullptr;
+      c["use_sliding_window"] = false;
+      c["sliding_window"] = nullptr;
+      c["max_window_layers"] = m.num_layers;
+      c["decoder_sparse_step"] = 1;
+      c["mlp_only_layers"] = json::array();
+      c["norm_topk_prob"] = !m.moe_router_pre_softmax;
+      c["output_router_logits"] = false;
+      break;
   }
   return c;
 }
@@ -318,6 +413,9 @@ enum class HfLayout {
   kQuery,  // Llama's q_proj / k_proj / v_proj: trident's QKV rows are (G, hpg + 2, HS), a
   kKey,    // query group's heads, then its key and its value head
   kValue,
+  kQueryBias,  // Qwen2-MoE's q_proj / k_proj / v_proj biases: the same rows of the QKV bias
+  kKeyBias,
+  kValueBias,
   kGate,       // SwiGLU's gate_proj / up_proj: [0] and [1] of trident's (2, F, C)
   kUp,         // up-projection
   kVocabRows,  // the embedding's / output layer's real rows (trident pads the vocabulary)
@@ -417,6 +515,28 @@ const HfNames& hf_names(HfArch arch) {
        {"mlp.experts.dense_h_to_4h.weight", "block_sparse_moe.experts.{e}.w3.weight", L::kExpertUp},
        {"mlp.experts.dense_4h_to_h.weight", "block_sparse_moe.experts.{e}.w2.weight",
         L::kExpertDown}}};
+  // Llama's attention with q, k and v biases; the MLP (mlp.) holds the routed experts, the shared
+  // expert (SwiGLU as a Llama MLP) and its gate.
+  static const HfNames qwen2_moe{
+      "model.layers.",
+      llama.global,
+      {{"input_layernorm.weight", "input_layernorm.weight"},
+       {"self_attention.query_key_value.weight", "self_attn.q_proj.weight", L::kQuery},
+       {"self_attention.query_key_value.weight", "self_attn.k_proj.weight", L::kKey},
+       {"self_attention.query_key_value.weight", "self_attn.v_proj.weight", L::kValue},
+       {"self_attention.query_key_value.bias", "self_attn.q_proj.bias", L::kQueryBias},
+       {"self_attention.query_key_value.bias", "self_attn.k_proj.bias", L::kKeyBias},
+       {"self_attention.query_key_value.bias", "self_attn.v_proj.bias", L::kValueBias},
+       {"self_attention.dense.weight", "self_attn.o_proj.weight"},
+       {"post_attention_layernorm.weight", "post_attention_layernorm.weight"},
+       {"mlp.router.weight", "mlp.gate.weight"},
+       {"mlp.experts.dense_h_to_4h.weight", "mlp.experts.{e}.gate_proj.weight", L::kExpertGate},
+       {"mlp.experts.dense_h_to_4h.weight", "mlp.experts.{e}.up_proj.weight", L::kExpertUp},
+       {"mlp.experts.dense_4h_to_h.weight", "mlp.experts.{e}.down_proj.weight", L::kExpertDown},
+       {"mlp.shared_experts.dense_h_to_4h.weight", "mlp.shared_expert.gate_proj.weight", L::kGate},
+       {"mlp.shared_experts.dense_h_to_4h.weight", "mlp.shared_expert.up_proj.weight", L::kUp},
+       {"mlp.shared_experts.dense_4h_to_h.weight", "mlp.shared_expert.down_proj.weight"},
+       {"mlp.shared_experts.gate_weight", "mlp.shared_expert_gate.weight"}}};
   switch (arch) {
     case HfArch::kGpt2:
       return gpt2;
@@ -426,6 +546,8 @@ const HfNames& hf_names(HfArch arch) {
       return llama;
     case HfArch::kMixtral:
       return mixtral;
+    case HfArch::kQwen2Moe:
+      return qwen2_moe;
   }
   throw core::InternalError("unknown HfArch");
 }
@@ -473,6 +595,16 @@ HfTensor hf_tensor(const model::ModelConfig& m, std::string name, const model::P
                                                            : hpg + 1;
       t.shape = {(part == 0 ? NH : G) * HS, C};
       t.index = [=](std::int64_t i) { return llama_row(part, i / C) * C + i % C; };
+      break;
+    }
+    case HfLayout::kQueryBias:
+    case HfLayout::kKeyBias:
+    case HfLayout::kValueBias: {
+      const std::int64_t part = layout == HfLayout::kQueryBias ? 0
+                                : layout == HfLayout::kKeyBias ? hpg
+                                                               : hpg + 1;
+      t.shape = {(part == 0 ? NH : G) * HS};
+      t.index = [=](std::int64_t i) { return llama_row(part, i); };
       break;
     }
     case HfLayout::kGate:
@@ -553,7 +685,9 @@ bool hf_ignored_name(const std::string& name, HfArch arch, const model::ModelCon
 
 std::string hf_alternate_name(const std::string& name, HfArch arch) {
   const std::string prefix = "transformer.";
-  if (arch == HfArch::kLlama || arch == HfArch::kMixtral) return name;
+  if (arch == HfArch::kLlama || arch == HfArch::kMixtral || arch == HfArch::kQwen2Moe) {
+    return name;
+  }
   if (name.rfind(prefix, 0) == 0) return name.substr(prefix.size());
   return prefix + name;
 }

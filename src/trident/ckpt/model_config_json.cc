@@ -63,9 +63,9 @@ struct Key {
   json fallback;
   // Part of the model's function and parameters: a resuming run must agree.
   bool architecture;
-  // In config.json, per HfArch (gpt2, bloom, llama, mixtral): the import reads and the export
-  // writes it.
-  HfKey hf[4] = {};
+  // In config.json, per HfArch (gpt2, bloom, llama, mixtral, qwen2_moe): the import reads and the
+  // export writes it.
+  HfKey hf[5] = {};
   // A mixture-of-experts setting: part of the model only when it has experts, so two dense
   // models agree whatever it says.
   bool moe = false;
@@ -87,25 +87,34 @@ const Key kKeys[] = {
      TRIDENT_SIZE(num_layers),
      nullptr,
      true,
-     {{"n_layer"}, {"n_layer"}, {"num_hidden_layers"}, {"num_hidden_layers"}}},
+     {{"n_layer"},
+      {"n_layer"},
+      {"num_hidden_layers"},
+      {"num_hidden_layers"},
+      {"num_hidden_layers"}}},
     {"hidden_size",
      TRIDENT_SIZE(hidden_size),
      nullptr,
      true,
-     {{"n_embd"}, {"hidden_size"}, {"hidden_size"}, {"hidden_size"}}},
+     {{"n_embd"}, {"hidden_size"}, {"hidden_size"}, {"hidden_size"}, {"hidden_size"}}},
     {"num_attention_heads",
      TRIDENT_SIZE(num_attention_heads),
      nullptr,
      true,
-     {{"n_head"}, {"n_head"}, {"num_attention_heads"}, {"num_attention_heads"}}},
+     {{"n_head"},
+      {"n_head"},
+      {"num_attention_heads"},
+      {"num_attention_heads"},
+      {"num_attention_heads"}}},
     {"ffn_hidden_size",
      [](const ModelConfig& m) { return json(m.ffn()); },
      [](ModelConfig& m, const json& v, const Where& k) { m.ffn_hidden_size = size_of(v, k); },
      nullptr,
      true,
      // GPT-2's n_inner null: 4 x hidden (trident's 0); BLOOM's is always 4 x hidden. Mixtral's
-     // intermediate_size is the experts' (moe_ffn_hidden_size below, written after this one).
-     {{"n_inner", 0}, {}, {"intermediate_size"}, {"intermediate_size"}}},
+     // intermediate_size is the experts' (moe_ffn_hidden_size below, written after this one);
+     // Qwen2-MoE's is the dense MLP's (its experts': moe_intermediate_size).
+     {{"n_inner", 0}, {}, {"intermediate_size"}, {"intermediate_size"}, {"intermediate_size"}}},
     {"seq_length", TRIDENT_SIZE(seq_length), nullptr, true},
     {"max_position_embeddings",
      [](const ModelConfig& m) { return json(m.max_positions()); },
@@ -114,18 +123,23 @@ const Key kKeys[] = {
      },
      nullptr,
      true,
-     {{"n_positions"}, {}, {"max_position_embeddings"}, {"max_position_embeddings"}}},
+     {{"n_positions"},
+      {},
+      {"max_position_embeddings"},
+      {"max_position_embeddings"},
+      {"max_position_embeddings"}}},
     {"vocab_size",
      TRIDENT_SIZE(vocab_size),
      nullptr,
      true,
-     {{"vocab_size"}, {"vocab_size"}, {"vocab_size"}, {"vocab_size"}}},
+     {{"vocab_size"}, {"vocab_size"}, {"vocab_size"}, {"vocab_size"}, {"vocab_size"}}},
     {"make_vocab_size_divisible_by", TRIDENT_SIZE(make_vocab_size_divisible_by), nullptr, false},
     {"init_method_std",
      TRIDENT_REAL(init_method_std),
      0.02,
      false,
      {{"initializer_range", 0.02},
+      {"initializer_range", 0.02},
       {"initializer_range", 0.02},
       {"initializer_range", 0.02},
       {"initializer_range", 0.02}}},
@@ -136,7 +150,8 @@ const Key kKeys[] = {
      {{"layer_norm_epsilon", 1e-5},
       {"layer_norm_epsilon", 1e-5},
       {"rms_norm_eps", 1e-6},
-      {"rms_norm_eps", 1e-5}}},
+      {"rms_norm_eps", 1e-5},
+      {"rms_norm_eps", 1e-6}}},
     {"position_embedding_type",
      [](const ModelConfig& m) {
        return json(m.position_embedding == model::PositionEmbedding::kAlibi  ? "alibi"
@@ -175,7 +190,7 @@ const Key kKeys[] = {
      [](ModelConfig& m, const json& v, const Where& k) { m.num_query_groups = size_of(v, k); },
      0,
      true,
-     {{}, {}, {"num_key_value_heads", 0}, {"num_key_value_heads", 8}}},
+     {{}, {}, {"num_key_value_heads", 0}, {"num_key_value_heads", 8}, {"num_key_value_heads", 16}}},
     {"untie_embeddings_and_output_weights", TRIDENT_BOOL(untie_embeddings_and_output_weights),
      false, true},
     {"add_bias_linear", TRIDENT_BOOL(add_bias_linear), true, true},
@@ -185,7 +200,7 @@ const Key kKeys[] = {
      TRIDENT_REAL(rotary_base),
      10000.0,
      true,
-     {{}, {}, {"rope_theta", 10000.0}, {"rope_theta", 1e6}}},
+     {{}, {}, {"rope_theta", 10000.0}, {"rope_theta", 1e6}, {"rope_theta", 10000.0}}},
     {"use_rope_scaling", TRIDENT_BOOL(rope_scaling), false, true},
     {"rope_scaling_factor", TRIDENT_REAL(rope_scaling_factor), 8.0, false},
     {"rope_low_freq_factor", TRIDENT_REAL(rope_low_freq_factor), 1.0, false},
@@ -194,20 +209,24 @@ const Key kKeys[] = {
      false},
     // Mixture of experts (Megatron-Core's names and values; older checkpoints: dense). The
     // experts' hidden size written resolved (--ffn-hidden-size when not given).
-    // Mixtral's defaults are transformers' MixtralConfig's.
-    {"num_experts", TRIDENT_SIZE(num_experts), 0, true, {{}, {}, {}, {"num_local_experts", 8}}},
+    // Mixtral's and Qwen2-MoE's defaults are transformers' MixtralConfig's and Qwen2MoeConfig's.
+    {"num_experts",
+     TRIDENT_SIZE(num_experts),
+     0,
+     true,
+     {{}, {}, {}, {"num_local_experts", 8}, {"num_experts", 60}}},
     {"moe_ffn_hidden_size",
      [](const ModelConfig& m) { return json(m.moe_ffn()); },
      [](ModelConfig& m, const json& v, const Where& k) { m.moe_ffn_hidden_size = size_of(v, k); },
      0,
      true,
-     {{}, {}, {}, {"intermediate_size"}},
+     {{}, {}, {}, {"intermediate_size"}, {"moe_intermediate_size", 1408}},
      true},
     {"moe_router_topk",
      TRIDENT_SIZE(moe_router_topk),
      2,
      true,
-     {{}, {}, {}, {"num_experts_per_tok", 2}},
+     {{}, {}, {}, {"num_experts_per_tok", 2}, {"num_experts_per_tok", 4}},
      true},
     {"moe_layer_freq", TRIDENT_SIZE(moe_layer_freq), 1, true, {}, true},
     {"moe_router_score_function",
@@ -287,14 +306,14 @@ const Key kKeys[] = {
      TRIDENT_REAL(moe_aux_loss_coeff),
      0.0,
      true,
-     {{}, {}, {}, {"router_aux_loss_coef", 0.001}},
+     {{}, {}, {}, {"router_aux_loss_coef", 0.001}, {"router_aux_loss_coef", 0.001}},
      true},
     {"moe_z_loss_coeff", TRIDENT_REAL(moe_z_loss_coeff), 0.0, true, {}, true},
     {"moe_shared_expert_intermediate_size",
      TRIDENT_SIZE(moe_shared_expert_intermediate_size),
      0,
      true,
-     {},
+     {{}, {}, {}, {}, {"shared_expert_intermediate_size", 5632}},
      true},
     {"moe_shared_expert_gate", TRIDENT_BOOL(moe_shared_expert_gate), false, true, {}, true},
     {"moe_router_enable_expert_bias",
