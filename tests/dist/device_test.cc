@@ -380,6 +380,8 @@ TEST_F(Device, MixtureOfExpertsEqualsTheCpu) {
       "--moe-aux-loss-coeff 0.01 --moe-z-loss-coeff 0.001";
   expect_equal_to_cpu({"cuda1_moe", 1, kCuda, "", moe});
   EXPECT_NE(log_of("cuda1_moe").find("load_balancing_loss"), std::string::npos);
+  // BF16 experts: their blocks of rows through cuBLASLt's BF16 products, against the CPU's BF16.
+  expect_equal_to_cpu({"cuda1_moe_bf16", 1, kCuda, "", moe + " --bf16"}, 2e-3);
   need_ranks(2);
   expect_equal_to_cpu({"pp2_moe_drop_nccl", 2,
                        std::string(kCuda) + " --pipeline-model-parallel-size 2",
