@@ -440,10 +440,11 @@ TEST(PlanTime, UlyssesAllToAllsAsTheFormula) {
   }
 }
 
-// A long sequence (32768 tokens): context parallelism splits every activation of a slot, tp
-// (at most 2 here: 2 heads) and pp only some of them, so the least memory a CP layout needs is
-// below any other layout's; with a memory between the two the search proposes only CP layouts,
-// each with its flag. Every cp it tries divides world / (tp x pp), and 2 x cp the sequence.
+// A long sequence (32768 tokens): splitting it (the ring or Ulysses) splits every activation of
+// a slot, tp (at most 2 here: 2 heads) and pp only some of them, so the least memory a split
+// layout needs is below any other layout's; with a memory between the two the search proposes
+// only split layouts, each with its flag. Every split it tries divides world / (tp x pp), and
+// 2 x the split the sequence; Ulysses is tried where the heads of a tp rank divide (U 2, tp 1).
 TEST(PlanSearch, LongSequencesThatOnlyFitSplitGetContextParallelLayouts) {
   Cluster c = a100(8);
   // Flash attention for every layout (context parallelism runs it): linear in the sequence.
@@ -452,26 +453,31 @@ TEST(PlanSearch, LongSequencesThatOnlyFitSplitGetContextParallelLayouts) {
   const SearchResult all = search_layouts(base, c, 100000);
   ASSERT_FALSE(all.ranked.empty());
   double min_without = 1e30, min_with = 1e30;
-  std::set<int> cps;
+  std::set<int> cps, ulysses;
   for (const Candidate& cand : all.ranked) {
-    const int cp = cand.cfg.context_parallel_size;
-    cps.insert(cp);
-    const int left =
-        8 / (cand.cfg.tensor_model_parallel_size * cand.cfg.pipeline_model_parallel_size);
+    const int cp = cand.cfg.sequence_split(), tp = cand.cfg.tensor_model_parallel_size;
+    (cand.cfg.ulysses() ? ulysses : cps).insert(cp);
+    if (cand.cfg.ulysses()) {
+      EXPECT_EQ((2 / tp) % cp, 0);
+    }
+    const int left = 8 / (tp * cand.cfg.pipeline_model_parallel_size);
     EXPECT_EQ(left % cp, 0);
     double& least = cp > 1 ? min_with : min_without;
     least = std::min(least, static_cast<double>(cand.plan.memory.worst().peak()));
   }
   EXPECT_EQ(cps, (std::set<int>{1, 2, 4, 8}));
+  EXPECT_EQ(ulysses, (std::set<int>{2}));
   ASSERT_LT(min_with, min_without);
-  // A memory between the two: only CP layouts fit.
+  // A memory between the two: only split layouts fit.
   c.hw.memory_bytes = (min_with + min_without) / 2;
   c.hw.reserved_bytes = 0;
   const SearchResult tight = search_layouts(base, c, 100000);
   ASSERT_FALSE(tight.ranked.empty());
   for (const Candidate& cand : tight.ranked) {
-    EXPECT_GT(cand.cfg.context_parallel_size, 1);
-    EXPECT_NE(cand.flags.find("--context-parallel-size"), std::string::npos);
+    EXPECT_GT(cand.cfg.sequence_split(), 1);
+    EXPECT_NE(cand.flags.find(cand.cfg.ulysses() ? "--ds-sequence-parallel-size"
+                                                 : "--context-parallel-size"),
+              std::string::npos);
     EXPECT_GT(cand.plan.time.cp_comm, 0);
   }
   // A sequence of 12 tokens: 2 x cp must divide it, so cp 4 and 8 are never tried.
@@ -480,7 +486,7 @@ TEST(PlanSearch, LongSequencesThatOnlyFitSplitGetContextParallelLayouts) {
        search_layouts(long_gpt(12, "--micro-batch-size 1 --global-batch-size 8", 8), a100(8),
                       100000)
            .ranked)
-    short_cps.insert(cand.cfg.context_parallel_size);
+    short_cps.insert(cand.cfg.sequence_split());
   EXPECT_EQ(short_cps, (std::set<int>{1, 2}));
 }
 

@@ -182,66 +182,78 @@ SearchResult search_layouts(const train::TrainConfig& base, const Cluster& clust
   for (int p = 1; p <= world; ++p)
     if (world % p == 0 && mc.num_layers % p == 0) pps.push_back(p);
   const std::vector<std::string> recomputes = {"", "selective", "full"};
-  // A --context-parallel-size above 1 in the base configuration is kept as a given one.
-  // A sequence split above 1 in the base configuration is kept as a given one; a
-  // --ds-sequence-parallel-size (Ulysses) stays Ulysses, otherwise the split is the ring.
+  // A sequence split above 1 in the base configuration is kept as a given one, and so is its
+  // kind (a --ds-sequence-parallel-size stays Ulysses, a --context-parallel-size the ring); a
+  // --context-parallel-size given to the search is the ring. Otherwise each split above 1 is
+  // tried both ways: the ring, and Ulysses where the heads of a tp rank divide.
   int fixed_cp = fixed.context_parallel_size;
   if (fixed_cp == 0 && base.sequence_split() > 1) fixed_cp = base.sequence_split();
-  const bool ulysses = base.ulysses();
+  const bool kind_given = fixed.context_parallel_size > 0 || base.sequence_split() > 1;
+  auto split_kinds = [&](int tp, int cp) {
+    std::vector<bool> kinds;  // false: the ring, true: Ulysses
+    if (cp == 1 || kind_given) return std::vector<bool>{cp > 1 && base.ulysses()};
+    kinds.push_back(false);
+    if ((mc.num_attention_heads / tp) % cp == 0) kinds.push_back(true);
+    return kinds;
+  };
   for (int tp : tps)
     for (int pp : pps)
-      for (int cp : context_parallel_sizes(mc, world, tp * pp, fixed_cp)) {
-        // dp: the ranks reading different samples (the batch's divisor); the ep and cp factors
-        // split the tp x pp remainder dp x cp.
-        const int dp = world / (tp * pp * cp);
-        // Expert parallelism: every ep dividing the experts and dp (a dense model: 1), or the
-        // given one where it divides them (a layout it does not divide is not proposed).
-        std::vector<int> eps;
-        for (int e = 1; e <= dp; ++e) {
-          if (dp % e != 0 || (e > 1 && (mc.num_experts == 0 || mc.num_experts % e != 0))) continue;
-          if (fixed.expert_model_parallel_size > 0 && e != fixed.expert_model_parallel_size)
-            continue;
-          eps.push_back(e);
-        }
-        for (int ep : eps)
-          for (int v : {1, 2, 3, 4, 6, 8}) {
-            if (v > 1 && (pp == 1 || mc.num_layers % (pp * v) != 0)) continue;
-            for (std::int64_t mbs : {1, 2, 4, 8, 16}) {
-              if (gbs % (mbs * dp) != 0) continue;
-              const std::int64_t m = gbs / (mbs * dp);
-              if (v > 1 && m % pp != 0) continue;
-              for (int zero = 0; zero <= 3; ++zero) {
-                if (dp == 1 && zero > 0) continue;
-                for (bool sp : {false, true}) {
-                  if (sp && (tp == 1 || (mbs * mc.seq_length / cp) % tp != 0)) continue;
-                  for (const std::string& rc : recomputes) {
-                    // Selective recomputation only drops the unfused attention's probabilities
-                    // (context parallelism runs flash attention).
-                    if (rc == "selective" && (mc.flash_attention() || cp > 1)) continue;
-                    train::TrainConfig c = base;
-                    c.tensor_model_parallel_size = tp;
-                    c.pipeline_model_parallel_size = pp;
-                    c.expert_model_parallel_size = ep;
-                    c.context_parallel_size = ulysses ? 1 : cp;
-                    c.ds_sequence_parallel_size = ulysses ? cp : 1;
-                    c.num_layers_per_virtual_pipeline_stage = v > 1 ? mc.num_layers / (pp * v) : 0;
-                    c.pipeline_schedule = v > 1 ? "interleaved" : "1f1b";
-                    c.decoder_first_pipeline_num_layers = c.decoder_last_pipeline_num_layers = -1;
-                    c.micro_batch_size = mbs;
-                    c.zero_stage = zero;
-                    c.use_distributed_optimizer = false;
-                    c.sequence_parallel = sp;
-                    c.recompute_granularity = rc;
-                    c.recompute_method = "uniform";
-                    c.model.recompute_num_layers = 1;
-                    c.model.make_vocab_size_divisible_by = base.model.make_vocab_size_divisible_by;
-                    consider(std::move(c), cluster, res);
+      for (int cp : context_parallel_sizes(mc, world, tp * pp, fixed_cp))
+        for (bool ulysses : split_kinds(tp, cp)) {
+          // dp: the ranks reading different samples (the batch's divisor); the ep and cp factors
+          // split the tp x pp remainder dp x cp.
+          const int dp = world / (tp * pp * cp);
+          // Expert parallelism: every ep dividing the experts and dp (a dense model: 1), or the
+          // given one where it divides them (a layout it does not divide is not proposed).
+          std::vector<int> eps;
+          for (int e = 1; e <= dp; ++e) {
+            if (dp % e != 0 || (e > 1 && (mc.num_experts == 0 || mc.num_experts % e != 0)))
+              continue;
+            if (fixed.expert_model_parallel_size > 0 && e != fixed.expert_model_parallel_size)
+              continue;
+            eps.push_back(e);
+          }
+          for (int ep : eps)
+            for (int v : {1, 2, 3, 4, 6, 8}) {
+              if (v > 1 && (pp == 1 || mc.num_layers % (pp * v) != 0)) continue;
+              for (std::int64_t mbs : {1, 2, 4, 8, 16}) {
+                if (gbs % (mbs * dp) != 0) continue;
+                const std::int64_t m = gbs / (mbs * dp);
+                if (v > 1 && m % pp != 0) continue;
+                for (int zero = 0; zero <= 3; ++zero) {
+                  if (dp == 1 && zero > 0) continue;
+                  for (bool sp : {false, true}) {
+                    if (sp && (tp == 1 || (mbs * mc.seq_length / cp) % tp != 0)) continue;
+                    for (const std::string& rc : recomputes) {
+                      // Selective recomputation only drops the unfused attention's probabilities
+                      // (context parallelism runs flash attention).
+                      if (rc == "selective" && (mc.flash_attention() || cp > 1)) continue;
+                      train::TrainConfig c = base;
+                      c.tensor_model_parallel_size = tp;
+                      c.pipeline_model_parallel_size = pp;
+                      c.expert_model_parallel_size = ep;
+                      c.context_parallel_size = ulysses ? 1 : cp;
+                      c.ds_sequence_parallel_size = ulysses ? cp : 1;
+                      c.num_layers_per_virtual_pipeline_stage =
+                          v > 1 ? mc.num_layers / (pp * v) : 0;
+                      c.pipeline_schedule = v > 1 ? "interleaved" : "1f1b";
+                      c.decoder_first_pipeline_num_layers = c.decoder_last_pipeline_num_layers = -1;
+                      c.micro_batch_size = mbs;
+                      c.zero_stage = zero;
+                      c.use_distributed_optimizer = false;
+                      c.sequence_parallel = sp;
+                      c.recompute_granularity = rc;
+                      c.recompute_method = "uniform";
+                      c.model.recompute_num_layers = 1;
+                      c.model.make_vocab_size_divisible_by =
+                          base.model.make_vocab_size_divisible_by;
+                      consider(std::move(c), cluster, res);
+                    }
                   }
                 }
               }
             }
-          }
-      }
+        }
   std::stable_sort(res.ranked.begin(), res.ranked.end(),
                    [](const Candidate& a, const Candidate& b) {
                      return a.plan.time.tokens_per_s > b.plan.time.tokens_per_s;

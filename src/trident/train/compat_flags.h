@@ -46,7 +46,9 @@ void add_compat_options(CLI::App& app, TrainConfig& cfg);
 void apply_compat_flags(TrainConfig& cfg);
 
 // The compatibility flags refused only in combination with the final settings (after the model
-// presets): --add-qkv-bias with --disable-bias-linear. Runs in TrainConfig::finalize.
+// presets). None at present (--add-qkv-bias with --disable-bias-linear, refused before, is
+// implemented: ModelConfig::add_qkv_bias); the hook stays for the next. Runs in
+// TrainConfig::finalize.
 void check_compat_combinations(const TrainConfig& cfg);
 
 // "9_765_625" -> "9765625" (Python's int() accepts underscores between digits); other text is
