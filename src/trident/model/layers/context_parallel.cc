@@ -13,42 +13,52 @@ namespace k = trident::kernels;
 
 namespace {
 
-// The views of one ring step's operands: this rank's chunks and the visiting block's. A block
-// travels as keys and values only (B*Tl, NH, 2 HS), two thirds of the qkv rows.
-struct Ring {
+// Views of chunk-major buffers: blocks of (B, Tc) rows (block b of a buffer starts b x B x Tc
+// rows in), `heads` heads of HS per row. The ring's blocks are this rank's two halves; Ulysses'
+// are the 2U halves of the whole sequence.
+struct Chunks {
   const LayerContext& lc;
-  int size, rank, next, prev;
-  std::int64_t B, Tc, NH, HS;
+  int size, rank;  // the cp group
+  std::int64_t B, Tc, heads, HS;
+
+  Chunks(const LayerContext& c, std::int64_t num_heads, std::int64_t head_dim)
+      : lc(c),
+        size(c.cp->size()),
+        rank(c.cp->rank()),
+        B(c.batch),
+        Tc(c.seq_len / 2),
+        heads(num_heads),
+        HS(head_dim) {}
+
+  // Rows (B, Tc, heads, w HS) of block b of a buffer of w slots per head (3: qkv, 2: kv).
+  core::TensorView slots(const float* base, int b, std::int64_t w) const {
+    return view_of(lc, base + b * B * Tc * heads * w * HS, {B, Tc, heads, w * HS});
+  }
+  core::TensorView qkv(const float* base, int b) const { return slots(base, b, 3); }
+  core::TensorView kv(const float* base, int b) const { return slots(base, b, 2); }
+  core::TensorView out(const float* base, int b) const {
+    return view_of(lc, base + b * B * Tc * heads * HS, {B, Tc, heads * HS});
+  }
+  core::TensorView lse(const float* base, int b) const {
+    return view_of(lc, base + b * B * heads * Tc, {B, heads, Tc});
+  }
+  // Global positions of sequence chunk `chunk`.
+  core::TensorView pos(std::int64_t chunk) const {
+    return view_of(lc, lc.cp_positions + chunk * Tc, {Tc});
+  }
+};
+
+// The ring: this rank's two halves and the visiting block's. A block travels as keys and values
+// only (B*Tl, NH, 2 HS), two thirds of the qkv rows.
+struct Ring : Chunks {
+  int next, prev;
+  std::int64_t NH;
   std::int64_t rows() const { return 2 * B * Tc; }
   std::int64_t kv_all() const { return rows() * NH * 2 * HS; }  // floats of a block
 
   Ring(const LayerContext& c, std::int64_t nh, std::int64_t hs)
-      : lc(c),
-        size(c.cp->size()),
-        rank(c.cp->rank()),
-        next((c.cp->rank() + 1) % c.cp->size()),
-        prev((c.cp->rank() + c.cp->size() - 1) % c.cp->size()),
-        B(c.batch),
-        Tc(c.seq_len / 2),
-        NH(nh),
-        HS(hs) {}
+      : Chunks(c, nh, hs), next((rank + 1) % size), prev((rank + size - 1) % size), NH(nh) {}
 
-  // Rows (B, Tc, NH, w HS) of half h of a chunk-major buffer of w slots per head (3: qkv, 2: kv).
-  core::TensorView heads(const float* base, int h, std::int64_t w) const {
-    return view_of(lc, base + h * B * Tc * NH * w * HS, {B, Tc, NH, w * HS});
-  }
-  core::TensorView qkv(const float* base, int h) const { return heads(base, h, 3); }
-  core::TensorView kv(const float* base, int h) const { return heads(base, h, 2); }
-  core::TensorView out(const float* base, int h) const {
-    return view_of(lc, base + h * B * Tc * NH * HS, {B, Tc, NH * HS});
-  }
-  core::TensorView lse(const float* base, int h) const {
-    return view_of(lc, base + h * B * NH * Tc, {B, NH, Tc});
-  }
-  // Global positions of chunk `chunk`.
-  core::TensorView pos(std::int64_t chunk) const {
-    return view_of(lc, lc.cp_positions + chunk * Tc, {Tc});
-  }
   std::int64_t chunk(int owner, int h) const { return cp_chunk(size, owner, h); }
   // The block held at step s came from this rank.
   int owner_at(int s) const { return (rank - s + size) % size; }
@@ -185,36 +195,14 @@ namespace {
 // Ulysses' geometry: the U ranks of the group, NHu = NH / U of the tp rank's NH heads each. The
 // whole sequence for a rank's heads is 2U blocks (rank j's half h is block 2j + h) of
 // (B, Tc, NHu, w) elements, w = 3 HS for qkv and HS for the output.
-struct Heads {
-  const LayerContext& lc;
-  int size, rank;
-  std::int64_t B, Tc, BT, NH, NHu, HS;
+struct Heads : Chunks {
+  std::int64_t BT, NH, NHu;
 
   Heads(const LayerContext& c, std::int64_t nh, std::int64_t hs)
-      : lc(c),
-        size(c.cp->size()),
-        rank(c.cp->rank()),
-        B(c.batch),
-        Tc(c.seq_len / 2),
-        BT(c.batch * c.seq_len),
-        NH(nh),
-        NHu(nh / c.cp->size()),
-        HS(hs) {}
+      : Chunks(c, nh / c.cp->size(), hs), BT(c.batch * c.seq_len), NH(nh), NHu(nh / c.cp->size()) {}
 
   int blocks() const { return 2 * size; }
   std::int64_t chunk(int block) const { return cp_chunk(size, block / 2, block % 2); }
-  core::TensorView qkv(const float* base, int block) const {
-    return view_of(lc, base + block * B * Tc * NHu * 3 * HS, {B, Tc, NHu, 3 * HS});
-  }
-  core::TensorView out(const float* base, int block) const {
-    return view_of(lc, base + block * B * Tc * NHu * HS, {B, Tc, NHu * HS});
-  }
-  core::TensorView lse(const float* base, int block) const {
-    return view_of(lc, base + block * B * NHu * Tc, {B, NHu, Tc});
-  }
-  core::TensorView pos(std::int64_t chunk) const {
-    return view_of(lc, lc.cp_positions + chunk * Tc, {Tc});
-  }
 
   // rows (B*Tl, NH w), every head of this rank's rows -> heads: U blocks of (B*Tl, NHu w), block
   // j rank j's rows of this rank's heads (packed through send, then one all-to-all).
