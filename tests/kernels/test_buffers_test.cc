@@ -94,12 +94,15 @@ TEST(TestBuffers, HostEditsAreUploadedAndEditsOfUnfetchedResultsRefused) {
 // copy holds results never fetched: its mirror died with its memory.
 TEST(TestBuffers, AVectorAtAFreedAddressStartsFromItsOwnContents) {
   std::uintptr_t address = 0;  // only the number: the vector is gone when it is compared
+  // Reserved first, so that nothing is allocated between the free and the tries (a small block
+  // carved from the freed one would keep it from coming back: heap-layout luck otherwise).
+  std::vector<std::vector<float>> tries;
+  tries.reserve(64);
   {
     std::vector<float> dead(kN, 1.0f);
     address = reinterpret_cast<std::uintptr_t>(dead.data());
     fill(ctx(), {.out = view_of(dead, {kN}), .value = 2.0f});  // never fetched
   }
-  std::vector<std::vector<float>> tries;
   const auto at = [](const std::vector<float>& v) {
     return reinterpret_cast<std::uintptr_t>(v.data());
   };
