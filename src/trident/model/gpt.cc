@@ -1,8 +1,9 @@
 #include "trident/model/gpt.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
-#include <tuple>
+#include <vector>
 
 #include "trident/core/error.h"
 #include "trident/core/view.h"
@@ -31,6 +32,48 @@ parallel::TpGroup tp_group_of(const ModelRuntime& rt) {
 bool expands_qkv(const ModelConfig& cfg) {
   return cfg.position_embedding == PositionEmbedding::kRope ||
          cfg.query_groups() != cfg.num_attention_heads;
+}
+
+// Context parallelism's part of the layout (layers/context_parallel.h): the rows' global
+// positions, the positions 0 .. T_total-1, one block's out and lse, and the ring's travelling
+// blocks and gradients or Ulysses' exchange buffers. T: this rank's tokens of a sample.
+template <class Alloc>
+void layout_sequence_split(const ModelConfig& cfg, const ModelShard& shard, std::int64_t B,
+                           std::int64_t T, Alloc& take, GptActivations& a) {
+  if (shard.cp_size == 1) return;
+  TRIDENT_CHECK(!cfg.documents(),
+                "context parallelism with --reset-position-ids / "
+                "--reset-attention-mask is not supported yet: a document boundary can fall in "
+                "any chunk; drop those flags or use --context-parallel-size 1");
+  const std::int64_t BT = B * T, Cl = cfg.hidden_size / shard.tp_size;
+  const std::int64_t NH = cfg.num_attention_heads / shard.tp_size;
+  auto ints = [&](std::int64_t n) { return reinterpret_cast<std::int32_t*>(take(n)); };
+  layers::Workspace& ws = a.ws;
+  a.positions = ints(BT);
+  a.cp_positions = ints(T * shard.cp_size);
+  ws.cp_out_blk = take(BT / 2 * Cl);
+  ws.cp_lse_blk = take(B * NH * (T / 2));
+  if (shard.ulysses) {
+    ws.sp_local = take(BT * 3 * Cl);
+    ws.sp_send = take(BT * 3 * Cl);
+    ws.sp_dout = take(BT * Cl);
+    ws.sp_dqkv = take(BT * 3 * Cl);
+  } else {
+    for (float*& b : ws.cp_kv) b = take(BT * 2 * Cl);
+    for (float*& b : ws.cp_dkv) b = take(BT * 2 * Cl);
+  }
+}
+
+// The largest oneDNN workspace of the BF16 products (rows, in, out); empty ones are skipped.
+std::int64_t bf16_scratch_bytes(const std::vector<std::array<std::int64_t, 3>>& products) {
+  const core::ExecContext ctx;
+  std::int64_t bytes = 0;
+  for (const auto& [rows, in, out] : products) {
+    if (rows > 0 && in > 0 && out > 0) {
+      bytes = std::max(bytes, k::linear_bf16_scratch_bytes(ctx, rows, in, out));
+    }
+  }
+  return bytes;
 }
 
 // The activation layout, shared by the size computation and the allocation so they never drift.
@@ -183,28 +226,7 @@ void layout_activations(const ModelConfig& cfg, const ModelShard& shard, std::in
     a.positions = reinterpret_cast<std::int32_t*>(take(BT));
     a.docs = reinterpret_cast<std::int32_t*>(take(BT));
   }
-  if (shard.cp_size > 1) {
-    // Context parallelism (layers/context_parallel.h): the rows' global positions, the positions
-    // 0 .. T_total-1, one block's out and lse, and the ring's travelling blocks and gradients or
-    // Ulysses' exchange buffers.
-    TRIDENT_CHECK(!cfg.documents(),
-                  "context parallelism with --reset-position-ids / "
-                  "--reset-attention-mask is not supported yet: a document boundary can fall in "
-                  "any chunk; drop those flags or use --context-parallel-size 1");
-    a.positions = ints(BT);
-    a.cp_positions = ints(T * shard.cp_size);
-    ws.cp_out_blk = take(BT / 2 * Cl);
-    ws.cp_lse_blk = take(B * NH * (T / 2));
-    if (shard.ulysses) {
-      ws.sp_local = take(BT * 3 * Cl);
-      ws.sp_send = take(BT * 3 * Cl);
-      ws.sp_dout = take(BT * Cl);
-      ws.sp_dqkv = take(BT * 3 * Cl);
-    } else {
-      for (float*& b : ws.cp_kv) b = take(BT * 2 * Cl);
-      for (float*& b : ws.cp_dkv) b = take(BT * 2 * Cl);
-    }
-  }
+  layout_sequence_split(cfg, shard, B, T, take, a);
   if (stage_reads_tokens(cfg, shard)) {  // the micro-batch's tokens and labels, staged in
     a.tokens = reinterpret_cast<std::int32_t*>(take(BT));
     a.labels = reinterpret_cast<std::int32_t*>(take(BT));
@@ -224,24 +246,15 @@ void layout_activations(const ModelConfig& cfg, const ModelShard& shard, std::in
                   shard.has_head ? head_rows * Vl : 0});
     ws.bf16_in = reinterpret_cast<core::bf16*>(take((std::max(BT, XB) * widest_in + 1) / 2));
     ws.bf16_dout = reinterpret_cast<core::bf16*>(take((dout + 1) / 2));
-    const core::ExecContext ctx;
-    std::int64_t bytes = 0;
-    for (auto [in, out] :
-         {std::pair{C, Ql}, std::pair{Cl, C}, std::pair{C, FCl}, std::pair{F, C}}) {
-      bytes = std::max(bytes, k::linear_bf16_scratch_bytes(ctx, BT, in, out));
-    }
+    std::vector<std::array<std::int64_t, 3>> products = {
+        {BT, C, Ql}, {BT, Cl, C}, {BT, C, FCl}, {BT, F, C}};
     if (E > 0) {
-      for (auto [rows, in, out] :
-           {std::tuple{XB, C, MFC}, std::tuple{XB, MF, C}, std::tuple{BT, C, E},
-            std::tuple{BT, C, SFC}, std::tuple{BT, SF, C}, std::tuple{BT, C, std::int64_t{1}}}) {
-        if (out > 0 && in > 0) {
-          bytes = std::max(bytes, k::linear_bf16_scratch_bytes(ctx, rows, in, out));
-        }
-      }
+      products.insert(
+          products.end(),
+          {{XB, C, MFC}, {XB, MF, C}, {BT, C, E}, {BT, C, SFC}, {BT, SF, C}, {BT, C, 1}});
     }
-    if (shard.has_head) {
-      bytes = std::max(bytes, k::linear_bf16_scratch_bytes(ctx, head_rows, C, Vl));
-    }
+    if (shard.has_head) products.push_back({head_rows, C, Vl});
+    const std::int64_t bytes = bf16_scratch_bytes(products);
     ws.gemm_scratch = {reinterpret_cast<std::byte*>(take((bytes + 3) / 4)),
                        static_cast<std::size_t>(bytes)};
   }

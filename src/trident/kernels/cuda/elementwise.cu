@@ -246,8 +246,8 @@ __global__ void copy_columns_kernel(CopyColumnsArgs a) {
 }
 
 void copy_columns(const ExecContext& ctx, const CopyColumnsArgs& args) {
-  TRIDENT_CHECK(args.rows >= 0 && args.cols >= 0, "copy_columns: negative size (", args.rows,
-                " x ", args.cols, ")");
+  TRIDENT_CHECK(args.rows >= 0 && args.cols >= 0, "copy_columns: negative size (", args.rows, " x ",
+                args.cols, ")");
   const std::int64_t n = args.rows * args.cols;
   if (n == 0) return;
   TRIDENT_CHECK(args.out != nullptr && args.in != nullptr, "copy_columns: a pointer is null");
