@@ -11,6 +11,7 @@
 #include "trident/kernels/flash_attention.h"
 #include "trident/kernels/fused_bias_gelu.h"
 #include "trident/kernels/fused_residual_layernorm.h"
+#include "trident/kernels/grouped_linear.h"
 #include "trident/kernels/matmul_bf16.h"
 #include "trident/kernels/memory.h"
 #include "trident/model/layers/context_parallel.h"
@@ -180,13 +181,6 @@ void layout_activations(const ModelConfig& cfg, const ModelShard& shard, std::in
     ws.moe_d_shared_in = SF > 0 ? take(R * C) : nullptr;
     ws.moe_d_shared_out = moe.shared_gate ? take(R * C) : nullptr;
     ws.moe_d_shared_logits = moe.shared_gate ? take(R) : nullptr;
-    if (bf16) {  // an expert matmul's padded block of rows (layers::kMoeBf16Block)
-      const std::int64_t w = layers::kMoeBf16Block * std::max(C, MFC);
-      ws.moe_pad_in = take(w);
-      ws.moe_pad_out = take(w);
-      ws.moe_pad_d_in = take(w);
-      ws.moe_pad_d_out = take(w);
-    }
   }
   layers::Workspace& ws = a.ws;
   ws.probs = selective ? take(B * NH * T * T) : nullptr;
@@ -237,24 +231,26 @@ void layout_activations(const ModelConfig& cfg, const ModelShard& shard, std::in
   if (bf16) {
     // The widest matmul input and output of the shard, in bf16 (two per float), and the largest
     // oneDNN workspace any of its matmuls needs. The output layer's (head_rows, Vl) counts only
-    // on the head's stage; with experts their blocks (kMoeBf16Block rows), the router's and the
-    // shared experts' matmuls count too.
-    const std::int64_t XB = E > 0 ? layers::kMoeBf16Block : 0;  // an expert matmul's rows
-    const std::int64_t widest_in = std::max({C, F, MF, SF});
+    // on the head's stage; with experts their grouped matmuls (all RL rows of the local experts
+    // at once), the router's and the shared experts' matmuls count too.
+    const std::int64_t in_rows = std::max(BT * std::max({C, F, SF}), RL * std::max(C, MF));
     const std::int64_t dout =
-        std::max({BT * std::max({3 * Cl, Ql, C, FCl, E, SFC}), XB * std::max(MFC, C),
+        std::max({BT * std::max({3 * Cl, Ql, C, FCl, E, SFC}), RL * std::max(MFC, C),
                   shard.has_head ? head_rows * Vl : 0});
-    ws.bf16_in = reinterpret_cast<core::bf16*>(take((std::max(BT, XB) * widest_in + 1) / 2));
+    ws.bf16_in = reinterpret_cast<core::bf16*>(take((in_rows + 1) / 2));
     ws.bf16_dout = reinterpret_cast<core::bf16*>(take((dout + 1) / 2));
     std::vector<std::array<std::int64_t, 3>> products = {
         {BT, C, Ql}, {BT, Cl, C}, {BT, C, FCl}, {BT, F, C}};
     if (E > 0) {
-      products.insert(
-          products.end(),
-          {{XB, C, MFC}, {XB, MF, C}, {BT, C, E}, {BT, C, SFC}, {BT, SF, C}, {BT, C, 1}});
+      products.insert(products.end(), {{BT, C, E}, {BT, C, SFC}, {BT, SF, C}, {BT, C, 1}});
     }
     if (shard.has_head) products.push_back({head_rows, C, Vl});
-    const std::int64_t bytes = bf16_scratch_bytes(products);
+    std::int64_t bytes = bf16_scratch_bytes(products);
+    if (E > 0) {  // the experts' grouped matmuls (kernels/grouped_linear.h)
+      const core::ExecContext cpu;
+      bytes = std::max({bytes, k::grouped_linear_bf16_scratch_bytes(cpu, C, MFC),
+                        k::grouped_linear_bf16_scratch_bytes(cpu, MF, C)});
+    }
     ws.gemm_scratch = {reinterpret_cast<std::byte*>(take((bytes + 3) / 4)),
                        static_cast<std::size_t>(bytes)};
   }

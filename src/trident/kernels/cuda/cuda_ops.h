@@ -12,6 +12,7 @@
 
 #include <cstdint>
 
+#include "trident/kernels/grouped_linear.h"
 #include "trident/kernels/matmul.h"
 #include "trident/kernels/matmul_bf16.h"
 #include "trident/kernels/op_types.h"
@@ -57,5 +58,10 @@ void linear_backward(const ExecContext& ctx, const LinearBackwardArgs& args);
 void gemm_bf16(const ExecContext& ctx, const GemmBf16Args& args);
 void linear_forward_bf16(const ExecContext& ctx, const LinearForwardBf16Args& args);
 void linear_backward_bf16(const ExecContext& ctx, const LinearBackwardBf16Args& args);
+// grouped_linear.h: one cuBLASLt product per group on the stream (no padding, no scratch).
+void grouped_linear_forward(const ExecContext& ctx, const GroupedLinearForwardArgs& args);
+void grouped_linear_forward(const ExecContext& ctx, const GroupedLinearForwardBf16Args& args);
+void grouped_linear_backward(const ExecContext& ctx, const GroupedLinearBackwardArgs& args);
+void grouped_linear_backward(const ExecContext& ctx, const GroupedLinearBackwardBf16Args& args);
 
 }  // namespace trident::kernels::cuda

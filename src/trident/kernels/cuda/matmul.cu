@@ -259,4 +259,45 @@ void linear_backward_bf16(const ExecContext& ctx, const LinearBackwardBf16Args& 
                       a.d_out, a.d_out_bf16, a.in, a.weight, a.rows, a.in_features, a.out_features);
 }
 
+namespace {
+
+template <class T>
+void grouped_forward(const ExecContext& ctx, cudaDataType_t operand,
+                     const BasicGroupedLinearForwardArgs<T>& a) {
+  const std::int64_t in = a.in_features, out = a.out_features;
+  for (std::int64_t g = 0; g < a.num_groups; ++g) {
+    const RowGroup r = a.groups[g];
+    linear_forward_any(ctx, operand, "grouped_linear_forward", a.out + r.first * out,
+                       a.in + r.first * in, a.weight + g * out * in, nullptr, r.rows, in, out);
+  }
+}
+
+template <class T>
+void grouped_backward(const ExecContext& ctx, cudaDataType_t operand,
+                      const BasicGroupedLinearBackwardArgs<T>& a) {
+  const std::int64_t in = a.in_features, out = a.out_features;
+  for (std::int64_t g = 0; g < a.num_groups; ++g) {
+    const RowGroup r = a.groups[g];
+    linear_backward_any(ctx, operand, "grouped_linear_backward",
+                        a.d_in != nullptr ? a.d_in + r.first * in : nullptr,
+                        a.d_weight + g * out * in, nullptr, nullptr, a.d_out + r.first * out,
+                        a.in + r.first * in, a.weight + g * out * in, r.rows, in, out);
+  }
+}
+
+}  // namespace
+
+void grouped_linear_forward(const ExecContext& ctx, const GroupedLinearForwardArgs& a) {
+  grouped_forward(ctx, CUDA_R_32F, a);
+}
+void grouped_linear_forward(const ExecContext& ctx, const GroupedLinearForwardBf16Args& a) {
+  grouped_forward(ctx, CUDA_R_16BF, a);
+}
+void grouped_linear_backward(const ExecContext& ctx, const GroupedLinearBackwardArgs& a) {
+  grouped_backward(ctx, CUDA_R_32F, a);
+}
+void grouped_linear_backward(const ExecContext& ctx, const GroupedLinearBackwardBf16Args& a) {
+  grouped_backward(ctx, CUDA_R_16BF, a);
+}
+
 }  // namespace trident::kernels::cuda

@@ -61,12 +61,6 @@ struct Workspace {
   float* moe_d_shared_in = nullptr;
   float* moe_d_shared_out = nullptr;
   float* moe_d_shared_logits = nullptr;
-  // BF16 experts (moe.h, kMoeBf16Block): one padded block of rows of an expert's matmul, its
-  // input and output (and their gradients), (kMoeBf16Block, max(C, F, 2F)) each.
-  float* moe_pad_in = nullptr;
-  float* moe_pad_out = nullptr;
-  float* moe_pad_d_in = nullptr;
-  float* moe_pad_d_out = nullptr;
   // Context parallelism's ring (context_parallel.h): two travelling key/value blocks and two
   // travelling key/value gradients, (B*T, 2C/tp) each (a head's key then value); one block's
   // output (B*T/2, C/tp) and log-sum-exp (B, NH/tp, T/2).

@@ -5,8 +5,10 @@
 #include <optional>
 
 #include "trident/core/error.h"
+#include "trident/kernels/bf16.h"
 #include "trident/kernels/elementwise.h"
 #include "trident/kernels/fill.h"
+#include "trident/kernels/grouped_linear.h"
 #include "trident/kernels/memory.h"
 #include "trident/kernels/moe.h"
 #include "trident/kernels/swiglu.h"
@@ -80,71 +82,48 @@ void declare_moe(const MoeConfig& cfg, const WeightScope& s, MoeParams* p, MoeGr
 
 namespace {
 
-// Expert e's matrix inside a stacked (E, ...) weight of `per` elements per expert.
-Weight expert_weight(const Weight& w, std::int64_t e, std::int64_t per) {
-  return {w.f32 + e * per, w.bf16 != nullptr ? w.bf16 + e * per : nullptr};
+// Every local expert's matmul in one grouped op (kernels/grouped_linear.h): expert j's rows
+// groups[j] of `in` (rows x in_f) through its matrix of the stacked weight (experts, out_f, in_f).
+// Under BF16 the inputs go to their BF16 copy first, as linear's.
+void experts_linear(const LayerContext& lc, std::span<const k::RowGroup> groups, float* out,
+                    const float* in, const Weight& w, std::int64_t in_f, std::int64_t out_f) {
+  const std::int64_t rows = groups.empty() ? 0 : groups.back().first + groups.back().rows;
+  const auto G = static_cast<std::int64_t>(groups.size());
+  k::GroupedLinearViews v{.out = view_of(lc, out, {rows, out_f}), .groups = groups};
+  if (w.bf16 == nullptr) {
+    v.in = view_of(lc, in, {rows, in_f});
+    v.weight = view_of(lc, w.f32, {G, out_f, in_f});
+    return k::grouped_linear(lc.ctx, v);
+  }
+  v.in = view_of(lc, lc.ws.bf16_in, {rows, in_f});
+  k::convert(lc.ctx, {.out = v.in, .in = view_of(lc, in, {rows, in_f})});
+  v.weight = view_of(lc, w.bf16, {G, out_f, in_f});
+  v.scratch = lc.ws.gemm_scratch;
+  k::grouped_linear(lc.ctx, v);
 }
 
-// n rows of `cols` from `from` to `to` (device copies), and zero rows after them up to a block.
-void pad_rows(const LayerContext& lc, float* to, const float* from, std::int64_t n,
-              std::int64_t cols) {
-  k::copy(lc.ctx, {.out = view_of(lc, to, {n * cols}), .in = view_of(lc, from, {n * cols})});
-  if (n < kMoeBf16Block) {
-    k::fill(lc.ctx, {.out = view_of(lc, to + n * cols, {(kMoeBf16Block - n) * cols})});
+// Its backward: d_in (=) for the groups' rows, d_w (+=) for every local expert.
+void experts_linear_backward(const LayerContext& lc, std::span<const k::RowGroup> groups,
+                             float* d_in, float* d_w, const float* d_out, const float* in,
+                             const Weight& w, std::int64_t in_f, std::int64_t out_f) {
+  const std::int64_t rows = groups.empty() ? 0 : groups.back().first + groups.back().rows;
+  const auto G = static_cast<std::int64_t>(groups.size());
+  k::GroupedLinearBackwardViews v{.d_in = view_of(lc, d_in, {rows, in_f}),
+                                  .d_weight = view_of(lc, d_w, {G, out_f, in_f}),
+                                  .groups = groups};
+  if (w.bf16 == nullptr) {
+    v.d_out = view_of(lc, d_out, {rows, out_f});
+    v.in = view_of(lc, in, {rows, in_f});
+    v.weight = view_of(lc, w.f32, {G, out_f, in_f});
+    return k::grouped_linear_backward(lc.ctx, v);
   }
-}
-
-// An expert's matmul: `linear` itself in FP32; under BF16 by blocks of kMoeBf16Block rows, the
-// last one padded (its zero rows give rows the copy back leaves out).
-void expert_linear(const LayerContext& lc, const LinearArgs& a) {
-  if (a.weight.bf16 == nullptr) return linear(lc, a);
-  const std::int64_t B = kMoeBf16Block, in = a.in_features, out = a.out_features;
-  for (std::int64_t r = 0; r < a.rows; r += B) {
-    const std::int64_t n = std::min(B, a.rows - r);
-    LinearArgs blk = a;
-    blk.rows = B;
-    blk.out = a.out + r * out;
-    blk.in = a.in + r * in;
-    if (n == B) {
-      linear(lc, blk);
-      continue;
-    }
-    pad_rows(lc, lc.ws.moe_pad_in, blk.in, n, in);
-    blk.in = lc.ws.moe_pad_in;
-    blk.out = lc.ws.moe_pad_out;
-    linear(lc, blk);
-    k::copy(lc.ctx, {.out = view_of(lc, a.out + r * out, {n * out}),
-                     .in = view_of(lc, lc.ws.moe_pad_out, {n * out})});
-  }
-}
-
-// Its backward, by the same blocks: padded rows have zero gradients and inputs, so they add
-// nothing to the weight's gradient.
-void expert_linear_backward(const LayerContext& lc, const LinearBackwardArgs& a) {
-  if (a.weight.bf16 == nullptr) return linear_backward(lc, a);
-  const std::int64_t B = kMoeBf16Block, in = a.in_features, out = a.out_features;
-  for (std::int64_t r = 0; r < a.rows; r += B) {
-    const std::int64_t n = std::min(B, a.rows - r);
-    LinearBackwardArgs blk = a;
-    blk.rows = B;
-    blk.d_in = a.d_in != nullptr ? a.d_in + r * in : nullptr;
-    blk.d_out = a.d_out + r * out;
-    blk.in = a.in + r * in;
-    if (n == B) {
-      linear_backward(lc, blk);
-      continue;
-    }
-    pad_rows(lc, lc.ws.moe_pad_d_out, blk.d_out, n, out);
-    pad_rows(lc, lc.ws.moe_pad_in, blk.in, n, in);
-    blk.d_out = lc.ws.moe_pad_d_out;
-    blk.in = lc.ws.moe_pad_in;
-    blk.d_in = a.d_in != nullptr ? lc.ws.moe_pad_d_in : nullptr;
-    linear_backward(lc, blk);
-    if (a.d_in != nullptr) {
-      k::copy(lc.ctx, {.out = view_of(lc, a.d_in + r * in, {n * in}),
-                       .in = view_of(lc, lc.ws.moe_pad_d_in, {n * in})});
-    }
-  }
+  v.d_out = view_of(lc, lc.ws.bf16_dout, {rows, out_f});
+  v.in = view_of(lc, lc.ws.bf16_in, {rows, in_f});
+  k::convert(lc.ctx, {.out = v.d_out, .in = view_of(lc, d_out, {rows, out_f})});
+  k::convert(lc.ctx, {.out = v.in, .in = view_of(lc, in, {rows, in_f})});
+  v.weight = view_of(lc, w.bf16, {G, out_f, in_f});
+  v.scratch = lc.ws.gemm_scratch;
+  k::grouped_linear_backward(lc.ctx, v);
 }
 
 template <class T>
@@ -170,11 +149,6 @@ std::vector<double> group_counts(const std::vector<std::int32_t>& experts,
   }
   return counts;
 }
-
-// The rows of each local expert in the buffers its MLP reads: n rows from `first`.
-struct ExpertRows {
-  std::int64_t first = 0, n = 0;
-};
 
 // Expert parallelism's bookkeeping for one call: how many permuted rows each rank sends each
 // expert (its kept rows, or the capacity when padded), and where they sit on both sides.
@@ -207,7 +181,7 @@ class EpExchange {
     rows_ = first;
   }
 
-  const std::vector<ExpertRows>& experts() const { return experts_; }
+  const std::vector<k::RowGroup>& experts() const { return experts_; }
   std::int64_t rows() const { return rows_; }  // received rows
 
   // x (this rank's permuted rows, expert-major over every expert) -> each local expert's rows
@@ -231,7 +205,7 @@ class EpExchange {
   void regroup(const LayerContext& lc, const float* from, float* to, bool to_expert_major) const {
     std::int64_t src_major = 0;
     std::vector<std::int64_t> expert_at;
-    for (const ExpertRows& r : experts_) expert_at.push_back(r.first);
+    for (const k::RowGroup& r : experts_) expert_at.push_back(r.first);
     for (int q = 0; q < P_; ++q) {
       for (std::int64_t j = 0; j < El_; ++j) {
         const std::int64_t n = at(q, j);
@@ -251,7 +225,7 @@ class EpExchange {
   std::int64_t El_, C_;
   std::vector<std::int64_t> all_;          // (P, E) every rank's block rows
   std::vector<std::int64_t> send_, recv_;  // elements to / from each rank
-  std::vector<ExpertRows> experts_;
+  std::vector<k::RowGroup> experts_;
   std::int64_t rows_ = 0;
 };
 
@@ -270,16 +244,17 @@ std::vector<std::int64_t> block_rows(const MoeConfig& cfg, const std::vector<std
   return b;
 }
 
-// Without expert parallelism: expert e's kept rows inside x_perm (padded: from e * capacity).
-std::vector<ExpertRows> local_rows(const MoeConfig& cfg, const std::vector<std::int32_t>& counts,
-                                   std::int64_t N) {
-  std::vector<ExpertRows> r;
+// Without expert parallelism: expert e's rows inside x_perm, its kept rows (padded: its whole
+// block of capacity rows from e * capacity, the padding rows zero, as the expert-parallel
+// exchange sends them).
+std::vector<k::RowGroup> local_rows(const MoeConfig& cfg, const std::vector<std::int32_t>& counts,
+                                    std::int64_t N) {
+  std::vector<k::RowGroup> r;
   std::int64_t first = 0;
-  const std::int64_t cap = cfg.capacity(N);
-  for (std::size_t e = 0; e < counts.size(); ++e) {
-    if (cfg.pad_to_capacity) first = static_cast<std::int64_t>(e) * cap;
-    r.push_back({first, counts[e]});
-    first += counts[e];
+  for (std::int32_t c : counts) {
+    const std::int64_t n = cfg.pad_to_capacity ? cfg.capacity(N) : c;
+    r.push_back({first, n});
+    first += n;
   }
   return r;
 }
@@ -392,37 +367,19 @@ void moe_forward(const LayerContext& lc, const MoeConfig& cfg, const MoeParams& 
     x_loc = s.x_loc;
     y_loc = lc.ws.moe_ep_b;
   }
-  const std::vector<ExpertRows> experts = ep ? ex->experts() : local_rows(cfg, counts, N);
-  const std::int64_t cap = cfg.capacity(N);
-  for (std::size_t j = 0; j < experts.size(); ++j) {
-    const auto [first, n] = experts[j];
-    const auto e = static_cast<std::int64_t>(j);  // the local expert
-    if (n > 0) {
-      expert_linear(lc, {.out = s.fc + first * FC,
-                         .in = x_loc + first * C,
-                         .weight = expert_weight(p.fc_w, e, FC * C),
-                         .rows = n,
-                         .in_features = C,
-                         .out_features = FC});
-      if (cfg.activation == Activation::kSwiGlu) {
-        k::swiglu(lc.ctx, {.out = view_of(lc, s.act + first * F, {n, F}),
-                           .in = view_of(lc, s.fc + first * FC, {n, FC})});
-      } else {
-        k::gelu(lc.ctx, {.out = view_of(lc, s.act + first * F, {n, F}),
-                         .in = view_of(lc, s.fc + first * FC, {n, F})});
-      }
-      expert_linear(lc, {.out = y_loc + first * C,
-                         .in = s.act + first * F,
-                         .weight = expert_weight(p.fc2_w, e, C * F),
-                         .rows = n,
-                         .in_features = F,
-                         .out_features = C});
+  // Every local expert's MLP over its rows: the rows are contiguous, expert after expert, so the
+  // activation runs over all of them at once.
+  const std::vector<k::RowGroup> experts = ep ? ex->experts() : local_rows(cfg, counts, N);
+  const std::int64_t nl = experts.empty() ? 0 : experts.back().first + experts.back().rows;
+  if (nl > 0) {
+    experts_linear(lc, experts, s.fc, x_loc, p.fc_w, C, FC);
+    if (cfg.activation == Activation::kSwiGlu) {
+      k::swiglu(lc.ctx, {.out = view_of(lc, s.act, {nl, F}), .in = view_of(lc, s.fc, {nl, FC})});
+    } else {
+      k::gelu(lc.ctx, {.out = view_of(lc, s.act, {nl, F}), .in = view_of(lc, s.fc, {nl, F})});
     }
-    // Padding rows: no expert output (with expert parallelism the experts ran on them: zero rows
-    // in, zero rows out, no biases).
-    if (!ep && cfg.pad_to_capacity && n < cap) {
-      k::zero_on_device(lc.ctx, s.y_perm + (first + n) * C, (cap - n) * C * 4);
-    }
+    // Padding rows (capacity): zero rows in, zero rows out (the experts have no biases).
+    experts_linear(lc, experts, y_loc, s.act, p.fc2_w, F, C);
   }
   if (ep) ex->combine(lc, y_loc, lc.ws.moe_ep_a, s.y_perm);
   // Each tp rank's experts hold an F slice: the combine is its partial sum (x is consumed).
@@ -440,7 +397,7 @@ void moe_forward(const LayerContext& lc, const MoeConfig& cfg, const MoeParams& 
   st.aux_loss = st.z_loss = 0.0;
   if (cfg.z_loss_coeff != 0.0) {
     double sum = 0;
-    for (float x : download(lc, s.lse, N)) sum += static_cast<double>(x) * x;
+    for (float v : download(lc, s.lse, N)) sum += static_cast<double>(v) * v;
     st.z_loss = cfg.z_loss_coeff * sum / static_cast<double>(N);
   }
   if (cfg.aux_loss_coeff != 0.0) {
@@ -495,37 +452,21 @@ const float* moe_backward(const LayerContext& lc, const MoeConfig& cfg, const Mo
     x_loc = s.x_loc;
     d_loc = lc.ws.moe_ep_b;
   }
-  const std::vector<ExpertRows> experts = ep ? ex->experts() : local_rows(cfg, counts, N);
-  for (std::size_t j = 0; j < experts.size(); ++j) {
-    const auto [first, n] = experts[j];
-    const auto e = static_cast<std::int64_t>(j);
-    if (n == 0) continue;
-    // d_loc's rows are the expert output's gradient, then (=) its input's.
-    expert_linear_backward(lc, {.d_in = args.d_act + first * F,
-                                .d_weight = g.fc2_w + e * C * F,
-                                .d_out = d_loc + first * C,
-                                .in = s.act + first * F,
-                                .weight = expert_weight(p.fc2_w, e, C * F),
-                                .rows = n,
-                                .in_features = F,
-                                .out_features = C});
+  const std::vector<k::RowGroup> experts = ep ? ex->experts() : local_rows(cfg, counts, N);
+  const std::int64_t nl = experts.empty() ? 0 : experts.back().first + experts.back().rows;
+  if (nl > 0) {
+    // d_loc's rows are the experts' output gradients, then (=) their inputs'.
+    experts_linear_backward(lc, experts, args.d_act, g.fc2_w, d_loc, s.act, p.fc2_w, F, C);
     if (cfg.activation == Activation::kSwiGlu) {
-      k::swiglu_backward(lc.ctx, {.d_in = view_of(lc, args.d_fc + first * FC, {n, FC}),
-                                  .d_out = view_of(lc, args.d_act + first * F, {n, F}),
-                                  .in = view_of(lc, s.fc + first * FC, {n, FC})});
+      k::swiglu_backward(lc.ctx, {.d_in = view_of(lc, args.d_fc, {nl, FC}),
+                                  .d_out = view_of(lc, args.d_act, {nl, F}),
+                                  .in = view_of(lc, s.fc, {nl, FC})});
     } else {
-      k::gelu_backward(lc.ctx, {.d_in = view_of(lc, args.d_fc + first * FC, {n, F}),
-                                .d_out = view_of(lc, args.d_act + first * F, {n, F}),
-                                .in = view_of(lc, s.fc + first * FC, {n, F})});
+      k::gelu_backward(lc.ctx, {.d_in = view_of(lc, args.d_fc, {nl, F}),
+                                .d_out = view_of(lc, args.d_act, {nl, F}),
+                                .in = view_of(lc, s.fc, {nl, F})});
     }
-    expert_linear_backward(lc, {.d_in = d_loc + first * C,
-                                .d_weight = g.fc_w + e * FC * C,
-                                .d_out = args.d_fc + first * FC,
-                                .in = x_loc + first * C,
-                                .weight = expert_weight(p.fc_w, e, FC * C),
-                                .rows = n,
-                                .in_features = C,
-                                .out_features = FC});
+    experts_linear_backward(lc, experts, d_loc, g.fc_w, args.d_fc, x_loc, p.fc_w, C, FC);
   }
   if (ep) ex->combine(lc, d_loc, lc.ws.moe_ep_a, args.d_perm);  // back to this rank's rows
   // The router: the combine's gradient, the load-balancing loss's and the z-loss's.

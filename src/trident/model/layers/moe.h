@@ -96,12 +96,6 @@ struct MoeGrads {
 // dense MLP's) and "shared_experts.gate_weight" (1, C).
 void declare_moe(const MoeConfig& cfg, const WeightScope& s, MoeParams* p, MoeGrads* g);
 
-// Under --bf16 an expert's matmuls run on blocks of this many of its rows, the last block padded
-// with zero rows through the workspace (Workspace::moe_pad_*): the matmuls see one shape per
-// weight whatever the routing, so a bounded set of oneDNN primitives (created once, cached) and
-// one scratch size serve every step.
-inline constexpr std::int64_t kMoeBf16Block = 32;
-
 // The activations the backward reads (rows = this call's tokens, R = cfg.max_rows(rows)); int32
 // buffers in their own type.
 struct MoeSaved {
