@@ -46,6 +46,16 @@ std::vector<RouterCase> router_cases() {
       {"sigmoid top1", {.topk = 1, .score = MoeScore::kSigmoid}},
       {"sigmoid top2 bias", {.topk = 2, .score = MoeScore::kSigmoid}, true},
       {"sigmoid top4 bias scaled", {.topk = 4, .score = MoeScore::kSigmoid, .scaling = 2.5f}, true},
+      // Group-limited (8 experts): 4 groups of 2, one kept; 4 groups, two kept, top 4; 2 groups.
+      {"softmax top2 groups 4/1", {.topk = 2, .num_groups = 4, .group_topk = 1}},
+      {"softmax top4 groups 4/2", {.topk = 4, .num_groups = 4, .group_topk = 2}},
+      {"pre-softmax top2 groups 2/1",
+       {.topk = 2, .pre_softmax = true, .num_groups = 2, .group_topk = 1}},
+      {"sigmoid top2 groups 4/2",
+       {.topk = 2, .score = MoeScore::kSigmoid, .num_groups = 4, .group_topk = 2}},
+      {"sigmoid top4 bias groups 4/2 scaled",
+       {.topk = 4, .score = MoeScore::kSigmoid, .scaling = 2.5f, .num_groups = 4, .group_topk = 2},
+       true},
   };
 }
 
@@ -132,6 +142,49 @@ TEST(Moe, RouterClosedForms) {
   const double s0 = 1 / (1 + std::exp(-1.0)), s3 = 1 / (1 + std::exp(-0.5));
   EXPECT_NEAR(out.weights[0], s0 / (s0 + s3), 1e-7);
   EXPECT_NEAR(out.weights[1], s3 / (s0 + s3), 1e-7);
+}
+
+// Group-limited routing's closed forms (DeepSeek-V3, Megatron-Core's group_limited_topk): 8
+// experts in 4 groups of 2 with logits (5, -5 | 2, 2 | 4, -1 | 0, 0). Without groups the top 2
+// are experts 0 and 4. Keeping one group, its score the sum of its top 2 (0 | 4 | 3 | 0): group 1,
+// experts 2 and 3 (a tie: the lower first). Keeping two groups scored by their top 1
+// (5 | 2 | 4 | 0): groups 0 and 2, experts 0 and 4.
+TEST(Moe, GroupLimitedRoutingClosedForms) {
+  const std::int64_t E = 8;
+  const std::vector<float> logits = {5.0f, -5.0f, 2.0f, 2.0f, 4.0f, -1.0f, 0.0f, 0.0f};
+  auto route = [&](MoeRouterConfig cfg) {
+    RouterOut out(1, E, cfg.topk);
+    moe_router(ctx(), {.scores = view_of(out.scores, {1, E}),
+                       .experts = view_of(out.experts, {1, cfg.topk}),
+                       .weights = view_of(out.weights, {1, cfg.topk}),
+                       .logits = view_of(logits, {1, E}),
+                       .cfg = cfg});
+    fetch(out.weights);
+    return std::pair(fetch(out.experts), out.weights);
+  };
+  EXPECT_EQ(route({.topk = 2}).first, (std::vector<std::int32_t>{0, 4}));
+  const auto [one_group, w] = route({.topk = 2, .num_groups = 4, .group_topk = 1});
+  EXPECT_EQ(one_group, (std::vector<std::int32_t>{2, 3}));
+  EXPECT_NEAR(w[0], 0.5, 1e-7);  // softmax over the two chosen (equal) logits
+  EXPECT_EQ(route({.topk = 2, .num_groups = 4, .group_topk = 2}).first,
+            (std::vector<std::int32_t>{0, 4}));
+  // Two groups kept, top 4 (scored by their top 2): groups 1 and 2, experts 4, 2, 3, 5.
+  EXPECT_EQ(route({.topk = 4, .num_groups = 4, .group_topk = 2}).first,
+            (std::vector<std::int32_t>{4, 2, 3, 5}));
+  // A group count that does not divide the experts, or a group top-k that cannot hold k experts.
+  RouterOut out(1, E, 2);
+  for (const MoeRouterConfig& bad :
+       {MoeRouterConfig{.topk = 2, .num_groups = 3, .group_topk = 1},
+        MoeRouterConfig{.topk = 3, .num_groups = 4, .group_topk = 1}}) {
+    const std::string e = testing::invalid_argument_of([&] {
+      moe_router(ctx(), {.scores = view_of(out.scores, {1, E}),
+                         .experts = testing::view_claiming(out.experts, {1, bad.topk}),
+                         .weights = testing::view_claiming(out.weights, {1, bad.topk}),
+                         .logits = view_of(logits, {1, E}),
+                         .cfg = bad});
+    });
+    EXPECT_NE(e.find("group"), std::string::npos) << e;
+  }
 }
 
 struct BackwardCase {

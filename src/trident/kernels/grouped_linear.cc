@@ -197,7 +197,7 @@ void check_view(const char* op, const char* name, const core::TensorView& v, cor
 
 // The body for ctx.device: the CUDA one, or the CPU's (cpu_forward / cpu_backward by the args).
 template <class Args>
-void dispatch(const char* op, const core::ExecContext& ctx, const Args& a) {
+void dispatch([[maybe_unused]] const char* op, const core::ExecContext& ctx, const Args& a) {
   constexpr bool forward = requires { a.out; };
   if (ctx.device.kind == core::DeviceKind::kCuda) {
 #ifdef TRIDENT_HAVE_CUDA

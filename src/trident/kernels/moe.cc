@@ -33,6 +33,15 @@ void check_router_config(const char* op, const MoeRouterConfig& c, std::int64_t 
                 ": pre_softmax applies to the softmax score function only");
   TRIDENT_CHECK(c.scaling > 0.0f, op, ": the top-k scaling factor is ", c.scaling,
                 "; it must be > 0");
+  if (c.num_groups <= 1) return;
+  const std::int64_t G = c.num_groups;
+  TRIDENT_CHECK(G <= kMoeMaxGroups && E % G == 0, op, ": ", G, " expert groups for ", E,
+                " experts; the groups must divide the experts and be at most ", kMoeMaxGroups);
+  TRIDENT_CHECK(c.group_topk >= 1 && c.group_topk <= G && c.topk % c.group_topk == 0 &&
+                    c.topk <= c.group_topk * (E / G),
+                op, ": group top-k ", c.group_topk, " with ", G, " groups of ", E / G,
+                " experts and top-k ", c.topk,
+                ": it must be in [1, groups], divide top-k, and its groups must hold k experts");
 }
 
 // Every row index an op reads must be a valid int32 row; sizes fit int32 so the indices do.

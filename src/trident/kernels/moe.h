@@ -36,7 +36,14 @@ struct MoeRouterConfig {
   MoeScore score = MoeScore::kSoftmax;
   bool pre_softmax = false;  // --moe-router-pre-softmax (softmax only)
   float scaling = 1.0f;      // --moe-router-topk-scaling-factor (1: none)
+  // Group-limited routing (DeepSeek-V3; --moe-router-num-groups, --moe-router-group-topk): the
+  // experts in num_groups equal groups of consecutive indices, and a token's k experts chosen
+  // only among the group_topk groups of largest group score. 0 or 1 groups: no limit.
+  std::int64_t num_groups = 0;  // divides E; at most kMoeMaxGroups
+  std::int64_t group_topk = 0;  // 1..num_groups, divides topk, topk <= group_topk * E / groups
 };
+// The most groups group-limited routing takes (a token's chosen groups fit one 64-bit mask).
+inline constexpr std::int64_t kMoeMaxGroups = 64;
 
 // For each token n (l = logits[n, :]):
 //   scores[n, e] = softmax(l)[e]                              (kSoftmax)
@@ -53,6 +60,13 @@ struct MoeRouterConfig {
 //                 q_j = scores[n, e_j] / (sum_i scores[n, e_i] + 1e-20) if k > 1, else
 //                       scores[n, e_j]                          (kSigmoid)
 //   lse[n] = log sum_e exp(l[e])   (the router z-loss's; any score function)
+// Group-limited (cfg.num_groups G > 1, as Megatron-Core's group_limited_topk): each group's score
+// is the sum of its top-(k / group_topk) values of
+//                 l[e]                    (kSoftmax, !pre_softmax: Megatron groups the logits)
+//                 softmax(l)[e]           (kSoftmax, pre_softmax)
+//                 sigmoid(l[e]) (+ bias[e] with expert_bias)   (kSigmoid)
+// (in double; ties to the lower expert, then group); the group_topk groups of largest score are
+// kept (ties to the lower group), and experts[n, :] are the k largest keys among their experts.
 // All outputs are written (=); lse may be null.
 template <class T>
 struct BasicMoeRouterForwardArgs {

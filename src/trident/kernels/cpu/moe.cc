@@ -13,13 +13,47 @@
 
 namespace trident::kernels::TRIDENT_CPU_ISA {
 
+namespace {
+
+// Group-limited routing (moe.h): the experts, in index order, of the group_topk groups whose
+// top-(k / group_topk) values sum largest. `groups` is the caller's scratch.
+std::vector<std::int32_t> allowed_experts(const std::vector<double>& value,
+                                          const MoeRouterConfig& cfg,
+                                          std::vector<std::int32_t>& groups) {
+  const auto E = static_cast<std::int64_t>(value.size());
+  const std::int64_t G = cfg.num_groups, per = E / G, m = cfg.topk / cfg.group_topk;
+  const auto larger = [](const std::vector<double>& v) {
+    return [&v](std::int32_t x, std::int32_t y) { return v[x] > v[y] || (v[x] == v[y] && x < y); };
+  };
+  std::vector<double> score(static_cast<std::size_t>(G), 0.0);
+  std::vector<std::int32_t> in_group(static_cast<std::size_t>(per));
+  for (std::int64_t g = 0; g < G; ++g) {
+    std::iota(in_group.begin(), in_group.end(), static_cast<std::int32_t>(g * per));
+    std::partial_sort(in_group.begin(), in_group.begin() + m, in_group.end(), larger(value));
+    for (std::int64_t i = 0; i < m; ++i) score[g] += value[in_group[i]];
+  }
+  groups.resize(static_cast<std::size_t>(G));
+  std::iota(groups.begin(), groups.end(), 0);
+  std::partial_sort(groups.begin(), groups.begin() + cfg.group_topk, groups.end(), larger(score));
+  std::sort(groups.begin(), groups.begin() + cfg.group_topk);
+  std::vector<std::int32_t> experts;
+  for (std::int64_t i = 0; i < cfg.group_topk; ++i) {
+    for (std::int64_t e = groups[i] * per; e < (groups[i] + 1) * per; ++e) {
+      experts.push_back(static_cast<std::int32_t>(e));
+    }
+  }
+  return experts;
+}
+
+}  // namespace
+
 void moe_router_forward(const ExecContext& ctx, const MoeRouterForwardArgs& a) {
   const std::int64_t E = a.num_experts, k = a.cfg.topk;
   const bool softmax = a.cfg.score == MoeScore::kSoftmax;
 #pragma omp parallel num_threads(detail::num_threads(ctx))
   {
-    std::vector<double> s(static_cast<std::size_t>(E)), key(s.size());
-    std::vector<std::int32_t> order(s.size());
+    std::vector<double> s(static_cast<std::size_t>(E)), key(s.size()), value(s.size());
+    std::vector<std::int32_t> order(s.size()), group_order;
 #pragma omp for schedule(static)
     for (std::int64_t n = 0; n < a.tokens; ++n) {
       const float* l = a.logits + n * E;
@@ -34,7 +68,16 @@ void moe_router_forward(const ExecContext& ctx, const MoeRouterForwardArgs& a) {
         a.scores[n * E + e] = static_cast<float>(s[e]);
       }
       if (a.lse != nullptr) a.lse[n] = static_cast<float>(lse);
+      order.resize(static_cast<std::size_t>(E));
       std::iota(order.begin(), order.end(), 0);
+      if (a.cfg.num_groups > 1) {
+        for (std::int64_t e = 0; e < E; ++e) {
+          value[e] = softmax && !a.cfg.pre_softmax ? l[e]
+                     : a.expert_bias != nullptr    ? key[e]
+                                                   : s[e];
+        }
+        order = allowed_experts(value, a.cfg, group_order);
+      }
       std::partial_sort(order.begin(), order.begin() + k, order.end(),
                         [&](std::int32_t x, std::int32_t y) {
                           return key[x] > key[y] || (key[x] == key[y] && x < y);

@@ -50,6 +50,67 @@ __device__ __forceinline__ double router_key(const MoeRouterForwardArgs& a, cons
   return router_score(false, l[e], lse) + static_cast<double>(a.expert_bias[e]);
 }
 
+// What group-limited routing's group scores sum (moe.h): the logit (softmax without
+// pre_softmax), the softmax score, or sigmoid(l[e]) (+ bias[e]).
+__device__ __forceinline__ double group_value(const MoeRouterForwardArgs& a, const float* l,
+                                              double lse, std::int64_t e) {
+  if (a.cfg.score == MoeScore::kSoftmax) {
+    return a.cfg.pre_softmax ? router_score(true, l[e], lse) : static_cast<double>(l[e]);
+  }
+  return a.expert_bias != nullptr ? router_key(a, l, lse, e) : router_score(false, l[e], lse);
+}
+
+// The j-th largest of value(i) for i in [first, end), in the total order (value descending, index
+// ascending): the largest after (prev, prev_value). -1 when none is left (or only NaNs).
+template <class Value>
+__device__ std::int64_t next_largest(Value value, std::int64_t first, std::int64_t end,
+                                     std::int64_t prev, double prev_value, double* out) {
+  std::int64_t best = -1;
+  double best_value = 0.0;
+  for (std::int64_t i = first; i < end; ++i) {
+    const double v = value(i);
+    if (prev >= 0 && !(v < prev_value || (v == prev_value && i > prev))) continue;
+    if (best < 0 || v > best_value) {
+      best = i;
+      best_value = v;
+    }
+  }
+  *out = best_value;
+  return best;
+}
+
+// Group-limited routing: a mask of the group_topk groups whose top-(k / group_topk) values sum
+// largest (ties to the lower expert, then group), summed in descending order as the CPU.
+__device__ std::uint64_t chosen_groups(const MoeRouterForwardArgs& a, const float* l, double lse) {
+  const std::int64_t G = a.cfg.num_groups, per = a.num_experts / G;
+  const std::int64_t m = a.cfg.topk / a.cfg.group_topk;
+  double score[kMoeMaxGroups];
+  for (std::int64_t g = 0; g < G; ++g) {
+    score[g] = 0.0;
+    std::int64_t prev = -1;
+    double prev_value = 0.0;
+    for (std::int64_t i = 0; i < m; ++i) {
+      double v = 0.0;
+      prev = next_largest([&](std::int64_t e) { return group_value(a, l, lse, e); }, g * per,
+                          (g + 1) * per, prev, prev_value, &v);
+      if (prev < 0) break;
+      score[g] += v;
+      prev_value = v;
+    }
+  }
+  std::uint64_t mask = 0;
+  std::int64_t prev = -1;
+  double prev_score = 0.0;
+  for (std::int64_t i = 0; i < a.cfg.group_topk; ++i) {
+    double v = 0.0;
+    prev = next_largest([&](std::int64_t g) { return score[g]; }, 0, G, prev, prev_score, &v);
+    if (prev < 0) break;
+    mask |= std::uint64_t{1} << prev;
+    prev_score = v;
+  }
+  return mask;
+}
+
 __global__ void moe_router_forward_kernel(MoeRouterForwardArgs a) {
   const std::int64_t E = a.num_experts, k = a.cfg.topk;
   const bool softmax = a.cfg.score == MoeScore::kSoftmax;
@@ -68,13 +129,19 @@ __global__ void moe_router_forward_kernel(MoeRouterForwardArgs a) {
     if (a.lse != nullptr) a.lse[n] = static_cast<float>(lse);
 
     // Repeated argmax: the j-th choice is the largest key after the (j-1)-th in the total order
-    // (key descending, expert ascending), so no marks are needed.
+    // (key descending, expert ascending), so no marks are needed; with groups, among the chosen
+    // groups' experts only.
+    const bool grouped = a.cfg.num_groups > 1;
+    const std::uint64_t groups = grouped ? chosen_groups(a, l, lse) : ~std::uint64_t{0};
+    const std::int64_t per = grouped ? E / a.cfg.num_groups : E;
+    const auto allowed = [&](std::int64_t e) { return ((groups >> (e / per)) & 1) != 0; };
     std::int64_t prev = -1;
     double prev_key = 0.0;
     for (std::int64_t j = 0; j < k; ++j) {
       std::int64_t best = -1;
       double best_key = 0.0;
       for (std::int64_t e = 0; e < E; ++e) {
+        if (!allowed(e)) continue;
         const double ke = router_key(a, l, lse, e);
         if (prev >= 0 && !(ke < prev_key || (ke == prev_key && e > prev))) continue;
         if (best < 0 || ke > best_key) {
@@ -86,7 +153,7 @@ __global__ void moe_router_forward_kernel(MoeRouterForwardArgs a) {
         for (std::int64_t e = 0; e < E && best < 0; ++e) {
           bool taken = false;
           for (std::int64_t i = 0; i < j; ++i) taken = taken || experts[i] == e;
-          if (!taken) best = e;
+          if (!taken && allowed(e)) best = e;
         }
         best_key = router_key(a, l, lse, best);
       }

@@ -12,14 +12,37 @@ namespace trident::kernels::ref {
 
 namespace {
 
-// The k experts of largest key, in descending order, ties to the lower expert.
-std::vector<std::int32_t> top_k(const std::vector<double>& key, std::int64_t k) {
-  std::vector<std::int32_t> order(key.size());
-  std::iota(order.begin(), order.end(), 0);
+// The k allowed experts of largest key, in descending order, ties to the lower expert.
+std::vector<std::int32_t> top_k(const std::vector<double>& key, std::int64_t k,
+                                const std::vector<bool>& allowed) {
+  std::vector<std::int32_t> order;
+  for (std::size_t e = 0; e < key.size(); ++e) {
+    if (allowed[e]) order.push_back(static_cast<std::int32_t>(e));
+  }
   std::stable_sort(order.begin(), order.end(),
                    [&](std::int32_t a, std::int32_t b) { return key[a] > key[b]; });
   order.resize(static_cast<std::size_t>(k));
   return order;
+}
+
+// Group-limited routing: the experts of the group_topk groups whose top-(k / group_topk) values
+// sum largest (all experts without groups).
+std::vector<bool> allowed_experts(const std::vector<double>& value, const MoeRouterConfig& cfg) {
+  const auto E = static_cast<std::int64_t>(value.size());
+  if (cfg.num_groups <= 1) return std::vector<bool>(value.size(), true);
+  const std::int64_t G = cfg.num_groups, per = E / G, m = cfg.topk / cfg.group_topk;
+  std::vector<double> group_score(static_cast<std::size_t>(G));
+  for (std::int64_t g = 0; g < G; ++g) {
+    const std::vector<double> in(value.begin() + g * per, value.begin() + (g + 1) * per);
+    for (std::int32_t e : top_k(in, m, std::vector<bool>(in.size(), true))) {
+      group_score[g] += in[e];
+    }
+  }
+  std::vector<bool> allowed(value.size(), false);
+  for (std::int32_t g : top_k(group_score, cfg.group_topk, std::vector<bool>(G, true))) {
+    for (std::int64_t e = g * per; e < (g + 1) * per; ++e) allowed[e] = true;
+  }
+  return allowed;
 }
 
 }  // namespace
@@ -40,7 +63,12 @@ void moe_router_forward(const BasicMoeRouterForwardArgs<T>& a) {
       a.scores[n * E + e] = static_cast<T>(s[e]);
     }
     if (a.lse != nullptr) a.lse[n] = static_cast<T>(lse);
-    const std::vector<std::int32_t> chosen = top_k(key, k);
+    std::vector<double> value(l.size());  // what the group scores sum (moe.h)
+    for (std::int64_t e = 0; e < E; ++e) {
+      const bool logits = a.cfg.score == MoeScore::kSoftmax && !a.cfg.pre_softmax;
+      value[e] = logits ? l[e] : a.expert_bias != nullptr ? key[e] : s[e];
+    }
+    const std::vector<std::int32_t> chosen = top_k(key, k, allowed_experts(value, a.cfg));
     std::vector<double> q(static_cast<std::size_t>(k));
     for (std::int64_t j = 0; j < k; ++j) q[j] = s[chosen[j]];
     if (a.cfg.score == MoeScore::kSoftmax && !a.cfg.pre_softmax) {
