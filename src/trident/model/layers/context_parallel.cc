@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "trident/comm/communicator.h"
+#include "trident/core/error.h"
 #include "trident/kernels/fill.h"
 #include "trident/kernels/flash_attention_block.h"
 
@@ -45,6 +46,21 @@ struct Chunks {
   // Global positions of sequence chunk `chunk`.
   core::TensorView pos(std::int64_t chunk) const {
     return view_of(lc, lc.cp_positions + chunk * Tc, {Tc});
+  }
+  // One visible (query block b, key block) pair of v into block b of out and lse: a query block's
+  // first pair writes them, later ones go through the workspace's block buffers and are merged
+  // in by log-sum-exp.
+  void attend(float* out_base, float* lse_base, int b, bool first,
+              k::FlashAttentionBlockViews v) const {
+    const Workspace& ws = lc.ws;
+    v.out = first ? out(out_base, b) : out(ws.cp_out_blk, 0);
+    v.lse = first ? lse(lse_base, b) : lse(ws.cp_lse_blk, 0);
+    k::flash_attention_block(lc.ctx, v);
+    if (first) return;
+    k::flash_attention_merge(lc.ctx, {.out = out(out_base, b),
+                                      .lse = lse(lse_base, b),
+                                      .out_blk = out(ws.cp_out_blk, 0),
+                                      .lse_blk = lse(ws.cp_lse_blk, 0)});
   }
 };
 
@@ -113,26 +129,17 @@ void ring_attention_forward(const LayerContext& lc, const RingAttentionArgs& a) 
       for (int hk = 0; hk < 2; ++hk) {
         const std::int64_t kc = r.chunk(owner, hk);
         if (kc > qc) continue;  // every key of the chunk is after every query: nothing visible
-        // A chunk's first pair (its diagonal, at step 0) writes its out and lse; the others go
-        // through the block buffers and are merged in.
+        // A chunk's first pair is its diagonal, at step 0.
         const bool first = !started[hq];
         started[hq] = true;
-        k::flash_attention_block(lc.ctx,
-                                 {.out = first ? r.out(a.attn, hq) : r.out(ws.cp_out_blk, 0),
-                                  .lse = first ? r.lse(a.lse, hq) : r.lse(ws.cp_lse_blk, 0),
-                                  .qkv = r.qkv(a.qkv, hq),
-                                  .kv = r.kv(kv, hk),
-                                  .q_pos = r.pos(qc),
-                                  .k_pos = r.pos(kc),
-                                  .alibi = slopes,
-                                  .dropout = a.dropout,
-                                  .total_len = T});
-        if (!first) {
-          k::flash_attention_merge(lc.ctx, {.out = r.out(a.attn, hq),
-                                            .lse = r.lse(a.lse, hq),
-                                            .out_blk = r.out(ws.cp_out_blk, 0),
-                                            .lse_blk = r.lse(ws.cp_lse_blk, 0)});
-        }
+        r.attend(a.attn, a.lse, hq, first,
+                 {.qkv = r.qkv(a.qkv, hq),
+                  .kv = r.kv(kv, hk),
+                  .q_pos = r.pos(qc),
+                  .k_pos = r.pos(kc),
+                  .alibi = slopes,
+                  .dropout = a.dropout,
+                  .total_len = T});
       }
     }
     finish(moving);
@@ -199,14 +206,19 @@ struct Heads : Chunks {
   std::int64_t BT, NH, NHu;
 
   Heads(const LayerContext& c, std::int64_t nh, std::int64_t hs)
-      : Chunks(c, nh / c.cp->size(), hs), BT(c.batch * c.seq_len), NH(nh), NHu(nh / c.cp->size()) {}
+      : Chunks(c, nh / c.cp->size(), hs), BT(c.batch * c.seq_len), NH(nh), NHu(nh / c.cp->size()) {
+    // TrainConfig refuses such a split; a direct caller of the model gets this, not truncation.
+    TRIDENT_CHECK(nh % c.cp->size() == 0, "Ulysses: ", nh,
+                  " heads on this tensor-parallel rank do ", "not divide over ", c.cp->size(),
+                  " sequence-parallel ranks");
+  }
 
   int blocks() const { return 2 * size; }
   std::int64_t chunk(int block) const { return cp_chunk(size, block / 2, block % 2); }
 
   // rows (B*Tl, NH w), every head of this rank's rows -> heads: U blocks of (B*Tl, NHu w), block
   // j rank j's rows of this rank's heads (packed through send, then one all-to-all).
-  void rows_to_heads(const float* rows, float* send, float* heads, std::int64_t w) const {
+  void rows_to_heads(const float* rows, float* send, float* by_head, std::int64_t w) const {
     const std::int64_t cols = NHu * w;
     for (int j = 0; j < size; ++j) {
       k::copy_columns(lc.ctx, {.out = view_of(lc, send + j * BT * cols, {BT, cols}),
@@ -214,12 +226,12 @@ struct Heads : Chunks {
                                .in_col = j * cols,
                                .cols = cols});
     }
-    exchange(send, heads, BT * cols);
+    exchange(send, by_head, BT * cols);
   }
   // The reverse: heads -> (through recv) rows.
-  void heads_to_rows(const float* heads, float* recv, float* rows, std::int64_t w) const {
+  void heads_to_rows(const float* by_head, float* recv, float* rows, std::int64_t w) const {
     const std::int64_t cols = NHu * w;
-    exchange(heads, recv, BT * cols);
+    exchange(by_head, recv, BT * cols);
     for (int j = 0; j < size; ++j) {
       k::copy_columns(lc.ctx, {.out = view_of(lc, rows, {BT, NH * w}),
                                .in = view_of(lc, recv + j * BT * cols, {BT, cols}),
@@ -254,21 +266,14 @@ void ulysses_attention_forward(const LayerContext& lc, const UlyssesArgs& a) {
     for (int bk = 0; bk < g.blocks(); ++bk) {
       const std::int64_t kc = g.chunk(bk);
       if (kc > qc) continue;  // all of its keys come after all of the queries
-      k::flash_attention_block(lc.ctx, {.out = first ? g.out(a.out, bq) : g.out(ws.cp_out_blk, 0),
-                                        .lse = first ? g.lse(a.lse, bq) : g.lse(ws.cp_lse_blk, 0),
-                                        .qkv = g.qkv(a.qkv, bq),
-                                        .kv = g.qkv(a.qkv, bk),
-                                        .q_pos = g.pos(qc),
-                                        .k_pos = g.pos(kc),
-                                        .alibi = g.slopes(a.alibi),
-                                        .dropout = g.dropout(a.dropout),
-                                        .total_len = lc.total_len()});
-      if (!first) {
-        k::flash_attention_merge(lc.ctx, {.out = g.out(a.out, bq),
-                                          .lse = g.lse(a.lse, bq),
-                                          .out_blk = g.out(ws.cp_out_blk, 0),
-                                          .lse_blk = g.lse(ws.cp_lse_blk, 0)});
-      }
+      g.attend(a.out, a.lse, bq, first,
+               {.qkv = g.qkv(a.qkv, bq),
+                .kv = g.qkv(a.qkv, bk),
+                .q_pos = g.pos(qc),
+                .k_pos = g.pos(kc),
+                .alibi = g.slopes(a.alibi),
+                .dropout = g.dropout(a.dropout),
+                .total_len = lc.total_len()});
       first = false;
     }
   }
