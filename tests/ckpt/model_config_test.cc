@@ -354,6 +354,85 @@ TEST(CheckpointModelConfig, MixtureOfExpertsDifferencesAreNamed) {
   EXPECT_EQ(architecture_diff(dense, dense2), "");
 }
 
+// --moe-layer-freq's pattern: saved as Megatron's list under moe_layer_freq and read back; a
+// checkpoint with the integer (every checkpoint before patterns) still loads; a list of the wrong
+// length or with other entries is refused; a resume compares the layers, not the spelling.
+TEST(CheckpointModelConfig, MoeLayerPatternRoundTrips) {
+  json j = trident_config();
+  j["num_layers"] = 4;
+  j["swiglu"] = true;
+  j["add_bias_linear"] = false;
+  j["num_experts"] = 4;
+  model::ModelConfig m = model_config_from_json(j);
+  m.moe_layer_pattern = {false, true, true, false};
+  const json saved = model_config_to_json(m);
+  EXPECT_EQ(saved["moe_layer_freq"], json({0, 1, 1, 0}));
+  const model::ModelConfig back = model_config_from_json(saved);
+  EXPECT_EQ(back.moe_layer_pattern, m.moe_layer_pattern);
+  EXPECT_FALSE(back.moe_layer(0));
+  EXPECT_TRUE(back.moe_layer(1));
+  EXPECT_TRUE(back.moe_layer(2));
+  EXPECT_FALSE(back.moe_layer(3));
+  EXPECT_EQ(model_config_to_json(back), saved);
+  // The integer form (older checkpoints): no pattern.
+  json old = saved;
+  old["moe_layer_freq"] = 2;
+  const model::ModelConfig o = model_config_from_json(old);
+  EXPECT_TRUE(o.moe_layer_pattern.empty());
+  EXPECT_EQ(o.moe_layer_freq, 2);
+  old.erase("moe_layer_freq");  // before mixtures of experts: every layer (dense anyway)
+  EXPECT_EQ(model_config_from_json(old).moe_layer_freq, 1);
+  // Bad lists.
+  json c = saved;
+  c["moe_layer_freq"] = json({1, 0});
+  EXPECT_NE(ckpt_error(c).find("moe_layer_freq has 2 entries for 4 layers"), std::string::npos)
+      << ckpt_error(c);
+  c["moe_layer_freq"] = json({1, 2, 0, 1});
+  EXPECT_NE(ckpt_error(c).find("\"moe_layer_freq\" = [1,2,0,1]"), std::string::npos)
+      << ckpt_error(c);
+  c["moe_layer_freq"] = json({1, "1", 0, 1});
+  EXPECT_NE(ckpt_error(c).find("\"moe_layer_freq\""), std::string::npos) << ckpt_error(c);
+  // A resume: the same layers agree in either spelling, other layers are named.
+  json freq2 = saved;
+  freq2["moe_layer_freq"] = 2;
+  json pattern2 = saved;
+  pattern2["moe_layer_freq"] = json({1, 0, 1, 0});
+  EXPECT_EQ(architecture_diff(freq2, pattern2), "");
+  EXPECT_EQ(architecture_diff(saved, pattern2),
+            " moe_layer_freq: checkpoint \"[0,1,1,0]\" vs run \"[1,0,1,0]\";");
+  // A dense model: whatever the pattern says.
+  json dense = saved, dense2 = pattern2;
+  dense["num_experts"] = dense2["num_experts"] = 0;
+  EXPECT_EQ(architecture_diff(dense, dense2), "");
+}
+
+// The parameter count and the declared weights follow the pattern: the router and the experts in
+// the layers it marks, the dense MLP in the others.
+TEST(CheckpointModelConfig, MoeLayerPatternDeclaresTheLayers) {
+  model::ModelConfig m = model_config_from_json(trident_config());
+  m.num_layers = 3;
+  m.swiglu = true;
+  m.add_bias_linear = false;
+  m.num_experts = 4;
+  m.moe_ffn_hidden_size = 32;
+  m.moe_layer_pattern = {false, true, false};
+  const model::ParamTable table = model::build_gpt_param_table(m);
+  std::vector<std::string> routers, dense;
+  for (const model::ParamSpec& p : table.params) {
+    if (p.name.ends_with("mlp.router.weight")) routers.push_back(p.name);
+    if (p.name.ends_with("mlp.dense_h_to_4h.weight")) dense.push_back(p.name);
+  }
+  EXPECT_EQ(routers, (std::vector<std::string>{"layers.1.mlp.router.weight"}));
+  EXPECT_EQ(dense, (std::vector<std::string>{"layers.0.mlp.dense_h_to_4h.weight",
+                                             "layers.2.mlp.dense_h_to_4h.weight"}));
+  EXPECT_EQ(table.total_numel, m.num_parameters());
+  // Another pattern, another count.
+  model::ModelConfig two = m;
+  two.moe_layer_pattern = {true, true, false};
+  EXPECT_EQ(model::build_gpt_param_table(two).total_numel, two.num_parameters());
+  EXPECT_NE(two.num_parameters(), m.num_parameters());
+}
+
 // A resume from a dense checkpoint with --num-experts is refused by the load, naming the key.
 TEST(CheckpointModelConfig, ResumeWithOtherExpertsIsRefused) {
   const std::filesystem::path dir =

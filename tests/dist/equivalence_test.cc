@@ -176,7 +176,14 @@ class Equivalence : public ::testing::Test {
       c.num_experts = flag("--num-experts", 0);
       c.moe_router_topk = flag("--moe-router-topk", 2);
       c.moe_ffn_hidden_size = flag("--moe-ffn-hidden-size", 0);
-      c.moe_layer_freq = flag("--moe-layer-freq", 1);
+      // An integer or a quoted pattern ('[0,1,1,0]').
+      const std::size_t freq = model_flags.find("--moe-layer-freq ");
+      if (freq != std::string::npos) {
+        std::string v = model_flags.substr(freq + 17);
+        v = v.substr(0, v.find(' '));
+        std::erase(v, '\'');
+        c.set_moe_layer_freq(v);
+      }
       c.moe_shared_expert_intermediate_size = flag("--moe-shared-expert-intermediate-size", 0);
       c.moe_shared_expert_gate = model_flags.find("--moe-shared-expert-gate") != std::string::npos;
       c.moe_router_enable_expert_bias =
@@ -618,6 +625,28 @@ TEST_F(Equivalence, MoeDroppingLayouts) {
   EXPECT_NE(text.find("load_balancing_loss: "), std::string::npos);
   EXPECT_NE(text.find("expert load max/mean: "), std::string::npos);
   std::printf("moedrop_pp2: last logged dropped share %.2f%%\n", dropped);
+}
+// Megatron's per-layer pattern (--moe-layer-freq '[0,1,1,0]': a dense first and last layer,
+// which no integer frequency gives) under expert parallelism and pipeline stages (each stage one
+// dense and one MoE layer): equal to one process.
+constexpr const char* kMoePattern =
+    "--swiglu --disable-bias-linear --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 48 "
+    "--moe-aux-loss-coeff 0.01 --moe-layer-freq '[0,1,1,0]'";
+TEST_F(Equivalence, MoeLayerPatternLayouts) {
+  expect_equivalent({"moepattern_ep2", 2, {"--expert-model-parallel-size 2"}, 1, kMoePattern});
+  expect_equivalent({"moepattern_pp2", 2, {"--pipeline-model-parallel-size 2"}, 1, kMoePattern});
+  // The checkpoint holds the pattern, and the layers it marks hold the experts.
+  std::ifstream m(run_dir("moepattern_ep2") + "/ckpt/iter_0000010/manifest.json");
+  const nlohmann::json config = nlohmann::json::parse(m).at("config");
+  EXPECT_EQ(config.at("moe_layer_freq"), nlohmann::json({0, 1, 1, 0}));
+  model::ParamTable table;
+  (void)final_params("moepattern_ep2", table, kMoePattern);
+  std::vector<std::string> routers;
+  for (const model::ParamSpec& p : table.params) {
+    if (p.name.ends_with("mlp.router.weight")) routers.push_back(p.name);
+  }
+  EXPECT_EQ(routers,
+            (std::vector<std::string>{"layers.1.mlp.router.weight", "layers.2.mlp.router.weight"}));
 }
 // Expert parallelism (Megatron-Core's layout: the experts split over ep of the dp ranks, tokens
 // moved by all-to-all, the experts' gradients reduced over the expert-data-parallel group): alone,

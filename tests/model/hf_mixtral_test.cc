@@ -163,9 +163,9 @@ TEST(HfMixtral, ImportRefusesWhatTridentCannotRun) {
   c["hidden_act"] = "gelu";
   EXPECT_NE(refusal(c).find("hidden_act"), std::string::npos) << refusal(c);
   c = mixtral_config();
-  c["model_type"] = "qwen2";  // a dense Qwen2 (Qwen2-MoE converts: hf_qwen2_moe_test.cc)
-  const std::string qwen = refusal(c);
-  EXPECT_NE(qwen.find("model_type 'qwen2' is not supported"), std::string::npos) << qwen;
+  c["model_type"] = "gemma";  // an architecture trident does not convert
+  const std::string gemma = refusal(c);
+  EXPECT_NE(gemma.find("model_type 'gemma' is not supported"), std::string::npos) << gemma;
   c = mixtral_config();
   c["num_local_experts"] = 1 << 20;
   EXPECT_NE(refusal(c).find("num_local_experts 1048576"), std::string::npos) << refusal(c);
@@ -235,7 +235,7 @@ TEST(HfMixtralCli, RefusalsNameTheSetting) {
   fs::create_directories(dir);
   for (const auto& [key, value, expect] :
        {std::tuple<std::string, json, std::string>{"sliding_window", 4096, "sliding_window"},
-        {"model_type", "qwen2", "model_type 'qwen2' is not supported"}}) {
+        {"model_type", "gemma", "model_type 'gemma' is not supported"}}) {
     json c = mixtral_config();
     c[key] = value;
     const fs::path hf = dir / key;

@@ -4,8 +4,9 @@
 // HfQwen2Moe.*: config.json <-> trident's settings (biases on q, k, v alone: --add-qkv-bias; the
 // gated shared expert; norm_topk_prob false: --moe-router-pre-softmax, true: the default router),
 // the tensors (each element of each stacked weight covered once), and what is refused, by name,
-// on import (decoder_sparse_step, mlp_only_layers, sliding windows, rope_scaling, ...) and on
-// export (a model with experts neither Mixtral nor Qwen2-MoE can express).
+// on import (sliding windows, rope_scaling, a decoder_sparse_step or mlp_only_layers that leave no
+// sparse layer, ...) and on export (a model with experts neither Mixtral nor Qwen2-MoE can
+// express); decoder_sparse_step and mlp_only_layers both ways as the --moe-layer-freq pattern.
 //
 // HfQwen2MoeGolden.ImportedModelMatchesTransformers (needs transformers, $TRIDENT_HF_PYTHON): a
 // tiny random Qwen2-MoE saved by transformers (tests/reference/hf_qwen2_moe_golden.py: 2 layers,
@@ -15,7 +16,9 @@
 // layer's router logits and chosen experts, against transformers in float64, for norm_topk_prob
 // false and true. Tolerance: max |trident - transformers| / max |transformers| <= 1e-5 per tensor
 // (hf_golden_test's). Mutations: the model without its QKV bias, without the shared expert's
-// gate, or with the other top-k normalisation is off by more than 100 x the tolerance.
+// gate, or with the other top-k normalisation is off by more than 100 x the tolerance. Also with
+// dense layers among the sparse ones (decoder_sparse_step 2; mlp_only_layers [0, 3]): their MLP
+// (mlp.gate_proj / up_proj / down_proj of intermediate_size) zeroed is off as far.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -134,6 +137,63 @@ TEST(HfQwen2Moe, ConfigMapsToTheSettings) {
   const model::ModelConfig b = ckpt::hf_config_to_trident(bare, 0).model;
   EXPECT_TRUE(b.moe_router_pre_softmax);
   EXPECT_EQ(b.layernorm_epsilon, 1e-6);
+  EXPECT_TRUE(b.moe_layer_pattern.empty());
+  EXPECT_EQ(b.moe_layer_freq, 1);
+}
+
+// decoder_sparse_step and mlp_only_layers: transformers' layer i is sparse iff i is not in
+// mlp_only_layers and (i + 1) % decoder_sparse_step == 0; trident's --moe-layer-freq pattern says
+// the same layers, and the export writes keys that make the same layers sparse (the step alone
+// where one does, else step 1 and the dense layers).
+TEST(HfQwen2Moe, SparseLayersMapToThePattern) {
+  struct Case {
+    int layers, step;
+    json mlp_only;
+    std::string pattern;
+    int step_out;
+    json mlp_only_out;
+  };
+  const std::vector<Case> cases = {
+      {4, 1, json::array(), "[1,1,1,1]", 1, json::array()},
+      {4, 2, json::array(), "[0,1,0,1]", 2, json::array()},
+      {6, 3, json::array(), "[0,0,1,0,0,1]", 3, json::array()},
+      {4, 1, {1}, "[1,0,1,1]", 1, {1}},
+      {4, 1, {0, 3}, "[0,1,1,0]", 1, {0, 3}},
+      {4, 2, {1}, "[0,0,0,1]", 4, json::array()},  // one sparse layer: step 4 alone says it
+      // {1} over 5 layers: no step alone (2 gives {1, 3}): step 1 and the dense layers.
+      {5, 2, {3}, "[0,1,0,0,0]", 1, {0, 2, 3, 4}},
+      {2, 1, nullptr, "[1,1]", 1, json::array()},  // null: []
+  };
+  for (const Case& c : cases) {
+    json in = qwen2_moe_config();
+    in["num_hidden_layers"] = c.layers;
+    in["decoder_sparse_step"] = c.step;
+    in["mlp_only_layers"] = c.mlp_only;
+    const model::ModelConfig m = ckpt::hf_config_to_trident(in, 0).model;
+    const std::string what = in["decoder_sparse_step"].dump() + " " + in["mlp_only_layers"].dump();
+    EXPECT_EQ(m.moe_layer_pattern_string(), c.pattern) << what;
+    EXPECT_EQ(m.moe_layer_pattern.empty(), c.pattern.find('0') == std::string::npos) << what;
+    EXPECT_EQ(m.ffn(), 40) << what;  // the dense layers' MLP: intermediate_size
+    EXPECT_EQ(m.moe_ffn(), 16) << what;
+    ASSERT_EQ(ckpt::hf_arch_of(m), HfArch::kQwen2Moe) << what;
+    const json out = ckpt::trident_to_hf_config(m, HfArch::kQwen2Moe, ckpt::StDType::kF32);
+    EXPECT_EQ(out["decoder_sparse_step"], c.step_out) << what;
+    EXPECT_EQ(out["mlp_only_layers"], c.mlp_only_out) << what;
+    EXPECT_EQ(out["intermediate_size"], 40) << what;
+    // Back in: the same layers.
+    json again = in;
+    again["decoder_sparse_step"] = out["decoder_sparse_step"];
+    again["mlp_only_layers"] = out["mlp_only_layers"];
+    EXPECT_EQ(ckpt::hf_config_to_trident(again, 0).model.moe_layer_pattern_string(), c.pattern)
+        << what << " -> " << out["decoder_sparse_step"] << " " << out["mlp_only_layers"];
+  }
+  // trident's --moe-layer-freq 2 (layers 0, 2): exported as Qwen2-MoE with mlp_only_layers.
+  model::ModelConfig freq = ckpt::hf_config_to_trident(qwen2_moe_config(), 0).model;
+  freq.num_layers = 4;
+  freq.moe_layer_freq = 2;
+  const json f = ckpt::trident_to_hf_config(freq, ckpt::hf_arch_of(freq), ckpt::StDType::kF32);
+  EXPECT_EQ(f["decoder_sparse_step"], 1);
+  EXPECT_EQ(f["mlp_only_layers"], json({1, 3}));
 }
 
 TEST(HfQwen2Moe, EveryWeightHasItsTensors) {
@@ -174,6 +234,32 @@ TEST(HfQwen2Moe, EveryWeightHasItsTensors) {
   }
   EXPECT_EQ(elements, layer_numel);
   EXPECT_EQ(static_cast<std::int64_t>(covered.size()), layer_numel);
+
+  // Dense layers (mlp_only_layers [0]): Llama's MLP of intermediate_size under mlp., every
+  // element once.
+  json with_dense = qwen2_moe_config();
+  with_dense["mlp_only_layers"] = {0};
+  const model::ModelConfig d = ckpt::hf_config_to_trident(with_dense, 0).model;
+  std::set<std::string> names;
+  std::set<std::pair<std::string, std::int64_t>> dense_covered;
+  std::int64_t dense_elements = 0;
+  for (const ckpt::HfTensor& x : ckpt::hf_tensors(d, HfArch::kQwen2Moe)) {
+    names.insert(x.name);
+    if (x.trident_name.rfind("layers.0.mlp.", 0) != 0) continue;
+    dense_elements += x.numel();
+    for (std::int64_t i = 0; i < x.numel(); ++i) {
+      EXPECT_TRUE(dense_covered.insert({x.trident_name, x.index(i)}).second) << x.name;
+    }
+  }
+  for (const char* n : {"model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight",
+                        "model.layers.0.mlp.down_proj.weight", "model.layers.1.mlp.gate.weight",
+                        "model.layers.1.mlp.experts.3.up_proj.weight"}) {
+    EXPECT_TRUE(names.contains(n)) << n;
+  }
+  EXPECT_FALSE(names.contains("model.layers.0.mlp.gate.weight"));
+  EXPECT_FALSE(names.contains("model.layers.1.mlp.gate_proj.weight"));
+  EXPECT_EQ(dense_elements, 3 * 40 * 32);  // gate, up (40, 32), down (32, 40)
+  EXPECT_EQ(static_cast<std::int64_t>(dense_covered.size()), dense_elements);
 }
 
 TEST(HfQwen2Moe, ImportRefusesWhatTridentCannotRun) {
@@ -181,8 +267,18 @@ TEST(HfQwen2Moe, ImportRefusesWhatTridentCannotRun) {
     return error_of([&] { (void)ckpt::hf_config_to_trident(c, 0); });
   };
   const std::vector<std::tuple<std::string, json, std::string>> cases = {
-      {"decoder_sparse_step", 2, "decoder_sparse_step = 2 is not supported"},
-      {"mlp_only_layers", {1}, "mlp_only_layers = [1] is not supported"},
+      {"decoder_sparse_step", 0, "decoder_sparse_step = 0 is not supported"},
+      {"decoder_sparse_step", 3,
+       "decoder_sparse_step = 3 and mlp_only_layers leave no sparse layer in 2 layers"},
+      {"mlp_only_layers",
+       {0, 1},
+       "decoder_sparse_step = 1 and mlp_only_layers leave no sparse layer in 2 layers"},
+      {"mlp_only_layers",
+       {2},
+       "mlp_only_layers = [2]: layer 2 is not one of the "
+       "num_hidden_layers = 2 layers"},
+      {"mlp_only_layers", {-1}, "mlp_only_layers[] = -1 must be a non-negative integer"},
+      {"mlp_only_layers", 1, "mlp_only_layers = 1 must be a list of layer indices"},
       {"use_sliding_window", true, "use_sliding_window true"},
       {"rope_scaling", {{"rope_type", "linear"}, {"factor", 2.0}}, "rope_scaling"},
       {"shared_expert_intermediate_size", 0, "shared_expert_intermediate_size 0"},
@@ -209,7 +305,6 @@ TEST(HfQwen2Moe, ExportRefusesWhatNeitherArchitectureExpresses) {
           {"Qwen2-MoE", "no QKV bias", [](model::ModelConfig& m) { m.add_qkv_bias = false; }},
           {"Qwen2-MoE", "biases other than the QKV's",
            [](model::ModelConfig& m) { m.add_bias_linear = true; }},
-          {"Qwen2-MoE", "--moe-layer-freq", [](model::ModelConfig& m) { m.moe_layer_freq = 2; }},
           {"Qwen2-MoE", "--moe-expert-capacity-factor",
            [](model::ModelConfig& m) { m.moe_expert_capacity_factor = 1.5; }},
           // Without shared experts it would be a Mixtral, which has neither of these.
@@ -225,6 +320,15 @@ TEST(HfQwen2Moe, ExportRefusesWhatNeitherArchitectureExpresses) {
              m.moe_shared_expert_gate = false;
              m.add_qkv_bias = false;
            }},
+          // Dense layers: Qwen2-MoE has them, Mixtral not.
+          {"Mixtral", "--moe-layer-freq with dense layers",
+           [](model::ModelConfig& m) {
+             m.moe_shared_expert_intermediate_size = 0;
+             m.moe_shared_expert_gate = false;
+             m.add_qkv_bias = false;
+             m.moe_router_pre_softmax = false;
+             m.moe_layer_pattern = {false, true};
+           }},
       };
   for (const auto& [arch, setting, change] : cases) {
     model::ModelConfig m = base;
@@ -233,10 +337,96 @@ TEST(HfQwen2Moe, ExportRefusesWhatNeitherArchitectureExpresses) {
     EXPECT_NE(e.find("not transformers' " + arch), std::string::npos) << setting << ": " << e;
     EXPECT_NE(e.find(setting), std::string::npos) << setting << ": " << e;
   }
-  // A dense Llama with the QKV bias is transformers' Qwen2, which is not converted.
+  // A dense Llama with the QKV bias is transformers' Qwen2 (HfQwen2.*), without rope scaling.
   model::ModelConfig dense = base;
   dense.num_experts = 0;
-  EXPECT_NE(error_of([&] { (void)ckpt::hf_arch_of(dense); }).find("Qwen2"), std::string::npos);
+  EXPECT_EQ(ckpt::hf_arch_of(dense), HfArch::kQwen2);
+  dense.rope_scaling = true;
+  EXPECT_NE(error_of([&] { (void)ckpt::hf_arch_of(dense); }).find("rope_scaling of Qwen2"),
+            std::string::npos);
+}
+
+// Qwen2 (dense, Qwen2ForCausalLM; what save_pretrained writes for a small Qwen2Config): Llama
+// with biases on q, k and v alone, both ways; its refusals by name; every layer element covered
+// by exactly one tensor.
+json qwen2_config() {
+  json c = qwen2_moe_config();
+  for (const char* k : {"num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                        "shared_expert_intermediate_size", "norm_topk_prob", "decoder_sparse_step",
+                        "mlp_only_layers", "router_aux_loss_coef", "output_router_logits"}) {
+    c.erase(k);
+  }
+  c["model_type"] = "qwen2";
+  c["architectures"] = {"Qwen2ForCausalLM"};
+  return c;
+}
+
+TEST(HfQwen2Moe, DenseQwen2ConvertsBothWays) {
+  const ckpt::HfImport imp = ckpt::hf_config_to_trident(qwen2_config(), 0);
+  const model::ModelConfig& m = imp.model;
+  EXPECT_EQ(imp.arch, HfArch::kQwen2);
+  EXPECT_EQ(m.num_experts, 0);
+  EXPECT_FALSE(m.add_bias_linear);
+  EXPECT_TRUE(m.add_qkv_bias);
+  EXPECT_EQ(m.ffn(), 40);
+  EXPECT_EQ(m.query_groups(), 2);
+  EXPECT_EQ(m.rotary_base, 5000.0);
+  EXPECT_EQ(m.layernorm_epsilon, 1e-6);
+  EXPECT_TRUE(m.swiglu);
+  EXPECT_FALSE(m.tied_output());
+  EXPECT_EQ(ckpt::hf_arch_of(m), HfArch::kQwen2);
+  const json out = ckpt::trident_to_hf_config(m, HfArch::kQwen2, imp.dtype);
+  const json in = qwen2_config();
+  for (const auto& [key, value] : in.items()) {
+    if (key == "use_cache" || key == "max_window_layers") continue;  // not trident's
+    ASSERT_TRUE(out.contains(key)) << key;
+    EXPECT_EQ(out[key], value) << key;
+  }
+  EXPECT_FALSE(out.contains("num_experts"));
+  // Qwen2Config's defaults for absent keys; null key/value heads: one per query head.
+  json bare = qwen2_config();
+  bare.erase("rms_norm_eps");
+  bare.erase("rope_theta");
+  bare["num_key_value_heads"] = nullptr;
+  const model::ModelConfig b = ckpt::hf_config_to_trident(bare, 0).model;
+  EXPECT_EQ(b.layernorm_epsilon, 1e-6);
+  EXPECT_EQ(b.rotary_base, 10000.0);
+  EXPECT_EQ(b.query_groups(), 4);
+  // Refusals, by name.
+  for (const auto& [key, value, expect] : std::vector<std::tuple<std::string, json, std::string>>{
+           {"use_sliding_window", true, "use_sliding_window true is not supported"},
+           {"rope_scaling",
+            {{"rope_type", "linear"}, {"factor", 2.0}},
+            "rope_scaling is not supported for qwen2"},
+           {"hidden_act", "gelu", "hidden_act other than silu"}}) {
+    json c = qwen2_config();
+    c[key] = value;
+    const std::string e = error_of([&] { (void)ckpt::hf_config_to_trident(c, 0); });
+    EXPECT_NE(e.find(expect), std::string::npos) << key << ": " << e;
+  }
+  // The tensors: Llama's and the three biases.
+  const std::vector<ckpt::HfTensor> t = ckpt::hf_tensors(m, HfArch::kQwen2);
+  EXPECT_EQ(t.size(), 3u + 2u * (2 + 7 + 3));
+  std::set<std::pair<std::string, std::int64_t>> covered;
+  std::int64_t elements = 0, layer_numel = 0;
+  for (const ckpt::HfTensor& x : t) {
+    if (x.name == "model.layers.1.self_attn.v_proj.bias") {
+      EXPECT_EQ(x.shape, (std::vector<std::int64_t>{16}));
+    }
+    if (x.name == "model.layers.1.mlp.down_proj.weight") {
+      EXPECT_EQ(x.shape, (std::vector<std::int64_t>{32, 40}));
+    }
+    if (x.trident_name.find("layers.") != 0) continue;
+    elements += x.numel();
+    for (std::int64_t i = 0; i < x.numel(); ++i) {
+      EXPECT_TRUE(covered.insert({x.trident_name, x.index(i)}).second) << x.name;
+    }
+  }
+  for (const model::ParamSpec& p : model::build_gpt_param_table(m).params) {
+    if (p.layer >= 0) layer_numel += p.numel;
+  }
+  EXPECT_EQ(elements, layer_numel);
+  EXPECT_EQ(static_cast<std::int64_t>(covered.size()), layer_numel);
 }
 
 // --- Against transformers --------------------------------------------------------------------
@@ -323,16 +513,33 @@ struct Imported {
   }
 };
 
-void golden(bool norm_topk_prob) {
+// One golden model: the top-k normalisation, and the layers (decoder_sparse_step,
+// mlp_only_layers: the sparse layers trident's --moe-layer-freq pattern must reproduce).
+struct GoldenCase {
+  bool norm_topk_prob = false;
+  int layers = 2;
+  int sparse_step = 1;
+  std::string mlp_only;  // "1,3"
+  std::string pattern;   // trident's moe_layer_pattern_string() expected
+  bool dense = false;    // a Qwen2 (Qwen2ForCausalLM) instead: no experts
+};
+
+void golden(const GoldenCase& gc) {
+  const bool norm_topk_prob = gc.norm_topk_prob;
   const fs::path dir =
-      fs::temp_directory_path() / ("trident_hf_qwen2_moe_" + std::to_string(::getpid()) +
-                                   (norm_topk_prob ? "_norm" : "_presoftmax"));
+      fs::temp_directory_path() /
+      ("trident_hf_qwen2_moe_" + std::to_string(::getpid()) + (gc.dense ? "_dense" : "") +
+       (norm_topk_prob ? "_norm" : "_presoftmax") + "_" + std::to_string(gc.layers) + "_" +
+       std::to_string(gc.sparse_step) + "_" + gc.mlp_only);
   fs::remove_all(dir);
   fs::create_directories(dir);
   const fs::path hf = dir / "hf", ckpt_dir = dir / "ckpt", ref_path = dir / "transformers.trtf";
   ASSERT_EQ(run(std::string(TRIDENT_HF_PYTHON) + " " + TRIDENT_SOURCE_DIR +
                     "/tests/reference/hf_qwen2_moe_golden.py --out " + hf.string() + " --output " +
-                    ref_path.string() + (norm_topk_prob ? " --norm-topk-prob" : ""),
+                    ref_path.string() + (norm_topk_prob ? " --norm-topk-prob" : "") + " --layers " +
+                    std::to_string(gc.layers) + " --sparse-step " + std::to_string(gc.sparse_step) +
+                    (gc.mlp_only.empty() ? "" : " --mlp-only " + gc.mlp_only) +
+                    (gc.dense ? " --dense" : ""),
                 dir / "transformers.txt"),
             0);
   const auto ref = testing::read_tensor_file(ref_path.string());
@@ -345,9 +552,15 @@ void golden(bool norm_topk_prob) {
       0);
   const json manifest = ckpt::read_manifest(ckpt_dir.string(), -1);
   const model::ModelConfig cfg = ckpt::model_config_from_json(manifest.at("config"));
-  ASSERT_EQ(cfg.num_experts, 4);
+  const HfArch arch = gc.dense ? HfArch::kQwen2 : HfArch::kQwen2Moe;
+  ASSERT_EQ(ckpt::hf_arch_of(cfg), arch);
+  ASSERT_EQ(cfg.num_experts, gc.dense ? 0 : 4);
   ASSERT_TRUE(cfg.add_qkv_bias && !cfg.add_bias_linear);
-  ASSERT_EQ(cfg.moe_router_pre_softmax, !norm_topk_prob);
+  ASSERT_EQ(cfg.num_layers, gc.layers);
+  if (!gc.dense) {
+    ASSERT_EQ(cfg.moe_router_pre_softmax, !norm_topk_prob);
+    ASSERT_EQ(cfg.moe_layer_pattern_string(), gc.pattern);
+  }
   Imported m(cfg, B, T);
   ckpt::load_full_params(ckpt_dir.string(), -1, m.table, m.params.data());
 
@@ -358,7 +571,15 @@ void golden(bool norm_topk_prob) {
     targets[static_cast<std::size_t>(i)] =
         (i + 1) % T == 0 ? -1 : tokens[static_cast<std::size_t>(i + 1)];
   }
-  std::printf("norm_topk_prob %s\n", norm_topk_prob ? "true" : "false");
+  if (gc.dense) {
+    std::printf("Qwen2 (dense), %d layers\n", gc.layers);
+  } else {
+    std::printf(
+        "norm_topk_prob %s, %d layers, decoder_sparse_step %d, mlp_only_layers [%s]: "
+        "--moe-layer-freq %s\n",
+        norm_topk_prob ? "true" : "false", gc.layers, gc.sparse_step, gc.mlp_only.c_str(),
+        cfg.moe_layer_pattern_string().c_str());
+  }
   auto report = [](const std::string& what, double e) {
     EXPECT_LE(e, kTolerance) << what << ": max |trident - transformers| / max |transformers|";
     std::printf("  %-58s rel err %.2e\n", what.c_str(), e);
@@ -367,7 +588,10 @@ void golden(bool norm_topk_prob) {
   const std::vector<double> ref_logits = testing::find_tensor(ref, "logits").to_f64();
   report("logits", m.logits_error(ref_logits));
   const std::int64_t k = cfg.moe_router_topk, E = cfg.num_experts, rows = B * T;
+  std::int64_t sparse_layers = 0;
   for (std::int64_t l = 0; l < cfg.num_layers; ++l) {
+    if (!cfg.moe_layer(l)) continue;  // transformers has router outputs for the sparse ones
+    ++sparse_layers;
     const model::layers::MoeSaved& moe = m.acts.layers[static_cast<std::size_t>(l)].moe;
     const std::string at = std::to_string(l);
     report("router_logits." + at,
@@ -394,7 +618,7 @@ void golden(bool norm_topk_prob) {
                      std::abs(testing::find_tensor(ref, "loss").scalar()));
   // Every gradient, per transformers tensor, read through the import's map.
   std::int64_t compared = 0;
-  for (const ckpt::HfTensor& t : ckpt::hf_tensors(cfg, HfArch::kQwen2Moe)) {
+  for (const ckpt::HfTensor& t : ckpt::hf_tensors(cfg, arch)) {
     const model::ParamSpec* spec = nullptr;
     for (const model::ParamSpec& p : m.table.params) {
       if (p.name == t.trident_name) spec = &p;
@@ -407,7 +631,11 @@ void golden(bool norm_topk_prob) {
            rel_error([&](std::int64_t i) { return grad[t.index(i)]; }, g.to_f64()));
     ++compared;
   }
-  EXPECT_EQ(compared, 3 + 2 * (2 + 7 + 1 + 3 * 4 + 3 + 1));
+  // embed, norm, lm_head; per layer 2 norms, q, k, v and their biases, o; a sparse layer's
+  // router, 3 x 4 experts, shared expert's 3 and its gate; a dense layer's 3 MLP matrices.
+  const std::int64_t dense_layers = cfg.num_layers - sparse_layers;
+  EXPECT_EQ(compared,
+            3 + cfg.num_layers * (2 + 7) + sparse_layers * (1 + 3 * 4 + 3 + 1) + dense_layers * 3);
 
   // Mutations: each must move the logits far beyond the tolerance.
   auto mutated = [&](const std::string& what, const model::ModelConfig& c,
@@ -427,17 +655,42 @@ void golden(bool norm_topk_prob) {
       std::fill_n(b, cfg.qkv_rows(), 0.0f);
     }
   });
-  model::ModelConfig no_gate = cfg;
-  no_gate.moe_shared_expert_gate = false;
-  mutated("no shared-expert gate", no_gate, [](Imported&) {});
-  model::ModelConfig other_norm = cfg;
-  other_norm.moe_router_pre_softmax = !cfg.moe_router_pre_softmax;
-  mutated("the other top-k normalisation", other_norm, [](Imported&) {});
+  if (!gc.dense) {
+    model::ModelConfig no_gate = cfg;
+    no_gate.moe_shared_expert_gate = false;
+    mutated("no shared-expert gate", no_gate, [](Imported&) {});
+    model::ModelConfig other_norm = cfg;
+    other_norm.moe_router_pre_softmax = !cfg.moe_router_pre_softmax;
+    mutated("the other top-k normalisation", other_norm, [](Imported&) {});
+  }
+  if (dense_layers > 0) {
+    // The dense layers' MLP (mlp.gate_proj / up_proj / down_proj of intermediate_size) counts.
+    mutated("the dense layers' MLP zeroed", cfg, [&](Imported& x) {
+      for (std::int64_t l = 0; l < cfg.num_layers; ++l) {
+        if (cfg.moe_layer(l)) continue;
+        float* w = x.param("layers." + std::to_string(l) + ".mlp.dense_4h_to_h.weight");
+        ASSERT_NE(w, nullptr) << "layer " << l << " has no dense MLP";
+        std::fill_n(w, cfg.hidden_size * cfg.ffn(), 0.0f);
+      }
+    });
+  }
   if (!::testing::Test::HasFailure()) fs::remove_all(dir);
 }
 
-TEST(HfQwen2MoeGolden, ImportedModelMatchesTransformers) { golden(false); }
-TEST(HfQwen2MoeGolden, ImportedModelMatchesTransformersNormTopk) { golden(true); }
+TEST(HfQwen2MoeGolden, ImportedModelMatchesTransformers) { golden({.pattern = "[1,1]"}); }
+TEST(HfQwen2MoeGolden, ImportedModelMatchesTransformersNormTopk) {
+  golden({.norm_topk_prob = true, .pattern = "[1,1]"});
+}
+// decoder_sparse_step 2 over 4 layers: layers 1 and 3 sparse, 0 and 2 dense.
+TEST(HfQwen2MoeGolden, DecoderSparseStep) {
+  golden({.layers = 4, .sparse_step = 2, .pattern = "[0,1,0,1]"});
+}
+// mlp_only_layers [0, 3] with step 1 over 4 layers: 1 and 2 sparse; with norm_topk_prob.
+TEST(HfQwen2MoeGolden, MlpOnlyLayers) {
+  golden({.norm_topk_prob = true, .layers = 4, .mlp_only = "0,3", .pattern = "[0,1,1,0]"});
+}
+// Qwen2 (dense, Qwen2ForCausalLM): Llama with the q, k, v biases; 3 layers, every MLP dense.
+TEST(HfQwen2MoeGolden, DenseQwen2) { golden({.layers = 3, .dense = true}); }
 
 }  // namespace
 }  // namespace trident

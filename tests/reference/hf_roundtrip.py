@@ -1,5 +1,6 @@
 # Round trip through trident of a transformers model directory, for `trident convert`:
-#   transformers builds a tiny random GPT-2 / BLOOM / Llama / Mixtral / Qwen2-MoE from its config
+#   transformers builds a tiny random GPT-2 / BLOOM / Llama / Mixtral / Qwen2-MoE / Qwen2 from its
+#   config
 #   and saves it with save_pretrained (safetensors, sharded, in the dtype asked for) with a
 #   byte-level BPE tokenizer;
 #   trident convert --from-hf imports it into a checkpoint of a TP x PP x DP / ZeRO layout;
@@ -7,7 +8,7 @@
 # Checks: every tensor of the export is bitwise identical to the original (names, dtypes, shapes,
 # bytes), the export loads with AutoModelForCausalLM / AutoTokenizer.from_pretrained as it is and
 # gives the original model's logits exactly, and the tokenizer encodes the same ids.
-"""--trident PATH --work DIR --variant gpt2|bloom|llama|mixtral|qwen2_moe
+"""--trident PATH --work DIR --variant gpt2|bloom|llama|mixtral|qwen2_moe|qwen2_moe_sparse|qwen2
 --dtype float32|bfloat16|float16."""
 
 import argparse
@@ -31,7 +32,8 @@ def tokenizer(work):
                                    eos_token="<|endoftext|>", unk_token="<|endoftext|>")
 
 
-def model(variant, vocab, dtype, layers=4, std=0.02, aux_coef=0.02, norm_topk_prob=False):
+def model(variant, vocab, dtype, layers=4, std=0.02, aux_coef=0.02, norm_topk_prob=False,
+          sparse_step=1, mlp_only=()):
     import transformers as tf
     if variant == "gpt2":
         cfg = tf.GPT2Config(vocab_size=vocab, n_positions=32, n_embd=32, n_layer=3, n_head=4,
@@ -47,19 +49,32 @@ def model(variant, vocab, dtype, layers=4, std=0.02, aux_coef=0.02, norm_topk_pr
                                num_local_experts=4, num_experts_per_tok=2,
                                router_aux_loss_coef=0.02, tie_word_embeddings=False)
         m = tf.MixtralForCausalLM(cfg)
-    elif variant == "qwen2_moe":
+    elif variant in ("qwen2_moe", "qwen2_moe_sparse"):
         # Biases on q, k, v alone; 4 experts of 16 (top 2) and a gated shared expert of 24 in
-        # every layer; intermediate_size is the (unused) dense MLP's.
+        # every sparse layer; intermediate_size is the dense layers' MLP (none unless
+        # decoder_sparse_step > 1 or mlp_only_layers). qwen2_moe_sparse: of 4 layers, step 2
+        # makes 1 and 3 sparse, mlp_only_layers [1] leaves 3 (trident's --moe-layer-freq
+        # [0,0,0,1], exported as decoder_sparse_step 4).
+        if variant == "qwen2_moe_sparse":
+            sparse_step, mlp_only = 2, (1,)
         cfg = tf.Qwen2MoeConfig(vocab_size=vocab, hidden_size=32, intermediate_size=40,
                                 num_hidden_layers=layers, num_attention_heads=4,
                                 num_key_value_heads=2, max_position_embeddings=64,
                                 rope_theta=5000.0, rms_norm_eps=1e-6, num_experts=4,
                                 num_experts_per_tok=2, moe_intermediate_size=16,
                                 shared_expert_intermediate_size=24,
-                                norm_topk_prob=norm_topk_prob, decoder_sparse_step=1,
+                                norm_topk_prob=norm_topk_prob, decoder_sparse_step=sparse_step,
+                                mlp_only_layers=list(mlp_only),
                                 router_aux_loss_coef=aux_coef, initializer_range=std,
                                 tie_word_embeddings=False)
         m = tf.Qwen2MoeForCausalLM(cfg)
+    elif variant == "qwen2":
+        # Llama with biases on q, k and v alone.
+        cfg = tf.Qwen2Config(vocab_size=vocab, hidden_size=32, intermediate_size=48,
+                             num_hidden_layers=layers, num_attention_heads=4,
+                             num_key_value_heads=2, max_position_embeddings=64, rope_theta=5000.0,
+                             rms_norm_eps=1e-6, initializer_range=std, tie_word_embeddings=False)
+        m = tf.Qwen2ForCausalLM(cfg)
     else:
         cfg = tf.LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=48,
                              num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
@@ -85,7 +100,8 @@ def main(argv):
     ap.add_argument("--trident", required=True)
     ap.add_argument("--work", required=True)
     ap.add_argument("--variant", required=True,
-                    choices=["gpt2", "bloom", "llama", "mixtral", "qwen2_moe"])
+                    choices=["gpt2", "bloom", "llama", "mixtral", "qwen2_moe",
+                             "qwen2_moe_sparse", "qwen2"])
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--layout", default="--tensor-model-parallel-size 2 "
                     "--pipeline-model-parallel-size 2")
@@ -143,6 +159,15 @@ def main(argv):
     assert l2.dtype == l1.dtype and torch.equal(l1, l2), \
         f"logits differ: max {float((l1.float() - l2.float()).abs().max())}"
     print(f"{type(m2).__name__} loads from the export; logits on {ids.shape[1]} tokens identical")
+    if a.variant.startswith("qwen2_moe"):
+        # The sparse layers, however the export spells decoder_sparse_step / mlp_only_layers.
+        def sparse(c):
+            return [i for i in range(c.num_hidden_layers)
+                    if i not in c.mlp_only_layers and (i + 1) % c.decoder_sparse_step == 0]
+        assert sparse(m1.config) == sparse(m2.config), \
+            f"sparse layers {sparse(m1.config)} vs {sparse(m2.config)}"
+        print(f"sparse layers {sparse(m2.config)} (decoder_sparse_step "
+              f"{m2.config.decoder_sparse_step}, mlp_only_layers {m2.config.mlp_only_layers})")
 
 
 if __name__ == "__main__":

@@ -223,21 +223,65 @@ TEST(MoeFlags, EnumValues) {
   }
 }
 
-// --moe-layer-freq takes an integer N (layers 0, N, 2N, ...); Megatron's Python list patterns are
-// refused naming the flag, on the command line and in the --config file.
-TEST(MoeFlags, LayerFreqIsAnInteger) {
+// --moe-layer-freq takes an integer N (layers 0, N, 2N, ...) or Megatron's per-layer pattern, on
+// the command line and in the --config file; a pattern of the wrong length and what is neither
+// are refused naming the flag.
+TEST(MoeFlags, LayerFreqIsAnIntegerOrAPattern) {
   EXPECT_EQ(parse(with({"--num-experts", "4", "--moe-layer-freq", "4"})).model.moe_layer_freq, 4);
-  for (const char* pattern : {"([1]*3+[0]*1)", "([1]*3+[0]*1)*3", "[1,0,1,0]", "2.5", "two"}) {
-    const std::string e = error_of(with({"--num-experts", "4", "--moe-layer-freq", pattern}));
-    EXPECT_NE(e.find(std::string("--moe-layer-freq: '") + pattern +
-                     "': only an integer N is supported (an expert layer every N-th layer, "
-                     "starting at layer 0)"),
+  // kBase has 4 layers.
+  const auto layers = [](const TrainConfig& c) {
+    std::string s;
+    for (std::int64_t l = 0; l < c.model.num_layers; ++l) s += c.model.moe_layer(l) ? '1' : '0';
+    return s;
+  };
+  for (const auto& [pattern, want] :
+       std::vector<std::pair<std::string, std::string>>{{"[1,0,1,0]", "1010"},
+                                                        {"[0,1,1,0]", "0110"},
+                                                        {"([1]*3+[0]*1)", "1110"},
+                                                        {"([0]*1+[1]*1)*2", "0101"},
+                                                        {" [ 1 , 1 ] + 2 * [0] ", "1100"}}) {
+    const TrainConfig c = parse(with({"--num-experts", "4", "--moe-layer-freq", pattern}));
+    EXPECT_EQ(layers(c), want) << pattern;
+    EXPECT_EQ(c.model.moe_layer_freq, 1) << pattern;
+    // The config JSON (checkpoint, arguments table) holds Megatron's list.
+    std::vector<int> list;
+    for (char b : want) list.push_back(b - '0');
+    EXPECT_EQ(c.to_json().at("moe_layer_freq"), nlohmann::json(list)) << pattern;
+  }
+  // The integer after a pattern clears it (the last one given wins, as any flag).
+  EXPECT_EQ(layers(parse(with({"--num-experts", "4", "--moe-layer-freq", "3"}))), "1001");
+  // Megatron's check: one entry per layer.
+  EXPECT_ERROR(with({"--num-experts", "4", "--moe-layer-freq", "([1]*3+[0]*1)*2"}),
+               "--moe-layer-freq [1,1,1,0,1,1,1,0] has 8 entries; a pattern needs one per layer "
+               "(--num-layers 4)");
+  EXPECT_ERROR(with({"--num-experts", "4", "--moe-layer-freq", "[1,0]"}),
+               "--moe-layer-freq [1,0] has 2 entries; a pattern needs one per layer "
+               "(--num-layers 4)");
+  // No layer with experts.
+  EXPECT_ERROR(with({"--num-experts", "4", "--moe-layer-freq", "[0]*4"}),
+               "makes no layer a mixture of experts; use --num-experts 0");
+  // Neither an integer nor a pattern (no '[': an integer, as Megatron's moe_freq_type).
+  for (const char* bad : {"2.5", "two", "(2)"}) {
+    const std::string e = error_of(with({"--num-experts", "4", "--moe-layer-freq", bad}));
+    EXPECT_NE(e.find(std::string("--moe-layer-freq: '") + bad +
+                     "': an integer N (an expert layer every N-th layer, starting at layer 0) or "
+                     "a pattern of 0 and 1 per layer"),
               std::string::npos)
         << e;
   }
+  // A malformed pattern: the parser's message, through CLI11.
+  EXPECT_ERROR(with({"--num-experts", "4", "--moe-layer-freq", "[1,2,1,0]"}),
+               "--moe-layer-freq: '[1,2,1,0]': a layer's entry is 0 (dense) or 1 (experts), not 2 "
+               "at character 4");
+  EXPECT_ERROR(with({"--num-experts", "4", "--moe-layer-freq", "__import__('os')[0]"}),
+               "--moe-layer-freq: '__import__('os')[0]': unexpected '_' at character 1");
   const fs::path toml = fs::temp_directory_path() / "trident_moe_flags_test.toml";
   std::ofstream(toml) << "num-experts = 4\nmoe-layer-freq = \"([1]*3+[0]*1)\"\n";
-  EXPECT_ERROR(with({"--config", toml.string()}), "--moe-layer-freq: '([1]*3+[0]*1)'");
+  EXPECT_EQ(layers(parse(with({"--config", toml.string()}))), "1110");
+  std::ofstream(toml) << "num-experts = 4\nmoe-layer-freq = \"([1]*3+[0]*1\"\n";
+  EXPECT_ERROR(with({"--config", toml.string()}),
+               "--moe-layer-freq: '([1]*3+[0]*1': the expression ends early (a '(' is not "
+               "closed)");
   std::ofstream(toml) << "num-experts = 4\nmoe-layer-freq = 2\nmoe-router-topk = 1\n"
                          "moe-router-score-function = \"sigmoid\"\nmoe-aux-loss-coeff = 0.0\n";
   const TrainConfig c = parse(with({"--config", toml.string()}));
@@ -444,6 +488,43 @@ TEST(MoeFlags, DeepSpeedMoeFlagsMapped) {
   EXPECT_EQ(parse(with({"--num-experts", "4", "--moe-frequency", "2"})).model.moe_layer_freq, 2);
 }
 
+// --expert-interval N: Megatron-DeepSpeed's experts in layers N, 2N, ... counted from 1
+// (get_num_experts_per_layer: layer i + 1 divisible by N), 0-based N - 1, 2N - 1, ...: the
+// pattern; its default 2 too. (kBase has 4 layers.)
+TEST(MoeFlags, ExpertIntervalIsAPattern) {
+  const auto layers = [](const TrainConfig& c) {
+    std::string s;
+    for (std::int64_t l = 0; l < c.model.num_layers; ++l) s += c.model.moe_layer(l) ? '1' : '0';
+    return s;
+  };
+  const std::vector<std::string> ds = {"--num-experts", "8", "--disable-moe-token-dropping"};
+  auto plus = [&](std::vector<std::string> extra) {
+    std::vector<std::string> v = with(ds);
+    v.insert(v.end(), extra.begin(), extra.end());
+    return v;
+  };
+  EXPECT_EQ(layers(parse(plus({"--expert-interval", "1"}))), "1111");
+  EXPECT_TRUE(parse(plus({"--expert-interval", "1"})).model.moe_layer_pattern.empty());
+  EXPECT_EQ(layers(parse(plus({"--expert-interval", "2"}))), "0101");
+  EXPECT_EQ(layers(parse(plus({"--expert-interval", "3"}))), "0010");
+  EXPECT_EQ(layers(parse(plus({"--expert-interval", "4"}))), "0001");
+  EXPECT_EQ(layers(parse(plus({}))), "0101");  // Megatron-DeepSpeed's default 2
+  // Over 6 layers: 2, 4, 6 counted from 1.
+  std::vector<std::string> six = plus({"--expert-interval", "2"});
+  six[1] = "6";
+  ASSERT_EQ(six[0], "--num-layers");
+  const TrainConfig c = parse(six);
+  EXPECT_EQ(layers(c), "010101");
+  EXPECT_EQ(c.to_json().at("moe_layer_freq"), nlohmann::json({0, 1, 0, 1, 0, 1}));
+  model::ModelConfig sized = c.model;
+  sized.vocab_size = 300;
+  EXPECT_NO_THROW(sized.validate());
+  // --moe-layer-freq given wins (and the two together are refused, as before).
+  EXPECT_EQ(layers(parse(plus({"--moe-layer-freq", "[1,1,0,0]"}))), "1100");
+  EXPECT_ERROR(plus({"--expert-interval", "2", "--moe-layer-freq", "2"}),
+               "--expert-interval with --moe-layer-freq: give one");
+}
+
 // Where Megatron-DeepSpeed's run is not trident's: refused, saying what differs and what to give.
 TEST(MoeFlags, DeepSpeedMoeFlagsRefused) {
   const std::vector<std::string> ds = {"--num-experts", "8", "--expert-interval", "1",
@@ -464,14 +545,10 @@ TEST(MoeFlags, DeepSpeedMoeFlagsRefused) {
   EXPECT_ERROR(
       plus({"--moe-loss-coeff", "0.01", "--moe-router-load-balancing-type", "seq_aux_loss"}),
       "is DeepSpeed-MoE's Switch loss (aux_loss)");
-  // Experts in layers N, 2N, ... counted from 1: not --moe-layer-freq's layers.
+  // More than the layers: no layer would have experts.
   EXPECT_ERROR(
-      with({"--num-experts", "8", "--disable-moe-token-dropping", "--expert-interval", "2"}),
-      "--expert-interval 2: Megatron-DeepSpeed puts the experts in layers 2, 4, ... "
-      "(counting from 1), trident's --moe-layer-freq 2 (Megatron-Core's) in layers 1, 3, "
-      "5, ...");
-  EXPECT_ERROR(with({"--num-experts", "8", "--disable-moe-token-dropping"}),
-               "Megatron-DeepSpeed's default --expert-interval 2: ");
+      with({"--num-experts", "8", "--disable-moe-token-dropping", "--expert-interval", "5"}),
+      "--expert-interval 5 with --num-layers 4: no layer would have experts");
   // DeepSpeed-MoE's token dropping.
   EXPECT_ERROR(with({"--num-experts", "8", "--expert-interval", "1", "--topk", "1"}),
                "Megatron-DeepSpeed's mixture of experts drops tokens by default");

@@ -1,5 +1,6 @@
 #include "trident/ckpt/hf_model.h"
 
+#include <algorithm>
 #include <limits>
 
 #include "trident/ckpt/model_config_json.h"
@@ -24,6 +25,8 @@ const char* hf_arch_name(HfArch a) {
       return "mixtral";
     case HfArch::kQwen2Moe:
       return "qwen2_moe";
+    case HfArch::kQwen2:
+      return "qwen2";
   }
   return "?";
 }
@@ -93,38 +96,97 @@ void llama_like_to_model(const json& c, model::ModelConfig& m) {
             "head_dim other than hidden_size / num_attention_heads is not supported");
 }
 
+// What Qwen2 and Qwen2-MoE share: Llama's layer with biases on q, k and v alone
+// (--add-qkv-bias with --disable-bias-linear; null key/value heads: one per query head), without
+// sliding windows or rope scaling.
+void qwen2_like_to_model(const json& c, HfArch arch, model::ModelConfig& m) {
+  hf_keys_to_model(c, arch, m);
+  if (c.contains("num_key_value_heads") && c["num_key_value_heads"].is_null()) {
+    m.num_query_groups = m.num_attention_heads;
+  }
+  llama_like_to_model(c, m);
+  m.add_qkv_bias = true;
+  refuse_if(get_or<bool>(c, "use_sliding_window", false),
+            "use_sliding_window true is not supported (trident's attention is causal over the "
+            "whole sequence)");
+  refuse_if(c.contains("rope_scaling") && !c["rope_scaling"].is_null(),
+            str("rope_scaling is not supported for ", hf_arch_name(arch), " (only null converts)"));
+}
+
 // What Qwen2-MoE's config.json may say that trident's model cannot run.
 void refuse_qwen2_moe(const json& c, const model::ModelConfig& m) {
   refuse_if(m.num_experts == 0,
-            "num_experts 0 is not supported (a dense Qwen2 is not converted; a Qwen2-MoE has "
-            "experts)");
+            "num_experts 0 is not supported (a Qwen2-MoE has experts; a dense one is "
+            "model_type qwen2)");
   refuse_if(m.num_experts > 65536, str("num_experts ", m.num_experts,
                                        ": more than trident reads from a file (65536); the file "
                                        "is corrupt"));
   refuse_if(m.moe_shared_expert_intermediate_size == 0,
             "shared_expert_intermediate_size 0 is not supported (trident's shared expert and its "
             "gate need a size)");
-  // transformers' sparse layers are those with (i + 1) % decoder_sparse_step == 0 (step - 1,
-  // 2 step - 1, ...); trident's --moe-layer-freq N puts them at 0, N, 2N, ...: only 1 agrees.
-  const json step = c.contains("decoder_sparse_step") ? c["decoder_sparse_step"] : json(1);
-  refuse_if(
-      !step.is_null() && int_of(step, "decoder_sparse_step") != 1,
-      str("decoder_sparse_step = ", step.dump(),
-          " is not supported (its mixtures of experts are in layers step-1, 2 step-1, ...; "
-          "trident's --moe-layer-freq N puts them in layers 0, N, 2N, ...: only 1 converts)"));
-  refuse_if(c.contains("mlp_only_layers") && !c["mlp_only_layers"].is_null() &&
-                !c["mlp_only_layers"].empty(),
-            str("mlp_only_layers = ", c.value("mlp_only_layers", json()).dump().substr(0, 40),
-                " is not supported (dense layers among the mixtures of experts cannot be said "
-                "with --moe-layer-freq, which puts them in layers 0, N, 2N, ...; only [] "
-                "converts)"));
-  refuse_if(get_or<bool>(c, "use_sliding_window", false),
-            "use_sliding_window true is not supported (trident's attention is causal over the "
-            "whole sequence)");
-  refuse_if(c.contains("rope_scaling") && !c["rope_scaling"].is_null(),
-            "rope_scaling is not supported for qwen2_moe (only null converts)");
+  // decoder_sparse_step and mlp_only_layers are read by qwen2_moe_layers.
   refuse_if(get_or<double>(c, "router_jitter_noise", 0.0) != 0.0,
             "router_jitter_noise other than 0 is not supported");
+}
+
+// transformers' Qwen2MoeDecoderLayer: layer i's MLP is sparse iff i is not in mlp_only_layers and
+// (i + 1) % decoder_sparse_step == 0 (num_experts > 0 is refused before); the other layers have
+// the dense MLP of intermediate_size. Sets trident's --moe-layer-freq: 1 when every layer is
+// sparse, otherwise the per-layer pattern.
+void qwen2_moe_layers(const json& c, model::ModelConfig& m) {
+  const json step_json = c.contains("decoder_sparse_step") ? c["decoder_sparse_step"] : json(1);
+  const std::int64_t step = step_json.is_null() ? 1 : int_of(step_json, "decoder_sparse_step");
+  refuse_if(step < 1, str("decoder_sparse_step = ", step,
+                          " is not supported (a layer is sparse when (i + 1) % "
+                          "decoder_sparse_step == 0: it must be >= 1)"));
+  std::vector<bool> pattern(static_cast<std::size_t>(m.num_layers));
+  for (std::int64_t i = 0; i < m.num_layers; ++i) {
+    pattern[static_cast<std::size_t>(i)] = (i + 1) % step == 0;
+  }
+  if (c.contains("mlp_only_layers") && !c["mlp_only_layers"].is_null()) {
+    const json& dense = c["mlp_only_layers"];
+    refuse_if(!dense.is_array(), str("mlp_only_layers = ", dense.dump().substr(0, 40),
+                                     " must be a list of layer indices"));
+    for (const json& i : dense) {
+      const std::int64_t l = int_of(i, "mlp_only_layers[]");
+      refuse_if(l >= m.num_layers,
+                str("mlp_only_layers = ", dense.dump().substr(0, 40), ": layer ", l,
+                    " is not one of the num_hidden_layers = ", m.num_layers, " layers"));
+      pattern[static_cast<std::size_t>(l)] = false;
+    }
+  }
+  refuse_if(std::none_of(pattern.begin(), pattern.end(), [](bool b) { return b; }),
+            str("decoder_sparse_step = ", step, " and mlp_only_layers leave no sparse layer in ",
+                m.num_layers,
+                " layers (a dense Qwen2-MoE is not converted: use model_type "
+                "qwen2)"));
+  m.moe_layer_freq = 1;
+  m.moe_layer_pattern.clear();
+  if (std::find(pattern.begin(), pattern.end(), false) != pattern.end()) {
+    m.moe_layer_pattern = std::move(pattern);
+  }
+}
+
+// The other way: decoder_sparse_step and mlp_only_layers that make exactly trident's expert
+// layers sparse. A step alone when one does (the smallest), else step 1 and the dense layers.
+void qwen2_moe_layers_to_hf(const model::ModelConfig& m, json& c) {
+  for (std::int64_t step = 1; step <= m.num_layers; ++step) {
+    bool same = true;
+    for (std::int64_t i = 0; i < m.num_layers && same; ++i) {
+      same = m.moe_layer(i) == ((i + 1) % step == 0);
+    }
+    if (same) {
+      c["decoder_sparse_step"] = step;
+      c["mlp_only_layers"] = json::array();
+      return;
+    }
+  }
+  json dense = json::array();
+  for (std::int64_t i = 0; i < m.num_layers; ++i) {
+    if (!m.moe_layer(i)) dense.push_back(i);
+  }
+  c["decoder_sparse_step"] = 1;
+  c["mlp_only_layers"] = dense;
 }
 
 }  // namespace
@@ -220,16 +282,11 @@ HfImport hf_config_to_trident(const json& c, std::int64_t seq_length) {
       // renormalised only with norm_topk_prob) beside a shared expert weighed by
       // sigmoid(shared_expert_gate . x) (--moe-shared-expert-gate).
       r.arch = HfArch::kQwen2Moe;
-      hf_keys_to_model(c, r.arch, m);
-      if (c.contains("num_key_value_heads") && c["num_key_value_heads"].is_null()) {
-        m.num_query_groups = m.num_attention_heads;
-      }
-      llama_like_to_model(c, m);
-      m.add_qkv_bias = true;
+      qwen2_like_to_model(c, r.arch, m);
       refuse_if(!get_or<bool>(c, "qkv_bias", true),
                 "qkv_bias false is not supported (transformers' Qwen2-MoE has biases on q, k, v)");
       refuse_qwen2_moe(c, m);
-      m.moe_layer_freq = 1;
+      qwen2_moe_layers(c, m);
       m.moe_router_score_function = model::MoeScoreFunction::kSoftmax;
       // norm_topk_prob false: the top k of the softmax over all experts, not renormalised
       // (Megatron's --moe-router-pre-softmax); true: renormalised, the default router's.
@@ -237,10 +294,15 @@ HfImport hf_config_to_trident(const json& c, std::int64_t seq_length) {
       m.moe_expert_capacity_factor = 0.0;
       m.moe_router_load_balancing_type = model::MoeLoadBalancing::kAuxLoss;
       m.moe_shared_expert_gate = true;
+    } else if (type == "qwen2") {
+      // modeling_qwen2.py: Llama's layer with biases on q, k and v alone.
+      r.arch = HfArch::kQwen2;
+      qwen2_like_to_model(c, r.arch, m);
     } else {
       throw InvalidArgument(
           str("config.json: model_type '", type,
-              "' is not supported (trident converts gpt2, bloom, llama, mixtral and qwen2_moe)"));
+              "' is not supported (trident converts gpt2, bloom, llama, mixtral, qwen2_moe and "
+              "qwen2)"));
     }
   } catch (const json::exception& e) {
     throw InvalidArgument(str("config.json: ", e.what()));
@@ -286,10 +348,12 @@ HfArch hf_arch_of(const model::ModelConfig& m) {
     refuse(m.add_bias_linear, qwen ? "biases other than the QKV's (Qwen2-MoE has them on q, k "
                                      "and v alone: --disable-bias-linear --add-qkv-bias)"
                                    : "biases (Mixtral has none: --disable-bias-linear)");
-    refuse(m.moe_layer_freq != 1, qwen
-                                      ? "--moe-layer-freq other than 1 (every Qwen2-MoE MLP "
-                                        "exported is MoE: decoder_sparse_step 1)"
-                                      : "--moe-layer-freq other than 1 (every Mixtral MLP is MoE)");
+    // Qwen2-MoE's dense layers (decoder_sparse_step, mlp_only_layers) say any pattern.
+    bool every_layer = true;
+    for (std::int64_t l = 0; l < m.num_layers; ++l) every_layer = every_layer && m.moe_layer(l);
+    refuse(!qwen && !every_layer,
+           "--moe-layer-freq with dense layers (every Mixtral MLP is MoE; Qwen2-MoE has dense "
+           "layers, but also shared experts)");
     refuse(m.moe_router_score_function != model::MoeScoreFunction::kSoftmax,
            "--moe-router-score-function sigmoid (the router is a softmax)");
     refuse(m.moe_router_topk_scaling_factor != 0.0 && m.moe_router_topk_scaling_factor != 1.0,
@@ -321,9 +385,13 @@ HfArch hf_arch_of(const model::ModelConfig& m) {
     return qwen ? HfArch::kQwen2Moe : HfArch::kMixtral;
   }
   if (llama && m.qkv_bias()) {
-    throw InvalidArgument(
-        "this model is a Llama with biases on q, k and v alone (--add-qkv-bias): transformers' "
-        "Qwen2, which it is, is not converted by trident (Qwen2-MoE is); it cannot be exported");
+    // Biases on q, k and v alone: transformers' Qwen2.
+    if (m.rope_scaling) {
+      throw InvalidArgument(
+          "this model is transformers' Qwen2 (a Llama with --add-qkv-bias) with "
+          "--use-rope-scaling: rope_scaling of Qwen2 is not converted; it cannot be exported");
+    }
+    return HfArch::kQwen2;
   }
   if (llama) return HfArch::kLlama;
   throw InvalidArgument(
@@ -384,8 +452,10 @@ json trident_to_hf_config(const model::ModelConfig& m, HfArch arch, StDType dtyp
       c["output_router_logits"] = false;
       break;
     case HfArch::kQwen2Moe:
-      c["model_type"] = "qwen2_moe";
-      c["architectures"] = {"Qwen2MoeForCausalLM"};
+    case HfArch::kQwen2: {
+      const bool moe = arch == HfArch::kQwen2Moe;
+      c["model_type"] = moe ? "qwen2_moe" : "qwen2";
+      c["architectures"] = {moe ? "Qwen2MoeForCausalLM" : "Qwen2ForCausalLM"};
       c["hidden_act"] = "silu";
       c["attention_dropout"] = m.attention_dropout;
       c["tie_word_embeddings"] = m.tied_output();
@@ -393,11 +463,13 @@ json trident_to_hf_config(const model::ModelConfig& m, HfArch arch, StDType dtyp
       c["use_sliding_window"] = false;
       c["sliding_window"] = nullptr;
       c["max_window_layers"] = m.num_layers;
-      c["decoder_sparse_step"] = 1;
-      c["mlp_only_layers"] = json::array();
-      c["norm_topk_prob"] = !m.moe_router_pre_softmax;
-      c["output_router_logits"] = false;
+      if (moe) {
+        qwen2_moe_layers_to_hf(m, c);
+        c["norm_topk_prob"] = !m.moe_router_pre_softmax;
+        c["output_router_logits"] = false;
+      }
       break;
+    }
   }
   return c;
 }
@@ -515,28 +587,35 @@ const HfNames& hf_names(HfArch arch) {
        {"mlp.experts.dense_h_to_4h.weight", "block_sparse_moe.experts.{e}.w3.weight", L::kExpertUp},
        {"mlp.experts.dense_4h_to_h.weight", "block_sparse_moe.experts.{e}.w2.weight",
         L::kExpertDown}}};
-  // Llama's attention with q, k and v biases; the MLP (mlp.) holds the routed experts, the shared
-  // expert (SwiGLU as a Llama MLP) and its gate.
-  static const HfNames qwen2_moe{
-      "model.layers.",
-      llama.global,
-      {{"input_layernorm.weight", "input_layernorm.weight"},
-       {"self_attention.query_key_value.weight", "self_attn.q_proj.weight", L::kQuery},
-       {"self_attention.query_key_value.weight", "self_attn.k_proj.weight", L::kKey},
-       {"self_attention.query_key_value.weight", "self_attn.v_proj.weight", L::kValue},
-       {"self_attention.query_key_value.bias", "self_attn.q_proj.bias", L::kQueryBias},
-       {"self_attention.query_key_value.bias", "self_attn.k_proj.bias", L::kKeyBias},
-       {"self_attention.query_key_value.bias", "self_attn.v_proj.bias", L::kValueBias},
-       {"self_attention.dense.weight", "self_attn.o_proj.weight"},
-       {"post_attention_layernorm.weight", "post_attention_layernorm.weight"},
-       {"mlp.router.weight", "mlp.gate.weight"},
-       {"mlp.experts.dense_h_to_4h.weight", "mlp.experts.{e}.gate_proj.weight", L::kExpertGate},
-       {"mlp.experts.dense_h_to_4h.weight", "mlp.experts.{e}.up_proj.weight", L::kExpertUp},
-       {"mlp.experts.dense_4h_to_h.weight", "mlp.experts.{e}.down_proj.weight", L::kExpertDown},
-       {"mlp.shared_experts.dense_h_to_4h.weight", "mlp.shared_expert.gate_proj.weight", L::kGate},
-       {"mlp.shared_experts.dense_h_to_4h.weight", "mlp.shared_expert.up_proj.weight", L::kUp},
-       {"mlp.shared_experts.dense_4h_to_h.weight", "mlp.shared_expert.down_proj.weight"},
-       {"mlp.shared_experts.gate_weight", "mlp.shared_expert_gate.weight"}}};
+  // Qwen2: Llama's layer with the q, k and v biases (after the weights).
+  static const HfNames qwen2 = [] {
+    HfNames n = llama;
+    n.in_layer.insert(
+        n.in_layer.begin() + 4,
+        {{"self_attention.query_key_value.bias", "self_attn.q_proj.bias", L::kQueryBias},
+         {"self_attention.query_key_value.bias", "self_attn.k_proj.bias", L::kKeyBias},
+         {"self_attention.query_key_value.bias", "self_attn.v_proj.bias", L::kValueBias}});
+    return n;
+  }();
+  // Qwen2-MoE: Qwen2's attention and norms; the MLP (mlp.) of a sparse layer holds the routed
+  // experts, the shared expert (SwiGLU as a Llama MLP) and its gate, a dense layer's
+  // (mlp_only_layers, decoder_sparse_step > 1) is Qwen2's, of intermediate_size
+  // (--ffn-hidden-size).
+  static const HfNames qwen2_moe = [] {
+    HfNames n = qwen2;
+    n.in_layer.insert(
+        n.in_layer.end() - 3,
+        {{"mlp.router.weight", "mlp.gate.weight"},
+         {"mlp.experts.dense_h_to_4h.weight", "mlp.experts.{e}.gate_proj.weight", L::kExpertGate},
+         {"mlp.experts.dense_h_to_4h.weight", "mlp.experts.{e}.up_proj.weight", L::kExpertUp},
+         {"mlp.experts.dense_4h_to_h.weight", "mlp.experts.{e}.down_proj.weight", L::kExpertDown},
+         {"mlp.shared_experts.dense_h_to_4h.weight", "mlp.shared_expert.gate_proj.weight",
+          L::kGate},
+         {"mlp.shared_experts.dense_h_to_4h.weight", "mlp.shared_expert.up_proj.weight", L::kUp},
+         {"mlp.shared_experts.dense_4h_to_h.weight", "mlp.shared_expert.down_proj.weight"},
+         {"mlp.shared_experts.gate_weight", "mlp.shared_expert_gate.weight"}});
+    return n;
+  }();
   switch (arch) {
     case HfArch::kGpt2:
       return gpt2;
@@ -548,6 +627,8 @@ const HfNames& hf_names(HfArch arch) {
       return mixtral;
     case HfArch::kQwen2Moe:
       return qwen2_moe;
+    case HfArch::kQwen2:
+      return qwen2;
   }
   throw core::InternalError("unknown HfArch");
 }
@@ -685,7 +766,8 @@ bool hf_ignored_name(const std::string& name, HfArch arch, const model::ModelCon
 
 std::string hf_alternate_name(const std::string& name, HfArch arch) {
   const std::string prefix = "transformer.";
-  if (arch == HfArch::kLlama || arch == HfArch::kMixtral || arch == HfArch::kQwen2Moe) {
+  if (arch == HfArch::kLlama || arch == HfArch::kMixtral || arch == HfArch::kQwen2Moe ||
+      arch == HfArch::kQwen2) {
     return name;
   }
   if (name.rfind(prefix, 0) == 0) return name.substr(prefix.size());

@@ -2,7 +2,8 @@
 // as a re-indexing of one trident parameter (the full, single-rank ParamTable), for GPT-2
 // (GPT2LMHeadModel), BLOOM (BloomForCausalLM), Llama (LlamaForCausalLM), Mixtral
 // (MixtralForCausalLM: Llama with a mixture of experts in every layer, docs/moe.md) and Qwen2-MoE
-// (Qwen2MoeForCausalLM: the same with q, k, v biases and a gated shared expert). Used by
+// (Qwen2MoeForCausalLM: the same with q, k, v biases and a gated shared expert; dense layers among
+// them) and Qwen2 (Qwen2ForCausalLM: Llama with q, k, v biases). Used by
 // `trident convert --from-hf / --to-hf` (tools/convert_hf.cc); docs/hf-import.md, docs/hf-export.md
 // list the supported config fields and what is refused.
 #pragma once
@@ -19,7 +20,8 @@
 
 namespace trident::ckpt {
 
-const char* hf_arch_name(HfArch a);  // "gpt2", "bloom", "llama", "mixtral", "qwen2_moe"
+// "gpt2", "bloom", "llama", "mixtral", "qwen2_moe", "qwen2"
+const char* hf_arch_name(HfArch a);
 
 struct HfImport {
   HfArch arch = HfArch::kGpt2;
@@ -31,11 +33,12 @@ struct HfImport {
 // max_position_embeddings, 2048 for BLOOM, which has none). Throws InvalidArgument naming the
 // config field for anything trident cannot run exactly (e.g. rope_scaling types other than
 // llama3, attention biases in Llama, BLOOM's apply_residual_connection_post_layernorm, Mixtral's
-// sliding_window, Qwen2-MoE's decoder_sparse_step other than 1 or mlp_only_layers).
+// sliding_window; Qwen2-MoE's decoder_sparse_step and mlp_only_layers become the
+// --moe-layer-freq pattern).
 HfImport hf_config_to_trident(const nlohmann::json& config, std::int64_t seq_length);
 
 // The architecture trident's config corresponds to; InvalidArgument listing the mismatches when
-// it is none of the five (e.g. rotary positions with LayerNorm; for a model with experts, each
+// it is none of the six (e.g. rotary positions with LayerNorm; for a model with experts, each
 // setting Mixtral, or with shared experts Qwen2-MoE, cannot express, such as
 // --moe-router-pre-softmax in a Mixtral or an ungated shared expert).
 HfArch hf_arch_of(const model::ModelConfig& cfg);

@@ -4,6 +4,7 @@
 #include <limits>
 #include <sstream>
 #include <string>
+#include <string_view>
 
 #include "trident/ckpt/json_checks.h"
 #include "trident/core/error.h"
@@ -63,9 +64,9 @@ struct Key {
   json fallback;
   // Part of the model's function and parameters: a resuming run must agree.
   bool architecture;
-  // In config.json, per HfArch (gpt2, bloom, llama, mixtral, qwen2_moe): the import reads and the
-  // export writes it.
-  HfKey hf[5] = {};
+  // In config.json, per HfArch (gpt2, bloom, llama, mixtral, qwen2_moe, qwen2): the import reads
+  // and the export writes it.
+  HfKey hf[6] = {};
   // A mixture-of-experts setting: part of the model only when it has experts, so two dense
   // models agree whatever it says.
   bool moe = false;
@@ -91,18 +92,25 @@ const Key kKeys[] = {
       {"n_layer"},
       {"num_hidden_layers"},
       {"num_hidden_layers"},
+      {"num_hidden_layers"},
       {"num_hidden_layers"}}},
     {"hidden_size",
      TRIDENT_SIZE(hidden_size),
      nullptr,
      true,
-     {{"n_embd"}, {"hidden_size"}, {"hidden_size"}, {"hidden_size"}, {"hidden_size"}}},
+     {{"n_embd"},
+      {"hidden_size"},
+      {"hidden_size"},
+      {"hidden_size"},
+      {"hidden_size"},
+      {"hidden_size"}}},
     {"num_attention_heads",
      TRIDENT_SIZE(num_attention_heads),
      nullptr,
      true,
      {{"n_head"},
       {"n_head"},
+      {"num_attention_heads"},
       {"num_attention_heads"},
       {"num_attention_heads"},
       {"num_attention_heads"}}},
@@ -114,7 +122,12 @@ const Key kKeys[] = {
      // GPT-2's n_inner null: 4 x hidden (trident's 0); BLOOM's is always 4 x hidden. Mixtral's
      // intermediate_size is the experts' (moe_ffn_hidden_size below, written after this one);
      // Qwen2-MoE's is the dense MLP's (its experts': moe_intermediate_size).
-     {{"n_inner", 0}, {}, {"intermediate_size"}, {"intermediate_size"}, {"intermediate_size"}}},
+     {{"n_inner", 0},
+      {},
+      {"intermediate_size"},
+      {"intermediate_size"},
+      {"intermediate_size"},
+      {"intermediate_size"}}},
     {"seq_length", TRIDENT_SIZE(seq_length), nullptr, true},
     {"max_position_embeddings",
      [](const ModelConfig& m) { return json(m.max_positions()); },
@@ -127,18 +140,25 @@ const Key kKeys[] = {
       {},
       {"max_position_embeddings"},
       {"max_position_embeddings"},
+      {"max_position_embeddings"},
       {"max_position_embeddings"}}},
     {"vocab_size",
      TRIDENT_SIZE(vocab_size),
      nullptr,
      true,
-     {{"vocab_size"}, {"vocab_size"}, {"vocab_size"}, {"vocab_size"}, {"vocab_size"}}},
+     {{"vocab_size"},
+      {"vocab_size"},
+      {"vocab_size"},
+      {"vocab_size"},
+      {"vocab_size"},
+      {"vocab_size"}}},
     {"make_vocab_size_divisible_by", TRIDENT_SIZE(make_vocab_size_divisible_by), nullptr, false},
     {"init_method_std",
      TRIDENT_REAL(init_method_std),
      0.02,
      false,
      {{"initializer_range", 0.02},
+      {"initializer_range", 0.02},
       {"initializer_range", 0.02},
       {"initializer_range", 0.02},
       {"initializer_range", 0.02},
@@ -151,6 +171,7 @@ const Key kKeys[] = {
       {"layer_norm_epsilon", 1e-5},
       {"rms_norm_eps", 1e-6},
       {"rms_norm_eps", 1e-5},
+      {"rms_norm_eps", 1e-6},
       {"rms_norm_eps", 1e-6}}},
     {"position_embedding_type",
      [](const ModelConfig& m) {
@@ -190,7 +211,12 @@ const Key kKeys[] = {
      [](ModelConfig& m, const json& v, const Where& k) { m.num_query_groups = size_of(v, k); },
      0,
      true,
-     {{}, {}, {"num_key_value_heads", 0}, {"num_key_value_heads", 8}, {"num_key_value_heads", 16}}},
+     {{},
+      {},
+      {"num_key_value_heads", 0},
+      {"num_key_value_heads", 8},
+      {"num_key_value_heads", 16},
+      {"num_key_value_heads", 32}}},
     {"untie_embeddings_and_output_weights", TRIDENT_BOOL(untie_embeddings_and_output_weights),
      false, true},
     {"add_bias_linear", TRIDENT_BOOL(add_bias_linear), true, true},
@@ -200,7 +226,12 @@ const Key kKeys[] = {
      TRIDENT_REAL(rotary_base),
      10000.0,
      true,
-     {{}, {}, {"rope_theta", 10000.0}, {"rope_theta", 1e6}, {"rope_theta", 10000.0}}},
+     {{},
+      {},
+      {"rope_theta", 10000.0},
+      {"rope_theta", 1e6},
+      {"rope_theta", 10000.0},
+      {"rope_theta", 10000.0}}},
     {"use_rope_scaling", TRIDENT_BOOL(rope_scaling), false, true},
     {"rope_scaling_factor", TRIDENT_REAL(rope_scaling_factor), 8.0, false},
     {"rope_low_freq_factor", TRIDENT_REAL(rope_low_freq_factor), 1.0, false},
@@ -228,7 +259,35 @@ const Key kKeys[] = {
      true,
      {{}, {}, {}, {"num_experts_per_tok", 2}, {"num_experts_per_tok", 4}},
      true},
-    {"moe_layer_freq", TRIDENT_SIZE(moe_layer_freq), 1, true, {}, true},
+    // An integer N, or Megatron's per-layer pattern as its list ([1, 0, 1, 0]; one entry per
+    // layer, checked against num_layers once every key is read).
+    {"moe_layer_freq",
+     [](const ModelConfig& m) {
+       if (m.moe_layer_pattern.empty()) return json(m.moe_layer_freq);
+       json list = json::array();
+       for (const bool b : m.moe_layer_pattern) list.push_back(b ? 1 : 0);
+       return list;
+     },
+     [](ModelConfig& m, const json& v, const Where& k) {
+       if (!v.is_array()) {
+         m.moe_layer_freq = size_of(v, k);
+         m.moe_layer_pattern.clear();
+         return;
+       }
+       if (v.size() > 4096) bad(k, v, "an integer or a list of at most 4096 0 / 1 entries");
+       m.moe_layer_freq = 1;
+       m.moe_layer_pattern.clear();
+       for (const json& e : v) {
+         if (!e.is_number_integer() || (e.get<std::int64_t>() != 0 && e.get<std::int64_t>() != 1)) {
+           bad(k, v, "an integer or a list of 0 / 1 entries");
+         }
+         m.moe_layer_pattern.push_back(e.get<std::int64_t>() == 1);
+       }
+     },
+     1,
+     true,
+     {},
+     true},
     {"moe_router_score_function",
      [](const ModelConfig& m) {
        return json(m.moe_router_score_function == model::MoeScoreFunction::kSigmoid ? "sigmoid"
@@ -386,6 +445,12 @@ ModelConfig model_config_from_json(const nlohmann::json& c) {
   if (m.moe_layer_freq <= 0) {  // ModelConfig::moe_layer divides by it
     throw core::DataError("checkpoint config: moe_layer_freq must be positive");
   }
+  if (!m.moe_layer_pattern.empty() &&
+      static_cast<std::int64_t>(m.moe_layer_pattern.size()) != m.num_layers) {
+    throw core::DataError(core::str("checkpoint config: moe_layer_freq has ",
+                                    m.moe_layer_pattern.size(), " entries for ", m.num_layers,
+                                    " layers (num_layers): the checkpoint is corrupt"));
+  }
   check_model_size(m, "checkpoint config");
   return m;
 }
@@ -423,7 +488,15 @@ std::string architecture_diff(const nlohmann::json& a, const nlohmann::json& b) 
   std::ostringstream diff;
   for (const Key& k : kKeys) {
     if (!k.architecture || (k.moe && !experts)) continue;
-    const json va = k.get(ma), vb = k.get(mb);
+    json va = k.get(ma), vb = k.get(mb);
+    // The expert layers: the same layers whether an integer or a pattern says so (as if both
+    // had experts: a dense model's are counted by num_experts).
+    if (std::string_view(k.name) == "moe_layer_freq") {
+      ModelConfig xa = ma, xb = mb;
+      xa.num_experts = xb.num_experts = 1;
+      va = xa.moe_layer_pattern_string();
+      vb = xb.moe_layer_pattern_string();
+    }
     if (!same(va, vb)) {
       diff << " " << k.name << ": checkpoint " << va.dump() << " vs run " << vb.dump() << ";";
     }

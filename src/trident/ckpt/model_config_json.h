@@ -15,7 +15,7 @@
 namespace trident::ckpt {
 
 // The Hugging Face architectures trident converts (hf_model.h).
-enum class HfArch : std::uint8_t { kGpt2, kBloom, kLlama, kMixtral, kQwen2Moe };
+enum class HfArch : std::uint8_t { kGpt2, kBloom, kLlama, kMixtral, kQwen2Moe, kQwen2 };
 
 // The architecture's keys of `m` (sizes resolved: ffn_hidden_size, max_position_embeddings and
 // num_query_groups as the model uses them).

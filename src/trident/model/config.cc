@@ -1,8 +1,196 @@
 #include "trident/model/config.h"
 
+#include <algorithm>
+#include <charconv>
+#include <variant>
+
 #include "trident/core/error.h"
 
 namespace trident::model {
+
+namespace {
+
+constexpr std::size_t kMaxPatternLayers = 4096;  // as many layers as a checkpoint may have
+
+// A recursive-descent reader of Megatron's pattern expressions (its argparse type evaluates them
+// with Python's eval):
+//   expr    := term ('+' term)*
+//   term    := primary ('*' primary)*
+//   primary := '[' [bit (',' bit)*] ']' | '(' expr ')' | integer
+// A value is a list of 0 / 1 or an integer; list * n and n * list repeat, list + list
+// concatenates, n * m multiplies (as Python); any other mix is refused.
+class PatternParser {
+ public:
+  explicit PatternParser(std::string_view text) : text_(text) {}
+
+  std::vector<bool> parse() {
+    Value v = expr();
+    skip();
+    if (pos_ < text_.size()) fail("unexpected '", text_[pos_], "'");
+    if (!std::holds_alternative<std::vector<bool>>(v)) {
+      fail_at(text_.size(), "the expression is an integer, not a list of 0 and 1");
+    }
+    return std::get<std::vector<bool>>(std::move(v));
+  }
+
+ private:
+  using Value = std::variant<std::vector<bool>, std::int64_t>;
+
+  template <class... A>
+  [[noreturn]] void fail_at(std::size_t at, const A&... what) const {
+    // The value as given (its first 80 characters when longer).
+    const std::string shown =
+        text_.size() > 80 ? core::str(text_.substr(0, 80), "...") : std::string(text_);
+    throw core::InvalidArgument(core::str("--moe-layer-freq '", shown, "': ", what...,
+                                          " at character ", at + 1,
+                                          " (a pattern is lists of 0 and 1 with + and * by "
+                                          "integers, e.g. \"([1]*3+[0]*1)*2\")"));
+  }
+  template <class... A>
+  [[noreturn]] void fail(const A&... what) const {
+    fail_at(pos_, what...);
+  }
+  void skip() {
+    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\t')) ++pos_;
+  }
+  bool eat(char c) {
+    skip();
+    if (pos_ < text_.size() && text_[pos_] == c) {
+      ++pos_;
+      return true;
+    }
+    return false;
+  }
+  std::int64_t integer() {
+    skip();
+    if (pos_ == text_.size()) fail("the expression ends early");
+    if (text_[pos_] < '0' || text_[pos_] > '9') fail("unexpected '", text_[pos_], "'");
+    std::int64_t n = 0;
+    const char* begin = text_.data() + pos_;
+    const auto [end, ec] = std::from_chars(begin, text_.data() + text_.size(), n);
+    if (ec != std::errc() || n > static_cast<std::int64_t>(kMaxPatternLayers)) {
+      fail("the integer is too large (at most ", kMaxPatternLayers, ")");
+    }
+    pos_ += static_cast<std::size_t>(end - begin);
+    return n;
+  }
+  Value expr() {
+    Value v = term();
+    for (;;) {
+      const std::size_t at = (skip(), pos_);
+      if (!eat('+')) return v;
+      Value r = term();
+      auto* a = std::get_if<std::vector<bool>>(&v);
+      auto* b = std::get_if<std::vector<bool>>(&r);
+      if (a == nullptr || b == nullptr) fail_at(at, "'+' joins two lists only");
+      a->insert(a->end(), b->begin(), b->end());
+      if (a->size() > kMaxPatternLayers) fail_at(at, "more than ", kMaxPatternLayers, " layers");
+    }
+  }
+  Value term() {
+    Value v = primary();
+    for (;;) {
+      const std::size_t at = (skip(), pos_);
+      if (!eat('*')) return v;
+      Value r = primary();
+      auto* a = std::get_if<std::vector<bool>>(&v);
+      auto* b = std::get_if<std::vector<bool>>(&r);
+      if (a != nullptr && b != nullptr) fail_at(at, "'*' of two lists");
+      if (a == nullptr && b == nullptr) {  // n * m
+        const std::int64_t n = std::get<std::int64_t>(v) * std::get<std::int64_t>(r);
+        if (n > static_cast<std::int64_t>(kMaxPatternLayers)) {
+          fail_at(at, "the integer is too large (at most ", kMaxPatternLayers, ")");
+        }
+        v = n;
+        continue;
+      }
+      const std::vector<bool> list = a != nullptr ? *a : *b;
+      const std::int64_t n = a != nullptr ? std::get<std::int64_t>(r) : std::get<std::int64_t>(v);
+      if (!list.empty() && static_cast<std::size_t>(n) > kMaxPatternLayers / list.size()) {
+        fail_at(at, "more than ", kMaxPatternLayers, " layers");
+      }
+      std::vector<bool> out;
+      for (std::int64_t i = 0; i < n; ++i) out.insert(out.end(), list.begin(), list.end());
+      v = std::move(out);
+    }
+  }
+  Value primary() {
+    skip();
+    if (eat('(')) {
+      // A bound on the recursion (a hostile value would exhaust the stack).
+      if (++depth_ > 64) fail_at(pos_ - 1, "parentheses nested more than 64 deep");
+      Value v = expr();
+      --depth_;
+      if (!eat(')')) {
+        if (pos_ == text_.size()) fail("the expression ends early (a '(' is not closed)");
+        fail("expected ')', found '", text_[pos_], "'");
+      }
+      return v;
+    }
+    if (eat('[')) {
+      std::vector<bool> list;
+      if (eat(']')) return list;
+      for (;;) {
+        const std::size_t at = (skip(), pos_);
+        const std::int64_t bit = integer();
+        if (bit != 0 && bit != 1)
+          fail_at(at, "a layer's entry is 0 (dense) or 1 (experts), not ", bit);
+        list.push_back(bit == 1);
+        if (list.size() > kMaxPatternLayers)
+          fail_at(at, "more than ", kMaxPatternLayers, " layers");
+        if (eat(']')) return list;
+        if (!eat(',')) {
+          if (pos_ == text_.size()) fail("the expression ends early (a '[' is not closed)");
+          fail("expected ',' or ']', found '", text_[pos_], "'");
+        }
+      }
+    }
+    return integer();
+  }
+
+  std::string_view text_;
+  std::size_t pos_ = 0;
+  int depth_ = 0;
+};
+
+}  // namespace
+
+std::vector<bool> parse_moe_layer_pattern(std::string_view text) {
+  return PatternParser(text).parse();
+}
+
+std::string moe_layer_pattern_string(const std::vector<bool>& pattern) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < pattern.size(); ++i) {
+    if (i > 0) s += ',';
+    s += pattern[i] ? '1' : '0';
+  }
+  return s + "]";
+}
+
+void ModelConfig::set_moe_layer_freq(std::string_view value) {
+  if (value.find('[') != std::string_view::npos) {
+    moe_layer_pattern = parse_moe_layer_pattern(value);
+    moe_layer_freq = 1;
+    return;
+  }
+  std::int64_t n = 0;
+  const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
+  if (ec != std::errc() || end != value.data() + value.size() || value.empty()) {
+    throw core::InvalidArgument(
+        core::str("--moe-layer-freq '", value,
+                  "': an integer N (an expert layer every N-th layer, starting at layer 0) or a "
+                  "pattern of 0 and 1 per layer such as \"[1,0,1,0]\" or \"([1]*3+[0]*1)*2\""));
+  }
+  moe_layer_freq = n;
+  moe_layer_pattern.clear();
+}
+
+std::string ModelConfig::moe_layer_pattern_string() const {
+  std::vector<bool> p(static_cast<std::size_t>(std::max<std::int64_t>(num_layers, 0)));
+  for (std::size_t l = 0; l < p.size(); ++l) p[l] = moe_layer(static_cast<std::int64_t>(l));
+  return model::moe_layer_pattern_string(p);
+}
 
 std::int64_t ModelConfig::padded_vocab_size(std::int64_t tp_size) const {
   const std::int64_t multiple = make_vocab_size_divisible_by * tp_size;
@@ -61,6 +249,15 @@ void ModelConfig::validate() const {
   TRIDENT_CHECK(moe_router_topk >= 1 && moe_router_topk <= num_experts, "--moe-router-topk (",
                 moe_router_topk, ") must be in [1, --num-experts = ", num_experts, "]");
   TRIDENT_CHECK(moe_layer_freq >= 1, "--moe-layer-freq must be >= 1, got ", moe_layer_freq);
+  TRIDENT_CHECK(moe_layer_pattern.empty() ||
+                    static_cast<std::int64_t>(moe_layer_pattern.size()) == num_layers,
+                "--moe-layer-freq ", model::moe_layer_pattern_string(moe_layer_pattern), " has ",
+                moe_layer_pattern.size(),
+                " entries; the pattern needs one per layer: --num-layers ", num_layers);
+  bool any_moe = false;
+  for (std::int64_t l = 0; l < num_layers; ++l) any_moe = any_moe || moe_layer(l);
+  TRIDENT_CHECK(any_moe, "--moe-layer-freq ", moe_layer_pattern_string(),
+                " makes no layer a mixture of experts; use --num-experts 0 for a dense model");
   TRIDENT_CHECK(moe_ffn_hidden_size >= 0, "--moe-ffn-hidden-size must be positive, got ",
                 moe_ffn_hidden_size);
   TRIDENT_CHECK(

@@ -4,6 +4,8 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <vector>
 
 namespace trident::model {
 
@@ -78,11 +80,15 @@ struct ModelConfig {
   // Mixture of experts: --num-experts E (0: dense MLPs) replaces the MLP of every
   // --moe-layer-freq-th layer (0, freq, 2 freq, ...) by E experts of --moe-ffn-hidden-size
   // (0: --ffn-hidden-size), SwiGLU or GeLU as the dense MLP, without biases; a router sends each
-  // token to --moe-router-topk of them (model/layers/moe.h).
+  // token to --moe-router-topk of them (model/layers/moe.h). The other layers keep the dense MLP
+  // of --ffn-hidden-size.
   std::int64_t num_experts = 0;
   std::int64_t moe_ffn_hidden_size = 0;
   std::int64_t moe_router_topk = 2;
   std::int64_t moe_layer_freq = 1;
+  // --moe-layer-freq as Megatron's per-layer pattern ("[1,0,1,0]", "([1]*3+[0]*1)*2"): layer l is
+  // a mixture of experts iff moe_layer_pattern[l]; one entry per layer. Empty: moe_layer_freq.
+  std::vector<bool> moe_layer_pattern;
   MoeScoreFunction moe_router_score_function = MoeScoreFunction::kSoftmax;
   bool moe_router_pre_softmax = false;
   double moe_router_topk_scaling_factor = 0.0;  // 0: none (1)
@@ -106,8 +112,17 @@ struct ModelConfig {
   bool documents() const { return reset_position_ids || reset_attention_mask; }
   // Whether global layer `layer`'s MLP is a mixture of experts.
   bool moe_layer(std::int64_t layer) const {
-    return num_experts > 0 && layer % moe_layer_freq == 0;
+    if (num_experts <= 0) return false;
+    if (moe_layer_pattern.empty()) return layer % moe_layer_freq == 0;
+    return layer >= 0 && layer < static_cast<std::int64_t>(moe_layer_pattern.size()) &&
+           moe_layer_pattern[static_cast<std::size_t>(layer)];
   }
+  // Sets --moe-layer-freq from its value: an integer N (moe_layer_freq, the pattern cleared) or,
+  // with a '[' in it as Megatron decides, a pattern (parse_moe_layer_pattern). InvalidArgument
+  // naming the flag otherwise.
+  void set_moe_layer_freq(std::string_view value);
+  // The layers --moe-layer-freq makes mixtures of experts as Megatron's list: "[1,0,1,0]".
+  std::string moe_layer_pattern_string() const;
   std::int64_t moe_ffn() const { return moe_ffn_hidden_size > 0 ? moe_ffn_hidden_size : ffn(); }
   // Whether local layer `l` of a shard is fully recomputed.
   bool recomputes(std::int64_t l) const {
@@ -158,5 +173,13 @@ struct ModelConfig {
 
   friend bool operator==(const ModelConfig&, const ModelConfig&) = default;
 };
+
+// Megatron's --moe-layer-freq pattern, a Python expression of lists of 0 / 1 ("[1,0,1,0]",
+// "([1]*3+[0]*1)*2"): list literals of 0 and 1, + concatenation, * repetition by a non-negative
+// integer (either side), parentheses, spaces; nothing else (no eval). At most 4096 entries.
+// Throws InvalidArgument naming the flag and the position of what is wrong.
+std::vector<bool> parse_moe_layer_pattern(std::string_view text);
+// "[1,0,1,0]".
+std::string moe_layer_pattern_string(const std::vector<bool>& pattern);
 
 }  // namespace trident::model

@@ -328,22 +328,30 @@ void apply_deepspeed_moe(TrainConfig& c) {
         c.moe_router_load_balancing_type);
     c.model.moe_aux_loss_coeff = coeff;
   }
-  // Expert layers: Megatron-DeepSpeed's layers N, 2N, ... counted from 1; Megatron-Core's
-  // (trident's) 1, N + 1, 2N + 1, ...: the same for N = 1 only.
+  // Expert layers: Megatron-DeepSpeed's layers N, 2N, ... counted from 1 (its
+  // get_num_experts_per_layer: layer i + 1 divisible by N), i.e. 0-based N - 1, 2N - 1, ...:
+  // every layer for N = 1 (--moe-layer-freq 1), otherwise that per-layer pattern.
   if (!given("--moe-layer-freq")) {
     const std::int64_t n = has("--expert-interval")
                                ? to_int("--expert-interval", c.compat.at("--expert-interval"))
                                : 2;
-    TRIDENT_CHECK(n == 1,
+    TRIDENT_CHECK(n >= 1, "--expert-interval must be >= 1, got ", n);
+    const std::int64_t layers = c.model.num_layers;
+    TRIDENT_CHECK(n <= layers,
                   has("--expert-interval") ? str("--expert-interval ", n)
                                            : std::string("Megatron-DeepSpeed's default "
                                                          "--expert-interval 2"),
-                  ": Megatron-DeepSpeed puts the experts in layers ", n, ", ", 2 * n,
-                  ", ... (counting from 1), trident's --moe-layer-freq ", n,
-                  " (Megatron-Core's) in layers 1, ", n + 1, ", ", 2 * n + 1,
-                  ", ...; give --expert-interval 1 (every layer), or --moe-layer-freq N for "
-                  "Megatron-Core's layers");
+                  " with --num-layers ", layers,
+                  ": no layer would have experts (Megatron-DeepSpeed puts them in layers ", n, ", ",
+                  2 * n, ", ... counting from 1); give a smaller --expert-interval");
     c.model.moe_layer_freq = 1;
+    c.model.moe_layer_pattern.clear();
+    if (n > 1) {
+      c.model.moe_layer_pattern.resize(static_cast<std::size_t>(layers));
+      for (std::int64_t l = 0; l < layers; ++l) {
+        c.model.moe_layer_pattern[static_cast<std::size_t>(l)] = (l + 1) % n == 0;
+      }
+    }
   }
   // Token dropping: DeepSpeed-MoE's capacity keeps at least --moe-min-capacity rows and drops at
   // random (top-1) or second choices before first (top-2): not Megatron-Core's policies.
@@ -545,7 +553,9 @@ constexpr const char* kMoeReview =
     "Megatron-DeepSpeed's `--moe-expert-parallel-size` mapped to it), shared experts "
     "(`--moe-shared-expert-intermediate-size`, `--moe-shared-expert-gate`) and the expert bias "
     "(`--moe-router-enable-expert-bias`, `--moe-router-bias-update-rate`) are implemented, "
-    "and the shared experts' kernel and overlap switches are no-ops.\n\n";
+    "and the shared experts' kernel and overlap switches are no-ops; `--moe-layer-freq` takes "
+    "Megatron's per-layer patterns (`\"([1]*3+[0]*1)*2\"`), and `--expert-interval` N > 1 (with "
+    "its default 2, refused before) maps onto one.\n\n";
 
 std::string flag_table_markdown() {
   std::map<FlagStatus, int> count;

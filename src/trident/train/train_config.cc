@@ -162,20 +162,28 @@ void add_moe_options(Settings& s, TrainConfig& c) {
                "Hidden size of each expert's MLP (default --ffn-hidden-size)");
   s.add_option("--moe-router-topk", m.moe_router_topk, "Experts each token is routed to")
       ->capture_default_str();
-  s.add_option("--moe-layer-freq", m.moe_layer_freq,
-               "N: the MLP of every N-th layer (0, N, 2N, ...) is a mixture of experts")
-      ->capture_default_str()
-      ->check(CLI::Validator(
-          [](const std::string& v) {
-            std::int64_t n = 0;
-            const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
-            if (ec == std::errc() && end == v.data() + v.size()) return std::string();
-            return str("'", v,
-                       "': only an integer N is supported (an expert layer every N-th layer, "
-                       "starting at layer 0); Megatron's layer patterns such as "
-                       "\"([1]*3+[0]*1)\" are not");
+  // An integer N, or Megatron's per-layer pattern (a Python expression of lists of 0 and 1,
+  // which Megatron evaluates and trident parses: model::parse_moe_layer_pattern). The checkpoint
+  // and the arguments table hold the integer or the pattern's list (ckpt/model_config_json.cc).
+  s.value("--moe-layer-freq", m.moe_layer_freq);
+  s.app()
+      .add_option_function<std::string>(
+          "--moe-layer-freq",
+          [&m](const std::string& v) {
+            try {
+              m.set_moe_layer_freq(v);
+            } catch (const core::InvalidArgument& e) {
+              // CLI11 prefixes the flag's name.
+              std::string what = e.what();
+              const std::string own = "--moe-layer-freq ";
+              if (what.rfind(own, 0) == 0) what = what.substr(own.size());
+              throw CLI::ValidationError("--moe-layer-freq", what);
+            }
           },
-          "", "integer"));
+          "N: the MLP of every N-th layer (0, N, 2N, ...) is a mixture of experts; or a pattern "
+          "of 0 and 1, one per layer, as Megatron's: \"[1,0,1,0]\", \"([1]*3+[0]*1)*2\" (default "
+          "1)")
+      ->type_name("INT|PATTERN");
   s.add_option("--moe-router-score-function", c.moe_router_score_function,
                "Router scores: softmax or sigmoid")
       ->capture_default_str();
@@ -874,6 +882,16 @@ void TrainConfig::finalize_model() {
 // dense run accepts any value (as it did when they were no-ops).
 void TrainConfig::finalize_moe() {
   if (model.num_experts > 0) {
+    // Megatron-Core's check (TransformerConfig): a pattern has one entry per layer.
+    const std::int64_t entries = static_cast<std::int64_t>(model.moe_layer_pattern.size());
+    TRIDENT_CHECK(entries == 0 || entries == model.num_layers, "--moe-layer-freq ",
+                  model::moe_layer_pattern_string(model.moe_layer_pattern), " has ", entries,
+                  " entries; a pattern needs one per layer (--num-layers ", model.num_layers, ")");
+    TRIDENT_CHECK(
+        entries == 0 || std::find(model.moe_layer_pattern.begin(), model.moe_layer_pattern.end(),
+                                  true) != model.moe_layer_pattern.end(),
+        "--moe-layer-freq ", model::moe_layer_pattern_string(model.moe_layer_pattern),
+        " makes no layer a mixture of experts; use --num-experts 0 for a dense model");
     TRIDENT_CHECK(moe_router_score_function == "softmax" || moe_router_score_function == "sigmoid",
                   "--moe-router-score-function: unknown or unsupported value '",
                   moe_router_score_function, "' (use softmax or sigmoid)");

@@ -4,6 +4,8 @@
 // The forward is that list; the backward is the same list reversed.
 #pragma once
 
+#include <vector>
+
 #include "trident/model/layers/attention.h"
 #include "trident/model/layers/layer.h"
 #include "trident/model/layers/mlp.h"
@@ -17,11 +19,16 @@ struct BlockConfig {
   AttentionConfig attention;
   MlpConfig mlp;
   // Mixture of experts (moe.num_experts > 0): the MLP of every moe_layer_freq-th global layer
-  // (0, freq, ...) is the MoE layer instead.
+  // (0, freq, ...), or with a pattern (ModelConfig::moe_layer_pattern, one entry per layer) of
+  // the layers it marks, is the MoE layer instead.
   MoeConfig moe;
   std::int64_t moe_layer_freq = 1;
+  std::vector<bool> moe_layer_pattern;
   bool is_moe(std::int64_t layer) const {
-    return moe.num_experts > 0 && layer % moe_layer_freq == 0;
+    if (moe.num_experts <= 0) return false;
+    if (moe_layer_pattern.empty()) return layer % moe_layer_freq == 0;
+    return layer >= 0 && layer < static_cast<std::int64_t>(moe_layer_pattern.size()) &&
+           moe_layer_pattern[static_cast<std::size_t>(layer)];
   }
 };
 struct BlockParams {
