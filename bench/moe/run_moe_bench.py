@@ -15,6 +15,15 @@ dense model, the MoE at expert parallelism 1 and the MoE with its experts split 
 (--expert-model-parallel-size N); the table adds the all-to-all's share (the all_to_all_v waits of
 the token exchange, from rank 0's profile) and the MoE tokens/s relative to the dense model's.
 
+With --ep-load ITERS it measures what `trident plan` assumes of expert parallelism's load: the
+busiest expert-parallel rank's rows over the mean (plan.h's kMoeLoadImbalance). For EP = 2, 4 and
+8 it trains one process whose global batch is EP micro-batches, with experts in the first layer
+only (--moe-layer-freq = the layer count) and logging every iteration, so each iteration's tokens
+per expert are the rows one MoE layer call sends every expert under EP data-parallel ranks; the
+experts grouped EP ways (consecutive, as the ranks hold them) give each rank's rows. It reports
+the median, 90th percentile and maximum over the second half of the iterations, with the Switch
+load-balancing loss 0.01 and without.
+
 With --balance ITERS it instead trains the MoE model ITERS iterations with each balancing option
 (no auxiliary loss; the Switch load-balancing loss 0.01; that with a capacity of 1.0 x the even
 share dropping by probability; the per-sequence loss) and reports the last log interval's expert
@@ -74,6 +83,44 @@ def run(trident, common, extra, threads, workdir, name, ranks=1):
     return profile["iter_ms"], moe_ms
 
 
+def records(metrics):
+    with open(metrics) as f:
+        return [r for r in map(json.loads, f) if "moe_tokens_per_expert" in r]
+
+
+def ep_load(args, common, moe, workdir):
+    base = [x for x in common if x != "--profile"]
+    i = base.index("--profile-step-start")
+    del base[i:i + 4]
+    for flag, value in (("--train-iters", args.ep_load), ("--log-interval", 1),
+                        ("--num-layers", args.layers)):
+        base[base.index(flag) + 1] = str(value)
+    print(f"{args.experts} experts top-{args.topk}, hidden {args.hidden}, seq {args.seq}, "
+          f"micro-batch {args.micro_batch}, experts in layer 0 of {args.layers}; iterations "
+          f"{args.ep_load // 2 + 1}-{args.ep_load}")
+    print("| balancing | EP | busiest rank's rows / mean: median | p90 | max |")
+    print("| --- | --- | --- | --- | --- |")
+    for name, coeff in (("aux_loss 0.01", "0.01"), ("none", "0")):
+        for ep in (2, 4, 8):
+            if args.experts % ep:
+                continue
+            run_args = list(base)
+            run_args[run_args.index("--global-batch-size") + 1] = str(ep * args.micro_batch)
+            flags = list(moe) + ["--moe-layer-freq", str(args.layers)]
+            flags[flags.index("--moe-aux-loss-coeff") + 1] = coeff
+            run(args.trident, run_args, flags, args.threads, workdir, "ep_load")
+            ratios = []
+            for rec in records(os.path.join(workdir, "ep_load.jsonl"))[args.ep_load // 2:]:
+                t = rec["moe_tokens_per_expert"]
+                per = len(t) // ep
+                loads = [sum(t[r * per:(r + 1) * per]) for r in range(ep)]
+                ratios.append(max(loads) / (sum(loads) / ep))
+            ratios.sort()
+            p90 = ratios[min(len(ratios) - 1, int(0.9 * len(ratios)))]
+            print(f"| {name} | {ep} | {statistics.median(ratios):.3f} | {p90:.3f} | "
+                  f"{ratios[-1]:.3f} |", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
@@ -90,6 +137,7 @@ def main():
     ap.add_argument("--trident", default=os.path.join(ROOT, "build", "tools", "trident"))
     ap.add_argument("--balance", type=int, default=0, metavar="ITERS")
     ap.add_argument("--ep", type=int, default=1, metavar="N")
+    ap.add_argument("--ep-load", type=int, default=0, metavar="ITERS")
     args = ap.parse_args()
 
     workdir = tempfile.mkdtemp(prefix="trident_moe_bench_")
@@ -111,6 +159,9 @@ def main():
     moe = ["--ffn-hidden-size", str(args.topk * args.expert_ffn), "--num-experts",
            str(args.experts), "--moe-router-topk", str(args.topk), "--moe-ffn-hidden-size",
            str(args.expert_ffn), "--moe-aux-loss-coeff", "0.01"]
+    if args.ep_load > 0:
+        ep_load(args, common, moe, workdir)
+        return
     if args.balance > 0:
         base = [x for x in common if x not in ("--profile",)]
         i = base.index("--profile-step-start")

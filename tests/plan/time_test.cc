@@ -221,10 +221,10 @@ TEST(PlanTime, ExpertAllToAllGrowsWithEpAsTheFormula) {
 }
 
 // The experts' GEMMs: the same FLOPs per rank whatever ep (each rank's E / ep experts run the
-// rows every ep rank sends them), the busiest rank kMoeLoadImbalance times the mean; padded to a
-// capacity, exactly ep x capacity rows per local expert.
-// Shared experts add their MLP's GEMMs: the GEMM time grows as the model's FLOPs do (the FLOPs
-// formula, model/config.cc, is independent of the time model).
+// rows every ep rank sends them), the busiest rank moe_load_imbalance(ep) times the mean; padded to
+// a capacity, exactly ep x capacity rows per local expert. Shared experts add their MLP's GEMMs:
+// the GEMM time grows as the model's FLOPs do (the FLOPs formula, model/config.cc, is independent
+// of the time model).
 TEST(PlanTime, SharedExpertsAddTheirMlpAsTheFlops) {
   const std::string f = "--micro-batch-size 2 --global-batch-size 16 --moe-ffn-hidden-size 1024 ";
   const TimeBreakdown plain = predict_time(moe(f, 8), a100(8));
@@ -236,6 +236,18 @@ TEST(PlanTime, SharedExpertsAddTheirMlpAsTheFlops) {
   EXPECT_GT(shared.gemm, plain.gemm);
   EXPECT_NEAR(shared.gemm / plain.gemm, shared.model_flops / plain.model_flops, 0.05);
   EXPECT_GT(gated.gemm, shared.gemm);
+}
+
+// The fitted busiest-rank load (docs/plan.md, "Mixture of experts"): none without expert
+// parallelism, then growing with log2 of the ep ranks through the measured 1.26 / 1.41 / 1.76.
+TEST(PlanTime, ExpertLoadImbalanceIsTheFittedCurve) {
+  EXPECT_EQ(moe_load_imbalance(1), 1.0);
+  EXPECT_DOUBLE_EQ(moe_load_imbalance(2), 1.25);
+  EXPECT_DOUBLE_EQ(moe_load_imbalance(4), 1.5);
+  EXPECT_DOUBLE_EQ(moe_load_imbalance(8), 1.75);
+  for (auto [ep, measured] : {std::pair{2, 1.261}, {4, 1.406}, {8, 1.763}}) {
+    EXPECT_NEAR(moe_load_imbalance(ep), measured, 0.1) << "ep " << ep;
+  }
 }
 
 TEST(PlanTime, ExpertRowsPerRankFollowTheRouting) {
@@ -250,7 +262,7 @@ TEST(PlanTime, ExpertRowsPerRankFollowTheRouting) {
     const MoeLayerCost c = moe_layer_cost(mc, rows, 2, ep);
     EXPECT_EQ(c.local_experts, 8 / ep);
     EXPECT_EQ(c.rows_per_local_expert,
-              static_cast<std::int64_t>(std::ceil(ep * rows * 2 / 8.0 * kMoeLoadImbalance)));
+              static_cast<std::int64_t>(std::ceil(ep * rows * 2 / 8.0 * moe_load_imbalance(ep))));
     EXPECT_EQ(c.ffn_local, 4096 / 2);
     EXPECT_EQ(c.count_bytes, ep * 8 * 8.0);
   }

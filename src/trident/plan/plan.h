@@ -92,9 +92,11 @@ bool collectives_measured(const Cluster& cluster);
 
 // A mixture-of-experts layer's work on one rank for one micro-batch of `rows` tokens, with its
 // experts over `ep` ranks and tensor-parallel over `tp` (docs/plan.md "Mixture of experts").
-// The busiest ep rank's experts run kMoeLoadImbalance times the mean rows (dropless, ep > 1):
-// the expected max / mean load of the aux-loss-balanced routers the docs report.
-inline constexpr double kMoeLoadImbalance = 1.2;
+// The busiest ep rank's experts run moe_load_imbalance(ep) times the mean rows (dropless, ep > 1):
+// 1 + 0.25 log2(ep), fitted to the measured busiest-rank load of a router trained with the Switch
+// load-balancing loss 0.01 (bench/moe/run_moe_bench.py --ep-load; docs/plan.md: medians 1.26,
+// 1.41 and 1.76 at EP 2, 4 and 8). 1 at ep 1.
+double moe_load_imbalance(int ep);
 struct MoeLayerCost {
   std::int64_t routed_rows = 0;              // rows the permute produces (MoeConfig::max_rows)
   std::int64_t local_experts = 0;            // E / ep

@@ -283,6 +283,10 @@ struct ChunkCost {
 
 }  // namespace
 
+double moe_load_imbalance(int ep) {
+  return ep > 1 ? 1.0 + 0.25 * std::log2(static_cast<double>(ep)) : 1.0;
+}
+
 MoeLayerCost moe_layer_cost(const model::ModelConfig& mc, std::int64_t rows, int tp, int ep) {
   const model::layers::MoeConfig moe = model::moe_config(mc, ep);
   MoeLayerCost c;
@@ -295,7 +299,7 @@ MoeLayerCost moe_layer_cost(const model::ModelConfig& mc, std::int64_t rows, int
   // capacity from every rank.
   double rows_per_expert = static_cast<double>(ep) * static_cast<double>(c.routed_rows) /
                            static_cast<double>(E) *
-                           (ep > 1 && !moe.pad_to_capacity ? kMoeLoadImbalance : 1.0);
+                           (moe.pad_to_capacity ? 1.0 : moe_load_imbalance(ep));
   if (cap > 0) rows_per_expert = std::min(rows_per_expert, static_cast<double>(ep * cap));
   c.rows_per_local_expert = static_cast<std::int64_t>(std::ceil(rows_per_expert));
   c.ffn_local = moe.ffn / tp;
