@@ -804,6 +804,100 @@ TEST_F(Equivalence, MoeExpertParallelResume) {
     }
   }
 }
+// --fp16 with experts. trident's FP16 is its FP32 arithmetic under loss scaling: the gradients
+// scaled, an iteration whose scaled gradients pass FP16's range skipped and the scale halved. From
+// 2^24 with hysteresis 1 the first four iterations overflow, then six train; every layout (the
+// experts' gradients in their own optimizer under expert parallelism) skips the same iterations
+// and matches one FP16 process within 1e-6. A static power-of-two scale is exact: FP16 at 1024
+// gives the FP32 run's losses bitwise.
+TEST_F(Equivalence, MoeFp16Layouts) {
+  const std::string fp16 =
+      std::string(kMoe) + " --fp16 --initial-loss-scale 16777216 --hysteresis 1";
+  auto skipped = [](const std::string& name) {
+    std::ifstream in(run_dir(name) + "/metrics.jsonl");
+    std::string line, last;
+    while (std::getline(in, line)) last = line;
+    return nlohmann::json::parse(last).at("skipped_iterations").get<std::int64_t>();
+  };
+  const std::string ref = reference_for({"x", 1, {}, 1, fp16});
+  EXPECT_EQ(skipped(ref), 4);
+  const auto r = losses(ref);
+  ASSERT_EQ(r.size(), 10u);
+  for (const Layout& l :
+       {Layout{"moe_fp16_ep2", 2, {"--expert-model-parallel-size 2"}, 1, fp16},
+        Layout{
+            "moe_fp16_ep2dp4zero1", 4, {"--expert-model-parallel-size 2 --zero-stage 1"}, 1, fp16},
+        Layout{"moe_fp16_tp2sp",
+               2,
+               {"--tensor-model-parallel-size 2 --sequence-parallel"},
+               2,
+               fp16}}) {
+    ASSERT_EQ(train(l), 0) << l.name;
+    EXPECT_EQ(skipped(l.name), 4) << l.name;
+    const auto b = losses(l.name);
+    ASSERT_EQ(b.size(), r.size());
+    double worst = 0;
+    for (std::size_t i = 0; i < r.size(); ++i) {
+      EXPECT_NEAR(b[i], r[i], 1e-6 * r[i]) << l.name << " iteration " << i + 1;
+      worst = std::max(worst, std::abs(b[i] - r[i]) / r[i]);
+    }
+    std::printf("%s: max loss rel diff %.2e, 4 skipped iterations\n", l.name.c_str(), worst);
+  }
+  const auto fp32 = losses(reference_for({"x", 1, {}, 1, kMoe}));
+  const auto fixed =
+      losses(reference_for({"x", 1, {}, 1, std::string(kMoe) + " --fp16 --loss-scale 1024"}));
+  ASSERT_EQ(fixed.size(), fp32.size());
+  for (std::size_t i = 0; i < fp32.size(); ++i)
+    EXPECT_EQ(fixed[i], fp32[i]) << "iteration " << i + 1;
+}
+
+// The experts' optimizer offloaded (its own files beside the dense optimizer's): EP2 with the
+// optimizer state on NVMe, and EP2 over dp 4 with ZeRO-3 and the weight shards on NVMe too, each
+// equal to one process within 1e-6; EP2 on NVMe stopped at iteration 5 and resumed gives the
+// uninterrupted run's losses and all four shard files (2 dense, 2 experts) bitwise.
+TEST_F(Equivalence, MoeOffloadLayouts) {
+  const std::string nvme = (dir() / "nvme").string();
+  fs::create_directories(nvme);
+  const std::string off = "--offload-optimizer nvme --offload-path " + nvme;
+  const std::string ref = reference_for({"x", 1, {}, 1, kMoe});
+  const auto r = losses(ref);
+  ASSERT_EQ(r.size(), 10u);
+  const std::string ep2 = "--expert-model-parallel-size 2 " + off;
+  for (const Layout& l :
+       {Layout{"moe_off_ep2", 2, {ep2}, 1, kMoe},
+        Layout{"moe_off_ep2dp4zero3",
+               4,
+               {"--expert-model-parallel-size 2 --zero-stage 3 --offload-params nvme " + off},
+               1,
+               kMoe}}) {
+    ASSERT_EQ(train(l), 0) << l.name;
+    const auto b = losses(l.name);
+    ASSERT_EQ(b.size(), r.size());
+    for (std::size_t i = 0; i < r.size(); ++i) {
+      EXPECT_NEAR(b[i], r[i], 1e-6 * r[i]) << l.name << " iteration " << i + 1;
+    }
+    std::ifstream log(run_dir(l.name) + "/log.txt");
+    const std::string text{std::istreambuf_iterator<char>(log), {}};
+    EXPECT_NE(text.find("the experts' optimizer state (adam) of"), std::string::npos) << l.name;
+  }
+  ASSERT_EQ(WEXITSTATUS(train({"moe_off_part", 2, {ep2 + " --exit-interval 5"}, 1, kMoe})), 0);
+  ASSERT_EQ(
+      train({"moe_off_part", 2, {ep2 + " --load " + run_dir("moe_off_part") + "/ckpt"}, 1, kMoe}),
+      0);
+  const auto a = losses("moe_off_ep2"), b = losses("moe_off_part");
+  ASSERT_EQ(b.size(), a.size());
+  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "iteration " << i + 1;
+  for (int shard = 0; shard < 4; ++shard) {
+    const std::string name = "/ckpt/iter_0000010/rank_0000" + std::to_string(shard) + ".bin";
+    std::ifstream x(run_dir("moe_off_ep2") + name, std::ios::binary),
+        y(run_dir("moe_off_part") + name, std::ios::binary);
+    const std::string bx{std::istreambuf_iterator<char>(x), {}},
+        by{std::istreambuf_iterator<char>(y), {}};
+    EXPECT_GT(bx.size(), 8u) << name;
+    EXPECT_TRUE(bx == by) << name << " differs after the resume";
+  }
+}
+
 // Context parallelism and checkpoints: CP2 over dp 2 with ZeRO-1 stopped at iteration 5 and
 // resumed in the same layout gives the uninterrupted run bitwise (losses and every shard); its
 // iteration-5 checkpoint (the shards of dp x cp = 4 ranks) resumes in one process, as CP4 with

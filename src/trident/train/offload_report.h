@@ -4,6 +4,8 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "trident/optim/offload.h"
 #include "trident/train/train_config.h"
@@ -13,14 +15,24 @@ namespace trident::train {
 
 class OffloadReporter {
  public:
-  // Logs where the optimizer state lives.
-  OffloadReporter(const ZeroOptimizer& optimizer, const TrainConfig& cfg);
-  // Logs the interval's I/O (nvme) and adds offload_* fields to the metrics record.
+  // Logs where the optimizer state lives: the dense optimizer's, and with expert parallelism the
+  // experts' (their own optimizer and files, `experts` non-null).
+  OffloadReporter(const ZeroOptimizer& optimizer, const ZeroOptimizer* experts,
+                  const TrainConfig& cfg);
+  // Logs the interval's I/O (nvme) and adds offload_* fields to the metrics record (the experts':
+  // offload_experts_*).
   void interval(nlohmann::json& record, std::int64_t iterations);
 
  private:
-  const ZeroOptimizer& opt_;
-  optim::OffloadStats last_;
+  struct Part {
+    const ZeroOptimizer* opt;
+    std::string label;  // "" or " (experts)", in the log lines
+    std::string key;    // "offload_" or "offload_experts_", of the metrics fields
+    optim::OffloadStats last{};
+  };
+  void start(const Part& p, const TrainConfig& cfg) const;
+  void interval(Part& p, nlohmann::json& record, std::int64_t iterations) const;
+  std::vector<Part> parts_;
 };
 
 }  // namespace trident::train

@@ -994,10 +994,6 @@ void TrainConfig::finalize_parallel(int world_size) {
                   " must divide the data-parallel size ", dp, " (", world_size, " ranks / (tp ",
                   tensor_model_parallel_size, " x pp ", pipeline_model_parallel_size,
                   ")): the experts are split over data-parallel ranks, as in Megatron-Core");
-    TRIDENT_CHECK(offload_optimizer == "none" && offload_params == "none",
-                  "--offload-optimizer / --offload-params with --expert-model-parallel-size ", ep,
-                  ": offloading the experts' optimizer is not built yet; drop the offload or "
-                  "use --expert-model-parallel-size 1");
   }
   finalize_context_parallel(dp);
   // The mixture-of-experts layer's limits (docs/moe.md).
@@ -1012,11 +1008,6 @@ void TrainConfig::finalize_parallel(int world_size) {
                   model.moe_shared_expert_intermediate_size,
                   ") must be divisible by --tensor-model-parallel-size (",
                   tensor_model_parallel_size, "): the shared experts are split as the dense MLP");
-    // BF16 runs the experts' matmuls by blocks of rows (model/layers/moe.h); FP16 stays refused
-    // until a test covers the experts under its dynamic loss scaling.
-    TRIDENT_CHECK(!fp16, "--num-experts ", model.num_experts, " with --fp16",
-                  deepspeed ? " (or the DeepSpeed JSON's \"fp16\" block)" : "",
-                  ": the mixture-of-experts layer runs in FP32 or BF16 (--bf16)");
   }
   TRIDENT_CHECK(zero_stage >= 0 && zero_stage <= 3, "--zero-stage must be 0, 1, 2 or 3, got ",
                 zero_stage);

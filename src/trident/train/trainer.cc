@@ -486,7 +486,7 @@ void Trainer::build_model() {
     zero.experts = true;
     expert_optimizer_.emplace(*expert_model_, par_, cfg_.optimizer, zero);
   }
-  offload_report_.emplace(*optimizer_, cfg_);
+  offload_report_.emplace(*optimizer_, expert_optimizer_ ? &*expert_optimizer_ : nullptr, cfg_);
   B_ = cfg_.micro_batch_size;
   T_ = cfg_.model.seq_length;
   micro_batches_ = cfg_.num_micro_batches(world_.size());

@@ -57,7 +57,9 @@ ZeroOptimizer::ZeroOptimizer(const RankModel& model, const parallel::ParallelCon
     TRIDENT_ASSERT(!zero.offload_params || buffers_->sizes().master_offloaded == n,
                    "the master shard and the optimizer state cover different ranges");
     store_ = std::make_unique<optim::OffloadStore>(
-        zero.offload, core::str("trident.", ::getpid(), ".rank", par.rank()), arrays, n);
+        zero.offload,
+        core::str("trident.", ::getpid(), ".rank", par.rank(), zero.experts ? ".experts" : ""),
+        arrays, n);
   }
   sync_ = optim::make_grad_sync(*buffers_, dp, comm_, zero.bucket_size);
   if (policy_.shards_parameters()) {
