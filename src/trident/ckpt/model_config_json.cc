@@ -310,6 +310,8 @@ const Key kKeys[] = {
      true,
      {},
      true},
+    {"moe_router_num_groups", TRIDENT_SIZE(moe_router_num_groups), 0, true, {}, true},
+    {"moe_router_group_topk", TRIDENT_SIZE(moe_router_group_topk), 0, true, {}, true},
     {"moe_expert_capacity_factor", TRIDENT_REAL(moe_expert_capacity_factor), 0.0, true, {}, true},
     {"moe_token_drop_policy",
      [](const ModelConfig& m) {

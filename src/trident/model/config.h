@@ -92,7 +92,11 @@ struct ModelConfig {
   MoeScoreFunction moe_router_score_function = MoeScoreFunction::kSoftmax;
   bool moe_router_pre_softmax = false;
   double moe_router_topk_scaling_factor = 0.0;  // 0: none (1)
-  double moe_expert_capacity_factor = 0.0;      // 0: dropless
+  // Group-limited routing (--moe-router-num-groups, --moe-router-group-topk; 0: none): a token's
+  // experts come from its group_topk best groups of experts (kernels/moe.h).
+  std::int64_t moe_router_num_groups = 0;
+  std::int64_t moe_router_group_topk = 0;
+  double moe_expert_capacity_factor = 0.0;  // 0: dropless
   MoeDropPolicy moe_token_drop_policy = MoeDropPolicy::kProbs;
   bool moe_pad_expert_input_to_capacity = false;
   MoeLoadBalancing moe_router_load_balancing_type = MoeLoadBalancing::kAuxLoss;

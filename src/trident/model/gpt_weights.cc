@@ -18,7 +18,9 @@ layers::MoeConfig moe_config(const ModelConfig& cfg, int ep_size) {
                      .pre_softmax = cfg.moe_router_pre_softmax,
                      .scaling = cfg.moe_router_topk_scaling_factor > 0
                                     ? static_cast<float>(cfg.moe_router_topk_scaling_factor)
-                                    : 1.0f},
+                                    : 1.0f,
+                     .num_groups = cfg.moe_router_num_groups,
+                     .group_topk = cfg.moe_router_group_topk},
           .capacity_factor = cfg.moe_expert_capacity_factor,
           .drop_policy = cfg.moe_token_drop_policy == MoeDropPolicy::kPosition
                              ? kernels::MoeDropPolicy::kPosition

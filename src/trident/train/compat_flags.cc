@@ -77,8 +77,6 @@ bool moe_only(std::string_view name) {
       "--mlp-type",
       "--use-tutel",
       "--expert-parallel",
-      "--moe-router-num-groups",
-      "--moe-router-group-topk",
       "--moe-router-topk-limited-devices",
       "--moe-input-jitter-eps",
       "--moe-router-force-load-balancing",

@@ -18,6 +18,7 @@
 #include "trident/data/data_loader.h"
 #include "trident/data/utf8.h"
 #include "trident/data/weighted_split_paths.h"
+#include "trident/kernels/moe.h"
 #include "trident/train/compat_flags.h"
 #include "trident/train/deepspeed_config.h"
 #include "trident/train/exit_codes.h"
@@ -191,6 +192,12 @@ void add_moe_options(Settings& s, TrainConfig& c) {
              "Softmax over all the experts before the top-k: the weights are not renormalised");
   s.add_option("--moe-router-topk-scaling-factor", m.moe_router_topk_scaling_factor,
                "Multiplies the routing weights (default: none)");
+  s.add_option("--moe-router-num-groups", m.moe_router_num_groups,
+               "Group-limited routing (DeepSeek-V3): the experts in this many groups of "
+               "consecutive indices (default: none)");
+  s.add_option("--moe-router-group-topk", m.moe_router_group_topk,
+               "Group-limited routing: a token's experts come from this many groups, those whose "
+               "top (topk / group-topk) scores sum largest");
   s.add_option("--moe-expert-capacity-factor", m.moe_expert_capacity_factor,
                "Tokens an expert takes: factor x tokens x topk / experts, the rest dropped "
                "(default, 0 or negative: dropless)");
@@ -895,6 +902,7 @@ void TrainConfig::finalize_moe() {
     TRIDENT_CHECK(moe_router_score_function == "softmax" || moe_router_score_function == "sigmoid",
                   "--moe-router-score-function: unknown or unsupported value '",
                   moe_router_score_function, "' (use softmax or sigmoid)");
+    finalize_moe_groups();
     TRIDENT_CHECK(moe_token_drop_policy == "probs" || moe_token_drop_policy == "position",
                   "--moe-token-drop-policy: unknown value '", moe_token_drop_policy,
                   "' (use probs or position)");
@@ -906,6 +914,7 @@ void TrainConfig::finalize_moe() {
                   "' (use aux_loss, seq_aux_loss or none; sinkhorn, global_aux_loss and "
                   "quantile_balancing are not in trident)");
   }
+  if (model.num_experts == 0) model.moe_router_num_groups = model.moe_router_group_topk = 0;
   model.moe_router_score_function = moe_router_score_function == "sigmoid"
                                         ? model::MoeScoreFunction::kSigmoid
                                         : model::MoeScoreFunction::kSoftmax;
@@ -918,6 +927,23 @@ void TrainConfig::finalize_moe() {
                                                        : model::MoeLoadBalancing::kAuxLoss;
   // Megatron-Core takes a negative capacity factor for none (dropless), trident's 0.
   if (model.moe_expert_capacity_factor < 0) model.moe_expert_capacity_factor = 0;
+}
+
+// Group-limited routing's limits, as Megatron-Core's (kernels/moe.h checks them again).
+void TrainConfig::finalize_moe_groups() {
+  const std::int64_t G = model.moe_router_num_groups, g = model.moe_router_group_topk,
+                     E = model.num_experts, k = model.moe_router_topk;
+  if (G <= 1 && g <= 1) {  // no groups (Megatron: None)
+    model.moe_router_num_groups = model.moe_router_group_topk = 0;
+    return;
+  }
+  TRIDENT_CHECK(G > 1 && g >= 1, "--moe-router-num-groups ", G, " and --moe-router-group-topk ", g,
+                ": group-limited routing needs both, at least 2 groups and 1 chosen");
+  TRIDENT_CHECK(G <= kernels::kMoeMaxGroups && E % G == 0, "--moe-router-num-groups ", G,
+                " must divide --num-experts ", E, " (and be at most ", kernels::kMoeMaxGroups, ")");
+  TRIDENT_CHECK(g <= G && k % g == 0 && k <= g * (E / G), "--moe-router-group-topk ", g,
+                " must be at most --moe-router-num-groups ", G, ", divide --moe-router-topk ", k,
+                ", and its groups must hold ", k, " experts (", E / G, " per group)");
 }
 
 // Layout sizes, ZeRO, offload, sequence parallelism and the pipeline schedule.

@@ -199,6 +199,7 @@ struct TrainConfig {
   // The parts of finalize, in order.
   void finalize_model();
   void finalize_moe();
+  void finalize_moe_groups();
   void finalize_parallel(int world_size);
   void finalize_context_parallel(int dp);
   void finalize_offload();
