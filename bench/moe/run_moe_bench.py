@@ -31,7 +31,7 @@ load (the busiest expert's tokens over the mean), the dropped share and the lang
 
 Usage (from the repo root, after scripts/build trident):
   bench/moe/run_moe_bench.py [--rounds 3] [--threads 2] [--experts 8] [--topk 2]
-                             [--data PREFIX --tokenizer DIR] [--balance 100] [--ep 2]
+                             [--data PREFIX --tokenizer DIR] [--balance 100] [--ep 2] [--bf16]
 """
 import argparse
 import json
@@ -138,6 +138,7 @@ def main():
     ap.add_argument("--balance", type=int, default=0, metavar="ITERS")
     ap.add_argument("--ep", type=int, default=1, metavar="N")
     ap.add_argument("--ep-load", type=int, default=0, metavar="ITERS")
+    ap.add_argument("--bf16", action="store_true", help="both models in BF16 (--bf16)")
     args = ap.parse_args()
 
     workdir = tempfile.mkdtemp(prefix="trident_moe_bench_")
@@ -155,6 +156,8 @@ def main():
         "--log-interval", "1", "--profile", "--profile-step-start", "4",
         "--profile-step-end", "12", "--data-cache-path", os.path.join(workdir, "cache"),
     ]
+    if args.bf16:
+        common.append("--bf16")
     dense = ["--ffn-hidden-size", str(args.topk * args.expert_ffn)]
     moe = ["--ffn-hidden-size", str(args.topk * args.expert_ffn), "--num-experts",
            str(args.experts), "--moe-router-topk", str(args.topk), "--moe-ffn-hidden-size",

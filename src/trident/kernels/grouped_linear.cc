@@ -25,9 +25,9 @@ constexpr std::int64_t kAlign = 64;
 
 std::int64_t aligned(std::int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
-// The CPU BF16 body's scratch: oneDNN's workspace, then one padded block of bf16 rows for each
-// operand read (in, d_out) and one of f32 rows for each written (out, d_in), each wide enough for
-// either feature count.
+// The CPU BF16 body's scratch: oneDNN's workspace, then one padded block (up to the largest block
+// size) of bf16 rows for each operand read (in, d_out) and one of f32 rows for each written (out,
+// d_in), each wide enough for either feature count.
 struct PadScratch {
   std::span<std::byte> onednn;
   core::bf16* rows_a = nullptr;  // in (forward), d_out (backward)
@@ -36,7 +36,7 @@ struct PadScratch {
 };
 
 std::int64_t pad_bytes(std::int64_t in, std::int64_t out) {
-  const std::int64_t wide = kGroupedBf16MinBlock * std::max(in, out);
+  const std::int64_t wide = kGroupedBf16MaxBlock * std::max(in, out);
   return 2 * aligned(wide * 2) + aligned(wide * 4);
 }
 
@@ -50,7 +50,7 @@ std::int64_t onednn_bytes(const core::ExecContext& ctx, std::int64_t in, std::in
 PadScratch split_scratch(const core::ExecContext& ctx, std::span<std::byte> s, std::int64_t in,
                          std::int64_t out) {
   const std::int64_t need = onednn_bytes(ctx, in, out),
-                     wide = kGroupedBf16MinBlock * std::max(in, out);
+                     wide = kGroupedBf16MaxBlock * std::max(in, out);
   TRIDENT_CHECK(static_cast<std::int64_t>(s.size()) >= need + pad_bytes(in, out),
                 "grouped_linear (bf16): scratch of ", s.size(), " bytes, needs ",
                 need + pad_bytes(in, out), " for in_features=", in, " out_features=", out,
@@ -63,20 +63,24 @@ PadScratch split_scratch(const core::ExecContext& ctx, std::span<std::byte> s, s
   return r;
 }
 
-// The next block of a group's `left` rows: the largest block size that fits, or a padded
-// kGroupedBf16MinBlock block for the last few.
+// The next block of a group's `left` rows: the largest block size within `left` rounded up to
+// kGroupedBf16MinBlock rows. Only a group's last block is partial (fewer than
+// kGroupedBf16MinBlock rows of padding), so a group of 250 rows is one block of 256.
 std::int64_t block_rows(std::int64_t left) {
+  const std::int64_t rounded =
+      (left + kGroupedBf16MinBlock - 1) / kGroupedBf16MinBlock * kGroupedBf16MinBlock;
   for (std::int64_t b : kBlocks) {
-    if (left >= b) return b;
+    if (rounded >= b) return b;
   }
-  return left;
+  return kGroupedBf16MinBlock;
 }
 
-// n rows of `cols` into a zero-padded block of kGroupedBf16MinBlock rows.
-const core::bf16* pad(core::bf16* to, const core::bf16* from, std::int64_t n, std::int64_t cols) {
+// n rows of `cols` into a zero-padded block of b rows.
+const core::bf16* pad(core::bf16* to, const core::bf16* from, std::int64_t n, std::int64_t b,
+                      std::int64_t cols) {
   std::memcpy(to, from, static_cast<std::size_t>(n * cols) * sizeof(core::bf16));
   std::memset(static_cast<void*>(to + n * cols), 0,
-              static_cast<std::size_t>((kGroupedBf16MinBlock - n) * cols) * sizeof(core::bf16));
+              static_cast<std::size_t>((b - n) * cols) * sizeof(core::bf16));
   return to;
 }
 
@@ -117,15 +121,16 @@ void cpu_forward(const core::ExecContext& ctx, const GroupedLinearForwardBf16Arg
   for (std::int64_t g = 0; g < a.num_groups; ++g) {
     const RowGroup grp = a.groups[g];
     for (std::int64_t r = grp.first, end = grp.first + grp.rows; r < end;) {
-      const std::int64_t n = block_rows(end - r);
-      const bool padded = n < kGroupedBf16MinBlock;
-      linear_forward_bf16(ctx, {.out = padded ? s.result : a.out + r * out,
-                                .in = padded ? pad(s.rows_a, a.in + r * in, n, in) : a.in + r * in,
-                                .weight = a.weight + g * out * in,
-                                .rows = padded ? kGroupedBf16MinBlock : n,
-                                .in_features = in,
-                                .out_features = out,
-                                .scratch = s.onednn});
+      const std::int64_t b = block_rows(end - r), n = std::min(b, end - r);
+      const bool padded = n < b;
+      linear_forward_bf16(ctx,
+                          {.out = padded ? s.result : a.out + r * out,
+                           .in = padded ? pad(s.rows_a, a.in + r * in, n, b, in) : a.in + r * in,
+                           .weight = a.weight + g * out * in,
+                           .rows = b,
+                           .in_features = in,
+                           .out_features = out,
+                           .scratch = s.onednn});
       if (padded) {
         std::memcpy(a.out + r * out, s.result, static_cast<std::size_t>(n * out) * sizeof(float));
       }
@@ -141,19 +146,20 @@ void cpu_backward(const core::ExecContext& ctx, const GroupedLinearBackwardBf16A
   for (std::int64_t g = 0; g < a.num_groups; ++g) {
     const RowGroup grp = a.groups[g];
     for (std::int64_t r = grp.first, end = grp.first + grp.rows; r < end;) {
-      const std::int64_t n = block_rows(end - r);
-      const bool padded = n < kGroupedBf16MinBlock;
+      const std::int64_t b = block_rows(end - r), n = std::min(b, end - r);
+      const bool padded = n < b;
       float* d_in = a.d_in != nullptr ? (padded ? s.result : a.d_in + r * in) : nullptr;
       linear_backward_bf16(
-          ctx, {.d_in = d_in,
-                .d_weight = a.d_weight + g * out * in,
-                .d_out_bf16 = padded ? pad(s.rows_a, a.d_out + r * out, n, out) : a.d_out + r * out,
-                .in = padded ? pad(s.rows_b, a.in + r * in, n, in) : a.in + r * in,
-                .weight = a.weight + g * out * in,
-                .rows = padded ? kGroupedBf16MinBlock : n,
-                .in_features = in,
-                .out_features = out,
-                .scratch = s.onednn});
+          ctx,
+          {.d_in = d_in,
+           .d_weight = a.d_weight + g * out * in,
+           .d_out_bf16 = padded ? pad(s.rows_a, a.d_out + r * out, n, b, out) : a.d_out + r * out,
+           .in = padded ? pad(s.rows_b, a.in + r * in, n, b, in) : a.in + r * in,
+           .weight = a.weight + g * out * in,
+           .rows = b,
+           .in_features = in,
+           .out_features = out,
+           .scratch = s.onednn});
       if (padded && a.d_in != nullptr) {
         std::memcpy(a.d_in + r * in, s.result, static_cast<std::size_t>(n * in) * sizeof(float));
       }

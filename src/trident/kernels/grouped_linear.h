@@ -15,10 +15,12 @@
 // How each backend runs it:
 // - reference (ref/grouped_linear_ref.cc): the linear layer's reference per group, in double;
 // - CPU FP32: one oneDNN sgemm per group (each threaded);
-// - CPU BF16: each group's rows in blocks of 256, 128, 64 and 32 rows (largest first), the last
-//   partial block padded to 32 zero rows in the scratch. The oneDNN primitives are then a fixed
-//   set per weight shape whatever the routing (grouped_linear_bf16_scratch_bytes creates them all),
-//   so a warm step creates none and the products stay large;
+// - CPU BF16: each group's rows, rounded up to a multiple of 32, in blocks of 256, 128, 64 and 32
+//   rows (largest first); the last block, partial by fewer than 32 rows, is copied into the
+//   scratch with zero rows after it (a group of 250 rows is one block of 256). The oneDNN
+//   primitives are then a fixed set per weight shape whatever the routing
+//   (grouped_linear_bf16_scratch_bytes creates them all), so a warm step creates none and the
+//   products stay large;
 // - CUDA: one cuBLASLt product per group on the stream (no padding; the scratch is unused).
 #pragma once
 
