@@ -372,8 +372,9 @@ TEST_F(Device, LionEqualsTheCpu) {
 }
 
 // Mixture of experts on the device: the MoE kernels' CUDA bodies inside training (router,
-// dispatch map, permutation, combine, their backward passes) with the experts' matmuls, one rank
-// and two pipeline stages over NCCL with a capacity that drops tokens, each against the CPU's run.
+// dispatch map, permutation, combine, their backward passes) with the experts' grouped matmuls, one
+// rank and two pipeline stages over NCCL with a capacity that drops tokens, each against the CPU's
+// run.
 TEST_F(Device, MixtureOfExpertsEqualsTheCpu) {
   const std::string moe =
       "--swiglu --disable-bias-linear --num-experts 4 --moe-router-topk 2 "
@@ -395,6 +396,15 @@ TEST_F(Device, MixtureOfExpertsEqualsTheCpu) {
                        std::string(kCuda) + " --expert-model-parallel-size 2 --zero-stage 1",
                        "CUEMU_DEVICE_COUNT=1", moe});
   EXPECT_NE(log_of("ep2dp4_moe_shared").find("ep host-staged"), std::string::npos);
+  // Group-limited routing (the CUDA router's group choice) with both optimizers offloaded to the
+  // host (ZeRO-Offload: the experts' optimizer updates its weights on the host too).
+  expect_equal_to_cpu(
+      {"ep2_moe_groups_offload", 2,
+       std::string(kCuda) +
+           " --expert-model-parallel-size 2 --offload-optimizer cpu --offload-window-mib 1",
+       "CUEMU_DEVICE_COUNT=2", moe + " --moe-router-num-groups 2 --moe-router-group-topk 1"});
+  EXPECT_NE(log_of("ep2_moe_groups_offload").find("offload (experts): --offload-optimizer cpu"),
+            std::string::npos);
 }
 
 // Context parallelism on the device: the ring's flash blocks, merges and block backward passes
