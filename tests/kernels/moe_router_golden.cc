@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <random>
 #include <set>
 #include <string>
@@ -92,6 +93,7 @@ int dump(const std::string& path) {
          static_cast<double>(c.cfg.num_groups), static_cast<double>(c.cfg.group_topk),
          c.bias ? 1.0 : 0.0}));
   }
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
   trident::testing::write_tensor_file(path, out);
   return 0;
 }
