@@ -390,6 +390,13 @@ TEST(MoeFlags, GroupLimitedRouting) {
   EXPECT_EQ(parse(plus({})).model.moe_router_num_groups, 0);
   EXPECT_ERROR(plus({"--moe-router-num-groups", "3", "--moe-router-group-topk", "1"}),
                "--moe-router-num-groups 3 must divide --num-experts 4");
+  // Half of the pair, either way, is refused rather than ignored.
+  EXPECT_ERROR(plus({"--moe-router-group-topk", "1"}),
+               "--moe-router-num-groups 0 and --moe-router-group-topk 1: group-limited routing "
+               "needs both");
+  EXPECT_EQ(parse(plus({"--moe-router-num-groups", "1", "--moe-router-group-topk", "1"}))
+                .model.moe_router_num_groups,
+            0);  // one group of every expert: no limit
   EXPECT_ERROR(plus({"--moe-router-num-groups", "2"}),
                "--moe-router-num-groups 2 and --moe-router-group-topk 0: group-limited routing "
                "needs both");

@@ -933,7 +933,9 @@ void TrainConfig::finalize_moe() {
 void TrainConfig::finalize_moe_groups() {
   const std::int64_t G = model.moe_router_num_groups, g = model.moe_router_group_topk,
                      E = model.num_experts, k = model.moe_router_topk;
-  if (G <= 1 && g <= 1) {  // no groups (Megatron: None)
+  // No groups (Megatron: None), or one group holding every expert (the same routing). A group
+  // top-k without groups, or a negative value, is refused below rather than ignored.
+  if ((G == 0 && g == 0) || (G == 1 && (g == 0 || g == 1))) {
     model.moe_router_num_groups = model.moe_router_group_topk = 0;
     return;
   }
